@@ -1,0 +1,1 @@
+"""Benchmarks of the real code; each prints one JSON object."""

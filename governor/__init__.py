@@ -1,0 +1,1 @@
+"""governord: the strict authority of ratemesh (engine, durable store, and their driver)."""

@@ -1,0 +1,95 @@
+"""governord's engine: the strict tree of caps and leases, sans-I/O.
+
+It takes a clock and an event sink; it never touches a socket, a database, a thread or the wall
+clock. The driver (``governor.authority``) holds the one lock around each call and makes every
+emitted event durable before the caller hears back.
+"""
+
+from ._codec import decode_value, encode_value
+from ._engine import Engine
+from ._core import EventSink
+from ._errors import (
+    AccessError,
+    CallerError,
+    GovernorError,
+    InvalidArgument,
+    LogGap,
+    NotFound,
+    NotOwner,
+    OutOfScope,
+    RecordError,
+    RequestIdReused,
+    SessionEnded,
+    SnapshotMismatch,
+    UnknownEventKind,
+)
+from ._events import EVENT_KINDS, Event, decode_event, encode_event
+from ._fairq import Waiter
+from ._snapshot import FORMAT as SNAPSHOT_FORMAT
+from ._state import ROOT_ID, State
+from ._types import (
+    AdaptiveConfig,
+    Clock,
+    Consumed,
+    Created,
+    Defaults,
+    Denial,
+    DenyReason,
+    Edited,
+    EngineConfig,
+    Granted,
+    LeaseEnd,
+    LeaseStatus,
+    ManualClock,
+    NodeState,
+    Queued,
+    Released,
+    RequestTag,
+    SessionState,
+)
+
+__all__ = [
+    "EVENT_KINDS",
+    "ROOT_ID",
+    "SNAPSHOT_FORMAT",
+    "AccessError",
+    "AdaptiveConfig",
+    "CallerError",
+    "Clock",
+    "Consumed",
+    "Created",
+    "Defaults",
+    "Denial",
+    "DenyReason",
+    "Edited",
+    "Engine",
+    "EngineConfig",
+    "Event",
+    "EventSink",
+    "GovernorError",
+    "Granted",
+    "InvalidArgument",
+    "LeaseEnd",
+    "LeaseStatus",
+    "LogGap",
+    "ManualClock",
+    "NodeState",
+    "NotFound",
+    "NotOwner",
+    "OutOfScope",
+    "Queued",
+    "RecordError",
+    "Released",
+    "RequestIdReused",
+    "RequestTag",
+    "SessionEnded",
+    "SessionState",
+    "SnapshotMismatch",
+    "State",
+    "UnknownEventKind",
+    "Waiter",
+    "decode_event",
+    "decode_value",
+    "encode_event",
+    "encode_value",
+]

@@ -1,0 +1,415 @@
+"""The engine: decides, emits events, and applies them; no I/O, no threads, no wall clock.
+
+Every public method is one atomic step: the driver holds one lock around it (governor.authority),
+so the whole-chain check and the charge that follows see the same state. Each step first brings
+time-driven work up to date (session expiry, deadlines, AIMD, purges): expiry is checked lazily on
+every touch, and ``tick()`` is the reaper a driver calls on a timer.
+
+Not recorded as events, on purpose: heartbeats (a restart gives every open session one fresh TTL),
+waiting acquires (a restart fails those calls; callers retry), and purges of tombstones and ended
+nodes (a pure function of time, redone on restore).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from . import _events as ev
+from ._errors import (
+    InvalidArgument,
+    LogGap,
+    NotFound,
+    SnapshotMismatch,
+)
+from ._fairq import ClassQueue, Waiter
+from ._housekeeping import HousekeepingMixin
+from ._leasing import LeasingMixin
+from ._snapshot import dump_state, load_state
+from ._state import ROOT_ID, State
+from ._timers import Timers
+from ._types import (
+    AdaptiveConfig,
+    Clock,
+    Consumed,
+    Created,
+    Defaults,
+    Denial,
+    DenyReason,
+    Edited,
+    EngineConfig,
+    Granted,
+    NodeState,
+    SessionState,
+)
+
+__all__ = ["Engine", "EventSink"]
+
+EventSink = Callable[[ev.Event], None]
+
+
+from ._core import _caps, _int, _name  # noqa: E402
+
+
+class Engine(LeasingMixin, HousekeepingMixin):
+    """The tree of caps and leases, the fair queue and the adaptive limits, behind one lock."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        sink: EventSink,
+        config: EngineConfig | None = None,
+        *,
+        _state: State | None = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self._clock = clock
+        self._sink = sink
+        self._state = _state or State(self.config)
+        self._now_ms = 0
+        self._timers = Timers()
+        self._queues: dict[str, ClassQueue] = {}
+        self._waiting: dict[int, Waiter] = {}
+        self._pending_rids: dict[tuple[int, str], int] = {}
+        self._outcomes: OrderedDict[int, tuple[int, Granted | Denial]] = OrderedDict()
+        self._next_waiter = 1
+        self._rebuild_timers()
+
+    # ---- restore and snapshot ------------------------------------------------------------
+
+    @classmethod
+    def restore(
+        cls,
+        snapshot: dict[str, Any] | None,
+        events: Iterable[ev.Event],
+        clock: Clock,
+        sink: EventSink,
+        config: EngineConfig | None = None,
+    ) -> Engine:
+        """Rebuild from a snapshot (or none) and the events after it: the one restart path."""
+        config = config or EngineConfig()
+        state = load_state(snapshot, config) if snapshot is not None else State(config)
+        for i, event in enumerate(events):
+            if event.seq != state.seq + 1:
+                if i == 0 and snapshot is not None:
+                    raise SnapshotMismatch(
+                        f"snapshot ends at seq {state.seq} but the log continues at {event.seq}"
+                    )
+                raise LogGap(f"expected seq {state.seq + 1}, found {event.seq}")
+            state.apply(event)
+        now = clock.now_ms()
+        for session in state.sessions.values():
+            if (
+                session.state is SessionState.OPEN
+            ):  # heartbeats are not recorded: one fresh TTL
+                session.expires_ms = now + session.ttl_ms
+        engine = cls(clock, sink, config, _state=state)
+        engine._advance()
+        return engine
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole durable state as JSON-able data (``seq`` says which events it covers)."""
+        return dump_state(self._state)
+
+    @property
+    def last_seq(self) -> int:
+        return self._state.seq
+
+    @property
+    def state(self) -> State:
+        """Read-only view for checkers and metrics; mutate only through the methods."""
+        return self._state
+
+    def queued(self) -> list[Waiter]:
+        return [w for q in self._queues.values() for w in q.waiters()]
+
+    # ---- sessions ------------------------------------------------------------------------
+
+    def open_session(
+        self, scope_id: int, ttl_ms: int, token_sha256: str
+    ) -> tuple[int, int]:
+        """Open a session confined to ``scope_id``'s subtree; returns (session_id, expires_ms)."""
+        now = self._advance()
+        _int("ttl_ms", ttl_ms, 1)
+        if not isinstance(token_sha256, str) or len(token_sha256) != 64:
+            raise InvalidArgument("token_sha256", "must be 64 hex characters")
+        if scope_id not in self._state.nodes:
+            raise NotFound("scope_id", f"no node {scope_id}")
+        sid = self._state.next_id
+        self._emit(
+            ev.SessionOpened(self._seq(), now, sid, scope_id, ttl_ms, token_sha256)
+        )
+        return sid, now + ttl_ms
+
+    def heartbeat(self, session_id: int) -> int:
+        """Renew the session's TTL (not recorded); returns the new expiry."""
+        now = self._advance()
+        session = self._session(session_id)
+        session.expires_ms = now + session.ttl_ms
+        self._timers.add_expiry(session.expires_ms, session.id)
+        return session.expires_ms
+
+    def close_session(self, session_id: int) -> None:
+        now = self._advance()
+        session = self._session(session_id)
+        self._end_session(session, SessionState.CLOSED, now)
+        self._dispatch()
+
+    def session_for_token(self, token_sha256: str) -> int | None:
+        for session in self._state.sessions.values():
+            if (
+                session.token_sha256 == token_sha256
+                and session.state is SessionState.OPEN
+            ):
+                return session.id
+        return None
+
+    # ---- the tree ------------------------------------------------------------------------
+
+    def create_node(
+        self,
+        session_id: int | None,
+        parent_id: int,
+        name: str,
+        *,
+        quotas: dict[str, int] | None = None,
+        limits: dict[str, int] | None = None,
+        weight: int | None = None,
+        priority: int | None = None,
+        deadline_ms: int | None = None,
+        defaults: Defaults | None = None,
+        request_id: str | None = None,
+    ) -> Created | Denial:
+        """A child of ``parent_id``; what is not given comes from the parent's defaults."""
+        now = self._advance()
+        session = self._caller(session_id)
+        _name("name", name)
+        q, lim = _caps("quotas", quotas), _caps("limits", limits)
+        if weight is not None:
+            _int("weight", weight, 1)
+        if priority is not None:
+            _int("priority", priority, -(2**31))
+        if deadline_ms is not None:
+            _int("deadline_ms", deadline_ms)
+        if defaults is not None and not isinstance(defaults, Defaults):
+            raise InvalidArgument("defaults", "must be a Defaults")
+        fp = (
+            "create",
+            parent_id,
+            name,
+            q,
+            lim,
+            weight,
+            priority,
+            deadline_ms,
+            defaults,
+        )
+        tag, hit = self._recall(session, request_id, fp)
+        if hit is not None:
+            return hit  # type: ignore[return-value]
+        parent = self._resolve(session, parent_id, edit=False)
+        if parent.state is not NodeState.ACTIVE:
+            return Denial(DenyReason.NODE_ENDED, parent.id)
+        inherited = parent.defaults or Defaults()
+        node_id = self._state.next_node_id
+        self._emit(
+            ev.NodeCreated(
+                self._seq(),
+                now,
+                node_id,
+                parent.id,
+                name,
+                {**dict(inherited.quotas), **q},
+                {**dict(inherited.limits), **lim},
+                weight if weight is not None else (inherited.weight or 1),
+                priority if priority is not None else (inherited.priority or 0),
+                deadline_ms,
+                defaults if defaults is not None else inherited.children,
+                session_id,
+                tag,
+            )
+        )
+        self._advance()
+        return Created(node_id)
+
+    def consume(
+        self,
+        session_id: int | None,
+        node_id: int,
+        resource: str,
+        amount: int,
+        request_id: str | None = None,
+    ) -> Consumed | Denial:
+        """Charge ``amount`` to the node and every ancestor, or to none of them."""
+        now = self._advance()
+        session = self._caller(session_id)
+        _name("resource", resource)
+        _int("amount", amount, 1)
+        tag, hit = self._recall(
+            session, request_id, ("consume", node_id, resource, amount)
+        )
+        if hit is not None:
+            return hit  # type: ignore[return-value]
+        node = self._resolve(session, node_id, edit=False)
+        if node.state is not NodeState.ACTIVE:
+            return Denial(DenyReason.NODE_ENDED, node.id)
+        for a in self._state.chain(node_id):
+            limit = a.quotas.get(resource)
+            if limit is not None:
+                used = a.used.get(resource, 0)
+                if amount > limit - used:
+                    top = self._top_consumer(a, resource)
+                    return Denial(
+                        DenyReason.QUOTA, a.id, resource, used, limit, amount, top
+                    )
+        self._emit(
+            ev.Charged(self._seq(), now, node_id, resource, amount, session_id, tag)
+        )
+        return Consumed(node_id, resource, amount)
+
+    def end_node(
+        self,
+        session_id: int | None,
+        node_id: int,
+        state: NodeState = NodeState.DONE,
+        request_id: str | None = None,
+    ) -> Edited:
+        """Finish or cancel a node; its live descendants are cancelled and their leases end."""
+        now = self._advance()
+        session = self._caller(session_id)
+        if state not in (NodeState.DONE, NodeState.CANCELLED):
+            raise InvalidArgument("state", "must be DONE or CANCELLED")
+        tag, hit = self._recall(session, request_id, ("end", node_id, state.value))
+        if hit is not None:
+            return hit  # type: ignore[return-value]
+        node = self._resolve(session, node_id, edit=True)
+        if node.id == ROOT_ID:
+            raise InvalidArgument("node_id", "the root cannot end")
+        if node.state is NodeState.ACTIVE:
+            self._end_subtree(node, state, session_id, tag, now)
+            self._dispatch()
+        return Edited(node.id)
+
+    # ---- edits -------------------------------------------------------------------------
+
+    def set_quota(
+        self,
+        session_id: int | None,
+        node_id: int,
+        resource: str,
+        limit: int | None,
+        request_id: str | None = None,
+    ) -> Edited:
+        """Set (or with ``None`` remove) a cap; lowering it below usage takes nothing back."""
+        _name("resource", resource)
+        if limit is not None:
+            _int("limit", limit)
+        return self._edit(
+            session_id,
+            node_id,
+            request_id,
+            ("quota", node_id, resource, limit),
+            lambda seq, now, tag: ev.QuotaSet(
+                seq, now, node_id, resource, limit, session_id, tag
+            ),
+        )
+
+    def set_limit(
+        self,
+        session_id: int | None,
+        node_id: int,
+        cls: str,
+        limit: int | None,
+        request_id: str | None = None,
+    ) -> Edited:
+        """Set (or remove) a concurrency limit; lowering it revokes no lease."""
+        _name("cls", cls)
+        if limit is not None:
+            _int("limit", limit)
+        return self._edit(
+            session_id,
+            node_id,
+            request_id,
+            ("limit", node_id, cls, limit),
+            lambda seq, now, tag: ev.LimitSet(
+                seq, now, node_id, cls, limit, session_id, tag
+            ),
+        )
+
+    def set_defaults(
+        self,
+        session_id: int | None,
+        node_id: int,
+        defaults: Defaults | None,
+        request_id: str | None = None,
+    ) -> Edited:
+        if defaults is not None and not isinstance(defaults, Defaults):
+            raise InvalidArgument("defaults", "must be a Defaults or None")
+        return self._edit(
+            session_id,
+            node_id,
+            request_id,
+            ("defaults", node_id, defaults),
+            lambda seq, now, tag: ev.DefaultsSet(
+                seq, now, node_id, defaults, session_id, tag
+            ),
+        )
+
+    def set_weight(
+        self,
+        session_id: int | None,
+        node_id: int,
+        weight: int,
+        request_id: str | None = None,
+    ) -> Edited:
+        _int("weight", weight, 1)
+        return self._edit(
+            session_id,
+            node_id,
+            request_id,
+            ("weight", node_id, weight),
+            lambda seq, now, tag: ev.WeightSet(
+                seq, now, node_id, weight, session_id, tag
+            ),
+        )
+
+    def set_deadline(
+        self,
+        session_id: int | None,
+        node_id: int,
+        deadline_ms: int | None,
+        request_id: str | None = None,
+    ) -> Edited:
+        if deadline_ms is not None:
+            _int("deadline_ms", deadline_ms)
+        return self._edit(
+            session_id,
+            node_id,
+            request_id,
+            ("deadline", node_id, deadline_ms),
+            lambda seq, now, tag: ev.DeadlineSet(
+                seq, now, node_id, deadline_ms, session_id, tag
+            ),
+        )
+
+    def set_adaptive(self, cls: str, config: AdaptiveConfig | None) -> None:
+        """Operator only: run AIMD on the root limit of ``cls`` (``None`` stops it)."""
+        now = self._advance()
+        _name("cls", cls)
+        if config is not None:
+            if not isinstance(config, AdaptiveConfig):
+                raise InvalidArgument("config", "must be an AdaptiveConfig")
+            _int("config.min_limit", config.min_limit)
+            _int("config.max_limit", config.max_limit, config.min_limit)
+            _int("config.initial_limit", config.initial_limit, config.min_limit)
+            if config.initial_limit > config.max_limit:
+                raise InvalidArgument("config.initial_limit", "must be <= max_limit")
+            _int("config.interval_ms", config.interval_ms, 1)
+            _int("config.min_samples", config.min_samples, 1)
+        self._emit(ev.AdaptiveSet(self._seq(), now, cls, config))
+        self._dispatch()
+
+    def tick(self) -> None:
+        """The reaper: expire sessions, fire deadlines, run AIMD, purge old records."""
+        self._advance()

@@ -1,0 +1,260 @@
+"""The events: every durable change of the engine's state, as past-tense facts.
+
+Each carries the sequence number it was given under the engine's lock and the time it happened.
+Applying an event is the only way state changes, live or on replay. Heartbeats, waiting acquires
+and purges of old tombstones are deliberately not events (see the module docs of ``_engine``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ._codec import decode_value, encode_value
+from ._errors import UnknownEventKind
+from ._types import AdaptiveConfig, Defaults, LeaseEnd, NodeState, RequestTag
+
+__all__ = [
+    "AdaptiveSet",
+    "Charged",
+    "DeadlineSet",
+    "DefaultsSet",
+    "Event",
+    "EVENT_KINDS",
+    "LeaseEnded",
+    "LeaseGranted",
+    "LimitAdjusted",
+    "LimitSet",
+    "NodeCreated",
+    "NodeEnded",
+    "QuotaSet",
+    "SessionClosed",
+    "SessionExpired",
+    "SessionOpened",
+    "WeightSet",
+    "decode_event",
+    "encode_event",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOpened:
+    seq: int
+    at_ms: int
+    session_id: int
+    scope_id: int
+    ttl_ms: int
+    token_sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionClosed:
+    seq: int
+    at_ms: int
+    session_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionExpired:
+    seq: int
+    at_ms: int
+    session_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCreated:
+    seq: int
+    at_ms: int
+    node_id: int
+    parent_id: int
+    name: str
+    quotas: dict[str, int]
+    limits: dict[str, int]
+    weight: int
+    priority: int
+    deadline_ms: int | None
+    defaults: Defaults | None
+    session_id: int | None
+    request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class Charged:
+    """A consume applied to the node and every ancestor, all at once."""
+
+    seq: int
+    at_ms: int
+    node_id: int
+    resource: str
+    amount: int
+    session_id: int | None
+    request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSet:
+    seq: int
+    at_ms: int
+    node_id: int
+    resource: str
+    limit: int | None  # None: no cap
+    session_id: int | None
+    request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSet:
+    seq: int
+    at_ms: int
+    node_id: int
+    cls: str
+    limit: int | None  # None: no limit
+    session_id: int | None
+    request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class DefaultsSet:
+    seq: int
+    at_ms: int
+    node_id: int
+    defaults: Defaults | None
+    session_id: int | None
+    request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class WeightSet:
+    seq: int
+    at_ms: int
+    node_id: int
+    weight: int
+    session_id: int | None
+    request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineSet:
+    seq: int
+    at_ms: int
+    node_id: int
+    deadline_ms: int | None
+    session_id: int | None
+    request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEnded:
+    """One node reached a terminal state; a cascade is one event per node, top first."""
+
+    seq: int
+    at_ms: int
+    node_id: int
+    state: NodeState
+    session_id: int | None
+    request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGranted:
+    seq: int
+    at_ms: int
+    lease_id: int
+    session_id: int
+    node_id: int
+    cls: str
+    request: RequestTag | None
+    waiter_id: (
+        int | None
+    )  # set when granted from the fair queue; not meaningful on replay
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseEnded:
+    seq: int
+    at_ms: int
+    lease_id: int
+    end: LeaseEnd
+    latency_ms: int | None
+    overloaded: bool
+    request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveSet:
+    seq: int
+    at_ms: int
+    cls: str
+    config: AdaptiveConfig | None
+
+
+@dataclass(frozen=True, slots=True)
+class LimitAdjusted:
+    """The AIMD controller moved a root class limit; its samples start afresh."""
+
+    seq: int
+    at_ms: int
+    cls: str
+    limit: int
+
+
+Event = (
+    SessionOpened
+    | SessionClosed
+    | SessionExpired
+    | NodeCreated
+    | Charged
+    | QuotaSet
+    | LimitSet
+    | DefaultsSet
+    | WeightSet
+    | DeadlineSet
+    | NodeEnded
+    | LeaseGranted
+    | LeaseEnded
+    | AdaptiveSet
+    | LimitAdjusted
+)
+
+EVENT_KINDS: dict[str, type[Any]] = {
+    cls.__name__: cls
+    for cls in (
+        SessionOpened,
+        SessionClosed,
+        SessionExpired,
+        NodeCreated,
+        Charged,
+        QuotaSet,
+        LimitSet,
+        DefaultsSet,
+        WeightSet,
+        DeadlineSet,
+        NodeEnded,
+        LeaseGranted,
+        LeaseEnded,
+        AdaptiveSet,
+        LimitAdjusted,
+    )
+}
+
+
+def encode_event(event: Event) -> tuple[str, dict[str, Any]]:
+    """Return ``(kind, payload)``; the payload is JSON-able and includes ``seq``."""
+    cls = type(event)
+    kind = cls.__name__
+    if EVENT_KINDS.get(kind) is not cls:
+        raise TypeError(f"event: not an engine event: {event!r}")
+    data: dict[str, Any] = encode_value(cls, event)
+    return kind, data
+
+
+def decode_event(kind: str, payload: dict[str, Any]) -> Event:
+    """Decode one stored event; an unknown kind or a wrong shape refuses to load."""
+    cls = EVENT_KINDS.get(kind)
+    if cls is None:
+        raise UnknownEventKind(f"unknown event kind {kind!r}")
+    try:
+        event: Event = decode_value(cls, payload)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UnknownEventKind(f"event {kind} does not decode: {exc}") from exc
+    return event

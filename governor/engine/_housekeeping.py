@@ -1,0 +1,131 @@
+"""Time-driven work: session expiry, deadlines, AIMD adjustments and purges.
+
+It runs at the start of every call (so expiry is lazy and exact) and from ``tick()`` (so it is also
+prompt). Purges of tombstones and ended nodes are pure functions of time and are not recorded.
+"""
+
+from __future__ import annotations
+
+from . import _events as ev
+from ._core import _Core
+from ._state import ROOT_ID
+from ._timers import PURGE_LEASE, PURGE_NODE, PURGE_SESSION
+from ._types import NodeState, SessionState
+
+__all__ = ["HousekeepingMixin"]
+
+
+class HousekeepingMixin(_Core):
+    def _advance(self) -> int:
+        now = self._now()
+        st = self._state
+        changed = False
+        for sid in self._timers.due_expiry(now):
+            session = st.sessions.get(sid)
+            if session is not None and session.state is SessionState.OPEN:
+                if session.expires_ms <= now:
+                    self._end_session(session, SessionState.EXPIRED, now)
+                    changed = True
+        for at_ms, _depth, nid in self._timers.due_deadline(now):
+            node = st.nodes.get(nid)
+            if (
+                node is not None
+                and node.state is NodeState.ACTIVE
+                and node.deadline_ms == at_ms
+            ):
+                self._end_subtree(node, NodeState.DEADLINE_EXCEEDED, None, None, now)
+                changed = True
+        for cls in sorted(st.adaptive):
+            changed = self._adapt(cls, now) or changed
+        if changed:
+            self._dispatch()
+        self._purge(now)
+        return now
+
+    def _adapt(self, cls: str, now: int) -> bool:
+        """AIMD: x0.7 (not below min) on p95 over target or too many overloads, else +1."""
+        state = self._state.adaptive[cls]
+        cfg = state.config
+        n = len(state.samples)
+        if now - state.last_adjust_ms < cfg.interval_ms or n < cfg.min_samples:
+            return False
+        p95 = self._p95(state.samples)
+        overload_permille = sum(1 for _, o in state.samples if o) * 1000 // n
+        limit = self._state.nodes[ROOT_ID].limits.get(cls, cfg.initial_limit)
+        if p95 > cfg.target_p95_ms or overload_permille > cfg.max_overload_permille:
+            new = max(cfg.min_limit, limit * 7 // 10)
+        else:
+            new = min(cfg.max_limit, limit + 1)
+        self._emit(ev.LimitAdjusted(self._seq(), now, cls, new))
+        return True
+
+    def _purge(self, now: int) -> None:
+        st, cfg = self._state, self.config
+        for _at, _d, kind, ident in self._timers.due_purge(now):
+            if kind == PURGE_LEASE:
+                tomb = st.tombstones.get(ident)
+                if tomb is not None and tomb.ended_ms + cfg.tombstone_ms <= now:
+                    del st.tombstones[ident]
+            elif kind == PURGE_SESSION:
+                session = st.sessions.get(ident)
+                if (
+                    session is not None
+                    and session.ended_ms is not None
+                    and session.ended_ms + cfg.tombstone_ms <= now
+                ):
+                    del st.sessions[ident]
+            elif kind == PURGE_NODE:
+                node = st.nodes.get(ident)
+                if node is None or node.ended_ms is None or node.parent is None:
+                    continue
+                if node.children:  # cannot happen (children end first); retry later
+                    self._timers.add_purge(now + 1, node.depth, PURGE_NODE, ident)
+                    continue
+                parent = st.nodes[node.parent]
+                parent.children.discard(ident)
+                for resource, used in node.used.items():
+                    parent.absorbed[resource] = parent.absorbed.get(resource, 0) + used
+                del st.nodes[ident]
+
+    def _schedule(self, event: ev.Event) -> None:
+        """Put the due times an event creates on the timers (live and after a restore)."""
+        cfg, timers = self.config, self._timers
+        if isinstance(event, ev.LeaseEnded):
+            timers.add_purge(
+                event.at_ms + cfg.tombstone_ms, 0, PURGE_LEASE, event.lease_id
+            )
+        elif isinstance(event, (ev.SessionClosed, ev.SessionExpired)):
+            timers.add_purge(
+                event.at_ms + cfg.tombstone_ms, 0, PURGE_SESSION, event.session_id
+            )
+        elif isinstance(event, ev.NodeEnded):
+            depth = self._state.nodes[event.node_id].depth
+            timers.add_purge(
+                event.at_ms + cfg.retention_ms, depth, PURGE_NODE, event.node_id
+            )
+        elif isinstance(event, ev.SessionOpened):
+            timers.add_expiry(event.at_ms + event.ttl_ms, event.session_id)
+        elif isinstance(event, (ev.NodeCreated, ev.DeadlineSet)):
+            if event.deadline_ms is not None:
+                node = self._state.nodes[event.node_id]
+                timers.add_deadline(event.deadline_ms, node.depth, node.id)
+
+    def _rebuild_timers(self) -> None:
+        """After a restore: every due time the state implies."""
+        st, cfg, timers = self._state, self.config, self._timers
+        for session in st.sessions.values():
+            if session.state is SessionState.OPEN:
+                timers.add_expiry(session.expires_ms, session.id)
+            elif session.ended_ms is not None:
+                timers.add_purge(
+                    session.ended_ms + cfg.tombstone_ms, 0, PURGE_SESSION, session.id
+                )
+        for node in st.nodes.values():
+            if node.state is NodeState.ACTIVE and node.deadline_ms is not None:
+                timers.add_deadline(node.deadline_ms, node.depth, node.id)
+            elif node.ended_ms is not None:
+                timers.add_purge(
+                    node.ended_ms + cfg.retention_ms, node.depth, PURGE_NODE, node.id
+                )
+        for lease_id, tomb in st.tombstones.items():
+            timers.add_purge(tomb.ended_ms + cfg.tombstone_ms, 0, PURGE_LEASE, lease_id)

@@ -1,0 +1,284 @@
+"""The durable state and the one function that changes it: ``State.apply(event)``.
+
+Live calls decide, then emit an event that is applied here; a restore applies the recorded events
+here too. There is no second code path, so replay equals live by construction (and the tests check
+it field by field).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _events as ev
+from ._types import (
+    AdaptiveConfig,
+    Consumed,
+    Created,
+    Defaults,
+    Edited,
+    EngineConfig,
+    Granted,
+    LeaseEnd,
+    NodeState,
+    Released,
+    RequestTag,
+    SessionState,
+)
+
+__all__ = ["AdaptiveState", "Lease", "Node", "ROOT_ID", "Session", "State", "Tombstone"]
+
+ROOT_ID = 1
+Result = Consumed | Granted | Released | Created | Edited
+
+
+@dataclass(slots=True)
+class Node:
+    id: int
+    parent: int | None
+    name: str
+    depth: int
+    quotas: dict[str, int]
+    limits: dict[str, int]
+    weight: int
+    priority: int
+    deadline_ms: int | None
+    defaults: Defaults | None
+    state: NodeState = NodeState.ACTIVE
+    ended_ms: int | None = None
+    used: dict[str, int] = field(
+        default_factory=dict
+    )  # whole subtree, removed children included
+    direct: dict[str, int] = field(default_factory=dict)  # consumed at this node itself
+    absorbed: dict[str, int] = field(default_factory=dict)  # usage of removed children
+    held: dict[str, int] = field(
+        default_factory=dict
+    )  # live leases in the subtree, per class
+    children: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class Session:
+    id: int
+    scope_id: int
+    ttl_ms: int
+    token_sha256: str
+    expires_ms: int
+    state: SessionState = SessionState.OPEN
+    ended_ms: int | None = None
+    leases: set[int] = field(default_factory=set)
+    memory: OrderedDict[str, tuple[str, Result]] = field(default_factory=OrderedDict)
+
+
+@dataclass(slots=True)
+class Lease:
+    id: int
+    session_id: int
+    node_id: int
+    cls: str
+    granted_ms: int
+
+
+@dataclass(slots=True)
+class Tombstone:
+    """An ended lease, kept ``tombstone_ms`` so a late release learns how it ended."""
+
+    lease: Lease
+    end: LeaseEnd
+    ended_ms: int
+
+
+@dataclass(slots=True)
+class AdaptiveState:
+    config: AdaptiveConfig
+    last_adjust_ms: int
+    samples: list[tuple[int, bool]] = field(default_factory=list)
+
+
+class State:
+    """Everything that survives a restart, plus the counters that make ids never reissued."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.seq = 0
+        self.next_id = (
+            1  # sessions and leases: one counter that only grows (fencing ids)
+        )
+        self.next_node_id = ROOT_ID + 1
+        self.nodes: dict[int, Node] = {
+            ROOT_ID: Node(ROOT_ID, None, "root", 0, {}, {}, 1, 0, None, None)
+        }
+        self.sessions: dict[int, Session] = {}
+        self.leases: dict[int, Lease] = {}
+        self.tombstones: dict[int, Tombstone] = {}
+        self.adaptive: dict[str, AdaptiveState] = {}
+        self._handlers: dict[type[Any], Callable[[Any], None]] = {
+            ev.SessionOpened: self._session_opened,
+            ev.SessionClosed: self._session_closed,
+            ev.SessionExpired: self._session_expired,
+            ev.NodeCreated: self._node_created,
+            ev.Charged: self._charged,
+            ev.QuotaSet: self._quota_set,
+            ev.LimitSet: self._limit_set,
+            ev.DefaultsSet: self._defaults_set,
+            ev.WeightSet: self._weight_set,
+            ev.DeadlineSet: self._deadline_set,
+            ev.NodeEnded: self._node_ended,
+            ev.LeaseGranted: self._lease_granted,
+            ev.LeaseEnded: self._lease_ended,
+            ev.AdaptiveSet: self._adaptive_set,
+            ev.LimitAdjusted: self._limit_adjusted,
+        }
+
+    # ---- the one code path --------------------------------------------------------------
+
+    def apply(self, event: ev.Event) -> None:
+        """Apply one event; the caller guarantees ``event.seq == self.seq + 1``."""
+        self._handlers[type(event)](event)
+        self.seq = event.seq
+
+    def chain(self, node_id: int) -> list[Node]:
+        """The node and its ancestors, leaf first."""
+        out = []
+        cur: int | None = node_id
+        while cur is not None:
+            node = self.nodes[cur]
+            out.append(node)
+            cur = node.parent
+        return out
+
+    def remember(
+        self, session_id: int | None, tag: RequestTag | None, result: Result
+    ) -> None:
+        if tag is None or session_id is None:
+            return
+        session = self.sessions.get(session_id)
+        if session is None:
+            return
+        memory = session.memory
+        memory[tag.request_id] = (tag.fingerprint, result)
+        memory.move_to_end(tag.request_id)
+        while len(memory) > self.config.request_memory_max:
+            memory.popitem(last=False)
+
+    # ---- handlers -----------------------------------------------------------------------
+
+    def _session_opened(self, e: ev.SessionOpened) -> None:
+        self.sessions[e.session_id] = Session(
+            e.session_id, e.scope_id, e.ttl_ms, e.token_sha256, e.at_ms + e.ttl_ms
+        )
+        self.next_id = max(self.next_id, e.session_id + 1)
+
+    def _end_session(self, session_id: int, state: SessionState, at_ms: int) -> None:
+        session = self.sessions[session_id]
+        assert not session.leases, "leases end (as events) before their session does"
+        session.state = state
+        session.ended_ms = at_ms
+        session.memory.clear()
+
+    def _session_closed(self, e: ev.SessionClosed) -> None:
+        self._end_session(e.session_id, SessionState.CLOSED, e.at_ms)
+
+    def _session_expired(self, e: ev.SessionExpired) -> None:
+        self._end_session(e.session_id, SessionState.EXPIRED, e.at_ms)
+
+    def _node_created(self, e: ev.NodeCreated) -> None:
+        parent = self.nodes[e.parent_id]
+        self.nodes[e.node_id] = Node(
+            e.node_id,
+            e.parent_id,
+            e.name,
+            parent.depth + 1,
+            dict(e.quotas),
+            dict(e.limits),
+            e.weight,
+            e.priority,
+            e.deadline_ms,
+            e.defaults,
+        )
+        parent.children.add(e.node_id)
+        self.next_node_id = max(self.next_node_id, e.node_id + 1)
+        self.remember(e.session_id, e.request, Created(e.node_id))
+
+    def _charged(self, e: ev.Charged) -> None:
+        for node in self.chain(e.node_id):
+            node.used[e.resource] = node.used.get(e.resource, 0) + e.amount
+        target = self.nodes[e.node_id]
+        target.direct[e.resource] = target.direct.get(e.resource, 0) + e.amount
+        self.remember(
+            e.session_id, e.request, Consumed(e.node_id, e.resource, e.amount)
+        )
+
+    def _quota_set(self, e: ev.QuotaSet) -> None:
+        quotas = self.nodes[e.node_id].quotas
+        if e.limit is None:
+            quotas.pop(e.resource, None)
+        else:
+            quotas[e.resource] = e.limit
+        self.remember(e.session_id, e.request, Edited(e.node_id))
+
+    def _limit_set(self, e: ev.LimitSet) -> None:
+        limits = self.nodes[e.node_id].limits
+        if e.limit is None:
+            limits.pop(e.cls, None)
+        else:
+            limits[e.cls] = e.limit
+        self.remember(e.session_id, e.request, Edited(e.node_id))
+
+    def _defaults_set(self, e: ev.DefaultsSet) -> None:
+        self.nodes[e.node_id].defaults = e.defaults
+        self.remember(e.session_id, e.request, Edited(e.node_id))
+
+    def _weight_set(self, e: ev.WeightSet) -> None:
+        self.nodes[e.node_id].weight = e.weight
+        self.remember(e.session_id, e.request, Edited(e.node_id))
+
+    def _deadline_set(self, e: ev.DeadlineSet) -> None:
+        self.nodes[e.node_id].deadline_ms = e.deadline_ms
+        self.remember(e.session_id, e.request, Edited(e.node_id))
+
+    def _node_ended(self, e: ev.NodeEnded) -> None:
+        node = self.nodes[e.node_id]
+        assert node.state is NodeState.ACTIVE, "terminal states are final"
+        assert not any(node.held.values()), (
+            "a node ends only after its leases have ended"
+        )
+        node.state = e.state
+        node.ended_ms = e.at_ms
+        self.remember(e.session_id, e.request, Edited(e.node_id))
+
+    def _lease_granted(self, e: ev.LeaseGranted) -> None:
+        lease = Lease(e.lease_id, e.session_id, e.node_id, e.cls, e.at_ms)
+        self.leases[e.lease_id] = lease
+        self.sessions[e.session_id].leases.add(e.lease_id)
+        for node in self.chain(e.node_id):
+            node.held[e.cls] = node.held.get(e.cls, 0) + 1
+        self.next_id = max(self.next_id, e.lease_id + 1)
+        self.remember(e.session_id, e.request, Granted(e.lease_id, e.node_id, e.cls))
+
+    def _lease_ended(self, e: ev.LeaseEnded) -> None:
+        lease = self.leases.pop(e.lease_id)
+        self.sessions[lease.session_id].leases.discard(e.lease_id)
+        for node in self.chain(lease.node_id):
+            node.held[lease.cls] -= 1
+        self.tombstones[e.lease_id] = Tombstone(lease, e.end, e.at_ms)
+        adaptive = self.adaptive.get(lease.cls)
+        if adaptive is not None and e.latency_ms is not None:
+            adaptive.samples.append((e.latency_ms, e.overloaded))
+            del adaptive.samples[: -self.config.adaptive_samples_max]
+        self.remember(lease.session_id, e.request, Released(e.lease_id, e.end, True))
+
+    def _adaptive_set(self, e: ev.AdaptiveSet) -> None:
+        if e.config is None:
+            self.adaptive.pop(e.cls, None)
+            return
+        self.adaptive[e.cls] = AdaptiveState(e.config, e.at_ms)
+        self.nodes[ROOT_ID].limits[e.cls] = e.config.initial_limit
+
+    def _limit_adjusted(self, e: ev.LimitAdjusted) -> None:
+        state = self.adaptive[e.cls]
+        state.samples.clear()
+        state.last_adjust_ms = e.at_ms
+        self.nodes[ROOT_ID].limits[e.cls] = e.limit

@@ -1,0 +1,146 @@
+"""An in-memory, deterministic fleet: real Members joined by a simulated network.
+
+The in-memory transport beside the gRPC one (the httpx/uvicorn habit): tests, `mesh demo`
+and the simulator drive the same Member objects production runs, on a virtual clock.
+Everything random comes from one `random.Random(seed)`; events at the same instant run in
+the order they were scheduled, so a seed replays a run exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from mesh.config import MS, CoreConfig
+from mesh.effects import Effect, FetchPolicy, Send
+from mesh.member import Member
+from mesh.messages import Message
+from mesh.policy import PolicyCache
+from mesh.ring import Ring
+from mesh.verdict import Verdict
+
+__all__ = ["MemoryFleet"]
+
+
+class MemoryFleet:
+    """Members on one virtual clock, with per-message latency, loss and duplication."""
+
+    def __init__(
+        self,
+        member_ids: Iterable[str],
+        policies: PolicyCache,
+        *,
+        seed: int = 0,
+        config: CoreConfig | None = None,
+        latency_ms: tuple[float, float] = (0.5, 1.5),
+        loss: float = 0.0,
+        duplicate: float = 0.0,
+        start_ns: int = 0,
+    ) -> None:
+        self.config = config or CoreConfig()
+        self.policies = policies
+        self.rng = random.Random(seed)
+        self.now_ns = start_ns
+        self.latency_ns = (int(latency_ms[0] * MS), int(latency_ms[1] * MS))
+        self.loss = loss
+        self.duplicate = duplicate
+        self.cut: set[frozenset[str]] = set()  # pairs that cannot reach each other
+        self.max_delay_ns = 0
+        self.messages = 0
+        self._seq = 0
+        self._queue: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
+        self.ring = Ring(member_ids, 1)
+        self.members: dict[str, Member] = {}
+        self._epochs: dict[str, int] = {}
+        for i, m in enumerate(self.ring.members):
+            self._start(m, 1, offset_ns=i * self.config.sync_interval_ns // len(self.ring))
+
+    # -- scheduling -----------------------------------------------------------------------
+
+    def at(self, t_ns: int, fn: Callable[..., None], *args: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (t_ns, self._seq, fn, args))
+
+    def run_until(self, t_ns: int) -> None:
+        while self._queue and self._queue[0][0] <= t_ns:
+            when, _, fn, args = heapq.heappop(self._queue)
+            self.now_ns = when
+            fn(*args)
+        self.now_ns = t_ns
+
+    # -- members --------------------------------------------------------------------------
+
+    def _start(self, member_id: str, epoch: int, offset_ns: int = 0) -> None:
+        m = Member(member_id, epoch, self.ring, self.policies, self.now_ns, config=self.config)
+        m.reporter.wake = lambda: self.at(self.now_ns, self._flush, m)
+        self.members[member_id] = m
+        self._epochs[member_id] = epoch
+        self.at(self.now_ns + offset_ns, self._tick, m)
+
+    def _alive(self, m: Member) -> bool:
+        return self.members.get(m.member_id) is m
+
+    def _tick(self, m: Member) -> None:
+        if not self._alive(m):
+            return
+        self._carry(m.member_id, m.tick(self.now_ns))
+        self.at(self.now_ns + self.config.sync_interval_ns, self._tick, m)
+
+    def _flush(self, m: Member) -> None:
+        if self._alive(m):
+            self._carry(m.member_id, m.flush(self.now_ns))
+
+    def crash(self, member_id: str) -> None:
+        """The process dies: its state is gone; membership notices (ring without it)."""
+        del self.members[member_id]
+        self.set_ring([m for m in self.ring.members if m != member_id])
+
+    def restart(self, member_id: str) -> None:
+        """A crashed member comes back as a new incarnation (new worker_epoch)."""
+        self._start(member_id, self._epochs.get(member_id, 0) + 1)
+        self.set_ring(list(self.ring.members) + [member_id])
+
+    def set_ring(self, member_ids: Iterable[str]) -> None:
+        self.ring = self.ring.with_members(member_ids)
+        for m in self.members.values():
+            m.ring_changed(self.now_ns, self.ring)
+
+    # -- the network ----------------------------------------------------------------------
+
+    def _carry(self, src: str, effects: list[Effect]) -> None:
+        for e in effects:
+            if isinstance(e, FetchPolicy):
+                owner = self.members[src].owner
+                self.at(self.now_ns + self.latency_ns[1], owner.policy_learned, e.rate_key)
+            elif isinstance(e, Send):
+                self._send(src, e.to, e.message)
+
+    def _send(self, src: str, dst: str, msg: Message) -> None:
+        self.messages += 1
+        if src == dst:
+            self.at(self.now_ns, self._deliver, dst, msg)
+            return
+        if frozenset((src, dst)) in self.cut or self.rng.random() < self.loss:
+            return
+        copies = 2 if self.rng.random() < self.duplicate else 1
+        for _ in range(copies):
+            delay = self.rng.randint(*self.latency_ns)
+            self.max_delay_ns = max(self.max_delay_ns, delay)
+            self.at(self.now_ns + delay, self._deliver, dst, msg)
+
+    def _deliver(self, dst: str, msg: Message) -> None:
+        m = self.members.get(dst)
+        if m is not None:
+            self._carry(dst, m.deliver(self.now_ns, msg))
+
+    # -- the workload's side --------------------------------------------------------------
+
+    def try_admit(self, member_id: str, tenant: str, metric: str, amount: int = 1) -> Verdict:
+        return self.members[member_id].admission.try_admit(tenant, metric, amount)
+
+    def propagation_delay_ns(self) -> int:
+        """d in the envelope: a report waits up to one sync interval, crosses the network,
+        and the owner's answer crosses back (an owner tick may add one more interval)."""
+        return 2 * self.config.sync_interval_ns + 2 * max(self.max_delay_ns, self.latency_ns[1])

@@ -1,0 +1,250 @@
+"""The owner side of the mesh: meter each owned RateKey and tell its reporters.
+
+Inputs are past-tense facts with the time passed in (`receive`, `tick`, `ring_changed`,
+`policy_learned`); outputs are `Send`/`FetchPolicy` effects. The owner holds no durable
+state: a restart or a migration starts keys conservatively (seed 004, "Owner restarts").
+"""
+
+from __future__ import annotations
+
+from mesh.config import MS, CoreConfig
+from mesh.effects import Effect, FetchPolicy, Send
+from mesh.gcra import Gcra, NS_PER_S
+from mesh.messages import (
+    PPM,
+    RateSnapshot,
+    Rejection,
+    RejectReason,
+    ReportBatch,
+    SnapshotBatch,
+)
+from mesh.owner._state import Applied, KeyState, ReporterState
+from mesh.policy import PolicyCache, RateKey
+from mesh.ring import Ring
+
+__all__ = ["Owner"]
+
+
+class _Outbox:
+    """Snapshots and rejections gathered per receiver; full batches go out at once."""
+
+    def __init__(self, owner: Owner) -> None:
+        self._owner = owner
+        self.snaps: dict[str, list[RateSnapshot]] = {}
+        self.rejects: dict[str, list[Rejection]] = {}
+        self.effects: list[Effect] = []
+
+    def snapshot(self, to: str, snap: RateSnapshot) -> None:
+        batch = self.snaps.setdefault(to, [])
+        batch.append(snap)
+        if len(batch) >= self._owner.config.snapshot_batch_max:
+            self.effects.append(self._owner._message(to, batch, []))
+            self.snaps[to] = []
+
+    def reject(self, to: str, rejection: Rejection) -> None:
+        self.rejects.setdefault(to, []).append(rejection)
+
+    def drain(self) -> list[Effect]:
+        for to in sorted(set(self.snaps) | set(self.rejects)):
+            snaps, rejects = self.snaps.get(to, []), self.rejects.get(to, [])
+            if snaps or rejects:
+                self.effects.append(self._owner._message(to, snaps, rejects))
+        return self.effects
+
+
+class Owner:
+    """Every key this member owns: GCRA meters, idempotency records, reporter leases."""
+
+    def __init__(
+        self,
+        member_id: str,
+        ring: Ring,
+        policies: PolicyCache,
+        now_ns: int,
+        *,
+        incarnation: int = 0,
+        config: CoreConfig | None = None,
+    ) -> None:
+        self.member_id = member_id
+        self.ring = ring
+        self.policies = policies
+        self.incarnation = incarnation
+        self.config = config or CoreConfig()
+        self.keys: dict[RateKey, KeyState] = {}
+        self._owned_since_ns = now_ns
+        self._window_start_ns = now_ns
+        self._fetching: set[RateKey] = set()
+        self.applied_units = 0  # telemetry: usage applied, in the keys' own units
+        self.duplicates = 0
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def receive(self, now_ns: int, batch: ReportBatch) -> list[Effect]:
+        """Apply a worker's batch; reply to it with snapshots (its acks) and rejections."""
+        out = _Outbox(self)
+        cfg = self.config
+        sender = batch.sender
+        exhausted_now: list[KeyState] = []
+        replied: set[RateKey] = set()
+        refused: dict[RateKey, RejectReason] = {}
+        for report in batch.reports:
+            key = report.rate_key
+            if key in refused:
+                continue
+            ks = None
+            if batch.ring_epoch > self.ring.epoch:
+                refused[key] = RejectReason.STALE_EPOCH
+            elif not self.ring.owns(self.member_id, key):
+                refused[key] = RejectReason.NOT_OWNER
+            else:
+                ks = self.keys.get(key) or self._open(now_ns, key, out)
+                if ks is None:
+                    refused[key] = RejectReason.POLICY_UNKNOWN
+            if ks is None:
+                continue
+            rs = ks.reporters.get(sender)
+            if rs is None:
+                if len(ks.reporters) >= cfg.reporters_per_key_max:
+                    self._forget_oldest_reporter(ks)
+                rs = ks.reporters[sender] = ReporterState(
+                    report.worker_epoch, report.sequence, now_ns)
+            outcome = rs.offer(report.worker_epoch, report.sequence, cfg.reorder_window)
+            rs.last_seen_ns = now_ns
+            rs.lease_until_ns = now_ns + cfg.reporter_lease_ms * MS
+            if outcome == Applied.NEW:
+                delta = report.delta
+                ks.meter.apply(now_ns, delta)
+                ks.last_used_ns = now_ns
+                rs.demand_cur += max(delta, 0) + report.denied_delta
+                self.applied_units += delta
+                if not ks.exhausted and ks.meter.remaining(now_ns) == 0:
+                    ks.exhausted = True
+                    exhausted_now.append(ks)
+            elif outcome == Applied.DUPLICATE:
+                self.duplicates += 1
+            replied.add(key)
+        for key, reason in refused.items():
+            out.reject(sender, Rejection(key, reason, self.ring.epoch))
+        for key in sorted(replied):
+            ks = self.keys[key]
+            self._send_snapshot(now_ns, key, ks, sender, ks.reporters[sender], out)
+        for ks in exhausted_now:  # seed 004: publish exhaustion at once, to everyone
+            self._broadcast(now_ns, ks, out, skip=sender)
+        return out.drain()
+
+    def tick(self, now_ns: int) -> list[Effect]:
+        """The sync interval: keep active reporters' views fresh; expire what is old."""
+        cfg = self.config
+        out = _Outbox(self)
+        rotate = now_ns - self._window_start_ns >= cfg.demand_window_ms * MS
+        if rotate:
+            self._window_start_ns = now_ns
+        retention_ns = cfg.idempotency_retention_ms * MS
+        due_ns = now_ns - cfg.sync_interval_ms * MS
+        for key in list(self.keys):
+            ks = self.keys[key]
+            for worker, rs in list(ks.reporters.items()):
+                if rotate:
+                    rs.demand_prev, rs.demand_cur = rs.demand_cur, 0
+                if now_ns - rs.last_seen_ns > retention_ns:
+                    del ks.reporters[worker]
+            if ks.exhausted and ks.meter.remaining(now_ns) > 0:
+                ks.exhausted = False
+            self._broadcast(now_ns, ks, out, due_ns=due_ns)
+            if not ks.reporters and ks.meter.remaining(now_ns) >= ks.meter.burst:
+                del self.keys[key]  # idle and full: forgetting it loses nothing
+        return out.drain()
+
+    def ring_changed(self, now_ns: int, ring: Ring) -> None:
+        """Adopt a new ring; keys that moved away are dropped (their new owner starts them)."""
+        self.ring = ring
+        self._owned_since_ns = now_ns
+        for key in [k for k in self.keys if not ring.owns(self.member_id, k)]:
+            del self.keys[key]
+
+    def policy_learned(self, key: RateKey) -> None:
+        """The driver fetched (or failed to fetch) a generation: allow asking again."""
+        self._fetching.discard(key)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _open(self, now_ns: int, key: RateKey, out: _Outbox) -> KeyState | None:
+        policy = self.policies.get(key)
+        if policy is None:
+            if key not in self._fetching:
+                self._fetching.add(key)
+                out.effects.append(FetchPolicy(key))
+            return None
+        # Start conservatively (exhausted, refilling at R) unless this owner has held its
+        # ring position long enough for any bucket it never saw to have refilled: keys are
+        # only forgotten when full, so an unseen key was idle for at least that long.
+        refill_ns = -(-policy.global_burst * NS_PER_S // policy.target_rate)
+        exhausted = now_ns - self._owned_since_ns < refill_ns
+        meter = Gcra(policy.target_rate, policy.global_burst, now_ns, exhausted=exhausted)
+        ks = self.keys[key] = KeyState(policy, meter, self.ring.epoch, now_ns)
+        return ks
+
+    def _forget_oldest_reporter(self, ks: KeyState) -> None:
+        oldest = min(ks.reporters, key=lambda w: (ks.reporters[w].last_seen_ns, w))
+        del ks.reporters[oldest]
+
+    def _broadcast(
+        self, now_ns: int, ks: KeyState, out: _Outbox, *, skip: str = "", due_ns: int | None = None
+    ) -> None:
+        key = ks.policy.rate_key
+        for worker in sorted(ks.reporters):
+            rs = ks.reporters[worker]
+            if worker == skip or rs.lease_until_ns < now_ns:
+                continue
+            if due_ns is not None and rs.sent_at_ns > due_ns:
+                continue  # it had a snapshot within this interval already
+            self._send_snapshot(now_ns, key, ks, worker, rs, out)
+
+    def _send_snapshot(
+        self, now_ns: int, key: RateKey, ks: KeyState, worker: str, rs: ReporterState,
+        out: _Outbox,
+    ) -> None:
+        share_ppm, active = self._share(now_ns, ks, worker)
+        ks.version += 1
+        rs.sent_at_ns = now_ns
+        out.snapshot(worker, RateSnapshot(
+            rate_key=key,
+            owner_epoch=ks.owner_epoch,
+            version=ks.version,
+            remaining=ks.meter.remaining(now_ns),
+            observed_at=now_ns,
+            ack_sequence_for_receiver=rs.watermark,
+            receiver_epoch=rs.worker_epoch,
+            owner_incarnation=self.incarnation,
+            share_ppm=share_ppm,
+            active_reporters=active,
+        ))
+
+    def _share(self, now_ns: int, ks: KeyState, worker: str) -> tuple[int, int]:
+        """`worker`'s share (ppm) of the key's remaining budget, and the active count.
+
+        Part of the budget is split evenly and the rest by recent demand (used + denied).
+        The even part grows with how full the bucket is: a full bucket is plenty for
+        everyone, so an even split lets any worker start at once; a nearly empty one is
+        scarce, so it goes where the requests are. Shares of all reporters sum to 1.
+        """
+        active = 0
+        total = 0
+        mine = 0
+        for w, rs in ks.reporters.items():
+            if rs.lease_until_ns >= now_ns or w == worker:
+                active += 1
+                d = rs.demand_cur + rs.demand_prev
+                total += d
+                if w == worker:
+                    mine = d
+        if total == 0:
+            return PPM // active, active
+        meter = ks.meter
+        fill_ppm = meter.remaining(now_ns) * PPM // meter.burst
+        even = max(self.config.share_floor_ppm, fill_ppm)
+        return (PPM - even) * mine // total + even // active, active
+
+    def _message(self, to: str, snaps: list[RateSnapshot], rejects: list[Rejection]) -> Send:
+        return Send(to, SnapshotBatch(self.member_id, self.ring.epoch, tuple(snaps),
+                                      tuple(rejects)))

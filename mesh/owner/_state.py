@@ -1,0 +1,77 @@
+"""Per-key and per-reporter state an owner keeps, with the idempotent apply rule."""
+
+from __future__ import annotations
+
+from mesh.gcra import Gcra
+from mesh.policy import TenantRatePolicy
+
+__all__ = ["ReporterState", "KeyState", "Applied"]
+
+
+class Applied:
+    """Outcomes of offering one report to a ReporterState (ints: cheap, comparable)."""
+
+    NEW = 0  # applied now
+    DUPLICATE = 1  # already applied (or from an older incarnation): changes nothing
+    TOO_FAR = 2  # beyond the reorder window: not applied, not acked; the worker retries
+
+
+class ReporterState:
+    """What an owner remembers of one worker incarnation's reports for one key.
+
+    Sequences up to `watermark` are applied and acknowledged; `above` holds applied
+    sequences past a gap (reordering), so a retry of any of them is recognised.
+    """
+
+    __slots__ = ("worker_epoch", "watermark", "above", "lease_until_ns", "last_seen_ns",
+                 "demand_cur", "demand_prev", "sent_at_ns")
+
+    def __init__(self, worker_epoch: int, first_sequence: int, now_ns: int) -> None:
+        self.worker_epoch = worker_epoch
+        # A record starts just below the first sequence seen: after a restart or a migration
+        # the owner cannot know what an earlier owner applied, and the worker resends its
+        # unacknowledged reports oldest first.
+        self.watermark = first_sequence - 1
+        self.above: set[int] = set()
+        self.lease_until_ns = 0
+        self.last_seen_ns = now_ns
+        self.demand_cur = 0
+        self.demand_prev = 0
+        self.sent_at_ns = -1  # when this reporter was last sent a snapshot of the key
+
+    def offer(self, worker_epoch: int, sequence: int, window: int) -> int:
+        """Decide whether (epoch, sequence) is new, recording it if so."""
+        if worker_epoch != self.worker_epoch:
+            if worker_epoch < self.worker_epoch:
+                return Applied.DUPLICATE  # a report from a dead incarnation: ignore
+            self.worker_epoch = worker_epoch  # the worker restarted: its sequence restarts
+            self.watermark = sequence - 1
+            self.above.clear()
+        if sequence <= self.watermark or sequence in self.above:
+            return Applied.DUPLICATE
+        if sequence > self.watermark + window:
+            return Applied.TOO_FAR
+        if sequence == self.watermark + 1:
+            self.watermark = sequence
+            while self.watermark + 1 in self.above:
+                self.watermark += 1
+                self.above.discard(self.watermark)
+        else:
+            self.above.add(sequence)
+        return Applied.NEW
+
+
+class KeyState:
+    """One RateKey at its owner: the meter and who is reporting it."""
+
+    __slots__ = ("policy", "meter", "version", "owner_epoch", "reporters", "exhausted",
+                 "last_used_ns")
+
+    def __init__(self, policy: TenantRatePolicy, meter: Gcra, owner_epoch: int, now_ns: int):
+        self.policy = policy
+        self.meter = meter
+        self.version = 0
+        self.owner_epoch = owner_epoch
+        self.reporters: dict[str, ReporterState] = {}
+        self.exhausted = meter.remaining(now_ns) == 0
+        self.last_used_ns = now_ns

@@ -1,0 +1,233 @@
+"""The worker side of the mesh: local views, usage accumulation, batching, snapshot intake.
+
+The hot path (mesh.admission) spends a view's `avail` and tells the view's sink when usage
+first appears or crosses the report threshold. Everything else happens here, driven by the
+node (or the simulator, or a test) with the time passed in:
+
+* `flush(now)`: usage per key becomes a `UsageReport` with the next sequence; reports are
+  batched by owner and resent, with the same epoch and sequence, until acknowledged.
+* `receive(now, SnapshotBatch)`: a snapshot acknowledges reports and resets the allowance;
+  avail = allowance - (inflight + pending), so usage after the snapshot is not forgotten.
+* `tick(now)`: views past their TTL stop expanding traffic (seed 004: restrict, not guess).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mesh.config import MS, CoreConfig
+from mesh.effects import Effect, Send
+from mesh.messages import RejectReason, ReportBatch, SnapshotBatch, UsageReport
+from mesh.policy import BOUNDS, RateKey, TenantRatePolicy, Unit
+from mesh.reporter._view import GlobalView, Inflight, ViewState
+from mesh.ring import Ring
+from mesh.verdict import Reason, Suspension
+from mesh.view import NEVER, View
+
+__all__ = ["Reporter"]
+
+
+def _noop() -> None:
+    pass
+
+
+class Reporter:
+    """All of one worker incarnation's global views, and its conversation with owners."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        worker_epoch: int,
+        ring: Ring,
+        *,
+        config: CoreConfig | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.worker_epoch = worker_epoch
+        self.ring = ring
+        self.config = config or CoreConfig()
+        self.views: dict[RateKey, GlobalView] = {}
+        self.wake: Callable[[], None] = _noop  # the driver's "flush soon" (threshold crossed)
+        self.ring_behind = ring.epoch  # newest ring epoch an owner has told us about
+        self._sink_fn = self._sink  # one bound method shared by every view, not one each
+        self._dirty: list[GlobalView] = []
+        self._live: dict[RateKey, GlobalView] = {}  # views the tick must watch
+        self._unacked: dict[RateKey, GlobalView] = {}  # views with reports in flight
+        self._retired: set[RateKey] = set()  # superseded generations, dropped once drained
+        self.reports_sent = 0
+        self.snapshots_taken = 0
+
+    # -- views ----------------------------------------------------------------------------
+
+    def open_view(self, policy: TenantRatePolicy) -> GlobalView:
+        """The view for a policy's RateKey, created in BOOT with a bootstrap allowance."""
+        key = policy.rate_key
+        v = self.views.get(key)
+        if v is None:
+            v = self.views[key] = GlobalView(policy, self._sink_fn)
+            self._boot(v)
+        self._retired.discard(key)
+        return v
+
+    def retire(self, key: RateKey) -> None:
+        """A newer generation replaced this key; keep reporting it until it drains."""
+        if key in self.views:
+            self._retired.add(key)
+
+    def bootstrap_allowance(self, policy: TenantRatePolicy) -> int:
+        """A small first allowance for a key with no snapshot: ceil(b / N_live), so a fleet
+        that meets a key at once spends about b in all, not N times the global burst."""
+        n = max(1, len(self.ring)) * self.config.bootstrap_divisor
+        return -(-policy.local_burst_cap // n)
+
+    def _boot(self, v: GlobalView) -> None:
+        v.state = ViewState.BOOT
+        v.allowance = self.bootstrap_allowance(v.policy)
+        # The bootstrap window (one TTL to hear from the owner) starts with the first report.
+        v.boot_since_ns = -1
+        v.fresh_until_ns = NEVER
+        v.set_verdicts(BOUNDS["global"])
+        v.recompute()
+        self._live[v.key] = v
+
+    def _sink(self, v: View) -> None:
+        """Hot path callback: first usage since the last flush, or the threshold crossed."""
+        assert isinstance(v, GlobalView)
+        if not v.marked:
+            v.marked = True
+            self._dirty.append(v)
+            self._live[v.key] = v
+            unit = v.policy.metric.unit
+            v.flush_at = (self.config.report_threshold_bytes if unit is Unit.BYTES
+                          else self.config.report_threshold_units)
+            if v.pending < v.flush_at:
+                return
+        v.flush_at = NEVER
+        self.wake()
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def flush(self, now_ns: int) -> list[Effect]:
+        """Turn accumulated usage into reports and (re)send what is unacknowledged."""
+        cfg = self.config
+        dirty, self._dirty = self._dirty, []
+        for v in dirty:
+            v.marked = False
+            v.flush_at = 1
+            if not (v.pending or v.denied):
+                continue
+            if len(v.inflight) >= cfg.inflight_reports_max:
+                v.marked = True  # keep accumulating; it goes out when acks make room
+                self._dirty.append(v)
+                continue
+            if not v.inflight:
+                v.inflight = []  # replace the shared empty list before the first append
+            v.inflight.append(Inflight(v.next_sequence, v.pending, v.denied, -1))
+            v.next_sequence += 1
+            if v.state is ViewState.BOOT and v.boot_since_ns < 0:
+                v.boot_since_ns = now_ns
+                v.fresh_until_ns = now_ns + cfg.snapshot_ttl_ns
+            v.inflight_sum += v.pending
+            v.pending = 0
+            v.denied = 0
+            self._unacked[v.key] = v
+        retry_before = now_ns - cfg.report_retry_ms * MS
+        by_owner: dict[str, list[UsageReport]] = {}
+        for key, v in list(self._unacked.items()):
+            if not v.inflight:
+                del self._unacked[key]
+                continue
+            if v.owner_ring_epoch != self.ring.epoch:
+                v.owner = self.ring.owner_of(key) if len(self.ring) else None
+                v.owner_ring_epoch = self.ring.epoch
+            if v.owner is None:
+                continue
+            for r in v.inflight:
+                if r.sent_at_ns < 0 or r.sent_at_ns <= retry_before:
+                    r.sent_at_ns = now_ns
+                    by_owner.setdefault(v.owner, []).append(self._report(v, r))
+        out: list[Effect] = []
+        for owner in sorted(by_owner):
+            reports = by_owner[owner]
+            for i in range(0, len(reports), cfg.report_batch_max):
+                chunk = tuple(reports[i:i + cfg.report_batch_max])
+                out.append(Send(owner, ReportBatch(self.worker_id, self.ring.epoch, chunk)))
+                self.reports_sent += len(chunk)
+        return out
+
+    def _report(self, v: GlobalView, r: Inflight) -> UsageReport:
+        if v.key.metric.unit is Unit.BYTES:
+            return UsageReport(v.key, self.worker_id, self.worker_epoch, r.sequence,
+                               byte_delta=r.delta, denied_delta=r.denied)
+        return UsageReport(v.key, self.worker_id, self.worker_epoch, r.sequence,
+                           iops_delta=r.delta, denied_delta=r.denied)
+
+    def receive(self, now_ns: int, batch: SnapshotBatch) -> int:
+        """Take an owner's snapshots and rejections. Returns how many views changed."""
+        ttl_ns = self.config.snapshot_ttl_ns
+        changed = 0
+        for snap in batch.snapshots:
+            v = self.views.get(snap.rate_key)
+            if v is None or snap.receiver_epoch != self.worker_epoch:
+                continue  # not ours, or addressed to an earlier incarnation of this worker
+            if snap.order <= v.snap_order:
+                continue  # reordered or duplicated: never step back to an older view
+            v.take_snapshot(snap, now_ns, ttl_ns)
+            v.set_verdicts(BOUNDS["global"])
+            self._live[v.key] = v
+            self.snapshots_taken += 1
+            changed += 1
+        for rej in batch.rejections:
+            v = self.views.get(rej.rate_key)
+            if rej.ring_epoch > self.ring_behind:
+                self.ring_behind = rej.ring_epoch
+            if v is not None and rej.reason is RejectReason.NOT_OWNER:
+                v.owner_ring_epoch = -1  # route again by whatever ring we hold at the retry
+        return changed
+
+    def tick(self, now_ns: int) -> None:
+        """Expire views whose snapshot (or bootstrap) is older than the TTL."""
+        unreachable_ns = self.config.owner_unreachable_ms * MS
+        for key, v in list(self._live.items()):
+            if now_ns <= v.fresh_until_ns:
+                continue
+            if v.unacked == 0 and not v.inflight:
+                if key in self._retired:
+                    self._drop(key)
+                    continue
+                self._boot(v)  # idle: the owner has seen all of our usage
+                del self._live[key]  # nothing to watch until it is used again
+                continue
+            if v.state is not ViewState.STALE:
+                v.state = ViewState.STALE
+                v.recompute()
+            oldest = v.inflight[0].sent_at_ns if v.inflight else now_ns
+            waited = now_ns - (v.fresh_until_ns - self.config.snapshot_ttl_ns)
+            if (oldest >= 0 and now_ns - oldest > unreachable_ns) or waited > unreachable_ns:
+                v.set_verdicts(BOUNDS["global_stale"], Suspension.OWNER_UNREACHABLE,
+                               Reason.OWNER_UNREACHABLE)
+            else:
+                v.set_verdicts(BOUNDS["global_stale"], Suspension.SNAPSHOT_STALE,
+                               Reason.SNAPSHOT_STALE)
+
+    def ring_changed(self, ring: Ring) -> None:
+        """Adopt a new ring: in-flight reports go to the new owners with the same sequences."""
+        self.ring = ring
+        self.ring_behind = max(self.ring_behind, ring.epoch)
+        for v in self._unacked.values():
+            for r in v.inflight:
+                r.sent_at_ns = -1  # resend at the next flush, routed by the new ring
+
+    def _drop(self, key: RateKey) -> None:
+        self.views.pop(key, None)
+        self._live.pop(key, None)
+        self._unacked.pop(key, None)
+        self._retired.discard(key)
+
+    # -- introspection --------------------------------------------------------------------
+
+    def oldest_unacked_ns(self, now_ns: int) -> int:
+        """How long the oldest unacknowledged report has waited (0 if none)."""
+        oldest = min((r.sent_at_ns for v in self._unacked.values() for r in v.inflight
+                      if r.sent_at_ns >= 0), default=now_ns)
+        return now_ns - oldest
