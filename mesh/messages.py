@@ -63,7 +63,9 @@ class UsageReport:
     `(worker_epoch, sequence)` makes it idempotent at the owner. Exactly one of the deltas
     is used, by the metric's unit; a byte delta may be negative (a short send refunded after
     its chunk was reported). `denied_delta` is demand turned away, which lets the owner
-    share the remaining budget by demand rather than by past admissions.
+    share the remaining budget by demand rather than by past admissions. `unacked_from` is
+    the worker's lowest unacknowledged sequence for the key: every sequence below it was
+    applied by some owner, so a new owner (or one that forgot the worker) starts there.
     """
 
     rate_key: RateKey
@@ -73,6 +75,7 @@ class UsageReport:
     iops_delta: int = 0
     byte_delta: int = 0
     denied_delta: int = 0
+    unacked_from: int = 1
 
     def __post_init__(self) -> None:
         _validated_report(self, MessageError)
@@ -96,6 +99,7 @@ def _validated_report(r: UsageReport, error: type[MeshError]) -> None:
         check_int("iops_delta", r.iops_delta, minimum=-INT_MAX, error=error)
         check_int("byte_delta", r.byte_delta, maximum=0, error=error)
     check_int("denied_delta", r.denied_delta, error=error)
+    check_int("unacked_from", r.unacked_from, minimum=1, maximum=r.sequence, error=error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +204,7 @@ def to_wire(msg: Message) -> list[Any]:
     if isinstance(msg, ReportBatch):
         return [SCHEMA_VERSION, "reports", msg.sender, msg.ring_epoch, [
             [_key_wire(r.rate_key), r.worker_id, r.worker_epoch, r.sequence,
-             r.iops_delta, r.byte_delta, r.denied_delta] for r in msg.reports]]
+             r.iops_delta, r.byte_delta, r.denied_delta, r.unacked_from] for r in msg.reports]]
     if isinstance(msg, SnapshotBatch):
         return [SCHEMA_VERSION, "snapshots", msg.sender, msg.ring_epoch, [
             [_key_wire(s.rate_key), s.owner_epoch, s.version, s.remaining, s.observed_at,
@@ -233,7 +237,7 @@ def from_wire(obj: Any) -> Message:
         if kind == "reports" and len(obj) == 5:
             _, _, sender, ring_epoch, items = obj
             reports = []
-            for i, it in enumerate(_items("reports", items, 7)):
+            for i, it in enumerate(_items("reports", items, 8)):
                 try:
                     reports.append(UsageReport(_key("rate_key", it[0]), *it[1:]))
                 except MeshError as exc:

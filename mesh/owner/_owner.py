@@ -107,8 +107,9 @@ class Owner:
                 if len(ks.reporters) >= cfg.reporters_per_key_max:
                     self._forget_oldest_reporter(ks)
                 rs = ks.reporters[sender] = ReporterState(
-                    report.worker_epoch, report.sequence, now_ns)
-            outcome = rs.offer(report.worker_epoch, report.sequence, cfg.reorder_window)
+                    report.worker_epoch, report.unacked_from, now_ns)
+            outcome = rs.offer(report.worker_epoch, report.sequence, report.unacked_from,
+                               cfg.reorder_window)
             rs.last_seen_ns = now_ns
             rs.lease_until_ns = now_ns + cfg.reporter_lease_ms * MS
             if outcome == Applied.NEW:

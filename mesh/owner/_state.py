@@ -26,12 +26,11 @@ class ReporterState:
     __slots__ = ("worker_epoch", "watermark", "above", "lease_until_ns", "last_seen_ns",
                  "demand_cur", "demand_prev", "sent_at_ns")
 
-    def __init__(self, worker_epoch: int, first_sequence: int, now_ns: int) -> None:
+    def __init__(self, worker_epoch: int, unacked_from: int, now_ns: int) -> None:
         self.worker_epoch = worker_epoch
-        # A record starts just below the first sequence seen: after a restart or a migration
-        # the owner cannot know what an earlier owner applied, and the worker resends its
-        # unacknowledged reports oldest first.
-        self.watermark = first_sequence - 1
+        # A record starts at the worker's lowest unacknowledged sequence: everything below
+        # was applied by some owner (this one before it forgot, or an earlier one).
+        self.watermark = unacked_from - 1
         self.above: set[int] = set()
         self.lease_until_ns = 0
         self.last_seen_ns = now_ns
@@ -39,14 +38,20 @@ class ReporterState:
         self.demand_prev = 0
         self.sent_at_ns = -1  # when this reporter was last sent a snapshot of the key
 
-    def offer(self, worker_epoch: int, sequence: int, window: int) -> int:
+    def offer(self, worker_epoch: int, sequence: int, unacked_from: int, window: int) -> int:
         """Decide whether (epoch, sequence) is new, recording it if so."""
         if worker_epoch != self.worker_epoch:
             if worker_epoch < self.worker_epoch:
                 return Applied.DUPLICATE  # a report from a dead incarnation: ignore
             self.worker_epoch = worker_epoch  # the worker restarted: its sequence restarts
-            self.watermark = sequence - 1
+            self.watermark = unacked_from - 1
             self.above.clear()
+        elif unacked_from - 1 > self.watermark:  # acknowledged elsewhere (an earlier owner)
+            self.watermark = unacked_from - 1
+            self.above = {s for s in self.above if s > self.watermark}
+            while self.watermark + 1 in self.above:
+                self.watermark += 1
+                self.above.discard(self.watermark)
         if sequence <= self.watermark or sequence in self.above:
             return Applied.DUPLICATE
         if sequence > self.watermark + window:

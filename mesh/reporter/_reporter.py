@@ -156,11 +156,12 @@ class Reporter:
         return out
 
     def _report(self, v: GlobalView, r: Inflight) -> UsageReport:
+        floor = v.inflight[0].sequence  # everything below it is acknowledged
         if v.key.metric.unit is Unit.BYTES:
             return UsageReport(v.key, self.worker_id, self.worker_epoch, r.sequence,
-                               byte_delta=r.delta, denied_delta=r.denied)
+                               byte_delta=r.delta, denied_delta=r.denied, unacked_from=floor)
         return UsageReport(v.key, self.worker_id, self.worker_epoch, r.sequence,
-                           iops_delta=r.delta, denied_delta=r.denied)
+                           iops_delta=r.delta, denied_delta=r.denied, unacked_from=floor)
 
     def receive(self, now_ns: int, batch: SnapshotBatch) -> int:
         """Take an owner's snapshots and rejections. Returns how many views changed."""
