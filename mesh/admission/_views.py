@@ -20,11 +20,14 @@ def share_of(total: int, n_live: int) -> int:
 class LocalView(View):
     """`local` (the whole limit in this process) and `share` (ceil(limit / N_live)).
 
-    A GCRA meter settled at every tick: between ticks `avail` only shrinks, so a view never
-    admits more than its meter would, and refill shows up at the tick (sync interval).
+    A GCRA meter settled at every tick: between ticks `avail` only shrinks, and refill shows
+    up at the tick (sync interval). Use since the last settle is charged as of that settle:
+    it was admitted from what was available then, and charging it at the later tick would
+    lose refill without bound when ticks are sparse. The cost is at most one interval's
+    refill (R x tick) of optimism, and only while the bucket sat full.
     """
 
-    __slots__ = ("meter", "n_live")
+    __slots__ = ("meter", "n_live", "settled_ns")
 
     def __init__(
         self, policy: TenantRatePolicy, sink: Callable[[View], None], now_ns: int, n_live: int
@@ -34,12 +37,14 @@ class LocalView(View):
         self.meter = Gcra(share_of(policy.target_rate, n_live),
                           share_of(policy.global_burst, n_live), now_ns)
         self.avail = self.meter.burst
+        self.settled_ns = now_ns
 
     def settle(self, now_ns: int) -> bool:
         """Charge what was admitted since the last tick and refill. True if now full."""
         if self.pending:
-            self.meter.apply(now_ns, self.pending)
+            self.meter.apply(self.settled_ns, self.pending)
             self.pending = 0
+        self.settled_ns = now_ns
         self.denied = 0
         self.avail = self.meter.remaining(now_ns)
         return self.avail >= self.meter.burst
