@@ -11,14 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from mesh.config import MS
-from mesh.gcra import NS_PER_S, Gcra
-from mesh.inmem import MemoryFleet
+from mesh.gcra import NS_PER_S
+from mesh.inmem import MemoryFleet, Offered, drive
 from mesh.policy import Metric, PolicyCache, TenantRatePolicy
 
 __all__ = ["run_demo"]
-
-STEP_NS = MS  # arrivals are drawn per millisecond per worker
-
 
 def run_demo(*, seconds: float = 3.0, seed: int = 1, workers: int = 8) -> dict[str, Any]:
     tenants = {
@@ -32,28 +29,11 @@ def run_demo(*, seconds: float = 3.0, seed: int = 1, workers: int = 8) -> dict[s
     )
     ids = [f"worker-{i}" for i in range(workers)]
     fleet = MemoryFleet(ids, policies, seed=seed)
-    rng = fleet.rng
     warmup_ns = NS_PER_S // 2  # owners start conservatively; let the ring settle first
-    end_ns = warmup_ns + int(seconds * NS_PER_S)
-    stats = {t: {"offered": 0, "admitted": 0, "ideal": 0, "max_excess": 0} for t in tenants}
-    ideal = {t: Gcra(r, burst, warmup_ns) for t, (r, burst, _, _) in tenants.items()}
-    carry = {(t, w): 0.0 for t in tenants for w in ids}
-    t_ns = warmup_ns
     fleet.run_until(warmup_ns)
-    while t_ns < end_ns:
-        t_ns += STEP_NS
-        fleet.run_until(t_ns)
-        for t, (_, _, _, offered) in tenants.items():
-            s = stats[t]
-            for w in ids:
-                carry[t, w] += offered / workers / 1000 * (0.5 + rng.random())
-                n = int(carry[t, w])
-                carry[t, w] -= n
-                for _ in range(n):
-                    s["offered"] += 1
-                    s["admitted"] += fleet.try_admit(w, t, "read_iops").allowed
-                    s["ideal"] += ideal[t].try_take(t_ns, 1)
-            s["max_excess"] = max(s["max_excess"], s["admitted"] - s["ideal"])
+    demand = [Offered(t, offered) for t, (_, _, _, offered) in tenants.items()]
+    drive(fleet, demand, warmup_ns + int(seconds * NS_PER_S))
+    stats = {d.tenant: d.report() for d in demand}
     d_ns = fleet.propagation_delay_ns()
     out: dict[str, Any] = {"workers": workers, "seconds": seconds, "seed": seed,
                            "d_ms": d_ns / MS, "tenants": {}}

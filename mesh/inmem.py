@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from mesh.config import MS, CoreConfig
+from mesh.gcra import NS_PER_S, Gcra
 from mesh.effects import Effect, FetchPolicy, Send
 from mesh.member import Member
 from mesh.messages import Message
@@ -21,7 +22,7 @@ from mesh.policy import PolicyCache
 from mesh.ring import Ring
 from mesh.verdict import Verdict
 
-__all__ = ["MemoryFleet"]
+__all__ = ["MemoryFleet", "Offered", "drive"]
 
 
 class MemoryFleet:
@@ -118,10 +119,10 @@ class MemoryFleet:
                 self._send(src, e.to, e.message)
 
     def _send(self, src: str, dst: str, msg: Message) -> None:
-        self.messages += 1
-        if src == dst:
+        if src == dst:  # a member's own keys: a local call in the node, not a message
             self.at(self.now_ns, self._deliver, dst, msg)
             return
+        self.messages += 1
         if frozenset((src, dst)) in self.cut or self.rng.random() < self.loss:
             return
         copies = 2 if self.rng.random() < self.duplicate else 1
@@ -144,3 +145,54 @@ class MemoryFleet:
         """d in the envelope: a report waits up to one sync interval, crosses the network,
         and the owner's answer crosses back (an owner tick may add one more interval)."""
         return 2 * self.config.sync_interval_ns + 2 * max(self.max_delay_ns, self.latency_ns[1])
+
+
+class Offered:
+    """One tenant's demand in `drive`, and what it got beside the ideal.
+
+    The ideal is one exact GCRA that sees every request of the fleet in time order: the
+    admissions a perfectly coordinated limiter would make. `max_excess` is the largest lead
+    of the fleet's cumulative admissions over the ideal's, at any instant.
+    """
+
+    def __init__(self, tenant: str, per_s: float, *, metric: str = "read_iops") -> None:
+        self.tenant = tenant
+        self.metric = metric
+        self.per_s = per_s
+        self.offered = 0
+        self.admitted = 0
+        self.ideal = 0
+        self.max_excess = 0
+        self.meter: Gcra | None = None
+
+    def report(self) -> dict[str, Any]:
+        return {"offered": self.offered, "admitted": self.admitted, "ideal": self.ideal,
+                "max_excess": self.max_excess}
+
+
+def drive(fleet: MemoryFleet, demand: list[Offered], until_ns: int, *,
+          step_ns: int = MS) -> None:
+    """Offer each tenant's demand, spread over the live workers with random jitter, one
+    step at a time until `until_ns`, counting what the fleet and the ideal admit."""
+    carry: dict[tuple[str, str], float] = {}
+    t = fleet.now_ns
+    while t < until_ns:
+        t += step_ns
+        fleet.run_until(t)
+        workers = sorted(fleet.members)
+        for d in demand:
+            if d.meter is None:
+                policy = fleet.policies.current(d.tenant, d.metric)  # type: ignore[arg-type]
+                assert policy is not None, f"no policy for {d.tenant}"
+                d.meter = Gcra(policy.target_rate, policy.global_burst, t)
+            per_step = d.per_s * step_ns / NS_PER_S / len(workers)
+            for w in workers:
+                c = carry.get((d.tenant, w), 0.0) + per_step * (0.5 + fleet.rng.random())
+                n = int(c)
+                carry[d.tenant, w] = c - n
+                for _ in range(n):
+                    d.offered += 1
+                    d.admitted += fleet.try_admit(w, d.tenant, d.metric).allowed
+                    d.ideal += d.meter.try_take(t, 1)
+            if d.admitted - d.ideal > d.max_excess:
+                d.max_excess = d.admitted - d.ideal

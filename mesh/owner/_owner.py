@@ -149,7 +149,9 @@ class Owner:
                     rs.demand_prev, rs.demand_cur = rs.demand_cur, 0
                 if now_ns - rs.last_seen_ns > retention_ns:
                     del ks.reporters[worker]
-            if ks.exhausted and ks.meter.remaining(now_ns) > 0:
+            if ks.exhausted and ks.meter.remaining(now_ns) * 8 >= ks.meter.burst:
+                # Hysteresis: under steady overload the bucket hovers near zero, and a
+                # broadcast at every brush with it would make traffic grow with load.
                 ks.exhausted = False
             self._broadcast(now_ns, ks, out, due_ns=due_ns)
             if not ks.reporters and ks.meter.remaining(now_ns) >= ks.meter.burst:

@@ -56,11 +56,16 @@ class Violation(AssertionError):
 
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {
+            f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+        }
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+        return {
+            str(k): _plain(v)
+            for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
+        }
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, set):
@@ -81,7 +86,9 @@ def canonical(engine: Engine) -> dict[str, Any]:
     for sid, s in st.sessions.items():
         d = _plain(s)
         d.pop("expires_ms")
-        d["memory"] = [[rid, fp, type(r).__name__, _plain(r)] for rid, (fp, r) in s.memory.items()]
+        d["memory"] = [
+            [rid, fp, type(r).__name__, _plain(r)] for rid, (fp, r) in s.memory.items()
+        ]
         sessions[sid] = d
     return _plain(
         {
@@ -116,27 +123,37 @@ class Auditor:
             return
         st = eng.state
         if isinstance(event, ev.Charged):
-            self.charged[event.resource] = self.charged.get(event.resource, 0) + event.amount
+            self.charged[event.resource] = (
+                self.charged.get(event.resource, 0) + event.amount
+            )
             for a in st.chain(event.node_id):
                 limit = a.quotas.get(event.resource)
                 if limit is not None and a.used.get(event.resource, 0) > limit:
-                    raise Violation(f"I1: consume took node {a.id} over its cap: {event}")
+                    raise Violation(
+                        f"I1: consume took node {a.id} over its cap: {event}"
+                    )
             if st.nodes[event.node_id].state is not NodeState.ACTIVE:
                 raise Violation(f"I7: consume on an ended node: {event}")
         elif isinstance(event, ev.LeaseGranted):
             if event.lease_id <= self.max_id:
-                raise Violation(f"fencing: lease id {event.lease_id} not above {self.max_id}")
+                raise Violation(
+                    f"fencing: lease id {event.lease_id} not above {self.max_id}"
+                )
             self.max_id = event.lease_id
             self.live.add(event.lease_id)
             for a in st.chain(event.node_id):
                 limit = a.limits.get(event.cls)
                 if limit is not None and a.held.get(event.cls, 0) > limit:
-                    raise Violation(f"I4: grant took node {a.id} over its limit: {event}")
+                    raise Violation(
+                        f"I4: grant took node {a.id} over its limit: {event}"
+                    )
             if st.nodes[event.node_id].state is not NodeState.ACTIVE:
                 raise Violation(f"I7: grant on an ended node: {event}")
         elif isinstance(event, ev.LeaseEnded):
             if event.lease_id not in self.live:
-                raise Violation(f"I5: lease {event.lease_id} ended twice or never granted")
+                raise Violation(
+                    f"I5: lease {event.lease_id} ended twice or never granted"
+                )
             self.live.discard(event.lease_id)
             self.ended[event.lease_id] = (event.end, event.at_ms)
         elif isinstance(event, ev.SessionOpened):
@@ -145,7 +162,9 @@ class Auditor:
             self.max_id = event.session_id
 
 
-def check_state(engine: Engine, auditor: Auditor, terminal: dict[int, NodeState]) -> None:
+def check_state(
+    engine: Engine, auditor: Auditor, terminal: dict[int, NodeState]
+) -> None:
     st = engine.state
     nodes = st.nodes
     # I2 quota conservation
@@ -154,7 +173,9 @@ def check_state(engine: Engine, auditor: Auditor, terminal: dict[int, NodeState]
             total = n.direct.get(r, 0) + n.absorbed.get(r, 0)
             total += sum(nodes[c].used.get(r, 0) for c in n.children)
             if total != n.used.get(r, 0):
-                raise Violation(f"I2: node {n.id} {r}: used {n.used.get(r, 0)} != parts {total}")
+                raise Violation(
+                    f"I2: node {n.id} {r}: used {n.used.get(r, 0)} != parts {total}"
+                )
     for r, amount in auditor.charged.items():
         if nodes[ROOT_ID].used.get(r, 0) != amount:
             raise Violation(f"I2: root {r} used != sum of charges {amount}")
@@ -268,21 +289,32 @@ class Run:
         e.set_adaptive(
             "api",
             AdaptiveConfig(
-                initial_limit=5, min_limit=1, max_limit=8, target_p95_ms=50,
-                min_samples=3, interval_ms=2_000,
+                initial_limit=5,
+                min_limit=1,
+                max_limit=8,
+                target_p95_ms=50,
+                min_samples=3,
+                interval_ms=2_000,
             ),
         )
         for i in range(3):
             created = e.create_node(
-                None, ROOT_ID, f"tenant{i}", quotas=self.caps(RESOURCES, 900),
-                limits=self.caps(CLASSES, 4), weight=i + 1, defaults=self.defaults(),
+                None,
+                ROOT_ID,
+                f"tenant{i}",
+                quotas=self.caps(RESOURCES, 900),
+                limits=self.caps(CLASSES, 4),
+                weight=i + 1,
+                defaults=self.defaults(),
             )
             assert not isinstance(created, Denial)
             self.new_session(created.node_id)
         self.new_session(ROOT_ID)
 
     def new_session(self, scope: int) -> None:
-        sid, _ = self.engine.open_session(scope, self.rng.choice([2_000, 5_000, 20_000]), self.token())
+        sid, _ = self.engine.open_session(
+            scope, self.rng.choice([2_000, 5_000, 20_000]), self.token()
+        )
         self.sessions.append(sid)
 
     def step(self) -> None:
@@ -313,12 +345,16 @@ class Run:
     def pick_session(self) -> int | None:
         sessions = self.open_sessions()
         if len(sessions) < 3:
-            nodes = sorted(n for n, x in self.engine.state.nodes.items() if x.depth <= 2)
+            nodes = sorted(
+                n for n, x in self.engine.state.nodes.items() if x.depth <= 2
+            )
             self.new_session(self.rng.choice(nodes))
             sessions = self.open_sessions()
         return self.rng.choice(sessions) if sessions else None
 
-    def remember(self, sid: int, rid: str | None, call: Callable[[], Any], result: Any) -> None:
+    def remember(
+        self, sid: int, rid: str | None, call: Callable[[], Any], result: Any
+    ) -> None:
         if rid is not None and not isinstance(result, (Denial, Queued)):
             self.requests.append((sid, rid, call, result))
 
@@ -336,7 +372,8 @@ class Run:
             return
         expect_ok = n.state is NodeState.ACTIVE and all(
             amount <= a.quotas[resource] - a.used.get(resource, 0)
-            for a in st.chain(node) if resource in a.quotas
+            for a in st.chain(node)
+            if resource in a.quotas
         )
         rid = self.next_rid()
         call = lambda: self.engine.consume(sid, node, resource, amount, request_id=rid)  # noqa: E731
@@ -389,8 +426,14 @@ class Run:
                 sid, lease_id, latency_ms=latency, overloaded=self.rng.random() < 0.2
             )
         except NotFound:
-            if live or (ended and ended[1] + self.config.tombstone_ms > now and sid in self.engine.state.sessions):
-                raise Violation(f"oracle: release of {lease_id} said not found within its tombstone") from None
+            if live or (
+                ended
+                and ended[1] + self.config.tombstone_ms > now
+                and sid in self.engine.state.sessions
+            ):
+                raise Violation(
+                    f"oracle: release of {lease_id} said not found within its tombstone"
+                ) from None
             del self.leases[lease_id]
             return
         if live:
@@ -399,7 +442,9 @@ class Run:
         else:
             assert ended is not None
             if result != Released(lease_id, ended[0], False):
-                raise Violation(f"oracle: late release of {lease_id} gave {result}, ended {ended}")
+                raise Violation(
+                    f"oracle: late release of {lease_id} gave {result}, ended {ended}"
+                )
 
     def op_create(self) -> None:
         sid = self.pick_session()
@@ -409,13 +454,22 @@ class Run:
         rid = self.next_rid()
         quotas, limits = self.caps(RESOURCES, 80), self.caps(CLASSES, 3)
         weight = self.rng.choice([None, 1, 2])
-        deadline = self.rng.choice([None, None, self.clock.now_ms() + self.rng.randint(0, 30_000)])
+        deadline = self.rng.choice(
+            [None, None, self.clock.now_ms() + self.rng.randint(0, 30_000)]
+        )
         defaults = self.defaults()
 
         def call() -> Any:
             return self.engine.create_node(
-                sid, parent, "n", quotas=quotas, limits=limits, weight=weight,
-                deadline_ms=deadline, defaults=defaults, request_id=rid,
+                sid,
+                parent,
+                "n",
+                quotas=quotas,
+                limits=limits,
+                weight=weight,
+                deadline_ms=deadline,
+                defaults=defaults,
+                request_id=rid,
             )
 
         try:
@@ -457,7 +511,9 @@ class Run:
             w = self.rng.randint(1, 4)
             call = lambda: e.set_weight(sid, node, w, request_id=rid)  # noqa: E731
         else:
-            dl = self.rng.choice([None, self.clock.now_ms() + self.rng.randint(0, 20_000)])
+            dl = self.rng.choice(
+                [None, self.clock.now_ms() + self.rng.randint(0, 20_000)]
+            )
             call = lambda: e.set_deadline(sid, node, dl, request_id=rid)  # noqa: E731
         try:
             result = call()
@@ -465,9 +521,13 @@ class Run:
             return
         n = e.state.nodes.get(node)
         if n is not None and kind == 0 and n.quotas.get(r) != v:
-            raise Violation(f"oracle: set_quota({node}, {r}, {v}) left {n.quotas.get(r)}")
+            raise Violation(
+                f"oracle: set_quota({node}, {r}, {v}) left {n.quotas.get(r)}"
+            )
         if n is not None and kind == 1 and n.limits.get(c) != v:
-            raise Violation(f"oracle: set_limit({node}, {c}, {v}) left {n.limits.get(c)}")
+            raise Violation(
+                f"oracle: set_limit({node}, {c}, {v}) left {n.limits.get(c)}"
+            )
         self.remember(sid, rid, call, result)
 
     def op_end_node(self) -> None:
@@ -526,7 +586,11 @@ class Run:
         sid, rid, call, result = self.rng.choice(self.requests[-50:])
         st = self.engine.state
         session = st.sessions.get(sid)
-        if session is None or session.state is not SessionState.OPEN or rid not in session.memory:
+        if (
+            session is None
+            or session.state is not SessionState.OPEN
+            or rid not in session.memory
+        ):
             return
         self.engine.tick()
         n_events = len(self.auditor.events)
@@ -538,7 +602,9 @@ class Run:
         except RequestIdReused:
             pass
         else:
-            raise Violation("idempotency: a reused id with other arguments was accepted")
+            raise Violation(
+                "idempotency: a reused id with other arguments was accepted"
+            )
         if len(self.auditor.events) != n_events:
             raise Violation("idempotency: a reused id changed the state")
 
@@ -573,7 +639,9 @@ class Run:
         roll = self.rng.random()
         open_ = self.open_sessions()
         if roll < 0.5 or len(open_) < 2:
-            nodes = sorted(n for n, x in self.engine.state.nodes.items() if x.depth <= 2)
+            nodes = sorted(
+                n for n, x in self.engine.state.nodes.items() if x.depth <= 2
+            )
             self.new_session(self.rng.choice(nodes))
         else:
             try:
@@ -618,16 +686,20 @@ class Run:
         events = self.auditor.events
         ways = {
             "events only": (None, events),
-            "mid snapshot + events": (mid[0], events[mid[1]:]),
+            "mid snapshot + events": (mid[0], events[mid[1] :]),
             "final snapshot": (final, []),
         }
         for name, (snap, evs) in ways.items():
             sink: list[Event] = []
             snap = json.loads(json.dumps(snap)) if snap is not None else None
-            restored = Engine.restore(snap, evs, ManualClock(self.clock.now_ms()), sink.append, self.config)
+            restored = Engine.restore(
+                snap, evs, ManualClock(self.clock.now_ms()), sink.append, self.config
+            )
             got = canonical(restored)
             if got != live:
-                raise Violation(f"replay ({name}) differs from live: {first_diff(live, got)}")
+                raise Violation(
+                    f"replay ({name}) differs from live: {first_diff(live, got)}"
+                )
 
 
 def first_diff(a: Any, b: Any, path: str = "") -> str:
@@ -646,7 +718,9 @@ def run_seed(seed: int, ops: int = 1500) -> None:
     try:
         Run(seed, ops).run()
     except Exception as exc:
-        raise Violation(f"seed {seed} (ops={ops}): {type(exc).__name__}: {exc}") from exc
+        raise Violation(
+            f"seed {seed} (ops={ops}): {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,17 +66,25 @@ MUTANTS = [
 
 def _mutant_tree(tmp: Path, file: str, old: str, new: str) -> Path:
     dst = tmp / "src"
-    shutil.copytree(ROOT / "governor", dst / "governor", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "governor",
+        dst / "governor",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     target = dst / "governor" / "engine" / file
     text = target.read_text()
-    assert text.count(old) == 1, f"mutation site not found exactly once in {file}: {old!r}"
+    assert text.count(old) == 1, (
+        f"mutation site not found exactly once in {file}: {old!r}"
+    )
     target.write_text(text.replace(old, new))
     return dst
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,file,old,new", MUTANTS, ids=[m[0] for m in MUTANTS])
-def test_randomized_test_catches_mutant(tmp_path: Path, name: str, file: str, old: str, new: str) -> None:
+def test_randomized_test_catches_mutant(
+    tmp_path: Path, name: str, file: str, old: str, new: str
+) -> None:
     src = _mutant_tree(tmp_path, file, old, new)
     env = {**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": "0"}
     proc = subprocess.run(
@@ -87,7 +95,9 @@ def test_randomized_test_catches_mutant(tmp_path: Path, name: str, file: str, ol
         text=True,
         timeout=600,
     )
-    assert proc.returncode == 1, f"mutant {name!r} survived:\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 1, (
+        f"mutant {name!r} survived:\n{proc.stdout}\n{proc.stderr}"
+    )
     assert "FAIL seed" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -97,6 +107,10 @@ def test_unmutated_copy_passes_a_few_seeds(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": "0"}
     proc = subprocess.run(
         [sys.executable, str(FUZZ), "--seeds", "0:3", "--ops", "600"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
