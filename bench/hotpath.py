@@ -121,7 +121,8 @@ def run(ops: int = 2_000_000, keys: int = 10_000) -> dict[str, Any]:
         "limits.hot_key": _measure(limits_one, hot, limits_ops),
         "limits.many_keys": _measure(limits_one, many, limits_ops),
     }
-    out["ratio_hot"] = round(out["mesh.hot_key"]["ops_per_s"] / out["limits.hot_key"]["ops_per_s"], 2)
+    out["ratio_hot"] = round(
+        out["mesh.hot_key"]["ops_per_s"] / out["limits.hot_key"]["ops_per_s"], 2)
     out["ratio_many"] = round(
         out["mesh.many_keys"]["ops_per_s"] / out["limits.many_keys"]["ops_per_s"], 2)
     out["bytes_per_key"] = round(_bytes_per_key(keys), 1)

@@ -37,7 +37,7 @@ def run_demo(*, seconds: float = 3.0, seed: int = 1, workers: int = 8) -> dict[s
     d_ns = fleet.propagation_delay_ns()
     out: dict[str, Any] = {"workers": workers, "seconds": seconds, "seed": seed,
                            "d_ms": d_ns / MS, "tenants": {}}
-    for t, (r, burst, b, offered) in tenants.items():
+    for t, (r, _, b, offered) in tenants.items():
         s = stats[t]
         bound = workers * b + r * d_ns / NS_PER_S
         out["tenants"][t] = {

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from mesh.config import MS, CoreConfig
-from mesh.gcra import NS_PER_S, Gcra
 from mesh.effects import Effect, FetchPolicy, Send
+from mesh.gcra import NS_PER_S, Gcra
 from mesh.member import Member
 from mesh.messages import Message
 from mesh.policy import PolicyCache

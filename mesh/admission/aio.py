@@ -17,7 +17,7 @@ from mesh.verdict import Reason, Verdict
 
 __all__ = ["admit", "Ticker"]
 
-_FINAL = frozenset({Reason.TOO_LARGE, Reason.POLICY_UNKNOWN})
+_FINAL = frozenset({Reason.TOO_LARGE})
 
 
 async def admit(
@@ -32,7 +32,9 @@ async def admit(
     """Admit now if possible, else wait up to `timeout_s` in the tenant's queue.
 
     A full queue answers `queue_full` at once; a verdict that waiting cannot change (the
-    amount exceeds the burst) is returned at once too.
+    amount exceeds the burst) is returned at once too. An unknown policy waits like a
+    spent limit: the generation may arrive before the deadline (seed 004: queue within the
+    tenant bound, or reject).
     """
     verdict = admission.try_admit(tenant, metric, amount)
     if verdict.allowed or verdict.reason in _FINAL or timeout_s <= 0:

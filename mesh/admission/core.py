@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from mesh._validate import check_int
+from mesh.admission._queue import TenantQueues, Waiter
+from mesh.admission._views import FixedView, LocalView, unknown_verdict
 from mesh.config import CoreConfig
 from mesh.errors import ConfigError, ConfigTypeError
 from mesh.policy import BOUNDS, Metric, Mode, PolicyCache, TenantRatePolicy
 from mesh.reporter import GlobalView, Reporter
 from mesh.verdict import Reason, Suspension, Verdict
 from mesh.view import View
-from mesh.admission._queue import TenantQueues, Waiter
-from mesh.admission._views import FixedView, LocalView, unknown_verdict
 
 __all__ = ["Admission", "UNKNOWN", "QUEUE_FULL", "DEADLINE"]
 
@@ -39,10 +40,15 @@ class Admission:
         n_live: int = 1,
         membership_stale: bool = False,
     ) -> None:
+        if not isinstance(policies, PolicyCache):
+            raise ConfigTypeError("policies", f"must be a PolicyCache, got "
+                                              f"{type(policies).__name__}")
+        check_int("now_ns", now_ns)
+        check_int("n_live", n_live, minimum=1)
         self.policies = policies
         self.reporter = reporter
         self.config = config or (reporter.config if reporter else CoreConfig())
-        self.n_live = max(1, n_live)
+        self.n_live = n_live
         self.membership_stale = membership_stale
         self._now_ns = now_ns
         self._views: dict[str, dict[str, View]] = {m.value: {} for m in Metric}
@@ -177,7 +183,7 @@ class Admission:
 
     def membership(self, n_live: int, stale: bool, now_ns: int) -> None:
         """The live fleet size changed (share mode splits by it; stale => N decays to 1)."""
-        self.n_live = max(1, n_live)
+        self.n_live = max(1, check_int("n_live", n_live))
         self.membership_stale = stale
         for v in self._shares:
             v.resize(self.n_live, stale, now_ns)

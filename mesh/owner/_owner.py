@@ -7,9 +7,11 @@ state: a restart or a migration starts keys conservatively (seed 004, "Owner res
 
 from __future__ import annotations
 
+from mesh._validate import check_int, check_str
 from mesh.config import MS, CoreConfig
 from mesh.effects import Effect, FetchPolicy, Send
-from mesh.gcra import Gcra, NS_PER_S
+from mesh.errors import ConfigTypeError
+from mesh.gcra import NS_PER_S, Gcra
 from mesh.messages import (
     PPM,
     RateSnapshot,
@@ -65,10 +67,16 @@ class Owner:
         incarnation: int = 0,
         config: CoreConfig | None = None,
     ) -> None:
-        self.member_id = member_id
+        self.member_id = check_str("member_id", member_id)
+        if not isinstance(ring, Ring):
+            raise ConfigTypeError("ring", f"must be a Ring, got {type(ring).__name__}")
+        if not isinstance(policies, PolicyCache):
+            raise ConfigTypeError("policies", f"must be a PolicyCache, got "
+                                              f"{type(policies).__name__}")
+        check_int("now_ns", now_ns)
         self.ring = ring
         self.policies = policies
-        self.incarnation = incarnation
+        self.incarnation = check_int("incarnation", incarnation)
         self.config = config or CoreConfig()
         self.keys: dict[RateKey, KeyState] = {}
         self._owned_since_ns = now_ns

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from mesh._validate import check_int, check_str
 from mesh.config import MS, CoreConfig
 from mesh.effects import Effect, Send
+from mesh.errors import ConfigTypeError
 from mesh.messages import RejectReason, ReportBatch, SnapshotBatch, UsageReport
 from mesh.policy import BOUNDS, RateKey, TenantRatePolicy, Unit
 from mesh.reporter._view import GlobalView, Inflight, ViewState
@@ -42,8 +44,10 @@ class Reporter:
         *,
         config: CoreConfig | None = None,
     ) -> None:
-        self.worker_id = worker_id
-        self.worker_epoch = worker_epoch
+        self.worker_id = check_str("worker_id", worker_id)
+        self.worker_epoch = check_int("worker_epoch", worker_epoch)
+        if not isinstance(ring, Ring):
+            raise ConfigTypeError("ring", f"must be a Ring, got {type(ring).__name__}")
         self.ring = ring
         self.config = config or CoreConfig()
         self.views: dict[RateKey, GlobalView] = {}

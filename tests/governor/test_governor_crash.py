@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -91,6 +92,22 @@ def _check_record(
         )
 
 
+def _drain(proc: subprocess.Popen[str], timeout_s: float = 60) -> tuple[str, str]:
+    """Read what is left through the same buffered pipes readline() used (communicate() would
+    bypass their buffers and lose lines already read ahead), then reap the process."""
+    assert proc.stdout is not None and proc.stderr is not None
+    killer = threading.Timer(timeout_s, proc.kill)
+    killer.start()
+    try:
+        out, err = proc.stdout.read(), proc.stderr.read()
+        proc.wait()
+    finally:
+        killer.cancel()
+    proc.stdout.close()
+    proc.stderr.close()
+    return out, err
+
+
 def _run_until(proc: subprocess.Popen[str], n_acks: int, lines: list[str]) -> None:
     assert proc.stdout is not None
     seen = 0
@@ -119,7 +136,7 @@ def test_sigkill_under_load_loses_no_acknowledged_event(store: StoreTarget) -> N
             time.sleep(rng.random() * 0.02)
         finally:
             proc.send_signal(signal.SIGKILL)
-            out, _err = proc.communicate(timeout=30)
+            out, _err = _drain(proc)
         assert proc.returncode == -signal.SIGKILL
         lines += out.splitlines()
         _tally(lines, nodes, acked, run)
@@ -153,7 +170,7 @@ def test_a_failed_commit_stops_the_process(store: StoreTarget) -> None:
                 (app,),
             )
     try:
-        out, err = proc.communicate(timeout=60)
+        out, err = _drain(proc)
     finally:
         if lock is not None:
             lock.execute("ROLLBACK")

@@ -13,11 +13,10 @@ from mesh.admission import Admission
 from mesh.config import CoreConfig
 from mesh.errors import ConfigError, ConfigTypeError
 from mesh.messages import RateSnapshot, SnapshotBatch
-from mesh.policy import DEFAULT_TENANT, BOUNDS, Mode
+from mesh.policy import BOUNDS, DEFAULT_TENANT, Mode
 from mesh.reporter import Reporter
 from mesh.ring import Ring
 from mesh.verdict import Reason, Suspension
-
 from tests.mesh.helpers import MS, cache, policy
 
 
@@ -183,6 +182,17 @@ def test_admit_rejects_at_its_deadline_and_when_the_queue_is_full() -> None:
         late = await first
         assert not late.allowed and late.reason is Reason.DEADLINE_EXCEEDED
         second.cancel()
-        unknown = await admit(a, "nobody", "read_iops", timeout_s=5)
-        assert unknown.reason is Reason.POLICY_UNKNOWN  # waiting cannot help: at once
+    asyncio.run(main())
+
+
+def test_admit_for_an_unknown_policy_waits_for_the_generation() -> None:
+    async def main() -> None:
+        a = Admission(cache(), 0)
+        late = await admit(a, "nobody", "read_iops", timeout_s=0.01)
+        assert late.reason is Reason.DEADLINE_EXCEEDED
+        waiting = asyncio.create_task(admit(a, "newcomer", "read_iops", timeout_s=5))
+        await asyncio.sleep(0)
+        a.policies.put(policy("newcomer", mode="local"))
+        a.tick(MS)
+        assert (await waiting).allowed
     asyncio.run(main())

@@ -8,7 +8,6 @@ from mesh.config import MS
 from mesh.gcra import NS_PER_S
 from mesh.inmem import MemoryFleet, Offered, drive
 from mesh.policy import PolicyCache
-
 from tests.mesh.helpers import cache, policy
 
 SEEDS = range(20)

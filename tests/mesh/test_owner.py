@@ -15,7 +15,6 @@ from mesh.messages import RejectReason, ReportBatch, SnapshotBatch, UsageReport
 from mesh.owner import Owner
 from mesh.policy import PolicyCache
 from mesh.ring import Ring
-
 from tests.mesh.helpers import MS, cache, policy
 
 P = policy("t", rate=1000, burst=100, b=20)

@@ -6,7 +6,6 @@ import pytest
 
 from mesh.errors import ConfigError, ConfigTypeError, MeshError
 from mesh.policy import DEFAULT_TENANT, Metric, Mode, PolicyCache, RateKey, TenantRatePolicy, Unit
-
 from tests.mesh.helpers import policy
 
 GOOD = dict(tenant_id="acme", metric="read_iops", generation=1, target_rate=100,

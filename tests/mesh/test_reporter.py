@@ -10,7 +10,6 @@ from mesh.policy import PolicyCache, TenantRatePolicy
 from mesh.reporter import GlobalView, Reporter, ViewState
 from mesh.ring import Ring
 from mesh.verdict import Reason, Suspension
-
 from tests.mesh.helpers import MS, cache, policy
 
 P = policy("t", rate=1000, burst=100, b=40)
