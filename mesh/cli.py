@@ -21,7 +21,7 @@ def _table(obj: dict[str, Any], prefix: str = "") -> list[str]:
     return rows
 
 
-def _emit(result: dict[str, Any], args: argparse.Namespace) -> None:
+def emit(result: dict[str, Any], args: argparse.Namespace) -> None:
     """One JSON object on stdout; a human table on stderr (or stdout with --table)."""
     table = "\n".join(_table(result))
     if getattr(args, "table", False):
@@ -50,18 +50,51 @@ def _parser() -> argparse.ArgumentParser:
     hot.add_argument("--keys", type=int, default=10_000)
     hot.add_argument("--json", action="store_true")
     hot.add_argument("--table", action="store_true")
+    for name in _EXTENSIONS:
+        _extension(name).add_commands(sub, bsub)
     return p
+
+
+# Each extension module owns its subcommands: add_commands(sub, bench_sub) registers them and
+# run(args) -> int | None handles them (None: not mine). Kept apart so that the simulator
+# and the node can grow their commands without editing one shared file.
+_EXTENSIONS = ("mesh._cli_sim", "mesh._cli_node")
+
+
+def _extension(name: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+
+        class _Missing:
+            @staticmethod
+            def add_commands(sub: Any, bsub: Any) -> None:
+                pass
+
+            @staticmethod
+            def run(args: argparse.Namespace) -> int | None:
+                return None
+
+        return _Missing
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    for name in _EXTENSIONS:
+        code = _extension(name).run(args)
+        if code is not None:
+            return int(code)
     if args.command == "demo":
         from mesh.demo import run_demo
 
         if args.seconds <= 0 or args.workers < 1:
             print("mesh demo: --seconds must be > 0 and --workers >= 1", file=sys.stderr)
             return 2
-        _emit(run_demo(seconds=args.seconds, seed=args.seed, workers=args.workers), args)
+        emit(run_demo(seconds=args.seconds, seed=args.seed, workers=args.workers), args)
         return 0
     if args.command == "bench" and args.bench == "hotpath":
         from bench.hotpath import run
@@ -69,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.ops < 1 or args.keys < 1:
             print("mesh bench hotpath: --ops and --keys must be >= 1", file=sys.stderr)
             return 2
-        _emit(run(ops=args.ops, keys=args.keys), args)
+        emit(run(ops=args.ops, keys=args.keys), args)
         return 0
     return 2
 
