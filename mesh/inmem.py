@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from mesh.config import MS, CoreConfig
 from mesh.effects import Effect, FetchPolicy, Send
@@ -22,11 +22,61 @@ from mesh.policy import PolicyCache
 from mesh.ring import Ring
 from mesh.verdict import Verdict
 
-__all__ = ["MemoryFleet", "Offered", "drive"]
+__all__ = ["MemoryFleet", "Network", "Offered", "Scheduler", "SimpleNetwork", "drive"]
 
 
-class MemoryFleet:
-    """Members on one virtual clock, with per-message latency, loss and duplication."""
+class Network(Protocol):
+    """Decides the fate of one message: the delays of the copies that arrive (none: lost)."""
+
+    def transit(self, src: str, dst: str, now_ns: int) -> list[int]: ...
+
+
+class SimpleNetwork:
+    """Uniform latency, independent loss and duplication, and pairs that are cut off."""
+
+    def __init__(self, rng: random.Random, *, latency_ms: tuple[float, float] = (0.5, 1.5),
+                 loss: float = 0.0, duplicate: float = 0.0) -> None:
+        self.rng = rng
+        self.latency_ns = (int(latency_ms[0] * MS), int(latency_ms[1] * MS))
+        self.loss = loss
+        self.duplicate = duplicate
+        self.cut: set[frozenset[str]] = set()  # pairs that cannot reach each other
+        self.max_delay_ns = self.latency_ns[1]
+
+    def transit(self, src: str, dst: str, now_ns: int) -> list[int]:
+        if frozenset((src, dst)) in self.cut or self.rng.random() < self.loss:
+            return []
+        copies = 2 if self.rng.random() < self.duplicate else 1
+        return [self.rng.randint(*self.latency_ns) for _ in range(copies)]
+
+
+class Scheduler:
+    """A virtual clock and its event queue; ties run in the order they were scheduled."""
+
+    def __init__(self, start_ns: int = 0) -> None:
+        self.now_ns = start_ns
+        self._seq = 0
+        self._queue: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
+
+    def at(self, t_ns: int, fn: Callable[..., None], *args: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (t_ns, self._seq, fn, args))
+
+    def run_until(self, t_ns: int) -> None:
+        queue = self._queue
+        while queue and queue[0][0] <= t_ns:
+            when, _, fn, args = heapq.heappop(queue)
+            self.now_ns = when
+            fn(*args)
+        self.now_ns = t_ns
+
+
+class MemoryFleet(Scheduler):
+    """Members on one virtual clock, joined by a `Network` (loss, delay, duplication...).
+
+    `skew_ns` shifts a member's clock: it is handed `now + skew`, as a member whose clock
+    runs ahead or behind would see it.
+    """
 
     def __init__(
         self,
@@ -38,46 +88,44 @@ class MemoryFleet:
         latency_ms: tuple[float, float] = (0.5, 1.5),
         loss: float = 0.0,
         duplicate: float = 0.0,
+        network: Network | None = None,
         start_ns: int = 0,
     ) -> None:
+        super().__init__(start_ns)
         self.config = config or CoreConfig()
         self.policies = policies
         self.rng = random.Random(seed)
-        self.now_ns = start_ns
-        self.latency_ns = (int(latency_ms[0] * MS), int(latency_ms[1] * MS))
-        self.loss = loss
-        self.duplicate = duplicate
-        self.cut: set[frozenset[str]] = set()  # pairs that cannot reach each other
+        self.network: Network = network or SimpleNetwork(
+            self.rng, latency_ms=latency_ms, loss=loss, duplicate=duplicate)
+        self.skew_ns: dict[str, int] = {}
         self.max_delay_ns = 0
         self.messages = 0
-        self._seq = 0
-        self._queue: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
         self.ring = Ring(member_ids, 1)
         self.members: dict[str, Member] = {}
         self._epochs: dict[str, int] = {}
+        self.on_member: Callable[[Member], None] | None = None  # e.g. to hook telemetry
         for i, m in enumerate(self.ring.members):
             self._start(m, 1, offset_ns=i * self.config.sync_interval_ns // len(self.ring))
 
-    # -- scheduling -----------------------------------------------------------------------
+    @property
+    def cut(self) -> set[frozenset[str]]:
+        """The cut pairs of a SimpleNetwork (tests partition members through this)."""
+        assert isinstance(self.network, SimpleNetwork)
+        return self.network.cut
 
-    def at(self, t_ns: int, fn: Callable[..., None], *args: Any) -> None:
-        self._seq += 1
-        heapq.heappush(self._queue, (t_ns, self._seq, fn, args))
-
-    def run_until(self, t_ns: int) -> None:
-        while self._queue and self._queue[0][0] <= t_ns:
-            when, _, fn, args = heapq.heappop(self._queue)
-            self.now_ns = when
-            fn(*args)
-        self.now_ns = t_ns
+    def local_ns(self, member_id: str) -> int:
+        return self.now_ns + self.skew_ns.get(member_id, 0)
 
     # -- members --------------------------------------------------------------------------
 
     def _start(self, member_id: str, epoch: int, offset_ns: int = 0) -> None:
-        m = Member(member_id, epoch, self.ring, self.policies, self.now_ns, config=self.config)
+        m = Member(member_id, epoch, self.ring, self.policies, self.local_ns(member_id),
+                   config=self.config)
         m.reporter.wake = lambda: self.at(self.now_ns, self._flush, m)
         self.members[member_id] = m
         self._epochs[member_id] = epoch
+        if self.on_member is not None:
+            self.on_member(m)
         self.at(self.now_ns + offset_ns, self._tick, m)
 
     def _alive(self, m: Member) -> bool:
@@ -86,27 +134,38 @@ class MemoryFleet:
     def _tick(self, m: Member) -> None:
         if not self._alive(m):
             return
-        self._carry(m.member_id, m.tick(self.now_ns))
+        self._carry(m.member_id, m.tick(self.local_ns(m.member_id)))
         self.at(self.now_ns + self.config.sync_interval_ns, self._tick, m)
 
     def _flush(self, m: Member) -> None:
         if self._alive(m):
-            self._carry(m.member_id, m.flush(self.now_ns))
+            self._carry(m.member_id, m.flush(self.local_ns(m.member_id)))
 
-    def crash(self, member_id: str) -> None:
-        """The process dies: its state is gone; membership notices (ring without it)."""
+    def crash(self, member_id: str, *, notice: bool = True) -> None:
+        """The process dies: its state is gone. With `notice`, membership drops it now."""
         del self.members[member_id]
-        self.set_ring([m for m in self.ring.members if m != member_id])
+        if notice:
+            self.set_ring([m for m in self.ring.members if m != member_id])
 
-    def restart(self, member_id: str) -> None:
-        """A crashed member comes back as a new incarnation (new worker_epoch)."""
+    def join(self, member_id: str) -> None:
+        """A new member starts and enters the ring."""
         self._start(member_id, self._epochs.get(member_id, 0) + 1)
-        self.set_ring(list(self.ring.members) + [member_id])
+        if member_id not in self.ring:
+            self.set_ring(list(self.ring.members) + [member_id])
+
+    restart = join  # a crashed member comes back as a new incarnation (new worker_epoch)
+
+    def leave(self, member_id: str) -> None:
+        """Graceful leave: flush what is pending, leave the ring, then stop."""
+        m = self.members[member_id]
+        self._carry(member_id, m.flush(self.local_ns(member_id)))
+        self.set_ring([x for x in self.ring.members if x != member_id])
+        del self.members[member_id]
 
     def set_ring(self, member_ids: Iterable[str]) -> None:
         self.ring = self.ring.with_members(member_ids)
-        for m in self.members.values():
-            m.ring_changed(self.now_ns, self.ring)
+        for mid, m in self.members.items():
+            m.ring_changed(self.local_ns(mid), self.ring)
 
     # -- the network ----------------------------------------------------------------------
 
@@ -114,7 +173,7 @@ class MemoryFleet:
         for e in effects:
             if isinstance(e, FetchPolicy):
                 owner = self.members[src].owner
-                self.at(self.now_ns + self.latency_ns[1], owner.policy_learned, e.rate_key)
+                self.at(self.now_ns + self.max_delay_ns, owner.policy_learned, e.rate_key)
             elif isinstance(e, Send):
                 self._send(src, e.to, e.message)
 
@@ -123,18 +182,15 @@ class MemoryFleet:
             self.at(self.now_ns, self._deliver, dst, msg)
             return
         self.messages += 1
-        if frozenset((src, dst)) in self.cut or self.rng.random() < self.loss:
-            return
-        copies = 2 if self.rng.random() < self.duplicate else 1
-        for _ in range(copies):
-            delay = self.rng.randint(*self.latency_ns)
-            self.max_delay_ns = max(self.max_delay_ns, delay)
+        for delay in self.network.transit(src, dst, self.now_ns):
+            if delay > self.max_delay_ns:
+                self.max_delay_ns = delay
             self.at(self.now_ns + delay, self._deliver, dst, msg)
 
     def _deliver(self, dst: str, msg: Message) -> None:
         m = self.members.get(dst)
         if m is not None:
-            self._carry(dst, m.deliver(self.now_ns, msg))
+            self._carry(dst, m.deliver(self.local_ns(dst), msg))
 
     # -- the workload's side --------------------------------------------------------------
 
@@ -144,7 +200,10 @@ class MemoryFleet:
     def propagation_delay_ns(self) -> int:
         """d in the envelope: a report waits up to one sync interval, crosses the network,
         and the owner's answer crosses back (an owner tick may add one more interval)."""
-        return 2 * self.config.sync_interval_ns + 2 * max(self.max_delay_ns, self.latency_ns[1])
+        latency = self.max_delay_ns
+        if isinstance(self.network, SimpleNetwork):
+            latency = max(latency, self.network.latency_ns[1])
+        return 2 * self.config.sync_interval_ns + 2 * latency
 
 
 class Offered:

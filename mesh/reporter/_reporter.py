@@ -52,6 +52,9 @@ class Reporter:
         self.config = config or CoreConfig()
         self.views: dict[RateKey, GlobalView] = {}
         self.wake: Callable[[], None] = _noop  # the driver's "flush soon" (threshold crossed)
+        # Told, for each acknowledged report, how long its usage took to reach a snapshot
+        # (from the flush that created it): the d of the envelope, for telemetry and the sim.
+        self.on_ack: Callable[[int], None] | None = None
         self.ring_behind = ring.epoch  # newest ring epoch an owner has told us about
         self._sink_fn = self._sink  # one bound method shared by every view, not one each
         self._dirty: list[GlobalView] = []
@@ -126,7 +129,7 @@ class Reporter:
                 continue
             if not v.inflight:
                 v.inflight = []  # replace the shared empty list before the first append
-            v.inflight.append(Inflight(v.next_sequence, v.pending, v.denied, -1))
+            v.inflight.append(Inflight(v.next_sequence, v.pending, v.denied, now_ns))
             v.next_sequence += 1
             if v.state is ViewState.BOOT and v.boot_since_ns < 0:
                 v.boot_since_ns = now_ns
@@ -177,7 +180,10 @@ class Reporter:
                 continue  # not ours, or addressed to an earlier incarnation of this worker
             if snap.order <= v.snap_order:
                 continue  # reordered or duplicated: never step back to an older view
-            v.take_snapshot(snap, now_ns, ttl_ns)
+            acked = v.take_snapshot(snap, now_ns, ttl_ns)
+            if self.on_ack is not None:
+                for r in acked:
+                    self.on_ack(now_ns - r.created_ns)
             v.set_verdicts(BOUNDS["global"])
             self._live[v.key] = v
             self.snapshots_taken += 1

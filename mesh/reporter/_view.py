@@ -21,13 +21,14 @@ class ViewState(Enum):
 class Inflight:
     """One sent, not yet acknowledged report: kept for retries with its sequence."""
 
-    __slots__ = ("sequence", "delta", "denied", "sent_at_ns")
+    __slots__ = ("sequence", "delta", "denied", "sent_at_ns", "created_ns")
 
-    def __init__(self, sequence: int, delta: int, denied: int, sent_at_ns: int) -> None:
+    def __init__(self, sequence: int, delta: int, denied: int, created_ns: int) -> None:
         self.sequence = sequence
         self.delta = delta
         self.denied = denied
-        self.sent_at_ns = sent_at_ns
+        self.sent_at_ns = -1  # not sent yet
+        self.created_ns = created_ns
 
 
 _NO_INFLIGHT: list[Inflight] = []  # shared and never appended to: see Reporter.flush
@@ -70,7 +71,7 @@ class GlobalView(View):
         """avail from allowance and what is unacknowledged; 0 whenever stale."""
         self.avail = 0 if self.state is ViewState.STALE else self.allowance - self.unacked
 
-    def ack(self, sequence: int) -> None:
+    def ack(self, sequence: int) -> list[Inflight]:
         """Drop reports the owner has applied (contiguously) up to `sequence`."""
         n = 0
         for r in self.inflight:
@@ -78,11 +79,15 @@ class GlobalView(View):
                 break
             self.inflight_sum -= r.delta
             n += 1
-        if n:
-            del self.inflight[:n]
+        if not n:
+            return []
+        acked = self.inflight[:n]
+        del self.inflight[:n]
+        return acked
 
-    def take_snapshot(self, snap: RateSnapshot, now_ns: int, ttl_ns: int) -> None:
-        self.ack(snap.ack_sequence_for_receiver)
+    def take_snapshot(self, snap: RateSnapshot, now_ns: int, ttl_ns: int) -> list[Inflight]:
+        """Adopt a newer snapshot; returns the reports it acknowledged."""
+        acked = self.ack(snap.ack_sequence_for_receiver)
         self.snap_order = snap.order
         b = self.policy.local_burst_cap
         # The local burst cap: b divided by the owner-observed active-worker count (seed
@@ -99,3 +104,4 @@ class GlobalView(View):
         self.fresh_until_ns = now_ns + ttl_ns
         self.state = ViewState.FRESH
         self.recompute()
+        return acked
