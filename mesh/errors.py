@@ -7,8 +7,11 @@ it is a `Verdict` value.
     MeshError
     ├── ConfigError (ValueError)          bad argument, policy or config; names the field
     │   └── ConfigTypeError (TypeError)   the field has the wrong type
-    └── MessageError (ValueError)         a peer's message failed validation; names the field
-        └── MessageTypeError (TypeError)
+    ├── MessageError (ValueError)         a peer's message failed validation; names the field
+    │   └── MessageTypeError (TypeError)
+    └── PeerError                         a peer (or membership/coordinator service) failed
+        ├── PeerUnavailable               unreachable, timed out, or gone (retry later)
+        └── PeerRefused                   it answered with an error status (our request)
 
 Every error carries `.field`, the dotted name of what was wrong, and raising one changes
 no state: validation happens before anything is mutated.
@@ -16,7 +19,16 @@ no state: validation happens before anything is mutated.
 
 from __future__ import annotations
 
-__all__ = ["MeshError", "ConfigError", "ConfigTypeError", "MessageError", "MessageTypeError"]
+__all__ = [
+    "MeshError",
+    "ConfigError",
+    "ConfigTypeError",
+    "MessageError",
+    "MessageTypeError",
+    "PeerError",
+    "PeerUnavailable",
+    "PeerRefused",
+]
 
 
 class MeshError(Exception):
@@ -42,3 +54,15 @@ class MessageError(MeshError, ValueError):
 
 class MessageTypeError(MessageError, TypeError):
     """A message field from a peer has the wrong type."""
+
+
+class PeerError(MeshError):
+    """A remote party failed us; translated from grpc/httpx errors at the adapter."""
+
+
+class PeerUnavailable(PeerError):
+    """The remote party could not be reached, timed out, or went away."""
+
+
+class PeerRefused(PeerError):
+    """The remote party answered with an error status; `field` names the call."""

@@ -90,6 +90,7 @@ class MemoryFleet(Scheduler):
         duplicate: float = 0.0,
         network: Network | None = None,
         start_ns: int = 0,
+        on_member: Callable[[Member], None] | None = None,
     ) -> None:
         super().__init__(start_ns)
         self.config = config or CoreConfig()
@@ -103,7 +104,7 @@ class MemoryFleet(Scheduler):
         self.ring = Ring(member_ids, 1)
         self.members: dict[str, Member] = {}
         self._epochs: dict[str, int] = {}
-        self.on_member: Callable[[Member], None] | None = None  # e.g. to hook telemetry
+        self.on_member = on_member  # told of every member started (e.g. to hook telemetry)
         for i, m in enumerate(self.ring.members):
             self._start(m, 1, offset_ns=i * self.config.sync_interval_ns // len(self.ring))
 

@@ -83,6 +83,7 @@ class Owner:
         self._window_start_ns = now_ns
         self._fetching: set[RateKey] = set()
         self.applied_units = 0  # telemetry: usage applied, in the keys' own units
+        self.applied: dict[tuple[str, str], int] = {}  # telemetry: the same, per tenant/metric
         self.duplicates = 0
 
     # -- inputs ---------------------------------------------------------------------------
@@ -126,6 +127,8 @@ class Owner:
                 ks.last_used_ns = now_ns
                 rs.demand_cur += max(delta, 0) + report.denied_delta
                 self.applied_units += delta
+                scope = (key.tenant_id, key.metric.value)
+                self.applied[scope] = self.applied.get(scope, 0) + delta
                 if not ks.exhausted and ks.meter.remaining(now_ns) == 0:
                     ks.exhausted = True
                     exhausted_now.append(ks)
@@ -203,19 +206,22 @@ class Owner:
         self, now_ns: int, ks: KeyState, out: _Outbox, *, skip: str = "", due_ns: int | None = None
     ) -> None:
         key = ks.policy.rate_key
+        totals: tuple[int, int] | None = None
         for worker in sorted(ks.reporters):
             rs = ks.reporters[worker]
             if worker == skip or rs.lease_until_ns < now_ns:
                 continue
             if due_ns is not None and rs.sent_at_ns > due_ns:
                 continue  # it had a snapshot within this interval already
-            self._send_snapshot(now_ns, key, ks, worker, rs, out)
+            if totals is None:
+                totals = self._totals(now_ns, ks)
+            self._send_snapshot(now_ns, key, ks, worker, rs, out, totals)
 
     def _send_snapshot(
         self, now_ns: int, key: RateKey, ks: KeyState, worker: str, rs: ReporterState,
-        out: _Outbox,
+        out: _Outbox, totals: tuple[int, int] | None = None,
     ) -> None:
-        share_ppm, active = self._share(now_ns, ks, worker)
+        share_ppm, active = self._share(now_ns, ks, rs, totals or self._totals(now_ns, ks))
         ks.version += 1
         rs.sent_at_ns = now_ns
         out.snapshot(worker, RateSnapshot(
@@ -231,24 +237,30 @@ class Owner:
             active_reporters=active,
         ))
 
-    def _share(self, now_ns: int, ks: KeyState, worker: str) -> tuple[int, int]:
-        """`worker`'s share (ppm) of the key's remaining budget, and the active count.
+    @staticmethod
+    def _totals(now_ns: int, ks: KeyState) -> tuple[int, int]:
+        """(active reporters, their recent demand): computed once per key per round."""
+        active = total = 0
+        for rs in ks.reporters.values():
+            if rs.lease_until_ns >= now_ns:
+                active += 1
+                total += rs.demand_cur + rs.demand_prev
+        return active, total
+
+    def _share(self, now_ns: int, ks: KeyState, rs: ReporterState,
+               totals: tuple[int, int]) -> tuple[int, int]:
+        """A reporter's share (ppm) of the key's remaining budget, and the active count.
 
         Part of the budget is split evenly and the rest by recent demand (used + denied).
         The even part grows with how full the bucket is: a full bucket is plenty for
         everyone, so an even split lets any worker start at once; a nearly empty one is
         scarce, so it goes where the requests are. Shares of all reporters sum to 1.
         """
-        active = 0
-        total = 0
-        mine = 0
-        for w, rs in ks.reporters.items():
-            if rs.lease_until_ns >= now_ns or w == worker:
-                active += 1
-                d = rs.demand_cur + rs.demand_prev
-                total += d
-                if w == worker:
-                    mine = d
+        active, total = totals
+        mine = rs.demand_cur + rs.demand_prev
+        if rs.lease_until_ns < now_ns:  # its lease just lapsed: count it for this answer
+            active += 1
+            total += mine
         if total == 0:
             return PPM // active, active
         meter = ks.meter

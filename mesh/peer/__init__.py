@@ -1,7 +1,39 @@
-"""The only package that imports grpc: msgpack codec over grpcio aio, service, clients.
+"""The only package that imports grpc: the peer service, its clients, the coordinator API.
 
-Reserved: the networked peer service lands with the mesh node issue. The sans-I/O cores
-are forbidden to import it (see the import-linter contract in pyproject.toml).
+`Transport` is what the node sees; `GrpcTransport` and `MemoryTransport` implement it.
+Messages are the mesh's msgpack codec (`mesh.messages`); grpc carries opaque bytes through
+generic handlers, and grpc errors become `mesh.errors.PeerError`s here, at the adapter.
 """
 
-__all__: list[str] = []
+from mesh.peer._coordinator import (
+    COORDINATOR_SERVICE,
+    CoordinatorClient,
+    CoordinatorServer,
+    coordinator_handler,
+)
+from mesh.peer._grpc import GrpcTransport
+from mesh.peer._link import PeerLink
+from mesh.peer._server import PeerServer
+from mesh.peer._status import fetch_status
+from mesh.peer._transport import Deliver, MemoryNetwork, MemoryTransport, Transport
+from mesh.peer._wire import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA_MD, STATUS
+
+__all__ = [
+    "COORDINATOR_SERVICE",
+    "CoordinatorClient",
+    "CoordinatorServer",
+    "Deliver",
+    "EPOCH_MD",
+    "EXCHANGE",
+    "GrpcTransport",
+    "MEMBER_MD",
+    "MemoryNetwork",
+    "MemoryTransport",
+    "PeerLink",
+    "PeerServer",
+    "SCHEMA_MD",
+    "STATUS",
+    "Transport",
+    "coordinator_handler",
+    "fetch_status",
+]

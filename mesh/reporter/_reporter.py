@@ -13,15 +13,17 @@ node (or the simulator, or a test) with the time passed in:
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 
 from mesh._validate import check_int, check_str
 from mesh.config import MS, CoreConfig
 from mesh.effects import Effect, Send
 from mesh.errors import ConfigTypeError
-from mesh.messages import RejectReason, ReportBatch, SnapshotBatch, UsageReport
+from mesh.gcra import NS_PER_S
+from mesh.messages import PPM, RejectReason, ReportBatch, SnapshotBatch, UsageReport
 from mesh.policy import BOUNDS, RateKey, TenantRatePolicy, Unit
-from mesh.reporter._view import GlobalView, Inflight, ViewState
+from mesh.reporter._view import GlobalView, Inflight, ViewState, share_round
 from mesh.ring import Ring
 from mesh.verdict import Reason, Suspension
 from mesh.view import NEVER, View
@@ -72,7 +74,7 @@ class Reporter:
         v = self.views.get(key)
         if v is None:
             v = self.views[key] = GlobalView(policy, self._sink_fn)
-            self._boot(v)
+            self._boot(v, 0)
         self._retired.discard(key)
         return v
 
@@ -84,12 +86,37 @@ class Reporter:
     def bootstrap_allowance(self, policy: TenantRatePolicy) -> int:
         """A small first allowance for a key with no snapshot: ceil(b / N_live), so a fleet
         that meets a key at once spends about b in all, not N times the global burst."""
-        n = max(1, len(self.ring)) * self.config.bootstrap_divisor
-        return -(-policy.local_burst_cap // n)
+        return -(-policy.local_burst_cap // self._n_live())
 
-    def _boot(self, v: GlobalView) -> None:
+    def _n_live(self) -> int:
+        return max(1, len(self.ring)) * self.config.bootstrap_divisor
+
+    def _coin(self, key: RateKey, salt: int) -> int:
+        """A deterministic 'random' number in [0, 1e6) for share_round."""
+        token = f"{self.worker_id}|{key.ring_token()}|{salt}".encode()
+        return zlib.crc32(token) % PPM
+
+    def _boot(self, v: GlobalView, now_ns: int) -> None:
+        """No fresh snapshot and nothing unacknowledged: start from a small allowance.
+
+        A key never heard of gets ceil(b / N_live). A view that has heard from its owner
+        before uses what it learned: if the owner had at least b left (plus the refill since
+        then) the key is not scarce and it gets the same; if the key was scarce, it may
+        claim its N_live-th of what was left plus the refill, rounded at random, so a hot
+        key spread thinly over many workers is not re-granted a unit per worker each time a
+        view idles.
+        """
         v.state = ViewState.BOOT
-        v.allowance = self.bootstrap_allowance(v.policy)
+        b = v.policy.local_burst_cap
+        budget = b
+        if v.had_snapshot:
+            refill = v.policy.target_rate * max(0, now_ns - v.snap_at_ns) // NS_PER_S
+            budget = min(b, v.snap_remaining + refill)
+        if budget >= b:
+            v.allowance = self.bootstrap_allowance(v.policy)
+        else:
+            v.allowance = share_round(budget * PPM // self._n_live(),
+                                      self._coin(v.key, now_ns + v.next_sequence))
         # The bootstrap window (one TTL to hear from the owner) starts with the first report.
         v.boot_since_ns = -1
         v.fresh_until_ns = NEVER
@@ -180,7 +207,7 @@ class Reporter:
                 continue  # not ours, or addressed to an earlier incarnation of this worker
             if snap.order <= v.snap_order:
                 continue  # reordered or duplicated: never step back to an older view
-            acked = v.take_snapshot(snap, now_ns, ttl_ns)
+            acked = v.take_snapshot(snap, now_ns, ttl_ns, self._coin(v.key, snap.version))
             if self.on_ack is not None:
                 for r in acked:
                     self.on_ack(now_ns - r.created_ns)
@@ -206,7 +233,7 @@ class Reporter:
                 if key in self._retired:
                     self._drop(key)
                     continue
-                self._boot(v)  # idle: the owner has seen all of our usage
+                self._boot(v, now_ns)  # idle: the owner has seen all of our usage
                 del self._live[key]  # nothing to watch until it is used again
                 continue
             if v.state is not ViewState.STALE:

@@ -9,7 +9,19 @@ from mesh.messages import PPM, RateSnapshot
 from mesh.policy import RateKey, TenantRatePolicy
 from mesh.view import View
 
-__all__ = ["GlobalView", "ViewState", "Inflight"]
+__all__ = ["GlobalView", "ViewState", "Inflight", "share_round"]
+
+
+def share_round(amount_ppm: int, coin_ppm: int) -> int:
+    """amount_ppm / 1e6 in whole units, rounded up with probability equal to the fraction.
+
+    A worker's part of a small budget is often a fraction of a unit (20 units over 300
+    workers); rounding down would starve everyone and rounding up would multiply the
+    budget. Rounding at random keeps the fleet's expected total exact. `coin_ppm` is
+    uniform in [0, 1e6) and comes from a hash, so runs replay exactly.
+    """
+    whole, frac = divmod(amount_ppm, PPM)
+    return whole + 1 if coin_ppm < frac else whole
 
 
 class ViewState(Enum):
@@ -43,7 +55,8 @@ class GlobalView(View):
     """
 
     __slots__ = ("key", "state", "allowance", "inflight", "inflight_sum", "next_sequence",
-                 "snap_order", "fresh_until_ns", "boot_since_ns", "owner", "owner_ring_epoch")
+                 "snap_order", "snap_remaining", "snap_at_ns", "fresh_until_ns", "boot_since_ns",
+                 "owner", "owner_ring_epoch")
 
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[View], None]) -> None:
         super().__init__(policy, sink)
@@ -54,6 +67,8 @@ class GlobalView(View):
         self.inflight_sum = 0
         self.next_sequence = 1
         self.snap_order: tuple[int, int, int] = _NO_SNAPSHOT
+        self.snap_remaining = 0
+        self.snap_at_ns = 0
         self.fresh_until_ns = 0
         self.boot_since_ns = 0
         self.owner: str | None = None
@@ -85,22 +100,25 @@ class GlobalView(View):
         del self.inflight[:n]
         return acked
 
-    def take_snapshot(self, snap: RateSnapshot, now_ns: int, ttl_ns: int) -> list[Inflight]:
-        """Adopt a newer snapshot; returns the reports it acknowledged."""
+    def take_snapshot(self, snap: RateSnapshot, now_ns: int, ttl_ns: int,
+                      coin_ppm: int) -> list[Inflight]:
+        """Adopt a newer snapshot; returns the reports it acknowledged.
+
+        allowance = min(this worker's share of `remaining`, its local burst cap), where the
+        cap is b divided by the owner-observed active-worker count (seed 004), or this
+        worker's demand share of b when that is larger (load-balancer skew). The owner's
+        shares sum to one, so the fleet's allowances sum to about `remaining`.
+        """
         acked = self.ack(snap.ack_sequence_for_receiver)
         self.snap_order = snap.order
+        self.snap_remaining = snap.remaining
+        self.snap_at_ns = now_ns
         b = self.policy.local_burst_cap
-        # The local burst cap: b divided by the owner-observed active-worker count (seed
-        # 004), or this worker's demand share of b when that is larger (load-balancer skew).
-        even = -(-b // snap.active_reporters)
-        by_demand = b * snap.share_ppm // PPM
-        cap = even if even > by_demand else by_demand
-        # This worker's part of what remains. With at least one unit per active worker,
-        # each gets one whole unit first and shares the rest, so small remainders are not
-        # rounded away; the parts of all active workers still sum to at most `remaining`.
-        x, a = snap.remaining, snap.active_reporters
-        portion = 1 + (x - a) * snap.share_ppm // PPM if x >= a else x * snap.share_ppm // PPM
-        self.allowance = portion if portion < cap else cap
+        even_ppm = b * PPM // snap.active_reporters
+        by_demand_ppm = b * snap.share_ppm
+        cap_ppm = even_ppm if even_ppm > by_demand_ppm else by_demand_ppm
+        portion_ppm = snap.remaining * snap.share_ppm
+        self.allowance = share_round(min(portion_ppm, cap_ppm), coin_ppm)
         self.fresh_until_ns = now_ns + ttl_ns
         self.state = ViewState.FRESH
         self.recompute()

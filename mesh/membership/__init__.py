@@ -1,0 +1,20 @@
+"""Where members come from (I/O): a static list or etcd; it feeds the pure `mesh.ring`.
+
+Every source implements `MembershipSource`; the node builds the ring from the views it
+publishes. An unreachable source keeps its last view, marked stale (share limits disclose
+it; N decays to 1).
+"""
+
+from mesh.membership._etcd import EtcdMembership
+from mesh.membership._etcd_client import EtcdClient
+from mesh.membership._static import StaticMembership
+from mesh.membership._view import MembershipSource, MembershipView, Publish
+
+__all__ = [
+    "EtcdClient",
+    "EtcdMembership",
+    "MembershipSource",
+    "MembershipView",
+    "Publish",
+    "StaticMembership",
+]

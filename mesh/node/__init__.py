@@ -1,0 +1,7 @@
+"""Wires one worker on an event loop: admission, reporter, owner, ring, policy, peer and
+telemetry. `Mesh` is the whole of it for an embedding app."""
+
+from mesh.node._driver import NodeDriver
+from mesh.node._mesh import Mesh, new_event_loop
+
+__all__ = ["Mesh", "NodeDriver", "new_event_loop"]

@@ -1,0 +1,39 @@
+"""From a NodeConfig to the node's parts: transport, membership source, policy source."""
+
+from __future__ import annotations
+
+from mesh.coordinator import PolicySource
+from mesh.errors import ConfigError
+from mesh.membership import EtcdClient, EtcdMembership, MembershipSource, StaticMembership
+from mesh.nodeconfig import NodeConfig
+from mesh.peer import CoordinatorClient, GrpcTransport, Transport
+from mesh.peer._server import PeerHandler
+
+__all__ = ["build_transport", "build_membership", "build_policy_source"]
+
+
+def build_transport(cfg: NodeConfig, member_id: str, worker_epoch: int,
+                    handler: PeerHandler) -> Transport:
+    return GrpcTransport(handler, member_id=member_id, worker_epoch=worker_epoch,
+                         listen=cfg.listen, advertise=cfg.advertise, tls=cfg.tls,
+                         max_message_bytes=cfg.max_message_bytes)
+
+
+def build_membership(cfg: NodeConfig, member_id: str, address: str) -> MembershipSource:
+    m = cfg.membership
+    if m is None:
+        return StaticMembership({member_id: address})
+    if m.source == "static":
+        if member_id not in m.members:
+            raise ConfigError("membership.members",
+                              f"does not list this member {member_id!r}; known: "
+                              + ", ".join(sorted(m.members)))
+        return StaticMembership(m.members)
+    return EtcdMembership(EtcdClient(m.endpoints), prefix=m.prefix, member_id=member_id,
+                          addr=address, lease_ttl_s=m.lease_ttl_s, retry_s=m.poll_ms / 1000)
+
+
+def build_policy_source(cfg: NodeConfig) -> PolicySource | None:
+    if cfg.coordinator is None:
+        return None
+    return CoordinatorClient(cfg.coordinator.addr, tls=cfg.tls)

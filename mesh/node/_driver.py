@@ -1,0 +1,228 @@
+"""The asyncio driver of one Member: `mesh.inmem.MemoryFleet`'s loop on real time.
+
+It feeds the sans-I/O Member time (a tick every sync interval, an early flush when the
+report threshold is crossed), messages (from the transport) and rings (from membership),
+and carries out the effects it returns. In a threaded app `lock` guards the Member, since
+`try_admit` runs on the app's threads while this loop runs on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from mesh.coordinator import PolicyFeed
+from mesh.effects import Effect, FetchPolicy, Send
+from mesh.member import Member
+from mesh.membership import MembershipSource, MembershipView
+from mesh.messages import Message, ReportBatch, SnapshotBatch
+from mesh.nodeconfig import Identity, NodeConfig
+from mesh.peer import Transport
+from mesh.policy import RateKey
+from mesh.ring import Ring
+from mesh.telemetry import Telemetry
+
+__all__ = ["NodeDriver", "DELAY_TRACK_MAX"]
+
+log = logging.getLogger("mesh.node")
+DELAY_TRACK_MAX = 100_000  # keys whose report delay is being timed; cleared when full
+DELAYS_KEPT = 512  # recent report delays, for d in the envelope estimate
+NS = 1_000_000_000
+
+
+class NodeDriver:
+    def __init__(self, config: NodeConfig, identity: Identity, member: Member,
+                 transport: Transport, membership: MembershipSource, feed: PolicyFeed | None,
+                 telemetry: Telemetry, *, lock: threading.Lock | None,
+                 clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
+        self.config = config
+        self.identity = identity
+        self.member = member
+        self.transport = transport
+        self.membership = membership
+        self.feed = feed
+        self.telemetry = telemetry
+        self.lock = lock or contextlib.nullcontext()
+        self.threaded = lock is not None
+        self.clock_ns = clock_ns
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.membership_view = MembershipView({identity.member_id: ""}, 0, False)
+        self.messages_sent = 0
+        self.started_ns = clock_ns()
+        self.closing = False
+        self._flush_soon = False
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._report_sent: dict[RateKey, tuple[int, int]] = {}  # key -> (sequence, sent ns)
+        self._last_snapshot: dict[RateKey, int] = {}
+        self.recent_delays_ns: deque[int] = deque(maxlen=DELAYS_KEPT)
+        self.member.reporter.wake = self._wake
+
+    @property
+    def member_id(self) -> str:
+        return self.member.member_id
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        spawn = self.loop.create_task
+        self._tasks.append(spawn(self._ticker(), name="mesh-tick"))
+        self._tasks.append(spawn(self._run_membership(), name="mesh-membership"))
+        if self.feed is not None:
+            await self.feed.poll()  # best effort: start with the coordinator's policies
+            self._tasks.append(spawn(self.feed.run(), name="mesh-policy-feed"))
+
+    async def close(self) -> None:
+        """Graceful leave: leave the ring, flush and wait (bounded) for acknowledgements,
+        stop accepting peers, then cancel what is left."""
+        if self.closing:
+            return
+        self.closing = True
+        drain_s = self.config.shutdown_drain_ms / 1000
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_s
+        try:
+            await asyncio.wait_for(self.membership.leave(), max(drain_s, 0.1))
+        except TimeoutError:
+            log.warning("leaving membership timed out; the lease will lapse instead")
+        self._flush()
+        while self._unacked() and loop.time() < deadline:
+            await asyncio.sleep(self.config.core.sync_interval_ms / 1000)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+        await self.transport.close(max(0.0, deadline - loop.time()))
+
+    def _unacked(self) -> bool:
+        with self.lock:
+            return any(v.inflight for v in self.member.reporter.views.values())
+
+    # -- time -----------------------------------------------------------------------------
+
+    async def _ticker(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval_s = self.config.core.sync_interval_ms / 1000
+        next_t = loop.time()
+        while True:
+            now = self.clock_ns()
+            with self.lock:
+                effects = self.member.tick(now)
+            self._carry(now, effects)
+            next_t += interval_s
+            delay = next_t - loop.time()
+            if delay < 0:
+                next_t = loop.time()
+                delay = 0
+            await asyncio.sleep(delay)
+
+    def _wake(self) -> None:
+        """The reporter's threshold was crossed (on the hot path, maybe another thread)."""
+        if self._flush_soon or self.loop is None:
+            return
+        self._flush_soon = True
+        if self.threaded:
+            self.loop.call_soon_threadsafe(self._flush)
+        else:
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_soon = False
+        now = self.clock_ns()
+        with self.lock:
+            effects = self.member.flush(now)
+        self._carry(now, effects)
+
+    # -- messages -------------------------------------------------------------------------
+
+    def deliver(self, message: Message) -> None:
+        """A validated message from a peer (the transport's callback)."""
+        now = self.clock_ns()
+        with self.lock:
+            effects = self.member.deliver(now, message)
+        if isinstance(message, SnapshotBatch):
+            self._observe(now, message)
+        self._carry(now, effects)
+
+    def _carry(self, now: int, effects: list[Effect]) -> None:
+        for e in effects:
+            if isinstance(e, Send):
+                if e.to == self.member_id:  # our own keys: a local call, not a message
+                    assert self.loop is not None
+                    self.loop.call_soon(self.deliver, e.message)
+                    continue
+                if isinstance(e.message, ReportBatch):
+                    self._time_reports(now, e.message)
+                self.messages_sent += 1
+                self.transport.send(e.to, e.message)
+            elif isinstance(e, FetchPolicy):
+                assert self.loop is not None
+                self.loop.create_task(self._fetch(e.rate_key))
+
+    async def _fetch(self, key: RateKey) -> None:
+        """An owner lacks a generation: ask the coordinator, then let it ask again later."""
+        if self.feed is not None:
+            await self.feed.fetch(key)
+            if self.member.policies.get(key) is None:
+                await asyncio.sleep(self.feed.poll_ttl_s)
+        else:
+            await asyncio.sleep(1.0)  # nothing to ask; do not spin on it
+        with self.lock:
+            self.member.owner.policy_learned(key)
+
+    def _time_reports(self, now: int, batch: ReportBatch) -> None:
+        sent = self._report_sent
+        if len(sent) >= DELAY_TRACK_MAX:
+            sent.clear()
+        for r in batch.reports:
+            if r.rate_key not in sent:
+                sent[r.rate_key] = (r.sequence, now)
+
+    def _observe(self, now: int, batch: SnapshotBatch) -> None:
+        sent, last = self._report_sent, self._last_snapshot
+        if len(last) >= DELAY_TRACK_MAX:
+            last.clear()
+        for s in batch.snapshots:
+            key = s.rate_key
+            t = sent.get(key)
+            if t is not None and s.ack_sequence_for_receiver >= t[0]:
+                del sent[key]
+                self.recent_delays_ns.append(now - t[1])
+                self.telemetry.report_delay.labels(key.metric.value).observe((now - t[1]) / NS)
+            prev = last.get(key)
+            if prev is not None:
+                self.telemetry.snapshot_delay.labels(key.metric.value).observe((now - prev) / NS)
+            last[key] = now
+
+    # -- membership -----------------------------------------------------------------------
+
+    async def _run_membership(self) -> None:
+        await self.membership.run(self.on_membership)
+
+    def on_membership(self, view: MembershipView) -> None:
+        """Adopt the source's view: a new ring if the members or epoch changed, else only
+        the stale flag (share limits decay to N=1 while stale, and say so)."""
+        if self.closing and not view.members:
+            return
+        members = dict(view.members) or {self.member_id: ""}
+        now = self.clock_ns()
+        ring = self.member.ring
+        self.membership_view = view
+        with self.lock:
+            if set(members) == set(ring.members) and view.epoch <= ring.epoch:
+                self.member.admission.membership(len(ring), view.stale, now)
+                return
+            epoch = view.epoch if view.epoch > ring.epoch else ring.epoch + 1
+            new = Ring(members, epoch, vnodes=ring.vnodes)
+            self.member.ring_changed(now, new, stale=view.stale)
+        self.transport.set_peers({m: a for m, a in members.items() if m != self.member_id})
+        log.info("ring epoch %d: %s%s", epoch, ",".join(new.members),
+                 " (stale)" if view.stale else "")

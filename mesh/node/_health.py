@@ -1,0 +1,110 @@
+"""What a node says about itself: /health JSON, `mesh status`, and the scrape-time stats.
+
+Built under the node's lock from the Member's state; nothing here is on the hot path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mesh.gcra import NS_PER_S
+from mesh.node._driver import NodeDriver
+from mesh.policy import BOUNDS, Mode
+from mesh.reporter._view import GlobalView
+from mesh.telemetry import NodeStats
+
+__all__ = ["health", "node_stats", "d_estimate_ns"]
+
+
+def d_estimate_ns(driver: NodeDriver) -> int:
+    """d for the envelope: the worst recent report-to-acknowledgement delay, and never less
+    than what the sync interval alone adds (a report waits up to one interval to go out)."""
+    floor = 2 * driver.config.core.sync_interval_ns
+    return max([floor, *driver.recent_delays_ns])
+
+
+def node_stats(driver: NodeDriver) -> NodeStats:
+    m = driver.member
+    now = driver.clock_ns()
+    s = NodeStats(members=len(m.ring), ring_epoch=m.ring.epoch,
+                  membership_stale=driver.membership_view.stale,
+                  messages_sent=driver.messages_sent)
+    with driver.lock:
+        s.applied = dict(m.owner.applied)
+        for key, ks in list(m.owner.keys.items()):
+            scope = (key.tenant_id, key.metric.value)
+            n = sum(1 for rs in ks.reporters.values() if rs.lease_until_ns >= now)
+            s.active_reporters[scope] = max(s.active_reporters.get(scope, 0), n)
+        views = list(m.reporter.views.values())
+    d_s = d_estimate_ns(driver) / NS_PER_S
+    n_live = len(m.ring)
+    for v in views:
+        p = v.policy
+        scope = (p.tenant_id, p.metric.value)
+        bound = n_live * p.local_burst_cap + p.target_rate * d_s
+        # This worker's unacknowledged use, as if every member ran as far ahead, plus what
+        # the owner admits while reports are in flight.
+        est = n_live * min(v.unacked, p.local_burst_cap) + p.target_rate * d_s
+        s.excess[scope] = (round(est, 3), round(bound, 3))
+    return s
+
+
+def health(driver: NodeDriver) -> dict[str, Any]:
+    m = driver.member
+    mv = driver.membership_view
+    limits = []
+    suspended = []
+    with driver.lock:
+        views = {(v.policy.tenant_id, v.policy.metric.value): v for v in m.admission.views()}
+        policies = list(m.policies)
+    d_ms = d_estimate_ns(driver) / 1e6
+    for p in policies:
+        v = views.get((p.tenant_id, p.metric.value))
+        bound = v.no.bound if v is not None else BOUNDS[p.mode.value]
+        susp = v.no.suspended.value if v is not None and v.no.suspended else None
+        if p.mode is Mode.SHARE and mv.stale:
+            bound, susp = BOUNDS["share_stale"], "membership_stale"
+        entry: dict[str, Any] = {
+            "tenant": p.tenant_id, "metric": p.metric.value, "generation": p.generation,
+            "mode": p.mode.value, "bound": bound, "suspended": susp,
+            "target_rate": p.target_rate, "global_burst": p.global_burst,
+            "local_burst_cap": p.local_burst_cap,
+        }
+        if p.mode is Mode.GLOBAL:
+            entry["envelope"] = round(len(m.ring) * p.local_burst_cap
+                                      + p.target_rate * d_ms / 1000, 3)
+            if isinstance(v, GlobalView):
+                entry["view"] = v.state.value
+        limits.append(entry)
+        if susp:
+            suspended.append({"tenant": p.tenant_id, "metric": p.metric.value, "reason": susp})
+    # Views opened for tenants under a default ("*") policy carry their own suspensions.
+    for (tenant, metric), v in sorted(views.items()):
+        if tenant != v.policy.tenant_id or v.no.suspended is None:
+            continue
+        item = {"tenant": tenant, "metric": metric, "reason": v.no.suspended.value}
+        if item not in suspended:
+            suspended.append(item)
+    feed = driver.feed
+    return {
+        "member_id": driver.member_id,
+        "identity": {"source": driver.identity.source, "stable": driver.identity.stable},
+        "worker_epoch": m.reporter.worker_epoch,
+        "status": "closing" if driver.closing else "serving",
+        "membership": {"N": len(m.ring), "epoch": m.ring.epoch, "stale": mv.stale,
+                       "members": list(m.ring.members)},
+        "d_ms": round(d_ms, 3),
+        "limits": limits,
+        "suspended": suspended,
+        "policies": {
+            "count": len(policies),
+            "coordinator": None if feed is None else {
+                "revision": feed.revision, "watching": feed.watching,
+                "reachable": feed.reachable, "last_error": feed.last_error},
+        },
+        "owner": {"keys": len(m.owner.keys), "applied_units": m.owner.applied_units,
+                  "duplicates": m.owner.duplicates},
+        "reporter": {"views": len(m.reporter.views), "reports_sent": m.reporter.reports_sent,
+                     "snapshots_taken": m.reporter.snapshots_taken},
+        "peer": driver.transport.stats(),
+    }

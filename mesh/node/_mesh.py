@@ -1,0 +1,241 @@
+"""`Mesh`: one worker's mesh node, embedded in an asyncio app or a threaded one.
+
+    async with Mesh(config) as mesh:        # asyncio: runs on the caller's loop
+        verdict = mesh.try_admit("acme", "read_iops")
+
+    mesh = Mesh(config); mesh.start()       # threads: a daemon thread runs the loop
+    verdict = mesh.try_admit("acme", "read_iops")
+    mesh.stop()                             # graceful leave: flush, leave, drain
+
+`try_admit` is synchronous and network-free in both: it reads the local view only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from mesh.admission.aio import admit as _admit
+from mesh.coordinator import PolicyFeed, PolicySource
+from mesh.errors import ConfigError
+from mesh.member import Member
+from mesh.membership import MembershipSource
+from mesh.node._build import build_membership, build_policy_source, build_transport
+from mesh.node._driver import NodeDriver
+from mesh.node._health import health, node_stats
+from mesh.nodeconfig import NodeConfig, load_config, parse_config
+from mesh.peer import Transport
+from mesh.policy import PolicyCache
+from mesh.ring import Ring
+from mesh.telemetry import HttpEndpoint, Telemetry
+from mesh.verdict import Verdict
+
+__all__ = ["Mesh"]
+
+log = logging.getLogger("mesh.node")
+
+
+class Mesh:
+    def __init__(self, config: NodeConfig | dict[str, Any] | str | Path, *,
+                 transport: Transport | None = None,
+                 membership: MembershipSource | None = None,
+                 policy_source: PolicySource | None = None,
+                 environ: dict[str, str] | None = None) -> None:
+        if isinstance(config, (str, Path)):
+            config = load_config(config)
+        elif isinstance(config, dict):
+            config = parse_config(config)
+        self.config = config
+        self.identity = config.identity(environ)
+        self._transport_arg = transport
+        self._membership_arg = membership
+        self._source_arg = policy_source
+        self._lock: threading.Lock | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._driver: NodeDriver | None = None
+        self._http: HttpEndpoint | None = None
+        self.address = ""  # the peer address, once started
+        self.telemetry_address = ""
+        self.decisions: dict[tuple[str, str, str, str, str], int] = {}
+
+    # -- the hot path ---------------------------------------------------------------------
+
+    def try_admit(self, tenant: str, metric: str, amount: int = 1) -> Verdict:
+        """Admit now or say why not: local, synchronous, no network."""
+        d = self._driver
+        if d is None:
+            raise ConfigError("mesh", "not started: use `async with Mesh(...)` or .start()")
+        if self._lock is None:
+            v = d.member.admission.try_admit(tenant, metric, amount)
+        else:
+            with self._lock:
+                v = d.member.admission.try_admit(tenant, metric, amount)
+        k = (tenant, metric, v.mode.value if v.mode else "none", v.reason.value,
+             v.suspended.value if v.suspended else "")
+        c = self.decisions
+        c[k] = c.get(k, 0) + 1
+        return v
+
+    def refund(self, tenant: str, metric: str, amount: int) -> None:
+        """Give back bytes charged and not sent (a short send)."""
+        d = self._require()
+        if self._lock is None:
+            d.member.admission.refund(tenant, metric, amount)
+        else:
+            with self._lock:
+                d.member.admission.refund(tenant, metric, amount)
+
+    async def admit(self, tenant: str, metric: str, amount: int = 1, *,
+                    timeout_s: float) -> Verdict:
+        """Wait (bounded) in the tenant's queue for capacity; asyncio mode only."""
+        d = self._require()
+        if self._lock is not None:
+            raise ConfigError("mesh", "admit() needs the asyncio mode; use try_admit()")
+        return await _admit(d.member.admission, tenant, metric, amount, timeout_s=timeout_s)
+
+    # -- introspection --------------------------------------------------------------------
+
+    @property
+    def member_id(self) -> str:
+        return self.identity.member_id
+
+    @property
+    def ring(self) -> Ring:
+        return self._require().member.ring
+
+    def health(self) -> dict[str, Any]:
+        return health(self._require())
+
+    def _require(self) -> NodeDriver:
+        if self._driver is None:
+            raise ConfigError("mesh", "not started")
+        return self._driver
+
+    # -- asyncio lifecycle ----------------------------------------------------------------
+
+    async def __aenter__(self) -> Mesh:
+        await self.astart()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def astart(self) -> None:
+        cfg = self.config
+        now = time.monotonic_ns()
+        policies = PolicyCache(cfg.policies)
+        ring = Ring([self.member_id], 0)
+        worker_epoch = time.time_ns() // 1000  # grows across restarts: a new incarnation
+        member = Member(self.member_id, worker_epoch, ring, policies, now, config=cfg.core)
+        handler = _Handler()
+        transport = self._transport_arg or build_transport(cfg, self.member_id, worker_epoch,
+                                                           handler)
+        self.address = await transport.start()
+        try:
+            membership = self._membership_arg or build_membership(cfg, self.member_id,
+                                                                  self.address)
+            source = self._source_arg or build_policy_source(cfg)
+        except BaseException:
+            await transport.close(0)
+            raise
+        feed = None
+        if source is not None:
+            poll_s = cfg.coordinator.poll_ttl_ms / 1000 if cfg.coordinator else 1.0
+            feed = PolicyFeed(source, policies, poll_ttl_s=poll_s)
+        tel = Telemetry(lambda: node_stats(driver))
+        tel.decisions = self.decisions
+        driver = NodeDriver(cfg, self.identity, member, transport, membership, feed, tel,
+                            lock=self._lock)
+        handler.driver = driver
+        self._driver = driver
+        await driver.start()
+        if cfg.telemetry_listen:
+            self._http = HttpEndpoint(cfg.telemetry_listen, {
+                "/metrics": lambda: (200, "text/plain; version=0.0.4", tel.render()),
+                "/health": lambda: (200, "application/json",
+                                    json.dumps(health(driver), sort_keys=True).encode()),
+            })
+            self.telemetry_address = await self._http.start()
+        log.info("member %s (%s, stable=%s) serving on %s", self.member_id,
+                 self.identity.source, self.identity.stable, self.address)
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.stop()
+            self._http = None
+        if self._driver is not None:
+            await self._driver.close()
+
+    # -- threaded lifecycle ---------------------------------------------------------------
+
+    def start(self, timeout_s: float = 10.0) -> Mesh:
+        """Run the node's loop in a daemon thread (uvloop when installed)."""
+        if self._thread is not None:
+            raise ConfigError("mesh", "already started")
+        self._lock = threading.Lock()
+        started: Future[None] = Future()
+        self._thread = threading.Thread(target=self._thread_main, args=(started,),
+                                        name=f"mesh-{self.member_id}", daemon=True)
+        self._thread.start()
+        started.result(timeout_s)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Graceful leave from another thread: flush, leave the ring, drain, stop."""
+        if self._loop is None or self._thread is None:
+            return
+        fut = asyncio.run_coroutine_threadsafe(self.aclose(), self._loop)
+        try:
+            fut.result(timeout_s)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def _thread_main(self, started: Future[None]) -> None:
+        loop = new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self.astart())
+        except BaseException as exc:  # handed to the starting thread, which raises it
+            started.set_exception(exc)
+            loop.close()
+            return
+        started.set_result(None)
+        try:
+            loop.run_forever()
+        finally:
+            pending = asyncio.all_tasks(loop)
+            for t in pending:
+                t.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.close()
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class _Handler:
+    """The transport's callbacks, bound to the driver once it exists."""
+
+    driver: NodeDriver | None = None
+
+    def deliver(self, message: Any) -> None:
+        if self.driver is not None:
+            self.driver.deliver(message)
+
+    def status(self) -> dict[str, Any]:
+        return {} if self.driver is None else health(self.driver)

@@ -1,0 +1,362 @@
+"""A mesh node's configuration: one YAML file, validated with errors that name the key.
+
+Shape (every key optional except where said)::
+
+    member_id: a                 # identity: this, else $member_id_env, else hostname, else nonce
+    member_id_env: POD_NAME
+    listen: 127.0.0.1:7001       # the peer service (gRPC)
+    advertise: 10.0.0.5:7001     # what other members dial (default: listen)
+    telemetry_listen: 127.0.0.1:9101   # /metrics and /health (omit: off)
+    allow_plaintext: false       # needed for a non-loopback address without tls
+    tls: {cert: f, key: f, ca: f, require_client_cert: true}
+    max_message_bytes: 4194304
+    shutdown_drain_ms: 500
+    membership:
+      source: static             # or etcd
+      members: {a: 127.0.0.1:7001, b: 127.0.0.1:7002}
+      endpoints: [http://127.0.0.1:2379]   # etcd
+      prefix: /ratemesh/members/
+      lease_ttl_s: 5
+    policies:
+      file: policies.yaml
+      inline: [{tenant_id: acme, metric: read_iops, generation: 1, ...}]
+      coordinator: {addr: 127.0.0.1:7100, poll_ttl_ms: 1000}
+    core: {sync_interval_ms: 5, snapshot_ttl_ms: 20}
+
+Loading does no I/O beyond reading the files it names; `warnings()` lists what is legal but
+probably a mistake (`mesh validate` prints them).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mesh._validate import check_bool, check_int, check_str
+from mesh.config import CoreConfig
+from mesh.errors import ConfigError, ConfigTypeError
+from mesh.messages import MAX_MESSAGE_BYTES
+from mesh.policy import Mode, TenantRatePolicy
+
+__all__ = [
+    "NodeConfig",
+    "TlsConfig",
+    "MembershipConfig",
+    "CoordinatorConfig",
+    "Identity",
+    "load_config",
+    "parse_config",
+    "resolve_identity",
+    "is_loopback",
+    "load_policy_file",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """Certificate files for the peer service; `ca` set means peers are verified."""
+
+    cert: str
+    key: str
+    ca: str | None = None
+    require_client_cert: bool = False  # mutual TLS
+    server_name: str | None = None  # override the name checked in peers' certificates
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipConfig:
+    source: str = "static"
+    members: dict[str, str] = field(default_factory=dict)  # static: member id -> address
+    endpoints: tuple[str, ...] = ()
+    prefix: str = "/ratemesh/members/"
+    lease_ttl_s: int = 5
+    poll_ms: int = 1000  # etcd: how soon to retry after losing the watch
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    addr: str
+    poll_ttl_ms: int = 1000  # polling fallback period while the watch is down
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who this replica is, where the name came from, and whether it survives a restart."""
+
+    member_id: str
+    source: str  # config | env | hostname | nonce
+    stable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    member_id: str | None = None
+    member_id_env: str | None = None
+    listen: str = "127.0.0.1:0"
+    advertise: str | None = None
+    telemetry_listen: str | None = None
+    allow_plaintext: bool = False
+    tls: TlsConfig | None = None
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    shutdown_drain_ms: int = 500
+    membership: MembershipConfig | None = None
+    policies: tuple[TenantRatePolicy, ...] = ()
+    policy_file: str | None = None
+    coordinator: CoordinatorConfig | None = None
+    core: CoreConfig = field(default_factory=CoreConfig)
+
+    def identity(self, environ: dict[str, str] | None = None) -> Identity:
+        return resolve_identity(self, environ)
+
+    def warnings(self) -> list[str]:
+        """Legal but probably wrong: shown by `mesh validate`, logged by `mesh node`."""
+        out = []
+        addrs = {"listen": self.listen}
+        if self.advertise:
+            addrs["advertise"] = self.advertise
+        if self.membership and self.membership.source == "static":
+            addrs.update({f"membership.members.{k}": v
+                          for k, v in self.membership.members.items()})
+        if self.tls is None:
+            for where, addr in sorted(addrs.items()):
+                if not is_loopback(addr):
+                    out.append(f"{where}: peer address {addr} without tls (plaintext)")
+        elif self.tls.ca is None:
+            out.append("tls.ca: not set; peers' certificates are not verified against a CA")
+        if any(p.mode is Mode.SHARE for p in self.policies) and (
+            self.membership is None
+            or (self.membership.source == "static" and len(self.membership.members) <= 1)
+        ):
+            out.append("membership: a share-mode policy with no membership source; "
+                       "N_live is 1, so each member enforces the whole limit")
+        if not self.policies and self.coordinator is None:
+            out.append("policies: none configured and no coordinator; every tenant is "
+                       "refused with policy_unknown")
+        ident = self.identity()
+        if not ident.stable:
+            out.append("member_id: none configured and no hostname; a random nonce is used, "
+                       "so a restart joins as a new member")
+        return out
+
+
+def is_loopback(addr: str) -> bool:
+    host = _split(addr)[0]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _split(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError("address", f"{addr!r} must be host:port")
+    return host, int(port)
+
+
+def resolve_identity(cfg: NodeConfig, environ: dict[str, str] | None = None) -> Identity:
+    """config, then the environment variable named in config, then hostname, then a nonce."""
+    env = os.environ if environ is None else environ
+    if cfg.member_id:
+        return Identity(cfg.member_id, "config", True)
+    if cfg.member_id_env and env.get(cfg.member_id_env):
+        return Identity(env[cfg.member_id_env], "env", True)
+    host = socket.gethostname()
+    if host:
+        return Identity(host, "hostname", True)
+    return Identity(f"member-{secrets.token_hex(6)}", "nonce", False)
+
+
+# -- parsing ----------------------------------------------------------------------------------
+
+_TOP = {"member_id", "member_id_env", "listen", "advertise", "telemetry_listen",
+        "allow_plaintext", "tls", "max_message_bytes", "shutdown_drain_ms", "membership",
+        "policies", "core"}
+
+
+def load_config(path: str | Path) -> NodeConfig:
+    """Read and validate a YAML config file (policy files it names are resolved beside it)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError("config", f"cannot read {p}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", f"{p} is not valid YAML: {exc}") from exc
+    return parse_config(data if data is not None else {}, base=p.parent)
+
+
+def parse_config(data: Any, *, base: Path | None = None) -> NodeConfig:
+    if not isinstance(data, dict):
+        raise ConfigTypeError("config", f"must be a mapping, got {type(data).__name__}")
+    _no_unknown("", data, _TOP)
+    kw: dict[str, Any] = {}
+    for name in ("member_id", "member_id_env", "advertise", "telemetry_listen"):
+        if data.get(name) is not None:
+            kw[name] = check_str(name, data[name])
+    if "listen" in data:
+        kw["listen"] = check_str("listen", data["listen"])
+    for name in ("listen", "advertise", "telemetry_listen"):
+        if name in kw:
+            _address(name, kw[name])
+    if "allow_plaintext" in data:
+        kw["allow_plaintext"] = check_bool("allow_plaintext", data["allow_plaintext"])
+    if "max_message_bytes" in data:
+        kw["max_message_bytes"] = check_int("max_message_bytes", data["max_message_bytes"],
+                                            minimum=1024, maximum=1 << 30)
+    if "shutdown_drain_ms" in data:
+        kw["shutdown_drain_ms"] = check_int("shutdown_drain_ms", data["shutdown_drain_ms"],
+                                            maximum=600_000)
+    if data.get("tls") is not None:
+        kw["tls"] = _tls(data["tls"], base)
+    if data.get("membership") is not None:
+        kw["membership"] = _membership(data["membership"])
+    if data.get("policies") is not None:
+        kw.update(_policies(data["policies"], base))
+    kw["core"] = CoreConfig.from_dict(data.get("core"))
+    cfg = NodeConfig(**kw)
+    _check_plaintext(cfg)
+    return cfg
+
+
+def _no_unknown(where: str, data: dict[str, Any], known: set[str]) -> None:
+    for key in data:
+        if key not in known:
+            name = f"{where}.{key}" if where else str(key)
+            raise ConfigError(name, f"unknown key; expected one of: {', '.join(sorted(known))}")
+
+
+def _address(where: str, value: str) -> None:
+    try:
+        _split(value)
+    except ConfigError as exc:
+        raise ConfigError(where, exc.problem) from exc
+
+
+def _file(where: str, value: Any, base: Path | None) -> str:
+    path = Path(check_str(where, value, max_len=4096))
+    if base is not None and not path.is_absolute():
+        path = base / path
+    if not path.is_file():
+        raise ConfigError(where, f"file {path} does not exist")
+    return str(path)
+
+
+def _tls(data: Any, base: Path | None) -> TlsConfig:
+    if not isinstance(data, dict):
+        raise ConfigTypeError("tls", f"must be a mapping, got {type(data).__name__}")
+    _no_unknown("tls", data, {"cert", "key", "ca", "require_client_cert", "server_name"})
+    for field_name in ("cert", "key"):
+        if field_name not in data:
+            raise ConfigError(f"tls.{field_name}", "is required when tls is set")
+    require = check_bool("tls.require_client_cert", data.get("require_client_cert", False))
+    ca = _file("tls.ca", data["ca"], base) if data.get("ca") is not None else None
+    if require and ca is None:
+        raise ConfigError("tls.ca", "is required when require_client_cert is true")
+    name = data.get("server_name")
+    return TlsConfig(_file("tls.cert", data["cert"], base), _file("tls.key", data["key"], base),
+                     ca, require, check_str("tls.server_name", name) if name else None)
+
+
+def _membership(data: Any) -> MembershipConfig:
+    if not isinstance(data, dict):
+        raise ConfigTypeError("membership", f"must be a mapping, got {type(data).__name__}")
+    _no_unknown("membership", data, {"source", "members", "endpoints", "prefix",
+                                     "lease_ttl_s", "poll_ms"})
+    source = data.get("source", "static")
+    if source not in ("static", "etcd"):
+        raise ConfigError("membership.source", f"unknown value {source!r}; expected one of: "
+                                               "etcd, static")
+    members: dict[str, str] = {}
+    raw = data.get("members", {})
+    if not isinstance(raw, dict):
+        raise ConfigTypeError("membership.members", "must be a mapping of member id to address")
+    for mid, addr in raw.items():
+        check_str("membership.members", mid)
+        _address(f"membership.members.{mid}", check_str(f"membership.members.{mid}", addr))
+        members[mid] = addr
+    endpoints = data.get("endpoints", [])
+    if not isinstance(endpoints, list):
+        raise ConfigTypeError("membership.endpoints", "must be a list of URLs")
+    for i, e in enumerate(endpoints):
+        check_str(f"membership.endpoints[{i}]", e)
+        if not e.startswith(("http://", "https://")):
+            raise ConfigError(f"membership.endpoints[{i}]", f"{e!r} must be an http(s) URL")
+    if source == "static" and not members:
+        raise ConfigError("membership.members", "is required for source static")
+    if source == "etcd" and not endpoints:
+        raise ConfigError("membership.endpoints", "is required for source etcd")
+    prefix = check_str("membership.prefix", data.get("prefix", "/ratemesh/members/"))
+    return MembershipConfig(
+        source, members, tuple(endpoints), prefix,
+        check_int("membership.lease_ttl_s", data.get("lease_ttl_s", 5), minimum=1,
+                  maximum=3600),
+        check_int("membership.poll_ms", data.get("poll_ms", 1000), minimum=10),
+    )
+
+
+def _policies(data: Any, base: Path | None) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ConfigTypeError("policies", f"must be a mapping, got {type(data).__name__}")
+    _no_unknown("policies", data, {"file", "inline", "coordinator"})
+    out: dict[str, Any] = {}
+    found: list[TenantRatePolicy] = []
+    if data.get("file") is not None:
+        out["policy_file"] = _file("policies.file", data["file"], base)
+        found += load_policy_file(out["policy_file"], where="policies.file")
+    inline = data.get("inline", [])
+    if not isinstance(inline, list):
+        raise ConfigTypeError("policies.inline", "must be a list of policies")
+    found += [TenantRatePolicy.from_dict(p, where=f"policies.inline[{i}]")
+              for i, p in enumerate(inline)]
+    out["policies"] = tuple(found)
+    coord = data.get("coordinator")
+    if coord is not None:
+        if not isinstance(coord, dict):
+            raise ConfigTypeError("policies.coordinator", "must be a mapping")
+        _no_unknown("policies.coordinator", coord, {"addr", "poll_ttl_ms"})
+        if "addr" not in coord:
+            raise ConfigError("policies.coordinator.addr", "is required")
+        addr = check_str("policies.coordinator.addr", coord["addr"])
+        _address("policies.coordinator.addr", addr)
+        out["coordinator"] = CoordinatorConfig(addr, check_int(
+            "policies.coordinator.poll_ttl_ms", coord.get("poll_ttl_ms", 1000), minimum=10))
+    return out
+
+
+def load_policy_file(path: str | Path, *, where: str = "policies") -> list[TenantRatePolicy]:
+    """A YAML file holding a list of policies (or a mapping with a `policies:` list)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(where, f"cannot read {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(where, f"{path} is not valid YAML: {exc}") from exc
+    if isinstance(data, dict) and set(data) == {"policies"}:
+        data = data.get("policies")
+    if not isinstance(data, list):
+        raise ConfigTypeError(where, f"{path} must hold a list of policies")
+    return [TenantRatePolicy.from_dict(p, where=f"{where}[{i}]") for i, p in enumerate(data)]
+
+
+def _check_plaintext(cfg: NodeConfig) -> None:
+    if cfg.tls is not None or cfg.allow_plaintext:
+        return
+    addrs = [("listen", cfg.listen), ("advertise", cfg.advertise)]
+    if cfg.membership is not None:
+        addrs += [(f"membership.members.{k}", v) for k, v in cfg.membership.members.items()]
+    for where, addr in addrs:
+        if addr and not is_loopback(addr):
+            raise ConfigError(where, f"{addr} is not a loopback address: configure tls, or "
+                                     "set allow_plaintext: true to accept plaintext peers")

@@ -1,0 +1,100 @@
+"""The gRPC Transport: a PeerServer for streams others open to us, a PeerLink per owner.
+
+Routing follows the protocol's direction: report batches go out on our link to the
+owner; snapshot batches go back on the stream their receiver opened to us, so only active
+reporters (who hold a stream) get them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+
+from mesh.messages import Message, ReportBatch, encode
+from mesh.nodeconfig import TlsConfig
+from mesh.peer._link import PeerLink
+from mesh.peer._server import PeerHandler, PeerServer
+
+__all__ = ["GrpcTransport"]
+
+
+class GrpcTransport:
+    def __init__(self, handler: PeerHandler, *, member_id: str, worker_epoch: int,
+                 listen: str, advertise: str | None, tls: TlsConfig | None,
+                 max_message_bytes: int,
+                 extra_handlers: tuple[grpc.GenericRpcHandler, ...] = ()) -> None:
+        self.handler = handler
+        self.member_id = member_id
+        self.worker_epoch = worker_epoch
+        self.listen = listen
+        self.advertise = advertise
+        self.tls = tls
+        self.max_message_bytes = max_message_bytes
+        self.server = PeerServer(handler, listen, tls=tls, max_message_bytes=max_message_bytes,
+                                 extra_handlers=extra_handlers)
+        self.links: dict[str, PeerLink] = {}
+        self._addresses: dict[str, str] = {}
+        self.sent = 0
+        self.dropped = 0
+
+    async def start(self) -> str:
+        port = await self.server.start()
+        if self.advertise:
+            return self.advertise
+        host = self.listen.rpartition(":")[0]
+        return f"{host}:{port}"
+
+    def set_peers(self, addresses: Mapping[str, str]) -> None:
+        self._addresses = dict(addresses)
+        for peer, link in list(self.links.items()):
+            if self._addresses.get(peer) != link.addr:
+                del self.links[peer]
+                asyncio.get_running_loop().create_task(link.close())
+
+    def send(self, to: str, message: Message) -> bool:
+        data = encode(message)
+        if isinstance(message, ReportBatch):
+            link = self.links.get(to)
+            if link is None:
+                addr = self._addresses.get(to)
+                if addr is None:
+                    self.dropped += 1
+                    return False
+                link = self.links[to] = PeerLink(
+                    member_id=self.member_id, worker_epoch=self.worker_epoch, peer_id=to,
+                    addr=addr, deliver=self.handler.deliver, tls=self.tls,
+                    max_message_bytes=self.max_message_bytes)
+            ok = link.send(data)
+        else:
+            ok = self.server.send(to, data)
+        if ok:
+            self.sent += 1
+        else:
+            self.dropped += 1
+        return ok
+
+    async def close(self, drain_s: float) -> None:
+        """Stop accepting streams, let links drain (bounded), then cancel everything."""
+        self.server.accepting = False
+        links = list(self.links.values())
+        if links:
+            await asyncio.gather(*(link.drain(drain_s) for link in links))
+        await self.server.stop(min(drain_s, 0.2))
+        await asyncio.gather(*(link.close() for link in links))
+        self.links.clear()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "sent": self.sent,
+            "dropped": self.dropped + sum(lk.dropped for lk in self.links.values()),
+            "received": self.server.received,
+            "refused_streams": self.server.refused,
+            "snapshots_dropped_no_stream": self.server.snapshots_dropped,
+            "links": {p: {"addr": lk.addr, "connected": lk.connected,
+                          "last_error": lk.last_error}
+                      for p, lk in sorted(self.links.items())},
+            "inbound_streams": self.server.streams(),
+        }

@@ -1,0 +1,130 @@
+"""One member's long-lived stream to one peer: reports out, snapshots back.
+
+The link reconnects with backoff for as long as the peer is in the ring. What is queued
+while it is down may be lost; the reporter resends unacknowledged reports with the same
+worker_epoch and sequence, so loss costs latency, never correctness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import grpc
+from grpc import aio
+
+from mesh.errors import MessageError, PeerRefused
+from mesh.messages import Message, SnapshotBatch, decode
+from mesh.nodeconfig import TlsConfig
+from mesh.peer._tls import channel_credentials
+from mesh.peer._wire import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA, SCHEMA_MD, channel_options
+from mesh.peer._wire import translate as translate_error
+
+__all__ = ["PeerLink", "LINK_QUEUE_MAX", "open_channel"]
+
+log = logging.getLogger("mesh.peer")
+LINK_QUEUE_MAX = 1024  # report batches waiting for the stream; beyond it they are dropped
+BACKOFF_MIN_S = 0.02
+BACKOFF_MAX_S = 0.5
+
+
+def open_channel(addr: str, tls: TlsConfig | None, max_message_bytes: int) -> aio.Channel:
+    options = channel_options(max_message_bytes)
+    if tls is None:
+        return aio.insecure_channel(addr, options=options)
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return aio.secure_channel(addr, channel_credentials(tls), options=options)
+
+
+class PeerLink:
+    def __init__(self, *, member_id: str, worker_epoch: int, peer_id: str, addr: str,
+                 deliver: Callable[[Message], None], tls: TlsConfig | None,
+                 max_message_bytes: int) -> None:
+        self.member_id = member_id
+        self.worker_epoch = worker_epoch
+        self.peer_id = peer_id
+        self.addr = addr
+        self.deliver = deliver
+        self.tls = tls
+        self.max_message_bytes = max_message_bytes
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue(LINK_QUEUE_MAX)
+        self.connected = False
+        self.sent = 0
+        self.dropped = 0
+        self.bad_replies = 0
+        self.last_error = ""
+        self._channel = open_channel(addr, tls, max_message_bytes)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def send(self, data: bytes) -> bool:
+        if self.queue.full():
+            self.dropped += 1
+            return False
+        self.queue.put_nowait(data)
+        return True
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait (bounded) until what is queued has been handed to the stream."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + timeout_s
+        while not self.queue.empty() and self.connected and loop.time() < until:
+            await asyncio.sleep(0.005)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        await self._channel.close(None)
+
+    async def _run(self) -> None:
+        backoff = BACKOFF_MIN_S
+        metadata = ((MEMBER_MD, self.member_id), (SCHEMA_MD, SCHEMA),
+                    (EPOCH_MD, str(self.worker_epoch)))
+        while True:
+            call = self._channel.stream_stream(EXCHANGE)(metadata=metadata)
+            writer = asyncio.get_running_loop().create_task(self._write(call))
+            try:
+                await call.wait_for_connection()
+                self.connected = True
+                backoff = BACKOFF_MIN_S
+                while True:
+                    data = await call.read()
+                    if data is aio.EOF:
+                        break
+                    self._take(data)
+            except grpc.RpcError as exc:
+                err = translate_error(exc, f"peer {self.peer_id}")
+                self.last_error = str(err)
+                if isinstance(err, PeerRefused):
+                    log.warning("%s", err)
+            finally:
+                self.connected = False
+                writer.cancel()
+                call.cancel()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _take(self, data: bytes) -> None:
+        try:
+            msg = decode(data, max_bytes=self.max_message_bytes)
+        except MessageError as exc:
+            self.bad_replies += 1  # a bad reply changes nothing; the reporter retries
+            self.last_error = str(exc)
+            return
+        if isinstance(msg, SnapshotBatch):
+            self.deliver(msg)
+        else:
+            self.bad_replies += 1
+
+    async def _write(self, call: aio.StreamStreamCall[bytes, bytes]) -> None:
+        try:
+            while True:
+                data = await self.queue.get()
+                await call.write(data)
+                self.sent += 1
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            pass  # the reader sees the failure and reconnects
