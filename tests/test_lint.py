@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-TARGETS = ["mesh", "bench", "tests/mesh"]
+TARGETS = ["mesh", "bench", "sim", "tests/mesh", "tests/sim"]
 
 
 @pytest.mark.parametrize("tool, args", [
-    ("mypy", ["mypy", "mesh", "bench"]),
+    ("mypy", ["mypy", "mesh", "bench", "sim"]),
     ("ruff", ["ruff", "check", *TARGETS]),
 ])
 def test_static_checks(tool: str, args: list[str]) -> None:

@@ -35,6 +35,9 @@ class TenantQueues:
     def __len__(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
+    def __bool__(self) -> bool:
+        return bool(self._queues)  # empty queues are removed, so this is O(1)
+
     def depth(self, tenant: str) -> int:
         q = self._queues.get(tenant)
         return 0 if q is None else len(q)

@@ -171,7 +171,7 @@ class Admission:
 
     def service(self, now_ns: int) -> int:
         """Grant queued waiters that fit now (call after snapshots arrive, too)."""
-        if not len(self.queues):
+        if not self.queues:
             return 0
         return self.queues.service(now_ns, self.try_admit, DEADLINE)
 

@@ -1,0 +1,177 @@
+"""Runs a scenario: the same arrivals, network and faults for every strategy, one seed.
+
+Each strategy gets a fresh network model and workload drawn from the same seed, so the
+requests offered are identical; faults fire at the same instants on the same workers.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mesh.config import MS
+from mesh.gcra import NS_PER_S
+from mesh.policy import Metric, RateKey
+from mesh.ring import Ring
+from sim.measure import Recorder
+from sim.network import ScenarioNetwork
+from sim.scenario import Fault, Scenario
+from sim.strategies import Context, Strategy, make
+from sim.workload import Arrival, Workload
+
+__all__ = ["run", "run_strategy", "StrategyRun"]
+
+
+@dataclass
+class StrategyRun:
+    name: str
+    summary: dict[str, Any]
+    series: dict[str, list[int]] = field(default_factory=dict)  # tenant -> per-100 ms units
+    d_ns: int | None = None
+
+
+def _fault_events(sc: Scenario, start_ns: int) -> list[tuple[int, int, str, Fault]]:
+    events = []
+    for i, f in enumerate(sc.faults):
+        events.append((start_ns + int(f.at_s * NS_PER_S), i, "start", f))
+        if f.until_s is not None:
+            events.append((start_ns + int(f.until_s * NS_PER_S), i, "end", f))
+    return sorted(events, key=lambda e: (e[0], e[1], e[2] != "end"))
+
+
+class _Faults:
+    """Applies a scenario's faults to one strategy and its network."""
+
+    def __init__(self, sc: Scenario, strat: Strategy, net: ScenarioNetwork, rec: Recorder,
+                 canonical: Ring) -> None:
+        self.sc, self.strat, self.net, self.rec, self.ring = sc, strat, net, rec, canonical
+        self.active: dict[int, frozenset[str]] = {}
+
+    def victims(self, f: Fault) -> list[str]:
+        if f.kind == "crash_owner":
+            assert f.tenant is not None
+            info = self.rec.tenants[f.tenant]
+            return [self.ring.owner_of(RateKey(f.tenant, Metric(info.policy.metric), 1))]
+        return list(f.members)
+
+    def apply(self, phase: str, f: Fault, idx: int, now: int) -> None:
+        s = self.strat
+        if f.kind == "partition":
+            if phase == "start":
+                self.active[idx] = frozenset(f.members)
+                self.net.partitions.append(self.active[idx])
+            else:
+                self.net.partitions.remove(self.active.pop(idx))
+            s.partition_changed(now)
+        elif f.kind == "central_outage":
+            (self.net.down.add if phase == "start" else self.net.down.discard)("central")
+        elif f.kind in ("crash", "crash_owner"):
+            for w in self.victims(f):
+                if phase == "start" and w in s.live:
+                    s.crash(w, now)
+                elif phase == "end" and w not in s.live:
+                    s.restart(w, now)
+        elif f.kind == "restart":
+            for w in f.members:
+                if w not in s.live:
+                    s.restart(w, now)
+        elif f.kind == "join":
+            for w in f.members:
+                if w not in s.live:
+                    s.join(w, now)
+        elif f.kind == "leave":
+            for w in f.members:
+                if w in s.live and len(s.live) > 1:
+                    s.leave(w, now)
+        elif f.kind == "skew":
+            for w in f.members:
+                s.skew(w, int(f.offset_ms * MS) if phase == "start" else 0)
+        elif f.kind == "policy_change" and phase == "start":
+            assert f.tenant is not None and f.policy is not None
+            self.rec.key(f.tenant, now).change_policy(f.policy, now)
+            s.policy_changed(f.tenant, f.policy, now)
+
+
+def run_strategy(sc: Scenario, seed: int, name: str, *, d_ns: int | None = None,
+                 keep_series: int = 6) -> StrategyRun:
+    workers = sc.worker_ids()
+    start = int(sc.warmup_s * NS_PER_S)
+    net = ScenarioNetwork(sc.network, random.Random(f"network/{seed}"))
+    workload = Workload(sc, seed, workers, start)
+    ctx = Context(sc, seed, workers, workload.tenants, net)
+    strat = make(name, ctx)
+    end = start + int(sc.duration_s * NS_PER_S)
+    rec = Recorder(workload.tenants, start)
+    faults = _Faults(sc, strat, net, rec, Ring(workers, 1))
+    events = _fault_events(sc, start)
+    index = {w: i for i, w in enumerate(workers)}
+    strat.advance(start)
+    t, step_ns, step = start, workload.step_ns, 0
+    while t < end:
+        t += step_ns
+        step += 1
+        while events and events[0][0] <= t:
+            when, idx, phase, f = events.pop(0)
+            strat.advance(when)
+            faults.apply(phase, f, idx, when)
+        strat.advance(t)
+        touched: set[str] = set()
+        live = strat.live
+        for a in workload.step(t):
+            if a.worker not in live:  # the load balancer sends it to a live worker
+                a = Arrival(live[index[a.worker] % len(live)], a.tenant, a.metric, a.amount,
+                            a.refund)
+            allowed = strat.admit(a, t)
+            if allowed and a.refund:
+                strat.refund(a, t)
+            rec.record(a, allowed, t)
+            touched.add(a.tenant)
+        rec.sample(step, touched)
+    rec.finish(step, end)
+    measured = strat.measured_d_ns()
+    fl = sc.fleet
+    nominal = 2 * fl.sync_interval_ms * MS + 2 * net.nominal_delay_ns()
+    d = measured or d_ns or nominal
+    summary = rec.summary(d_ns=d, n_default=len(workers))
+    summary["messages_per_worker_s"] = round(
+        strat.message_count() / len(workers) / sc.duration_s, 2)
+    summary["round_trips_per_request"] = round(strat.round_trips / max(rec.requests, 1), 4)
+    summary["d_ms"] = round(d / MS, 3)
+    summary["requests"] = rec.requests
+    focus = [k for k in rec.keys.values() if rec.tenants[k.tenant].load is not None]
+    focus = focus or sorted(rec.keys.values(), key=lambda k: -k.offered)
+    series = {k.tenant: k.series for k in focus[:keep_series]}
+    return StrategyRun(name, summary, series, measured)
+
+
+def run(sc: Scenario, seed: int, strategies: list[str] | None = None) -> tuple[dict[str, Any],
+                                                                            list[StrategyRun]]:
+    """Every strategy on the scenario; the mesh first, so its measured d sets the bound."""
+    names = list(strategies or sc.strategies)
+    if "mesh" in names:
+        names.remove("mesh")
+        names.insert(0, "mesh")
+    wall0 = time.perf_counter()
+    runs: list[StrategyRun] = []
+    d_ns: int | None = None
+    for name in names:
+        r = run_strategy(sc, seed, name, d_ns=d_ns)
+        if name == "mesh":
+            d_ns = r.d_ns
+        runs.append(r)
+    wall = time.perf_counter() - wall0
+    simulated = (sc.warmup_s + sc.duration_s) * len(names)
+    result: dict[str, Any] = {
+        "scenario": sc.name,
+        "seed": seed,
+        "description": sc.description,
+        "workers": sc.fleet.workers,
+        "tenants": len(Workload(sc, seed, sc.worker_ids()).tenants),
+        "duration_s": sc.duration_s,
+        "strategies": {r.name: r.summary for r in runs},
+        "timing": {"wall_s": round(wall, 3), "simulated_s": simulated,
+                   "speedup": round(simulated / wall, 2) if wall else None},
+    }
+    return result, runs

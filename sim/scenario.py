@@ -1,0 +1,314 @@
+"""Scenarios are data: a YAML file names the fleet, the policy, the tenants and their load,
+the network and the faults. Loading validates every field and names the one that is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mesh.errors import ConfigError, ConfigTypeError
+from mesh.policy import Metric
+
+__all__ = ["ConfigError", "Scenario", "Fleet", "Policy", "TenantLoad", "TenantGroup",
+           "NetworkSpec", "Fault", "load", "load_file", "parse", "SCENARIO_DIR", "names",
+           "STRATEGIES"]
+
+SCENARIO_DIR = Path(__file__).parent / "scenarios"
+STRATEGIES = ("mesh", "local", "share", "gubernator-global", "central-open", "central-closed")
+PATTERNS = ("steady", "bursty", "diurnal")
+FAULT_KINDS = ("partition", "crash", "crash_owner", "restart", "join", "leave",
+               "policy_change", "skew", "central_outage")
+
+
+class _Fields:
+    """Reads one mapping, tracking its path, so every complaint names the field."""
+
+    def __init__(self, data: Any, where: str) -> None:
+        if not isinstance(data, dict):
+            raise ConfigTypeError(where, f"must be a mapping, got {type(data).__name__}")
+        self.data = data
+        self.where = where
+        self.used: set[str] = set()
+
+    def path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def get(self, key: str, default: Any = None, *, required: bool = False) -> Any:
+        self.used.add(key)
+        if key not in self.data:
+            if required:
+                raise ConfigError(self.path(key), "is required")
+            return default
+        return self.data[key]
+
+    def num(self, key: str, default: float | None = None, *, minimum: float = 0.0,
+            maximum: float = 1e12, required: bool = False, integer: bool = False) -> Any:
+        v = self.get(key, default, required=required)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigTypeError(self.path(key), f"must be a number, got {type(v).__name__}")
+        if integer and not isinstance(v, int):
+            raise ConfigTypeError(self.path(key), f"must be a whole number, got {v!r}")
+        if not minimum <= v <= maximum:
+            raise ConfigError(self.path(key), f"must be in [{minimum}, {maximum}], got {v}")
+        return v
+
+    def text(self, key: str, default: str | None = None, *, choices: tuple[str, ...] = (),
+             required: bool = False) -> Any:
+        v = self.get(key, default, required=required)
+        if v is None:
+            return None
+        if not isinstance(v, str) or not v:
+            raise ConfigTypeError(self.path(key), f"must be a non-empty string, got {v!r}")
+        if choices and v not in choices:
+            raise ConfigError(self.path(key), f"unknown value {v!r}; expected one of: "
+                                              + ", ".join(choices))
+        return v
+
+    def items(self, key: str) -> list[Any]:
+        v = self.get(key, [])
+        if not isinstance(v, list):
+            raise ConfigTypeError(self.path(key), f"must be a list, got {type(v).__name__}")
+        return v
+
+    def done(self) -> None:
+        unknown = sorted(set(map(str, self.data)) - self.used)
+        if unknown:
+            raise ConfigError(self.path(unknown[0]), "unknown key (a typo?)")
+
+
+@dataclass(frozen=True)
+class Fleet:
+    workers: int
+    sync_interval_ms: int = 5
+    snapshot_ttl_ms: int = 20
+    lb_skew: float = 0.0  # worker i gets load in proportion to (i+1) ** -lb_skew
+
+
+@dataclass(frozen=True)
+class Policy:
+    rate: int
+    burst: int
+    local_burst_cap: int
+    metric: Metric = Metric.READ_IOPS
+
+
+@dataclass(frozen=True)
+class TenantLoad:
+    name: str
+    offered: float  # units (requests or bytes) per second, fleet-wide
+    pattern: str = "steady"
+    quiet: bool = False
+    policy: Policy | None = None  # overrides the scenario's default
+    start_s: float = 0.0
+    burst_on_ms: float = 100.0
+    burst_off_ms: float = 400.0
+    period_s: float = 4.0
+    amplitude: float = 0.8
+    request_bytes: int = 0  # byte metrics: each request transfers this much
+    chunk_bytes: int = 262_144
+    short_send: float = 0.0  # chance a chunk is sent short (the rest refunded)
+
+
+@dataclass(frozen=True)
+class TenantGroup:
+    prefix: str
+    count: int
+    total_offered: float
+    zipf: float = 1.1
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    latency_ms: float = 0.5
+    jitter_ms: float = 0.5
+    loss: float = 0.0
+    duplicate: float = 0.0
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    at_s: float
+    until_s: float | None = None  # partitions and outages heal then
+    members: tuple[str, ...] = ()
+    tenant: str | None = None
+    offset_ms: float = 0.0
+    policy: Policy | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    duration_s: float
+    fleet: Fleet
+    policy: Policy
+    tenants: tuple[TenantLoad, ...] = ()
+    groups: tuple[TenantGroup, ...] = ()
+    network: NetworkSpec = field(default_factory=NetworkSpec)
+    faults: tuple[Fault, ...] = ()
+    strategies: tuple[str, ...] = STRATEGIES
+    warmup_s: float = 0.5
+    step_ms: float = 1.0
+
+    def worker_ids(self) -> list[str]:
+        return [f"w{i:04d}" for i in range(self.fleet.workers)]
+
+
+def _policy(data: Any, where: str) -> Policy:
+    f = _Fields(data, where)
+    p = Policy(rate=f.num("rate", required=True, minimum=1, integer=True),
+               burst=f.num("burst", required=True, minimum=1, integer=True),
+               local_burst_cap=f.num("local_burst_cap", required=True, minimum=1, integer=True),
+               metric=Metric(f.text("metric", "read_iops", choices=tuple(m.value for m in Metric))))
+    f.done()
+    return p
+
+
+def _tenant(data: Any, where: str) -> TenantLoad:
+    f = _Fields(data, where)
+    t = TenantLoad(
+        name=f.text("name", required=True),
+        offered=f.num("offered", required=True),
+        pattern=f.text("pattern", "steady", choices=PATTERNS),
+        quiet=bool(f.get("quiet", False)),
+        policy=_policy(f.get("policy"), f.path("policy")) if f.get("policy") else None,
+        start_s=f.num("start_s", 0.0),
+        burst_on_ms=f.num("burst_on_ms", 100.0, minimum=1),
+        burst_off_ms=f.num("burst_off_ms", 400.0, minimum=0),
+        period_s=f.num("period_s", 4.0, minimum=0.01),
+        amplitude=f.num("amplitude", 0.8, maximum=1.0),
+        request_bytes=f.num("request_bytes", 0, integer=True),
+        chunk_bytes=f.num("chunk_bytes", 262_144, minimum=1, integer=True),
+        short_send=f.num("short_send", 0.0, maximum=1.0),
+    )
+    f.done()
+    return t
+
+
+def _group(data: Any, where: str) -> TenantGroup:
+    f = _Fields(data, where)
+    g = TenantGroup(prefix=f.text("prefix", required=True),
+                    count=f.num("count", required=True, minimum=1, maximum=1e6, integer=True),
+                    total_offered=f.num("total_offered", required=True),
+                    zipf=f.num("zipf", 1.1, maximum=10))
+    f.done()
+    return g
+
+
+def _fault(data: Any, where: str, workers: set[str], tenants: set[str]) -> Fault:
+    f = _Fields(data, where)
+    kind = f.text("kind", required=True, choices=FAULT_KINDS)
+    members = f.get("members", [])
+    if isinstance(members, str):
+        members = [members]
+    if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+        raise ConfigTypeError(f.path("members"), "must be a list of worker ids")
+    for i, m in enumerate(members):
+        if m not in workers and kind not in ("join",):
+            raise ConfigError(f"{f.path('members')}[{i}]", f"no worker {m!r} in this fleet "
+                                                           f"(ids are w0000, w0001, ...)")
+    tenant = f.text("tenant")
+    if tenant is not None and tenant not in tenants:
+        raise ConfigError(f.path("tenant"), f"no tenant {tenant!r} in this scenario")
+    fault = Fault(kind=kind, at_s=f.num("at_s", required=True),
+                  until_s=f.num("until_s"), members=tuple(members), tenant=tenant,
+                  offset_ms=f.num("offset_ms", 0.0, minimum=-1e6),
+                  policy=_policy(f.get("policy"), f.path("policy")) if f.get("policy") else None)
+    f.done()
+    if fault.until_s is not None and fault.until_s <= fault.at_s:
+        raise ConfigError(f.path("until_s"), "must be after at_s")
+    needs = {"partition": "members", "crash": "members", "restart": "members",
+             "join": "members", "leave": "members", "skew": "members",
+             "crash_owner": "tenant", "policy_change": "tenant"}
+    if kind in needs and not getattr(fault, needs[kind]):
+        raise ConfigError(f.path(needs[kind]), f"is required for a {kind} fault")
+    if kind == "policy_change" and fault.policy is None:
+        raise ConfigError(f.path("policy"), "is required for a policy_change fault")
+    return fault
+
+
+def parse(data: Any, *, where: str = "") -> Scenario:
+    """Validate a scenario mapping (as loaded from YAML) and build it."""
+    f = _Fields(data, where)
+    ff = _Fields(f.get("fleet", None, required=True), f.path("fleet"))
+    fleet = Fleet(workers=ff.num("workers", required=True, minimum=1, maximum=100_000,
+                                 integer=True),
+                  sync_interval_ms=ff.num("sync_interval_ms", 5, minimum=1, maximum=1000,
+                                          integer=True),
+                  snapshot_ttl_ms=ff.num("snapshot_ttl_ms", 20, minimum=1, maximum=60_000,
+                                         integer=True),
+                  lb_skew=ff.num("lb_skew", 0.0, maximum=10))
+    ff.done()
+    if fleet.snapshot_ttl_ms < fleet.sync_interval_ms:
+        raise ConfigError(ff.path("snapshot_ttl_ms"), "must be at least sync_interval_ms")
+    nf = _Fields(f.get("network", {}), f.path("network"))
+    network = NetworkSpec(latency_ms=nf.num("latency_ms", 0.5, maximum=10_000),
+                          jitter_ms=nf.num("jitter_ms", 0.5, maximum=10_000),
+                          loss=nf.num("loss", 0.0, maximum=1.0),
+                          duplicate=nf.num("duplicate", 0.0, maximum=1.0))
+    nf.done()
+    tenants = tuple(_tenant(t, f"{f.path('tenants')}[{i}]")
+                    for i, t in enumerate(f.items("tenants")))
+    groups = tuple(_group(g, f"{f.path('groups')}[{i}]") for i, g in enumerate(f.items("groups")))
+    if not tenants and not groups:
+        raise ConfigError(f.path("tenants"), "a scenario needs tenants or groups")
+    names_seen = [t.name for t in tenants]
+    if len(set(names_seen)) != len(names_seen):
+        raise ConfigError(f.path("tenants"), "tenant names must be unique")
+    workers = {f"w{i:04d}" for i in range(fleet.workers + 64)}  # joiners may be new ids
+    faults = tuple(_fault(x, f"{f.path('faults')}[{i}]", workers, set(names_seen))
+                   for i, x in enumerate(f.items("faults")))
+    strategies = f.get("strategies", list(STRATEGIES))
+    if not isinstance(strategies, list) or not strategies:
+        raise ConfigTypeError(f.path("strategies"), "must be a non-empty list")
+    for i, s in enumerate(strategies):
+        if s not in STRATEGIES:
+            raise ConfigError(f"{f.path('strategies')}[{i}]",
+                              f"unknown strategy {s!r}; expected one of: " + ", ".join(STRATEGIES))
+    sc = Scenario(
+        name=f.text("name", required=True),
+        description=f.text("description", "-"),
+        duration_s=f.num("duration_s", required=True, minimum=0.01, maximum=3600),
+        fleet=fleet,
+        policy=_policy(f.get("policy", None, required=True), f.path("policy")),
+        tenants=tenants, groups=groups, network=network, faults=faults,
+        strategies=tuple(strategies),
+        warmup_s=f.num("warmup_s", 0.5, maximum=60),
+        step_ms=f.num("step_ms", 1.0, minimum=0.1, maximum=100),
+    )
+    f.done()
+    for i, t in enumerate(tenants):
+        metric = (t.policy or sc.policy).metric
+        if metric.unit.value == "bytes" and t.request_bytes <= 0:
+            raise ConfigError(f"{f.path('tenants')}[{i}].request_bytes",
+                              "is required (> 0) for a byte metric")
+    return sc
+
+
+def load_file(path: str | Path) -> Scenario:
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise ConfigError("scenario_file", f"cannot read {p}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError("scenario_file", f"{p} is not valid YAML: {exc}") from exc
+    return parse(data)
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
+
+
+def load(name: str) -> Scenario:
+    path = SCENARIO_DIR / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError("scenario", f"unknown scenario {name!r}; known: " + ", ".join(names()))
+    return load_file(path)

@@ -1,0 +1,98 @@
+"""One interface for every strategy the simulator compares, and what they share."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from mesh.policy import DEFAULT_TENANT, Mode, PolicyCache, TenantRatePolicy
+from sim.network import ScenarioNetwork
+from sim.scenario import Policy, Scenario
+from sim.workload import Arrival, TenantInfo
+
+__all__ = ["Context", "Strategy", "next_generation", "policies_for", "to_policy"]
+
+
+@dataclass
+class Context:
+    scenario: Scenario
+    seed: int
+    workers: list[str]
+    tenants: dict[str, TenantInfo]
+    network: ScenarioNetwork
+
+
+def to_policy(tenant: str, p: Policy, mode: Mode, generation: int = 1) -> TenantRatePolicy:
+    return TenantRatePolicy(tenant, p.metric, generation, p.rate, p.burst, p.local_burst_cap,
+                            True, mode)
+
+
+def policies_for(ctx: Context, mode: Mode) -> PolicyCache:
+    """Explicit tenants get their own policy; group tenants share the default (tenant '*'),
+    each still metered under its own key."""
+    sc = ctx.scenario
+    pols = [to_policy(DEFAULT_TENANT, sc.policy, mode)]
+    pols += [to_policy(t.name, t.policy or sc.policy, mode) for t in sc.tenants]
+    return PolicyCache(pols)
+
+
+class Strategy(ABC):
+    """A way of limiting a fleet, driven step by step on the simulator's clock."""
+
+    name = "?"
+    round_trips_per_admit = 0
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.messages = 0  # peer messages sent (not counting a member's calls to itself)
+        self.round_trips = 0  # network round trips on the hot path
+        self.live: list[str] = list(ctx.workers)
+        self.generations: dict[str, int] = {}
+
+    @abstractmethod
+    def advance(self, t_ns: int) -> None:
+        """Run the strategy's own events (ticks, messages) up to t_ns."""
+
+    @abstractmethod
+    def admit(self, a: Arrival, now_ns: int) -> bool:
+        """The hot-path decision for one arrival at its worker."""
+
+    def refund(self, a: Arrival, now_ns: int) -> None:  # noqa: B027 (optional hook)
+        """A short send gives back `a.refund` (byte metrics)."""
+
+    def crash(self, worker: str, now_ns: int) -> None:
+        self.live.remove(worker)
+
+    def restart(self, worker: str, now_ns: int) -> None:
+        self.live.append(worker)
+        self.live.sort()
+
+    def join(self, worker: str, now_ns: int) -> None:
+        self.restart(worker, now_ns)
+
+    def leave(self, worker: str, now_ns: int) -> None:
+        self.crash(worker, now_ns)
+
+    def skew(self, worker: str, offset_ns: int) -> None:  # noqa: B027
+        """Clock skew matters only to strategies that trust members' clocks."""
+
+    def partition_changed(self, now_ns: int) -> None:  # noqa: B027
+        """The network's partitions changed (strategies that watch membership react)."""
+
+    def policy_changed(self, tenant: str, p: Policy, now_ns: int) -> None:  # noqa: B027
+        """A new policy generation for `tenant`, seen by every member."""
+
+    def message_count(self) -> int:
+        return self.messages
+
+    def measured_d_ns(self) -> int | None:
+        """The propagation delay d this run measured, if the strategy has one."""
+        return None
+
+    def owner_of(self, tenant: str, metric: str) -> str | None:
+        return None
+
+
+def next_generation(s: Strategy, tenant: str) -> int:
+    s.generations[tenant] = s.generations.get(tenant, 1) + 1
+    return s.generations[tenant]

@@ -1,0 +1,77 @@
+"""`mesh`: ours. The real Members (reporter, owner, admission) on the simulated network."""
+
+from __future__ import annotations
+
+from mesh.config import CoreConfig
+from mesh.inmem import MemoryFleet
+from mesh.member import Member
+from mesh.policy import Metric, Mode, RateKey
+from sim.scenario import Policy
+from sim.strategies.base import Context, Strategy, next_generation, policies_for, to_policy
+from sim.workload import Arrival
+
+__all__ = ["MeshStrategy"]
+
+MEMBERSHIP_DELAY_NS = 50_000_000  # a crash is noticed by membership this much later
+
+
+class MeshStrategy(Strategy):
+    name = "mesh"
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        fl = ctx.scenario.fleet
+        self.config = CoreConfig(sync_interval_ms=fl.sync_interval_ms,
+                                 snapshot_ttl_ms=fl.snapshot_ttl_ms)
+        self.policies = policies_for(ctx, Mode.GLOBAL)
+        self.ack_delays: list[int] = []
+        self.fleet = MemoryFleet(ctx.workers, self.policies, seed=ctx.seed, config=self.config,
+                                 network=ctx.network, on_member=self._hook)
+
+    def _hook(self, m: Member) -> None:
+        m.reporter.on_ack = self.ack_delays.append
+
+    def message_count(self) -> int:
+        return self.fleet.messages
+
+    def advance(self, t_ns: int) -> None:
+        self.fleet.run_until(t_ns)
+
+    def admit(self, a: Arrival, now_ns: int) -> bool:
+        return self.fleet.members[a.worker].admission.try_admit(a.tenant, a.metric,
+                                                                 a.amount).allowed
+
+    def refund(self, a: Arrival, now_ns: int) -> None:
+        self.fleet.members[a.worker].admission.refund(a.tenant, a.metric, a.refund)
+
+    def crash(self, worker: str, now_ns: int) -> None:
+        super().crash(worker, now_ns)
+        self.fleet.crash(worker, notice=False)
+        live = list(self.live)
+        self.fleet.at(now_ns + MEMBERSHIP_DELAY_NS, self.fleet.set_ring, live)
+
+    def restart(self, worker: str, now_ns: int) -> None:
+        super().restart(worker, now_ns)
+        self.fleet.join(worker)
+
+    def leave(self, worker: str, now_ns: int) -> None:
+        super().crash(worker, now_ns)
+        self.fleet.leave(worker)
+
+    def skew(self, worker: str, offset_ns: int) -> None:
+        self.fleet.skew_ns[worker] = offset_ns
+
+    def policy_changed(self, tenant: str, p: Policy, now_ns: int) -> None:
+        self.policies.put(to_policy(tenant, p, Mode.GLOBAL, next_generation(self, tenant)))
+
+    def owner_of(self, tenant: str, metric: str) -> str | None:
+        pol = self.policies.current(tenant, Metric(metric))
+        return None if pol is None else self.fleet.ring.owner_of(
+            RateKey(tenant, pol.metric, pol.generation))
+
+    def measured_d_ns(self) -> int | None:
+        if not self.ack_delays:
+            return None
+        delays = sorted(self.ack_delays)
+        # A report is created at a flush, up to one sync interval after the usage it carries.
+        return delays[len(delays) * 99 // 100] + self.config.sync_interval_ns
