@@ -59,6 +59,7 @@ class Workload:
             self._groups.append((names, cum, g.total_offered, sc.policy.metric))
         self._carry: dict[str, float] = {}
         self.step_ns = int(sc.step_ms * 1_000_000)
+        self._later: dict[int, list[Arrival]] = {}  # chunks of a transfer, one per step
 
     def worker_for(self) -> str:
         cum = self._worker_cum
@@ -83,7 +84,7 @@ class Workload:
 
     def step(self, t_ns: int) -> list[Arrival]:
         """Arrivals in (t - step, t], in the order they are offered."""
-        out: list[Arrival] = []
+        out: list[Arrival] = self._later.pop(t_ns, [])
         now_s = (t_ns - self.start_ns) / NS_PER_S
         step_s = self.step_ns / NS_PER_S
         for info in self._explicit:
@@ -93,7 +94,10 @@ class Workload:
             if metric.unit is Unit.BYTES:
                 n = self._count(info.name, self._rate(load, now_s) * step_s / load.request_bytes)
                 for _ in range(n):
-                    out += self._chunks(info.name, metric, load)
+                    first, *rest = self._chunks(info.name, metric, load)
+                    out.append(first)
+                    for i, chunk in enumerate(rest, 1):  # the next chunk goes out a step later
+                        self._later.setdefault(t_ns + i * self.step_ns, []).append(chunk)
             else:
                 n = self._count(info.name, self._rate(load, now_s) * step_s)
                 out += [Arrival(self.worker_for(), info.name, metric.value, 1) for _ in range(n)]
