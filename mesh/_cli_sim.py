@@ -25,6 +25,11 @@ def add_commands(sub: Any, bench_sub: Any) -> None:
     r.add_argument("--tenant", help="the tenant to plot (default: the first explicit one)")
     r.add_argument("--json", action="store_true", help="JSON only (no table on stderr)")
     r.add_argument("--table", action="store_true", help="a table instead of JSON")
+    sw = ssub.add_parser("sweep", help="many seeds of every scenario: does the bound hold?")
+    sw.add_argument("--seeds", type=int, default=20)
+    sw.add_argument("--scenarios", help="comma-separated (default: all but scale)")
+    sw.add_argument("--strategies", default="mesh", help="comma-separated (default: mesh)")
+    sw.add_argument("--json", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int | None:
@@ -38,6 +43,19 @@ def run(args: argparse.Namespace) -> int | None:
     if args.sim == "list":
         for name in scenarios.names():
             print(f"{name:<18} {scenarios.load(name).description}")
+        return 0
+    if args.sim == "sweep":
+        from sim.sweep import sweep
+
+        chosen = args.scenarios.split(",") if args.scenarios else None
+        strategies = tuple(args.strategies.split(","))
+        bad = [n for n in chosen or () if n not in scenarios.names()]
+        bad += [s for s in strategies if s not in scenarios.STRATEGIES]
+        if bad or args.seeds < 1:
+            print(f"mesh sim sweep: unknown scenario or strategy, or --seeds < 1: {bad}",
+                  file=sys.stderr)
+            return 2
+        print(json.dumps(sweep(chosen, args.seeds, strategies), sort_keys=True))
         return 0
     from sim.runner import run as run_scenario
 

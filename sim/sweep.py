@@ -1,0 +1,45 @@
+"""Many seeds of many scenarios, mesh only: does the envelope hold in every run?
+
+The benchmark behind the simulator's targets: `mesh sim sweep --seeds 20` runs every shipped
+scenario (scale excepted unless named) at full size and reports, per scenario, how many runs
+stayed within `N*b + R*d` and the worst figures seen.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sim.runner import run
+from sim.scenario import load, names
+
+__all__ = ["sweep"]
+
+
+def sweep(scenarios: list[str] | None = None, seeds: int = 20,
+          strategies: tuple[str, ...] = ("mesh",)) -> dict[str, Any]:
+    chosen = scenarios or [n for n in names() if n != "scale"]
+    out: dict[str, Any] = {"seeds": seeds, "scenarios": {}}
+    t0 = time.perf_counter()
+    for name in chosen:
+        sc = load(name)
+        rows = [run(sc, seed, list(strategies))[0]["strategies"] for seed in range(seeds)]
+        per: dict[str, Any] = {}
+        for strat in strategies:
+            figs = [r[strat] for r in rows]
+            per[strat] = {
+                "runs": len(figs),
+                "within_bound": sum(f["within_bound"] for f in figs),
+                "within_bound_pct": round(100.0 * sum(f["within_bound"] for f in figs)
+                                          / len(figs), 2),
+                "max_excess_worst": max(f["max_excess"] for f in figs),
+                "bound_min": min(f["bound"] for f in figs),
+                "mean_excess_pct_of_rate_worst": max(f["mean_excess_pct_of_rate"]
+                                                     for f in figs),
+                "utilisation_min": min(f["utilisation"] for f in figs),
+                "quiet_share_min": min((f["quiet_share"] for f in figs
+                                        if f["quiet_share"] is not None), default=None),
+            }
+        out["scenarios"][name] = per
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    return out
