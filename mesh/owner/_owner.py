@@ -155,11 +155,11 @@ class Owner:
         due_ns = now_ns - cfg.sync_interval_ms * MS
         for key in list(self.keys):
             ks = self.keys[key]
-            for worker, rs in list(ks.reporters.items()):
-                if rotate:
+            if rotate:  # per-reporter upkeep once per demand window, not every tick
+                for worker, rs in list(ks.reporters.items()):
                     rs.demand_prev, rs.demand_cur = rs.demand_cur, 0
-                if now_ns - rs.last_seen_ns > retention_ns:
-                    del ks.reporters[worker]
+                    if now_ns - rs.last_seen_ns > retention_ns:
+                        del ks.reporters[worker]
             if ks.exhausted and ks.meter.remaining(now_ns) * 8 >= ks.meter.burst:
                 # Hysteresis: under steady overload the bucket hovers near zero, and a
                 # broadcast at every brush with it would make traffic grow with load.
@@ -207,8 +207,7 @@ class Owner:
     ) -> None:
         key = ks.policy.rate_key
         totals: tuple[int, int] | None = None
-        for worker in sorted(ks.reporters):
-            rs = ks.reporters[worker]
+        for worker, rs in ks.reporters.items():  # insertion order: deterministic
             if worker == skip or rs.lease_until_ns < now_ns:
                 continue
             if due_ns is not None and rs.sent_at_ns > due_ns:
