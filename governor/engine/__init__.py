@@ -6,8 +6,8 @@ emitted event durable before the caller hears back.
 """
 
 from ._codec import decode_value, encode_value
-from ._engine import Engine
 from ._core import EventSink
+from ._engine import Engine
 from ._errors import (
     AccessError,
     CallerError,
@@ -28,6 +28,8 @@ from ._fairq import Waiter
 from ._snapshot import FORMAT as SNAPSHOT_FORMAT
 from ._state import ROOT_ID, State
 from ._types import (
+    NODE_TRANSITIONS,
+    SESSION_TRANSITIONS,
     AdaptiveConfig,
     Clock,
     Consumed,
@@ -50,6 +52,8 @@ from ._types import (
 
 __all__ = [
     "EVENT_KINDS",
+    "NODE_TRANSITIONS",
+    "SESSION_TRANSITIONS",
     "ROOT_ID",
     "SNAPSHOT_FORMAT",
     "AccessError",

@@ -73,9 +73,7 @@ def _build(tp: Any, *, encode: bool) -> _Conv:
             return lambda v: out(item(x) for x in _check((list, tuple), v))
         items = [_build(a, encode=encode) for a in args]
         out = list if encode else tuple
-        return lambda v: out(
-            c(x) for c, x in zip(items, _fixed(v, len(items)), strict=True)
-        )
+        return lambda v: out(c(x) for c, x in zip(items, _fixed(v, len(items)), strict=True))
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return _dataclass(tp, encode=encode)
     raise TypeError(f"unsupported type {tp!r}")

@@ -42,11 +42,16 @@ def _int(field: str, value: object, minimum: int = 0) -> int:
     return value
 
 
+def _ident(field: str, value: object) -> int:
+    """An id argument: an int, checked before it is used as a key."""
+    if type(value) is not int:
+        raise InvalidArgument(field, f"must be an int id, got {type(value).__name__}")
+    return value
+
+
 def _name(field: str, value: object) -> str:
     if not isinstance(value, str) or not value or len(value) > 256:
-        raise InvalidArgument(
-            field, "must be a non-empty string of at most 256 characters"
-        )
+        raise InvalidArgument(field, "must be a non-empty string of at most 256 characters")
     return value
 
 
@@ -55,7 +60,8 @@ def _caps(field: str, value: object) -> dict[str, int]:
         return {}
     if not isinstance(value, dict):
         raise InvalidArgument(field, "must be a dict of name to int")
-    return {_name(field, k): _int(f"{field}[{k}]", v) for k, v in sorted(value.items())}
+    out = {_name(field, k): _int(f"{field}[{k}]", v) for k, v in value.items()}
+    return dict(sorted(out.items()))
 
 
 class _Core:
@@ -131,7 +137,7 @@ class _Core:
         return self._session(session_id)
 
     def _session(self, session_id: int) -> Session:
-        session = self._state.sessions.get(session_id)
+        session = self._state.sessions.get(_ident("session_id", session_id))
         if session is None:
             raise NotFound("session_id", f"no session {session_id}")
         if session.state is not SessionState.OPEN:
@@ -139,20 +145,31 @@ class _Core:
         return session
 
     def _resolve(self, session: Session | None, node_id: int, *, edit: bool) -> Node:
-        """The one place a target is checked against the caller's scope."""
-        node = self._state.nodes.get(node_id) if isinstance(node_id, int) else None
+        return self._resolve_chain(session, node_id, edit=edit)[0]
+
+    def _resolve_chain(self, session: Session | None, node_id: int, *, edit: bool) -> list[Node]:
+        """The one place a target is checked against the caller's scope; returns its chain
+        (the node and its ancestors, leaf first) so callers need not walk it again."""
+        nodes = self._state.nodes
+        node = nodes.get(_ident("node_id", node_id))
         if node is None:
             raise NotFound("node_id", f"no node {node_id!r}")
-        if session is None:
-            return node
-        cur: Node | None = node
-        while cur is not None:
-            if cur.id == session.scope_id:
-                if edit and node.id == session.scope_id:
-                    raise OutOfScope(f"node {node_id} is this session's scope node")
-                return node
-            cur = self._state.nodes[cur.parent] if cur.parent is not None else None
-        raise OutOfScope(f"node {node_id} is outside this session's scope")
+        scope = session.scope_id if session is not None else None
+        inside = session is None
+        chain = [node]
+        cur = node
+        while cur.parent is not None:
+            if cur.id == scope:
+                inside = True
+            cur = nodes[cur.parent]
+            chain.append(cur)
+        if cur.id == scope:
+            inside = True
+        if not inside:
+            raise OutOfScope(f"node {node_id} is outside this session's scope")
+        if edit and node.id == scope:
+            raise OutOfScope(f"node {node_id} is this session's scope node")
+        return chain
 
     def _recall(
         self, session: Session | None, request_id: str | None, fp: tuple[Any, ...]
@@ -167,9 +184,7 @@ class _Core:
         known = session.memory.get(request_id)
         if known is not None:
             if known[0] != fingerprint:
-                raise RequestIdReused(
-                    "request_id", f"{request_id!r} was used with other arguments"
-                )
+                raise RequestIdReused("request_id", f"{request_id!r} was used with other arguments")
             return None, known[1]
         return RequestTag(request_id, fingerprint), None
 

@@ -13,14 +13,16 @@ nodes (a pure function of time, redone on restore).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from . import _events as ev
+from ._core import EventSink, _caps, _ident, _int, _name
 from ._errors import (
     InvalidArgument,
     LogGap,
     NotFound,
+    RecordError,
     SnapshotMismatch,
 )
 from ._fairq import ClassQueue, Waiter
@@ -44,12 +46,7 @@ from ._types import (
     SessionState,
 )
 
-__all__ = ["Engine", "EventSink"]
-
-EventSink = Callable[[ev.Event], None]
-
-
-from ._core import _caps, _int, _name  # noqa: E402
+__all__ = ["Engine"]
 
 
 class Engine(LeasingMixin, HousekeepingMixin):
@@ -97,12 +94,15 @@ class Engine(LeasingMixin, HousekeepingMixin):
                         f"snapshot ends at seq {state.seq} but the log continues at {event.seq}"
                     )
                 raise LogGap(f"expected seq {state.seq + 1}, found {event.seq}")
-            state.apply(event)
+            try:
+                state.apply(event)
+            except (KeyError, AssertionError) as exc:
+                kind = type(event).__name__
+                raise RecordError(f"event {event.seq} ({kind}) does not apply: {exc!r}") from exc
         now = clock.now_ms()
+        # heartbeats are not recorded: every open session gets one fresh TTL
         for session in state.sessions.values():
-            if (
-                session.state is SessionState.OPEN
-            ):  # heartbeats are not recorded: one fresh TTL
+            if session.state is SessionState.OPEN:
                 session.expires_ms = now + session.ttl_ms
         engine = cls(clock, sink, config, _state=state)
         engine._advance()
@@ -121,25 +121,28 @@ class Engine(LeasingMixin, HousekeepingMixin):
         """Read-only view for checkers and metrics; mutate only through the methods."""
         return self._state
 
+    def effective_deadline_ms(self, node_id: int) -> int | None:
+        """The earliest deadline on the node's chain: a child never outlives its parent."""
+        if _ident("node_id", node_id) not in self._state.nodes:
+            raise NotFound("node_id", f"no node {node_id!r}")
+        found = [n.deadline_ms for n in self._state.chain(node_id) if n.deadline_ms is not None]
+        return min(found) if found else None
+
     def queued(self) -> list[Waiter]:
         return [w for q in self._queues.values() for w in q.waiters()]
 
     # ---- sessions ------------------------------------------------------------------------
 
-    def open_session(
-        self, scope_id: int, ttl_ms: int, token_sha256: str
-    ) -> tuple[int, int]:
+    def open_session(self, scope_id: int, ttl_ms: int, token_sha256: str) -> tuple[int, int]:
         """Open a session confined to ``scope_id``'s subtree; returns (session_id, expires_ms)."""
         now = self._advance()
         _int("ttl_ms", ttl_ms, 1)
         if not isinstance(token_sha256, str) or len(token_sha256) != 64:
             raise InvalidArgument("token_sha256", "must be 64 hex characters")
-        if scope_id not in self._state.nodes:
+        if _ident("scope_id", scope_id) not in self._state.nodes:
             raise NotFound("scope_id", f"no node {scope_id}")
         sid = self._state.next_id
-        self._emit(
-            ev.SessionOpened(self._seq(), now, sid, scope_id, ttl_ms, token_sha256)
-        )
+        self._emit(ev.SessionOpened(self._seq(), now, sid, scope_id, ttl_ms, token_sha256))
         return sid, now + ttl_ms
 
     def heartbeat(self, session_id: int) -> int:
@@ -157,13 +160,8 @@ class Engine(LeasingMixin, HousekeepingMixin):
         self._dispatch()
 
     def session_for_token(self, token_sha256: str) -> int | None:
-        for session in self._state.sessions.values():
-            if (
-                session.token_sha256 == token_sha256
-                and session.state is SessionState.OPEN
-            ):
-                return session.id
-        return None
+        """The open session a token's SHA-256 belongs to (the driver hashes what a caller sends)."""
+        return self._state.by_token.get(token_sha256)
 
     # ---- the tree ------------------------------------------------------------------------
 
@@ -243,29 +241,28 @@ class Engine(LeasingMixin, HousekeepingMixin):
     ) -> Consumed | Denial:
         """Charge ``amount`` to the node and every ancestor, or to none of them."""
         now = self._advance()
-        session = self._caller(session_id)
-        _name("resource", resource)
-        _int("amount", amount, 1)
-        tag, hit = self._recall(
-            session, request_id, ("consume", node_id, resource, amount)
-        )
-        if hit is not None:
-            return hit  # type: ignore[return-value]
-        node = self._resolve(session, node_id, edit=False)
+        session = self._session(session_id) if session_id is not None else None
+        if type(resource) is not str or not 0 < len(resource) <= 256:
+            _name("resource", resource)
+        if type(amount) is not int or amount < 1:
+            _int("amount", amount, 1)
+        tag = None
+        if request_id is not None:
+            tag, hit = self._recall(session, request_id, ("consume", node_id, resource, amount))
+            if hit is not None:
+                return hit  # type: ignore[return-value]
+        chain = self._resolve_chain(session, node_id, edit=False)
+        node = chain[0]
         if node.state is not NodeState.ACTIVE:
             return Denial(DenyReason.NODE_ENDED, node.id)
-        for a in self._state.chain(node_id):
+        for a in chain:
             limit = a.quotas.get(resource)
             if limit is not None:
                 used = a.used.get(resource, 0)
                 if amount > limit - used:
                     top = self._top_consumer(a, resource)
-                    return Denial(
-                        DenyReason.QUOTA, a.id, resource, used, limit, amount, top
-                    )
-        self._emit(
-            ev.Charged(self._seq(), now, node_id, resource, amount, session_id, tag)
-        )
+                    return Denial(DenyReason.QUOTA, a.id, resource, used, limit, amount, top)
+        self._emit(ev.Charged(self._seq(), now, node_id, resource, amount, session_id, tag))
         return Consumed(node_id, resource, amount)
 
     def end_node(
@@ -310,9 +307,7 @@ class Engine(LeasingMixin, HousekeepingMixin):
             node_id,
             request_id,
             ("quota", node_id, resource, limit),
-            lambda seq, now, tag: ev.QuotaSet(
-                seq, now, node_id, resource, limit, session_id, tag
-            ),
+            lambda seq, now, tag: ev.QuotaSet(seq, now, node_id, resource, limit, session_id, tag),
         )
 
     def set_limit(
@@ -332,9 +327,7 @@ class Engine(LeasingMixin, HousekeepingMixin):
             node_id,
             request_id,
             ("limit", node_id, cls, limit),
-            lambda seq, now, tag: ev.LimitSet(
-                seq, now, node_id, cls, limit, session_id, tag
-            ),
+            lambda seq, now, tag: ev.LimitSet(seq, now, node_id, cls, limit, session_id, tag),
         )
 
     def set_defaults(
@@ -351,9 +344,7 @@ class Engine(LeasingMixin, HousekeepingMixin):
             node_id,
             request_id,
             ("defaults", node_id, defaults),
-            lambda seq, now, tag: ev.DefaultsSet(
-                seq, now, node_id, defaults, session_id, tag
-            ),
+            lambda seq, now, tag: ev.DefaultsSet(seq, now, node_id, defaults, session_id, tag),
         )
 
     def set_weight(
@@ -369,9 +360,7 @@ class Engine(LeasingMixin, HousekeepingMixin):
             node_id,
             request_id,
             ("weight", node_id, weight),
-            lambda seq, now, tag: ev.WeightSet(
-                seq, now, node_id, weight, session_id, tag
-            ),
+            lambda seq, now, tag: ev.WeightSet(seq, now, node_id, weight, session_id, tag),
         )
 
     def set_deadline(
@@ -388,9 +377,7 @@ class Engine(LeasingMixin, HousekeepingMixin):
             node_id,
             request_id,
             ("deadline", node_id, deadline_ms),
-            lambda seq, now, tag: ev.DeadlineSet(
-                seq, now, node_id, deadline_ms, session_id, tag
-            ),
+            lambda seq, now, tag: ev.DeadlineSet(seq, now, node_id, deadline_ms, session_id, tag),
         )
 
     def set_adaptive(self, cls: str, config: AdaptiveConfig | None) -> None:

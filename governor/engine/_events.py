@@ -164,9 +164,7 @@ class LeaseGranted:
     node_id: int
     cls: str
     request: RequestTag | None
-    waiter_id: (
-        int | None
-    )  # set when granted from the fair queue; not meaningful on replay
+    waiter_id: int | None  # set when granted from the fair queue; not meaningful on replay
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,9 +39,7 @@ class Waiter:
 class ClassQueue:
     ring: list[int] = field(default_factory=list)  # tenants with waiters, in ring order
     cursor: int = 0
-    deficit: dict[int, int] = field(
-        default_factory=dict
-    )  # grants left in the current turn
+    deficit: dict[int, int] = field(default_factory=dict)  # grants left in the current turn
     queues: dict[int, list[Waiter]] = field(default_factory=dict)
 
     def __len__(self) -> int:

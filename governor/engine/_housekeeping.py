@@ -14,10 +14,38 @@ from ._types import NodeState, SessionState
 
 __all__ = ["HousekeepingMixin"]
 
+_SCHEDULED = frozenset(
+    {
+        ev.LeaseEnded,
+        ev.SessionClosed,
+        ev.SessionExpired,
+        ev.NodeEnded,
+        ev.SessionOpened,
+        ev.NodeCreated,
+        ev.DeadlineSet,
+    }
+)
+
 
 class HousekeepingMixin(_Core):
     def _advance(self) -> int:
-        now = self._now()
+        now = self._clock.now_ms()
+        if now > self._now_ms:
+            self._now_ms = now
+        else:
+            now = self._now_ms
+        t = self._timers
+        if (
+            (t.expiry and t.expiry[0][0] <= now)
+            or (t.deadline and t.deadline[0][0] <= now)
+            or self._state.adaptive
+        ):
+            self._advance_slow(now)
+        if t.purge and t.purge[0][0] <= now:
+            self._purge(now)
+        return now
+
+    def _advance_slow(self, now: int) -> None:
         st = self._state
         changed = False
         for sid in self._timers.due_expiry(now):
@@ -28,19 +56,13 @@ class HousekeepingMixin(_Core):
                     changed = True
         for at_ms, _depth, nid in self._timers.due_deadline(now):
             node = st.nodes.get(nid)
-            if (
-                node is not None
-                and node.state is NodeState.ACTIVE
-                and node.deadline_ms == at_ms
-            ):
+            if node is not None and node.state is NodeState.ACTIVE and node.deadline_ms == at_ms:
                 self._end_subtree(node, NodeState.DEADLINE_EXCEEDED, None, None, now)
                 changed = True
         for cls in sorted(st.adaptive):
             changed = self._adapt(cls, now) or changed
         if changed:
             self._dispatch()
-        self._purge(now)
-        return now
 
     def _adapt(self, cls: str, now: int) -> bool:
         """AIMD: x0.7 (not below min) on p95 over target or too many overloads, else +1."""
@@ -89,20 +111,16 @@ class HousekeepingMixin(_Core):
 
     def _schedule(self, event: ev.Event) -> None:
         """Put the due times an event creates on the timers (live and after a restore)."""
+        if type(event) not in _SCHEDULED:
+            return
         cfg, timers = self.config, self._timers
         if isinstance(event, ev.LeaseEnded):
-            timers.add_purge(
-                event.at_ms + cfg.tombstone_ms, 0, PURGE_LEASE, event.lease_id
-            )
+            timers.add_purge(event.at_ms + cfg.tombstone_ms, 0, PURGE_LEASE, event.lease_id)
         elif isinstance(event, (ev.SessionClosed, ev.SessionExpired)):
-            timers.add_purge(
-                event.at_ms + cfg.tombstone_ms, 0, PURGE_SESSION, event.session_id
-            )
+            timers.add_purge(event.at_ms + cfg.tombstone_ms, 0, PURGE_SESSION, event.session_id)
         elif isinstance(event, ev.NodeEnded):
             depth = self._state.nodes[event.node_id].depth
-            timers.add_purge(
-                event.at_ms + cfg.retention_ms, depth, PURGE_NODE, event.node_id
-            )
+            timers.add_purge(event.at_ms + cfg.retention_ms, depth, PURGE_NODE, event.node_id)
         elif isinstance(event, ev.SessionOpened):
             timers.add_expiry(event.at_ms + event.ttl_ms, event.session_id)
         elif isinstance(event, (ev.NodeCreated, ev.DeadlineSet)):
@@ -117,15 +135,11 @@ class HousekeepingMixin(_Core):
             if session.state is SessionState.OPEN:
                 timers.add_expiry(session.expires_ms, session.id)
             elif session.ended_ms is not None:
-                timers.add_purge(
-                    session.ended_ms + cfg.tombstone_ms, 0, PURGE_SESSION, session.id
-                )
+                timers.add_purge(session.ended_ms + cfg.tombstone_ms, 0, PURGE_SESSION, session.id)
         for node in st.nodes.values():
             if node.state is NodeState.ACTIVE and node.deadline_ms is not None:
                 timers.add_deadline(node.deadline_ms, node.depth, node.id)
             elif node.ended_ms is not None:
-                timers.add_purge(
-                    node.ended_ms + cfg.retention_ms, node.depth, PURGE_NODE, node.id
-                )
+                timers.add_purge(node.ended_ms + cfg.retention_ms, node.depth, PURGE_NODE, node.id)
         for lease_id, tomb in st.tombstones.items():
             timers.add_purge(tomb.ended_ms + cfg.tombstone_ms, 0, PURGE_LEASE, lease_id)

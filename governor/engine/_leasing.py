@@ -7,7 +7,7 @@ a downstream that remembers the largest id it has seen can fence off a paused wo
 from __future__ import annotations
 
 from . import _events as ev
-from ._core import _Core, _int, _name
+from ._core import _Core, _ident, _int, _name
 from ._errors import InvalidArgument, NotFound, NotOwner
 from ._fairq import ClassQueue, Waiter
 from ._state import ROOT_ID, Node, Session
@@ -59,9 +59,7 @@ class LeasingMixin(_Core):
         queue = self._queues.setdefault(cls, ClassQueue())
         if queue.tenant_len(tenant_id) >= self.config.tenant_queue_max:
             return Denial(DenyReason.QUEUE_FULL, tenant_id, cls)
-        waiter = Waiter(
-            self._next_waiter, session.id, node.id, tenant_id, cls, node.priority, tag
-        )
+        waiter = Waiter(self._next_waiter, session.id, node.id, tenant_id, cls, node.priority, tag)
         self._next_waiter += 1
         queue.push(waiter)
         self._waiting[waiter.id] = waiter
@@ -71,7 +69,7 @@ class LeasingMixin(_Core):
 
     def take_outcome(self, session_id: int, waiter_id: int) -> Granted | Denial | None:
         """What became of a queued acquire: None while it still waits."""
-        waiter = self._waiting.get(waiter_id)
+        waiter = self._waiting.get(_ident("waiter_id", waiter_id))
         if waiter is not None:
             if waiter.session_id != session_id:
                 raise NotOwner(f"waiter {waiter_id} belongs to another session")
@@ -87,7 +85,7 @@ class LeasingMixin(_Core):
     def cancel_wait(self, session_id: int, waiter_id: int) -> Released | None:
         """Give up a wait. If a grant raced in first, the lease is released and re-dispatched."""
         self._advance()
-        waiter = self._waiting.get(waiter_id)
+        waiter = self._waiting.get(_ident("waiter_id", waiter_id))
         if waiter is not None:
             if waiter.session_id != session_id:
                 raise NotOwner(f"waiter {waiter_id} belongs to another session")
@@ -112,26 +110,21 @@ class LeasingMixin(_Core):
     ) -> Released:
         """End a lease. A second release is a no-op; a lease that ended otherwise says how."""
         self._advance()
-        session = self._state.sessions.get(session_id)
+        session = self._state.sessions.get(_ident("session_id", session_id))
         if session is None:
             raise NotFound("session_id", f"no session {session_id}")
         if latency_ms is not None:
             _int("latency_ms", latency_ms)
         if not isinstance(overloaded, bool):
             raise InvalidArgument("overloaded", "must be a bool")
-        lease = self._state.leases.get(lease_id)
+        lease = self._state.leases.get(_ident("lease_id", lease_id))
         tomb = self._state.tombstones.get(lease_id)
-        owner = (
-            lease.session_id
-            if lease is not None
-            else tomb.lease.session_id
-            if tomb
-            else None
-        )
-        if owner is None:
-            raise NotFound(
-                "lease_id", f"no lease {lease_id} (or its tombstone has been purged)"
-            )
+        if lease is not None:
+            owner = lease.session_id
+        elif tomb is not None:
+            owner = tomb.lease.session_id
+        else:
+            raise NotFound("lease_id", f"no lease {lease_id} (or its tombstone has been purged)")
         if owner != session_id:
             raise NotOwner(f"lease {lease_id} belongs to another session")
         tag = None
@@ -149,13 +142,11 @@ class LeasingMixin(_Core):
     def validate(self, lease_id: int) -> LeaseStatus:
         """Whether a lease is live now (weaker than fencing by id: it can end right after)."""
         self._advance()
-        if lease_id in self._state.leases:
+        if _ident("lease_id", lease_id) in self._state.leases:
             return LeaseStatus(lease_id, True, None)
         tomb = self._state.tombstones.get(lease_id)
         if tomb is None:
-            raise NotFound(
-                "lease_id", f"no lease {lease_id} (or its tombstone has been purged)"
-            )
+            raise NotFound("lease_id", f"no lease {lease_id} (or its tombstone has been purged)")
         return LeaseStatus(lease_id, False, tomb.end)
 
     # ---- internals -----------------------------------------------------------------------
@@ -186,9 +177,7 @@ class LeasingMixin(_Core):
     ) -> Granted:
         lease_id = self._state.next_id
         self._emit(
-            ev.LeaseGranted(
-                self._seq(), now, lease_id, session_id, node.id, cls, tag, waiter_id
-            )
+            ev.LeaseGranted(self._seq(), now, lease_id, session_id, node.id, cls, tag, waiter_id)
         )
         return Granted(lease_id, node.id, cls)
 
@@ -201,9 +190,7 @@ class LeasingMixin(_Core):
         tag: RequestTag | None,
     ) -> None:
         self._emit(
-            ev.LeaseEnded(
-                self._seq(), self._now_ms, lease_id, end, latency_ms, overloaded, tag
-            )
+            ev.LeaseEnded(self._seq(), self._now_ms, lease_id, end, latency_ms, overloaded, tag)
         )
 
     def _dispatch(self) -> None:
@@ -212,14 +199,11 @@ class LeasingMixin(_Core):
         for cls in sorted(self._queues):
             queue = self._queues[cls]
             while queue.ring:
-                if (
-                    root.limits.get(cls) is not None
-                    and root.held.get(cls, 0) >= root.limits[cls]
-                ):
+                if root.limits.get(cls) is not None and root.held.get(cls, 0) >= root.limits[cls]:
                     break
                 waiter = queue.pick(
                     lambda w: self._fits(self._state.nodes[w.node_id], w.cls) is None,
-                    lambda t: self._tenant_full(t, cls),
+                    lambda t, cls=cls: self._tenant_full(t, cls),  # type: ignore[misc]
                 )
                 if waiter is None:
                     break
@@ -253,9 +237,7 @@ class LeasingMixin(_Core):
         if waiter.request is not None:
             self._pending_rids.pop((waiter.session_id, waiter.request.request_id), None)
 
-    def _fail_waiters(
-        self, match: set[int], by_session: bool, reason: DenyReason
-    ) -> None:
+    def _fail_waiters(self, match: set[int], by_session: bool, reason: DenyReason) -> None:
         for cls in sorted(self._queues):
             queue = self._queues[cls]
             gone = queue.remove_where(
@@ -266,11 +248,7 @@ class LeasingMixin(_Core):
                 self._set_outcome(w, Denial(reason, w.node_id, w.cls))
 
     def _end_session(self, session: Session, state: SessionState, now: int) -> None:
-        end = (
-            LeaseEnd.SESSION_EXPIRED
-            if state is SessionState.EXPIRED
-            else LeaseEnd.SESSION_CLOSED
-        )
+        end = LeaseEnd.SESSION_EXPIRED if state is SessionState.EXPIRED else LeaseEnd.SESSION_CLOSED
         for lease_id in sorted(session.leases):
             self._end_lease(lease_id, end, None, False, None)
         kind = ev.SessionExpired if state is SessionState.EXPIRED else ev.SessionClosed
@@ -296,13 +274,9 @@ class LeasingMixin(_Core):
                 if child.state is NodeState.ACTIVE:
                     stack.append(child)
         ids = {n.id for n in order}
-        for lease_id in sorted(
-            i for i, ls in self._state.leases.items() if ls.node_id in ids
-        ):
+        for lease_id in sorted(i for i, ls in self._state.leases.items() if ls.node_id in ids):
             self._end_lease(lease_id, LeaseEnd.NODE_ENDED, None, False, None)
         self._emit(ev.NodeEnded(self._seq(), now, node.id, state, session_id, tag))
         for d in order[1:]:
-            self._emit(
-                ev.NodeEnded(self._seq(), now, d.id, NodeState.CANCELLED, None, None)
-            )
+            self._emit(ev.NodeEnded(self._seq(), now, d.id, NodeState.CANCELLED, None, None))
         self._fail_waiters(ids, False, DenyReason.NODE_ENDED)

@@ -87,8 +87,7 @@ def dump_state(state: State) -> dict[str, Any]:
         "sessions": sessions,
         "leases": [_lease(state.leases[i]) for i in sorted(state.leases)],
         "tombstones": [
-            [_lease(t.lease), t.end.value, t.ended_ms]
-            for _, t in sorted(state.tombstones.items())
+            [_lease(t.lease), t.end.value, t.ended_ms] for _, t in sorted(state.tombstones.items())
         ],
         "adaptive": [
             [
@@ -165,6 +164,9 @@ def _load(data: dict[str, Any], config: EngineConfig) -> State:
             set(),
             memory,
         )
+    for sid in sorted(state.sessions):
+        if state.sessions[sid].state is SessionState.OPEN:
+            state.by_token[state.sessions[sid].token_sha256] = sid
     for raw in data["leases"]:
         lease = Lease(*raw)
         state.leases[lease.id] = lease

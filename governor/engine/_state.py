@@ -14,6 +14,8 @@ from typing import Any
 
 from . import _events as ev
 from ._types import (
+    NODE_TRANSITIONS,
+    SESSION_TRANSITIONS,
     AdaptiveConfig,
     Consumed,
     Created,
@@ -48,14 +50,10 @@ class Node:
     defaults: Defaults | None
     state: NodeState = NodeState.ACTIVE
     ended_ms: int | None = None
-    used: dict[str, int] = field(
-        default_factory=dict
-    )  # whole subtree, removed children included
+    used: dict[str, int] = field(default_factory=dict)  # whole subtree, removed children included
     direct: dict[str, int] = field(default_factory=dict)  # consumed at this node itself
     absorbed: dict[str, int] = field(default_factory=dict)  # usage of removed children
-    held: dict[str, int] = field(
-        default_factory=dict
-    )  # live leases in the subtree, per class
+    held: dict[str, int] = field(default_factory=dict)  # live leases in the subtree, per class
     children: set[int] = field(default_factory=set)
 
 
@@ -103,14 +101,13 @@ class State:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.seq = 0
-        self.next_id = (
-            1  # sessions and leases: one counter that only grows (fencing ids)
-        )
+        self.next_id = 1  # sessions and leases: one counter that only grows (fencing ids)
         self.next_node_id = ROOT_ID + 1
         self.nodes: dict[int, Node] = {
             ROOT_ID: Node(ROOT_ID, None, "root", 0, {}, {}, 1, 0, None, None)
         }
         self.sessions: dict[int, Session] = {}
+        self.by_token: dict[str, int] = {}  # sha256 of an open session's token -> session id
         self.leases: dict[int, Lease] = {}
         self.tombstones: dict[int, Tombstone] = {}
         self.adaptive: dict[str, AdaptiveState] = {}
@@ -149,9 +146,7 @@ class State:
             cur = node.parent
         return out
 
-    def remember(
-        self, session_id: int | None, tag: RequestTag | None, result: Result
-    ) -> None:
+    def remember(self, session_id: int | None, tag: RequestTag | None, result: Result) -> None:
         if tag is None or session_id is None:
             return
         session = self.sessions.get(session_id)
@@ -170,13 +165,17 @@ class State:
             e.session_id, e.scope_id, e.ttl_ms, e.token_sha256, e.at_ms + e.ttl_ms
         )
         self.next_id = max(self.next_id, e.session_id + 1)
+        self.by_token[e.token_sha256] = e.session_id
 
     def _end_session(self, session_id: int, state: SessionState, at_ms: int) -> None:
         session = self.sessions[session_id]
+        assert state in SESSION_TRANSITIONS[session.state], "an ended session stays ended"
         assert not session.leases, "leases end (as events) before their session does"
         session.state = state
         session.ended_ms = at_ms
         session.memory.clear()
+        if self.by_token.get(session.token_sha256) == session_id:
+            del self.by_token[session.token_sha256]
 
     def _session_closed(self, e: ev.SessionClosed) -> None:
         self._end_session(e.session_id, SessionState.CLOSED, e.at_ms)
@@ -203,13 +202,13 @@ class State:
         self.remember(e.session_id, e.request, Created(e.node_id))
 
     def _charged(self, e: ev.Charged) -> None:
+        resource, amount = e.resource, e.amount
         for node in self.chain(e.node_id):
-            node.used[e.resource] = node.used.get(e.resource, 0) + e.amount
+            node.used[resource] = node.used.get(resource, 0) + amount
         target = self.nodes[e.node_id]
-        target.direct[e.resource] = target.direct.get(e.resource, 0) + e.amount
-        self.remember(
-            e.session_id, e.request, Consumed(e.node_id, e.resource, e.amount)
-        )
+        target.direct[resource] = target.direct.get(resource, 0) + amount
+        if e.request is not None:
+            self.remember(e.session_id, e.request, Consumed(e.node_id, resource, amount))
 
     def _quota_set(self, e: ev.QuotaSet) -> None:
         quotas = self.nodes[e.node_id].quotas
@@ -241,10 +240,8 @@ class State:
 
     def _node_ended(self, e: ev.NodeEnded) -> None:
         node = self.nodes[e.node_id]
-        assert node.state is NodeState.ACTIVE, "terminal states are final"
-        assert not any(node.held.values()), (
-            "a node ends only after its leases have ended"
-        )
+        assert e.state in NODE_TRANSITIONS[node.state], "terminal states are final"
+        assert not any(node.held.values()), "a node ends only after its leases have ended"
         node.state = e.state
         node.ended_ms = e.at_ms
         self.remember(e.session_id, e.request, Edited(e.node_id))

@@ -18,15 +18,9 @@ PURGE_NODE = 2
 
 @dataclass(slots=True)
 class Timers:
-    expiry: list[tuple[int, int]] = field(
-        default_factory=list
-    )  # (expires_ms, session_id)
-    deadline: list[tuple[int, int, int]] = field(
-        default_factory=list
-    )  # (ms, depth, node_id)
-    purge: list[tuple[int, int, int, int]] = field(
-        default_factory=list
-    )  # (ms, -depth, kind, id)
+    expiry: list[tuple[int, int]] = field(default_factory=list)  # (expires_ms, session_id)
+    deadline: list[tuple[int, int, int]] = field(default_factory=list)  # (ms, depth, node_id)
+    purge: list[tuple[int, int, int, int]] = field(default_factory=list)  # (ms, -depth, kind, id)
 
     def add_expiry(self, at_ms: int, session_id: int) -> None:
         heapq.heappush(self.expiry, (at_ms, session_id))

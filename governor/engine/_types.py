@@ -24,7 +24,9 @@ __all__ = [
     "LeaseEnd",
     "LeaseStatus",
     "ManualClock",
+    "NODE_TRANSITIONS",
     "NodeState",
+    "SESSION_TRANSITIONS",
     "Queued",
     "Released",
     "RequestTag",
@@ -68,6 +70,20 @@ class SessionState(enum.Enum):
     OPEN = "open"
     CLOSED = "closed"
     EXPIRED = "expired"
+
+
+# The only transitions there are, as data: terminal states are final.
+NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
+    NodeState.ACTIVE: frozenset({NodeState.DONE, NodeState.CANCELLED, NodeState.DEADLINE_EXCEEDED}),
+    NodeState.DONE: frozenset(),
+    NodeState.CANCELLED: frozenset(),
+    NodeState.DEADLINE_EXCEEDED: frozenset(),
+}
+SESSION_TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
+    SessionState.OPEN: frozenset({SessionState.CLOSED, SessionState.EXPIRED}),
+    SessionState.CLOSED: frozenset(),
+    SessionState.EXPIRED: frozenset(),
+}
 
 
 class LeaseEnd(enum.Enum):
@@ -129,6 +145,12 @@ class EngineConfig:
     tenant_queue_max: int = 1024
     adaptive_samples_max: int = 4096
     waiter_outcomes_max: int = 65_536
+
+    def __post_init__(self) -> None:
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name}: must be a positive int, got {value!r}")
 
 
 # ---- results -------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 One seed decides a whole run of random operations against a live engine with a manual clock.
 After every step the nine invariants of the spec are checked: I2, I3, I6, I7, I8 from the state,
 I9 around every deliberately forbidden call, and I1, I4, I5 by an auditor on each event as it is
-emitted. Then the history is replayed three ways (events only, mid-run snapshot + later events,
+emitted. Now and then the run restarts (from a snapshot or from the events) and carries on.
+At the end the history is replayed three ways (events only, mid-run snapshot + later events,
 final snapshot) and each result compared field by field with the live engine.
 
 Run standalone (the mutation check does): ``python _gov_fuzz.py --seeds 0:40 --ops 1500``;
@@ -13,14 +14,14 @@ exits 1 on the first violation, printing the seed.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import enum
 import hashlib
 import json
 import random
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from _gov_checks import Auditor, Violation, canonical, check_state, first_diff
 
 from governor.engine import (
     ROOT_ID,
@@ -44,174 +45,9 @@ from governor.engine import (
     SessionEnded,
     SessionState,
 )
-from governor.engine import _events as ev
 
 RESOURCES = ("http", "retry")
 CLASSES = ("db", "api")
-
-
-class Violation(AssertionError):
-    pass
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)
-        }
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, dict):
-        return {
-            str(k): _plain(v)
-            for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
-        }
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, set):
-        return sorted(value)
-    return value
-
-
-def canonical(engine: Engine) -> dict[str, Any]:
-    """The durable state read straight from the engine's objects (not via the snapshot code),
-    comparable across restores; session expiry is left out because heartbeats are not recorded."""
-    st = engine.state
-    nodes = {}
-    for nid, n in st.nodes.items():
-        d = _plain(n)
-        d["held"] = {c: h for c, h in d["held"].items() if h}
-        nodes[nid] = d
-    sessions = {}
-    for sid, s in st.sessions.items():
-        d = _plain(s)
-        d.pop("expires_ms")
-        d["memory"] = [
-            [rid, fp, type(r).__name__, _plain(r)] for rid, (fp, r) in s.memory.items()
-        ]
-        sessions[sid] = d
-    return _plain(
-        {
-            "seq": st.seq,
-            "next_id": st.next_id,
-            "next_node_id": st.next_node_id,
-            "nodes": nodes,
-            "sessions": sessions,
-            "leases": st.leases,
-            "tombstones": st.tombstones,
-            "adaptive": st.adaptive,
-        }
-    )
-
-
-class Auditor:
-    """Checks I1, I4, I5 (and fencing ids) on each event, right after it is applied."""
-
-    def __init__(self) -> None:
-        self.engine: Engine | None = None
-        self.events: list[Event] = []
-        self.live: set[int] = set()
-        self.ended: dict[int, tuple[LeaseEnd, int]] = {}
-        self.max_id = 0
-        self.charged: dict[str, int] = {}
-        self.lowered = False
-
-    def __call__(self, event: Event) -> None:
-        self.events.append(event)
-        eng = self.engine
-        if eng is None:
-            return
-        st = eng.state
-        if isinstance(event, ev.Charged):
-            self.charged[event.resource] = (
-                self.charged.get(event.resource, 0) + event.amount
-            )
-            for a in st.chain(event.node_id):
-                limit = a.quotas.get(event.resource)
-                if limit is not None and a.used.get(event.resource, 0) > limit:
-                    raise Violation(
-                        f"I1: consume took node {a.id} over its cap: {event}"
-                    )
-            if st.nodes[event.node_id].state is not NodeState.ACTIVE:
-                raise Violation(f"I7: consume on an ended node: {event}")
-        elif isinstance(event, ev.LeaseGranted):
-            if event.lease_id <= self.max_id:
-                raise Violation(
-                    f"fencing: lease id {event.lease_id} not above {self.max_id}"
-                )
-            self.max_id = event.lease_id
-            self.live.add(event.lease_id)
-            for a in st.chain(event.node_id):
-                limit = a.limits.get(event.cls)
-                if limit is not None and a.held.get(event.cls, 0) > limit:
-                    raise Violation(
-                        f"I4: grant took node {a.id} over its limit: {event}"
-                    )
-            if st.nodes[event.node_id].state is not NodeState.ACTIVE:
-                raise Violation(f"I7: grant on an ended node: {event}")
-        elif isinstance(event, ev.LeaseEnded):
-            if event.lease_id not in self.live:
-                raise Violation(
-                    f"I5: lease {event.lease_id} ended twice or never granted"
-                )
-            self.live.discard(event.lease_id)
-            self.ended[event.lease_id] = (event.end, event.at_ms)
-        elif isinstance(event, ev.SessionOpened):
-            if event.session_id <= self.max_id:
-                raise Violation(f"fencing: session id {event.session_id} reissued")
-            self.max_id = event.session_id
-
-
-def check_state(
-    engine: Engine, auditor: Auditor, terminal: dict[int, NodeState]
-) -> None:
-    st = engine.state
-    nodes = st.nodes
-    # I2 quota conservation
-    for n in nodes.values():
-        for r in set(n.used) | set(n.direct) | set(n.absorbed):
-            total = n.direct.get(r, 0) + n.absorbed.get(r, 0)
-            total += sum(nodes[c].used.get(r, 0) for c in n.children)
-            if total != n.used.get(r, 0):
-                raise Violation(
-                    f"I2: node {n.id} {r}: used {n.used.get(r, 0)} != parts {total}"
-                )
-    for r, amount in auditor.charged.items():
-        if nodes[ROOT_ID].used.get(r, 0) != amount:
-            raise Violation(f"I2: root {r} used != sum of charges {amount}")
-    # I3 lease conservation, I6 no orphaned leases
-    held: dict[tuple[int, str], int] = {}
-    for lease in st.leases.values():
-        for a in st.chain(lease.node_id):
-            held[(a.id, lease.cls)] = held.get((a.id, lease.cls), 0) + 1
-        session = st.sessions.get(lease.session_id)
-        if session is None or session.state is not SessionState.OPEN:
-            raise Violation(f"I6: lease {lease.id} outlives its session")
-        if lease.id not in session.leases:
-            raise Violation(f"I3: lease {lease.id} missing from its session")
-        if nodes[lease.node_id].state is not NodeState.ACTIVE:
-            raise Violation(f"I6: lease {lease.id} on an ended node")
-    for n in nodes.values():
-        for c, h in n.held.items():
-            if h != held.get((n.id, c), 0):
-                raise Violation(f"I3: node {n.id} {c}: held {h} != live leases")
-    if set(st.leases) != auditor.live:
-        raise Violation("I3/I5: live leases differ from the auditor's record")
-    # I7 terminal is final
-    for nid, state in list(terminal.items()):
-        node = nodes.get(nid)
-        if node is not None and node.state is not state:
-            raise Violation(f"I7: node {nid} left terminal state {state}")
-    for n in nodes.values():
-        if n.state.terminal:
-            terminal.setdefault(n.id, n.state)
-            for c in n.children:
-                if not nodes[c].state.terminal:
-                    raise Violation(f"I7: live child {c} under ended node {n.id}")
-    # I8 work conserving
-    for w in engine.queued():
-        if engine._fits(nodes[w.node_id], w.cls) is None:
-            raise Violation(f"I8: queued waiter {w.id} fits")
 
 
 class Run:
@@ -230,6 +66,7 @@ class Run:
         self.waiters: dict[int, int] = {}  # waiter id -> session id
         self.requests: list[tuple[int, str, Callable[[], Any], Any]] = []
         self.rid = 0
+        self.restarts = 0
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -256,7 +93,9 @@ class Run:
         return [n for n in sorted(self.engine.state.nodes) if n not in inside]
 
     def caps(self, names: tuple[str, ...], hi: int) -> dict[str, int]:
-        return {n: self.rng.randint(0, hi) for n in names if self.rng.random() < 0.5}
+        """Some caps, rarely zero (a zero limit only parks waiters)."""
+        lo = 0 if self.rng.random() < 0.1 else 1
+        return {n: self.rng.randint(lo, hi) for n in names if self.rng.random() < 0.5}
 
     def defaults(self, depth: int = 0) -> Defaults | None:
         if self.rng.random() < 0.4:
@@ -312,17 +151,19 @@ class Run:
         self.new_session(ROOT_ID)
 
     def new_session(self, scope: int) -> None:
-        sid, _ = self.engine.open_session(
-            scope, self.rng.choice([2_000, 5_000, 20_000]), self.token()
-        )
+        ttl_ms = self.rng.choice([2_000, 5_000, 20_000])
+        try:
+            sid, _ = self.engine.open_session(scope, ttl_ms, self.token())
+        except NotFound:  # the node was purged as the call brought time up to date
+            sid, _ = self.engine.open_session(ROOT_ID, ttl_ms, self.token())
         self.sessions.append(sid)
 
     def step(self) -> None:
         roll = self.rng.random()
         table = [
-            (0.18, self.op_consume),
-            (0.14, self.op_acquire),
-            (0.12, self.op_release),
+            (0.14, self.op_consume),
+            (0.16, self.op_acquire),
+            (0.14, self.op_release),
             (0.08, self.op_create),
             (0.09, self.op_clock),
             (0.06, self.op_edit),
@@ -333,6 +174,7 @@ class Run:
             (0.03, self.op_end_node),
             (0.03, self.op_sessions),
             (0.02, self.op_validate),
+            (0.005, self.op_restart),
             (1.00, self.op_tick),
         ]
         acc = 0.0
@@ -345,16 +187,12 @@ class Run:
     def pick_session(self) -> int | None:
         sessions = self.open_sessions()
         if len(sessions) < 3:
-            nodes = sorted(
-                n for n, x in self.engine.state.nodes.items() if x.depth <= 2
-            )
+            nodes = sorted(n for n, x in self.engine.state.nodes.items() if x.depth <= 2)
             self.new_session(self.rng.choice(nodes))
             sessions = self.open_sessions()
         return self.rng.choice(sessions) if sessions else None
 
-    def remember(
-        self, sid: int, rid: str | None, call: Callable[[], Any], result: Any
-    ) -> None:
+    def remember(self, sid: int, rid: str | None, call: Callable[[], Any], result: Any) -> None:
         if rid is not None and not isinstance(result, (Denial, Queued)):
             self.requests.append((sid, rid, call, result))
 
@@ -442,9 +280,7 @@ class Run:
         else:
             assert ended is not None
             if result != Released(lease_id, ended[0], False):
-                raise Violation(
-                    f"oracle: late release of {lease_id} gave {result}, ended {ended}"
-                )
+                raise Violation(f"oracle: late release of {lease_id} gave {result}, ended {ended}")
 
     def op_create(self) -> None:
         sid = self.pick_session()
@@ -454,9 +290,7 @@ class Run:
         rid = self.next_rid()
         quotas, limits = self.caps(RESOURCES, 80), self.caps(CLASSES, 3)
         weight = self.rng.choice([None, 1, 2])
-        deadline = self.rng.choice(
-            [None, None, self.clock.now_ms() + self.rng.randint(0, 30_000)]
-        )
+        deadline = self.rng.choice([None, None, self.clock.now_ms() + self.rng.randint(0, 30_000)])
         defaults = self.defaults()
 
         def call() -> Any:
@@ -497,37 +331,31 @@ class Run:
             return
         node = self.rng.choice(targets)
         rid = self.next_rid()
-        e, kind = self.engine, self.rng.randrange(5)
+        kind = self.rng.randrange(5)
         if kind == 0:
             r, v = self.rng.choice(RESOURCES), self.rng.choice([None, 0, 10, 50, 200])
-            call = lambda: e.set_quota(sid, node, r, v, request_id=rid)  # noqa: E731
+            call = lambda: self.engine.set_quota(sid, node, r, v, request_id=rid)  # noqa: E731
         elif kind == 1:
             c, v = self.rng.choice(CLASSES), self.rng.choice([None, 0, 1, 2, 4])
-            call = lambda: e.set_limit(sid, node, c, v, request_id=rid)  # noqa: E731
+            call = lambda: self.engine.set_limit(sid, node, c, v, request_id=rid)  # noqa: E731
         elif kind == 2:
             d = self.defaults()
-            call = lambda: e.set_defaults(sid, node, d, request_id=rid)  # noqa: E731
+            call = lambda: self.engine.set_defaults(sid, node, d, request_id=rid)  # noqa: E731
         elif kind == 3:
             w = self.rng.randint(1, 4)
-            call = lambda: e.set_weight(sid, node, w, request_id=rid)  # noqa: E731
+            call = lambda: self.engine.set_weight(sid, node, w, request_id=rid)  # noqa: E731
         else:
-            dl = self.rng.choice(
-                [None, self.clock.now_ms() + self.rng.randint(0, 20_000)]
-            )
-            call = lambda: e.set_deadline(sid, node, dl, request_id=rid)  # noqa: E731
+            dl = self.rng.choice([None, self.clock.now_ms() + self.rng.randint(0, 20_000)])
+            call = lambda: self.engine.set_deadline(sid, node, dl, request_id=rid)  # noqa: E731
         try:
             result = call()
         except NotFound:
             return
-        n = e.state.nodes.get(node)
+        n = self.engine.state.nodes.get(node)
         if n is not None and kind == 0 and n.quotas.get(r) != v:
-            raise Violation(
-                f"oracle: set_quota({node}, {r}, {v}) left {n.quotas.get(r)}"
-            )
+            raise Violation(f"oracle: set_quota({node}, {r}, {v}) left {n.quotas.get(r)}")
         if n is not None and kind == 1 and n.limits.get(c) != v:
-            raise Violation(
-                f"oracle: set_limit({node}, {c}, {v}) left {n.limits.get(c)}"
-            )
+            raise Violation(f"oracle: set_limit({node}, {c}, {v}) left {n.limits.get(c)}")
         self.remember(sid, rid, call, result)
 
     def op_end_node(self) -> None:
@@ -538,14 +366,18 @@ class Run:
         if targets:
             node = self.rng.choice(targets)
             state = self.rng.choice([NodeState.DONE, NodeState.CANCELLED])
-            self.engine.end_node(sid, node, state)
+            try:
+                self.engine.end_node(sid, node, state)
+            except NotFound:  # purged as the call brought time up to date
+                pass
 
     def op_forbidden(self) -> None:
         """I9: a call outside the scope (or an edit of the scope node) changes nothing."""
+        self.engine.tick()  # first, so the call itself has no time-driven work to do
         sid = self.pick_session()
         if sid is None:
             return
-        self.engine.tick()
+        self.engine.tick()  # pick_session may have opened a session
         outside = self.out_of_scope(sid)
         scope = self.engine.state.sessions[sid].scope_id
         before, n_events = canonical(self.engine), len(self.auditor.events)
@@ -586,11 +418,7 @@ class Run:
         sid, rid, call, result = self.rng.choice(self.requests[-50:])
         st = self.engine.state
         session = st.sessions.get(sid)
-        if (
-            session is None
-            or session.state is not SessionState.OPEN
-            or rid not in session.memory
-        ):
+        if session is None or session.state is not SessionState.OPEN or rid not in session.memory:
             return
         self.engine.tick()
         n_events = len(self.auditor.events)
@@ -602,9 +430,7 @@ class Run:
         except RequestIdReused:
             pass
         else:
-            raise Violation(
-                "idempotency: a reused id with other arguments was accepted"
-            )
+            raise Violation("idempotency: a reused id with other arguments was accepted")
         if len(self.auditor.events) != n_events:
             raise Violation("idempotency: a reused id changed the state")
 
@@ -639,9 +465,7 @@ class Run:
         roll = self.rng.random()
         open_ = self.open_sessions()
         if roll < 0.5 or len(open_) < 2:
-            nodes = sorted(
-                n for n, x in self.engine.state.nodes.items() if x.depth <= 2
-            )
+            nodes = sorted(n for n, x in self.engine.state.nodes.items() if x.depth <= 2)
             self.new_session(self.rng.choice(nodes))
         else:
             try:
@@ -661,6 +485,23 @@ class Run:
 
     def op_tick(self) -> None:
         self.engine.tick()
+
+    def op_restart(self) -> None:
+        """Restart is replay: carry on with an engine rebuilt from the record alone."""
+        self.engine.tick()
+        if self.rng.random() < 0.5:
+            snap: dict[str, Any] | None = json.loads(json.dumps(self.engine.snapshot()))
+            events: list[Event] = []
+        else:
+            snap, events = None, list(self.auditor.events)
+        before = canonical(self.engine)
+        self.engine = Engine.restore(snap, events, self.clock, self.auditor, self.config)
+        self.auditor.engine = self.engine
+        self.restarts += 1
+        if canonical(self.engine) != before:
+            raise Violation(
+                f"restart changed the state: {first_diff(before, canonical(self.engine))}"
+            )
 
     # ---- the run -----------------------------------------------------------------------
 
@@ -697,30 +538,14 @@ class Run:
             )
             got = canonical(restored)
             if got != live:
-                raise Violation(
-                    f"replay ({name}) differs from live: {first_diff(live, got)}"
-                )
-
-
-def first_diff(a: Any, b: Any, path: str = "") -> str:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b), key=str):
-            if a.get(k) != b.get(k):
-                return first_diff(a.get(k), b.get(k), f"{path}.{k}")
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            if x != y:
-                return first_diff(x, y, f"{path}[{i}]")
-    return f"{path}: live {a!r} vs restored {b!r}"
+                raise Violation(f"replay ({name}) differs from live: {first_diff(live, got)}")
 
 
 def run_seed(seed: int, ops: int = 1500) -> None:
     try:
         Run(seed, ops).run()
     except Exception as exc:
-        raise Violation(
-            f"seed {seed} (ops={ops}): {type(exc).__name__}: {exc}"
-        ) from exc
+        raise Violation(f"seed {seed} (ops={ops}): {type(exc).__name__}: {exc}") from exc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,9 +54,7 @@ class StoreTarget:
         if self.kind == "sqlite":
             conn = sqlite3.connect(self.target, isolation_level=None)
             try:
-                conn.execute(
-                    statement.replace("{t}", "governor_").replace("%s", "?"), params
-                )
+                conn.execute(statement.replace("{t}", "governor_").replace("%s", "?"), params)
             finally:
                 conn.close()
         else:

@@ -30,9 +30,7 @@ def main() -> None:
     if args.store == "sqlite":
         backend = SqliteBackend(args.target, busy_timeout_ms=args.busy_timeout_ms)
     else:
-        backend = PostgresBackend(
-            args.target, schema=args.schema, application_name=args.app_name
-        )
+        backend = PostgresBackend(args.target, schema=args.schema, application_name=args.app_name)
     authority = Authority(EventLog(backend), snapshot_every=args.snapshot_every)
     out = threading.Lock()
 
@@ -52,10 +50,7 @@ def main() -> None:
             assert isinstance(result, Consumed)
             say(f"ack {t}")
 
-    threads = [
-        threading.Thread(target=worker, args=(t,), daemon=True)
-        for t in range(args.threads)
-    ]
+    threads = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(args.threads)]
     for t in threads:
         t.start()
     say("ready")

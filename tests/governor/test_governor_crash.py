@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from _gov_stores import StoreTarget, make_target
+
 from governor.engine import Engine, ManualClock
 from governor.store import EXIT_COMMIT_FAILED, EventLog
 
@@ -79,9 +79,7 @@ def _check_record(
         loaded = EventLog(backend).load()
     finally:
         backend.close()
-    engine = Engine.restore(
-        loaded.snapshot, loaded.events, ManualClock(0), lambda e: None
-    )
+    engine = Engine.restore(loaded.snapshot, loaded.events, ManualClock(0), lambda e: None)
     for key, node_id in nodes.items():
         used = engine.state.nodes[node_id].used.get("http", 0)
         # every acknowledged consume is on record; at most the one in flight is there unacknowledged
@@ -153,20 +151,17 @@ def _sqlite_lock(path: str) -> sqlite3.Connection:
 @pytest.mark.slow
 def test_a_failed_commit_stops_the_process(store: StoreTarget) -> None:
     app = f"gov-fail-{uuid.uuid4().hex[:8]}"
-    proc = _start(
-        store, "--threads", "4", "--busy-timeout-ms", "200", "--app-name", app
-    )
+    proc = _start(store, "--threads", "4", "--busy-timeout-ms", "200", "--app-name", app)
     lines: list[str] = []
     _run_until(proc, 50, lines)
     lock = None
     if store.kind == "sqlite":
-        lock = _sqlite_lock(
-            store.target
-        )  # another writer holds the database: commits fail
+        lock = _sqlite_lock(store.target)  # another writer holds the database: commits fail
     else:
         with psycopg.connect(store.target, autocommit=True) as conn:
             conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = %s",
                 (app,),
             )
     try:

@@ -6,6 +6,7 @@ import hashlib
 from typing import Any
 
 import pytest
+from _gov_checks import canonical
 
 import governor.engine as gov
 from governor.engine import (
@@ -35,7 +36,6 @@ from governor.engine import (
     decode_event,
     encode_event,
 )
-from _gov_fuzz import canonical
 
 
 class World:
@@ -47,9 +47,7 @@ class World:
 
     def session(self, scope: int = ROOT_ID, ttl_ms: int = 10_000) -> int:
         self.n += 1
-        sid, _ = self.engine.open_session(
-            scope, ttl_ms, hashlib.sha256(b"%d" % self.n).hexdigest()
-        )
+        sid, _ = self.engine.open_session(scope, ttl_ms, hashlib.sha256(b"%d" % self.n).hexdigest())
         return sid
 
     def node(self, parent: int = ROOT_ID, **kw: Any) -> int:
@@ -58,17 +56,13 @@ class World:
         return created.node_id
 
     def restored(self) -> Engine:
-        return Engine.restore(
-            None, self.events, ManualClock(self.clock.now_ms()), lambda e: None
-        )
+        return Engine.restore(None, self.events, ManualClock(self.clock.now_ms()), lambda e: None)
 
 
 # ---- quotas ---------------------------------------------------------------------------------
 
 
-def test_consume_checks_every_ancestor_and_names_the_cap_and_its_largest_consumer() -> (
-    None
-):
+def test_consume_checks_every_ancestor_and_names_the_cap_and_its_largest_consumer() -> None:
     w = World()
     tenant = w.node(quotas={"http": 150})
     a = w.node(tenant, quotas={"http": 100})
@@ -131,9 +125,7 @@ def test_children_inherit_nested_defaults() -> None:
     w = World()
     grand = Defaults(quotas=(("http", 5),))
     t = w.node(
-        defaults=Defaults(
-            quotas=(("http", 50),), limits=(("db", 2),), weight=3, children=grand
-        )
+        defaults=Defaults(quotas=(("http", 50),), limits=(("db", 2),), weight=3, children=grand)
     )
     child = w.node(t)
     n = w.engine.state.nodes[child]
@@ -146,6 +138,7 @@ def test_deadline_ends_the_topmost_node_past_it_and_cancels_its_descendants() ->
     w = World()
     t = w.node(deadline_ms=5_000)
     child = w.node(t, deadline_ms=9_000)  # effective deadline is the parent's 5,000
+    assert w.engine.effective_deadline_ms(child) == 5_000
     sid = w.session()
     lease = w.engine.acquire(sid, child, "db")
     assert isinstance(lease, Granted)
@@ -155,9 +148,7 @@ def test_deadline_ends_the_topmost_node_past_it_and_cancels_its_descendants() ->
     assert nodes[t].state is NodeState.DEADLINE_EXCEEDED
     assert nodes[child].state is NodeState.CANCELLED
     assert w.engine.validate(lease.lease_id).end is LeaseEnd.NODE_ENDED
-    assert w.engine.consume(sid, child, "http", 1) == Denial(
-        DenyReason.NODE_ENDED, child
-    )
+    assert w.engine.consume(sid, child, "http", 1) == Denial(DenyReason.NODE_ENDED, child)
 
 
 def test_terminal_states_are_final_and_ended_nodes_are_purged_keeping_usage() -> None:
@@ -212,12 +203,8 @@ def test_release_twice_is_a_no_op_and_another_session_is_not_the_owner() -> None
     assert isinstance(lease, Granted)
     with pytest.raises(NotOwner):
         w.engine.release(b, lease.lease_id)
-    assert w.engine.release(a, lease.lease_id) == Released(
-        lease.lease_id, LeaseEnd.RELEASED, True
-    )
-    assert w.engine.release(a, lease.lease_id) == Released(
-        lease.lease_id, LeaseEnd.RELEASED, False
-    )
+    assert w.engine.release(a, lease.lease_id) == Released(lease.lease_id, LeaseEnd.RELEASED, True)
+    assert w.engine.release(a, lease.lease_id) == Released(lease.lease_id, LeaseEnd.RELEASED, False)
 
 
 def test_session_and_lease_ids_share_one_counter_that_only_grows() -> None:
@@ -256,16 +243,12 @@ def _pool(
     return tenants, sessions
 
 
-def _drain(
-    w: World, holder: int, lease_id: int, n: int, owners: dict[int, str]
-) -> list[str]:
+def _drain(w: World, holder: int, lease_id: int, n: int, owners: dict[int, str]) -> list[str]:
     """Release the one slot ``n`` times, recording which tenant each queued grant went to."""
     order = []
     for _ in range(n):
         w.engine.release(holder, lease_id)
-        grant = next(
-            e for e in reversed(w.events) if isinstance(e, gov._events.LeaseGranted)
-        )
+        grant = next(e for e in reversed(w.events) if isinstance(e, gov._events.LeaseGranted))
         order.append(owners[grant.waiter_id])  # type: ignore[index]
         holder, lease_id = grant.session_id, grant.lease_id
     return order
@@ -327,19 +310,13 @@ def test_strict_priority_inside_a_tenant() -> None:
     first = w.engine.acquire(s, low, "db")
     q_low = w.engine.acquire(s, low, "db")
     q_high = w.engine.acquire(s, high, "db")
-    assert (
-        isinstance(first, Granted)
-        and isinstance(q_low, Queued)
-        and isinstance(q_high, Queued)
-    )
+    assert isinstance(first, Granted) and isinstance(q_low, Queued) and isinstance(q_high, Queued)
     w.engine.release(s, first.lease_id)
     assert isinstance(w.engine.take_outcome(s, q_high.waiter_id), Granted)
     assert w.engine.take_outcome(s, q_low.waiter_id) is None
 
 
-def test_a_wait_cancelled_as_it_is_granted_releases_the_lease_to_the_next_waiter() -> (
-    None
-):
+def test_a_wait_cancelled_as_it_is_granted_releases_the_lease_to_the_next_waiter() -> None:
     w = World()
     w.engine.set_limit(None, ROOT_ID, "db", 1)
     t = w.node()
@@ -347,15 +324,9 @@ def test_a_wait_cancelled_as_it_is_granted_releases_the_lease_to_the_next_waiter
     first = w.engine.acquire(s, t, "db")
     racer = w.engine.acquire(s, t, "db")
     nxt = w.engine.acquire(s, t, "db")
-    assert (
-        isinstance(first, Granted)
-        and isinstance(racer, Queued)
-        and isinstance(nxt, Queued)
-    )
+    assert isinstance(first, Granted) and isinstance(racer, Queued) and isinstance(nxt, Queued)
     w.engine.release(s, first.lease_id)  # the grant goes to the racer ...
-    released = w.engine.cancel_wait(
-        s, racer.waiter_id
-    )  # ... whose caller gave up at that instant
+    released = w.engine.cancel_wait(s, racer.waiter_id)  # ... whose caller gave up at that instant
     assert released is not None and released.by_this_call
     assert isinstance(w.engine.take_outcome(s, nxt.waiter_id), Granted)
     assert len(w.engine.state.leases) == 1
@@ -364,9 +335,7 @@ def test_a_wait_cancelled_as_it_is_granted_releases_the_lease_to_the_next_waiter
 # ---- adaptive limits ---------------------------------------------------------------------------
 
 
-def test_aimd_multiplies_by_0_7_on_slow_p95_adds_one_otherwise_and_needs_samples() -> (
-    None
-):
+def test_aimd_multiplies_by_0_7_on_slow_p95_adds_one_otherwise_and_needs_samples() -> None:
     w = World()
     cfg = AdaptiveConfig(
         initial_limit=10,
@@ -504,6 +473,8 @@ def test_public_api_is_pinned() -> None:
     assert sorted(gov.__all__) == sorted(
         [
             "EVENT_KINDS",
+            "NODE_TRANSITIONS",
+            "SESSION_TRANSITIONS",
             "ROOT_ID",
             "SNAPSHOT_FORMAT",
             "AccessError",
@@ -550,3 +521,64 @@ def test_public_api_is_pinned() -> None:
     )
     for name in gov.__all__:
         assert hasattr(gov, name), name
+
+
+def test_restore_refuses_gaps_and_events_that_do_not_apply() -> None:
+    from governor.engine import LogGap, RecordError
+    from governor.engine import _events as ev
+
+    def restore(events: list[Event]) -> Engine:
+        return Engine.restore(None, events, ManualClock(0), lambda e: None)
+
+    with pytest.raises(RecordError, match="does not apply"):
+        restore([ev.Charged(1, 0, 999, "http", 1, None, None)])
+    with pytest.raises(LogGap):
+        restore([ev.SessionOpened(2, 0, 1, ROOT_ID, 10, "a" * 64)])
+
+
+def test_sessions_are_found_by_token_hash_while_open_and_after_a_restart() -> None:
+    w = World()
+    token = hashlib.sha256(b"secret").hexdigest()
+    sid, _ = w.engine.open_session(ROOT_ID, 1_000, token)
+    assert w.engine.session_for_token(token) == sid
+    assert w.restored().session_for_token(token) == sid
+    snap_restored = Engine.restore(w.engine.snapshot(), [], ManualClock(0), lambda e: None)
+    assert snap_restored.session_for_token(token) == sid
+    w.engine.close_session(sid)
+    assert w.engine.session_for_token(token) is None
+
+
+def _node_in(w: World, state: NodeState) -> int:
+    """A node brought into ``state`` the way the engine gets there."""
+    node = w.node(deadline_ms=2_000 if state is NodeState.DEADLINE_EXCEEDED else None)
+    if state in (NodeState.DONE, NodeState.CANCELLED):
+        w.engine.end_node(None, node, state)
+    elif state is NodeState.DEADLINE_EXCEEDED:
+        w.clock.advance(1_000)
+        w.engine.tick()
+    assert w.engine.state.nodes[node].state is state
+    return node
+
+
+@pytest.mark.parametrize("start", list(NodeState))
+@pytest.mark.parametrize("target", list(NodeState))
+def test_every_node_state_and_input_pair_follows_the_transition_table(
+    start: NodeState, target: NodeState
+) -> None:
+    from governor.engine import NODE_TRANSITIONS
+
+    w = World()
+    node = _node_in(w, start)
+    sid = w.session()
+    if target in (NodeState.DONE, NodeState.CANCELLED):
+        w.engine.end_node(None, node, target)
+    elif target is NodeState.DEADLINE_EXCEEDED:
+        w.engine.set_deadline(None, node, w.clock.now_ms())
+    else:
+        assert w.engine.consume(sid, node, "http", 1)  # an ordinary input
+    now = w.engine.state.nodes[node].state
+    expected = target if target in NODE_TRANSITIONS[start] else start
+    assert now is expected
+    if now.terminal:  # no consume or grant on an ended node
+        assert w.engine.consume(sid, node, "http", 1) == Denial(DenyReason.NODE_ENDED, node)
+        assert w.engine.acquire(sid, node, "db") == Denial(DenyReason.NODE_ENDED, node)

@@ -22,8 +22,8 @@ MUTANTS = [
     (
         "scope check on edits dropped",
         "_core.py",
-        "if edit and node.id == session.scope_id:",
-        "if False and edit and node.id == session.scope_id:",
+        "if edit and node.id == scope:",
+        "if False and edit and node.id == scope:",
     ),
     (
         "'no cap' ignored",
@@ -73,9 +73,7 @@ def _mutant_tree(tmp: Path, file: str, old: str, new: str) -> Path:
     )
     target = dst / "governor" / "engine" / file
     text = target.read_text()
-    assert text.count(old) == 1, (
-        f"mutation site not found exactly once in {file}: {old!r}"
-    )
+    assert text.count(old) == 1, f"mutation site not found exactly once in {file}: {old!r}"
     target.write_text(text.replace(old, new))
     return dst
 
@@ -95,9 +93,7 @@ def test_randomized_test_catches_mutant(
         text=True,
         timeout=600,
     )
-    assert proc.returncode == 1, (
-        f"mutant {name!r} survived:\n{proc.stdout}\n{proc.stderr}"
-    )
+    assert proc.returncode == 1, f"mutant {name!r} survived:\n{proc.stdout}\n{proc.stderr}"
     assert "FAIL seed" in proc.stdout, proc.stdout + proc.stderr
 
 

@@ -8,9 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from _gov_fuzz import Run, canonical
+from _gov_checks import canonical
+from _gov_fuzz import Run
 from _gov_stores import StoreTarget, make_target
+
 from governor.authority import Authority
 from governor.engine import (
     ROOT_ID,
@@ -35,9 +36,7 @@ def _token(i: int) -> str:
     return hashlib.sha256(b"t%d" % i).hexdigest()
 
 
-def _fuzzed_log(
-    store: StoreTarget, seed: int, ops: int, snapshot_at: int | None
-) -> Run:
+def _fuzzed_log(store: StoreTarget, seed: int, ops: int, snapshot_at: int | None) -> Run:
     """A randomized history written through the log, optionally with a snapshot mid-way."""
     run = Run(seed, ops)
     run.run()
@@ -56,9 +55,7 @@ def _fuzzed_log(
     return run
 
 
-def _refuses(
-    store: StoreTarget, error: type[Exception], match: str | None = None
-) -> None:
+def _refuses(store: StoreTarget, error: type[Exception], match: str | None = None) -> None:
     backend = store.backend()
     try:
         with pytest.raises(error, match=match):
@@ -75,9 +72,7 @@ def test_migrations_are_idempotent(store: StoreTarget) -> None:
 
 
 @pytest.mark.parametrize("snapshot", [False, True])
-def test_record_round_trips_to_the_live_state(
-    store: StoreTarget, snapshot: bool
-) -> None:
+def test_record_round_trips_to_the_live_state(store: StoreTarget, snapshot: bool) -> None:
     run = _fuzzed_log(store, seed=7, ops=400, snapshot_at=150 if snapshot else None)
     log = EventLog(store.backend())
     loaded = log.load()
@@ -120,9 +115,7 @@ def test_a_snapshot_with_covered_events_left_refuses_to_load(
     store: StoreTarget,
 ) -> None:
     _fuzzed_log(store, seed=3, ops=200, snapshot_at=20)
-    store.execute(
-        "INSERT INTO {t}events (seq, kind, payload) VALUES (%s, 'Charged', '{}')", (20,)
-    )
+    store.execute("INSERT INTO {t}events (seq, kind, payload) VALUES (%s, 'Charged', '{}')", (20,))
     _refuses(store, SnapshotMismatch, match="covered")
 
 

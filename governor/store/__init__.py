@@ -1,0 +1,36 @@
+"""governord's durable record: an append-only event log, a snapshot row, token hashes.
+
+SQLite (embedded default: WAL, synchronous FULL) and PostgreSQL (psycopg 3) sit behind one
+``Backend`` protocol; ``EventLog`` adds group commit and the checks that refuse a bad record.
+"""
+
+from ._backend import Backend, Batch, Rows
+from ._errors import CommitFailed, StoreError, StoreUnavailable
+from ._log import EXIT_COMMIT_FAILED, EventLog, Loaded, exit_process
+from ._postgres import PostgresBackend
+from ._sqlite import SqliteBackend
+
+__all__ = [
+    "EXIT_COMMIT_FAILED",
+    "Backend",
+    "Batch",
+    "CommitFailed",
+    "EventLog",
+    "Loaded",
+    "PostgresBackend",
+    "Rows",
+    "SqliteBackend",
+    "StoreError",
+    "StoreUnavailable",
+    "exit_process",
+    "open_backend",
+]
+
+
+def open_backend(kind: str, target: str, *, schema: str = "governor") -> Backend:
+    """``kind`` is ``sqlite`` (target: a file path) or ``postgres`` (target: a DSN)."""
+    if kind == "sqlite":
+        return SqliteBackend(target)
+    if kind == "postgres":
+        return PostgresBackend(target, schema=schema)
+    raise ValueError(f"kind: must be 'sqlite' or 'postgres', got {kind!r}")

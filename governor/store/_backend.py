@@ -1,0 +1,51 @@
+"""What a database must offer the group-commit log: one ordered log, one snapshot row, token hashes.
+
+Both backends hold one connection, used by one thread at a time (the loader, then the writer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["Backend", "Batch", "Rows"]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Everything one transaction writes: events in order, token changes, maybe a snapshot."""
+
+    events: list[tuple[int, str, str]]  # (seq, kind, payload json)
+    tokens_added: list[tuple[str, int]]  # (sha256 hex, session id)
+    sessions_ended: list[int]  # their token rows are deleted
+    snapshot: tuple[int, str] | None  # (seq, state json): stored, and events <= seq deleted
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    snapshot: tuple[int, str] | None
+    events: list[tuple[int, str, str]]
+
+
+class Backend(Protocol):
+    name: str
+
+    def migrate(self) -> int:
+        """Bring the schema up to date; returns the schema version."""
+        ...
+
+    def read(self) -> Rows:
+        """The snapshot row (if any) and every event row, in sequence order."""
+        ...
+
+    def commit(self, batch: Batch) -> None:
+        """Write the batch as one durable transaction, or raise (and write nothing)."""
+        ...
+
+    def token_session(self, sha256: str) -> int | None: ...
+
+    def raw_commit(self, n: int) -> None:
+        """Benchmark: ``n`` transactions of one durable insert each, one after another."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,60 @@
+"""The governord console script: bench subcommands print one JSON object with the contract keys."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from _gov_stores import pg_dsn
+
+
+def _governord(*args: str) -> dict[str, object]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "governor.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    result = json.loads(proc.stdout)
+    assert isinstance(result, dict)
+    return result
+
+
+def test_bench_engine_json_keys() -> None:
+    result = _governord("bench", "engine", "--json", "--ops", "2000")
+    assert {"consume_per_s", "acquire_release_per_s"} <= set(result)
+    assert all(
+        isinstance(result[k], int) and result[k] > 0
+        for k in ("consume_per_s", "acquire_release_per_s")
+    )
+
+
+STORE_KEYS = {
+    "durable_events_per_s",
+    "single_writer_latency_ms",
+    "raw_commit_per_s",
+    "group_commit_gain",
+}
+
+
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_bench_store_json_keys(store: str) -> None:
+    extra = ["--dsn", pg_dsn()] if store == "postgres" else []
+    result = _governord(
+        "bench", "store", "--store", store, "--json", "--duration", "0.3", "--writers", "4", *extra
+    )
+    assert STORE_KEYS <= set(result)
+    assert result["store"] == store
+
+
+def test_validate_says_it_is_not_yet_available() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "governor.cli", "validate", "--config", "x.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "not yet available" in proc.stderr
