@@ -35,6 +35,10 @@ class ScenarioNetwork:
             self.max_delay_ns = d
         return d
 
+    def perfect(self) -> bool:
+        """No loss, no partitions, nothing down: every message arrives (a fast path)."""
+        return not self.spec.loss and not self.partitions and not self.down
+
     def reachable(self, src: str, dst: str) -> bool:
         if src in self.down or dst in self.down:
             return False

@@ -160,9 +160,12 @@ class GubernatorStrategy(Strategy):
         if not updated:
             return
         net = self.ctx.network
-        peers = [p for p in sorted(self.alive) if p != w]
-        self.messages += len(peers)
-        lost = frozenset(p for p in peers if not net.transit(w, p, now_ns))
+        self.messages += len(self.alive) - 1
+        if net.perfect():
+            lost: frozenset[str] = frozenset()
+        else:
+            lost = frozenset(p for p in sorted(self.alive) if p != w
+                             and not net.transit(w, p, now_ns))
         delay = net.delay_ns()
         for tenant in sorted(updated):
             self.version += 1
