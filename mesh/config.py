@@ -38,6 +38,7 @@ class CoreConfig:
     owner_unreachable_ms: int = 100  # unacked reports older than this: owner_unreachable
     report_retry_ms: int = 15  # an unacknowledged report is sent again after this long
     report_batch_max: int = 1000  # reports per message to one owner
+    views_max: int = 1_000_000  # (tenant, metric) views per worker; idle ones go beyond it
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -56,6 +56,7 @@ class Admission:
         self._shares: list[LocalView] = []
         self._policy_version = policies.version
         self.queues = TenantQueues(self.config.tenant_queue_max)
+        self.view_count = 0
 
     # -- the hot path ---------------------------------------------------------------------
 
@@ -109,7 +110,10 @@ class Admission:
         policy = self.policies.current(tenant, m)
         if policy is None:
             return UNKNOWN
+        if self.view_count >= self.config.views_max:
+            self.evict_idle()
         self._views[m.value][tenant] = self._open(policy)
+        self.view_count += 1
         return self.try_admit(tenant, m.value, amount)
 
     # -- views ----------------------------------------------------------------------------
@@ -142,6 +146,23 @@ class Admission:
         v.marked = True
         v.flush_at = 1 << 62
         self._settle.add(v)
+
+    def evict_idle(self) -> int:
+        """Forget views that hold nothing: a global view with everything acknowledged and
+        no fresh snapshot, a local view whose bucket is full. They are rebuilt on next use
+        exactly as they would be now, so forgetting them loses nothing."""
+        evicted = 0
+        for by_tenant in self._views.values():
+            for tenant in list(by_tenant):
+                v = by_tenant[tenant]
+                idle = (isinstance(v, GlobalView) and self.reporter is not None
+                        and self.reporter.forget_if_idle(v.key))
+                idle |= isinstance(v, LocalView) and not v.marked and v not in self._shares
+                if idle:
+                    del by_tenant[tenant]
+                    evicted += 1
+        self.view_count -= evicted
+        return evicted
 
     def view(self, tenant: str, metric: str) -> View | None:
         return self._views.get(_metric(metric).value, {}).get(tenant)
@@ -205,6 +226,7 @@ class Admission:
                         self._shares.remove(old)
                 if new is None:
                     del by_tenant[tenant]
+                    self.view_count -= 1
                 else:
                     by_tenant[tenant] = self._open(new)
 

@@ -256,6 +256,18 @@ class Reporter:
             for r in v.inflight:
                 r.sent_at_ns = -1  # resend at the next flush, routed by the new ring
 
+    def forget_if_idle(self, key: RateKey) -> bool:
+        """Drop a view that holds nothing (bootstrap state, nothing pending or in flight,
+        not watched by the tick). Returns whether it was dropped."""
+        v = self.views.get(key)
+        if v is None:
+            return True
+        if (v.state is not ViewState.BOOT or v.pending or v.inflight or v.marked
+                or key in self._live):
+            return False
+        self._drop(key)
+        return True
+
     def _drop(self, key: RateKey) -> None:
         self.views.pop(key, None)
         self._live.pop(key, None)

@@ -196,3 +196,24 @@ def test_admit_for_an_unknown_policy_waits_for_the_generation() -> None:
         a.tick(MS)
         assert (await waiting).allowed
     asyncio.run(main())
+
+
+def test_views_are_bounded_and_idle_ones_are_forgotten() -> None:
+    cfg = CoreConfig(views_max=3)
+    r = Reporter("w", 1, Ring(["w"], 1), config=cfg)
+    a = Admission(cache(policy(DEFAULT_TENANT, b=8)), 0, reporter=r, config=cfg)
+    for t in ("a", "b", "c"):
+        assert a.try_admit(t, "read_iops").allowed
+    for e in [r.flush(0)]:
+        assert e  # the three keys' reports went out
+    a.tick(100 * MS)  # unacknowledged: the views are stale and must be kept
+    a.try_admit("d", "read_iops")
+    assert a.view_count == 4 and len(r.views) == 4
+    for v in list(r.views.values()):  # the owner acknowledges everything
+        r.receive(200 * MS, SnapshotBatch("w", 1, (RateSnapshot(
+            v.key, 1, 1, 8, 0, v.next_sequence - 1, 1),)))
+    r.flush(200 * MS)
+    a.tick(400 * MS)  # idle now: back to bootstrap, nothing held
+    a.try_admit("e", "read_iops")
+    assert a.view_count <= 3 and len(r.views) <= 3
+    assert a.try_admit("a", "read_iops").allowed  # rebuilt on use
