@@ -56,6 +56,10 @@ class Authority:
         self._snapshot_every = snapshot_every
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
+        # Called under the lock (keep them cheap, no I/O): every event, and a change after which
+        # a queued acquire may have an outcome. The server uses them for metrics and async waits.
+        self.event_listeners: list[Callable[[Event], None]] = []
+        self.change_listeners: list[Callable[[], None]] = []
         loaded = log.load()
         with self._lock:
             self.engine = Engine.restore(
@@ -72,11 +76,14 @@ class Authority:
         """The engine's sink, called under the lock: append only, no I/O."""
         self.log.append(event)
         self._since_snapshot += 1
-        if isinstance(event, ev.LeaseGranted):
-            if event.waiter_id is not None:
-                self._changed.notify_all()
-        elif isinstance(event, _ENDS_WAITS):
+        for listener in self.event_listeners:
+            listener(event)
+        if (isinstance(event, ev.LeaseGranted) and event.waiter_id is not None) or isinstance(
+            event, _ENDS_WAITS
+        ):
             self._changed.notify_all()
+            for notify in self.change_listeners:
+                notify()
 
     def _seq_to_wait_for(self) -> int:
         """Under the lock: the sequence a reply must wait for; take a snapshot when due."""
@@ -85,6 +92,27 @@ class Authority:
             self.log.append_snapshot(seq, self.engine.snapshot())
             self._since_snapshot = 0
         return seq
+
+    def step(self, fn: Callable[[Engine], T]) -> tuple[T | None, GovernorError | None, int]:
+        """Run ``fn(engine)`` as one atomic step without waiting for the record.
+
+        Returns ``(result, error, seq)``: the caller must not reply before ``seq`` is committed
+        (the async server awaits it instead of blocking a thread in ``log.wait``).
+        """
+        error: GovernorError | None = None
+        result: T | None = None
+        with self._lock:
+            try:
+                result = fn(self.engine)
+            except GovernorError as exc:
+                error = exc
+            seq = self._seq_to_wait_for()
+        return result, error, seq
+
+    def read(self, fn: Callable[[Engine], T]) -> T:
+        """Run a read-only ``fn(engine)`` under the lock (metrics, watches); no record to wait."""
+        with self._lock:
+            return fn(self.engine)
 
     def call(self, fn: Callable[[Engine], T]) -> T:
         """Run ``fn(engine)`` as one atomic step and return once its record is durable.

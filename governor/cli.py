@@ -1,4 +1,4 @@
-"""``governord``: benchmarks now; the daemon (``governord --config F``) joins in the server issue.
+"""``governord``: the daemon (``governord [--config F]``), ``validate``, and benchmarks.
 
 Every benchmark prints one JSON object on stdout, and a human table on stderr (or on stdout
 instead of the JSON with ``--table``).
@@ -29,7 +29,7 @@ def _emit(result: dict[str, Any], table: bool) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="governord", description="ratemesh's strict authority")
-    p.add_argument("--config", help="run the daemon (not yet available: the server issue)")
+    p.add_argument("--config", help="run the daemon with this YAML file (default: built-in)")
     sub = p.add_subparsers(dest="command")
     bench = sub.add_parser("bench", help="benchmarks; each prints one JSON object")
     bsub = bench.add_subparsers(dest="bench", required=True)
@@ -40,17 +40,74 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: 127.0.0.1:5432/test)")
     st.add_argument("--writers", type=int, default=16)
     st.add_argument("--duration", type=float, default=3.0, help="seconds of concurrent load")
-    for b in (eng, st):
+    sc = bsub.add_parser("scenarios", help="the seed's scenarios, without and with governord")
+    sc.add_argument("--dsn", default=None, help="PostgreSQL DSN for the overhead figures")
+    sc.add_argument("--quick", action="store_true", help="smaller runs (tests)")
+    sc.add_argument("--only", default=None, help="comma-separated scenario names")
+    for b in (eng, st, sc):
         b.add_argument("--json", action="store_true", help="print JSON (the default)")
         b.add_argument("--table", action="store_true", help="print a table instead of JSON")
     val = sub.add_parser("validate", help="check a configuration file")
-    val.add_argument("--config", required=True)
+    val.add_argument("--config", dest="validate_config", required=True)
     return p
+
+
+def _validate(path: str) -> int:
+    from governor.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        print(f"governord: {path}: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"governord: {path} is valid: {len(cfg.tenants)} tenant(s), listen "
+        f"{', '.join(cfg.listen)}, store {cfg.store_kind()[0]}" + (", TLS" if cfg.tls else "")
+    )
+    return 0
+
+
+def _daemon(path: str | None) -> int:
+    import os
+
+    from governor.config import ConfigError, TenantConfig, default_config, load_config
+    from governor.server import run
+
+    if path is None:
+        cfg = default_config()
+        key = os.environ.get("GOVERNOR_API_KEY")
+        note = "no tenants"
+        if key:
+            import dataclasses
+            import hashlib
+
+            tenant = TenantConfig("default", hashlib.sha256(key.encode()).hexdigest())
+            cfg = dataclasses.replace(cfg, tenants=(tenant,))
+            note = "tenant 'default' with the key in GOVERNOR_API_KEY"
+        print(
+            f"governord: no --config given: serving {cfg.listen[0]} with SQLite at "
+            f"./{cfg.store_kind()[1]}, {note}",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        try:
+            cfg = load_config(path)
+        except ConfigError as exc:
+            print(f"governord: {path}: {exc}", file=sys.stderr)
+            return 1
+    return run(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "bench":
+        if args.bench == "scenarios":
+            from governor.bench import scenarios
+
+            only = args.only.split(",") if args.only else None
+            _emit(scenarios.run(dsn=args.dsn, quick=args.quick, only=only), args.table)
+            return 0
         if args.bench == "engine":
             from governor.bench import engine
 
@@ -66,15 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             _emit(result, args.table)
         return 0
-    if args.command == "validate" or args.config:
-        print(
-            "governord: the daemon and its configuration arrive with the server issue; "
-            "not yet available",
-            file=sys.stderr,
-        )
-        return 2
-    _parser().print_help(sys.stderr)
-    return 2
+    if args.command == "validate":
+        return _validate(args.validate_config)
+    return _daemon(args.config)
 
 
 if __name__ == "__main__":

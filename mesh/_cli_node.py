@@ -15,6 +15,10 @@ __all__ = ["add_commands", "run"]
 
 
 def add_commands(sub: Any, bench_sub: Any) -> None:
+    demo = sub.choices.get("demo")
+    if demo is not None:  # the in-memory demo's parser: add the live, networked variant
+        demo.add_argument("--loopback", action="store_true",
+                          help="three real members on loopback gRPC, live rows on stderr")
     node = sub.add_parser("node", help="run a standalone mesh peer (sidecar, tests)")
     node.add_argument("--config", required=True, help="the node's YAML config")
     node.add_argument("--member-id", help="override member_id from the config")
@@ -53,6 +57,15 @@ def run(args: argparse.Namespace) -> int | None:
 
     if args.command == "node":
         return _node(args)
+    if args.command == "demo" and getattr(args, "loopback", False):
+        from mesh.node._demo import run_loopback_demo
+
+        if args.seconds <= 0 or args.workers < 1:
+            print("mesh demo: --seconds must be > 0 and --workers >= 1", file=sys.stderr)
+            return 2
+        workers = 3 if args.workers == 8 else args.workers  # 8 is the in-memory default
+        emit(run_loopback_demo(seconds=args.seconds, workers=workers), args)
+        return 0
     if args.command == "status":
         from mesh.errors import PeerError
         from mesh.peer import fetch_status

@@ -7,6 +7,7 @@ SQLite (embedded default: WAL, synchronous FULL) and PostgreSQL (psycopg 3) sit 
 from ._backend import Backend, Batch, Rows
 from ._errors import CommitFailed, StoreError, StoreUnavailable
 from ._log import EXIT_COMMIT_FAILED, EventLog, Loaded, exit_process
+from ._memory import MemoryBackend
 from ._postgres import PostgresBackend
 from ._sqlite import SqliteBackend
 
@@ -17,6 +18,7 @@ __all__ = [
     "CommitFailed",
     "EventLog",
     "Loaded",
+    "MemoryBackend",
     "PostgresBackend",
     "Rows",
     "SqliteBackend",

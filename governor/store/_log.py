@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,9 @@ class EventLog:
         self._closing = False
         self._writer: threading.Thread | None = None
         self.batches = 0
+        # Called by the writer after each commit, outside the lock: (committed seq, events in
+        # the batch, seconds the commit took). The async server resolves its waits here.
+        self.commit_listeners: list[Callable[[int, int, float], None]] = []
         self.backend.migrate()
 
     # ---- loading ---------------------------------------------------------------------------
@@ -176,6 +180,7 @@ class EventLog:
                     return
                 events, self._pending = self._pending, []
                 snapshot, self._snapshot = self._snapshot, None
+            started = time.perf_counter()
             try:
                 self.backend.commit(self._batch(events, snapshot))
             except BaseException as exc:  # noqa: BLE001 - any failure stops the process
@@ -189,6 +194,10 @@ class EventLog:
                     self._committed = events[-1].seq
                 self.batches += 1
                 self._done.notify_all()
+                committed = self._committed
+            took = time.perf_counter() - started
+            for listener in self.commit_listeners:
+                listener(committed, len(events), took)
 
     @staticmethod
     def _batch(events: list[Event], snapshot: tuple[int, dict[str, Any]] | None) -> Batch:

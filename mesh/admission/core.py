@@ -16,7 +16,7 @@ from mesh.config import CoreConfig
 from mesh.errors import ConfigError, ConfigTypeError
 from mesh.policy import BOUNDS, Metric, Mode, PolicyCache, TenantRatePolicy
 from mesh.reporter import GlobalView, Reporter
-from mesh.verdict import Reason, Suspension, Verdict
+from mesh.verdict import Reason, Suspension, Verdict, verdict
 from mesh.view import View
 
 __all__ = ["Admission", "UNKNOWN", "QUEUE_FULL", "DEADLINE"]
@@ -96,7 +96,7 @@ class Admission:
     def _deny(self, v: View, amount: int) -> Verdict:
         _check_amount(amount)
         if amount > v.policy.global_burst and v.avail < amount:
-            return Verdict(False, Reason.TOO_LARGE, v.policy.mode, v.no.bound)
+            return verdict(False, Reason.TOO_LARGE, v.policy.mode, v.no.bound)
         v.denied += amount
         if not v.marked:
             v.sink(v)

@@ -31,9 +31,10 @@ class PolicyFeed:
         self.conflicts = 0
 
     def apply(self, snap: PolicySnapshot) -> bool:
-        """Learn every generation in `snap`; a conflicting one is skipped and logged."""
-        if snap.revision < self.revision:
-            return False
+        """Learn every generation in `snap`; a conflicting one is skipped and logged.
+
+        A revision lower than the last one means the coordinator was reset: its answer is
+        still applied (known generations never change meaning; the cache refuses that)."""
         self.revision = snap.revision
         self.reachable = True
         changed = False

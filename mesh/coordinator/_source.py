@@ -43,3 +43,7 @@ class PolicySource(Protocol):
     def watch(self, after_revision: int) -> AsyncIterator[PolicySnapshot]:
         """Yield a snapshot whenever the revision passes `after_revision`, until cancelled."""
         ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...

@@ -46,6 +46,9 @@ class PolicyStore:
     def snapshot(self) -> PolicySnapshot:
         return PolicySnapshot(self.revision, tuple(self._by_key[k] for k in sorted(self._by_key)))
 
+    async def close(self) -> None:
+        pass  # in process: nothing to release
+
     async def list(self) -> PolicySnapshot:
         return self.snapshot()
 

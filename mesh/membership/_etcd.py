@@ -52,6 +52,9 @@ class EtcdMembership:
                 log.warning("etcd membership: %s", exc)
             except (KeyError, ValueError) as exc:
                 self.last_error = f"etcd answered unexpectedly: {exc!r}"
+            except Exception as exc:  # never stop following membership: log and retry
+                self.last_error = repr(exc)
+                log.exception("etcd membership failed")
             if self.view.members and not self.view.stale:
                 self._emit(MembershipView(self.view.members, self.view.epoch, True))
             await asyncio.sleep(self.retry_s)
@@ -120,6 +123,10 @@ class EtcdMembership:
                 await self.client.revoke(self.lease)
         except MeshError as exc:
             log.warning("etcd leave: %s (the lease will lapse instead)", exc)
+
+
+    async def close(self) -> None:
+        await self.client.close()
 
 
 class _LeaseLost(MeshError):

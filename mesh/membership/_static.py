@@ -19,3 +19,6 @@ class StaticMembership:
 
     async def leave(self) -> None:
         pass  # a static list does not change when a member stops
+
+    async def close(self) -> None:
+        pass

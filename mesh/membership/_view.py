@@ -30,3 +30,7 @@ class MembershipSource(Protocol):
     async def leave(self) -> None:
         """Leave the ring now (graceful stop), bounded in time, best effort."""
         ...
+
+    async def close(self) -> None:
+        """Release connections (after `run` was cancelled)."""
+        ...

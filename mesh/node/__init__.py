@@ -2,6 +2,6 @@
 telemetry. `Mesh` is the whole of it for an embedding app."""
 
 from mesh.node._driver import NodeDriver
-from mesh.node._mesh import Mesh, new_event_loop
+from mesh.node._mesh import Mesh, TransportFactory, new_event_loop
 
-__all__ = ["Mesh", "NodeDriver", "new_event_loop"]
+__all__ = ["Mesh", "NodeDriver", "TransportFactory", "new_event_loop"]

@@ -6,8 +6,7 @@ from mesh.coordinator import PolicySource
 from mesh.errors import ConfigError
 from mesh.membership import EtcdClient, EtcdMembership, MembershipSource, StaticMembership
 from mesh.nodeconfig import NodeConfig
-from mesh.peer import CoordinatorClient, GrpcTransport, Transport
-from mesh.peer._server import PeerHandler
+from mesh.peer import CoordinatorClient, GrpcTransport, PeerHandler, Transport
 
 __all__ = ["build_transport", "build_membership", "build_policy_source"]
 

@@ -54,6 +54,7 @@ class NodeDriver:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.membership_view = MembershipView({identity.member_id: ""}, 0, False)
         self.messages_sent = 0
+        self.ticks = 0
         self.started_ns = clock_ns()
         self.closing = False
         self._flush_soon = False
@@ -61,6 +62,8 @@ class NodeDriver:
         self._report_sent: dict[RateKey, tuple[int, int]] = {}  # key -> (sequence, sent ns)
         self._last_snapshot: dict[RateKey, int] = {}
         self.recent_delays_ns: deque[int] = deque(maxlen=DELAYS_KEPT)
+        self._report_children: dict[str, Any] = {}
+        self._snapshot_children: dict[str, Any] = {}
         self.member.reporter.wake = self._wake
 
     @property
@@ -71,12 +74,17 @@ class NodeDriver:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        spawn = self.loop.create_task
-        self._tasks.append(spawn(self._ticker(), name="mesh-tick"))
-        self._tasks.append(spawn(self._run_membership(), name="mesh-membership"))
+        self._spawn(self._ticker(), "mesh-tick")
+        self._spawn(self._run_membership(), "mesh-membership")
         if self.feed is not None:
             await self.feed.poll()  # best effort: start with the coordinator's policies
-            self._tasks.append(spawn(self.feed.run(), name="mesh-policy-feed"))
+            self._spawn(self.feed.run(), "mesh-policy-feed")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        assert self.loop is not None
+        task = self.loop.create_task(coro, name=name)
+        task.add_done_callback(_report_crash)
+        self._tasks.append(task)
 
     async def close(self) -> None:
         """Graceful leave: leave the ring, flush and wait (bounded) for acknowledgements,
@@ -96,10 +104,11 @@ class NodeDriver:
             await asyncio.sleep(self.config.core.sync_interval_ms / 1000)
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # crashes were logged
         self._tasks.clear()
+        await self.membership.close()
+        if self.feed is not None:
+            await self.feed.source.close()
         await self.transport.close(max(0.0, deadline - loop.time()))
 
     def _unacked(self) -> bool:
@@ -116,6 +125,7 @@ class NodeDriver:
             now = self.clock_ns()
             with self.lock:
                 effects = self.member.tick(now)
+            self.ticks += 1
             self._carry(now, effects)
             next_t += interval_s
             delay = next_t - loop.time()
@@ -187,6 +197,8 @@ class NodeDriver:
                 sent[r.rate_key] = (r.sequence, now)
 
     def _observe(self, now: int, batch: SnapshotBatch) -> None:
+        """Report delay (send to acknowledgement) and snapshot delay (age of the view
+        when the next snapshot lands), per metric; prometheus children are cached."""
         sent, last = self._report_sent, self._last_snapshot
         if len(last) >= DELAY_TRACK_MAX:
             last.clear()
@@ -196,11 +208,20 @@ class NodeDriver:
             if t is not None and s.ack_sequence_for_receiver >= t[0]:
                 del sent[key]
                 self.recent_delays_ns.append(now - t[1])
-                self.telemetry.report_delay.labels(key.metric.value).observe((now - t[1]) / NS)
+                self._histogram(self._report_children, key.metric.value,
+                                True).observe((now - t[1]) / NS)
             prev = last.get(key)
             if prev is not None:
-                self.telemetry.snapshot_delay.labels(key.metric.value).observe((now - prev) / NS)
+                self._histogram(self._snapshot_children, key.metric.value,
+                                False).observe((now - prev) / NS)
             last[key] = now
+
+    def _histogram(self, cache: dict[str, Any], metric: str, report: bool) -> Any:
+        child = cache.get(metric)
+        if child is None:
+            h = self.telemetry.report_delay if report else self.telemetry.snapshot_delay
+            child = cache[metric] = h.labels(metric)
+        return child
 
     # -- membership -----------------------------------------------------------------------
 
@@ -226,3 +247,9 @@ class NodeDriver:
         self.transport.set_peers({m: a for m, a in members.items() if m != self.member_id})
         log.info("ring epoch %d: %s%s", epoch, ",".join(new.members),
                  " (stale)" if view.stale else "")
+
+
+def _report_crash(task: asyncio.Task[Any]) -> None:
+    """A node task ended other than by cancellation: that is a bug; say so loudly."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("node task %s crashed", task.get_name(), exc_info=task.exception())

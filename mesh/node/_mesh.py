@@ -17,7 +17,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,23 +32,27 @@ from mesh.node._build import build_membership, build_policy_source, build_transp
 from mesh.node._driver import NodeDriver
 from mesh.node._health import health, node_stats
 from mesh.nodeconfig import NodeConfig, load_config, parse_config
-from mesh.peer import Transport
+from mesh.peer import PeerHandler, Transport
 from mesh.policy import PolicyCache
 from mesh.ring import Ring
 from mesh.telemetry import HttpEndpoint, Telemetry
-from mesh.verdict import Verdict
+from mesh.verdict import Verdict, verdict
 
-__all__ = ["Mesh"]
+__all__ = ["Mesh", "TransportFactory"]
+
+# (member_id, worker_epoch, handler) -> Transport; the default builds the gRPC one.
+TransportFactory = Callable[[str, int, PeerHandler], Transport]
 
 log = logging.getLogger("mesh.node")
 
 
 class Mesh:
     def __init__(self, config: NodeConfig | dict[str, Any] | str | Path, *,
-                 transport: Transport | None = None,
+                 transport: TransportFactory | None = None,
                  membership: MembershipSource | None = None,
                  policy_source: PolicySource | None = None,
-                 environ: dict[str, str] | None = None) -> None:
+                 environ: dict[str, str] | None = None,
+                 count_decisions: bool = True) -> None:
         if isinstance(config, (str, Path)):
             config = load_config(config)
         elif isinstance(config, dict):
@@ -63,7 +69,11 @@ class Mesh:
         self._http: HttpEndpoint | None = None
         self.address = ""  # the peer address, once started
         self.telemetry_address = ""
-        self.decisions: dict[tuple[str, str, str, str, str], int] = {}
+        # Decisions by (tenant, metric, id(verdict)) for /metrics: about 0.3 us per call;
+        # count_decisions=False drops that (and the admitted/denied families) from try_admit.
+        self.count_decisions = count_decisions
+        self.decisions: dict[tuple[str, str, int], int] = {}
+        self.verdicts: dict[int, Verdict] = {}
 
     # -- the hot path ---------------------------------------------------------------------
 
@@ -77,11 +87,22 @@ class Mesh:
         else:
             with self._lock:
                 v = d.member.admission.try_admit(tenant, metric, amount)
-        k = (tenant, metric, v.mode.value if v.mode else "none", v.reason.value,
-             v.suspended.value if v.suspended else "")
-        c = self.decisions
-        c[k] = c.get(k, 0) + 1
+        if self.count_decisions:
+            try:  # count by the verdict's identity: verdicts are interned, shared values
+                self.decisions[(tenant, metric, id(v))] += 1
+            except KeyError:
+                self._count_first(tenant, metric, v)
         return v
+
+    def _count_first(self, tenant: str, metric: str, v: Verdict) -> None:
+        shared = verdict(v.allowed, v.reason, v.mode, v.bound, v.suspended)
+        self.verdicts[id(shared)] = shared  # kept alive, so its id is never reused
+        k = (tenant, metric, id(shared))
+        self.decisions[k] = self.decisions.get(k, 0) + 1
+
+    def charge(self, tenant: str, metric: str, nbytes: int) -> Verdict:
+        """Pre-charge a transfer chunk (byte metrics) before it is sent."""
+        return self.try_admit(tenant, metric, nbytes)
 
     def refund(self, tenant: str, metric: str, amount: int) -> None:
         """Give back bytes charged and not sent (a short send)."""
@@ -111,7 +132,15 @@ class Mesh:
         return self._require().member.ring
 
     def health(self) -> dict[str, Any]:
-        return health(self._require())
+        """/health's JSON. From another thread it is built on the node's loop."""
+        d = self._require()
+        loop = self._loop
+        if self._lock is not None and loop is not None and loop.is_running() and \
+                threading.current_thread() is not self._thread:
+            async def build() -> dict[str, Any]:
+                return health(d)
+            return asyncio.run_coroutine_threadsafe(build(), loop).result(10)
+        return health(d)
 
     def _require(self) -> NodeDriver:
         if self._driver is None:
@@ -135,8 +164,8 @@ class Mesh:
         worker_epoch = time.time_ns() // 1000  # grows across restarts: a new incarnation
         member = Member(self.member_id, worker_epoch, ring, policies, now, config=cfg.core)
         handler = _Handler()
-        transport = self._transport_arg or build_transport(cfg, self.member_id, worker_epoch,
-                                                           handler)
+        make = self._transport_arg or partial(build_transport, cfg)
+        transport = make(self.member_id, worker_epoch, handler)
         self.address = await transport.start()
         try:
             membership = self._membership_arg or build_membership(cfg, self.member_id,
@@ -150,7 +179,7 @@ class Mesh:
             poll_s = cfg.coordinator.poll_ttl_ms / 1000 if cfg.coordinator else 1.0
             feed = PolicyFeed(source, policies, poll_ttl_s=poll_s)
         tel = Telemetry(lambda: node_stats(driver))
-        tel.decisions = self.decisions
+        tel.decisions, tel.verdicts = self.decisions, self.verdicts
         driver = NodeDriver(cfg, self.identity, member, transport, membership, feed, tel,
                             lock=self._lock)
         handler.driver = driver

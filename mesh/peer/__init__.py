@@ -13,7 +13,7 @@ from mesh.peer._coordinator import (
 )
 from mesh.peer._grpc import GrpcTransport
 from mesh.peer._link import PeerLink
-from mesh.peer._server import PeerServer
+from mesh.peer._server import PeerHandler, PeerServer
 from mesh.peer._status import fetch_status
 from mesh.peer._transport import Deliver, MemoryNetwork, MemoryTransport, Transport
 from mesh.peer._wire import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA_MD, STATUS
@@ -29,6 +29,7 @@ __all__ = [
     "MEMBER_MD",
     "MemoryNetwork",
     "MemoryTransport",
+    "PeerHandler",
     "PeerLink",
     "PeerServer",
     "SCHEMA_MD",

@@ -101,6 +101,9 @@ class PeerLink:
                 self.last_error = str(err)
                 if isinstance(err, PeerRefused):
                     log.warning("%s", err)
+            except Exception as exc:  # a bug must not end the link for good: log, retry
+                self.last_error = repr(exc)
+                log.exception("peer %s: link failed", self.peer_id)
             finally:
                 self.connected = False
                 writer.cancel()
@@ -126,5 +129,5 @@ class PeerLink:
                 data = await self.queue.get()
                 await call.write(data)
                 self.sent += 1
-        except (grpc.RpcError, asyncio.InvalidStateError):
+        except Exception:  # noqa: BLE001 - any failure to write ends this call only
             pass  # the reader sees the failure and reconnects

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import grpc
 from grpc import aio
 
-from mesh.errors import MessageError
+from mesh.errors import ConfigError, MessageError
 from mesh.messages import Message, ReportBatch, decode
 from mesh.nodeconfig import TlsConfig
 from mesh.peer._tls import server_credentials
@@ -76,10 +76,14 @@ class PeerServer:
         }
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(PEER_SERVICE, rpc), *self._extra))
-        if self.tls is not None:
-            port = server.add_secure_port(self.listen, server_credentials(self.tls))
-        else:
-            port = server.add_insecure_port(self.listen)
+        try:
+            if self.tls is not None:
+                port = server.add_secure_port(self.listen, server_credentials(self.tls))
+            else:
+                port = server.add_insecure_port(self.listen)
+        except RuntimeError as exc:  # grpc's "Failed to bind to address ..."
+            await server.stop(None)
+            raise ConfigError("listen", f"cannot serve on {self.listen}: {exc}") from exc
         await server.start()
         self._server = server
         return int(port)
@@ -174,6 +178,9 @@ class PeerServer:
 
 
 async def _write(queue: asyncio.Queue[bytes], write: Callable[[bytes], Any]) -> None:
-    while True:
-        data = await queue.get()
-        await write(data)
+    try:
+        while True:
+            data = await queue.get()
+            await write(data)
+    except Exception:  # noqa: BLE001 - the stream ended under us; its reader finishes it
+        return

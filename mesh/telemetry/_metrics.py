@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from mesh.verdict import Reason
+from mesh.verdict import Reason, Verdict
 
 __all__ = ["Telemetry", "NodeStats", "TENANTS_MAX", "DecisionKey"]
 
@@ -23,7 +23,7 @@ _STALE = {Reason.SNAPSHOT_STALE.value, Reason.OWNER_UNREACHABLE.value}
 DELAY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25,
                    0.5, 1.0)
 
-DecisionKey = tuple[str, str, str, str, str]  # tenant, metric, mode, reason, suspension
+DecisionKey = tuple[str, str, int]  # tenant, metric, id() of an interned Verdict
 
 
 @dataclass(slots=True)
@@ -43,6 +43,7 @@ class Telemetry:
     def __init__(self, stats: Callable[[], NodeStats]) -> None:
         self.registry = CollectorRegistry()
         self.decisions: dict[DecisionKey, int] = {}
+        self.verdicts: dict[int, Verdict] = {}  # keeps each counted verdict (and its id) alive
         self._tenants: set[str] = set()
         self.report_delay = Histogram(
             "ratemesh_report_delay_seconds",
@@ -83,9 +84,11 @@ class _Collector(Collector):
                                         "Verdicts given while degraded, by suspension reason",
                                         labels=lab)
         folded: dict[tuple[str, str, str, str, str], int] = {}
-        for (tenant, metric, mode, reason, susp), n in list(self.tel.decisions.items()):
+        for (tenant, metric, vid), n in list(self.tel.decisions.items()):
+            v = self.tel.verdicts[vid]
             t = self.tel.tenant_label(tenant)
-            k = (t, metric, mode, reason, susp)
+            k = (t, metric, v.mode.value if v.mode else "none", v.reason.value,
+                 v.suspended.value if v.suspended else "")
             folded[k] = folded.get(k, 0) + n
         susp_sum: dict[tuple[str, str, str, str], int] = {}
         for (t, metric, mode, reason, susp), n in sorted(folded.items()):
