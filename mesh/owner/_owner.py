@@ -26,6 +26,8 @@ from mesh.ring import Ring
 
 __all__ = ["Owner"]
 
+SWEEP_NS = 1_000_000_000  # upkeep of every retained key, once a second
+
 
 class _Outbox:
     """Snapshots and rejections gathered per receiver; full batches go out at once."""
@@ -82,6 +84,8 @@ class Owner:
         self._owned_since_ns = now_ns
         self._window_start_ns = now_ns
         self._fetching: set[RateKey] = set()
+        self._active: dict[RateKey, KeyState] = {}  # keys with a live reporter lease
+        self._swept_ns = now_ns
         self.applied_units = 0  # telemetry: usage applied, in the keys' own units
         self.applied: dict[tuple[str, str], int] = {}  # telemetry: the same, per tenant/metric
         self.duplicates = 0
@@ -120,7 +124,10 @@ class Owner:
             outcome = rs.offer(report.worker_epoch, report.sequence, report.unacked_from,
                                cfg.reorder_window)
             rs.last_seen_ns = now_ns
+            if rs.lease_until_ns < now_ns:  # back after a lapse: old demand says nothing now
+                rs.demand_cur = rs.demand_prev = 0
             rs.lease_until_ns = now_ns + cfg.reporter_lease_ms * MS
+            self._active[key] = ks
             if outcome == Applied.NEW:
                 delta = report.delta
                 ks.meter.apply(now_ns, delta)
@@ -145,29 +152,45 @@ class Owner:
         return out.drain()
 
     def tick(self, now_ns: int) -> list[Effect]:
-        """The sync interval: keep active reporters' views fresh; expire what is old."""
+        """The sync interval: keep active reporters' views fresh; expire what is old.
+
+        Only keys with a live reporter lease are visited every interval; the upkeep of
+        every retained key (idempotency records past retention, idle full buckets) runs
+        once per `SWEEP_NS`, so an owner holding many quiet keys stays cheap to tick.
+        """
         cfg = self.config
         out = _Outbox(self)
         rotate = now_ns - self._window_start_ns >= cfg.demand_window_ms * MS
         if rotate:
             self._window_start_ns = now_ns
-        retention_ns = cfg.idempotency_retention_ms * MS
         due_ns = now_ns - cfg.sync_interval_ms * MS
-        for key in list(self.keys):
-            ks = self.keys[key]
-            if rotate:  # per-reporter upkeep once per demand window, not every tick
-                for worker, rs in list(ks.reporters.items()):
+        for key in list(self._active):
+            ks = self._active[key]
+            if rotate:
+                for rs in ks.reporters.values():
                     rs.demand_prev, rs.demand_cur = rs.demand_cur, 0
-                    if now_ns - rs.last_seen_ns > retention_ns:
-                        del ks.reporters[worker]
             if ks.exhausted and ks.meter.remaining(now_ns) * 8 >= ks.meter.burst:
                 # Hysteresis: under steady overload the bucket hovers near zero, and a
                 # broadcast at every brush with it would make traffic grow with load.
                 ks.exhausted = False
-            self._broadcast(now_ns, ks, out, due_ns=due_ns)
-            if not ks.reporters and ks.meter.remaining(now_ns) >= ks.meter.burst:
-                del self.keys[key]  # idle and full: forgetting it loses nothing
+            if not self._broadcast(now_ns, ks, out, due_ns=due_ns):
+                del self._active[key]  # no live lease left: nobody to keep fresh
+        if now_ns - self._swept_ns >= SWEEP_NS:
+            self._sweep(now_ns)
         return out.drain()
+
+    def _sweep(self, now_ns: int) -> None:
+        """Forget idempotency records past retention and keys that are idle and full."""
+        self._swept_ns = now_ns
+        retention_ns = self.config.idempotency_retention_ms * MS
+        for key in list(self.keys):
+            ks = self.keys[key]
+            for worker, rs in list(ks.reporters.items()):
+                if now_ns - rs.last_seen_ns > retention_ns:
+                    del ks.reporters[worker]
+            if (not ks.reporters and key not in self._active
+                    and ks.meter.remaining(now_ns) >= ks.meter.burst):
+                del self.keys[key]  # idle and full: forgetting it loses nothing
 
     def ring_changed(self, now_ns: int, ring: Ring) -> None:
         """Adopt a new ring; keys that moved away are dropped (their new owner starts them)."""
@@ -175,6 +198,7 @@ class Owner:
         self._owned_since_ns = now_ns
         for key in [k for k in self.keys if not ring.owns(self.member_id, k)]:
             del self.keys[key]
+            self._active.pop(key, None)
 
     def policy_learned(self, key: RateKey) -> None:
         """The driver fetched (or failed to fetch) a generation: allow asking again."""
@@ -204,17 +228,24 @@ class Owner:
 
     def _broadcast(
         self, now_ns: int, ks: KeyState, out: _Outbox, *, skip: str = "", due_ns: int | None = None
-    ) -> None:
+    ) -> bool:
+        """Snapshot to live reporters (not `skip`; with `due_ns`, only those not sent one
+        since). Returns whether the key has any live reporter lease."""
         key = ks.policy.rate_key
         totals: tuple[int, int] | None = None
+        live = False
         for worker, rs in ks.reporters.items():  # insertion order: deterministic
-            if worker == skip or rs.lease_until_ns < now_ns:
+            if rs.lease_until_ns < now_ns:
+                continue
+            live = True
+            if worker == skip:
                 continue
             if due_ns is not None and rs.sent_at_ns > due_ns:
                 continue  # it had a snapshot within this interval already
             if totals is None:
                 totals = self._totals(now_ns, ks)
             self._send_snapshot(now_ns, key, ks, worker, rs, out, totals)
+        return live
 
     def _send_snapshot(
         self, now_ns: int, key: RateKey, ks: KeyState, worker: str, rs: ReporterState,

@@ -216,6 +216,8 @@ def test_idle_full_keys_are_forgotten() -> None:
     o.tick(NOW + 50 * MS)
     assert KEY in o.keys  # reporter remembered, bucket refilling
     o.tick(NOW + 200 * MS)
+    assert KEY in o.keys  # the upkeep of quiet keys runs once a second
+    o.tick(NOW + 1100 * MS)
     assert KEY not in o.keys
 
 
