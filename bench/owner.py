@@ -1,0 +1,135 @@
+"""`mesh bench owner`: key-deltas one owner process applies per second, fed batched
+reports over gRPC by other processes.
+
+The owner is a real `mesh node` process (static membership of one, a `*` policy so large
+that no key exhausts). Each feeder process opens the same long-lived stream a worker
+would (`mesh.peer.PeerLink`) and sends report batches of `--batch` keys, keeping a few
+batches in flight and counting the snapshot batches that acknowledge them. The rate is
+the owner's own count of applied deltas (`mesh status`), over the measured window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from bench._procs import free_port, read_ready, spawn, stop, write_config
+
+__all__ = ["run"]
+
+BIG = 10**12
+WINDOW = 4  # batches in flight per feeder
+
+
+def run(*, seconds: float = 5.0, feeders: int = 2, keys: int = 10_000,
+        batch: int = 1000) -> dict[str, Any]:
+    from mesh.peer import fetch_status
+
+    with tempfile.TemporaryDirectory() as tmp:
+        addr = f"127.0.0.1:{free_port()}"
+        cfg = write_config(Path(tmp) / "owner.yaml", {
+            "member_id": "owner", "listen": addr,
+            "membership": {"source": "static", "members": {"owner": addr}},
+            "policies": {"inline": [{"tenant_id": "*", "metric": "read_iops", "generation": 1,
+                                     "target_rate": BIG, "global_burst": BIG,
+                                     "local_burst_cap": BIG}]},
+        })
+        owner = spawn(["-m", "mesh.cli", "node", "--config", str(cfg)])
+        procs = []
+        try:
+            read_ready(owner)
+            start_at = time.time() + 2.5
+            procs = [spawn(["-m", "bench.owner", "feeder", "--addr", addr, "--id", f"f{i}",
+                            "--keys", str(keys), "--batch", str(batch),
+                            "--start-at", str(start_at), "--seconds", str(seconds + 1.0)])
+                     for i in range(feeders)]
+            for p in procs:
+                read_ready(p)
+            time.sleep(max(0.0, start_at - time.time()) + 0.5)
+            s0 = asyncio.run(fetch_status(addr))["owner"]["applied_units"]
+            t0 = time.monotonic()
+            time.sleep(seconds)
+            s1 = asyncio.run(fetch_status(addr))["owner"]["applied_units"]
+            elapsed = time.monotonic() - t0
+            sent = [read_ready(p, timeout_s=60) for p in procs]
+        finally:
+            for p in procs:
+                stop(p)
+            stop(owner)
+    return {"deltas_per_s": round((s1 - s0) / elapsed), "feeders": feeders, "keys": keys,
+            "batch": batch, "seconds": round(elapsed, 2),
+            "reports_sent": sum(s["reports_sent"] for s in sent)}
+
+
+async def _feed(a: argparse.Namespace) -> dict[str, Any]:
+    from mesh.peer import PeerLink
+
+    acked = asyncio.Queue[int]()
+
+    def deliver(msg: Any) -> None:
+        acked.put_nowait(len(msg.snapshots))
+
+    link = PeerLink(member_id=a.id, worker_epoch=1, peer_id="owner", addr=a.addr,
+                    deliver=deliver, tls=None, max_message_bytes=64 << 20)
+    print(json.dumps({"feeder": a.id}), flush=True)
+    while time.time() < a.start_at:
+        await asyncio.sleep(0.01)
+    seq: list[int] = [0] * a.keys
+    cursor = 0
+    inflight = 0
+    sent = 0
+    end = time.time() + a.seconds
+    while time.time() < end:
+        while inflight < WINDOW:
+            items = []
+            for _ in range(a.batch):
+                k = cursor
+                cursor = cursor + 1 if cursor + 1 < a.keys else 0
+                seq[k] += 1
+                items.append([[f"t{k}", "read_iops", 1], a.id, 1, seq[k], 1, 0, 0, seq[k]])
+            link.send(msgpack.packb([1, "reports", a.id, 1, items], use_bin_type=True))
+            inflight += 1
+            sent += a.batch
+        got = 0
+        try:
+            while got < a.batch:
+                got += await asyncio.wait_for(acked.get(), 2.0)
+        except TimeoutError:
+            pass
+        inflight -= 1
+    await link.close()
+    return {"reports_sent": sent}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.owner")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("feeder")
+    f.add_argument("--addr", required=True)
+    f.add_argument("--id", required=True)
+    f.add_argument("--keys", type=int, required=True)
+    f.add_argument("--batch", type=int, required=True)
+    f.add_argument("--start-at", type=float, required=True)
+    f.add_argument("--seconds", type=float, required=True)
+    a = p.parse_args(argv)
+    from mesh.node import new_event_loop
+
+    loop = new_event_loop()
+    try:
+        out = loop.run_until_complete(_feed(a))
+    finally:
+        loop.close()
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

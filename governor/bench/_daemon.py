@@ -1,0 +1,94 @@
+"""A governord subprocess for the scenario benchmarks: a temp config, a loopback port, kill."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["KEYS", "Governord"]
+
+KEYS = {"BENCH_KEY_A": "bench-key-a", "BENCH_KEY_B": "bench-key-b"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Governord:
+    """``with Governord(store, root_limits=..., adaptive=...) as g: g.addr``."""
+
+    def __init__(self, store: str = "sqlite", *, dsn: str | None = None, **config: Any) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="governord-scenario-")
+        where = Path(self._dir.name)
+        self.port = _free_port()
+        self.addr = f"127.0.0.1:{self.port}"
+        self.schema = f"governor_scen_{os.getpid()}_{self.port}"
+        self.dsn = dsn
+        target = {"sqlite": f"sqlite:{where / 'governor.db'}", "memory": "memory:"}.get(
+            store, dsn or ""
+        )
+        cfg: dict[str, Any] = {
+            "listen": self.addr,
+            "store": target,
+            "drain_s": 0.5,
+            "session": {"ttl_ms": 10_000, "min_ttl_ms": 100},
+            "snapshot_every": 50_000,
+            "tenants": {
+                "a": {"api_key_env": "BENCH_KEY_A"},
+                "b": {"api_key_env": "BENCH_KEY_B"},
+            },
+        }
+        cfg.update(config)
+        self.config_path = where / "governord.yaml"
+        self.config_path.write_text(yaml.safe_dump(cfg))
+        self.store = store
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, **KEYS, "GOVERNOR_PG_SCHEMA": self.schema}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "governor.cli", "--config", str(self.config_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        assert self.proc.stdout is not None
+        timer = threading.Timer(60, self.proc.kill)
+        timer.start()
+        try:
+            line = self.proc.stdout.readline().decode()
+        finally:
+            timer.cancel()
+        if not line.startswith("LISTENING"):
+            raise RuntimeError(f"governord did not start ({self.store})")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> Governord:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+        if self.store == "postgres" and self.dsn:
+            import psycopg
+
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')  # type: ignore[arg-type]
+        self._dir.cleanup()

@@ -1,0 +1,122 @@
+"""A thin sync wrapper: the async Client runs on a private event loop thread; each method
+submits a coroutine there and waits. The current task travels in a contextvar of the calling
+thread, as with the async client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ._client import Client, Lease
+from ._errors import GovernorClientError
+
+__all__ = ["SyncClient", "SyncTask", "current_sync_task"]
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class SyncTask:
+    client: SyncClient
+    node_id: int
+    name: str
+
+
+_SYNC_CURRENT: contextvars.ContextVar[SyncTask | None] = contextvars.ContextVar(
+    "governor_sync_task", default=None
+)
+
+
+def current_sync_task() -> SyncTask:
+    task = _SYNC_CURRENT.get()
+    if task is None:
+        raise GovernorClientError("no governed task here: use `with client.task(...)`")
+    return task
+
+
+class SyncClient:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="governor-client", daemon=True
+        )
+        self._thread.start()
+
+        async def make() -> Client:
+            return await Client(*args, **kwargs).connect()
+
+        self.aio = self._run(make())
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._run(self.aio.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def _here(self, node_id: int | None) -> int:
+        if node_id is not None:
+            return node_id
+        task = _SYNC_CURRENT.get()
+        return task.node_id if task is not None and task.client is self else self.aio.scope_id
+
+    @contextmanager
+    def task(
+        self,
+        name: str,
+        *,
+        quotas: dict[str, int] | None = None,
+        limits: dict[str, int] | None = None,
+        deadline: float | None = None,
+    ) -> Iterator[SyncTask]:
+        node_id = self._run(
+            self.aio.create_node(
+                name, parent_id=self._here(None), quotas=quotas, limits=limits, deadline=deadline
+            )
+        )
+        task = SyncTask(self, node_id, name)
+        token = _SYNC_CURRENT.set(task)
+        ok = False
+        try:
+            yield task
+            ok = True
+        finally:
+            _SYNC_CURRENT.reset(token)
+            if self.aio.lost is None:
+                try:
+                    self._run(self.aio.end_node(node_id, cancel=not ok))
+                except GovernorClientError:
+                    pass
+
+    def consume(self, resource: str, amount: int = 1, *, node_id: int | None = None) -> None:
+        self._run(self.aio.consume_at(self._here(node_id), resource, amount))
+
+    @contextmanager
+    def acquire(
+        self, cls: str, *, node_id: int | None = None, timeout: float | None = None
+    ) -> Iterator[Lease]:
+        lease = self._run(self.aio.acquire_at(self._here(node_id), cls, timeout))
+        try:
+            yield lease
+        finally:
+            if self.aio.lost is None:
+                self._run(self.aio.release(lease))
+
+    def validate(self, lease_id: int) -> bool:
+        return self._run(self.aio.validate(lease_id))
+
+    def get_node(self, node_id: int | None = None) -> dict[str, Any]:
+        return self._run(self.aio.get_node(node_id))

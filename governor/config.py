@@ -1,0 +1,302 @@
+"""governord's configuration: YAML in, validated dataclasses out; every error names its key.
+
+API keys are never required in clear text: a tenant names an environment variable that holds
+its key (``api_key_env``) or gives the key's SHA-256 (``api_key_sha256``). With no file at all,
+:func:`default_config` serves 127.0.0.1 with SQLite in the working directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from governor.engine import AdaptiveConfig, Defaults
+
+__all__ = [
+    "ConfigError",
+    "GovernordConfig",
+    "TenantConfig",
+    "TlsFiles",
+    "default_config",
+    "is_loopback",
+    "load_config",
+    "parse_config",
+]
+
+DEFAULT_LISTEN = "127.0.0.1:7443"
+DEFAULT_STORE = "sqlite:governor.db"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class ConfigError(ValueError):
+    """A configuration mistake; ``key`` is the dotted path of the value at fault."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    cert: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class TenantConfig:
+    name: str
+    key_sha256: str
+    weight: int = 1
+    quotas: dict[str, int] = field(default_factory=dict)
+    limits: dict[str, int] = field(default_factory=dict)
+    defaults: Defaults | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GovernordConfig:
+    listen: tuple[str, ...] = (DEFAULT_LISTEN,)
+    store: str = DEFAULT_STORE
+    tls: TlsFiles | None = None
+    allow_plaintext: bool = False
+    metrics: str | None = None
+    session_ttl_ms: int = 10_000
+    session_ttl_min_ms: int = 200
+    session_ttl_max_ms: int = 3_600_000
+    drain_s: float = 5.0
+    snapshot_every: int = 10_000
+    root_quotas: dict[str, int] = field(default_factory=dict)
+    root_limits: dict[str, int] = field(default_factory=dict)
+    adaptive: dict[str, AdaptiveConfig] = field(default_factory=dict)
+    tenants: tuple[TenantConfig, ...] = ()
+
+    def store_kind(self) -> tuple[str, str]:
+        """(``sqlite``, path), (``postgres``, dsn) or (``memory``, "") - not durable, benchmarks."""
+        if self.store == "memory:":
+            return "memory", ""
+        if self.store.startswith("sqlite:"):
+            return "sqlite", self.store[len("sqlite:") :]
+        return "postgres", self.store
+
+
+def is_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _type(key: str, value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise ConfigError(key, f"must be {what}, got {value!r}")
+    return value
+
+
+def _pos(key: str, value: Any, minimum: int = 1) -> int:
+    _type(key, value, int, "an int")
+    if value < minimum:
+        raise ConfigError(key, f"must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _caps(key: str, value: Any) -> dict[str, int]:
+    if value is None:
+        return {}
+    _type(key, value, dict, "a map of name to int")
+    out = {}
+    for name, n in value.items():
+        _type(f"{key}", name, str, "a map with string names")
+        out[name] = _pos(f"{key}.{name}", n, 0)
+    return out
+
+
+def _addr(key: str, value: Any) -> str:
+    _type(key, value, str, "host:port")
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(key, f"must be host:port, got {value!r}")
+    return str(value)
+
+
+def _keys(key: str, data: dict[str, Any], allowed: set[str]) -> None:
+    for k in data:
+        if k not in allowed:
+            raise ConfigError(f"{key}{k}", f"unknown key (allowed: {', '.join(sorted(allowed))})")
+
+
+def _defaults(key: str, value: Any) -> Defaults | None:
+    if value is None:
+        return None
+    _type(key, value, dict, "a map")
+    _keys(f"{key}.", value, {"quotas", "limits", "weight", "priority", "children"})
+    weight = value.get("weight")
+    priority = value.get("priority")
+    return Defaults(
+        quotas=tuple(sorted(_caps(f"{key}.quotas", value.get("quotas")).items())),
+        limits=tuple(sorted(_caps(f"{key}.limits", value.get("limits")).items())),
+        weight=None if weight is None else _pos(f"{key}.weight", weight),
+        priority=None if priority is None else _type(f"{key}.priority", priority, int, "an int"),
+        children=_defaults(f"{key}.children", value.get("children")),
+    )
+
+
+def _tenant(key: str, name: Any, value: Any, env: dict[str, str]) -> TenantConfig:
+    _type(key, name, str, "a tenant name")
+    _type(key, value, dict, "a map")
+    _keys(
+        f"{key}.",
+        value,
+        {"api_key_env", "api_key_sha256", "weight", "quotas", "limits", "defaults"},
+    )
+    if ("api_key_env" in value) == ("api_key_sha256" in value):
+        raise ConfigError(f"{key}.api_key_env", "give exactly one of api_key_env, api_key_sha256")
+    if "api_key_env" in value:
+        var = _type(f"{key}.api_key_env", value["api_key_env"], str, "a variable name")
+        secret = env.get(var)
+        if not secret:
+            raise ConfigError(f"{key}.api_key_env", f"environment variable {var} is not set")
+        digest = hashlib.sha256(secret.encode()).hexdigest()
+    else:
+        digest = _type(f"{key}.api_key_sha256", value["api_key_sha256"], str, "64 hex digits")
+        if not _HEX64.match(digest):
+            raise ConfigError(f"{key}.api_key_sha256", "must be 64 lowercase hex digits")
+    return TenantConfig(
+        name=name,
+        key_sha256=digest,
+        weight=_pos(f"{key}.weight", value.get("weight", 1)),
+        quotas=_caps(f"{key}.quotas", value.get("quotas")),
+        limits=_caps(f"{key}.limits", value.get("limits")),
+        defaults=_defaults(f"{key}.defaults", value.get("defaults")),
+    )
+
+
+def _adaptive(key: str, value: Any) -> AdaptiveConfig:
+    _type(key, value, dict, "a map")
+    fields = {
+        "initial_limit",
+        "min_limit",
+        "max_limit",
+        "target_p95_ms",
+        "max_overload_permille",
+        "min_samples",
+        "interval_ms",
+    }
+    _keys(f"{key}.", value, fields)
+    for need in ("initial_limit", "min_limit", "max_limit", "target_p95_ms"):
+        if need not in value:
+            raise ConfigError(f"{key}.{need}", "is required")
+    args = {
+        k: _pos(f"{key}.{k}", v, 0 if k == "max_overload_permille" else 1) for k, v in value.items()
+    }
+    if not args["min_limit"] <= args["initial_limit"] <= args["max_limit"]:
+        raise ConfigError(f"{key}.initial_limit", "must lie in [min_limit, max_limit]")
+    return AdaptiveConfig(**args)
+
+
+def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfig:
+    """Validate a decoded YAML document; raises ConfigError naming the key."""
+    env = dict(os.environ) if env is None else env
+    if data is None:
+        data = {}
+    _type("(top level)", data, dict, "a map")
+    top = {
+        "listen",
+        "store",
+        "tls",
+        "allow_plaintext",
+        "metrics",
+        "session",
+        "root",
+        "adaptive",
+        "tenants",
+        "drain_s",
+        "snapshot_every",
+    }
+    _keys("", data, top)
+    listen_raw = data.get("listen", DEFAULT_LISTEN)
+    items = [listen_raw] if isinstance(listen_raw, str) else listen_raw
+    _type("listen", items, list, "host:port or a list of them")
+    listen = tuple(_addr(f"listen[{i}]", a) for i, a in enumerate(items))
+    if not listen:
+        raise ConfigError("listen", "needs at least one address")
+    store = _type("store", data.get("store", DEFAULT_STORE), str, "sqlite:PATH or postgresql://...")
+    if not (
+        store.startswith(("sqlite:", "postgresql://", "postgres://", "host=")) or store == "memory:"
+    ):
+        raise ConfigError("store", f"must be sqlite:PATH or postgresql://..., got {store!r}")
+    tls = None
+    if data.get("tls") is not None:
+        t = _type("tls", data["tls"], dict, "a map with cert and key")
+        _keys("tls.", t, {"cert", "key"})
+        for k in ("cert", "key"):
+            f = _type(f"tls.{k}", t.get(k), str, "a file path")
+            if not Path(f).is_file():
+                raise ConfigError(f"tls.{k}", f"no such file: {f}")
+        tls = TlsFiles(t["cert"], t["key"])
+    plain = _type("allow_plaintext", data.get("allow_plaintext", False), bool, "true or false")
+    if tls is None and not plain:
+        for i, a in enumerate(listen):
+            if not is_loopback(a):
+                raise ConfigError(
+                    f"listen[{i}]",
+                    f"{a} is not loopback: name a TLS certificate or set allow_plaintext: true",
+                )
+    metrics = None if data.get("metrics") is None else _addr("metrics", data["metrics"])
+    session = _type("session", data.get("session") or {}, dict, "a map")
+    _keys("session.", session, {"ttl_ms", "min_ttl_ms", "max_ttl_ms"})
+    root = _type("root", data.get("root") or {}, dict, "a map")
+    _keys("root.", root, {"quotas", "limits"})
+    adaptive_raw = _type("adaptive", data.get("adaptive") or {}, dict, "a map of class to AIMD")
+    tenants_raw = _type("tenants", data.get("tenants") or {}, dict, "a map of name to tenant")
+    tenants = tuple(
+        _tenant(f"tenants.{n}", n, v, env) for n, v in sorted(tenants_raw.items(), key=str)
+    )
+    seen: dict[str, str] = {}
+    for t in tenants:
+        if t.key_sha256 in seen:
+            raise ConfigError(f"tenants.{t.name}", f"shares its API key with {seen[t.key_sha256]}")
+        seen[t.key_sha256] = t.name
+    cfg = GovernordConfig(
+        listen=listen,
+        store=store,
+        tls=tls,
+        allow_plaintext=plain,
+        metrics=metrics,
+        session_ttl_ms=_pos("session.ttl_ms", session.get("ttl_ms", 10_000)),
+        session_ttl_min_ms=_pos("session.min_ttl_ms", session.get("min_ttl_ms", 200)),
+        session_ttl_max_ms=_pos("session.max_ttl_ms", session.get("max_ttl_ms", 3_600_000)),
+        drain_s=float(_type("drain_s", data.get("drain_s", 5.0), (int, float), "seconds")),
+        snapshot_every=_pos("snapshot_every", data.get("snapshot_every", 10_000)),
+        root_quotas=_caps("root.quotas", root.get("quotas")),
+        root_limits=_caps("root.limits", root.get("limits")),
+        adaptive={str(c): _adaptive(f"adaptive.{c}", v) for c, v in adaptive_raw.items()},
+        tenants=tenants,
+    )
+    if not cfg.session_ttl_min_ms <= cfg.session_ttl_ms <= cfg.session_ttl_max_ms:
+        raise ConfigError("session.ttl_ms", "must lie in [min_ttl_ms, max_ttl_ms]")
+    return cfg
+
+
+def load_config(path: str, env: dict[str, str] | None = None) -> GovernordConfig:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError("(file)", f"cannot read {path}: {exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("(file)", f"{path} is not valid YAML: {exc}") from exc
+    return parse_config(data, env)
+
+
+def default_config() -> GovernordConfig:
+    return GovernordConfig()

@@ -1,0 +1,124 @@
+"""Prometheus metrics of governord. Labels are tenants, classes and resources only, never a
+task, so the number of series grows with the configuration and not with the work. The tree is
+read once per scrape (root and tenants only) under the engine's lock."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from governor.authority import Authority
+from governor.engine import ROOT_ID, Engine, Event, NodeState, SessionState
+
+__all__ = ["Metrics"]
+
+_LAT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5, 30)
+
+
+class _TreeCollector(Collector):
+    def __init__(self, authority: Authority) -> None:
+        self._authority = authority
+
+    def collect(self) -> Iterator[Any]:
+        rows = self._authority.read(_read_tree)
+        depth = GaugeMetricFamily(
+            "governor_queue_depth", "Acquires waiting in the fair queue", labels=["cls"]
+        )
+        held = GaugeMetricFamily("governor_pool_held", "Leases held at the root", labels=["cls"])
+        limit = GaugeMetricFamily("governor_pool_limit", "Root concurrency limit", labels=["cls"])
+        spend = GaugeMetricFamily(
+            "governor_tenant_spend", "Quota spent by tenant", labels=["tenant", "resource"]
+        )
+        tenant_held = GaugeMetricFamily(
+            "governor_tenant_held", "Leases held by tenant", labels=["tenant", "cls"]
+        )
+        nodes = GaugeMetricFamily("governor_nodes", "Active nodes in the tree")
+        sessions = GaugeMetricFamily("governor_sessions", "Open sessions")
+        for cls, n in rows["depth"].items():
+            depth.add_metric([cls], n)
+        for cls, n in rows["held"].items():
+            held.add_metric([cls], n)
+        for cls, n in rows["limit"].items():
+            limit.add_metric([cls], n)
+        for (tenant, res), n in rows["spend"].items():
+            spend.add_metric([tenant, res], n)
+        for (tenant, cls), n in rows["tenant_held"].items():
+            tenant_held.add_metric([tenant, cls], n)
+        nodes.add_metric([], rows["nodes"])
+        sessions.add_metric([], rows["sessions"])
+        yield from (depth, held, limit, spend, tenant_held, nodes, sessions)
+
+
+def _read_tree(engine: Engine) -> dict[str, Any]:
+    st = engine.state
+    root = st.nodes[ROOT_ID]
+    depth: dict[str, int] = {}
+    for w in engine.queued():
+        depth[w.cls] = depth.get(w.cls, 0) + 1
+    spend: dict[tuple[str, str], int] = {}
+    tenant_held: dict[tuple[str, str], int] = {}
+    for cid in sorted(root.children):
+        t = st.nodes[cid]
+        for res, n in t.used.items():
+            spend[(t.name, res)] = n
+        for cls, n in t.held.items():
+            tenant_held[(t.name, cls)] = n
+    return {
+        "depth": depth,
+        "held": dict(root.held),
+        "limit": dict(root.limits),
+        "spend": spend,
+        "tenant_held": tenant_held,
+        "nodes": sum(1 for n in st.nodes.values() if n.state is NodeState.ACTIVE),
+        "sessions": sum(1 for s in st.sessions.values() if s.state is SessionState.OPEN),
+    }
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.calls = Counter(
+            "governor_calls", "Calls by method and status code", ["method", "code"], registry=r
+        )
+        self.latency = Histogram(
+            "governor_call_seconds",
+            "Call latency, reply after commit",
+            ["method"],
+            buckets=_LAT_BUCKETS,
+            registry=r,
+        )
+        self.events = Counter("governor_events", "Events by kind", ["kind"], registry=r)
+        self.commit_seconds = Histogram(
+            "governor_commit_seconds",
+            "Duration of one group commit",
+            buckets=_LAT_BUCKETS,
+            registry=r,
+        )
+        self.commit_batch = Histogram(
+            "governor_commit_batch_events",
+            "Events per group commit",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024),
+            registry=r,
+        )
+
+    def attach(self, authority: Authority) -> None:
+        self.registry.register(_TreeCollector(authority))
+        by_kind: dict[type[Any], Any] = {}
+
+        def on_event(event: Event) -> None:
+            child = by_kind.get(type(event))
+            if child is None:
+                child = by_kind[type(event)] = self.events.labels(type(event).__name__)
+            child.inc()
+
+        def on_commit(_seq: int, n: int, took: float) -> None:
+            self.commit_seconds.observe(took)
+            self.commit_batch.observe(n)
+
+        authority.event_listeners.append(on_event)
+        authority.log.commit_listeners.append(on_commit)

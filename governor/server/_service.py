@@ -1,0 +1,282 @@
+"""The governord gRPC service: decode and check, authenticate, one engine step, await the
+commit, reply. Nothing replies before the record holds everything its answer depends on.
+
+Engine steps run on the event loop thread under the Authority's lock (a few microseconds);
+the wait for the commit is an awaited future resolved by the log's writer thread, so no thread
+is parked per call. A retry of a request id that is still running awaits the first attempt and
+gets the same answer (in-flight idempotency; the engine's durable memory covers later retries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from governor import wire
+from governor.authority import Authority
+from governor.config import GovernordConfig
+from governor.engine import (
+    Engine,
+    Event,
+    GovernorError,
+)
+from governor.engine import _events as ev
+
+from ._calls import CallsMixin, Principal
+from ._commit import CommitWaits
+from ._metrics import Metrics
+from ._status import Fail, error_fail, key_session_hash, sha256_hex
+
+__all__ = ["GovernorService", "KEY_SESSION_TTL_MS"]
+
+KEY_SESSION_TTL_MS = 10 * 365 * 24 * 3600 * 1000  # a bare API key's session: hooks, no leases
+ENDED_TOKENS_MAX = 65_536
+INFLIGHT_MAX = 65_536
+
+
+class GovernorService(CallsMixin):
+    """The sixteen calls. ``handler()`` is the generic gRPC handler to add to a server."""
+
+    def __init__(
+        self,
+        authority: Authority,
+        config: GovernordConfig,
+        tenants: dict[str, tuple[str, int]],  # key sha256 -> (tenant name, scope node id)
+        metrics: Metrics,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.authority = authority
+        self.config = config
+        self.tenants = tenants
+        self.metrics = metrics
+        self.commits = CommitWaits(authority, loop)
+        self._loop = loop
+        self._changed = asyncio.Event()
+        self._ended_tokens: OrderedDict[str, int] = OrderedDict()
+        self._inflight: dict[tuple[Any, ...], tuple[bytes, asyncio.Future[Any]]] = {}
+        self._key_sessions: dict[str, int] = {}
+        self.draining = False
+        authority.change_listeners.append(self._notify_changed)
+        authority.event_listeners.append(self._on_event)
+
+    # ---- plumbing --------------------------------------------------------------------------
+
+    def _notify_changed(self) -> None:
+        self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        old, self._changed = self._changed, asyncio.Event()
+        old.set()
+
+    def _on_event(self, event: Event) -> None:
+        """Under the lock: remember ended sessions' token hashes (a late call learns why)."""
+        if isinstance(event, (ev.SessionClosed, ev.SessionExpired)):
+            session = self.authority.engine.state.sessions.get(event.session_id)
+            if session is not None:
+                self._ended_tokens[session.token_sha256] = event.session_id
+                while len(self._ended_tokens) > ENDED_TOKENS_MAX:
+                    self._ended_tokens.popitem(last=False)
+
+    async def _step(self, fn: Callable[[Engine], Any]) -> Any:
+        result, error, seq = self.authority.step(fn)
+        await self.commits.wait(seq)
+        if error is not None:
+            raise error
+        return result
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        rpcs: dict[str, grpc.RpcMethodHandler] = {}
+        for name, method in wire.METHODS.items():
+            if method.stream:
+                rpcs[name] = grpc.unary_stream_rpc_method_handler(self._streamer(method))
+            else:
+                rpcs[name] = grpc.unary_unary_rpc_method_handler(self._unary(method))
+        return grpc.method_handlers_generic_handler(wire.SERVICE, rpcs)
+
+    def _unary(
+        self, method: wire.Method
+    ) -> Callable[[bytes, aio.ServicerContext[bytes, bytes]], Awaitable[bytes]]:
+        impl = getattr(self, f"_{method.name}")
+        latency = self.metrics.latency.labels(method.name)
+
+        async def call(request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
+            t0 = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                if self.draining:
+                    raise Fail(grpc.StatusCode.UNAVAILABLE, "draining", "governord is stopping")
+                try:
+                    body = wire.check_request(method, wire.unpack(request))
+                except wire.WireError as exc:
+                    raise Fail(
+                        grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(exc), field=exc.field
+                    ) from exc
+                who = await self._authenticate(method, context)
+                reply = await self._once(method, who, body, request, impl)
+                return wire.pack(reply)
+            except Fail as f:
+                code = f.code
+                await context.abort(
+                    f.code, f.detail["message"], ((wire.ERROR_MD, wire.pack(f.detail)),)
+                )
+                raise  # unreachable: abort raises
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            finally:
+                self.metrics.calls.labels(method.name, code.name).inc()
+                latency.observe(time.perf_counter() - t0)
+
+        return call
+
+    async def _once(
+        self,
+        method: wire.Method,
+        who: Principal | None,
+        body: dict[str, Any],
+        raw: bytes,
+        impl: Callable[[Principal | None, dict[str, Any]], Awaitable[dict[str, Any]]],
+    ) -> dict[str, Any]:
+        """Run ``impl``; a retry of a request id still in flight waits for the same answer."""
+        rid = body.get("request_id")
+        if rid is None or who is None:
+            return await self._guard(impl(who, body))
+        key = (who.session_id, method.name, rid)
+        known = self._inflight.get(key)
+        if known is not None:
+            if known[0] != raw:
+                raise Fail(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    "request_id_reused",
+                    f"request_id {rid!r} is in flight with other arguments",
+                    field="request_id",
+                )
+            result = await asyncio.shield(known[1])
+            assert isinstance(result, dict)
+            return result
+        if len(self._inflight) >= INFLIGHT_MAX:
+            raise Fail(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy", "too many calls in flight")
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self._inflight[key] = (raw, fut)
+        try:
+            result = await self._guard(impl(who, body))
+        except BaseException as exc:
+            if isinstance(exc, Fail):
+                fut.set_exception(exc)
+            else:
+                fut.set_exception(
+                    Fail(grpc.StatusCode.UNAVAILABLE, "retry", "the first attempt was cancelled")
+                )
+            fut.exception()  # mark retrieved
+            raise
+        else:
+            fut.set_result(result)
+            return result
+        finally:
+            del self._inflight[key]
+
+    @staticmethod
+    async def _guard(coro: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+        try:
+            return await coro
+        except GovernorError as exc:
+            raise error_fail(exc) from exc
+
+    async def _authenticate(
+        self, method: wire.Method, context: aio.ServicerContext[bytes, bytes]
+    ) -> Principal | None:
+        md = dict(context.invocation_metadata() or ())
+        token, key = md.get(wire.TOKEN_MD), md.get(wire.KEY_MD)
+        if isinstance(token, bytes) or isinstance(key, bytes):
+            raise Fail(grpc.StatusCode.UNAUTHENTICATED, "credentials", "credentials must be text")
+        if token is not None and method.auth in ("token", "key_or_token"):
+            return self._by_token(token, late_release=method.name == "Release")
+        if key is not None and method.auth in ("key", "key_or_token"):
+            digest = sha256_hex(key)
+            tenant = self.tenants.get(digest)
+            if tenant is None:
+                raise Fail(grpc.StatusCode.UNAUTHENTICATED, "bad_key", "unknown API key")
+            if method.auth == "key" and method.name == "OpenSession":
+                return Principal(0, tenant[1], tenant[0], True)
+            return await self._key_session(digest, tenant)
+        if key is not None:
+            raise Fail(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "needs_session",
+                f"{method.name} needs a session token; a bare API key may call EnsureNode and "
+                "Consume",
+            )
+        raise Fail(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "no_credentials",
+            f"{method.name} needs a {'session token' if method.auth == 'token' else 'API key'}",
+        )
+
+    def _by_token(self, token: str, *, late_release: bool = False) -> Principal:
+        digest = sha256_hex(token)
+        sid = self.authority.engine.session_for_token(digest)
+        if sid is None:
+            if late_release and digest in self._ended_tokens:
+                # a late release learns how its lease ended (FAILED_PRECONDITION lease_ended)
+                ended = self.authority.engine.state.sessions.get(self._ended_tokens[digest])
+                if ended is not None:
+                    return Principal(ended.id, ended.scope_id, "", False)
+            if digest in self._ended_tokens:
+                raise Fail(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "session_ended",
+                    f"session {self._ended_tokens[digest]} has ended (expired or closed)",
+                    session_id=self._ended_tokens[digest],
+                )
+            raise Fail(grpc.StatusCode.UNAUTHENTICATED, "bad_token", "unknown or ended token")
+        session = self.authority.engine.state.sessions[sid]
+        return Principal(sid, session.scope_id, "", False)
+
+    async def _key_session(self, digest: str, tenant: tuple[str, int]) -> Principal:
+        sid = self._key_sessions.get(digest)
+        if sid is None:
+            token_hash = key_session_hash(digest)
+
+            def ensure(e: Engine) -> int:
+                found = e.session_for_token(token_hash)
+                if found is not None:
+                    return found
+                return e.open_session(tenant[1], KEY_SESSION_TTL_MS, token_hash)[0]
+
+            sid = await self._step(ensure)  # once per key per process
+            self._key_sessions[digest] = sid
+        return Principal(sid, tenant[1], tenant[0], True)
+
+    def _streamer(
+        self, method: wire.Method
+    ) -> Callable[[bytes, aio.ServicerContext[bytes, bytes]], AsyncIterator[bytes]]:
+        async def stream(
+            request: bytes, context: aio.ServicerContext[bytes, bytes]
+        ) -> AsyncIterator[bytes]:
+            code = grpc.StatusCode.OK
+            try:
+                try:
+                    body = wire.check_request(method, wire.unpack(request))
+                except wire.WireError as exc:
+                    raise Fail(
+                        grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(exc), field=exc.field
+                    ) from exc
+                who = await self._authenticate(method, context)
+                assert who is not None
+                async for item in self._watch(who, body):
+                    yield wire.pack(item)
+            except Fail as f:
+                code = f.code
+                await context.abort(
+                    f.code, f.detail["message"], ((wire.ERROR_MD, wire.pack(f.detail)),)
+                )
+            finally:
+                self.metrics.calls.labels(method.name, code.name).inc()
+
+        return stream

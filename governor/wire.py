@@ -1,0 +1,204 @@
+"""governord's wire schema, shared by the server and the SDK: one gRPC service, msgpack bodies.
+
+Every call is ``/governor.v1.Governor/<Method>``; request and reply are msgpack maps with string
+keys. A request carries ``v`` (the schema version, 1); unknown keys are refused, so a typo is a
+clear INVALID_ARGUMENT instead of a silently ignored field. Credentials travel in metadata:
+``x-governor-key`` (a tenant's API key) or ``x-governor-token`` (a session token). An error is a
+standard gRPC status; its trailing metadata ``governor-error-bin`` is a msgpack map
+``{reason, message, field?, denial?, end?}``. The full schema is written down in
+``docs/governor-api.md``; the table below is what the code checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+__all__ = [
+    "ERROR_MD",
+    "KEY_MD",
+    "METHODS",
+    "SCHEMA_VERSION",
+    "SERVICE",
+    "TOKEN_MD",
+    "Method",
+    "WireError",
+    "check_request",
+    "pack",
+    "path",
+    "unpack",
+]
+
+SERVICE = "governor.v1.Governor"
+SCHEMA_VERSION = 1
+KEY_MD = "x-governor-key"
+TOKEN_MD = "x-governor-token"
+ERROR_MD = "governor-error-bin"
+MESSAGE_BYTES_MAX = 1 << 20
+
+# Field kinds: int, int? (int or nil), str, str?, bool, caps? (map str -> int or nil),
+# caps (map str -> int), defaults? (a Defaults map, see the document), tokens? (nothing else).
+_Fields = dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    name: str
+    fields: _Fields
+    auth: str  # "key" (API key only), "token" (session token), "key_or_token"
+    stream: bool = False  # server-streaming reply
+    mutates: bool = True  # takes a request_id
+
+
+def _m(name: str, fields: _Fields, auth: str = "token", **kw: Any) -> Method:
+    return Method(name, fields, auth, **kw)
+
+
+_NODE_SPEC: _Fields = {
+    "parent_id": "int?",
+    "name": "str",
+    "quotas": "caps?",
+    "limits": "caps?",
+    "weight": "int?",
+    "priority": "int?",
+    "deadline_ms": "int?",
+    "defaults": "defaults?",
+    "request_id": "str?",
+}
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        _m("OpenSession", {"ttl_ms": "int?"}, "key", mutates=False),
+        _m("Heartbeat", {}, mutates=False),
+        _m("CloseSession", {}, mutates=False),
+        _m("CreateNode", _NODE_SPEC),
+        _m("EnsureNode", _NODE_SPEC, "key_or_token"),
+        _m("GetNode", {"node_id": "int?"}, mutates=False),
+        _m("CancelNode", {"node_id": "int", "request_id": "str?"}),
+        _m("CloseNode", {"node_id": "int", "request_id": "str?"}),
+        _m("WatchNode", {"node_id": "int"}, stream=True, mutates=False),
+        _m(
+            "Consume",
+            {"node_id": "int", "resource": "str", "amount": "int?", "request_id": "str?"},
+            "key_or_token",
+        ),
+        _m(
+            "Acquire",
+            {"node_id": "int", "cls": "str", "timeout_ms": "int?", "request_id": "str?"},
+        ),
+        _m(
+            "Release",
+            {
+                "lease_id": "int",
+                "latency_ms": "int?",
+                "overloaded": "bool?",
+                "request_id": "str?",
+            },
+        ),
+        _m("Validate", {"lease_id": "int"}, mutates=False),
+        _m(
+            "SetQuota",
+            {"node_id": "int", "resource": "str", "limit": "int?", "request_id": "str?"},
+        ),
+        _m("SetLimit", {"node_id": "int", "cls": "str", "limit": "int?", "request_id": "str?"}),
+        _m("SetDefaults", {"node_id": "int", "defaults": "defaults?", "request_id": "str?"}),
+    )
+}
+
+
+class WireError(ValueError):
+    """A message that does not match the schema; ``field`` names the culprit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def path(method: str) -> str:
+    return f"/{SERVICE}/{method}"
+
+
+def pack(value: Any) -> bytes:
+    data: bytes = msgpack.packb(value, use_bin_type=True)
+    return data
+
+
+def unpack(data: bytes) -> Any:
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise WireError("body", f"not a msgpack message: {exc}") from exc
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_caps(field: str, value: Any) -> None:
+    if not isinstance(value, dict):
+        raise WireError(field, "must be a map of name to int")
+    for k, v in value.items():
+        if not isinstance(k, str) or not (v is None or _is_int(v)):
+            raise WireError(f"{field}[{k!r}]", "must map a name to an int (or nil)")
+
+
+def _check_defaults(field: str, value: Any, depth: int = 0) -> None:
+    if not isinstance(value, dict):
+        raise WireError(field, "must be a map")
+    if depth > 8:
+        raise WireError(field, "defaults nest at most 8 levels")
+    allowed = {"quotas", "limits", "weight", "priority", "children"}
+    for k, v in value.items():
+        if k not in allowed:
+            raise WireError(f"{field}.{k}", "unknown key")
+        if v is None:
+            continue
+        if k in ("quotas", "limits"):
+            _check_caps(f"{field}.{k}", v)
+        elif k in ("weight", "priority") and not _is_int(v):
+            raise WireError(f"{field}.{k}", "must be an int")
+        elif k == "children":
+            _check_defaults(f"{field}.children", v, depth + 1)
+
+
+def check_request(method: Method, body: Any) -> dict[str, Any]:
+    """Validate a decoded request against the schema; returns the map with defaults filled."""
+    if not isinstance(body, dict):
+        raise WireError("body", "must be a msgpack map")
+    version = body.get("v")
+    if version != SCHEMA_VERSION:
+        raise WireError("v", f"schema version must be {SCHEMA_VERSION}, got {version!r}")
+    out: dict[str, Any] = {}
+    for key, value in body.items():
+        if key == "v":
+            continue
+        kind = method.fields.get(key) if isinstance(key, str) else None
+        if kind is None:
+            raise WireError(str(key), f"unknown field for {method.name}")
+        optional = kind.endswith("?")
+        base = kind.rstrip("?")
+        if value is None:
+            if not optional:
+                raise WireError(key, "is required")
+            out[key] = None
+            continue
+        if base == "int" and not _is_int(value):
+            raise WireError(key, f"must be an int, got {type(value).__name__}")
+        if base == "str" and not isinstance(value, str):
+            raise WireError(key, f"must be a string, got {type(value).__name__}")
+        if base == "bool" and not isinstance(value, bool):
+            raise WireError(key, f"must be a bool, got {type(value).__name__}")
+        if base == "caps":
+            _check_caps(key, value)
+        if base == "defaults":
+            _check_defaults(key, value)
+        out[key] = value
+    for key, kind in method.fields.items():
+        if key not in out:
+            if not kind.endswith("?"):
+                raise WireError(key, "is required")
+            out[key] = None
+    return out

@@ -1,0 +1,48 @@
+"""governord's config: keys by environment variable or SHA-256, never in clear text; errors name
+the key; defaults with no file at all."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from governor.config import ConfigError, default_config, is_loopback, parse_config
+
+
+def test_keys_by_env_or_hash_and_defaults() -> None:
+    digest = hashlib.sha256(b"secret-b").hexdigest()
+    cfg = parse_config(
+        {
+            "tenants": {
+                "a": {"api_key_env": "K_A", "weight": 3, "quotas": {"http": 10}},
+                "b": {"api_key_sha256": digest, "defaults": {"quotas": {"retry": 2}}},
+            },
+            "root": {"limits": {"db": 20}},
+            "adaptive": {
+                "db": {"initial_limit": 5, "min_limit": 1, "max_limit": 9, "target_p95_ms": 100}
+            },
+        },  # fmt: skip
+        env={"K_A": "secret-a"},
+    )
+    a, b = cfg.tenants
+    assert a.key_sha256 == hashlib.sha256(b"secret-a").hexdigest() and a.weight == 3
+    assert b.key_sha256 == digest and b.defaults is not None
+    assert b.defaults.quotas == (("retry", 2),)
+    assert cfg.root_limits == {"db": 20} and cfg.adaptive["db"].max_limit == 9
+    assert "secret-a" not in repr(cfg)  # the clear key is never kept
+    d = default_config()
+    assert d.listen == ("127.0.0.1:7443",) and d.store_kind() == ("sqlite", "governor.db")
+
+
+def test_shared_keys_and_plaintext_are_refused() -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_config(
+            {"tenants": {"a": {"api_key_env": "K"}, "b": {"api_key_env": "K"}}}, env={"K": "x"}
+        )
+    assert e.value.key == "tenants.b"
+    with pytest.raises(ConfigError) as e:
+        parse_config({"listen": ["127.0.0.1:1", "10.0.0.1:2"]}, env={})
+    assert e.value.key == "listen[1]"
+    assert parse_config({"listen": "10.0.0.1:2", "allow_plaintext": True}, env={}).allow_plaintext
+    assert is_loopback("[::1]:7443") and is_loopback("localhost:1") and not is_loopback("0.0.0.0:1")

@@ -1,0 +1,26 @@
+"""The node's public names are pinned: changing them is a decision, not an accident."""
+
+from __future__ import annotations
+
+import mesh.coordinator
+import mesh.membership
+import mesh.node
+import mesh.peer
+import mesh.telemetry
+
+
+def test_public_names() -> None:
+    assert sorted(mesh.node.__all__) == ["Mesh", "NodeDriver", "TransportFactory",
+                                         "new_event_loop"]
+    assert sorted(mesh.membership.__all__) == [
+        "EtcdClient", "EtcdMembership", "MembershipSource", "MembershipView", "Publish",
+        "StaticMembership"]
+    assert sorted(mesh.coordinator.__all__) == ["PolicyFeed", "PolicySnapshot",
+                                                "PolicySource", "PolicyStore"]
+    assert sorted(mesh.telemetry.__all__) == ["HttpEndpoint", "NodeStats", "TENANTS_MAX",
+                                              "Telemetry", "excess_over_windows"]
+    assert {"Transport", "MemoryTransport", "GrpcTransport", "CoordinatorClient",
+            "CoordinatorServer", "fetch_status", "PeerHandler"} <= set(mesh.peer.__all__)
+    for mod in (mesh.node, mesh.membership, mesh.coordinator, mesh.telemetry, mesh.peer):
+        for name in mod.__all__:
+            assert hasattr(mod, name), f"{mod.__name__}.{name}"

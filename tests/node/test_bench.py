@@ -1,0 +1,29 @@
+"""The node benchmarks print the keys DESIGN.md lists (short runs: keys, not figures)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def _run(*args: str) -> dict[str, object]:
+    out = subprocess.run([sys.executable, "-m", "mesh.cli", "bench", *args, "--json"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout)
+    assert isinstance(res, dict)
+    return res
+
+
+def test_bench_owner_keys() -> None:
+    res = _run("owner", "--seconds", "1", "--feeders", "1", "--keys", "500", "--batch", "100")
+    assert isinstance(res["deltas_per_s"], int) and res["deltas_per_s"] > 0
+
+
+def test_bench_cluster_keys() -> None:
+    res = _run("cluster", "--workers", "2", "--seconds", "1", "--keys", "10")
+    for key in ("d_p50_ms", "d_p99_ms", "admitted", "ideal", "excess", "bound", "within_bound",
+                "messages_per_worker_s_1x", "messages_per_worker_s_10x", "hotpath_ops_per_s"):
+        assert key in res, key
+    assert res["within_bound"] is True

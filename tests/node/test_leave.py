@@ -1,0 +1,86 @@
+"""Graceful leave with etcd membership: the stopping member flushes its reports, leaves
+the ring at once (long before its lease could lapse), and its keys move."""
+
+from __future__ import annotations
+
+import asyncio
+
+from bench._procs import free_port
+from mesh.node import Mesh
+from mesh.policy import Metric, RateKey
+from mesh.ring import Ring
+from mesh.verdict import Suspension
+from tests.node._etcd import EtcdServer
+from tests.node._util import POLICY, until
+
+LEASE_TTL_S = 60  # so only an explicit leave can change the ring within the test
+
+
+def test_graceful_leave_flushes_leaves_and_moves_keys(etcd: EtcdServer) -> None:
+    ids = ["a", "b", "c"]
+    ring = Ring(ids, 1)
+    tenants = [f"t{i}" for i in range(200)]
+    by_owner = {m: [t for t in tenants if ring.owner_of(RateKey(t, Metric.READ_IOPS, 1)) == m]
+                for m in ids}
+    leaver = "c"
+    other = "a"  # an owner whose keys the leaver uses
+
+    async def main() -> None:
+        meshes = {m: Mesh({
+            "member_id": m, "listen": f"127.0.0.1:{free_port()}", "shutdown_drain_ms": 1000,
+            "membership": {"source": "etcd", "endpoints": [etcd.url], "prefix": "/leave/",
+                           "lease_ttl_s": LEASE_TTL_S},
+            "policies": {"inline": [dict(POLICY, tenant_id="*")]}}) for m in ids}
+        for mesh in meshes.values():
+            await mesh.astart()
+        await until(lambda: all(len(m.ring) == 3 for m in meshes.values()), 10, "joined")
+        epoch = meshes["a"].ring.epoch
+        # The leaver admits on keys `other` owns; part may still be unreported at stop.
+        used = by_owner[other][:20]
+        admitted = sum(meshes[leaver].try_admit(t, "read_iops").allowed for t in used)
+        assert admitted > 0
+        await meshes[leaver].aclose()
+        owner = meshes[other]
+        assert owner.health()["owner"]["applied_units"] >= admitted, "reports not flushed"
+        survivors = [meshes[m] for m in ids if m != leaver]
+        await until(lambda: all(m.ring.members == ("a", "b") for m in survivors), 10,
+                    "the leaver's key is gone (a lapsed lease would take 60 s)")
+        assert len({m.ring.epoch for m in survivors}) == 1 and survivors[0].ring.epoch > epoch
+        moved = by_owner[leaver][0]  # a key the leaver owned now has a new owner
+        new_owner = survivors[0].ring.owner_of(RateKey(moved, Metric.READ_IOPS, 1))
+        assert new_owner in ("a", "b")
+        for m in survivors:
+            m.try_admit(moved, "read_iops")
+        target = meshes[new_owner]
+        await until(lambda: target.health()["owner"]["keys"] > 0, 5, "the new owner meters it")
+        for m in survivors:
+            await m.aclose()
+
+    asyncio.run(main())
+
+
+def test_etcd_outage_keeps_the_ring_and_share_limits_disclose_it(etcd: EtcdServer) -> None:
+    share = dict(POLICY, tenant_id="s", mode="share")
+
+    async def main() -> None:
+        cfg = {"member_id": "a", "listen": f"127.0.0.1:{free_port()}",
+               "membership": {"source": "etcd", "endpoints": [etcd.url], "prefix": "/out/",
+                              "lease_ttl_s": 30, "poll_ms": 50},
+               "policies": {"inline": [share]}}
+        async with Mesh(cfg) as mesh:
+            await until(lambda: mesh.ring.members == ("a",) and mesh.ring.epoch > 0, 10,
+                        "joined")
+            epoch = mesh.ring.epoch
+            assert mesh.try_admit("s", "read_iops").suspended is None
+            etcd.stop()
+            await until(lambda: mesh.health()["membership"]["stale"], 10, "stale")
+            v = mesh.try_admit("s", "read_iops")
+            assert v.suspended is Suspension.MEMBERSHIP_STALE and v.bound.startswith(
+                "membership_stale")
+            assert mesh.ring.epoch == epoch and mesh.ring.members == ("a",)
+            etcd.start()
+            await until(lambda: not mesh.health()["membership"]["stale"], 15, "fresh again")
+            assert mesh.try_admit("s", "read_iops").suspended is None
+            assert mesh.ring.epoch == epoch
+
+    asyncio.run(main())
