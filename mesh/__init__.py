@@ -17,12 +17,23 @@ from mesh.verdict import Reason, Suspension, Verdict
 
 Policy = TenantRatePolicy
 
+
+def __getattr__(name: str) -> object:
+    """`mesh.Mesh` (the networked node) loads on first use, so importing the cores does not
+    pull in grpc."""
+    if name == "Mesh":
+        from mesh.node import Mesh
+
+        return Mesh
+    raise AttributeError(f"module 'mesh' has no attribute {name!r}")
+
 __all__ = [
     "Admission",
     "ConfigError",
     "ConfigTypeError",
     "CoreConfig",
     "Gcra",
+    "Mesh",
     "MeshError",
     "MessageError",
     "MessageTypeError",

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgpack
 
-from mesh._validate import INT_MAX, check_int, check_str, rename
+from mesh._validate import INT_MAX, STR_MAX, check_int, check_str, rename
 from mesh.errors import MeshError, MessageError, MessageTypeError
 from mesh.policy import Metric, RateKey, Unit
 
@@ -39,6 +39,7 @@ MAX_ITEMS = 65_536  # reports or snapshots in one batch
 PPM = 1_000_000
 
 _METRICS = {m.value: m for m in Metric}
+_BYTE_METRICS = frozenset(m for m in Metric if m.unit is Unit.BYTES)
 
 
 def _key(field: str, value: Any) -> RateKey:
@@ -78,11 +79,25 @@ class UsageReport:
     unacked_from: int = 1
 
     def __post_init__(self) -> None:
+        # The common case in one expression (an owner decodes thousands per batch); the
+        # slow path below re-checks field by field to name what is wrong.
+        r = self
+        if (type(r.rate_key) is RateKey and type(r.worker_id) is str
+                and 0 < len(r.worker_id) <= STR_MAX and type(r.worker_epoch) is int
+                and type(r.sequence) is int and type(r.unacked_from) is int
+                and type(r.iops_delta) is int and type(r.byte_delta) is int
+                and type(r.denied_delta) is int
+                and 0 <= r.worker_epoch <= INT_MAX and 1 <= r.unacked_from <= r.sequence <= INT_MAX
+                and 0 <= r.denied_delta <= INT_MAX
+                and ((r.iops_delta == 0 and -INT_MAX <= r.byte_delta <= INT_MAX)
+                     if r.rate_key.metric in _BYTE_METRICS
+                     else (r.byte_delta == 0 and -INT_MAX <= r.iops_delta <= INT_MAX))):
+            return
         _validated_report(self, MessageError)
 
     @property
     def delta(self) -> int:
-        return self.byte_delta if self.rate_key.metric.unit is Unit.BYTES else self.iops_delta
+        return self.iops_delta + self.byte_delta  # validation keeps the other one at 0
 
 
 def _validated_report(r: UsageReport, error: type[MeshError]) -> None:
@@ -124,6 +139,18 @@ class RateSnapshot:
     active_reporters: int = 1
 
     def __post_init__(self) -> None:
+        s = self
+        if (type(s.rate_key) is RateKey and type(s.owner_epoch) is int
+                and type(s.version) is int and type(s.remaining) is int
+                and type(s.observed_at) is int and type(s.ack_sequence_for_receiver) is int
+                and type(s.receiver_epoch) is int and type(s.owner_incarnation) is int
+                and type(s.share_ppm) is int and type(s.active_reporters) is int
+                and 0 <= s.owner_epoch <= INT_MAX and 0 <= s.version <= INT_MAX
+                and 0 <= s.remaining <= INT_MAX and 0 <= s.observed_at <= INT_MAX
+                and 0 <= s.ack_sequence_for_receiver <= INT_MAX
+                and 0 <= s.receiver_epoch <= INT_MAX and 0 <= s.owner_incarnation <= INT_MAX
+                and 0 <= s.share_ppm <= PPM and 1 <= s.active_reporters <= INT_MAX):
+            return  # the common case; otherwise name the field that is wrong
         if not isinstance(self.rate_key, RateKey):
             raise MessageTypeError("rate_key", "must be a RateKey")
         for name in ("owner_epoch", "version", "remaining", "observed_at",

@@ -24,7 +24,10 @@ class Metric(StrEnum):
 
     @property
     def unit(self) -> Unit:
-        return Unit.BYTES if self.value.endswith("_bytes") else Unit.UNITS
+        return _UNITS[self]
+
+
+_UNITS = {m: Unit.BYTES if m.value.endswith("_bytes") else Unit.UNITS for m in Metric}
 
 
 class Mode(StrEnum):

@@ -9,7 +9,7 @@ import sys
 import mesh
 
 PUBLIC = [
-    "Admission", "ConfigError", "ConfigTypeError", "CoreConfig", "Gcra", "MeshError",
+    "Admission", "ConfigError", "ConfigTypeError", "CoreConfig", "Gcra", "Mesh", "MeshError",
     "MessageError", "MessageTypeError", "Metric", "Mode", "Owner", "Policy", "PolicyCache",
     "RateKey", "RateSnapshot", "Reason", "ReportBatch", "Reporter", "Ring", "SnapshotBatch",
     "Suspension", "TenantRatePolicy", "Ticker", "Unit", "UsageReport", "Verdict", "admit",
@@ -20,6 +20,14 @@ def test_public_api_is_pinned() -> None:
     assert sorted(mesh.__all__) == sorted(PUBLIC)
     for name in PUBLIC:
         assert hasattr(mesh, name), name
+    from mesh.node import Mesh
+
+    assert mesh.Mesh is Mesh
+
+
+def test_importing_the_cores_does_not_load_grpc() -> None:
+    code = "import mesh, mesh.admission, sys; assert 'grpc' not in sys.modules, 'grpc loaded'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def run(*args: str) -> dict:
