@@ -120,17 +120,11 @@ class Authority:
         A caller error is raised only after the record has caught up too: the call may have
         brought time up to date first (an expiry, say), and its answer can depend on that.
         """
-        error: GovernorError | None = None
-        with self._lock:
-            try:
-                result = fn(self.engine)
-            except GovernorError as exc:
-                error = exc
-            seq = self._seq_to_wait_for()
+        result, error, seq = self.step(fn)
         self.log.wait(seq)
         if error is not None:
             raise error
-        return result
+        return result  # type: ignore[return-value]
 
     def acquire(
         self,

@@ -10,12 +10,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import yaml
-from _gov_stores import StoreTarget
+from _gov_stores import StoreTarget, make_target
 
 from governor import wire
 
@@ -159,6 +160,17 @@ class Raw:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def running(kind: str, tmp_path: Path) -> Iterator[Daemon]:
+    """A started governord on a fresh store of `kind`, closed afterwards (for fixtures)."""
+    for store in make_target(kind, tmp_path):
+        d = Daemon(tmp_path, store)
+        d.start()
+        try:
+            yield d
+        finally:
+            d.close()
 
 
 def wait_until(pred: Any, timeout_s: float = 10.0, step_s: float = 0.01) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from _gov_daemon import KEYS, ROOT, Daemon, Raw
+from _gov_daemon import KEYS, ROOT, Daemon, Raw, running
 from _gov_stores import make_target
 
 from governor.client import Client, SessionLost
@@ -26,13 +26,7 @@ WORKER = Path(__file__).resolve().parent / "_gov_worker.py"
 
 @pytest.fixture(params=KINDS)
 def daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemon]:
-    for store in make_target(request.param, tmp_path):
-        d = Daemon(tmp_path, store)
-        d.start()
-        try:
-            yield d
-        finally:
-            d.close()
+    yield from running(request.param, tmp_path)
 
 
 def test_sigkilled_worker_frees_the_pool_after_its_ttl(daemon: Daemon) -> None:

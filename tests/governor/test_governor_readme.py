@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _gov_daemon import KEYS, ROOT, Daemon
-from _gov_stores import make_target
+from _gov_daemon import KEYS, ROOT, Daemon, running
 
 SECTION = "## governord: the daemon and the SDK"
 
@@ -27,13 +26,7 @@ def _example() -> str:
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    for store in make_target("sqlite", tmp_path):
-        d = Daemon(tmp_path, store)
-        d.start()
-        try:
-            yield d
-        finally:
-            d.close()
+    yield from running("sqlite", tmp_path)
 
 
 def test_readme_worker_is_short_and_runs(daemon: Daemon, tmp_path: Path) -> None:

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _gov_daemon import KEYS, Daemon
-from _gov_stores import make_target
+from _gov_daemon import KEYS, Daemon, running
 
 from governor import client as sdk
 from governor.client import (
@@ -34,13 +33,7 @@ A, B = KEYS["KEY_A"], KEYS["KEY_B"]
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    for store in make_target("sqlite", tmp_path):
-        d = Daemon(tmp_path, store)
-        d.start()
-        try:
-            yield d
-        finally:
-            d.close()
+    yield from running("sqlite", tmp_path)
 
 
 def test_public_api_is_pinned() -> None:

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from _gov_daemon import KEYS, Daemon, Raw, wait_until
-from _gov_stores import make_target
+from _gov_daemon import KEYS, Daemon, Raw, running, wait_until
 
 from governor import wire
 
@@ -24,24 +23,12 @@ C = grpc.StatusCode
 
 @pytest.fixture(params=KINDS)
 def daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemon]:
-    for store in make_target(request.param, tmp_path):
-        d = Daemon(tmp_path, store)
-        d.start()
-        try:
-            yield d
-        finally:
-            d.close()
+    yield from running(request.param, tmp_path)
 
 
 @pytest.fixture
 def sqlite_daemon(tmp_path: Path) -> Iterator[Daemon]:
-    for store in make_target("sqlite", tmp_path):
-        d = Daemon(tmp_path, store)
-        d.start()
-        try:
-            yield d
-        finally:
-            d.close()
+    yield from running("sqlite", tmp_path)
 
 
 @pytest.fixture
