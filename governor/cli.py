@@ -67,9 +67,18 @@ def _validate(path: str) -> int:
     return 0
 
 
+# BoringSSL (inside grpcio) fixes the TLS 1.3 suites, and grpcio has no minimum-version
+# setting; restricting the TLS 1.2 suites to one no client can use without a pre-shared key
+# makes a 1.2-only client fail the handshake while 1.3 is untouched. grpc reads this once,
+# when it is first loaded, so it must be set before anything imports grpc.
+TLS13_ONLY = "PSK-AES128-CBC-SHA"
+
+
 def _daemon(path: str | None) -> int:
     import os
 
+    if "grpc" not in sys.modules:
+        os.environ.setdefault("GRPC_SSL_CIPHER_SUITES", TLS13_ONLY)
     from governor.config import ConfigError, TenantConfig, default_config, load_config
     from governor.server import run
 

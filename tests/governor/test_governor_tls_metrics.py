@@ -38,9 +38,11 @@ def _cert(where: Path, name: str) -> tuple[str, str]:
     return str(cert), str(key)
 
 
-def _handshake(port: int, ca: str) -> str:
+def _handshake(port: int, ca: str, *, tls12_only: bool = False) -> str:
     ctx = ssl.create_default_context(cafile=ca)
     ctx.set_alpn_protocols(["h2"])
+    if tls12_only:
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         with ctx.wrap_socket(sock, server_hostname="localhost") as tls:
             version = tls.version()
@@ -66,6 +68,8 @@ def test_tls13_and_reload_on_sighup(tmp_path: Path) -> None:
         d.start()
         try:
             assert _handshake(d.port, cert1) == "TLSv1.3"
+            with pytest.raises(ssl.SSLError):  # a client that offers only TLS 1.2 is refused
+                _handshake(d.port, cert1, tls12_only=True)
             assert asyncio.run(_roundtrip(d.addr, cert1)) > 0
             with pytest.raises(ssl.SSLError):  # the second certificate is not served yet
                 _handshake(d.port, cert2)
