@@ -40,9 +40,21 @@ PPM = 1_000_000
 
 _METRICS = {m.value: m for m in Metric}
 _BYTE_METRICS = frozenset(m for m in Metric if m.unit is Unit.BYTES)
+_WIRE_NAMES = {m: m.value for m in Metric}  # Enum.value is a property: look it up once
 
 
 def _key(field: str, value: Any) -> RateKey:
+    if type(value) is list and len(value) == 3:  # the common case, checked in one go
+        tenant, metric, gen = value
+        m = _METRICS.get(metric) if type(metric) is str else None
+        if (m is not None and type(tenant) is str and 0 < len(tenant) <= STR_MAX
+                and type(gen) is int and 1 <= gen <= INT_MAX):
+            return RateKey(tenant, m, gen)
+    return _key_checked(field, value)
+
+
+def _key_checked(field: str, value: Any) -> RateKey:
+    """Field by field, so the error names what is wrong."""
     if not isinstance(value, (list, tuple)) or len(value) != 3:
         raise MessageTypeError(field, "must be [tenant_id, metric, policy_generation]")
     tenant, metric, gen = value
@@ -54,7 +66,7 @@ def _key(field: str, value: Any) -> RateKey:
 
 
 def _key_wire(key: RateKey) -> list[Any]:
-    return [key.tenant_id, key.metric.value, key.policy_generation]
+    return [key.tenant_id, _WIRE_NAMES[key.metric], key.policy_generation]
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,11 @@ def node_stats(driver: NodeDriver) -> NodeStats:
                   membership_stale=driver.membership_view.stale,
                   messages_sent=driver.messages_sent)
     with driver.lock:
-        s.applied = dict(m.owner.applied)
+        applied: dict[tuple[str, str], int] = {}
+        for key, n in m.owner.applied.items():  # per tenant/metric, across generations
+            scope = (key.tenant_id, key.metric.value)
+            applied[scope] = applied.get(scope, 0) + n
+        s.applied = applied
         for key, ks in list(m.owner.keys.items()):
             scope = (key.tenant_id, key.metric.value)
             n = sum(1 for rs in ks.reporters.values() if rs.lease_until_ns >= now)

@@ -87,7 +87,7 @@ class Owner:
         self._active: dict[RateKey, KeyState] = {}  # keys with a live reporter lease
         self._swept_ns = now_ns
         self.applied_units = 0  # telemetry: usage applied, in the keys' own units
-        self.applied: dict[tuple[str, str], int] = {}  # telemetry: the same, per tenant/metric
+        self.applied: dict[RateKey, int] = {}  # telemetry: the same, per key
         self.duplicates = 0
 
     # -- inputs ---------------------------------------------------------------------------
@@ -134,8 +134,7 @@ class Owner:
                 ks.last_used_ns = now_ns
                 rs.demand_cur += max(delta, 0) + report.denied_delta
                 self.applied_units += delta
-                scope = (key.tenant_id, key.metric.value)
-                self.applied[scope] = self.applied.get(scope, 0) + delta
+                self.applied[key] = self.applied.get(key, 0) + delta
                 if not ks.exhausted and ks.meter.remaining(now_ns) == 0:
                     ks.exhausted = True
                     exhausted_now.append(ks)
@@ -254,17 +253,9 @@ class Owner:
         share_ppm, active = self._share(now_ns, ks, rs, totals or self._totals(now_ns, ks))
         ks.version += 1
         rs.sent_at_ns = now_ns
-        out.snapshot(worker, RateSnapshot(
-            rate_key=key,
-            owner_epoch=ks.owner_epoch,
-            version=ks.version,
-            remaining=ks.meter.remaining(now_ns),
-            observed_at=now_ns,
-            ack_sequence_for_receiver=rs.watermark,
-            receiver_epoch=rs.worker_epoch,
-            owner_incarnation=self.incarnation,
-            share_ppm=share_ppm,
-            active_reporters=active,
+        out.snapshot(worker, RateSnapshot(  # positional: this runs once per key per reply
+            key, ks.owner_epoch, ks.version, ks.meter.remaining(now_ns), now_ns,
+            rs.watermark, rs.worker_epoch, self.incarnation, share_ppm, active,
         ))
 
     @staticmethod
