@@ -56,3 +56,14 @@ def test_bad_arguments_are_refused_with_a_message() -> None:
     out = subprocess.run([sys.executable, "-m", "mesh.cli", "demo", "--seconds", "0"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--seconds" in out.stderr
+
+
+def test_the_readme_core_example_runs() -> None:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "README.md").read_text()
+    section = text[text.index("## Using the mesh core"):]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match is not None
+    exec(compile(match.group(1), "README.md", "exec"), {})
