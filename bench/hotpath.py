@@ -36,7 +36,7 @@ def _fleet_admission(tenants: list[str]) -> Admission:
         adm.try_admit(t, "read_iops")
         key = policies.current(t, Metric.READ_IOPS).rate_key  # type: ignore[union-attr]
         snaps.append(RateSnapshot(key, 1, 1, BIG, 0, 0, receiver_epoch=1))
-    reporter.receive(0, SnapshotBatch("w1", 1, tuple(snaps)))
+    reporter.receive(0, SnapshotBatch.of("w1", 1, snaps))
     return adm
 
 

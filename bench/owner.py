@@ -70,12 +70,14 @@ def run(*, seconds: float = 5.0, feeders: int = 2, keys: int = 10_000,
 
 
 async def _feed(a: argparse.Namespace) -> dict[str, Any]:
+    from mesh._columns import pack_column
+    from mesh.messages import SCHEMA_VERSION
     from mesh.peer import PeerLink
 
     acked = asyncio.Queue[int]()
 
     def deliver(msg: Any) -> None:
-        acked.put_nowait(len(msg.snapshots))
+        acked.put_nowait(len(msg.keys))
 
     link = PeerLink(member_id=a.id, worker_epoch=1, peer_id="owner", addr=a.addr,
                     deliver=deliver, tls=None, max_message_bytes=64 << 20)
@@ -83,19 +85,23 @@ async def _feed(a: argparse.Namespace) -> dict[str, Any]:
     while time.time() < a.start_at:
         await asyncio.sleep(0.01)
     seq: list[int] = [0] * a.keys
+    keys = [[f"t{k}", "read_iops", 1] for k in range(a.keys)]
+    ones, zeros = pack_column([1] * a.batch), pack_column([0] * a.batch)
     cursor = 0
     inflight = 0
     sent = 0
     end = time.time() + a.seconds
     while time.time() < end:
         while inflight < WINDOW:
-            items = []
-            for _ in range(a.batch):
-                k = cursor
-                cursor = cursor + 1 if cursor + 1 < a.keys else 0
+            idx = [(cursor + i) % a.keys for i in range(a.batch)]
+            cursor = (cursor + a.batch) % a.keys
+            seqs = []
+            for k in idx:
                 seq[k] += 1
-                items.append([[f"t{k}", "read_iops", 1], a.id, 1, seq[k], 1, 0, 0, seq[k]])
-            link.send(msgpack.packb([1, "reports", a.id, 1, items], use_bin_type=True))
+                seqs.append(seq[k])
+            link.send(msgpack.packb([SCHEMA_VERSION, "reports", a.id, 1, 1,
+                                     [keys[k] for k in idx], pack_column(seqs), ones,
+                                     zeros, pack_column(seqs)], use_bin_type=True))
             inflight += 1
             sent += a.batch
         got = 0

@@ -82,5 +82,18 @@ class Gcra:
         self.rate, self.burst, self._tau = rate, burst, burst * NS_PER_S
         self._tat = now_ns * rate + used_units_scaled
 
+    def ahead_ns(self, now_ns: int) -> int:
+        """How far the TAT is ahead of `now_ns`, in ns rounded up (0: full). The meter's
+        state without an absolute time: another process resumes it with `hold`."""
+        ahead = self._tat - now_ns * self.rate
+        return -(-ahead // self.rate) if ahead > 0 else 0
+
+    def hold(self, now_ns: int, ahead_ns: int) -> None:
+        """Keep the TAT at least `ahead_ns` past `now_ns`. It only ever tightens the meter,
+        so a late or repeated hand-over cannot loosen it."""
+        tat = (now_ns + ahead_ns) * self.rate
+        if tat > self._tat:
+            self._tat = tat
+
     def __repr__(self) -> str:
         return f"Gcra(rate={self.rate}, burst={self.burst}, tat_scaled={self._tat})"

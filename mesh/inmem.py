@@ -156,10 +156,19 @@ class MemoryFleet(Scheduler):
 
     restart = join  # a crashed member comes back as a new incarnation (new worker_epoch)
 
-    def leave(self, member_id: str) -> None:
-        """Graceful leave: flush what is pending, leave the ring, then stop."""
+    def leave(self, member_id: str, *, handover: bool = True) -> None:
+        """Graceful leave: flush what is pending, hand the held keys to their next owners
+        (`handover`), leave the ring, then stop."""
         m = self.members[member_id]
-        self._carry(member_id, m.flush(self.local_ns(member_id)))
+        now = self.local_ns(member_id)
+        effects = m.flush(now)
+        mine = [isinstance(e, Send) and e.to == member_id for e in effects]
+        self._carry(member_id, [e for e, own in zip(effects, mine, strict=True) if not own])
+        for e, own in zip(effects, mine, strict=True):
+            if own and isinstance(e, Send):  # its own keys' reports: applied before hand-over
+                m.deliver(now, e.message)
+        if handover:
+            self._carry(member_id, m.leave(now))
         self.set_ring([x for x in self.ring.members if x != member_id])
         del self.members[member_id]
 

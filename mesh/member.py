@@ -10,7 +10,7 @@ from __future__ import annotations
 from mesh.admission import Admission
 from mesh.config import CoreConfig
 from mesh.effects import Effect
-from mesh.messages import Message, ReportBatch, SnapshotBatch
+from mesh.messages import Handover, Message, ReportBatch, SnapshotBatch
 from mesh.owner import Owner
 from mesh.policy import PolicyCache
 from mesh.reporter import Reporter
@@ -62,9 +62,26 @@ class Member:
             if self.reporter.receive(now_ns, message):
                 self.admission.service(now_ns)
             return []
+        if isinstance(message, Handover):
+            self.owner.take_handover(now_ns, message)
+            return []
         raise TypeError(f"not a mesh message: {type(message).__name__}")
 
     def ring_changed(self, now_ns: int, ring: Ring, *, stale: bool = False) -> None:
         self.reporter.ring_changed(ring)
         self.owner.ring_changed(now_ns, ring)
         self.admission.membership(len(ring), stale, now_ns)
+
+    def leave(self, now_ns: int) -> list[Effect]:
+        """Graceful leave: hand every held key to its next owner, then route by the ring
+        without this member (reports for those keys are refused here from now on, so
+        their workers resend them to the new owner instead of this one forgetting them)."""
+        others = [m for m in self.ring.members if m != self.member_id]
+        if not others:
+            return []  # nobody to hand over to
+        # The same epoch: this is our own view until membership says more, and a newer
+        # epoch on our reports would have owners refuse them (stale_epoch) until then.
+        ring = Ring(others, self.ring.epoch, vnodes=self.ring.vnodes)
+        effects = self.owner.hand_over(now_ns, ring)
+        self.ring_changed(now_ns, ring)
+        return effects

@@ -12,11 +12,17 @@ Shape (every key optional except where said)::
     max_message_bytes: 4194304
     shutdown_drain_ms: 500
     membership:
-      source: static             # or etcd
+      source: static             # or etcd, or dns
       members: {a: 127.0.0.1:7001, b: 127.0.0.1:7002}
       endpoints: [http://127.0.0.1:2379]   # etcd
       prefix: /ratemesh/members/
       lease_ttl_s: 5
+      name: ratemesh.default.svc.cluster.local   # dns: a headless service
+      record: a                  # dns: a (port below) or srv (ports from the records)
+      port: 7001
+      nameservers: [10.96.0.10]  # dns: default the system's resolv.conf
+      interval_ms: 1000          # dns: re-resolve period
+      epoch_slot_ms: 30000       # dns: see mesh/membership/_dns.py
     policies:
       file: policies.yaml
       inline: [{tenant_id: acme, metric: read_iops, generation: 1, ...}]
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import secrets
 import socket
 from dataclasses import dataclass, field
@@ -78,6 +85,12 @@ class MembershipConfig:
     prefix: str = "/ratemesh/members/"
     lease_ttl_s: int = 5
     poll_ms: int = 1000  # etcd: how soon to retry after losing the watch
+    name: str = ""  # dns: the name whose A or SRV records list the members
+    record: str = "a"  # dns: a | srv
+    port: int = 0  # dns, A records: the members' peer port
+    nameservers: tuple[tuple[str, int], ...] = ()  # dns: (ip, port); empty: resolv.conf
+    interval_ms: int = 1000  # dns: re-resolve period (wall-clock aligned)
+    epoch_slot_ms: int = 30_000  # dns: epochs re-stamp at each slot's start
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +153,8 @@ class NodeConfig:
             out.append("policies: none configured and no coordinator; every tenant is "
                        "refused with policy_unknown")
         ident = self.identity()
+        if self.membership is not None and self.membership.source == "dns":
+            out += _dns_warnings(self, ident.member_id)
         if not ident.stable:
             out.append("member_id: none configured and no hostname; a random nonce is used, "
                        "so a restart joins as a new member")
@@ -272,12 +287,16 @@ def _tls(data: Any, base: Path | None) -> TlsConfig:
 def _membership(data: Any) -> MembershipConfig:
     if not isinstance(data, dict):
         raise ConfigTypeError("membership", f"must be a mapping, got {type(data).__name__}")
-    _no_unknown("membership", data, {"source", "members", "endpoints", "prefix",
-                                     "lease_ttl_s", "poll_ms"})
+    _no_unknown("membership", data, _NOT_DNS_KEYS | _DNS_KEYS | {"source"})
     source = data.get("source", "static")
-    if source not in ("static", "etcd"):
+    if source not in ("static", "etcd", "dns"):
         raise ConfigError("membership.source", f"unknown value {source!r}; expected one of: "
-                                               "etcd, static")
+                                               "dns, etcd, static")
+    if source == "dns":
+        return _dns_membership(data)
+    stray = sorted(_DNS_KEYS & data.keys())
+    if stray:
+        raise ConfigError(f"membership.{stray[0]}", "is only used with source dns")
     members: dict[str, str] = {}
     raw = data.get("members", {})
     if not isinstance(raw, dict):
@@ -304,6 +323,96 @@ def _membership(data: Any) -> MembershipConfig:
                   maximum=3600),
         check_int("membership.poll_ms", data.get("poll_ms", 1000), minimum=10),
     )
+
+
+_DNS_KEYS = {"name", "record", "port", "nameservers", "interval_ms", "epoch_slot_ms"}
+_NOT_DNS_KEYS = {"members", "endpoints", "prefix", "lease_ttl_s", "poll_ms"}
+_DNS_NAME = re.compile(r"^(?=.{1,253}\.?$)([A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?\.)*"
+                       r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?\.?$")
+
+
+def _dns_membership(data: dict[str, Any]) -> MembershipConfig:
+    stray = sorted(_NOT_DNS_KEYS & data.keys())
+    if stray:
+        raise ConfigError(f"membership.{stray[0]}", "is not used with source dns")
+    if data.get("name") is None:
+        raise ConfigError("membership.name", "is required for source dns")
+    name = check_str("membership.name", data["name"])
+    if not _DNS_NAME.match(name):
+        raise ConfigError("membership.name", f"{name!r} is not a DNS name")
+    record = check_str("membership.record", data.get("record", "a")).lower()
+    if record not in ("a", "srv"):
+        raise ConfigError("membership.record", f"unknown value {record!r}; expected one of: "
+                                               "a, srv")
+    port = 0
+    if record == "a":
+        if data.get("port") is None:
+            raise ConfigError("membership.port", "is required for record a (the peers' port)")
+        port = check_int("membership.port", data["port"], minimum=1, maximum=65535)
+    elif "port" in data:
+        raise ConfigError("membership.port", "is only used with record a; SRV records carry "
+                                             "their own port")
+    servers = data.get("nameservers", [])
+    if not isinstance(servers, list):
+        raise ConfigTypeError("membership.nameservers", "must be a list of IP[:port]")
+    nameservers = tuple(_nameserver(f"membership.nameservers[{i}]", s)
+                        for i, s in enumerate(servers))
+    interval_ms = check_int("membership.interval_ms", data.get("interval_ms", 1000),
+                            minimum=10, maximum=3_600_000)
+    slot_ms = check_int("membership.epoch_slot_ms", data.get("epoch_slot_ms", 30_000),
+                        minimum=1000, maximum=86_400_000)
+    if slot_ms < 2 * interval_ms:
+        raise ConfigError("membership.epoch_slot_ms", f"must be at least 2 x interval_ms "
+                                                      f"({2 * interval_ms}), got {slot_ms}")
+    return MembershipConfig("dns", name=name, record=record, port=port,
+                            nameservers=nameservers, interval_ms=interval_ms,
+                            epoch_slot_ms=slot_ms)
+
+
+def _nameserver(where: str, value: Any) -> tuple[str, int]:
+    """`10.0.0.10`, `10.0.0.10:5353`, `::1` or `[::1]:5353` -> (ip, port)."""
+    text = check_str(where, value)
+    host, port = text, 53
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ConfigError(where, f"{text!r} must be an IP address, optionally with :port")
+        port_text = rest[1:] if rest else "53"
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        port_text = "53"
+    try:
+        ipaddress.ip_address(host)
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(where, f"{text!r} must be an IP address, optionally with "
+                                 ":port") from None
+    if not 0 < port < 65536:
+        raise ConfigError(where, f"port {port} is out of range")
+    return host, port
+
+
+def _dns_warnings(cfg: NodeConfig, member_id: str) -> list[str]:
+    """DNS names the members: a member_id that cannot be such a name owns no keys."""
+    m = cfg.membership
+    assert m is not None
+    out = []
+    if m.record == "a":
+        try:
+            ipaddress.ip_address(member_id)
+        except ValueError:
+            out.append(f"member_id: {member_id!r} is not an address, but A records name "
+                       "members by address: this member will own no keys (set member_id "
+                       "to its address, e.g. member_id_env: POD_IP)")
+    elif "." not in member_id:
+        out.append(f"member_id: {member_id!r} is not a host name, but SRV records name "
+                   "members by target name: this member will own no keys (set member_id "
+                   "to the name its SRV record targets)")
+    if cfg.tls is None and not all(is_loopback(a) for a in (cfg.listen, cfg.advertise) if a):
+        out.append(f"membership.name: peers come from DNS without tls: whoever can answer "
+                   f"for {m.name} can join the ring")
+    return out
 
 
 def _policies(data: Any, base: Path | None) -> dict[str, Any]:

@@ -3,13 +3,20 @@
 The core decides; this module only parks a future and arms a timer for the deadline. The
 owner of the event loop (the node, or `Ticker` below for a mesh-less process) must call
 `Admission.tick` every sync interval so waiters are served as capacity returns.
+
+A node in threaded mode passes its `lock` (app threads call `try_admit` concurrently) and a
+`parked` set, so that stopping can fail every parked waiter at once instead of leaving it
+to its deadline on a loop that is going away.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 from mesh.admission._queue import Waiter
 from mesh.admission.core import DEADLINE, QUEUE_FULL, Admission
@@ -28,17 +35,17 @@ async def admit(
     *,
     timeout_s: float,
     clock_ns: Callable[[], int] = time.monotonic_ns,
+    lock: AbstractContextManager[Any] | None = None,
+    parked: set[asyncio.Future[Verdict]] | None = None,
 ) -> Verdict:
     """Admit now if possible, else wait up to `timeout_s` in the tenant's queue.
 
     A full queue answers `queue_full` at once; a verdict that waiting cannot change (the
     amount exceeds the burst) is returned at once too. An unknown policy waits like a
     spent limit: the generation may arrive before the deadline (seed 004: queue within the
-    tenant bound, or reject).
+    tenant bound, or reject). An exception set on the parked future (see `parked`) is
+    raised here.
     """
-    verdict = admission.try_admit(tenant, metric, amount)
-    if verdict.allowed or verdict.reason in _FINAL or timeout_s <= 0:
-        return verdict
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Verdict] = loop.create_future()
 
@@ -46,16 +53,24 @@ async def admit(
         if not future.done():
             future.set_result(v)
 
-    deadline_ns = clock_ns() + int(timeout_s * 1e9)
-    waiter: Waiter | None = admission.enqueue(tenant, metric, amount, deadline_ns, resolve)
+    with lock or contextlib.nullcontext():
+        verdict = admission.try_admit(tenant, metric, amount)
+        if verdict.allowed or verdict.reason in _FINAL or timeout_s <= 0:
+            return verdict
+        deadline_ns = clock_ns() + int(timeout_s * 1e9)
+        waiter = admission.enqueue(tenant, metric, amount, deadline_ns, resolve)
     if waiter is None:
         return QUEUE_FULL
     timer = loop.call_later(timeout_s, _expire, waiter)
+    if parked is not None:
+        parked.add(future)
     try:
         return await future
     finally:
         timer.cancel()
         waiter.done = True  # cancelled or resolved: the queue drops it at its next pass
+        if parked is not None:
+            parked.discard(future)
 
 
 def _expire(waiter: Waiter) -> None:

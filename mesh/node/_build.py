@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from mesh.coordinator import PolicySource
 from mesh.errors import ConfigError
-from mesh.membership import EtcdClient, EtcdMembership, MembershipSource, StaticMembership
+from mesh.membership import (
+    DnsMembership,
+    EtcdClient,
+    EtcdMembership,
+    MembershipSource,
+    StaticMembership,
+)
 from mesh.nodeconfig import NodeConfig
 from mesh.peer import CoordinatorClient, GrpcTransport, PeerHandler, Transport
 
@@ -28,6 +34,10 @@ def build_membership(cfg: NodeConfig, member_id: str, address: str) -> Membershi
                               f"does not list this member {member_id!r}; known: "
                               + ", ".join(sorted(m.members)))
         return StaticMembership(m.members)
+    if m.source == "dns":
+        return DnsMembership(m.name, record=m.record, member_id=member_id, port=m.port,
+                             nameservers=m.nameservers, interval_ms=m.interval_ms,
+                             epoch_slot_ms=m.epoch_slot_ms)
     return EtcdMembership(EtcdClient(m.endpoints), prefix=m.prefix, member_id=member_id,
                           addr=address, lease_ttl_s=m.lease_ttl_s, retry_s=m.poll_ms / 1000)
 

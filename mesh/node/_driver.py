@@ -57,6 +57,7 @@ class NodeDriver:
         self.ticks = 0
         self.started_ns = clock_ns()
         self.closing = False
+        self.handed_over = False  # graceful leave: our keys went to their next owners
         self._flush_soon = False
         self._tasks: list[asyncio.Task[Any]] = []
         self._report_sent: dict[RateKey, tuple[int, int]] = {}  # key -> (sequence, sent ns)
@@ -87,14 +88,15 @@ class NodeDriver:
         self._tasks.append(task)
 
     async def close(self) -> None:
-        """Graceful leave: leave the ring, flush and wait (bounded) for acknowledgements,
-        stop accepting peers, then cancel what is left."""
+        """Graceful leave: hand our keys to their next owners, leave the ring, flush and
+        wait (bounded) for acknowledgements, stop accepting peers, then cancel the rest."""
         if self.closing:
             return
         self.closing = True
         drain_s = self.config.shutdown_drain_ms / 1000
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_s
+        await self._hand_over(drain_s / 2)
         try:
             await asyncio.wait_for(self.membership.leave(), max(drain_s, 0.1))
         except TimeoutError:
@@ -110,6 +112,19 @@ class NodeDriver:
         if self.feed is not None:
             await self.feed.source.close()
         await self.transport.close(max(0.0, deadline - loop.time()))
+
+    async def _hand_over(self, timeout_s: float) -> None:
+        """Before leaving the ring: apply our own keys' pending reports, send every held
+        key's state to its next owner (issue 4), and wait (bounded) until it is written,
+        so the new owners have it before the ring change sends them the keys' reports."""
+        self._flush()
+        await asyncio.sleep(0)  # reports to ourselves are delivered by the loop: apply them
+        now = self.clock_ns()
+        with self.lock:
+            effects = self.member.leave(now)
+        self.handed_over = True
+        self._carry(now, effects)
+        await self.transport.flush(timeout_s)
 
     def _unacked(self) -> bool:
         with self.lock:
@@ -192,9 +207,9 @@ class NodeDriver:
         sent = self._report_sent
         if len(sent) >= DELAY_TRACK_MAX:
             sent.clear()
-        for r in batch.reports:
-            if r.rate_key not in sent:
-                sent[r.rate_key] = (r.sequence, now)
+        for key, seq in zip(batch.keys, batch.sequences, strict=True):
+            if key not in sent:
+                sent[key] = (seq, now)
 
     def _observe(self, now: int, batch: SnapshotBatch) -> None:
         """Report delay (send to acknowledgement) and snapshot delay (age of the view
@@ -202,10 +217,9 @@ class NodeDriver:
         sent, last = self._report_sent, self._last_snapshot
         if len(last) >= DELAY_TRACK_MAX:
             last.clear()
-        for s in batch.snapshots:
-            key = s.rate_key
+        for key, ack in zip(batch.keys, batch.acks, strict=True):
             t = sent.get(key)
-            if t is not None and s.ack_sequence_for_receiver >= t[0]:
+            if t is not None and ack >= t[0]:
                 del sent[key]
                 self.recent_delays_ns.append(now - t[1])
                 self._histogram(self._report_children, key.metric.value,
@@ -231,8 +245,8 @@ class NodeDriver:
     def on_membership(self, view: MembershipView) -> None:
         """Adopt the source's view: a new ring if the members or epoch changed, else only
         the stale flag (share limits decay to N=1 while stale, and say so)."""
-        if self.closing and not view.members:
-            return
+        if self.closing and (not view.members or self.handed_over):
+            return  # we route by the ring without us until we stop
         members = dict(view.members) or {self.member_id: ""}
         now = self.clock_ns()
         ring = self.member.ring

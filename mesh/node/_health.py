@@ -107,7 +107,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
                 "reachable": feed.reachable, "last_error": feed.last_error},
         },
         "owner": {"keys": len(m.owner.keys), "applied_units": m.owner.applied_units,
-                  "duplicates": m.owner.duplicates},
+                  "duplicates": m.owner.duplicates, "handovers": m.owner.handovers.stats()},
         "reporter": {"views": len(m.reporter.views), "reports_sent": m.reporter.reports_sent,
                      "snapshots_taken": m.reporter.snapshots_taken},
         "peer": driver.transport.stats(),

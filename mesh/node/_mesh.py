@@ -5,24 +5,29 @@
 
     mesh = Mesh(config); mesh.start()       # threads: a daemon thread runs the loop
     verdict = mesh.try_admit("acme", "read_iops")
+    verdict = mesh.admit_blocking("acme", "read_iops", timeout_s=0.5)  # waits, bounded
     mesh.stop()                             # graceful leave: flush, leave, drain
 
-`try_admit` is synchronous and network-free in both: it reads the local view only.
+`try_admit` is synchronous and network-free in both: it reads the local view only. The
+waiting forms (`await admit()`, `admit_blocking()`) wait on the node's loop, where the
+tenant queues are served at every tick.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from mesh.admission import DEADLINE
 from mesh.admission.aio import admit as _admit
 from mesh.coordinator import PolicyFeed, PolicySource
 from mesh.errors import ConfigError
@@ -44,6 +49,10 @@ __all__ = ["Mesh", "TransportFactory"]
 TransportFactory = Callable[[str, int, PeerHandler], Transport]
 
 log = logging.getLogger("mesh.node")
+# How long a blocked thread waits past its own deadline for the node's loop to answer: the
+# loop's timer gives the deadline verdict; this only bounds a loop that stopped answering.
+ADMIT_GRACE_S = 2.0
+_STOPPED = "stopped while this admit was waiting; nothing was admitted"
 
 
 class Mesh:
@@ -67,6 +76,9 @@ class Mesh:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._driver: NodeDriver | None = None
         self._http: HttpEndpoint | None = None
+        self._parked: set[asyncio.Future[Verdict]] = set()  # waiters stop() must release
+        self._gate = threading.Lock()  # orders admit submissions against stop()
+        self._closed = False
         self.address = ""  # the peer address, once started
         self.telemetry_address = ""
         # Decisions by (tenant, metric, id(verdict)) for /metrics: about 0.3 us per call;
@@ -115,11 +127,86 @@ class Mesh:
 
     async def admit(self, tenant: str, metric: str, amount: int = 1, *,
                     timeout_s: float) -> Verdict:
-        """Wait (bounded) in the tenant's queue for capacity; asyncio mode only."""
+        """Wait (bounded) in the tenant's queue for capacity.
+
+        On the node's own loop it waits in place. In threaded mode it may be awaited from
+        any other loop too: the wait runs on the node's loop, where the queues are served.
+        Stopping the node fails every waiter with ConfigError rather than leaving it to
+        a deadline on a loop that is going away.
+        """
+        loop = self._admit_loop()
+        coro = self._wait(tenant, metric, amount, timeout_s)
+        if asyncio.get_running_loop() is loop:
+            return await coro
+        if self._lock is None:
+            coro.close()
+            raise ConfigError("mesh", "admit() from another event loop needs the threaded "
+                                      "mode (.start()); await it on the node's loop")
+        fut = self._submit(coro, loop)
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if fut.cancelled() and self._closed and not (task and task.cancelling()):
+                raise ConfigError("mesh", _STOPPED) from None
+            raise
+
+    def admit_blocking(self, tenant: str, metric: str, amount: int = 1, *,
+                       timeout_s: float) -> Verdict:
+        """`admit()` for threads: block this thread until the verdict, at most `timeout_s`.
+
+        The wait runs on the node's loop (same queues, verdicts and errors as `admit()`);
+        this thread only blocks on its result. Called on the node's own loop thread it
+        raises ConfigError instead of deadlocking: await `admit()` there.
+        """
+        loop = self._admit_loop()
+        if threading.current_thread() is self._thread or _running_loop() is loop:
+            raise ConfigError("mesh", "admit_blocking() on the node's own event loop would "
+                                      "deadlock; await admit() there")
+        fut = self._submit(self._wait(tenant, metric, amount, timeout_s), loop)
+        try:
+            return fut.result(max(timeout_s, 0.0) + ADMIT_GRACE_S)
+        except concurrent.futures.CancelledError:
+            raise ConfigError("mesh", _STOPPED) from None
+        except TimeoutError:
+            if fut.cancel() or not fut.done():
+                log.warning("admit_blocking: the node's loop did not answer in time")
+                return DEADLINE
+            return fut.result()  # answered just as we gave up
+
+    def _admit_loop(self) -> asyncio.AbstractEventLoop:
         d = self._require()
-        if self._lock is not None:
-            raise ConfigError("mesh", "admit() needs the asyncio mode; use try_admit()")
-        return await _admit(d.member.admission, tenant, metric, amount, timeout_s=timeout_s)
+        if self._closed:
+            raise ConfigError("mesh", "stopped")
+        loop = self._loop if self._lock is not None else d.loop
+        if loop is None:
+            raise ConfigError("mesh", "not started")
+        return loop
+
+    def _wait(self, tenant: str, metric: str, amount: int,
+              timeout_s: float) -> Coroutine[Any, Any, Verdict]:
+        return _admit(self._require().member.admission, tenant, metric, amount,
+                      timeout_s=timeout_s, lock=self._lock, parked=self._parked)
+
+    def _submit(self, coro: Coroutine[Any, Any, Verdict],
+                loop: asyncio.AbstractEventLoop) -> concurrent.futures.Future[Verdict]:
+        """Run `coro` on the node's loop, unless stop() got there first."""
+        with self._gate:
+            if not self._closed:
+                try:
+                    return asyncio.run_coroutine_threadsafe(coro, loop)
+                except RuntimeError:  # the loop is already closed
+                    pass
+        coro.close()
+        raise ConfigError("mesh", "stopped")
+
+    def _release_waiters(self) -> None:
+        """Refuse new waits, and fail the parked ones (on the node's loop)."""
+        with self._gate:
+            self._closed = True
+        for f in list(self._parked):
+            if not f.done():
+                f.set_exception(ConfigError("mesh", _STOPPED))
 
     # -- introspection --------------------------------------------------------------------
 
@@ -158,6 +245,7 @@ class Mesh:
 
     async def astart(self) -> None:
         cfg = self.config
+        self._closed = False
         now = time.monotonic_ns()
         policies = PolicyCache(cfg.policies)
         ring = Ring([self.member_id], 0)
@@ -196,6 +284,7 @@ class Mesh:
                  self.identity.source, self.identity.stable, self.address)
 
     async def aclose(self) -> None:
+        self._release_waiters()
         if self._http is not None:
             await self._http.stop()
             self._http = None
@@ -220,6 +309,8 @@ class Mesh:
         """Graceful leave from another thread: flush, leave the ring, drain, stop."""
         if self._loop is None or self._thread is None:
             return
+        with self._gate:  # no admit is submitted after this; aclose fails the parked ones
+            self._closed = True
         fut = asyncio.run_coroutine_threadsafe(self.aclose(), self._loop)
         try:
             fut.result(timeout_s)
@@ -247,6 +338,13 @@ class Mesh:
                 t.cancel()
             loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

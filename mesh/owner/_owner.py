@@ -2,10 +2,13 @@
 
 Inputs are past-tense facts with the time passed in (`receive`, `tick`, `ring_changed`,
 `policy_learned`); outputs are `Send`/`FetchPolicy` effects. The owner holds no durable
-state: a restart or a migration starts keys conservatively (seed 004, "Owner restarts").
+state: a restart or a migration starts keys conservatively (seed 004, "Owner restarts"),
+except the keys a gracefully leaving owner hands over (`_handover`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from mesh._validate import check_int, check_str
 from mesh.config import MS, CoreConfig
@@ -14,12 +17,13 @@ from mesh.errors import ConfigTypeError
 from mesh.gcra import NS_PER_S, Gcra
 from mesh.messages import (
     PPM,
-    RateSnapshot,
+    Handover,
     Rejection,
     RejectReason,
     ReportBatch,
     SnapshotBatch,
 )
+from mesh.owner._handover import Handovers, export, install
 from mesh.owner._state import Applied, KeyState, ReporterState
 from mesh.policy import PolicyCache, RateKey
 from mesh.ring import Ring
@@ -29,30 +33,48 @@ __all__ = ["Owner"]
 SWEEP_NS = 1_000_000_000  # upkeep of every retained key, once a second
 
 
-class _Outbox:
-    """Snapshots and rejections gathered per receiver; full batches go out at once."""
+Row = tuple[RateKey, int, int, int, int, int, int, int]  # one snapshot's columns
 
-    def __init__(self, owner: Owner) -> None:
+
+class _Outbox:
+    """Snapshot rows and rejections gathered per receiver; full batches go out at once."""
+
+    def __init__(self, owner: Owner, now_ns: int) -> None:
         self._owner = owner
-        self.snaps: dict[str, list[RateSnapshot]] = {}
+        self._now_ns = now_ns
+        self.rows: dict[str, list[Row]] = {}
         self.rejects: dict[str, list[Rejection]] = {}
         self.effects: list[Effect] = []
 
-    def snapshot(self, to: str, snap: RateSnapshot) -> None:
-        batch = self.snaps.setdefault(to, [])
-        batch.append(snap)
-        if len(batch) >= self._owner.config.snapshot_batch_max:
-            self.effects.append(self._owner._message(to, batch, []))
-            self.snaps[to] = []
+    def snapshot(self, to: str, row: Row) -> None:
+        rows = self.rows.get(to)
+        if rows is None:
+            rows = self.rows[to] = []
+        rows.append(row)
+        if len(rows) >= self._owner.config.snapshot_batch_max:
+            self.effects.append(self._owner._message(to, self._now_ns, rows, []))
+            self.rows[to] = []
+
+    def snapshots(self, to: str, rows: list[Row]) -> None:
+        pending = self.rows.get(to)
+        if pending:
+            pending.extend(rows)
+        else:
+            pending = rows
+        step = self._owner.config.snapshot_batch_max
+        while len(pending) >= step:
+            self.effects.append(self._owner._message(to, self._now_ns, pending[:step], []))
+            pending = pending[step:]
+        self.rows[to] = pending
 
     def reject(self, to: str, rejection: Rejection) -> None:
         self.rejects.setdefault(to, []).append(rejection)
 
     def drain(self) -> list[Effect]:
-        for to in sorted(set(self.snaps) | set(self.rejects)):
-            snaps, rejects = self.snaps.get(to, []), self.rejects.get(to, [])
-            if snaps or rejects:
-                self.effects.append(self._owner._message(to, snaps, rejects))
+        for to in sorted(set(self.rows) | set(self.rejects)):
+            rows, rejects = self.rows.get(to, []), self.rejects.get(to, [])
+            if rows or rejects:
+                self.effects.append(self._owner._message(to, self._now_ns, rows, rejects))
         return self.effects
 
 
@@ -89,63 +111,93 @@ class Owner:
         self.applied_units = 0  # telemetry: usage applied, in the keys' own units
         self.applied: dict[RateKey, int] = {}  # telemetry: the same, per key
         self.duplicates = 0
+        self.handovers = Handovers()  # graceful leave: parked keys, departed members
 
     # -- inputs ---------------------------------------------------------------------------
 
     def receive(self, now_ns: int, batch: ReportBatch) -> list[Effect]:
-        """Apply a worker's batch; reply to it with snapshots (its acks) and rejections."""
-        out = _Outbox(self)
+        """Apply a worker's batch; reply to it with snapshots (its acks) and rejections.
+
+        The loop reads the batch's columns and inlines the common case of the idempotent
+        apply (the next sequence of a known reporter): an owner runs it for every report.
+        """
+        out = _Outbox(self, now_ns)
         cfg = self.config
         sender = batch.sender
+        worker_epoch = batch.worker_epoch
+        ring = self.ring
+        if batch.ring_epoch > ring.epoch:
+            for key in dict.fromkeys(batch.keys):
+                out.reject(sender, Rejection(key, RejectReason.STALE_EPOCH, ring.epoch))
+            return out.drain()
+        keys = self.keys
+        active = self._active
+        applied = self.applied
+        me = self.member_id
+        window = cfg.reorder_window
+        lease_until_ns = now_ns + cfg.reporter_lease_ms * MS
         exhausted_now: list[KeyState] = []
-        replied: set[RateKey] = set()
+        replied: dict[RateKey, KeyState] = {}
         refused: dict[RateKey, RejectReason] = {}
-        for report in batch.reports:
-            key = report.rate_key
-            if key in refused:
-                continue
-            ks = None
-            if batch.ring_epoch > self.ring.epoch:
-                refused[key] = RejectReason.STALE_EPOCH
-            elif not self.ring.owns(self.member_id, key):
-                refused[key] = RejectReason.NOT_OWNER
-            else:
-                ks = self.keys.get(key) or self._open(now_ns, key, out)
+        units = dups = 0
+        for key, seq, delta, denied, floor in zip(batch.keys, batch.sequences, batch.deltas,
+                                                  batch.denied, batch.unacked_from, strict=True):
+            ks = keys.get(key)  # every retained key is owned: ring_changed drops the rest
+            if ks is None:
+                if key in refused:
+                    continue
+                if not ring.owns(me, key):
+                    refused[key] = RejectReason.NOT_OWNER
+                    continue
+                ks = self._open(now_ns, key, out)
                 if ks is None:
                     refused[key] = RejectReason.POLICY_UNKNOWN
-            if ks is None:
-                continue
+                    continue
             rs = ks.reporters.get(sender)
             if rs is None:
                 if len(ks.reporters) >= cfg.reporters_per_key_max:
                     self._forget_oldest_reporter(ks)
-                rs = ks.reporters[sender] = ReporterState(
-                    report.worker_epoch, report.unacked_from, now_ns)
-            outcome = rs.offer(report.worker_epoch, report.sequence, report.unacked_from,
-                               cfg.reorder_window)
+                rs = ks.reporters[sender] = ReporterState(worker_epoch, floor, now_ns)
+            if (seq == rs.watermark + 1 and rs.worker_epoch == worker_epoch
+                    and not rs.above):  # floor <= seq: validated
+                rs.watermark = seq  # the common case of ReporterState.offer
+                outcome = Applied.NEW
+            else:
+                outcome = rs.offer(worker_epoch, seq, floor, window)
             rs.last_seen_ns = now_ns
             if rs.lease_until_ns < now_ns:  # back after a lapse: old demand says nothing now
                 rs.demand_cur = rs.demand_prev = 0
-            rs.lease_until_ns = now_ns + cfg.reporter_lease_ms * MS
-            self._active[key] = ks
+            rs.lease_until_ns = lease_until_ns
+            active[key] = ks
             if outcome == Applied.NEW:
-                delta = report.delta
                 ks.meter.apply(now_ns, delta)
                 ks.last_used_ns = now_ns
-                rs.demand_cur += max(delta, 0) + report.denied_delta
-                self.applied_units += delta
-                self.applied[key] = self.applied.get(key, 0) + delta
-                if not ks.exhausted and ks.meter.remaining(now_ns) == 0:
-                    ks.exhausted = True
-                    exhausted_now.append(ks)
+                rs.demand_cur += (delta if delta > 0 else 0) + denied
+                units += delta
+                applied[key] = applied.get(key, 0) + delta
             elif outcome == Applied.DUPLICATE:
-                self.duplicates += 1
-            replied.add(key)
+                dups += 1
+            replied[key] = ks
+        self.applied_units += units
+        self.duplicates += dups
         for key, reason in refused.items():
-            out.reject(sender, Rejection(key, reason, self.ring.epoch))
-        for key in sorted(replied):
-            ks = self.keys[key]
-            self._send_snapshot(now_ns, key, ks, sender, ks.reporters[sender], out)
+            out.reject(sender, Rejection(key, reason, ring.epoch))
+        rows: list[Row] = []
+        for key, ks in replied.items():  # _send_snapshot, inlined: once per report
+            rs = ks.reporters[sender]
+            remaining = ks.meter.remaining(now_ns)
+            if remaining == 0 and not ks.exhausted:
+                ks.exhausted = True
+                exhausted_now.append(ks)
+            if len(ks.reporters) == 1:  # the only reporter: the whole budget is its share
+                share_ppm, n = PPM, 1
+            else:
+                share_ppm, n = self._share(now_ns, ks, rs, self._totals(now_ns, ks), remaining)
+            ks.version += 1
+            rs.sent_at_ns = now_ns
+            rows.append((key, ks.owner_epoch, ks.version, remaining, rs.watermark,
+                         rs.worker_epoch, share_ppm, n))
+        out.snapshots(sender, rows)
         for ks in exhausted_now:  # seed 004: publish exhaustion at once, to everyone
             self._broadcast(now_ns, ks, out, skip=sender)
         return out.drain()
@@ -158,7 +210,7 @@ class Owner:
         once per `SWEEP_NS`, so an owner holding many quiet keys stays cheap to tick.
         """
         cfg = self.config
-        out = _Outbox(self)
+        out = _Outbox(self, now_ns)
         rotate = now_ns - self._window_start_ns >= cfg.demand_window_ms * MS
         if rotate:
             self._window_start_ns = now_ns
@@ -193,6 +245,7 @@ class Owner:
 
     def ring_changed(self, now_ns: int, ring: Ring) -> None:
         """Adopt a new ring; keys that moved away are dropped (their new owner starts them)."""
+        self.handovers.ring_changed(now_ns, self.ring, ring, self.member_id)
         self.ring = ring
         self._owned_since_ns = now_ns
         for key in [k for k in self.keys if not ring.owns(self.member_id, k)]:
@@ -202,6 +255,14 @@ class Owner:
     def policy_learned(self, key: RateKey) -> None:
         """The driver fetched (or failed to fetch) a generation: allow asking again."""
         self._fetching.discard(key)
+
+    def hand_over(self, now_ns: int, ring: Ring) -> list[Effect]:
+        """Graceful leave: every held key's state, sent to its owner in `ring` (without us)."""
+        return export(self, now_ns, ring)
+
+    def take_handover(self, now_ns: int, handover: Handover) -> None:
+        """A leaving owner's keys: resume or tighten those that are ours to hold."""
+        install(self, now_ns, handover)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -219,6 +280,8 @@ class Owner:
         exhausted = now_ns - self._owned_since_ns < refill_ns
         meter = Gcra(policy.target_rate, policy.global_burst, now_ns, exhausted=exhausted)
         ks = self.keys[key] = KeyState(policy, meter, self.ring.epoch, now_ns)
+        self.handovers.opened(now_ns, ks, self.applied.get(key, 0),
+                              self.config.reporters_per_key_max)  # a handed state, if any
         return ks
 
     def _forget_oldest_reporter(self, ks: KeyState) -> None:
@@ -232,7 +295,9 @@ class Owner:
         since). Returns whether the key has any live reporter lease."""
         key = ks.policy.rate_key
         totals: tuple[int, int] | None = None
+        remaining = 0
         live = False
+        snapshot = out.snapshot
         for worker, rs in ks.reporters.items():  # insertion order: deterministic
             if rs.lease_until_ns < now_ns:
                 continue
@@ -241,22 +306,15 @@ class Owner:
                 continue
             if due_ns is not None and rs.sent_at_ns > due_ns:
                 continue  # it had a snapshot within this interval already
-            if totals is None:
+            if totals is None:  # once per key, not per receiver
                 totals = self._totals(now_ns, ks)
-            self._send_snapshot(now_ns, key, ks, worker, rs, out, totals)
+                remaining = ks.meter.remaining(now_ns)
+            share_ppm, active = self._share(now_ns, ks, rs, totals, remaining)
+            ks.version += 1
+            rs.sent_at_ns = now_ns
+            snapshot(worker, (key, ks.owner_epoch, ks.version, remaining, rs.watermark,
+                              rs.worker_epoch, share_ppm, active))
         return live
-
-    def _send_snapshot(
-        self, now_ns: int, key: RateKey, ks: KeyState, worker: str, rs: ReporterState,
-        out: _Outbox, totals: tuple[int, int] | None = None,
-    ) -> None:
-        share_ppm, active = self._share(now_ns, ks, rs, totals or self._totals(now_ns, ks))
-        ks.version += 1
-        rs.sent_at_ns = now_ns
-        out.snapshot(worker, RateSnapshot(  # positional: this runs once per key per reply
-            key, ks.owner_epoch, ks.version, ks.meter.remaining(now_ns), now_ns,
-            rs.watermark, rs.worker_epoch, self.incarnation, share_ppm, active,
-        ))
 
     @staticmethod
     def _totals(now_ns: int, ks: KeyState) -> tuple[int, int]:
@@ -269,7 +327,7 @@ class Owner:
         return active, total
 
     def _share(self, now_ns: int, ks: KeyState, rs: ReporterState,
-               totals: tuple[int, int]) -> tuple[int, int]:
+               totals: tuple[int, int], remaining: int) -> tuple[int, int]:
         """A reporter's share (ppm) of the key's remaining budget, and the active count.
 
         Part of the budget is split evenly and the rest by recent demand (used + denied).
@@ -284,11 +342,13 @@ class Owner:
             total += mine
         if total == 0:
             return PPM // active, active
-        meter = ks.meter
-        fill_ppm = meter.remaining(now_ns) * PPM // meter.burst
+        fill_ppm = remaining * PPM // ks.meter.burst
         even = max(self.config.share_floor_ppm, fill_ppm)
         return (PPM - even) * mine // total + even // active, active
 
-    def _message(self, to: str, snaps: list[RateSnapshot], rejects: list[Rejection]) -> Send:
-        return Send(to, SnapshotBatch(self.member_id, self.ring.epoch, tuple(snaps),
+    def _message(self, to: str, now_ns: int, rows: list[Row],
+                 rejects: list[Rejection]) -> Send:
+        c: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * 8
+        return Send(to, SnapshotBatch(self.member_id, self.ring.epoch, self.incarnation, now_ns,
+                                      c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
                                       tuple(rejects)))

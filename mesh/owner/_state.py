@@ -70,7 +70,7 @@ class KeyState:
     """One RateKey at its owner: the meter and who is reporting it."""
 
     __slots__ = ("policy", "meter", "version", "owner_epoch", "reporters", "exhausted",
-                 "last_used_ns")
+                 "last_used_ns", "applied_at_open")
 
     def __init__(self, policy: TenantRatePolicy, meter: Gcra, owner_epoch: int, now_ns: int):
         self.policy = policy
@@ -80,3 +80,4 @@ class KeyState:
         self.reporters: dict[str, ReporterState] = {}
         self.exhausted = meter.remaining(now_ns) == 0
         self.last_used_ns = now_ns
+        self.applied_at_open = 0  # the owner's per-key applied total when it opened (hand-over)

@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from mesh.messages import Message, ReportBatch, encode
+from mesh.messages import Handover, Message, ReportBatch, encode
 from mesh.nodeconfig import TlsConfig
 from mesh.peer._link import PeerLink
 from mesh.peer._server import PeerHandler, PeerServer
@@ -56,7 +56,7 @@ class GrpcTransport:
 
     def send(self, to: str, message: Message) -> bool:
         data = encode(message)
-        if isinstance(message, ReportBatch):
+        if isinstance(message, (ReportBatch, Handover)):  # ours to open: on our link
             link = self.links.get(to)
             if link is None:
                 addr = self._addresses.get(to)
@@ -75,6 +75,15 @@ class GrpcTransport:
         else:
             self.dropped += 1
         return ok
+
+    async def flush(self, timeout_s: float) -> None:
+        """Wait (bounded) until what is queued on our links now has been written to their
+        streams, even on a link still connecting (a leaving member's hand-over)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + timeout_s
+        due = {link: link.sent + link.queue.qsize() for link in self.links.values()}
+        while loop.time() < until and any(link.sent < n for link, n in due.items()):
+            await asyncio.sleep(0.005)
 
     async def close(self, drain_s: float) -> None:
         """Stop accepting streams, let links drain (bounded), then cancel everything."""

@@ -18,7 +18,7 @@ import grpc
 from grpc import aio
 
 from mesh.errors import ConfigError, MessageError
-from mesh.messages import Message, ReportBatch, decode
+from mesh.messages import Handover, Message, ReportBatch, decode
 from mesh.nodeconfig import TlsConfig
 from mesh.peer._tls import server_credentials
 from mesh.peer._wire import (
@@ -134,17 +134,22 @@ class PeerServer:
             msg = decode(data, max_bytes=self.max_message_bytes)
         except MessageError as exc:
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        if isinstance(msg, Handover):  # a leaving owner's keys; the owner checks the rest
+            if msg.sender != member:
+                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"sender: {msg.sender!r} is not this stream's member {member!r}")
+            return msg
         if not isinstance(msg, ReportBatch):
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                           "kind: only report batches may be sent on this stream")
+                           "kind: only report batches and hand-overs may be sent on this "
+                           "stream")
         if msg.sender != member:
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
                            f"sender: {msg.sender!r} is not this stream's member {member!r}")
-        for i, r in enumerate(msg.reports):
-            if r.worker_epoch != epoch:
-                raise _Refused(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"reports[{i}].worker_epoch: {r.worker_epoch} is not this "
-                               f"stream's worker_epoch {epoch}")
+        if msg.worker_epoch != epoch:
+            raise _Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                           f"worker_epoch: {msg.worker_epoch} is not this "
+                           f"stream's worker_epoch {epoch}")
         return msg
 
     async def _exchange(self, requests: AsyncIterator[bytes],

@@ -36,6 +36,10 @@ class Transport(Protocol):
         """Stop accepting, let queued messages go for up to `drain_s`, then cancel."""
         ...
 
+    async def flush(self, timeout_s: float) -> None:
+        """Wait, for at most `timeout_s`, until what was sent so far is on the wire."""
+        ...
+
     def stats(self) -> dict[str, Any]:
         ...
 
@@ -76,6 +80,9 @@ class MemoryTransport:
 
     async def close(self, drain_s: float) -> None:
         self.network.members.pop(self.member_id, None)
+
+    async def flush(self, timeout_s: float) -> None:
+        await asyncio.sleep(0)  # sends are delivered by the loop's next round
 
     def stats(self) -> dict[str, Any]:
         return {"sent": self.sent, "dropped": self.dropped}

@@ -21,7 +21,7 @@ from mesh.config import MS, CoreConfig
 from mesh.effects import Effect, Send
 from mesh.errors import ConfigTypeError
 from mesh.gcra import NS_PER_S
-from mesh.messages import PPM, RejectReason, ReportBatch, SnapshotBatch, UsageReport
+from mesh.messages import PPM, RejectReason, ReportBatch, SnapshotBatch
 from mesh.policy import BOUNDS, RateKey, TenantRatePolicy, Unit
 from mesh.reporter._view import GlobalView, Inflight, ViewState, share_round
 from mesh.ring import Ring
@@ -166,7 +166,7 @@ class Reporter:
             v.denied = 0
             self._unacked[v.key] = v
         retry_before = now_ns - cfg.report_retry_ms * MS
-        by_owner: dict[str, list[UsageReport]] = {}
+        by_owner: dict[str, list[tuple[RateKey, int, int, int, int]]] = {}
         for key, v in list(self._unacked.items()):
             if not v.inflight:
                 del self._unacked[key]
@@ -176,43 +176,46 @@ class Reporter:
                 v.owner_ring_epoch = self.ring.epoch
             if v.owner is None:
                 continue
+            floor = v.inflight[0].sequence  # everything below it is acknowledged
             for r in v.inflight:
                 if r.sent_at_ns < 0 or r.sent_at_ns <= retry_before:
                     r.sent_at_ns = now_ns
-                    by_owner.setdefault(v.owner, []).append(self._report(v, r))
+                    by_owner.setdefault(v.owner, []).append(
+                        (key, r.sequence, r.delta, r.denied, floor))
         out: list[Effect] = []
         for owner in sorted(by_owner):
-            reports = by_owner[owner]
-            for i in range(0, len(reports), cfg.report_batch_max):
-                chunk = tuple(reports[i:i + cfg.report_batch_max])
-                out.append(Send(owner, ReportBatch(self.worker_id, self.ring.epoch, chunk)))
+            rows = by_owner[owner]
+            for i in range(0, len(rows), cfg.report_batch_max):
+                chunk = rows[i:i + cfg.report_batch_max]
+                keys, seqs, deltas, denied, floors = zip(*chunk, strict=True)
+                out.append(Send(owner, ReportBatch(self.worker_id, self.ring.epoch,
+                                                   self.worker_epoch, keys, seqs, deltas,
+                                                   denied, floors)))
                 self.reports_sent += len(chunk)
         return out
-
-    def _report(self, v: GlobalView, r: Inflight) -> UsageReport:
-        floor = v.inflight[0].sequence  # everything below it is acknowledged
-        if v.key.metric.unit is Unit.BYTES:
-            return UsageReport(v.key, self.worker_id, self.worker_epoch, r.sequence,
-                               byte_delta=r.delta, denied_delta=r.denied, unacked_from=floor)
-        return UsageReport(v.key, self.worker_id, self.worker_epoch, r.sequence,
-                           iops_delta=r.delta, denied_delta=r.denied, unacked_from=floor)
 
     def receive(self, now_ns: int, batch: SnapshotBatch) -> int:
         """Take an owner's snapshots and rejections. Returns how many views changed."""
         ttl_ns = self.config.snapshot_ttl_ns
         changed = 0
-        for snap in batch.snapshots:
-            v = self.views.get(snap.rate_key)
-            if v is None or snap.receiver_epoch != self.worker_epoch:
+        epoch, inc = self.worker_epoch, batch.owner_incarnation
+        views = self.views
+        for key, owner_epoch, version, remaining, ack, receiver_epoch, share, active in zip(
+                batch.keys, batch.owner_epochs, batch.versions, batch.remaining, batch.acks,
+                batch.receiver_epochs, batch.shares_ppm, batch.active_reporters, strict=True):
+            v = views.get(key)
+            if v is None or receiver_epoch != epoch:
                 continue  # not ours, or addressed to an earlier incarnation of this worker
-            if snap.order <= v.snap_order:
+            order = (owner_epoch, inc, version)
+            if order <= v.snap_order:
                 continue  # reordered or duplicated: never step back to an older view
-            acked = v.take_snapshot(snap, now_ns, ttl_ns, self._coin(v.key, snap.version))
+            acked = v.take_snapshot(order, remaining, ack, share, active, now_ns, ttl_ns,
+                                    self._coin(key, version))
             if self.on_ack is not None:
                 for r in acked:
                     self.on_ack(now_ns - r.created_ns)
             v.set_verdicts(BOUNDS["global"])
-            self._live[v.key] = v
+            self._live[key] = v
             self.snapshots_taken += 1
             changed += 1
         for rej in batch.rejections:

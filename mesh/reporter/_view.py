@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import Enum
 
-from mesh.messages import PPM, RateSnapshot
+from mesh.messages import PPM
 from mesh.policy import RateKey, TenantRatePolicy
 from mesh.view import View
 
@@ -100,24 +100,26 @@ class GlobalView(View):
         del self.inflight[:n]
         return acked
 
-    def take_snapshot(self, snap: RateSnapshot, now_ns: int, ttl_ns: int,
+    def take_snapshot(self, order: tuple[int, int, int], remaining: int, ack: int,
+                      share_ppm: int, active_reporters: int, now_ns: int, ttl_ns: int,
                       coin_ppm: int) -> list[Inflight]:
-        """Adopt a newer snapshot; returns the reports it acknowledged.
+        """Adopt a newer snapshot (one row of a SnapshotBatch); returns the reports it
+        acknowledged.
 
         allowance = min(this worker's share of `remaining`, its local burst cap), where the
         cap is b divided by the owner-observed active-worker count (seed 004), or this
         worker's demand share of b when that is larger (load-balancer skew). The owner's
         shares sum to one, so the fleet's allowances sum to about `remaining`.
         """
-        acked = self.ack(snap.ack_sequence_for_receiver)
-        self.snap_order = snap.order
-        self.snap_remaining = snap.remaining
+        acked = self.ack(ack)
+        self.snap_order = order
+        self.snap_remaining = remaining
         self.snap_at_ns = now_ns
         b = self.policy.local_burst_cap
-        even_ppm = b * PPM // snap.active_reporters
-        by_demand_ppm = b * snap.share_ppm
+        even_ppm = b * PPM // active_reporters
+        by_demand_ppm = b * share_ppm
         cap_ppm = even_ppm if even_ppm > by_demand_ppm else by_demand_ppm
-        portion_ppm = snap.remaining * snap.share_ppm
+        portion_ppm = remaining * share_ppm
         self.allowance = share_round(min(portion_ppm, cap_ppm), coin_ppm)
         self.fresh_until_ns = now_ns + ttl_ns
         self.state = ViewState.FRESH

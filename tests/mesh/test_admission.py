@@ -150,7 +150,7 @@ def global_worker(queue_max: int = 1024) -> tuple[Reporter, Admission]:
 def grant(r: Reporter, a: Admission, remaining: int, version: int, ack: int) -> None:
     key = policy(b=4).rate_key
     r.flush(0)
-    r.receive(0, SnapshotBatch("w", 1, (RateSnapshot(key, 1, version, remaining, 0, ack, 1),)))
+    r.receive(0, SnapshotBatch.of("w", 1, (RateSnapshot(key, 1, version, remaining, 0, ack, 1),)))
     a.service(0)
 
 
@@ -210,7 +210,7 @@ def test_views_are_bounded_and_idle_ones_are_forgotten() -> None:
     a.try_admit("d", "read_iops")
     assert a.view_count == 4 and len(r.views) == 4
     for v in list(r.views.values()):  # the owner acknowledges everything
-        r.receive(200 * MS, SnapshotBatch("w", 1, (RateSnapshot(
+        r.receive(200 * MS, SnapshotBatch.of("w", 1, (RateSnapshot(
             v.key, 1, 1, 8, 0, v.next_sequence - 1, 1),)))
     r.flush(200 * MS)
     a.tick(400 * MS)  # idle now: back to bootstrap, nothing held

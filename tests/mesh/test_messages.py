@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mesh._columns import pack_column
 from mesh.errors import MessageError, MessageTypeError
 from mesh.messages import (
     MAX_ITEMS,
@@ -30,49 +31,78 @@ KB = RateKey("acme", Metric.CLIENT_EGRESS_BYTES, 1)
 
 
 def reports() -> ReportBatch:
-    return ReportBatch("w1", 5, (UsageReport(K, "w1", 2, 7, iops_delta=3, denied_delta=4),
-                                 UsageReport(KB, "w1", 2, 1, byte_delta=-512)))
+    return ReportBatch.of("w1", 5, (UsageReport(K, "w1", 2, 7, iops_delta=3, denied_delta=4),
+                                    UsageReport(KB, "w1", 2, 1, byte_delta=-512)))
 
 
 def snapshots() -> SnapshotBatch:
-    return SnapshotBatch("o1", 5, (RateSnapshot(K, 5, 9, 120, 10**12, 7, 2, 3, 250_000, 4),),
-                         (Rejection(KB, RejectReason.NOT_OWNER, 6),))
+    return SnapshotBatch.of("o1", 5, (RateSnapshot(K, 5, 9, 120, 10**12, 7, 2, 3, 250_000, 4),),
+                            (Rejection(KB, RejectReason.NOT_OWNER, 6),))
 
 
-@pytest.mark.parametrize("msg", [reports(), snapshots(), ReportBatch("w", 0, ()),
+@pytest.mark.parametrize("msg", [reports(), snapshots(), ReportBatch.of("w", 0, ()),
                                  SnapshotBatch("o", 0)])
 def test_round_trip(msg: Any) -> None:
     assert decode(encode(msg)) == msg
 
 
+def test_rows_and_columns_agree() -> None:
+    rows = (UsageReport(K, "w1", 2, 7, iops_delta=3, denied_delta=4, unacked_from=5),
+            UsageReport(KB, "w1", 2, 1, byte_delta=-512))
+    batch = ReportBatch.of("w1", 5, rows)
+    assert batch.reports == rows and len(batch) == 2
+    assert batch.keys == (K, KB) and batch.deltas == (3, -512) and batch.unacked_from == (5, 1)
+    snap = RateSnapshot(K, 5, 9, 120, 10**12, 7, 2, 3, 250_000, 4)
+    assert SnapshotBatch.of("o1", 5, (snap,)).snapshots == (snap,)
+
+
+def test_rows_of_two_incarnations_do_not_make_one_batch() -> None:
+    with pytest.raises(MessageError) as info:
+        ReportBatch.of("w1", 5, (UsageReport(K, "w1", 2, 7), UsageReport(KB, "w1", 3, 1)))
+    assert info.value.field == "reports[1].worker_epoch"
+    with pytest.raises(MessageError) as info:
+        ReportBatch.of("w1", 5, (UsageReport(K, "w2", 2, 7),))
+    assert info.value.field == "reports[0].worker_id"
+
+
 def mutate(wire: list, path: tuple[int, ...], value: Any) -> list:
     import copy
-    w = copy.deepcopy(wire)
+    w = copy.deepcopy([list(x) if isinstance(x, tuple) else x for x in wire])
     target = w
     for i in path[:-1]:
+        if isinstance(target[i], tuple):
+            target[i] = [list(x) if isinstance(x, tuple) else x for x in target[i]]
         target = target[i]
     target[path[-1]] = value
     return w
 
 
+def col(*values: int) -> bytes:
+    return pack_column(list(values))
+
+
 @pytest.mark.parametrize("path, value, field", [
-    ((0,), 2, "schema"),
+    ((0,), 1, "schema"),
+    ((0,), 2.0, "schema"),
     ((1,), "bogus", "kind"),
     ((2,), "", "sender"),
     ((3,), -1, "ring_epoch"),
-    ((4, 0, 0, 1), "read_ops", "reports[0].rate_key.metric"),
-    ((4, 0, 0, 2), 0, "reports[0].rate_key.policy_generation"),
-    ((4, 0, 2), "2", "reports[0].worker_epoch"),
-    ((4, 0, 3), 0, "reports[0].sequence"),
-    ((4, 0, 4), 2**63, "reports[0].iops_delta"),
-    ((4, 0, 5), 10, "reports[0].byte_delta"),  # a bytes delta on a units metric
-    ((4, 0, 6), -1, "reports[0].denied_delta"),
-    ((4, 0, 7), 8, "reports[0].unacked_from"),  # above its own sequence
-    ((4, 0, 1), "w2", "reports[0].worker_id"),  # not the batch's sender
-    ((4, 0), [1, 2], "reports[0]"),
-    ((4,), "nope", "reports"),
+    ((4,), "2", "worker_epoch"),
+    ((5, 0, 1), "read_ops", "keys[0].metric"),
+    ((5, 0, 2), 0, "keys[0].policy_generation"),
+    ((5, 0, 2), 3.0, "keys[0].policy_generation"),  # equal to a cached key's 3: still refused
+    ((5, 0, 2), True, "keys[0].policy_generation"),
+    ((5, 0), [1, 2], "keys[0]"),
+    ((5,), "nope", "keys"),
+    ((6,), col(0, 1), "sequences[0]"),
+    ((6,), col(7), "sequences"),  # one value for two keys
+    ((6,), [7, 1], "sequences"),  # not packed
+    ((8,), col(-1, 0), "denied[0]"),
+    ((9,), col(8, 1), "unacked_from[0]"),  # above its own sequence
+    ((7,), b"\x00" * 15, "deltas"),  # not whole int64s
 ])
 def test_bad_report_batch_names_the_field(path: tuple[int, ...], value: Any, field: str) -> None:
+    decode(encode(reports()))  # the keys are now in the decoder's cache
     wire = mutate(to_wire(reports()), path, value)
     with pytest.raises(MessageError) as info:
         decode(msgpack.packb(wire))
@@ -80,10 +110,12 @@ def test_bad_report_batch_names_the_field(path: tuple[int, ...], value: Any, fie
 
 
 @pytest.mark.parametrize("path, value, field", [
-    ((4, 0, 8), 1_000_001, "snapshots[0].share_ppm"),
-    ((4, 0, 9), 0, "snapshots[0].active_reporters"),
-    ((4, 0, 3), -5, "snapshots[0].remaining"),
-    ((5, 0, 1), "gone", "rejections[0].reason"),
+    ((13,), col(0), "active_reporters[0]"),
+    ((12,), col(1_000_001), "shares_ppm[0]"),
+    ((9,), col(-5), "remaining[0]"),
+    ((5,), -1, "observed_at"),
+    ((14, 0, 1), "gone", "rejections[0].reason"),
+    ((14, 0), [1], "rejections[0]"),
 ])
 def test_bad_snapshot_batch_names_the_field(path: tuple[int, ...], value: Any,
                                             field: str) -> None:
@@ -97,9 +129,9 @@ def test_size_limits() -> None:
     data = encode(reports())
     with pytest.raises(MessageError, match="exceeds"):
         decode(data, max_bytes=len(data) - 1)
+    n = MAX_ITEMS + 1
     with pytest.raises(MessageError, match="at most"):
-        from_wire([1, "reports", "w", 0, [[["t", "read_iops", 1], "w", 0, 1, 1, 0, 0, 1]] *
-                   (MAX_ITEMS + 1)])
+        from_wire([2, "reports", "w", 0, 0, [["t", "read_iops", 1]] * n, *[col(1) * n] * 4])
 
 
 def test_types_are_type_errors() -> None:
@@ -126,10 +158,10 @@ def test_random_bytes_only_ever_raise_message_errors(data: bytes) -> None:
         pass
 
 
-@given(st.one_of(wire_values, st.builds(lambda rest: [1, "reports", *rest],
-                                        st.lists(wire_values, max_size=4)),
-                 st.builds(lambda rest: [1, "snapshots", *rest],
-                           st.lists(wire_values, max_size=5))))
+@given(st.one_of(wire_values, st.builds(lambda rest: [2, "reports", *rest],
+                                        st.lists(wire_values, min_size=8, max_size=8)),
+                 st.builds(lambda rest: [2, "snapshots", *rest],
+                           st.lists(wire_values, min_size=13, max_size=13))))
 def test_random_structures_only_ever_raise_message_errors(obj: Any) -> None:
     try:
         decode(msgpack.packb(obj))

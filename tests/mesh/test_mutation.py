@@ -15,19 +15,19 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from mesh.gcra import NS_PER_S
 from mesh.inmem import Offered, drive
-from mesh.messages import RateSnapshot
 from mesh.reporter import GlobalView, ViewState
 from mesh.reporter._view import Inflight
 from tests.mesh.test_fleet import R, bound, fleet
 from tests.mesh.test_stateful import MeshMachine
 
 
-def _no_cap(self: GlobalView, snap: RateSnapshot, now_ns: int, ttl_ns: int,
+def _no_cap(self: GlobalView, order: tuple[int, int, int], remaining: int, ack: int,
+            share_ppm: int, active_reporters: int, now_ns: int, ttl_ns: int,
             coin_ppm: int) -> list[Inflight]:
     """Spend the whole of `remaining`, ignoring the share and the local burst cap."""
-    acked = self.ack(snap.ack_sequence_for_receiver)
-    self.snap_order = snap.order
-    self.allowance = snap.remaining
+    acked = self.ack(ack)
+    self.snap_order = order
+    self.allowance = remaining
     self.fresh_until_ns = now_ns + ttl_ns
     self.state = ViewState.FRESH
     self.recompute()

@@ -30,7 +30,7 @@ def owner(ring: Ring | None = None, policies: PolicyCache | None = None,
 
 
 def batch(worker: str, *reports: UsageReport, epoch: int = 1) -> ReportBatch:
-    return ReportBatch(worker, epoch, tuple(reports))
+    return ReportBatch.of(worker, epoch, reports)
 
 
 def rep(worker: str, seq: int, delta: int, epoch: int = 1, denied: int = 0) -> UsageReport:
@@ -192,7 +192,7 @@ def test_full_batches_are_sent_at_once() -> None:
     pols = [policy(f"t{i}") for i in range(5)]
     o = Owner("o", Ring(["o"], 1), cache(*pols), 0, config=cfg)
     reports = [UsageReport(p.rate_key, "w", 1, 1, iops_delta=1) for p in pols]
-    effects = o.receive(NOW, ReportBatch("w", 1, tuple(reports)))
+    effects = o.receive(NOW, ReportBatch.of("w", 1, reports))
     sizes = [len(e.message.snapshots) for e in effects if isinstance(e, Send)]
     assert sizes == [2, 2, 1]
 

@@ -25,7 +25,7 @@ def worker(n_members: int = 4, policies: PolicyCache | None = None,
 
 def snap(remaining: int, ack: int, version: int, share_ppm: int = PPM, active: int = 1,
          key: object = KEY, epoch: int = 7) -> SnapshotBatch:
-    return SnapshotBatch("o", 1, (RateSnapshot(key, 1, version, remaining, 0, ack, epoch, 0,  # type: ignore[arg-type]
+    return SnapshotBatch.of("o", 1, (RateSnapshot(key, 1, version, remaining, 0, ack, epoch, 0,  # type: ignore[arg-type]
                                                share_ppm, active),))
 
 

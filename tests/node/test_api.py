@@ -13,8 +13,8 @@ def test_public_names() -> None:
     assert sorted(mesh.node.__all__) == ["Mesh", "NodeDriver", "TransportFactory",
                                          "new_event_loop"]
     assert sorted(mesh.membership.__all__) == [
-        "EtcdClient", "EtcdMembership", "MembershipSource", "MembershipView", "Publish",
-        "StaticMembership"]
+        "DnsMembership", "EtcdClient", "EtcdMembership", "MembershipSource", "MembershipView",
+        "Publish", "StaticMembership"]
     assert sorted(mesh.coordinator.__all__) == ["PolicyFeed", "PolicySnapshot",
                                                 "PolicySource", "PolicyStore"]
     assert sorted(mesh.telemetry.__all__) == ["HttpEndpoint", "NodeStats", "TENANTS_MAX",
@@ -24,3 +24,10 @@ def test_public_names() -> None:
     for mod in (mesh.node, mesh.membership, mesh.coordinator, mesh.telemetry, mesh.peer):
         for name in mod.__all__:
             assert hasattr(mod, name), f"{mod.__name__}.{name}"
+
+
+def test_mesh_methods() -> None:
+    """The embedding API: hot path, the two waiting forms, both lifecycles, introspection."""
+    public = sorted(n for n in dir(mesh.node.Mesh) if not n.startswith("_"))
+    assert public == ["aclose", "admit", "admit_blocking", "astart", "charge", "health",
+                      "member_id", "refund", "ring", "start", "stop", "try_admit"]

@@ -23,7 +23,7 @@ POLICY = {"tenant_id": "acme", "metric": "read_iops", "generation": 1, "target_r
     ({"lisen": "127.0.0.1:1"}, "lisen"),
     ({"max_message_bytes": 10}, "max_message_bytes"),
     ({"allow_plaintext": "yes"}, "allow_plaintext"),
-    ({"membership": {"source": "dns"}}, "membership.source"),
+    ({"membership": {"source": "consul"}}, "membership.source"),
     ({"membership": {"source": "static"}}, "membership.members"),
     ({"membership": {"source": "etcd"}}, "membership.endpoints"),
     ({"membership": {"source": "etcd", "endpoints": ["127.0.0.1:2379"]}},

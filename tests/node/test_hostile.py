@@ -13,10 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench._procs import free_port
+from mesh._columns import pack_column
 from mesh.errors import MessageError
 from mesh.messages import ReportBatch, SnapshotBatch, UsageReport, decode, encode, to_wire
 from mesh.node import Mesh
 from mesh.peer import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA_MD
+from mesh.peer._wire import SCHEMA
 from mesh.policy import Metric, RateKey
 
 MAX_BYTES = 8192
@@ -26,7 +28,7 @@ POLICY = {"tenant_id": "acme", "metric": "read_iops", "generation": 1, "target_r
 
 
 def _good(sender: str = "peer", epoch: int = 7, seq: int = 1) -> bytes:
-    return encode(ReportBatch(sender, 1, (UsageReport(KEY, sender, epoch, seq, iops_delta=1,
+    return encode(ReportBatch.of(sender, 1, (UsageReport(KEY, sender, epoch, seq, iops_delta=1,
                                                        unacked_from=seq),)))
 
 
@@ -44,7 +46,7 @@ def node() -> Iterator[Mesh]:
 
 def _exchange(addr: str, payloads: list[bytes], md: dict[str, str] | None = None,
               ) -> tuple[grpc.StatusCode, str, list[bytes]]:
-    metadata = md if md is not None else {MEMBER_MD: "peer", SCHEMA_MD: "1", EPOCH_MD: "7"}
+    metadata = md if md is not None else {MEMBER_MD: "peer", SCHEMA_MD: SCHEMA, EPOCH_MD: "7"}
     with grpc.insecure_channel(addr) as ch:
         call = ch.stream_stream(EXCHANGE)(iter(payloads), metadata=tuple(metadata.items()),
                                           timeout=2)
@@ -67,15 +69,15 @@ def _owner_state(node: Mesh) -> tuple[int, int]:
 
 CASES: list[tuple[str, list[bytes], dict[str, str] | None, grpc.StatusCode, str]] = [
     ("no metadata", [_good()], {}, grpc.StatusCode.FAILED_PRECONDITION, "schema"),
-    ("wrong schema", [_good()], {MEMBER_MD: "peer", SCHEMA_MD: "2", EPOCH_MD: "7"},
+    ("wrong schema", [_good()], {MEMBER_MD: "peer", SCHEMA_MD: "1", EPOCH_MD: "7"},
      grpc.StatusCode.FAILED_PRECONDITION, "schema"),
-    ("no member", [_good()], {SCHEMA_MD: "1", EPOCH_MD: "7"},
+    ("no member", [_good()], {SCHEMA_MD: SCHEMA, EPOCH_MD: "7"},
      grpc.StatusCode.INVALID_ARGUMENT, MEMBER_MD),
     ("garbage", [b"\xc1\xff\x00garbage"], None, grpc.StatusCode.INVALID_ARGUMENT, "msgpack"),
     ("not an array", [msgpack.packb({"a": 1})], None, grpc.StatusCode.INVALID_ARGUMENT,
      "message"),
-    ("bad field", [msgpack.packb([1, "reports", "peer", 1, [[["acme", "read_iops", 0], "peer",
-                                                             7, 1, 1, 0, 0, 1]]])],
+    ("bad field", [msgpack.packb([2, "reports", "peer", 1, 7, [["acme", "read_iops", 0]],
+                                  *[pack_column([1])] * 4])],
      None, grpc.StatusCode.INVALID_ARGUMENT, "policy_generation"),
     ("other sender", [_good(sender="mallory")], None, grpc.StatusCode.INVALID_ARGUMENT,
      "sender"),
@@ -102,7 +104,7 @@ def test_bad_message_gets_a_clear_status_and_changes_nothing(
 def test_a_good_peer_is_served_after_hostile_ones(node: Mesh) -> None:
     applied, _ = _owner_state(node)
     epoch = 1000 + applied  # a fresh incarnation each run of this test
-    md = {MEMBER_MD: "good", SCHEMA_MD: "1", EPOCH_MD: str(epoch)}
+    md = {MEMBER_MD: "good", SCHEMA_MD: SCHEMA, EPOCH_MD: str(epoch)}
     code, details, replies = _exchange(node.address, [_good("good", epoch, 1)], md)
     assert code == grpc.StatusCode.OK, details
     reply = decode(replies[0])
@@ -123,7 +125,7 @@ _tree = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=6)
 
 
 def _mutate(wire: Any, path: list[int], value: Any) -> Any:
-    if not path or not isinstance(wire, list) or not wire:
+    if not path or not isinstance(wire, (list, tuple)) or not wire:
         return value
     i = path[0] % len(wire)
     return [(_mutate(w, path[1:], value) if j == i else w) for j, w in enumerate(wire)]
@@ -141,7 +143,7 @@ def test_codec_random_bytes_only_message_error(data: bytes) -> None:
 @settings(max_examples=300)
 @given(st.lists(st.integers(min_value=0, max_value=10), max_size=5), _tree)
 def test_codec_mutated_messages_only_message_error(path: list[int], value: Any) -> None:
-    wire = to_wire(ReportBatch("p", 1, (UsageReport(KEY, "p", 1, 1, iops_delta=1),)))
+    wire = to_wire(ReportBatch.of("p", 1, (UsageReport(KEY, "p", 1, 1, iops_delta=1),)))
     try:
         decode(msgpack.packb(_mutate(wire, path, value), use_bin_type=True))
     except MessageError:
@@ -152,7 +154,7 @@ def test_codec_mutated_messages_only_message_error(path: list[int], value: Any) 
 @given(st.lists(st.integers(min_value=0, max_value=10), max_size=5), _tree)
 def test_mutated_messages_over_a_real_channel(node: Mesh, path: list[int], value: Any
                                               ) -> None:
-    wire = to_wire(ReportBatch("peer", 1, (UsageReport(KEY, "peer", 7, 1, iops_delta=1),)))
+    wire = to_wire(ReportBatch.of("peer", 1, (UsageReport(KEY, "peer", 7, 1, iops_delta=1),)))
     payload = msgpack.packb(_mutate(wire, path, value), use_bin_type=True)
     try:
         decode(payload, max_bytes=MAX_BYTES)
