@@ -236,8 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--listen", help="peer address (default: this member's static address)")
     w.add_argument("--buckets-file", help="also count admissions here (survives SIGKILL)")
     a = p.parse_args(argv)
-    from mesh.node import new_event_loop
+    from mesh.node import new_event_loop, tune_gc
 
+    tune_gc()
     loop = new_event_loop()
     try:
         res = loop.run_until_complete(_worker(a))

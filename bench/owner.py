@@ -126,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--start-at", type=float, required=True)
     f.add_argument("--seconds", type=float, required=True)
     a = p.parse_args(argv)
-    from mesh.node import new_event_loop
+    from mesh.node import new_event_loop, tune_gc
 
+    tune_gc()
     loop = new_event_loop()
     try:
         out = loop.run_until_complete(_feed(a))

@@ -114,7 +114,7 @@ def _validate(args: argparse.Namespace, emit: Any) -> int:
 
 def _node(args: argparse.Namespace) -> int:
     from mesh.errors import ConfigError
-    from mesh.node import Mesh, new_event_loop
+    from mesh.node import Mesh, new_event_loop, tune_gc
     from mesh.nodeconfig import load_config
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -148,6 +148,7 @@ def _node(args: argparse.Namespace) -> int:
         await mesh.aclose()
         return 0
 
+    tune_gc()  # a standalone node is the process: its owner's allocation rate decides
     loop = new_event_loop()
     try:
         return loop.run_until_complete(main())

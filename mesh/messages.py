@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import le
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -243,6 +243,15 @@ class ReportBatch:
                                                      f"{self.unacked_from[i]}")
 
     @classmethod
+    def trusted(cls, sender: str, ring_epoch: int, worker_epoch: int,
+                keys: tuple[RateKey, ...], sequences: tuple[int, ...], deltas: tuple[int, ...],
+                denied: tuple[int, ...], unacked_from: tuple[int, ...]) -> ReportBatch:
+        """Built by the reporter from its own state, which never holds an invalid value:
+        skips the per-element checks (`decode` makes them on everything from a peer)."""
+        return _unchecked(cls, (sender, ring_epoch, worker_epoch, keys, sequences, deltas,
+                                denied, unacked_from))
+
+    @classmethod
     def of(cls, sender: str, ring_epoch: int, reports: Iterable[UsageReport]) -> ReportBatch:
         """Build the columns from `UsageReport` rows (one worker incarnation's)."""
         rows = tuple(reports)
@@ -315,6 +324,19 @@ class SnapshotBatch:
         for i, j in enumerate(self.rejections):
             if not isinstance(j, Rejection):
                 raise MessageTypeError(f"rejections[{i}]", "must be a Rejection")
+
+    @classmethod
+    def trusted(cls, sender: str, ring_epoch: int, owner_incarnation: int, observed_at: int,
+                keys: tuple[RateKey, ...], owner_epochs: tuple[int, ...],
+                versions: tuple[int, ...], remaining: tuple[int, ...], acks: tuple[int, ...],
+                receiver_epochs: tuple[int, ...], shares_ppm: tuple[int, ...],
+                active_reporters: tuple[int, ...], rejections: tuple[Rejection, ...] = ()
+                ) -> SnapshotBatch:
+        """Built by the owner from its own state: skips the per-element checks, as
+        `ReportBatch.trusted` does."""
+        return _unchecked(cls, (sender, ring_epoch, owner_incarnation, observed_at, keys,
+                                owner_epochs, versions, remaining, acks, receiver_epochs,
+                                shares_ppm, active_reporters, rejections))
 
     @classmethod
     def of(cls, sender: str, ring_epoch: int, snapshots: Iterable[RateSnapshot] = (),
@@ -466,6 +488,18 @@ def _watermarks(value: Any) -> tuple[ReporterWatermark, ...]:
         except MeshError as exc:
             raise rename(exc, f"watermarks[{j}]", MessageError) from exc
     return tuple(marks)
+
+
+_T = TypeVar("_T")
+
+
+def _unchecked(cls: type[_T], values: tuple[Any, ...]) -> _T:
+    """A frozen dataclass instance without __post_init__: what its __init__ does, minus
+    the checks (for the cores' own output; never for anything from a peer)."""
+    obj = object.__new__(cls)
+    for name, value in zip(cls.__slots__, values, strict=True):  # type: ignore[attr-defined]
+        object.__setattr__(obj, name, value)
+    return obj
 
 
 def _check_keys(field: str, keys: Any) -> int:

@@ -187,6 +187,8 @@ def _tighten(now_ns: int, ks: KeyState, item: KeyHandover, applied_total: int,
     candidate.apply(now_ns, applied_total - ks.applied_at_open)
     before = ks.meter.ahead_ns(now_ns)
     ks.meter.hold(now_ns, candidate.ahead_ns(now_ns))
+    ks.changes += 1  # its reporters hear at the next tick
+    ks.tick_at_ns = 0
     if ks.meter.remaining(now_ns) == 0:
         ks.exhausted = True
     _continue_order(ks, item)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mesh._validate import check_int, check_str
+from mesh._validate import INT_MAX, check_int, check_str
 from mesh.config import MS, CoreConfig
 from mesh.effects import Effect, FetchPolicy, Send
 from mesh.errors import ConfigTypeError
@@ -172,6 +172,7 @@ class Owner:
             if outcome == Applied.NEW:
                 ks.meter.apply(now_ns, delta)
                 ks.last_used_ns = now_ns
+                ks.changes += 1
                 rs.demand_cur += (delta if delta > 0 else 0) + denied
                 units += delta
                 applied[key] = applied.get(key, 0) + delta
@@ -195,6 +196,8 @@ class Owner:
                 share_ppm, n = self._share(now_ns, ks, rs, self._totals(now_ns, ks), remaining)
             ks.version += 1
             rs.sent_at_ns = now_ns
+            rs.seen_changes = ks.changes
+            ks.tick_at_ns = 0  # let the next tick look at it (its other reporters may lag)
             rows.append((key, ks.owner_epoch, ks.version, remaining, rs.watermark,
                          rs.worker_epoch, share_ppm, n))
         out.snapshots(sender, rows)
@@ -214,18 +217,24 @@ class Owner:
         rotate = now_ns - self._window_start_ns >= cfg.demand_window_ms * MS
         if rotate:
             self._window_start_ns = now_ns
-        due_ns = now_ns - cfg.sync_interval_ms * MS
-        for key in list(self._active):
-            ks = self._active[key]
+        sync_ns = cfg.sync_interval_ms * MS
+        # A view whose key saw no usage since its last snapshot only lags the refill (it is
+        # stricter than the truth): refresh it just often enough to stay within its TTL.
+        quiet_ns = max(cfg.sync_interval_ms, cfg.snapshot_ttl_ms - cfg.sync_interval_ms) * MS
+        active = self._active
+        for key in list(active):
+            ks = active[key]
             if rotate:
                 for rs in ks.reporters.values():
                     rs.demand_prev, rs.demand_cur = rs.demand_cur, 0
+            elif ks.tick_at_ns > now_ns:
+                continue  # nothing is due for this key before then
             if ks.exhausted and ks.meter.remaining(now_ns) * 8 >= ks.meter.burst:
                 # Hysteresis: under steady overload the bucket hovers near zero, and a
                 # broadcast at every brush with it would make traffic grow with load.
                 ks.exhausted = False
-            if not self._broadcast(now_ns, ks, out, due_ns=due_ns):
-                del self._active[key]  # no live lease left: nobody to keep fresh
+            if not self._broadcast(now_ns, ks, out, periods=(sync_ns, quiet_ns)):
+                del active[key]  # no live lease left: nobody to keep fresh
         if now_ns - self._swept_ns >= SWEEP_NS:
             self._sweep(now_ns)
         return out.drain()
@@ -289,31 +298,50 @@ class Owner:
         del ks.reporters[oldest]
 
     def _broadcast(
-        self, now_ns: int, ks: KeyState, out: _Outbox, *, skip: str = "", due_ns: int | None = None
+        self, now_ns: int, ks: KeyState, out: _Outbox, *, skip: str = "",
+        periods: tuple[int, int] | None = None,
     ) -> bool:
-        """Snapshot to live reporters (not `skip`; with `due_ns`, only those not sent one
-        since). Returns whether the key has any live reporter lease."""
+        """Snapshot to live reporters but `skip`. With `periods` (the tick's sync and quiet
+        periods), only to those due: sent none for a sync period if the key changed since
+        their last snapshot, else for a quiet period; and note when the next is due.
+        Returns whether the key has any live reporter lease."""
         key = ks.policy.rate_key
         totals: tuple[int, int] | None = None
-        remaining = 0
+        remaining = active = total = spread = even_each = 0
         live = False
         snapshot = out.snapshot
+        next_ns = INT_MAX
         for worker, rs in ks.reporters.items():  # insertion order: deterministic
             if rs.lease_until_ns < now_ns:
                 continue
             live = True
+            if rs.lease_until_ns < next_ns:
+                next_ns = rs.lease_until_ns + 1  # when it lapses, the key may go idle
             if worker == skip:
                 continue
-            if due_ns is not None and rs.sent_at_ns > due_ns:
-                continue  # it had a snapshot within this interval already
+            if periods is not None:
+                due_at = rs.sent_at_ns + periods[rs.seen_changes == ks.changes]
+                if due_at > now_ns:
+                    if due_at < next_ns:
+                        next_ns = due_at
+                    continue
+                if now_ns + periods[1] < next_ns:
+                    next_ns = now_ns + periods[1]
             if totals is None:  # once per key, not per receiver
-                totals = self._totals(now_ns, ks)
+                totals = active, total = self._totals(now_ns, ks)
                 remaining = ks.meter.remaining(now_ns)
-            share_ppm, active = self._share(now_ns, ks, rs, totals, remaining)
+                # _share for a live reporter, with the per-key part hoisted out
+                even = max(self.config.share_floor_ppm, remaining * PPM // ks.meter.burst)
+                spread, even_each = PPM - even, even // active
+            mine = rs.demand_cur + rs.demand_prev
+            share_ppm = PPM // active if total == 0 else spread * mine // total + even_each
             ks.version += 1
             rs.sent_at_ns = now_ns
+            rs.seen_changes = ks.changes
             snapshot(worker, (key, ks.owner_epoch, ks.version, remaining, rs.watermark,
                               rs.worker_epoch, share_ppm, active))
+        if periods is not None:
+            ks.tick_at_ns = next_ns
         return live
 
     @staticmethod
@@ -349,6 +377,6 @@ class Owner:
     def _message(self, to: str, now_ns: int, rows: list[Row],
                  rejects: list[Rejection]) -> Send:
         c: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * 8
-        return Send(to, SnapshotBatch(self.member_id, self.ring.epoch, self.incarnation, now_ns,
-                                      c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
-                                      tuple(rejects)))
+        return Send(to, SnapshotBatch.trusted(self.member_id, self.ring.epoch, self.incarnation,
+                                              now_ns, c[0], c[1], c[2], c[3], c[4], c[5], c[6],
+                                              c[7], tuple(rejects)))

@@ -24,7 +24,7 @@ class ReporterState:
     """
 
     __slots__ = ("worker_epoch", "watermark", "above", "lease_until_ns", "last_seen_ns",
-                 "demand_cur", "demand_prev", "sent_at_ns")
+                 "demand_cur", "demand_prev", "sent_at_ns", "seen_changes")
 
     def __init__(self, worker_epoch: int, unacked_from: int, now_ns: int) -> None:
         self.worker_epoch = worker_epoch
@@ -37,6 +37,7 @@ class ReporterState:
         self.demand_cur = 0
         self.demand_prev = 0
         self.sent_at_ns = -1  # when this reporter was last sent a snapshot of the key
+        self.seen_changes = -1  # the key's `changes` that snapshot reflected
 
     def offer(self, worker_epoch: int, sequence: int, unacked_from: int, window: int) -> int:
         """Decide whether (epoch, sequence) is new, recording it if so."""
@@ -70,7 +71,7 @@ class KeyState:
     """One RateKey at its owner: the meter and who is reporting it."""
 
     __slots__ = ("policy", "meter", "version", "owner_epoch", "reporters", "exhausted",
-                 "last_used_ns", "applied_at_open")
+                 "last_used_ns", "applied_at_open", "changes", "tick_at_ns")
 
     def __init__(self, policy: TenantRatePolicy, meter: Gcra, owner_epoch: int, now_ns: int):
         self.policy = policy
@@ -81,3 +82,5 @@ class KeyState:
         self.exhausted = meter.remaining(now_ns) == 0
         self.last_used_ns = now_ns
         self.applied_at_open = 0  # the owner's per-key applied total when it opened (hand-over)
+        self.changes = 0  # usage applied or state handed over: a reporter's view is behind
+        self.tick_at_ns = 0  # the owner's tick need not look at this key before then

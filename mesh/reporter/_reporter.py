@@ -188,9 +188,9 @@ class Reporter:
             for i in range(0, len(rows), cfg.report_batch_max):
                 chunk = rows[i:i + cfg.report_batch_max]
                 keys, seqs, deltas, denied, floors = zip(*chunk, strict=True)
-                out.append(Send(owner, ReportBatch(self.worker_id, self.ring.epoch,
-                                                   self.worker_epoch, keys, seqs, deltas,
-                                                   denied, floors)))
+                out.append(Send(owner, ReportBatch.trusted(
+                    self.worker_id, self.ring.epoch, self.worker_epoch, keys, seqs, deltas,
+                    denied, floors)))
                 self.reports_sent += len(chunk)
         return out
 

@@ -170,7 +170,13 @@ def test_snapshots_go_only_to_active_reporters_and_stop_when_the_lease_ends() ->
     o.receive(NOW, batch("b", rep("b", 1, 1)))
     t = NOW + cfg.sync_interval_ms * MS
     effects = o.tick(t)
-    assert sorted(e.to for e in effects if isinstance(e, Send)) == ["a", "b"]
+    # a's view lacks b's usage; b's reply already had everything: only a is behind.
+    assert sorted(e.to for e in effects if isinstance(e, Send)) == ["a"]
+    assert o.tick(t + cfg.sync_interval_ms * MS) == []  # nothing changed since
+    # An unchanged view only lags the refill: it is refreshed before its TTL runs out.
+    t = NOW + (cfg.snapshot_ttl_ms - cfg.sync_interval_ms) * MS
+    effects = o.tick(t)
+    assert sorted(e.to for e in effects if isinstance(e, Send)) == ["b"]
     o.receive(t, batch("a", rep("a", 2, 1)))  # only a keeps reporting
     t_end = NOW + (cfg.reporter_lease_ms + 1) * MS
     effects = o.tick(t_end)

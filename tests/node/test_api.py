@@ -11,7 +11,7 @@ import mesh.telemetry
 
 def test_public_names() -> None:
     assert sorted(mesh.node.__all__) == ["Mesh", "NodeDriver", "TransportFactory",
-                                         "new_event_loop"]
+                                         "new_event_loop", "tune_gc"]
     assert sorted(mesh.membership.__all__) == [
         "DnsMembership", "EtcdClient", "EtcdMembership", "MembershipSource", "MembershipView",
         "Publish", "StaticMembership"]
