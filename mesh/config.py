@@ -36,7 +36,8 @@ class CoreConfig:
     share_floor_ppm: int = 62_500  # 1/16 of the budget is split evenly, so idle workers can start
     bootstrap_divisor: int = 1  # bootstrap allowance = ceil(b / (N_live * divisor))
     owner_unreachable_ms: int = 100  # unacked reports older than this: owner_unreachable
-    report_retry_ms: int = 15  # an unacknowledged report is sent again after this long
+    report_retry_ms: int = 15  # an unacknowledged report is sent again after at least this
+    report_retry_max_ms: int = 50  # ... and at most this (adaptive, per owner: reporter/_rto)
     report_batch_max: int = 1000  # reports per message to one owner
     views_max: int = 1_000_000  # (tenant, metric) views per worker; idle ones go beyond it
 
@@ -45,6 +46,8 @@ class CoreConfig:
             check_int(f.name, getattr(self, f.name), minimum=1)
         if self.snapshot_ttl_ms < self.sync_interval_ms:
             raise ConfigError("snapshot_ttl_ms", "must be at least sync_interval_ms")
+        if self.report_retry_max_ms < self.report_retry_ms:
+            raise ConfigError("report_retry_max_ms", "must be at least report_retry_ms")
         if self.share_floor_ppm > 1_000_000:
             raise ConfigError("share_floor_ppm", "must be <= 1000000")
 

@@ -23,6 +23,7 @@ from mesh.errors import ConfigTypeError
 from mesh.gcra import NS_PER_S
 from mesh.messages import PPM, RejectReason, ReportBatch, SnapshotBatch
 from mesh.policy import BOUNDS, RateKey, TenantRatePolicy, Unit
+from mesh.reporter._rto import RetryTimer
 from mesh.reporter._view import GlobalView, Inflight, ViewState, share_round
 from mesh.ring import Ring
 from mesh.verdict import Reason, Suspension
@@ -65,6 +66,9 @@ class Reporter:
         self._retired: set[RateKey] = set()  # superseded generations, dropped once drained
         self.reports_sent = 0
         self.snapshots_taken = 0
+        self.resent = 0  # reports sent more than once (telemetry)
+        self.retry = RetryTimer(self.config.report_retry_ms * MS,
+                                self.config.report_retry_max_ms * MS)
 
     # -- views ----------------------------------------------------------------------------
 
@@ -165,7 +169,7 @@ class Reporter:
             v.pending = 0
             v.denied = 0
             self._unacked[v.key] = v
-        retry_before = now_ns - cfg.report_retry_ms * MS
+        backoff = self.retry.backoff_ns
         by_owner: dict[str, list[tuple[RateKey, int, int, int, int]]] = {}
         for key, v in list(self._unacked.items()):
             if not v.inflight:
@@ -178,8 +182,11 @@ class Reporter:
                 continue
             floor = v.inflight[0].sequence  # everything below it is acknowledged
             for r in v.inflight:
-                if r.sent_at_ns < 0 or r.sent_at_ns <= retry_before:
+                if r.sent_at_ns < 0 or r.sent_at_ns + backoff(v.owner, r.sends) <= now_ns:
+                    if r.sends:
+                        self.resent += 1
                     r.sent_at_ns = now_ns
+                    r.sends += 1
                     by_owner.setdefault(v.owner, []).append(
                         (key, r.sequence, r.delta, r.denied, floor))
         out: list[Effect] = []
@@ -200,6 +207,7 @@ class Reporter:
         changed = 0
         epoch, inc = self.worker_epoch, batch.owner_incarnation
         views = self.views
+        owner, sample, on_ack = batch.sender, self.retry.sample, self.on_ack
         for key, owner_epoch, version, remaining, ack, receiver_epoch, share, active in zip(
                 batch.keys, batch.owner_epochs, batch.versions, batch.remaining, batch.acks,
                 batch.receiver_epochs, batch.shares_ppm, batch.active_reporters, strict=True):
@@ -211,9 +219,11 @@ class Reporter:
                 continue  # reordered or duplicated: never step back to an older view
             acked = v.take_snapshot(order, remaining, ack, share, active, now_ns, ttl_ns,
                                     self._coin(key, version))
-            if self.on_ack is not None:
-                for r in acked:
-                    self.on_ack(now_ns - r.created_ns)
+            for r in acked:
+                if r.sends == 1:  # Karn: a resent report's ack could answer either send
+                    sample(owner, now_ns - r.sent_at_ns)
+                if on_ack is not None:
+                    on_ack(now_ns - r.created_ns)
             v.set_verdicts(BOUNDS["global"])
             self._live[key] = v
             self.snapshots_taken += 1
@@ -229,9 +239,9 @@ class Reporter:
     def tick(self, now_ns: int) -> None:
         """Expire views whose snapshot (or bootstrap) is older than the TTL."""
         unreachable_ns = self.config.owner_unreachable_ms * MS
-        for key, v in list(self._live.items()):
-            if now_ns <= v.fresh_until_ns:
-                continue
+        # Most live views are fresh: find the expired ones in one comprehension.
+        for v in [v for v in self._live.values() if v.fresh_until_ns < now_ns]:
+            key = v.key
             if v.unacked == 0 and not v.inflight:
                 if key in self._retired:
                     self._drop(key)
@@ -258,6 +268,7 @@ class Reporter:
         for v in self._unacked.values():
             for r in v.inflight:
                 r.sent_at_ns = -1  # resend at the next flush, routed by the new ring
+                r.sends = 0  # a new owner: timed afresh
 
     def forget_if_idle(self, key: RateKey) -> bool:
         """Drop a view that holds nothing (bootstrap state, nothing pending or in flight,

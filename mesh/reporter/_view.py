@@ -33,7 +33,7 @@ class ViewState(Enum):
 class Inflight:
     """One sent, not yet acknowledged report: kept for retries with its sequence."""
 
-    __slots__ = ("sequence", "delta", "denied", "sent_at_ns", "created_ns")
+    __slots__ = ("sequence", "delta", "denied", "sent_at_ns", "created_ns", "sends")
 
     def __init__(self, sequence: int, delta: int, denied: int, created_ns: int) -> None:
         self.sequence = sequence
@@ -41,6 +41,7 @@ class Inflight:
         self.denied = denied
         self.sent_at_ns = -1  # not sent yet
         self.created_ns = created_ns
+        self.sends = 0
 
 
 _NO_INFLIGHT: list[Inflight] = []  # shared and never appended to: see Reporter.flush

@@ -181,3 +181,36 @@ def test_policy_generation_change_retires_the_old_key_after_it_drains() -> None:
     r.receive(2 * MS, snap(50, 1, 1))
     a.tick(100 * MS)
     assert KEY not in r.views
+
+
+def test_resends_back_off_and_the_timeout_follows_the_owner() -> None:
+    from mesh.reporter._rto import RetryTimer
+
+    t = RetryTimer(15 * MS, 50 * MS)
+    assert t.timeout_ns("o") == 15 * MS  # nothing measured yet: the minimum
+    for _ in range(20):
+        t.sample("o", 2 * MS)
+    assert t.timeout_ns("o") == 15 * MS  # a fast owner never goes below the minimum
+    for _ in range(40):
+        t.sample("slow", 30 * MS)
+    assert 30 * MS < t.timeout_ns("slow") <= 50 * MS  # a slow owner is given longer
+    assert [t.backoff_ns("o", n) for n in (1, 2, 3, 4)] == [15 * MS, 30 * MS, 50 * MS, 50 * MS]
+
+
+def test_a_report_is_resent_at_doubling_intervals_and_only_clean_acks_are_timed() -> None:
+    cfg = CoreConfig()
+    r, a = worker(config=cfg)
+    admit_n(a, 3)
+    owner = r.ring.owner_of(KEY)
+    assert len(sent_reports(r.flush(0))) == 1
+    assert sent_reports(r.flush(14 * MS)) == []
+    assert len(sent_reports(r.flush(15 * MS))) == 1  # first resend after the minimum
+    assert sent_reports(r.flush(44 * MS)) == []  # the second waits twice as long
+    assert len(sent_reports(r.flush(45 * MS))) == 1
+    assert r.resent == 2
+    r.receive(46 * MS, SnapshotBatch.of(owner, 1, (RateSnapshot(KEY, 1, 1, 50, 0, 1, 7),)))
+    assert r.retry.timeout_ns(owner) == 15 * MS  # an ack of a resent report is no sample
+    admit_n(a, 1)
+    r.flush(50 * MS)
+    r.receive(52 * MS, SnapshotBatch.of(owner, 1, (RateSnapshot(KEY, 1, 2, 50, 0, 2, 7),)))
+    assert owner in r.retry._srtt and r.retry._srtt[owner] == 2 * MS

@@ -168,10 +168,10 @@ class MeshMachine(RuleBasedStateMachine):
     def within_envelope(self) -> None:
         cfg = self.cfg
         # d: a report waits for the flush, crosses, and the answer crosses back; a lost
-        # message is resent after report_retry_ms.
+        # message is resent after at most report_retry_max_ms.
         d_ns = 2 * cfg.sync_interval_ns + 2 * MAX_DELAY_MS * MS
         if self.dropped:
-            d_ns += cfg.report_retry_ms * MS + cfg.snapshot_ttl_ns
+            d_ns += cfg.report_retry_max_ms * MS + cfg.snapshot_ttl_ns
         envelope = len(WORKERS) * b + R * d_ns / NS_PER_S
         worst = -1e9
         for t, count in self.history:
