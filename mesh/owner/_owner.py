@@ -256,6 +256,8 @@ class Owner:
         """Adopt a new ring; keys that moved away are dropped (their new owner starts them)."""
         self.handovers.ring_changed(now_ns, self.ring, ring, self.member_id)
         self.ring = ring
+        # Even with the same members: rings between the two may have placed keys elsewhere
+        # (a coalesced watch), so a key opened now may have been metered there meanwhile.
         self._owned_since_ns = now_ns
         for key in [k for k in self.keys if not ring.owns(self.member_id, k)]:
             del self.keys[key]

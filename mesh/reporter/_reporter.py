@@ -263,8 +263,11 @@ class Reporter:
 
     def ring_changed(self, ring: Ring) -> None:
         """Adopt a new ring: in-flight reports go to the new owners with the same sequences."""
+        moved = not ring.places_like(self.ring)
         self.ring = ring
         self.ring_behind = max(self.ring_behind, ring.epoch)
+        if not moved:
+            return  # same members, same placement: every report is where it should be
         for v in self._unacked.values():
             for r in v.inflight:
                 r.sent_at_ns = -1  # resend at the next flush, routed by the new ring

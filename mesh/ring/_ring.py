@@ -62,6 +62,10 @@ class Ring:
             return False
         return bool(self.members) and self.owner_of(key) == member
 
+    def places_like(self, other: Ring) -> bool:
+        """Does `other` put every key where this ring does (same members and vnodes)?"""
+        return self.members == other.members and self.vnodes == other.vnodes
+
     def with_members(self, members: Iterable[str], epoch: int | None = None) -> Ring:
         """The next ring: same placement rules, new membership, a larger epoch."""
         new_epoch = self.epoch + 1 if epoch is None else epoch

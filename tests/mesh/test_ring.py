@@ -6,7 +6,9 @@ import pytest
 
 from mesh.errors import ConfigError
 from mesh.policy import Metric, RateKey
+from mesh.reporter._view import Inflight
 from mesh.ring import Ring
+from tests.mesh.helpers import policy
 
 KEYS = [RateKey(f"tenant-{i}", m, 1) for i in range(3000) for m in (Metric.READ_IOPS,
                                                                      Metric.CLIENT_EGRESS_BYTES)]
@@ -69,3 +71,20 @@ def test_bad_ring_arguments(members: list, epoch: object, field: str) -> None:
     with pytest.raises((ValueError, TypeError)) as info:
         Ring(members, epoch)  # type: ignore[arg-type]
     assert getattr(info.value, "field", None) == field
+
+
+def test_a_new_epoch_of_the_same_members_resends_nothing() -> None:
+    from mesh.reporter import Reporter
+
+    a, b = Ring(["a", "b"], 1), Ring(["b", "a"], 2)
+    assert a.places_like(b) and not a.places_like(Ring(["a", "b", "c"], 3))
+    assert not a.places_like(Ring(["a", "b"], 3, vnodes=a.vnodes + 1))
+    r = Reporter("a", 1, a)
+    v = r.open_view(policy("t"))
+    v.inflight = [Inflight(1, 1, 0, 0)]
+    v.inflight[0].sent_at_ns, v.inflight[0].sends = 5, 1
+    r._unacked[v.key] = v
+    r.ring_changed(b)  # an epoch bump (a dns slot): reports are where they should be
+    assert r.ring is b and v.inflight[0].sent_at_ns == 5
+    r.ring_changed(Ring(["a", "c"], 3))
+    assert v.inflight[0].sent_at_ns == -1  # placement changed: route again, resend
