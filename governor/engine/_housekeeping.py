@@ -65,21 +65,59 @@ class HousekeepingMixin(_Core):
             self._dispatch()
 
     def _adapt(self, cls: str, now: int) -> bool:
-        """AIMD: x0.7 (not below min) on p95 over target or too many overloads, else +1."""
+        """One AIMD step per interval, on evidence gathered under the current limit only.
+
+        p95 over target: x0.7, the seed's cut (a latency signal says the limit is too high, not by
+        how much). Overload share over max: a 503 also says where the downstream's capacity is, so
+        the cut lands on the concurrency it actually served in the window, clamped between x0.5 and
+        x0.7 rounded up (rounding down would cut 6 by a third and 2 by half). One cut then lands
+        near the capacity instead of a cascade each costing an interval of sheds, and the x0.5
+        floor keeps a collapsed window (refusals crowding out service) from undershooting it.
+        Otherwise +1: a limit that never probes never recovers. A cut is always at least one
+        lower, the result always within [min_limit, max_limit]. Too few samples: no move.
+        """
         state = self._state.adaptive[cls]
         cfg = state.config
         n = len(state.samples)
         if now - state.last_adjust_ms < cfg.interval_ms or n < cfg.min_samples:
             return False
-        p95 = self._p95(state.samples)
-        overload_permille = sum(1 for _, o in state.samples if o) * 1000 // n
         limit = self._state.nodes[ROOT_ID].limits.get(cls, cfg.initial_limit)
-        if p95 > cfg.target_p95_ms or overload_permille > cfg.max_overload_permille:
-            new = max(cfg.min_limit, limit * 7 // 10)
-        else:
-            new = min(cfg.max_limit, limit + 1)
+        cuts: list[int] = []
+        if self._p95(state.samples) > cfg.target_p95_ms:
+            cuts.append(limit * 7 // 10)
+        overloaded = sum(1 for _, o in state.samples if o)
+        if overloaded * 1000 // n > cfg.max_overload_permille:
+            gentlest = min(limit - 1, -(-limit * 7 // 10))
+            deepest = min(gentlest, -(-limit // 2))
+            served = self._served_concurrency(cls, now)
+            cuts.append(gentlest if served is None else max(deepest, min(gentlest, served)))
+        new = min(cuts) if cuts else limit + 1
+        new = max(cfg.min_limit, min(cfg.max_limit, new))
         self._emit(ev.LimitAdjusted(self._seq(), now, cls, new))
         return True
+
+    def _served_concurrency(self, cls: str, now: int) -> int | None:
+        """Leases of ``cls`` held on average in this window, rounded up, not counting those that
+        came back overloaded; ``None`` if no lease was held for any time.
+
+        Little's law on the engine's clock: lease time not refused over the time any lease was
+        held (idle spells would dilute it). Leases still held count as served so far, so long
+        holds are not missed. It is in the units the limit counts, so it includes each lease's
+        round trip, which the caller's latency does not.
+        """
+        state = self._state.adaptive[cls]
+        start = state.last_adjust_ms
+        busy_ms = state.busy_ms
+        if state.busy_since_ms is not None:
+            busy_ms += now - max(state.busy_since_ms, start)
+        if busy_ms <= 0:
+            return None
+        held_ms = state.ok_ms + sum(
+            now - max(lease.granted_ms, start)
+            for lease in self._state.leases.values()
+            if lease.cls == cls
+        )
+        return -(-held_ms // busy_ms)
 
     def _purge(self, now: int) -> None:
         st, cfg = self._state, self.config

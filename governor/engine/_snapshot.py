@@ -11,7 +11,7 @@ from typing import Any
 
 from ._codec import decode_value, encode_value
 from ._errors import SnapshotMismatch
-from ._state import AdaptiveState, Lease, Node, Session, State, Tombstone
+from ._state import ROOT_ID, AdaptiveState, Lease, Node, Session, State, Tombstone
 from ._types import (
     AdaptiveConfig,
     Consumed,
@@ -95,6 +95,9 @@ def dump_state(state: State) -> dict[str, Any]:
                 encode_value(AdaptiveConfig, a.config),
                 a.last_adjust_ms,
                 [list(x) for x in a.samples],
+                a.ok_ms,
+                a.busy_ms,
+                a.busy_since_ms,
             ]
             for cls, a in sorted(state.adaptive.items())
         ],
@@ -176,10 +179,16 @@ def _load(data: dict[str, Any], config: EngineConfig) -> State:
     for raw, end, ended_ms in data["tombstones"]:
         lease = Lease(*raw)
         state.tombstones[lease.id] = Tombstone(lease, LeaseEnd(end), ended_ms)
-    for cls, cfg, last_ms, samples in data["adaptive"]:
+    for cls, cfg, last_ms, samples, *window in data["adaptive"]:
+        # A snapshot from before the served-concurrency window has none: it starts empty now.
+        busy = state.nodes[ROOT_ID].held.get(cls, 0) > 0
+        ok_ms, busy_ms, busy_since_ms = window or (0, 0, last_ms if busy else None)
         state.adaptive[cls] = AdaptiveState(
             decode_value(AdaptiveConfig, cfg),
             last_ms,
             [(int(a), bool(b)) for a, b in samples],
+            int(ok_ms),
+            int(busy_ms),
+            None if busy_since_ms is None else int(busy_since_ms),
         )
     return state

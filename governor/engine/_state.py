@@ -90,9 +90,22 @@ class Tombstone:
 
 @dataclass(slots=True)
 class AdaptiveState:
+    """The evidence one adaptive class has gathered since its limit last moved (``last_adjust_ms``).
+
+    ``samples`` (latency, overloaded) come only from leases granted in this window: a lease granted
+    under the previous limit says nothing about the current one, so the limit moves at most once
+    per round trip. ``ok_ms`` is lease time inside the window of leases that ended without being
+    reported overloaded; ``busy_ms`` is window time with any lease of the class held (closed
+    spells; ``busy_since_ms`` starts the open one). By Little's law their ratio is the concurrency
+    the downstream served, in the units the limit counts (held leases).
+    """
+
     config: AdaptiveConfig
     last_adjust_ms: int
     samples: list[tuple[int, bool]] = field(default_factory=list)
+    ok_ms: int = 0
+    busy_ms: int = 0
+    busy_since_ms: int | None = None
 
 
 class State:
@@ -252,6 +265,9 @@ class State:
         self.sessions[e.session_id].leases.add(e.lease_id)
         for node in self.chain(e.node_id):
             node.held[e.cls] = node.held.get(e.cls, 0) + 1
+        adaptive = self.adaptive.get(e.cls)
+        if adaptive is not None and self.nodes[ROOT_ID].held[e.cls] == 1:
+            adaptive.busy_since_ms = e.at_ms
         self.next_id = max(self.next_id, e.lease_id + 1)
         self.remember(e.session_id, e.request, Granted(e.lease_id, e.node_id, e.cls))
 
@@ -262,20 +278,34 @@ class State:
             node.held[lease.cls] -= 1
         self.tombstones[e.lease_id] = Tombstone(lease, e.end, e.at_ms)
         adaptive = self.adaptive.get(lease.cls)
-        if adaptive is not None and e.latency_ms is not None:
-            adaptive.samples.append((e.latency_ms, e.overloaded))
-            del adaptive.samples[: -self.config.adaptive_samples_max]
+        if adaptive is not None:
+            self._adaptive_lease_ended(adaptive, lease, e)
         self.remember(lease.session_id, e.request, Released(e.lease_id, e.end, True))
+
+    def _adaptive_lease_ended(self, a: AdaptiveState, lease: Lease, e: ev.LeaseEnded) -> None:
+        """Book one ended lease into its class's window (called after ``held`` went down)."""
+        if not e.overloaded:  # a lease that ended unreported was not refused either
+            a.ok_ms += max(0, e.at_ms - max(lease.granted_ms, a.last_adjust_ms))
+        if e.latency_ms is not None and lease.granted_ms >= a.last_adjust_ms:
+            a.samples.append((e.latency_ms, e.overloaded))
+            del a.samples[: -self.config.adaptive_samples_max]
+        if self.nodes[ROOT_ID].held[lease.cls] == 0 and a.busy_since_ms is not None:
+            a.busy_ms += max(0, e.at_ms - max(a.busy_since_ms, a.last_adjust_ms))
+            a.busy_since_ms = None
 
     def _adaptive_set(self, e: ev.AdaptiveSet) -> None:
         if e.config is None:
             self.adaptive.pop(e.cls, None)
             return
-        self.adaptive[e.cls] = AdaptiveState(e.config, e.at_ms)
+        busy = self.nodes[ROOT_ID].held.get(e.cls, 0) > 0
+        self.adaptive[e.cls] = AdaptiveState(
+            e.config, e.at_ms, busy_since_ms=e.at_ms if busy else None
+        )
         self.nodes[ROOT_ID].limits[e.cls] = e.config.initial_limit
 
     def _limit_adjusted(self, e: ev.LimitAdjusted) -> None:
         state = self.adaptive[e.cls]
         state.samples.clear()
+        state.ok_ms = state.busy_ms = 0
         state.last_adjust_ms = e.at_ms
         self.nodes[ROOT_ID].limits[e.cls] = e.limit

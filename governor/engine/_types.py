@@ -124,7 +124,9 @@ class Defaults:
 
 @dataclass(frozen=True, slots=True)
 class AdaptiveConfig:
-    """AIMD for one root class: x0.7 on p95 over target or overload share over max, else +1."""
+    """AIMD for one root class, once per ``interval_ms`` with ``min_samples`` releases: x0.7 on
+    p95 over target; on overload share over max, x0.7 rounded up or down to the concurrency that
+    was served if lower; else +1 (see ``HousekeepingMixin._adapt``)."""
 
     initial_limit: int
     min_limit: int
