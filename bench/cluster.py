@@ -111,6 +111,7 @@ def _summary(results: list[dict[str, Any]], workers: int, seconds: float) -> dic
         "excess": round(excess, 1), "bound": round(bound, 1), "within_bound": excess <= bound,
         "hotpath_ops_per_s": round(calls / (spent / 1e9)) if spent else 0,
         "delay_samples": len(delays),
+        "tick_lag_max_ms": max(r.get("tick_lag_max_ms", 0.0) for r in results),
     }
 
 
@@ -138,8 +139,10 @@ async def _worker(a: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(0.005)
         driver.recent_delays_ns.clear()
         sent0 = driver.messages_sent
+        driver.tick_lag_max_s = 0.0
         res = await _offer(mesh, a)
         res["messages_sent"] = driver.messages_sent - sent0
+        res["tick_lag_max_ms"] = round(driver.tick_lag_max_s * 1000, 1)
         res["delays_ns"] = list(driver.recent_delays_ns)
         res["health"] = {"membership": mesh.health()["membership"]}
         await asyncio.sleep(0.3)  # let the others finish their window before we leave

@@ -37,7 +37,10 @@ class CoreConfig:
     bootstrap_divisor: int = 1  # bootstrap allowance = ceil(b / (N_live * divisor))
     owner_unreachable_ms: int = 100  # unacked reports older than this: owner_unreachable
     report_retry_ms: int = 15  # an unacknowledged report is sent again after at least this
-    report_retry_max_ms: int = 50  # ... and at most this (adaptive, per owner: reporter/_rto)
+    # ... and at most this (adaptive per owner, doubling per resend: reporter/_rto). Where
+    # messages are lost one by one (the simulator), resend soon; a node's peer streams are
+    # reliable and say when they reconnect (Reporter.link_reset), so its default is longer.
+    report_retry_max_ms: int = 15
     report_batch_max: int = 1000  # reports per message to one owner
     views_max: int = 1_000_000  # (tenant, metric) views per worker; idle ones go beyond it
 

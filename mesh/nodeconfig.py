@@ -52,6 +52,10 @@ from mesh.errors import ConfigError, ConfigTypeError
 from mesh.messages import MAX_MESSAGE_BYTES
 from mesh.policy import Mode, TenantRatePolicy
 
+# A node's peer streams are reliable and report reconnections, so a report is resent on a
+# reconnect at once and otherwise only as a safety net: a slow owner is not sent more work.
+NODE_RETRY_MAX_MS = 1000
+
 __all__ = [
     "NodeConfig",
     "TlsConfig",
@@ -123,7 +127,8 @@ class NodeConfig:
     policies: tuple[TenantRatePolicy, ...] = ()
     policy_file: str | None = None
     coordinator: CoordinatorConfig | None = None
-    core: CoreConfig = field(default_factory=CoreConfig)
+    core: CoreConfig = field(
+        default_factory=lambda: CoreConfig(report_retry_max_ms=NODE_RETRY_MAX_MS))
 
     def identity(self, environ: dict[str, str] | None = None) -> Identity:
         return resolve_identity(self, environ)
@@ -239,7 +244,14 @@ def parse_config(data: Any, *, base: Path | None = None) -> NodeConfig:
         kw["membership"] = _membership(data["membership"])
     if data.get("policies") is not None:
         kw.update(_policies(data["policies"], base))
-    kw["core"] = CoreConfig.from_dict(data.get("core"))
+    core = data.get("core")
+    if core is None:
+        core = {}
+    if isinstance(core, dict) and "report_retry_max_ms" not in core:
+        floor = core.get("report_retry_ms")
+        core = {**core, "report_retry_max_ms": max(NODE_RETRY_MAX_MS, floor)
+                if type(floor) is int else NODE_RETRY_MAX_MS}
+    kw["core"] = CoreConfig.from_dict(core)
     cfg = NodeConfig(**kw)
     _check_plaintext(cfg)
     return cfg

@@ -55,6 +55,7 @@ class NodeDriver:
         self.membership_view = MembershipView({identity.member_id: ""}, 0, False)
         self.messages_sent = 0
         self.ticks = 0
+        self.tick_lag_max_s = 0.0  # the longest the sync tick ran late (loop or CPU busy)
         self.started_ns = clock_ns()
         self.closing = False
         self.handed_over = False  # graceful leave: our keys went to their next owners
@@ -144,6 +145,8 @@ class NodeDriver:
             self._carry(now, effects)
             next_t += interval_s
             delay = next_t - loop.time()
+            if -delay > self.tick_lag_max_s:
+                self.tick_lag_max_s = -delay  # the loop (or the CPU) was this far behind
             if delay < 0:
                 next_t = loop.time()
                 delay = 0
@@ -167,6 +170,11 @@ class NodeDriver:
         self._carry(now, effects)
 
     # -- messages -------------------------------------------------------------------------
+
+    def link_reset(self, peer: str) -> None:
+        """Our stream to `peer` reopened: resend what it may have lost, at the next tick."""
+        with self.lock:
+            self.member.reporter.link_reset(peer)
 
     def deliver(self, message: Message) -> None:
         """A validated message from a peer (the transport's callback)."""

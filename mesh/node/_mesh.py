@@ -364,5 +364,9 @@ class _Handler:
         if self.driver is not None:
             self.driver.deliver(message)
 
+    def link_reset(self, peer: str) -> None:
+        if self.driver is not None:
+            self.driver.link_reset(peer)
+
     def status(self) -> dict[str, Any]:
         return {} if self.driver is None else health(self.driver)

@@ -66,7 +66,7 @@ class GrpcTransport:
                 link = self.links[to] = PeerLink(
                     member_id=self.member_id, worker_epoch=self.worker_epoch, peer_id=to,
                     addr=addr, deliver=self.handler.deliver, tls=self.tls,
-                    max_message_bytes=self.max_message_bytes)
+                    max_message_bytes=self.max_message_bytes, on_reset=self.handler.link_reset)
             ok = link.send(data)
         else:
             ok = self.server.send(to, data)

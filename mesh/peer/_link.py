@@ -41,12 +41,15 @@ def open_channel(addr: str, tls: TlsConfig | None, max_message_bytes: int) -> ai
 class PeerLink:
     def __init__(self, *, member_id: str, worker_epoch: int, peer_id: str, addr: str,
                  deliver: Callable[[Message], None], tls: TlsConfig | None,
-                 max_message_bytes: int) -> None:
+                 max_message_bytes: int, on_reset: Callable[[str], None] | None = None
+                 ) -> None:
         self.member_id = member_id
         self.worker_epoch = worker_epoch
         self.peer_id = peer_id
         self.addr = addr
         self.deliver = deliver
+        self.on_reset = on_reset  # told when a stream opens after one failed or ended
+        self.resets = 0
         self.tls = tls
         self.max_message_bytes = max_message_bytes
         self.queue: asyncio.Queue[bytes] = asyncio.Queue(LINK_QUEUE_MAX)
@@ -82,6 +85,7 @@ class PeerLink:
 
     async def _run(self) -> None:
         backoff = BACKOFF_MIN_S
+        broken = False  # a stream failed or ended since the last one opened
         metadata = ((MEMBER_MD, self.member_id), (SCHEMA_MD, SCHEMA),
                     (EPOCH_MD, str(self.worker_epoch)))
         while True:
@@ -90,6 +94,10 @@ class PeerLink:
             try:
                 await call.wait_for_connection()
                 self.connected = True
+                if broken and self.on_reset is not None:
+                    self.resets += 1
+                    self.on_reset(self.peer_id)  # what the old stream carried may be lost
+                broken = False
                 backoff = BACKOFF_MIN_S
                 while True:
                     data = await call.read()
@@ -106,6 +114,7 @@ class PeerLink:
                 log.exception("peer %s: link failed", self.peer_id)
             finally:
                 self.connected = False
+                broken = True
                 writer.cancel()
                 call.cancel()
             await asyncio.sleep(backoff)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from heapq import heappop, heappush
 
 from mesh._validate import check_int, check_str
 from mesh.config import MS, CoreConfig
@@ -63,6 +64,9 @@ class Reporter:
         self._dirty: list[GlobalView] = []
         self._live: dict[RateKey, GlobalView] = {}  # views the tick must watch
         self._unacked: dict[RateKey, GlobalView] = {}  # views with reports in flight
+        self._send_now: dict[RateKey, GlobalView] = {}  # to (re)send at the next flush
+        self._due: list[tuple[int, int, RateKey]] = []  # heap: (resend_at_ns, n, key)
+        self._due_seq = 0
         self._retired: set[RateKey] = set()  # superseded generations, dropped once drained
         self.reports_sent = 0
         self.snapshots_taken = 0
@@ -149,6 +153,7 @@ class Reporter:
         """Turn accumulated usage into reports and (re)send what is unacknowledged."""
         cfg = self.config
         dirty, self._dirty = self._dirty, []
+        send_now, self._send_now = self._send_now, {}
         for v in dirty:
             v.marked = False
             v.flush_at = 1
@@ -169,26 +174,47 @@ class Reporter:
             v.pending = 0
             v.denied = 0
             self._unacked[v.key] = v
+            send_now[v.key] = v
+        # Resends: only views whose earliest resend is due, from a queue ordered by time,
+        # so a flush costs what it sends, not what is in flight (which grows with d).
+        due, unacked = self._due, self._unacked
+        while due and due[0][0] <= now_ns:
+            at, _, key = heappop(due)
+            w = unacked.get(key)
+            if w is None or w.resend_at_ns != at:
+                continue  # acknowledged and dropped, or rescheduled since
+            if not w.inflight:
+                del unacked[key]
+                continue
+            send_now[key] = w
         backoff = self.retry.backoff_ns
         by_owner: dict[str, list[tuple[RateKey, int, int, int, int]]] = {}
-        for key, v in list(self._unacked.items()):
-            if not v.inflight:
-                del self._unacked[key]
+        for key, v in send_now.items():
+            if not v.inflight:  # acknowledged since it was queued (a ring change)
+                unacked.pop(key, None)
                 continue
             if v.owner_ring_epoch != self.ring.epoch:
                 v.owner = self.ring.owner_of(key) if len(self.ring) else None
                 v.owner_ring_epoch = self.ring.epoch
-            if v.owner is None:
+            owner = v.owner
+            if owner is None:  # no ring yet: look again after the shortest timeout
+                self._schedule(v, now_ns + self.retry.min_ns)
                 continue
             floor = v.inflight[0].sequence  # everything below it is acknowledged
+            next_ns = NEVER
             for r in v.inflight:
-                if r.sent_at_ns < 0 or r.sent_at_ns + backoff(v.owner, r.sends) <= now_ns:
+                at = r.sent_at_ns + backoff(owner, r.sends) if r.sent_at_ns >= 0 else now_ns
+                if at <= now_ns:
                     if r.sends:
                         self.resent += 1
                     r.sent_at_ns = now_ns
                     r.sends += 1
-                    by_owner.setdefault(v.owner, []).append(
+                    by_owner.setdefault(owner, []).append(
                         (key, r.sequence, r.delta, r.denied, floor))
+                    at = now_ns + backoff(owner, r.sends)
+                if at < next_ns:
+                    next_ns = at
+            self._schedule(v, next_ns)
         out: list[Effect] = []
         for owner in sorted(by_owner):
             rows = by_owner[owner]
@@ -272,6 +298,24 @@ class Reporter:
             for r in v.inflight:
                 r.sent_at_ns = -1  # resend at the next flush, routed by the new ring
                 r.sends = 0  # a new owner: timed afresh
+            self._send_now[v.key] = v
+
+    def link_reset(self, owner: str) -> None:
+        """The stream to `owner` was re-established: what was written on the old one may be
+        lost, so everything unacknowledged for it goes again at the next flush."""
+        self.retry.forget(owner)
+        for v in self._unacked.values():
+            if v.owner == owner and v.inflight:
+                for r in v.inflight:
+                    r.sent_at_ns = -1
+                    r.sends = 0
+                self._send_now[v.key] = v
+
+    def _schedule(self, v: GlobalView, at_ns: int) -> None:
+        if v.resend_at_ns != at_ns:
+            v.resend_at_ns = at_ns
+            self._due_seq += 1
+            heappush(self._due, (at_ns, self._due_seq, v.key))
 
     def forget_if_idle(self, key: RateKey) -> bool:
         """Drop a view that holds nothing (bootstrap state, nothing pending or in flight,

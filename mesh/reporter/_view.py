@@ -57,7 +57,7 @@ class GlobalView(View):
 
     __slots__ = ("key", "state", "allowance", "inflight", "inflight_sum", "next_sequence",
                  "snap_order", "snap_remaining", "snap_at_ns", "fresh_until_ns", "boot_since_ns",
-                 "owner", "owner_ring_epoch")
+                 "owner", "owner_ring_epoch", "resend_at_ns")
 
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[View], None]) -> None:
         super().__init__(policy, sink)
@@ -73,6 +73,7 @@ class GlobalView(View):
         self.fresh_until_ns = 0
         self.boot_since_ns = 0
         self.owner: str | None = None
+        self.resend_at_ns = -1  # when the reporter's resend queue next looks at this view
         self.owner_ring_epoch = -1
 
     @property

@@ -66,7 +66,7 @@ def test_the_stateful_test_catches_the_planted_bug(name: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     target, attr, replacement = MUTATIONS[name]
     monkeypatch.setattr(f"{target}.{attr}", replacement)
-    quick = settings(max_examples=300, stateful_step_count=50, deadline=None,
+    quick = settings(max_examples=600, stateful_step_count=50, deadline=None,
                      phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
                      derandomize=True, database=None)
     with pytest.raises(AssertionError):

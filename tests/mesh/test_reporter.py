@@ -198,7 +198,7 @@ def test_resends_back_off_and_the_timeout_follows_the_owner() -> None:
 
 
 def test_a_report_is_resent_at_doubling_intervals_and_only_clean_acks_are_timed() -> None:
-    cfg = CoreConfig()
+    cfg = CoreConfig(report_retry_max_ms=50)
     r, a = worker(config=cfg)
     admit_n(a, 3)
     owner = r.ring.owner_of(KEY)
@@ -214,3 +214,17 @@ def test_a_report_is_resent_at_doubling_intervals_and_only_clean_acks_are_timed(
     r.flush(50 * MS)
     r.receive(52 * MS, SnapshotBatch.of(owner, 1, (RateSnapshot(KEY, 1, 2, 50, 0, 2, 7),)))
     assert owner in r.retry._srtt and r.retry._srtt[owner] == 2 * MS
+
+
+def test_a_reset_link_resends_what_its_owner_has_not_acknowledged_at_once() -> None:
+    cfg = CoreConfig(report_retry_max_ms=1000)
+    r, a = worker(config=cfg)
+    admit_n(a, 3)
+    owner = r.ring.owner_of(KEY)
+    assert len(sent_reports(r.flush(0))) == 1
+    assert sent_reports(r.flush(5 * MS)) == []  # no news yet, and no resend
+    r.link_reset("somebody-else")
+    assert sent_reports(r.flush(6 * MS)) == []
+    r.link_reset(owner)  # the stream reopened: what it carried may be lost
+    again = sent_reports(r.flush(7 * MS))
+    assert [(x.sequence, x.iops_delta) for x in again] == [(1, 3)]

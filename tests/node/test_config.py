@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from mesh.errors import ConfigError
 from mesh.nodeconfig import NodeConfig, load_config, parse_config, resolve_identity
@@ -89,3 +90,17 @@ def test_mesh_validate_cli(tmp_path: Path) -> None:
                           "--json"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert json.loads(out.stdout)["field"] == "membership.members"
+
+
+def test_a_node_resends_reports_late_unless_told_otherwise(tmp_path: Path) -> None:
+    from mesh.nodeconfig import NODE_RETRY_MAX_MS, load_config
+
+    base = {"member_id": "a", "listen": "127.0.0.1:0",
+            "policies": {"inline": [{"tenant_id": "t", "metric": "read_iops", "generation": 1,
+                                     "target_rate": 10, "global_burst": 10,
+                                     "local_burst_cap": 1}]}}
+    for core, want in (({}, NODE_RETRY_MAX_MS), ({"report_retry_max_ms": 40}, 40),
+                       ({"report_retry_ms": 2000}, 2000)):
+        path = tmp_path / "n.yaml"
+        path.write_text(yaml.safe_dump(dict(base, core=core)))
+        assert load_config(path).core.report_retry_max_ms == want
