@@ -187,7 +187,7 @@ class Reporter:
                 del unacked[key]
                 continue
             send_now[key] = w
-        backoff = self.retry.backoff_ns
+        timeout = self.retry.timeout_ns
         by_owner: dict[str, list[tuple[RateKey, int, int, int, int]]] = {}
         for key, v in send_now.items():
             if not v.inflight:  # acknowledged since it was queued (a ring change)
@@ -203,15 +203,16 @@ class Reporter:
             floor = v.inflight[0].sequence  # everything below it is acknowledged
             next_ns = NEVER
             for r in v.inflight:
-                at = r.sent_at_ns + backoff(owner, r.sends) if r.sent_at_ns >= 0 else now_ns
+                at = r.sent_at_ns + timeout(owner) if r.sent_at_ns >= 0 else now_ns
                 if at <= now_ns:
                     if r.sends:
                         self.resent += 1
+                        self.retry.fired(owner, now_ns)
                     r.sent_at_ns = now_ns
                     r.sends += 1
                     by_owner.setdefault(owner, []).append(
                         (key, r.sequence, r.delta, r.denied, floor))
-                    at = now_ns + backoff(owner, r.sends)
+                    at = now_ns + timeout(owner)
                 if at < next_ns:
                     next_ns = at
             self._schedule(v, next_ns)

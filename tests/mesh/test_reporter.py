@@ -194,7 +194,13 @@ def test_resends_back_off_and_the_timeout_follows_the_owner() -> None:
     for _ in range(40):
         t.sample("slow", 30 * MS)
     assert 30 * MS < t.timeout_ns("slow") <= 50 * MS  # a slow owner is given longer
-    assert [t.backoff_ns("o", n) for n in (1, 2, 3, 4)] == [15 * MS, 30 * MS, 50 * MS, 50 * MS]
+    backoffs = []
+    for at in (1, 2, 2, 3, 4):  # a timeout fired at each (twice at 2: counted once)
+        t.fired("o", at * MS)
+        backoffs.append(t.timeout_ns("o"))
+    assert backoffs == [30 * MS, 50 * MS, 50 * MS, 50 * MS, 50 * MS]  # doubled, capped
+    t.sample("o", 2 * MS)  # a clean sample ends the back-off
+    assert t.timeout_ns("o") == 15 * MS
 
 
 def test_a_report_is_resent_at_doubling_intervals_and_only_clean_acks_are_timed() -> None:
@@ -209,11 +215,13 @@ def test_a_report_is_resent_at_doubling_intervals_and_only_clean_acks_are_timed(
     assert len(sent_reports(r.flush(45 * MS))) == 1
     assert r.resent == 2
     r.receive(46 * MS, SnapshotBatch.of(owner, 1, (RateSnapshot(KEY, 1, 1, 50, 0, 1, 7),)))
-    assert r.retry.timeout_ns(owner) == 15 * MS  # an ack of a resent report is no sample
+    # An ack of a resent report is no sample (Karn): the backed-off timeout stays.
+    assert r.retry.timeout_ns(owner) == 50 * MS
     admit_n(a, 1)
     r.flush(50 * MS)
     r.receive(52 * MS, SnapshotBatch.of(owner, 1, (RateSnapshot(KEY, 1, 2, 50, 0, 2, 7),)))
     assert owner in r.retry._srtt and r.retry._srtt[owner] == 2 * MS
+    assert r.retry.timeout_ns(owner) == 15 * MS  # a clean sample ends the back-off
 
 
 def test_a_reset_link_resends_what_its_owner_has_not_acknowledged_at_once() -> None:
