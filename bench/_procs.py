@@ -66,24 +66,65 @@ def go(procs: list[subprocess.Popen[str]], *, lead_s: float = 0.5) -> float:
     return start_at
 
 
+_LEFTOVER: dict[int, bytes] = {}  # bytes read past a line, per child pid
+RESULT_FILE = "result_file"
+
+
+def print_result(result: dict[str, Any]) -> None:
+    """A child's result for `read_ready`: through a file, as the line for it over a pipe
+    has been seen to arrive cut at a pipe-buffer boundary when it is hundreds of KiB."""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="ratemesh-result-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(result, f)
+    print(json.dumps({RESULT_FILE: path}), flush=True)
+
+
 def read_ready(proc: subprocess.Popen[str], timeout_s: float = 20.0) -> dict[str, Any]:
-    """The first stdout line a child prints once it serves (a JSON object)."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout_s
+    """The next stdout line a child prints (a JSON object): its "ready" line, or its result.
+
+    Read with os.read and select rather than the pipe's file object, whose own buffer
+    select cannot see. A line naming a result file (`print_result`) is replaced by it.
+    """
     import selectors
 
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout_s
+    buf = _LEFTOVER.pop(proc.pid, b"")
     sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    while time.monotonic() < deadline:
-        if sel.select(timeout=0.1):
-            line = proc.stdout.readline()
-            if not line:
+    sel.register(fd, selectors.EVENT_READ)
+    try:
+        while True:
+            nl = buf.find(b"\n")
+            if nl >= 0:
+                line, buf = buf[:nl], buf[nl + 1:]
+                if buf:
+                    _LEFTOVER[proc.pid] = buf
+                out = json.loads(line)
+                assert isinstance(out, dict)
+                if set(out) == {RESULT_FILE}:  # a large result, passed in a file
+                    path = Path(out[RESULT_FILE])
+                    out = json.loads(path.read_text())
+                    path.unlink()
+                    assert isinstance(out, dict)
+                return out
+            if time.monotonic() >= deadline:
                 break
-            out = json.loads(line)
-            assert isinstance(out, dict)
-            return out
-        if proc.poll() is not None:
-            break
+            if not sel.select(timeout=0.1):
+                if proc.poll() is not None and not sel.select(timeout=0):
+                    break
+                continue
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                break
+            buf += chunk
+    finally:
+        sel.close()
     err = proc.stderr.read() if proc.stderr and proc.poll() is not None else ""
     raise RuntimeError(f"child did not become ready (rc={proc.poll()}): {err[-2000:]}")
 

@@ -32,6 +32,7 @@ from bench._procs import (
     cluster_config,
     free_port,
     go,
+    print_result,
     read_ready,
     spawn,
     stop,
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         res = loop.run_until_complete(_worker(a))
     finally:
         loop.close()
-    print(json.dumps(res), flush=True)
+    print_result(res)
     return 0
 
 
