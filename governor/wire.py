@@ -7,6 +7,10 @@ clear INVALID_ARGUMENT instead of a silently ignored field. Credentials travel i
 standard gRPC status; its trailing metadata ``governor-error-bin`` is a msgpack map
 ``{reason, message, field?, denial?, end?}``. The full schema is written down in
 ``docs/governor-api.md``; the table below is what the code checks.
+
+``Multiplex`` is one bidirectional stream that carries batches of the short calls, each with
+its own id: one gRPC message costs about as much CPU as one unary call, so coalescing many
+calls per message is what lets one client with many concurrent callers go fast.
 """
 
 from __future__ import annotations
@@ -17,16 +21,22 @@ from typing import Any
 import msgpack
 
 __all__ = [
+    "CALLS_PER_BATCH_MAX",
     "ERROR_MD",
     "KEY_MD",
     "METHODS",
+    "MULTIPLEX",
+    "MUX_BODY_MAX",
     "SCHEMA_VERSION",
     "SERVICE",
     "TOKEN_MD",
     "Method",
+    "Muxed",
     "WireError",
+    "check_batch",
     "check_request",
     "pack",
+    "pack_batch",
     "path",
     "unpack",
 ]
@@ -37,6 +47,9 @@ KEY_MD = "x-governor-key"
 TOKEN_MD = "x-governor-token"
 ERROR_MD = "governor-error-bin"
 MESSAGE_BYTES_MAX = 1 << 20
+MULTIPLEX = "Multiplex"
+CALLS_PER_BATCH_MAX = 4096
+MUX_BODY_MAX = 256 << 10  # a larger request travels as its own unary call
 
 # Field kinds: int, int? (int or nil), str, str?, bool, caps? (map str -> int or nil),
 # caps (map str -> int), defaults? (a Defaults map, see the document), tokens? (nothing else).
@@ -50,6 +63,7 @@ class Method:
     auth: str  # "key" (API key only), "token" (session token), "key_or_token"
     stream: bool = False  # server-streaming reply
     mutates: bool = True  # takes a request_id
+    muxable: bool = True  # may travel on Multiplex (not the waiting or streaming calls)
 
 
 def _m(name: str, fields: _Fields, auth: str = "token", **kw: Any) -> Method:
@@ -79,7 +93,7 @@ METHODS: dict[str, Method] = {
         _m("GetNode", {"node_id": "int?"}, mutates=False),
         _m("CancelNode", {"node_id": "int", "request_id": "str?"}),
         _m("CloseNode", {"node_id": "int", "request_id": "str?"}),
-        _m("WatchNode", {"node_id": "int"}, stream=True, mutates=False),
+        _m("WatchNode", {"node_id": "int"}, stream=True, mutates=False, muxable=False),
         _m(
             "Consume",
             {"node_id": "int", "resource": "str", "amount": "int?", "request_id": "str?"},
@@ -88,6 +102,7 @@ METHODS: dict[str, Method] = {
         _m(
             "Acquire",
             {"node_id": "int", "cls": "str", "timeout_ms": "int?", "request_id": "str?"},
+            muxable=False,  # waits in the fair queue; cancelling its call withdraws the wait
         ),
         _m(
             "Release",
@@ -202,3 +217,88 @@ def check_request(method: Method, body: Any) -> dict[str, Any]:
                 raise WireError(key, "is required")
             out[key] = None
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Muxed:
+    """One call of a Multiplex batch. ``method`` None: this call alone is refused with
+    ``error`` (its id is good, so the refusal can be addressed to it)."""
+
+    id: int
+    method: Method | None
+    body: bytes
+    error: WireError | None = None
+
+
+_CALL_KEYS = ("id", "method", "body")
+
+
+def check_batch(message: Any) -> list[Muxed]:
+    """Validate a decoded Multiplex batch ``{v, calls: [{id, method, body}]}``.
+
+    Raises WireError for a batch that cannot be answered call by call (not a map, wrong ``v``,
+    no ``calls``, a call without a usable or with a repeated id): the stream then fails and
+    nothing of the batch runs. A bad ``method`` or ``body`` refuses only that call.
+    """
+    if not isinstance(message, dict):
+        raise WireError("batch", "must be a msgpack map {v, calls}")
+    if message.get("v") != SCHEMA_VERSION:
+        got = message.get("v")
+        raise WireError("v", f"schema version must be {SCHEMA_VERSION}, got {got!r}")
+    for key in message:
+        if key not in ("v", "calls"):
+            raise WireError(str(key), "unknown field of a Multiplex batch")
+    calls = message.get("calls")
+    if not isinstance(calls, list) or not calls:
+        raise WireError("calls", "must be a non-empty list of {id, method, body} maps")
+    if len(calls) > CALLS_PER_BATCH_MAX:
+        raise WireError("calls", f"at most {CALLS_PER_BATCH_MAX} calls per batch")
+    out: list[Muxed] = []
+    seen: set[int] = set()
+    for i, call in enumerate(calls):
+        if not isinstance(call, dict):
+            raise WireError(f"calls[{i}]", "must be a map {id, method, body}")
+        cid = call.get("id")
+        if not isinstance(cid, int) or isinstance(cid, bool) or cid < 0:
+            raise WireError(f"calls[{i}].id", f"must be a non-negative int, got {cid!r}")
+        if cid in seen:
+            raise WireError(f"calls[{i}].id", f"id {cid} appears twice in one batch")
+        seen.add(cid)
+        out.append(_check_call(i, cid, call))
+    return out
+
+
+def _check_call(i: int, cid: int, call: dict[Any, Any]) -> Muxed:
+    name, body = call.get("method"), call.get("body")
+    method = METHODS.get(name) if isinstance(name, str) else None
+    if len(call) == 3 and method is not None and method.muxable and isinstance(body, bytes):
+        return Muxed(cid, method, body)  # the common case, checked at once
+    for key in call:
+        if key not in _CALL_KEYS:
+            return _refused(cid, f"calls[{i}].{key}", "unknown field of a call")
+    if method is None:
+        return _refused(cid, f"calls[{i}].method", f"unknown method {name!r}")
+    if not method.muxable:
+        return _refused(
+            cid, f"calls[{i}].method", f"{name} cannot travel on Multiplex: call it on its own"
+        )
+    return _refused(cid, f"calls[{i}].body", "must be bytes: the msgpack request of the method")
+
+
+def _refused(cid: int, field: str, message: str) -> Muxed:
+    return Muxed(cid, None, b"", WireError(field, message))
+
+
+def pack_batch(key: str, items: list[dict[str, Any]]) -> list[bytes]:
+    """``{v, key: items}`` as one message, split into several while one would pass
+    MESSAGE_BYTES_MAX or CALLS_PER_BATCH_MAX. A message that is still too large holds a
+    single item: the sender decides what to do with it."""
+    if len(items) > CALLS_PER_BATCH_MAX:
+        return pack_batch(key, items[:CALLS_PER_BATCH_MAX]) + pack_batch(
+            key, items[CALLS_PER_BATCH_MAX:]
+        )
+    data = pack({"v": SCHEMA_VERSION, key: items})
+    if len(data) <= MESSAGE_BYTES_MAX or len(items) == 1:
+        return [data]
+    half = len(items) // 2
+    return pack_batch(key, items[:half]) + pack_batch(key, items[half:])

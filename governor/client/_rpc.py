@@ -1,5 +1,9 @@
 """The SDK's transport: a grpc aio channel, msgpack bodies, status -> SDK error, and resends
-with the same request id while governord is unavailable (a restart, a network blip)."""
+with the same request id while governord is unavailable (a restart, a network blip).
+
+The short calls travel on Multiplex (``_mux``), many per message; ``OpenSession`` (which
+establishes the credentials a stream carries), the waiting ``Acquire`` and the ``WatchNode``
+stream are calls of their own. Either way a call has the same answers and the same errors."""
 
 from __future__ import annotations
 
@@ -28,8 +32,9 @@ from ._errors import (
     SessionLost,
     Unavailable,
 )
+from ._mux import CallFailed, Metadata, Mux, status_of
 
-__all__ = ["Dial", "Rpc", "translate"]
+__all__ = ["Dial", "Rpc", "translate", "translate_status"]
 
 _RESEND = {grpc.StatusCode.UNAVAILABLE}
 BACKOFF_MIN_S = 0.02
@@ -67,18 +72,14 @@ class Dial:
 
 
 def translate(err: grpc.RpcError) -> GovernorClientError:
-    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
-    details = err.details() if hasattr(err, "details") else str(err)
-    detail: dict[str, Any] = {}
-    trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
-    for k, v in trailing or ():
-        if k == wire.ERROR_MD and isinstance(v, bytes):
-            try:
-                got = wire.unpack(v)
-                if isinstance(got, dict):
-                    detail = got
-            except wire.WireError:
-                pass
+    failed = status_of(err)
+    return translate_status(failed.code, failed.details, failed.detail)
+
+
+def translate_status(
+    code: grpc.StatusCode, details: str, detail: dict[str, Any]
+) -> GovernorClientError:
+    """A status code and governord's detail map (unary or streamed alike) as an SDK error."""
     reason = detail.get("reason", "")
     message = f"{code.name}: {details}"
     name = code.name
@@ -105,7 +106,9 @@ def translate(err: grpc.RpcError) -> GovernorClientError:
 
 
 class Rpc:
-    def __init__(self, dial: Dial) -> None:
+    """Calls to governord. ``multiplex=False`` sends every call on its own (unary) call."""
+
+    def __init__(self, dial: Dial, *, multiplex: bool = True) -> None:
         self.dial = dial
         options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", wire.MESSAGE_BYTES_MAX),
@@ -123,13 +126,31 @@ class Rpc:
         else:
             self.channel = aio.insecure_channel(dial.addr, options=options)
         self._calls: dict[str, Any] = {}
+        self._muxes: dict[Metadata, Mux] = {}
+        self.multiplex = multiplex
         self.token: str | None = None
 
-    def _md(self, auth: str) -> tuple[tuple[str, str], ...]:
+    def _md(self, auth: str) -> Metadata:
         if auth == "token":
             assert self.token is not None
             return ((wire.TOKEN_MD, self.token),)
         return ((wire.KEY_MD, self.dial.api_key),)
+
+    def _mux(self, method: str, md: Metadata, data: bytes) -> Mux | None:
+        """The stream this call travels on, or None for a call of its own."""
+        spec = wire.METHODS.get(method)
+        if (
+            not self.multiplex
+            or spec is None
+            or not spec.muxable
+            or method == "OpenSession"
+            or len(data) > wire.MUX_BODY_MAX
+        ):
+            return None
+        mux = self._muxes.get(md)
+        if mux is None:
+            mux = self._muxes[md] = Mux(self.channel, md)
+        return mux
 
     async def call(
         self,
@@ -142,23 +163,39 @@ class Rpc:
     ) -> dict[str, Any]:
         """One call; resent (same body, same request id) while governord is unavailable, until
         ``give_up_at`` (monotonic seconds)."""
-        fn = self._calls.get(method)
-        if fn is None:
-            fn = self._calls[method] = self.channel.unary_unary(wire.path(method))
         data = wire.pack({"v": wire.SCHEMA_VERSION, **body})
+        md = self._md(auth)
+        mux = self._mux(method, md, data)
+        cid = 0 if mux is None else mux.new_id()
         backoff = BACKOFF_MIN_S
         while True:
             try:
-                reply = await fn(data, metadata=self._md(auth), timeout=timeout_s)
-            except grpc.RpcError as err:
-                if err.code() in _RESEND and (give_up_at is None or time.monotonic() < give_up_at):
+                if mux is not None:
+                    return await mux.call(cid, method, data, timeout_s)
+                return await self._unary(method, data, md, timeout_s)
+            except CallFailed as failed:
+                if failed.stream and failed.code is grpc.StatusCode.UNIMPLEMENTED:
+                    self.multiplex, mux = False, None  # an older governord: calls of their own
+                    continue
+                if failed.code in _RESEND and (give_up_at is None or time.monotonic() < give_up_at):
                     await asyncio.sleep(backoff)
                     backoff = min(BACKOFF_MAX_S, backoff * 2)
                     continue
-                raise translate(err) from None
-            result = wire.unpack(reply)
-            assert isinstance(result, dict)
-            return result
+                raise translate_status(failed.code, failed.details, failed.detail) from None
+
+    async def _unary(
+        self, method: str, data: bytes, md: Metadata, timeout_s: float | None
+    ) -> dict[str, Any]:
+        fn = self._calls.get(method)
+        if fn is None:
+            fn = self._calls[method] = self.channel.unary_unary(wire.path(method))
+        try:
+            reply = await fn(data, metadata=md, timeout=timeout_s)
+        except grpc.RpcError as err:
+            raise status_of(err) from None
+        result = wire.unpack(reply)
+        assert isinstance(result, dict)
+        return result
 
     async def stream(self, method: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         fn = self.channel.unary_stream(wire.path(method))
@@ -170,4 +207,7 @@ class Rpc:
             raise translate(err) from None
 
     async def close(self) -> None:
+        muxes, self._muxes = list(self._muxes.values()), {}
+        for mux in muxes:
+            await mux.close()
         await self.channel.close()

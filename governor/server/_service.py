@@ -31,6 +31,7 @@ from governor.engine import _events as ev
 from ._calls import CallsMixin, Principal
 from ._commit import CommitWaits
 from ._metrics import Metrics
+from ._multiplex import Metadata, MuxStream
 from ._status import Fail, error_fail, key_session_hash, sha256_hex
 
 __all__ = ["GovernorService", "KEY_SESSION_TTL_MS"]
@@ -41,7 +42,8 @@ INFLIGHT_MAX = 65_536
 
 
 class GovernorService(CallsMixin):
-    """The sixteen calls. ``handler()`` is the generic gRPC handler to add to a server."""
+    """The sixteen calls, and Multiplex carrying the short ones. ``handler()`` is the generic
+    gRPC handler to add to a server."""
 
     def __init__(
         self,
@@ -59,9 +61,14 @@ class GovernorService(CallsMixin):
         self._loop = loop
         self._changed = asyncio.Event()
         self._ended_tokens: OrderedDict[str, int] = OrderedDict()
-        self._inflight: dict[tuple[Any, ...], tuple[bytes, asyncio.Future[Any]]] = {}
+        self._inflight: dict[tuple[Any, ...], list[Any]] = {}  # key -> [raw, future | None]
         self._key_sessions: dict[str, int] = {}
-        self.draining = False
+        self._drain = asyncio.Event()
+        self._impls: dict[str, Callable[..., Awaitable[dict[str, Any]]]] = {
+            name: getattr(self, f"_{name}") for name, m in wire.METHODS.items() if not m.stream
+        }
+        self._counters: dict[tuple[str, grpc.StatusCode], Any] = {}
+        self._latency: dict[str, Any] = {}
         authority.change_listeners.append(self._notify_changed)
         authority.event_listeners.append(self._on_event)
 
@@ -97,43 +104,86 @@ class GovernorService(CallsMixin):
                 rpcs[name] = grpc.unary_stream_rpc_method_handler(self._streamer(method))
             else:
                 rpcs[name] = grpc.unary_unary_rpc_method_handler(self._unary(method))
+        rpcs[wire.MULTIPLEX] = grpc.stream_stream_rpc_method_handler(self._multiplex)
         return grpc.method_handlers_generic_handler(wire.SERVICE, rpcs)
+
+    @property
+    def draining(self) -> bool:
+        return self._drain.is_set()
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        """Stop taking calls; open Multiplex streams finish what runs, then end UNAVAILABLE."""
+        if value:
+            self._drain.set()
+        else:
+            self._drain.clear()
+
+    async def run(self, method: wire.Method, raw: bytes, md: Metadata) -> dict[str, Any]:
+        """One call, unary or streamed alike: check, authenticate, run once, count.
+
+        ``md`` is the call's metadata (a Multiplex call uses its stream's), so auth and scope
+        are the same code whichever way the call travels. Raises Fail for an error reply.
+        """
+        t0 = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            if self._drain.is_set():
+                raise Fail(grpc.StatusCode.UNAVAILABLE, "draining", "governord is stopping")
+            try:
+                body = wire.check_request(method, wire.unpack(raw))
+            except wire.WireError as exc:
+                raise Fail(
+                    grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(exc), field=exc.field
+                ) from exc
+            who = await self._authenticate(method, md)
+            return await self._once(method, who, body, raw, self._impls[method.name])
+        except Fail as f:
+            code = f.code
+            raise
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception:
+            code = grpc.StatusCode.UNKNOWN  # a bug: gRPC reports it as UNKNOWN
+            raise
+        finally:
+            self._count(method.name, code, time.perf_counter() - t0)
+
+    def _count(self, method: str, code: grpc.StatusCode, took: float) -> None:
+        key = (method, code)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = self.metrics.calls.labels(method, code.name)
+        counter.inc()
+        latency = self._latency.get(method)
+        if latency is None:
+            latency = self._latency[method] = self.metrics.latency.labels(method)
+        latency.observe(took)
 
     def _unary(
         self, method: wire.Method
     ) -> Callable[[bytes, aio.ServicerContext[bytes, bytes]], Awaitable[bytes]]:
-        impl = getattr(self, f"_{method.name}")
-        latency = self.metrics.latency.labels(method.name)
-
         async def call(request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
-            t0 = time.perf_counter()
-            code = grpc.StatusCode.OK
             try:
-                if self.draining:
-                    raise Fail(grpc.StatusCode.UNAVAILABLE, "draining", "governord is stopping")
-                try:
-                    body = wire.check_request(method, wire.unpack(request))
-                except wire.WireError as exc:
-                    raise Fail(
-                        grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(exc), field=exc.field
-                    ) from exc
-                who = await self._authenticate(method, context)
-                reply = await self._once(method, who, body, request, impl)
-                return wire.pack(reply)
+                reply = await self.run(method, request, dict(context.invocation_metadata() or ()))
             except Fail as f:
-                code = f.code
                 await context.abort(
                     f.code, f.detail["message"], ((wire.ERROR_MD, wire.pack(f.detail)),)
                 )
                 raise  # unreachable: abort raises
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                raise
-            finally:
-                self.metrics.calls.labels(method.name, code.name).inc()
-                latency.observe(time.perf_counter() - t0)
+            return wire.pack(reply)
 
         return call
+
+    async def _multiplex(
+        self, requests: AsyncIterator[bytes], context: aio.ServicerContext[bytes, bytes]
+    ) -> None:
+        stream = MuxStream(self, context)
+        try:
+            await stream.serve(requests, self._drain)
+        finally:
+            self.metrics.calls.labels(wire.MULTIPLEX, stream.code.name).inc()
 
     async def _once(
         self,
@@ -157,26 +207,29 @@ class GovernorService(CallsMixin):
                     f"request_id {rid!r} is in flight with other arguments",
                     field="request_id",
                 )
+            if known[1] is None:
+                known[1] = self._loop.create_future()
             result = await asyncio.shield(known[1])
             assert isinstance(result, dict)
             return result
         if len(self._inflight) >= INFLIGHT_MAX:
             raise Fail(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy", "too many calls in flight")
-        fut: asyncio.Future[Any] = self._loop.create_future()
-        self._inflight[key] = (raw, fut)
+        entry: list[Any] = [raw, None]  # the future is made only if a retry comes to wait
+        self._inflight[key] = entry
         try:
             result = await self._guard(impl(who, body))
         except BaseException as exc:
-            if isinstance(exc, Fail):
-                fut.set_exception(exc)
-            else:
-                fut.set_exception(
-                    Fail(grpc.StatusCode.UNAVAILABLE, "retry", "the first attempt was cancelled")
+            fut = entry[1]
+            if fut is not None:
+                cancelled = Fail(
+                    grpc.StatusCode.UNAVAILABLE, "retry", "the first attempt was cancelled"
                 )
-            fut.exception()  # mark retrieved
+                fut.set_exception(exc if isinstance(exc, Fail) else cancelled)
+                fut.exception()  # mark retrieved
             raise
         else:
-            fut.set_result(result)
+            if entry[1] is not None:
+                entry[1].set_result(result)
             return result
         finally:
             del self._inflight[key]
@@ -188,10 +241,7 @@ class GovernorService(CallsMixin):
         except GovernorError as exc:
             raise error_fail(exc) from exc
 
-    async def _authenticate(
-        self, method: wire.Method, context: aio.ServicerContext[bytes, bytes]
-    ) -> Principal | None:
-        md = dict(context.invocation_metadata() or ())
+    async def _authenticate(self, method: wire.Method, md: Metadata) -> Principal | None:
         token, key = md.get(wire.TOKEN_MD), md.get(wire.KEY_MD)
         if isinstance(token, bytes) or isinstance(key, bytes):
             raise Fail(grpc.StatusCode.UNAUTHENTICATED, "credentials", "credentials must be text")
@@ -267,7 +317,7 @@ class GovernorService(CallsMixin):
                     raise Fail(
                         grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(exc), field=exc.field
                     ) from exc
-                who = await self._authenticate(method, context)
+                who = await self._authenticate(method, dict(context.invocation_metadata() or ()))
                 assert who is not None
                 async for item in self._watch(who, body):
                     yield wire.pack(item)
