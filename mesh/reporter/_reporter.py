@@ -187,7 +187,7 @@ class Reporter:
                 del unacked[key]
                 continue
             send_now[key] = w
-        timeout = self.retry.timeout_ns
+        timeouts: dict[str, int] = {}  # per owner, for this flush
         by_owner: dict[str, list[tuple[RateKey, int, int, int, int]]] = {}
         for key, v in send_now.items():
             if not v.inflight:  # acknowledged since it was queued (a ring change)
@@ -202,17 +202,21 @@ class Reporter:
                 continue
             floor = v.inflight[0].sequence  # everything below it is acknowledged
             next_ns = NEVER
+            timeout = timeouts.get(owner)
+            if timeout is None:
+                timeout = timeouts[owner] = self.retry.timeout_ns(owner)
             for r in v.inflight:
-                at = r.sent_at_ns + timeout(owner) if r.sent_at_ns >= 0 else now_ns
+                at = r.sent_at_ns + timeout if r.sent_at_ns >= 0 else now_ns
                 if at <= now_ns:
                     if r.sends:
                         self.resent += 1
                         self.retry.fired(owner, now_ns)
+                        timeout = timeouts[owner] = self.retry.timeout_ns(owner)
                     r.sent_at_ns = now_ns
                     r.sends += 1
                     by_owner.setdefault(owner, []).append(
                         (key, r.sequence, r.delta, r.denied, floor))
-                    at = now_ns + timeout(owner)
+                    at = now_ns + timeout
                 if at < next_ns:
                     next_ns = at
             self._schedule(v, next_ns)
@@ -282,9 +286,10 @@ class Reporter:
             oldest = v.inflight[0].sent_at_ns if v.inflight else now_ns
             waited = now_ns - (v.fresh_until_ns - self.config.snapshot_ttl_ns)
             if (oldest >= 0 and now_ns - oldest > unreachable_ns) or waited > unreachable_ns:
-                v.set_verdicts(BOUNDS["global_stale"], Suspension.OWNER_UNREACHABLE,
-                               Reason.OWNER_UNREACHABLE)
-            else:
+                if v.no.suspended is not Suspension.OWNER_UNREACHABLE:  # once, not per tick
+                    v.set_verdicts(BOUNDS["global_stale"], Suspension.OWNER_UNREACHABLE,
+                                   Reason.OWNER_UNREACHABLE)
+            elif v.no.suspended is not Suspension.SNAPSHOT_STALE:
                 v.set_verdicts(BOUNDS["global_stale"], Suspension.SNAPSHOT_STALE,
                                Reason.SNAPSHOT_STALE)
 
