@@ -130,12 +130,7 @@ class GovernorService(CallsMixin):
         try:
             if self._drain.is_set():
                 raise Fail(grpc.StatusCode.UNAVAILABLE, "draining", "governord is stopping")
-            try:
-                body = wire.check_request(method, wire.unpack(raw))
-            except wire.WireError as exc:
-                raise Fail(
-                    grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(exc), field=exc.field
-                ) from exc
+            body = _decode(method, raw)
             who = await self._authenticate(method, md)
             return await self._once(method, who, body, raw, self._impls[method.name])
         except Fail as f:
@@ -311,12 +306,7 @@ class GovernorService(CallsMixin):
         ) -> AsyncIterator[bytes]:
             code = grpc.StatusCode.OK
             try:
-                try:
-                    body = wire.check_request(method, wire.unpack(request))
-                except wire.WireError as exc:
-                    raise Fail(
-                        grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(exc), field=exc.field
-                    ) from exc
+                body = _decode(method, request)
                 who = await self._authenticate(method, dict(context.invocation_metadata() or ()))
                 assert who is not None
                 async for item in self._watch(who, body):
@@ -330,3 +320,13 @@ class GovernorService(CallsMixin):
                 self.metrics.calls.labels(method.name, code.name).inc()
 
         return stream
+
+
+def _decode(method: wire.Method, raw: bytes) -> dict[str, Any]:
+    """A request body checked against its method's schema, or INVALID_ARGUMENT naming it."""
+    try:
+        return wire.check_request(method, wire.unpack(raw))
+    except wire.WireError as exc:
+        raise Fail(
+            grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(exc), field=exc.field
+        ) from exc

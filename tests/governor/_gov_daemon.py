@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 import yaml
 from _gov_stores import StoreTarget, make_target
 
@@ -180,3 +181,24 @@ def wait_until(pred: Any, timeout_s: float = 10.0, step_s: float = 0.01) -> bool
             return True
         time.sleep(step_s)
     return bool(pred())
+
+
+# Fixtures shared by the end-to-end modules (imported there by name).
+KINDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=KINDS)
+def daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemon]:
+    yield from running(request.param, tmp_path)
+
+
+@pytest.fixture
+def sqlite_daemon(tmp_path: Path) -> Iterator[Daemon]:
+    yield from running("sqlite", tmp_path)
+
+
+@pytest.fixture
+def raw(daemon: Daemon) -> Iterator[Raw]:
+    r = Raw(daemon.addr)
+    yield r
+    r.close()

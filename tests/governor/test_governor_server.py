@@ -7,35 +7,14 @@ messages; in-flight idempotency; bare-API-key request ids across a restart.
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
-import pytest
-from _gov_daemon import KEYS, Daemon, Raw, running, wait_until
+from _gov_daemon import KEYS, Daemon, Raw, wait_until
 
 from governor import wire
 
-KINDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 A, B = KEYS["KEY_A"], KEYS["KEY_B"]
 C = grpc.StatusCode
-
-
-@pytest.fixture(params=KINDS)
-def daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemon]:
-    yield from running(request.param, tmp_path)
-
-
-@pytest.fixture
-def sqlite_daemon(tmp_path: Path) -> Iterator[Daemon]:
-    yield from running("sqlite", tmp_path)
-
-
-@pytest.fixture
-def raw(daemon: Daemon) -> Iterator[Raw]:
-    r = Raw(daemon.addr)
-    yield r
-    r.close()
 
 
 def test_every_call_and_status_code(daemon: Daemon, raw: Raw) -> None:

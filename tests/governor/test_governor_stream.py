@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from _gov_daemon import KEYS, Daemon, Raw, running
+from _gov_daemon import KEYS, Daemon, Raw
 from grpc import aio
 
 from governor import wire
@@ -32,26 +31,8 @@ from governor.client import (
     SessionLost,
 )
 
-KINDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 A, B = KEYS["KEY_A"], KEYS["KEY_B"]
 C = grpc.StatusCode
-
-
-@pytest.fixture(params=KINDS)
-def daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemon]:
-    yield from running(request.param, tmp_path)
-
-
-@pytest.fixture
-def sqlite_daemon(tmp_path: Path) -> Iterator[Daemon]:
-    yield from running("sqlite", tmp_path)
-
-
-@pytest.fixture
-def raw(daemon: Daemon) -> Iterator[Raw]:
-    r = Raw(daemon.addr)
-    yield r
-    r.close()
 
 
 Outcome = tuple[str, str, dict[str, Any]]  # (code, reason, detail or reply)
