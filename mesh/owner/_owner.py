@@ -193,7 +193,8 @@ class Owner:
             if len(ks.reporters) == 1:  # the only reporter: the whole budget is its share
                 share_ppm, n = PPM, 1
             else:
-                share_ppm, n = self._share(now_ns, ks, rs, self._totals(now_ns, ks), remaining)
+                basis = self._share_basis(now_ns, ks, remaining)
+                share_ppm, n = _share_ppm(basis, rs.demand_cur + rs.demand_prev), basis[0]
             ks.version += 1
             rs.sent_at_ns = now_ns
             rs.seen_changes = ks.changes
@@ -308,8 +309,8 @@ class Owner:
         their last snapshot, else for a quiet period; and note when the next is due.
         Returns whether the key has any live reporter lease."""
         key = ks.policy.rate_key
-        totals: tuple[int, int] | None = None
-        remaining = active = total = spread = even_each = 0
+        basis: tuple[int, int, int, int] | None = None
+        remaining = 0
         live = False
         snapshot = out.snapshot
         next_ns = INT_MAX
@@ -329,52 +330,38 @@ class Owner:
                     continue
                 if now_ns + periods[1] < next_ns:
                     next_ns = now_ns + periods[1]
-            if totals is None:  # once per key, not per receiver
-                totals = active, total = self._totals(now_ns, ks)
+            if basis is None:  # once per key, not per receiver
                 remaining = ks.meter.remaining(now_ns)
-                # _share for a live reporter, with the per-key part hoisted out
-                even = max(self.config.share_floor_ppm, remaining * PPM // ks.meter.burst)
-                spread, even_each = PPM - even, even // active
-            mine = rs.demand_cur + rs.demand_prev
-            share_ppm = PPM // active if total == 0 else spread * mine // total + even_each
+                basis = self._share_basis(now_ns, ks, remaining)
+            share_ppm = _share_ppm(basis, rs.demand_cur + rs.demand_prev)
             ks.version += 1
             rs.sent_at_ns = now_ns
             rs.seen_changes = ks.changes
             snapshot(worker, (key, ks.owner_epoch, ks.version, remaining, rs.watermark,
-                              rs.worker_epoch, share_ppm, active))
+                              rs.worker_epoch, share_ppm, basis[0]))
         if periods is not None:
             ks.tick_at_ns = next_ns
         return live
 
-    @staticmethod
-    def _totals(now_ns: int, ks: KeyState) -> tuple[int, int]:
-        """(active reporters, their recent demand): computed once per key per round."""
-        active = total = 0
-        for rs in ks.reporters.values():
-            if rs.lease_until_ns >= now_ns:
-                active += 1
-                total += rs.demand_cur + rs.demand_prev
-        return active, total
-
-    def _share(self, now_ns: int, ks: KeyState, rs: ReporterState,
-               totals: tuple[int, int], remaining: int) -> tuple[int, int]:
-        """A reporter's share (ppm) of the key's remaining budget, and the active count.
+    def _share_basis(self, now_ns: int, ks: KeyState,
+                     remaining: int) -> tuple[int, int, int, int]:
+        """The per-key half of the shares, computed once per key per round:
+        (active reporters, their recent demand, the part shared by demand, the even part
+        each gets). `_share_ppm` finishes a reporter's share from it.
 
         Part of the budget is split evenly and the rest by recent demand (used + denied).
         The even part grows with how full the bucket is: a full bucket is plenty for
         everyone, so an even split lets any worker start at once; a nearly empty one is
         scarce, so it goes where the requests are. Shares of all reporters sum to 1.
+        Callers ask only while some reporter's lease is live, so `active` is at least 1.
         """
-        active, total = totals
-        mine = rs.demand_cur + rs.demand_prev
-        if rs.lease_until_ns < now_ns:  # its lease just lapsed: count it for this answer
-            active += 1
-            total += mine
-        if total == 0:
-            return PPM // active, active
-        fill_ppm = remaining * PPM // ks.meter.burst
-        even = max(self.config.share_floor_ppm, fill_ppm)
-        return (PPM - even) * mine // total + even // active, active
+        active = total = 0
+        for rs in ks.reporters.values():
+            if rs.lease_until_ns >= now_ns:
+                active += 1
+                total += rs.demand_cur + rs.demand_prev
+        even = max(self.config.share_floor_ppm, remaining * PPM // ks.meter.burst)
+        return active, total, PPM - even, even // active
 
     def _message(self, to: str, now_ns: int, rows: list[Row],
                  rejects: list[Rejection]) -> Send:
@@ -382,3 +369,9 @@ class Owner:
         return Send(to, SnapshotBatch.trusted(self.member_id, self.ring.epoch, self.incarnation,
                                               now_ns, c[0], c[1], c[2], c[3], c[4], c[5], c[6],
                                               c[7], tuple(rejects)))
+
+
+def _share_ppm(basis: tuple[int, int, int, int], mine: int) -> int:
+    """A live reporter's share (ppm) of what remains, from `Owner._share_basis`."""
+    active, total, spread, even_each = basis
+    return PPM // active if total == 0 else spread * mine // total + even_each
