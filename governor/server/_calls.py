@@ -331,30 +331,27 @@ class CallsMixin:
 
     async def _SetQuota(self, who: Principal | None, b: dict[str, Any]) -> dict[str, Any]:
         assert who is not None
-        r = await self._step(
-            lambda e: e.set_quota(
-                who.session_id, b["node_id"], b["resource"], b["limit"], b["request_id"]
-            )
+        sid = who.session_id
+        return await self._edit(
+            lambda e: e.set_quota(sid, b["node_id"], b["resource"], b["limit"], b["request_id"])
         )
-        assert isinstance(r, Edited)
-        return {"node_id": r.node_id}
 
     async def _SetLimit(self, who: Principal | None, b: dict[str, Any]) -> dict[str, Any]:
         assert who is not None
-        r = await self._step(
-            lambda e: e.set_limit(
-                who.session_id, b["node_id"], b["cls"], b["limit"], b["request_id"]
-            )
+        sid = who.session_id
+        return await self._edit(
+            lambda e: e.set_limit(sid, b["node_id"], b["cls"], b["limit"], b["request_id"])
         )
-        assert isinstance(r, Edited)
-        return {"node_id": r.node_id}
 
     async def _SetDefaults(self, who: Principal | None, b: dict[str, Any]) -> dict[str, Any]:
         assert who is not None
-        r = await self._step(
-            lambda e: e.set_defaults(
-                who.session_id, b["node_id"], _defaults(b["defaults"]), b["request_id"]
-            )
+        sid, defaults = who.session_id, _defaults(b["defaults"])
+        return await self._edit(
+            lambda e: e.set_defaults(sid, b["node_id"], defaults, b["request_id"])
         )
+
+    async def _edit(self, fn: Callable[[Engine], Any]) -> dict[str, Any]:
+        """An edit's step, and its reply: the node it changed."""
+        r = await self._step(fn)
         assert isinstance(r, Edited)
         return {"node_id": r.node_id}

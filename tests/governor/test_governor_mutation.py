@@ -83,16 +83,7 @@ def _mutant_tree(tmp: Path, file: str, old: str, new: str) -> Path:
 def test_randomized_test_catches_mutant(
     tmp_path: Path, name: str, file: str, old: str, new: str
 ) -> None:
-    src = _mutant_tree(tmp_path, file, old, new)
-    env = {**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": "0"}
-    proc = subprocess.run(
-        [sys.executable, str(FUZZ), "--seeds", "0:40", "--ops", "1500"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = _fuzz(tmp_path, _mutant_tree(tmp_path, file, old, new), "0:40", 1500, 600)
     assert proc.returncode == 1, f"mutant {name!r} survived:\n{proc.stdout}\n{proc.stderr}"
     assert "FAIL seed" in proc.stdout, proc.stdout + proc.stderr
 
@@ -100,13 +91,20 @@ def test_randomized_test_catches_mutant(
 def test_unmutated_copy_passes_a_few_seeds(tmp_path: Path) -> None:
     """The harness itself is sound: the real engine, copied the same way, passes."""
     src = _mutant_tree(tmp_path, "_core.py", "if edit and", "if edit and")
+    proc = _fuzz(tmp_path, src, "0:3", 600, 300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _fuzz(
+    cwd: Path, src: Path, seeds: str, ops: int, timeout_s: int
+) -> subprocess.CompletedProcess[str]:
+    """The invariant fuzzer over the engine copy at `src`, in its own process."""
     env = {**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": "0"}
-    proc = subprocess.run(
-        [sys.executable, str(FUZZ), "--seeds", "0:3", "--ops", "600"],
-        cwd=tmp_path,
+    return subprocess.run(
+        [sys.executable, str(FUZZ), "--seeds", seeds, "--ops", str(ops)],
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout_s,
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
