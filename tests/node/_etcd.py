@@ -2,29 +2,21 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from bench._procs import free_port
+from tests.node._util import require_binary
 
 __all__ = ["EtcdServer", "require_etcd"]
 
 
 def require_etcd() -> str:
-    """etcd's path. In CI (CI=true) a missing etcd fails the test; elsewhere it skips."""
-    path = shutil.which("etcd")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("etcd is not installed (CI installs Debian's etcd-server)")
-        pytest.skip("etcd is not installed (apt-get install etcd-server)")
-    return path
+    return require_binary("etcd", "etcd-server")
 
 
 class EtcdServer:

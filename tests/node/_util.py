@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 
 from bench._procs import free_port
 
-__all__ = ["until", "wait_for", "static_nodes", "POLICY", "http_get"]
+__all__ = ["until", "wait_for", "static_nodes", "POLICY", "http_get", "require_binary"]
 
 POLICY: dict[str, Any] = {"tenant_id": "acme", "metric": "read_iops", "generation": 1,
                           "target_rate": 1000, "global_burst": 100, "local_burst_cap": 20}
@@ -43,3 +46,14 @@ def static_nodes(ids: list[str], policies: list[dict[str, Any]] | None = None,
 
 def http_get(addr: str, path: str) -> httpx.Response:
     return httpx.get(f"http://{addr}{path}", timeout=5)
+
+
+def require_binary(name: str, package: str) -> str:
+    """A service binary's path. In CI (CI=true) a missing one fails the test; elsewhere it
+    skips. Looks in the sbin directories too (dnsmasq lives there)."""
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{name} is not installed (CI installs Debian's {package})")
+        pytest.skip(f"{name} is not installed (apt-get install {package})")
+    return path

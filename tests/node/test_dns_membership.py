@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import getpass
-import os
-import shutil
 import signal
 import subprocess
 import time
@@ -27,7 +25,7 @@ from mesh.node import Mesh
 from mesh.nodeconfig import parse_config
 from mesh.policy import BOUNDS
 from mesh.verdict import Suspension
-from tests.node._util import until
+from tests.node._util import require_binary, until
 
 NAME = "mesh.test"
 SRV = "_ratemesh._tcp.mesh.test"
@@ -35,13 +33,7 @@ INTERVAL_MS, SLOT_MS = 100, 1000
 
 
 def require_dnsmasq() -> str:
-    """dnsmasq's path. In CI (CI=true) a missing dnsmasq fails the test; elsewhere it skips."""
-    path = shutil.which("dnsmasq") or shutil.which("dnsmasq", path="/usr/sbin:/sbin")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("dnsmasq is not installed (CI installs Debian's dnsmasq)")
-        pytest.skip("dnsmasq is not installed (apt-get install dnsmasq)")
-    return path
+    return require_binary("dnsmasq", "dnsmasq")
 
 
 class Dnsmasq:
