@@ -12,7 +12,7 @@ import sys
 from array import array
 from typing import Any
 
-from mesh._validate import INT_MAX
+from mesh._validate import INT_MAX, check_int
 from mesh.errors import MeshError, MessageError, MessageTypeError
 
 __all__ = ["pack_column", "unpack_column", "check_column"]
@@ -53,8 +53,5 @@ def check_column(field: str, values: Any, count: int, *, minimum: int = 0,
         return
     if set(map(type, values)) <= _INT_ONLY and min(values) >= minimum and max(values) <= maximum:
         return
-    for i, v in enumerate(values):
-        if type(v) is not int:
-            raise MessageTypeError(f"{field}[{i}]", f"must be an integer, got {type(v).__name__}")
-        if not minimum <= v <= maximum:
-            raise error(f"{field}[{i}]", f"must be in [{minimum}, {maximum}], got {v}")
+    for i, v in enumerate(values):  # the slow path: name the first element that is wrong
+        check_int(f"{field}[{i}]", v, minimum=minimum, maximum=maximum, error=error)
