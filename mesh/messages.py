@@ -31,6 +31,7 @@ __all__ = [
     "RejectReason",
     "ReportBatch",
     "SnapshotBatch",
+    "snapshot_allowance_ppm",
     "Handover",
     "KeyHandover",
     "ReporterWatermark",
@@ -39,10 +40,25 @@ __all__ = [
     "decode",
 ]
 
-SCHEMA_VERSION = 2  # 2: batches as columns
+SCHEMA_VERSION = 3  # 2: batches as columns; 3: snapshot batches carry batch_seq
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_ITEMS = 65_536  # reports or snapshots in one batch
 PPM = 1_000_000
+
+
+
+def snapshot_allowance_ppm(remaining: int, share_ppm: int, active_reporters: int,
+                           local_burst_cap: int) -> int:
+    """What one snapshot row lets its receiver spend, in ppm of a unit: its share of
+    `remaining`, capped at b over the active reporters, or its demand share of b when that
+    is larger (load-balancer skew; seed 004). The owner computes it too, to tell whether a
+    refresh would change anything the receiver holds."""
+    even_ppm = local_burst_cap * PPM // active_reporters
+    by_demand_ppm = local_burst_cap * share_ppm
+    cap_ppm = even_ppm if even_ppm > by_demand_ppm else by_demand_ppm
+    portion_ppm = remaining * share_ppm
+    return portion_ppm if portion_ppm < cap_ppm else cap_ppm
+
 
 _METRICS = {m.value: m for m in Metric}
 _BYTE_METRICS = frozenset(m for m in Metric if m.unit is Unit.BYTES)
@@ -287,7 +303,9 @@ class SnapshotBatch:
     """An owner's snapshots (as columns) and rejections for one receiver.
 
     Row i is `RateSnapshot` for `keys[i]`; the owner's incarnation and the observation time
-    are the same for every row, so they are said once.
+    are the same for every row, so they are said once. `batch_seq` numbers the owner
+    incarnation's batches to this receiver from 1 (0: unnumbered); a batch vouches for
+    every view its numbered predecessors gave, back to the last number skipped.
     """
 
     sender: str
@@ -303,12 +321,14 @@ class SnapshotBatch:
     shares_ppm: tuple[int, ...] = ()
     active_reporters: tuple[int, ...] = ()
     rejections: tuple[Rejection, ...] = ()
+    batch_seq: int = 0
 
     def __post_init__(self) -> None:
         check_str("sender", self.sender, error=MessageError)
         check_int("ring_epoch", self.ring_epoch, error=MessageError)
         check_int("owner_incarnation", self.owner_incarnation, error=MessageError)
         check_int("observed_at", self.observed_at, error=MessageError)
+        check_int("batch_seq", self.batch_seq, error=MessageError)
         n = _check_keys("keys", self.keys)
         check_column("owner_epochs", self.owner_epochs, n)
         check_column("versions", self.versions, n)
@@ -330,17 +350,17 @@ class SnapshotBatch:
                 keys: tuple[RateKey, ...], owner_epochs: tuple[int, ...],
                 versions: tuple[int, ...], remaining: tuple[int, ...], acks: tuple[int, ...],
                 receiver_epochs: tuple[int, ...], shares_ppm: tuple[int, ...],
-                active_reporters: tuple[int, ...], rejections: tuple[Rejection, ...] = ()
-                ) -> SnapshotBatch:
+                active_reporters: tuple[int, ...], rejections: tuple[Rejection, ...] = (),
+                batch_seq: int = 0) -> SnapshotBatch:
         """Built by the owner from its own state: skips the per-element checks, as
         `ReportBatch.trusted` does."""
         return _unchecked(cls, (sender, ring_epoch, owner_incarnation, observed_at, keys,
                                 owner_epochs, versions, remaining, acks, receiver_epochs,
-                                shares_ppm, active_reporters, rejections))
+                                shares_ppm, active_reporters, rejections, batch_seq))
 
     @classmethod
     def of(cls, sender: str, ring_epoch: int, snapshots: Iterable[RateSnapshot] = (),
-           rejections: Iterable[Rejection] = ()) -> SnapshotBatch:
+           rejections: Iterable[Rejection] = (), *, batch_seq: int = 0) -> SnapshotBatch:
         """Build the columns from `RateSnapshot` rows (one owner incarnation's, one time)."""
         rows = tuple(snapshots)
         inc = rows[0].owner_incarnation if rows else 0
@@ -358,7 +378,7 @@ class SnapshotBatch:
                    tuple(s.remaining for s in rows),
                    tuple(s.ack_sequence_for_receiver for s in rows),
                    tuple(s.receiver_epoch for s in rows), tuple(s.share_ppm for s in rows),
-                   tuple(s.active_reporters for s in rows), tuple(rejections))
+                   tuple(s.active_reporters for s in rows), tuple(rejections), batch_seq)
 
     @property
     def snapshots(self) -> tuple[RateSnapshot, ...]:
@@ -531,7 +551,8 @@ def to_wire(msg: Message) -> list[Any]:
                 pack_column(msg.remaining), pack_column(msg.acks),
                 pack_column(msg.receiver_epochs), pack_column(msg.shares_ppm),
                 pack_column(msg.active_reporters),
-                [[_key_wire(j.rate_key), j.reason.value, j.ring_epoch] for j in msg.rejections]]
+                [[_key_wire(j.rate_key), j.reason.value, j.ring_epoch] for j in msg.rejections],
+                msg.batch_seq]
     if isinstance(msg, Handover):
         return _handover_wire(msg)
     raise TypeError(f"not a mesh message: {type(msg).__name__}")
@@ -600,13 +621,13 @@ def from_wire(obj: Any) -> Message:
         n = len(keys)
         return ReportBatch(sender, ring_epoch, worker_epoch, keys, *(
             unpack_column(name, c, n) for name, c in zip(_REPORT_COLUMNS, cols, strict=True)))
-    if kind == "snapshots" and len(obj) == 15:
-        _, _, sender, ring_epoch, inc, at, items, *cols, rejs = obj
+    if kind == "snapshots" and len(obj) == 16:
+        _, _, sender, ring_epoch, inc, at, items, *cols, rejs, batch_seq = obj
         keys = _keys("keys", items)
         n = len(keys)
         c = [unpack_column(name, col, n) for name, col in zip(_SNAPSHOT_COLUMNS, cols, strict=True)]
         return SnapshotBatch(sender, ring_epoch, inc, at, keys, c[0], c[1], c[2], c[3], c[4],
-                             c[5], c[6], _rejections(rejs))
+                             c[5], c[6], _rejections(rejs), batch_seq)
     if kind == "handover" and len(obj) == 5:
         return _handover_from_wire(obj)
     raise MessageError("kind", f"unknown message kind {kind!r} with {len(obj)} fields")

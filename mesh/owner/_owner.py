@@ -4,6 +4,12 @@ Inputs are past-tense facts with the time passed in (`receive`, `tick`, `ring_ch
 `policy_learned`); outputs are `Send`/`FetchPolicy` effects. The owner holds no durable
 state: a restart or a migration starts keys conservatively (seed 004, "Owner restarts"),
 except the keys a gracefully leaving owner hands over (`_handover`).
+
+Snapshots go to a key's reporters when they would change what a reporter may spend
+(`snapshot_allowance_ppm`), at most once per sync interval. Every batch to a worker vouches
+that what it holds from this owner is still current, so a worker holding a lease hears at
+least once per TTL, with an empty batch if nothing changed (`mesh.reporter` says how a
+skipped batch number ends the vouching).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from mesh.messages import (
     RejectReason,
     ReportBatch,
     SnapshotBatch,
+    snapshot_allowance_ppm,
 )
 from mesh.owner._handover import Handovers, export, install
 from mesh.owner._state import Applied, KeyState, ReporterState
@@ -31,6 +38,12 @@ from mesh.ring import Ring
 __all__ = ["Owner"]
 
 SWEEP_NS = 1_000_000_000  # upkeep of every retained key, once a second
+# A refresh is owed when what a reporter may spend would move by more than 1/65,536 of
+# what it holds (3/65,536 at most in all, with the rounding of shares and the receive's
+# check against the tick's last look): below that is the rounding of shares (ppm) and of a
+# bucket that refills between two reports, which would otherwise send every key of a busy
+# owner every interval.
+_NEAR = 16
 
 
 Row = tuple[RateKey, int, int, int, int, int, int, int]  # one snapshot's columns
@@ -45,6 +58,7 @@ class _Outbox:
         self.rows: dict[str, list[Row]] = {}
         self.rejects: dict[str, list[Rejection]] = {}
         self.effects: list[Effect] = []
+        self.beats: set[str] = set()
 
     def snapshot(self, to: str, row: Row) -> None:
         rows = self.rows.get(to)
@@ -70,10 +84,14 @@ class _Outbox:
     def reject(self, to: str, rejection: Rejection) -> None:
         self.rejects.setdefault(to, []).append(rejection)
 
+    def beat(self, to: str) -> None:
+        """Send `to` a batch even if it holds nothing: it vouches for what `to` holds."""
+        self.beats.add(to)
+
     def drain(self) -> list[Effect]:
-        for to in sorted(set(self.rows) | set(self.rejects)):
+        for to in sorted(set(self.rows) | set(self.rejects) | self.beats):
             rows, rejects = self.rows.get(to, []), self.rejects.get(to, [])
-            if rows or rejects:
+            if rows or rejects or to in self.beats:
                 self.effects.append(self._owner._message(to, self._now_ns, rows, rejects))
         return self.effects
 
@@ -104,7 +122,6 @@ class Owner:
         self.config = config or CoreConfig()
         self.keys: dict[RateKey, KeyState] = {}
         self._owned_since_ns = now_ns
-        self._window_start_ns = now_ns
         self._fetching: set[RateKey] = set()
         self._active: dict[RateKey, KeyState] = {}  # keys with a live reporter lease
         self._swept_ns = now_ns
@@ -112,6 +129,9 @@ class Owner:
         self.applied: dict[RateKey, int] = {}  # telemetry: the same, per key
         self.duplicates = 0
         self.handovers = Handovers()  # graceful leave: parked keys, departed members
+        self._leases: dict[str, int] = {}  # worker -> its latest reporter lease, any key
+        self._out_seq: dict[str, int] = {}  # worker -> the last batch_seq sent to it
+        self._out_at: dict[str, int] = {}  # worker -> when its last batch was built
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -134,8 +154,10 @@ class Owner:
         active = self._active
         applied = self.applied
         me = self.member_id
-        window = cfg.reorder_window
+        reorder = cfg.reorder_window
         lease_until_ns = now_ns + cfg.reporter_lease_ms * MS
+        window = now_ns // (cfg.demand_window_ms * MS)
+        self._leases[sender] = lease_until_ns
         exhausted_now: list[KeyState] = []
         replied: dict[RateKey, KeyState] = {}
         refused: dict[RateKey, RejectReason] = {}
@@ -163,16 +185,21 @@ class Owner:
                 rs.watermark = seq  # the common case of ReporterState.offer
                 outcome = Applied.NEW
             else:
-                outcome = rs.offer(worker_epoch, seq, floor, window)
+                outcome = rs.offer(worker_epoch, seq, floor, reorder)
             rs.last_seen_ns = now_ns
             if rs.lease_until_ns < now_ns:  # back after a lapse: old demand says nothing now
                 rs.demand_cur = rs.demand_prev = 0
+                rs.window = window
+                ks.changes += 1  # one more active reporter: the others' shares change
+            elif rs.window != window:  # rs.roll(window), inlined
+                rs.demand_prev = rs.demand_cur if rs.window == window - 1 else 0
+                rs.demand_cur = 0
+                rs.window = window
             rs.lease_until_ns = lease_until_ns
             active[key] = ks
             if outcome == Applied.NEW:
                 ks.meter.apply(now_ns, delta)
                 ks.last_used_ns = now_ns
-                ks.changes += 1
                 rs.demand_cur += (delta if delta > 0 else 0) + denied
                 units += delta
                 applied[key] = applied.get(key, 0) + delta
@@ -187,18 +214,29 @@ class Owner:
         for key, ks in replied.items():  # _send_snapshot, inlined: once per report
             rs = ks.reporters[sender]
             remaining = ks.meter.remaining(now_ns)
-            if remaining == 0 and not ks.exhausted:
-                ks.exhausted = True
-                exhausted_now.append(ks)
+            if remaining == 0:
+                if not ks.exhausted:
+                    ks.exhausted = True
+                    exhausted_now.append(ks)
+            elif ks.exhausted and remaining * 8 >= ks.meter.burst:
+                ks.exhausted = False  # the tick's hysteresis, as the key may not be ticked
+            b = ks.policy.local_burst_cap
+            floor = remaining if remaining < b else b
             if len(ks.reporters) == 1:  # the only reporter: the whole budget is its share
                 share_ppm, n = PPM, 1
+                rs.sent_allowance_ppm = floor * PPM  # snapshot_allowance_ppm for one
+                ks.changes += 1
             else:
                 basis = self._share_basis(now_ns, ks, remaining)
                 share_ppm, n = _share_ppm(basis, rs.demand_cur + rs.demand_prev), basis[0]
+                rs.sent_allowance_ppm = snapshot_allowance_ppm(remaining, share_ppm, n, b)
+                if not _near_last_look(ks, basis, remaining, floor):
+                    ks.changes += 1  # the others' views are behind: the next tick sees to it
+                    ks.tick_at_ns = 0
+            rs.sent_floor = floor
             ks.version += 1
             rs.sent_at_ns = now_ns
             rs.seen_changes = ks.changes
-            ks.tick_at_ns = 0  # let the next tick look at it (its other reporters may lag)
             rows.append((key, ks.owner_epoch, ks.version, remaining, rs.watermark,
                          rs.worker_epoch, share_ppm, n))
         out.snapshots(sender, rows)
@@ -207,38 +245,43 @@ class Owner:
         return out.drain()
 
     def tick(self, now_ns: int) -> list[Effect]:
-        """The sync interval: keep active reporters' views fresh; expire what is old.
+        """The sync interval: tell active reporters what changed for them; vouch for the
+        rest; expire what is old.
 
-        Only keys with a live reporter lease are visited every interval; the upkeep of
+        Only keys with a live reporter lease and something due are visited; the upkeep of
         every retained key (idempotency records past retention, idle full buckets) runs
         once per `SWEEP_NS`, so an owner holding many quiet keys stays cheap to tick.
         """
-        cfg = self.config
         out = _Outbox(self, now_ns)
-        rotate = now_ns - self._window_start_ns >= cfg.demand_window_ms * MS
-        if rotate:
-            self._window_start_ns = now_ns
-        sync_ns = cfg.sync_interval_ms * MS
-        # A view whose key saw no usage since its last snapshot only lags the refill (it is
-        # stricter than the truth): refresh it just often enough to stay within its TTL.
-        quiet_ns = max(cfg.sync_interval_ms, cfg.snapshot_ttl_ms - cfg.sync_interval_ms) * MS
+        sync_ns = self.config.sync_interval_ms * MS
         active = self._active
         for key in list(active):
             ks = active[key]
-            if rotate:
-                for rs in ks.reporters.values():
-                    rs.demand_prev, rs.demand_cur = rs.demand_cur, 0
-            elif ks.tick_at_ns > now_ns:
+            if ks.tick_at_ns > now_ns:
                 continue  # nothing is due for this key before then
             if ks.exhausted and ks.meter.remaining(now_ns) * 8 >= ks.meter.burst:
                 # Hysteresis: under steady overload the bucket hovers near zero, and a
                 # broadcast at every brush with it would make traffic grow with load.
                 ks.exhausted = False
-            if not self._broadcast(now_ns, ks, out, periods=(sync_ns, quiet_ns)):
+            if not self._broadcast(now_ns, ks, out, sync_ns=sync_ns):
                 del active[key]  # no live lease left: nobody to keep fresh
+        self._vouch(now_ns, out)
         if now_ns - self._swept_ns >= SWEEP_NS:
             self._sweep(now_ns)
         return out.drain()
+
+    def _vouch(self, now_ns: int, out: _Outbox) -> None:
+        """A batch to every worker holding a lease that has not had one for most of a TTL:
+        it keeps the views this owner did not need to refresh from expiring. Two sync
+        intervals short of the TTL: one for this tick's lateness, one for the trip."""
+        cfg = self.config
+        period_ns = max(cfg.sync_interval_ms, cfg.snapshot_ttl_ms - 2 * cfg.sync_interval_ms) * MS
+        out_at = self._out_at
+        for worker, until in list(self._leases.items()):
+            if until < now_ns:
+                del self._leases[worker]
+            elif now_ns - out_at.get(worker, -period_ns) >= period_ns:
+                out.beat(worker)
 
     def _sweep(self, now_ns: int) -> None:
         """Forget idempotency records past retention and keys that are idle and full."""
@@ -260,9 +303,12 @@ class Owner:
         # Even with the same members: rings between the two may have placed keys elsewhere
         # (a coalesced watch), so a key opened now may have been metered there meanwhile.
         self._owned_since_ns = now_ns
-        for key in [k for k in self.keys if not ring.owns(self.member_id, k)]:
+        moved = [k for k in self.keys if not ring.owns(self.member_id, k)]
+        for key in moved:
             del self.keys[key]
             self._active.pop(key, None)
+        if moved:  # skip a batch number: no worker may take our word for what moved
+            self._skip_batch(*self._out_seq)
 
     def policy_learned(self, key: RateKey) -> None:
         """The driver fetched (or failed to fetch) a generation: allow asking again."""
@@ -299,49 +345,71 @@ class Owner:
     def _forget_oldest_reporter(self, ks: KeyState) -> None:
         oldest = min(ks.reporters, key=lambda w: (ks.reporters[w].last_seen_ns, w))
         del ks.reporters[oldest]
+        self._skip_batch(oldest)  # we no longer know what it holds of this key
+
+    def _skip_batch(self, *workers: str) -> None:
+        """Number the next batch to each of `workers` one past the next: the gap ends the
+        vouching for every view this owner gave them before (`mesh.reporter`)."""
+        for w in workers:
+            self._out_seq[w] = self._out_seq.get(w, 0) + 1
 
     def _broadcast(
-        self, now_ns: int, ks: KeyState, out: _Outbox, *, skip: str = "",
-        periods: tuple[int, int] | None = None,
+        self, now_ns: int, ks: KeyState, out: _Outbox, *, skip: str = "", sync_ns: int = 0,
     ) -> bool:
-        """Snapshot to live reporters but `skip`. With `periods` (the tick's sync and quiet
-        periods), only to those due: sent none for a sync period if the key changed since
-        their last snapshot, else for a quiet period; and note when the next is due.
+        """Snapshot to live reporters but `skip`. With `sync_ns` (the tick), only to those
+        whose view the key's changes since their last snapshot would alter, and not sooner
+        than `sync_ns` after it; note when the key is next due.
         Returns whether the key has any live reporter lease."""
         key = ks.policy.rate_key
         basis: tuple[int, int, int, int] | None = None
-        remaining = 0
-        live = False
+        remaining = floor = 0
+        b = ks.policy.local_burst_cap
+        live = 0
         snapshot = out.snapshot
         next_ns = INT_MAX
         for worker, rs in ks.reporters.items():  # insertion order: deterministic
             if rs.lease_until_ns < now_ns:
                 continue
-            live = True
+            live += 1
             if rs.lease_until_ns < next_ns:
                 next_ns = rs.lease_until_ns + 1  # when it lapses, the key may go idle
             if worker == skip:
                 continue
-            if periods is not None:
-                due_at = rs.sent_at_ns + periods[rs.seen_changes == ks.changes]
+            if sync_ns:
+                if rs.seen_changes == ks.changes:
+                    continue  # its view is current: our batches vouch for it
+                due_at = rs.sent_at_ns + sync_ns
                 if due_at > now_ns:
                     if due_at < next_ns:
                         next_ns = due_at
                     continue
-                if now_ns + periods[1] < next_ns:
-                    next_ns = now_ns + periods[1]
             if basis is None:  # once per key, not per receiver
                 remaining = ks.meter.remaining(now_ns)
                 basis = self._share_basis(now_ns, ks, remaining)
+                floor = remaining if remaining < b else b
+                if sync_ns:
+                    _look(ks, basis, remaining, floor)
             share_ppm = _share_ppm(basis, rs.demand_cur + rs.demand_prev)
+            allowance = snapshot_allowance_ppm(remaining, share_ppm, basis[0], b)
+            rs.seen_changes = ks.changes
+            if sync_ns:
+                da, df = allowance - rs.sent_allowance_ppm, floor - rs.sent_floor
+                if ((da if da >= 0 else -da) << _NEAR <= rs.sent_allowance_ppm
+                        and (df if df >= 0 else -df) << _NEAR <= rs.sent_floor):
+                    continue  # a refresh would change nothing it acts on
             ks.version += 1
             rs.sent_at_ns = now_ns
-            rs.seen_changes = ks.changes
+            rs.sent_allowance_ppm = allowance
+            rs.sent_floor = floor
             snapshot(worker, (key, ks.owner_epoch, ks.version, remaining, rs.watermark,
                               rs.worker_epoch, share_ppm, basis[0]))
-        if periods is not None:
+        if sync_ns:
+            if live < ks.live_reporters:  # a lease lapsed: the others' shares grow
+                ks.changes += 1
+                next_ns = 0
+            ks.live_reporters = live
             ks.tick_at_ns = next_ns
-        return live
+        return live > 0
 
     def _share_basis(self, now_ns: int, ks: KeyState,
                      remaining: int) -> tuple[int, int, int, int]:
@@ -356,9 +424,12 @@ class Owner:
         Callers ask only while some reporter's lease is live, so `active` is at least 1.
         """
         active = total = 0
+        window = now_ns // (self.config.demand_window_ms * MS)
         for rs in ks.reporters.values():
             if rs.lease_until_ns >= now_ns:
                 active += 1
+                if rs.window != window:
+                    rs.roll(window)
                 total += rs.demand_cur + rs.demand_prev
         even = max(self.config.share_floor_ppm, remaining * PPM // ks.meter.burst)
         return active, total, PPM - even, even // active
@@ -366,9 +437,39 @@ class Owner:
     def _message(self, to: str, now_ns: int, rows: list[Row],
                  rejects: list[Rejection]) -> Send:
         c: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * 8
+        seq = self._out_seq[to] = self._out_seq.get(to, 0) + 1
+        self._out_at[to] = now_ns
         return Send(to, SnapshotBatch.trusted(self.member_id, self.ring.epoch, self.incarnation,
                                               now_ns, c[0], c[1], c[2], c[3], c[4], c[5], c[6],
-                                              c[7], tuple(rejects)))
+                                              c[7], tuple(rejects), seq))
+
+
+def _even_allowance(basis: tuple[int, int, int, int], remaining: int, b: int) -> int:
+    """Every live reporter's allowance when shares are even, or -1 when they follow
+    demand (the demand-driven part is more than a rounding error of the even part)."""
+    active, _, spread, even_each = basis
+    if spread << _NEAR > even_each:
+        return -1
+    return snapshot_allowance_ppm(remaining, even_each, active, b)
+
+
+def _look(ks: KeyState, basis: tuple[int, int, int, int], remaining: int, floor: int) -> None:
+    """Remember what every reporter of the key was told (or found near enough) by a tick."""
+    ks.looked = (basis[0], _even_allowance(basis, remaining, ks.policy.local_burst_cap), floor)
+
+
+def _near_last_look(ks: KeyState, basis: tuple[int, int, int, int], remaining: int,
+                    floor: int) -> bool:
+    """Whether a report left every other reporter's view near what the tick last found it
+    should be: shares even, as many reporters, allowance and floor within `_NEAR`. Then
+    the tick need not look at the key (its changes wait for a lease to lapse)."""
+    active, allowance, was_floor = ks.looked
+    if active != basis[0] or allowance < 0:
+        return False
+    now = _even_allowance(basis, remaining, ks.policy.local_burst_cap)
+    da, df = now - allowance, floor - was_floor
+    return now >= 0 and ((da if da >= 0 else -da) << _NEAR <= allowance
+                         and (df if df >= 0 else -df) << _NEAR <= was_floor)
 
 
 def _share_ppm(basis: tuple[int, int, int, int], mine: int) -> int:

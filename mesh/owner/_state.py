@@ -24,7 +24,8 @@ class ReporterState:
     """
 
     __slots__ = ("worker_epoch", "watermark", "above", "lease_until_ns", "last_seen_ns",
-                 "demand_cur", "demand_prev", "sent_at_ns", "seen_changes")
+                 "demand_cur", "demand_prev", "sent_at_ns", "seen_changes", "sent_allowance_ppm",
+                 "sent_floor", "window")
 
     def __init__(self, worker_epoch: int, unacked_from: int, now_ns: int) -> None:
         self.worker_epoch = worker_epoch
@@ -34,10 +35,24 @@ class ReporterState:
         self.above: set[int] = set()
         self.lease_until_ns = 0
         self.last_seen_ns = now_ns
+        # Demand (used + denied) in the owner's current and previous demand window, the
+        # current being number `window` (now // demand_window): rolled when next touched.
         self.demand_cur = 0
         self.demand_prev = 0
+        self.window = 0
         self.sent_at_ns = -1  # when this reporter was last sent a snapshot of the key
         self.seen_changes = -1  # the key's `changes` that snapshot reflected
+        # What that snapshot let the reporter spend (`snapshot_allowance_ppm`) and
+        # min(remaining, b), the rest of what it acts on: a refresh is owed only when these
+        # would change (or its TTL runs out without a batch to vouch for it).
+        self.sent_allowance_ppm = -1
+        self.sent_floor = -1
+
+    def roll(self, window: int) -> None:
+        """Move the demand windows on to number `window`."""
+        self.demand_prev = self.demand_cur if self.window == window - 1 else 0
+        self.demand_cur = 0
+        self.window = window
 
     def offer(self, worker_epoch: int, sequence: int, unacked_from: int, window: int) -> int:
         """Decide whether (epoch, sequence) is new, recording it if so."""
@@ -71,7 +86,8 @@ class KeyState:
     """One RateKey at its owner: the meter and who is reporting it."""
 
     __slots__ = ("policy", "meter", "version", "owner_epoch", "reporters", "exhausted",
-                 "last_used_ns", "applied_at_open", "changes", "tick_at_ns")
+                 "last_used_ns", "applied_at_open", "changes", "tick_at_ns", "live_reporters",
+                 "looked")
 
     def __init__(self, policy: TenantRatePolicy, meter: Gcra, owner_epoch: int, now_ns: int):
         self.policy = policy
@@ -84,3 +100,6 @@ class KeyState:
         self.applied_at_open = 0  # the owner's per-key applied total when it opened (hand-over)
         self.changes = 0  # usage applied or state handed over: a reporter's view is behind
         self.tick_at_ns = 0  # the owner's tick need not look at this key before then
+        self.live_reporters = 0  # reporters with a live lease when the tick last looked
+        # (live reporters, their even allowance or -1, floor) when the tick last looked
+        self.looked: tuple[int, int, int] = (0, -1, 0)

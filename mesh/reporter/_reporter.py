@@ -8,7 +8,15 @@ node (or the simulator, or a test) with the time passed in:
   batched by owner and resent, with the same epoch and sequence, until acknowledged.
 * `receive(now, SnapshotBatch)`: a snapshot acknowledges reports and resets the allowance;
   avail = allowance - (inflight + pending), so usage after the snapshot is not forgotten.
-* `tick(now)`: views past their TTL stop expanding traffic (seed 004: restrict, not guess).
+* `tick(now)`: views past their TTL stop expanding traffic (seed 004: restrict, not guess),
+  unless their owner vouched for them since (below).
+
+An owner sends a key's snapshot again only when it would change what the receiver may
+spend; every batch it sends a worker (an empty one at least every TTL while the worker holds
+a lease) vouches that the views it gave that worker before are still current. Its batches to
+one worker are numbered: a number skipped (a batch lost, or the owner forgetting what it
+told us) ends the vouching for every view from before it, and those views expire at their
+TTL as they would have without it.
 """
 
 from __future__ import annotations
@@ -71,6 +79,8 @@ class Reporter:
         self.reports_sent = 0
         self.snapshots_taken = 0
         self.resent = 0  # reports sent more than once (telemetry)
+        # Per owner: [incarnation, last batch_seq, first batch it vouches for, vouched until].
+        self._vouch: dict[str, list[int]] = {}
         self.retry = RetryTimer(self.config.report_retry_ms * MS,
                                 self.config.report_retry_max_ms * MS)
 
@@ -214,6 +224,7 @@ class Reporter:
                         timeout = timeouts[owner] = self.retry.timeout_ns(owner)
                     r.sent_at_ns = now_ns
                     r.sends += 1
+                    v.reported_at_ns = now_ns
                     by_owner.setdefault(owner, []).append(
                         (key, r.sequence, r.delta, r.denied, floor))
                     at = now_ns + timeout
@@ -239,6 +250,9 @@ class Reporter:
         epoch, inc = self.worker_epoch, batch.owner_incarnation
         views = self.views
         owner, sample, on_ack = batch.sender, self.retry.sample, self.on_ack
+        seq = batch.batch_seq
+        if seq:
+            self._vouched_by(owner, inc, seq, now_ns + ttl_ns)
         for key, owner_epoch, version, remaining, ack, receiver_epoch, share, active in zip(
                 batch.keys, batch.owner_epochs, batch.versions, batch.remaining, batch.acks,
                 batch.receiver_epochs, batch.shares_ppm, batch.active_reporters, strict=True):
@@ -250,6 +264,8 @@ class Reporter:
                 continue  # reordered or duplicated: never step back to an older view
             acked = v.take_snapshot(order, remaining, ack, share, active, now_ns, ttl_ns,
                                     self._coin(key, version))
+            v.snap_from = owner
+            v.snap_batch = seq
             for r in acked:
                 if r.sends == 1:  # Karn: a resent report's ack could answer either send
                     sample(owner, now_ns - r.sent_at_ns)
@@ -273,6 +289,8 @@ class Reporter:
         # Most live views are fresh: find the expired ones in one comprehension.
         for v in [v for v in self._live.values() if v.fresh_until_ns < now_ns]:
             key = v.key
+            if v.state is ViewState.FRESH and self._still_vouched(v, now_ns):
+                continue
             if v.unacked == 0 and not v.inflight:
                 if key in self._retired:
                     self._drop(key)
@@ -292,6 +310,35 @@ class Reporter:
             elif v.no.suspended is not Suspension.SNAPSHOT_STALE:
                 v.set_verdicts(BOUNDS["global_stale"], Suspension.SNAPSHOT_STALE,
                                Reason.SNAPSHOT_STALE)
+
+    def _vouched_by(self, owner: str, incarnation: int, seq: int, until_ns: int) -> None:
+        """Note a batch numbered `seq` from `owner`: in order, it vouches for the views its
+        earlier batches gave; after a gap, only for those from this batch on."""
+        st = self._vouch.get(owner)
+        if st is None or incarnation > st[0]:  # first word from this incarnation
+            self._vouch[owner] = [incarnation, seq, seq, until_ns]
+        elif incarnation == st[0]:
+            if seq > st[1] + 1:
+                st[2] = seq  # a batch is missing: what came before it may be out of date
+            if seq > st[1]:
+                st[1] = seq
+                st[3] = until_ns
+            # a batch older than the last one (reordered, repeated) vouches for nothing
+
+    def _still_vouched(self, v: GlobalView, now_ns: int) -> bool:
+        """Whether the view's owner vouched for it within the TTL; if so, keep it fresh
+        until that vouching lapses or the owner's lease on our reports of it does."""
+        st = self._vouch.get(v.snap_from)
+        if (st is None or st[3] <= now_ns or v.snap_batch < st[2]
+                or v.snap_order[1] != st[0]):
+            return False
+        lease_end = v.reported_at_ns + self.config.reporter_lease_ms * MS
+        if lease_end <= now_ns:  # the owner no longer watches this key for us
+            return False
+        if not len(self.ring) or self.ring.owner_of(v.key) != v.snap_from:
+            return False  # the key moved: only its new owner can speak for it
+        v.fresh_until_ns = st[3] if st[3] < lease_end else lease_end
+        return True
 
     def ring_changed(self, ring: Ring) -> None:
         """Adopt a new ring: in-flight reports go to the new owners with the same sequences."""

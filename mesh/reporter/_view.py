@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import Enum
 
-from mesh.messages import PPM
+from mesh.messages import PPM, snapshot_allowance_ppm
 from mesh.policy import RateKey, TenantRatePolicy
 from mesh.view import View
 
@@ -57,7 +57,8 @@ class GlobalView(View):
 
     __slots__ = ("key", "state", "allowance", "inflight", "inflight_sum", "next_sequence",
                  "snap_order", "snap_remaining", "snap_at_ns", "fresh_until_ns", "boot_since_ns",
-                 "owner", "owner_ring_epoch", "resend_at_ns")
+                 "owner", "owner_ring_epoch", "resend_at_ns", "snap_from", "snap_batch",
+                 "reported_at_ns")
 
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[View], None]) -> None:
         super().__init__(policy, sink)
@@ -75,6 +76,9 @@ class GlobalView(View):
         self.owner: str | None = None
         self.resend_at_ns = -1  # when the reporter's resend queue next looks at this view
         self.owner_ring_epoch = -1
+        self.snap_from = ""  # the owner whose snapshot the view holds, and the batch that
+        self.snap_batch = 0  # brought it: what its later batches may vouch for (Reporter.tick)
+        self.reported_at_ns = -1  # when a report of this key last went out (the owner's lease)
 
     @property
     def had_snapshot(self) -> bool:
@@ -117,12 +121,8 @@ class GlobalView(View):
         self.snap_order = order
         self.snap_remaining = remaining
         self.snap_at_ns = now_ns
-        b = self.policy.local_burst_cap
-        even_ppm = b * PPM // active_reporters
-        by_demand_ppm = b * share_ppm
-        cap_ppm = even_ppm if even_ppm > by_demand_ppm else by_demand_ppm
-        portion_ppm = remaining * share_ppm
-        self.allowance = share_round(min(portion_ppm, cap_ppm), coin_ppm)
+        self.allowance = share_round(snapshot_allowance_ppm(
+            remaining, share_ppm, active_reporters, self.policy.local_burst_cap), coin_ppm)
         self.fresh_until_ns = now_ns + ttl_ns
         self.state = ViewState.FRESH
         self.recompute()

@@ -15,6 +15,7 @@ from mesh.gcra import NS_PER_S
 from mesh.inmem import MemoryFleet, Offered, drive
 from mesh.messages import (
     MAX_ITEMS,
+    SCHEMA_VERSION,
     Message,
     RateSnapshot,
     Rejection,
@@ -135,7 +136,8 @@ def test_size_limits() -> None:
         decode(data, max_bytes=len(data) - 1)
     n = MAX_ITEMS + 1
     with pytest.raises(MessageError, match="at most"):
-        from_wire([2, "reports", "w", 0, 0, [["t", "read_iops", 1]] * n, *[col(1) * n] * 4])
+        from_wire([SCHEMA_VERSION, "reports", "w", 0, 0, [["t", "read_iops", 1]] * n,
+                   *[col(1) * n] * 4])
 
 
 def test_types_are_type_errors() -> None:
@@ -162,10 +164,10 @@ def test_random_bytes_only_ever_raise_message_errors(data: bytes) -> None:
         pass
 
 
-@given(st.one_of(wire_values, st.builds(lambda rest: [2, "reports", *rest],
+@given(st.one_of(wire_values, st.builds(lambda rest: [SCHEMA_VERSION, "reports", *rest],
                                         st.lists(wire_values, min_size=8, max_size=8)),
-                 st.builds(lambda rest: [2, "snapshots", *rest],
-                           st.lists(wire_values, min_size=13, max_size=13))))
+                 st.builds(lambda rest: [SCHEMA_VERSION, "snapshots", *rest],
+                           st.lists(wire_values, min_size=14, max_size=14))))
 def test_random_structures_only_ever_raise_message_errors(obj: Any) -> None:
     try:
         decode(msgpack.packb(obj))

@@ -13,7 +13,7 @@ from mesh.effects import FetchPolicy, Send
 from mesh.gcra import Gcra
 from mesh.messages import RejectReason, ReportBatch, SnapshotBatch, UsageReport
 from mesh.owner import Owner
-from mesh.policy import PolicyCache
+from mesh.policy import PolicyCache, RateKey, TenantRatePolicy
 from mesh.ring import Ring
 from tests.mesh.helpers import MS, cache, policy
 
@@ -172,11 +172,14 @@ def test_snapshots_go_only_to_active_reporters_and_stop_when_the_lease_ends() ->
     effects = o.tick(t)
     # a's view lacks b's usage; b's reply already had everything: only a is behind.
     assert sorted(e.to for e in effects if isinstance(e, Send)) == ["a"]
-    assert o.tick(t + cfg.sync_interval_ms * MS) == []  # nothing changed since
-    # An unchanged view only lags the refill: it is refreshed before its TTL runs out.
-    t = NOW + (cfg.snapshot_ttl_ms - cfg.sync_interval_ms) * MS
+    # Nothing changed since; b heard nothing for most of a TTL (two sync intervals short
+    # of it): an empty batch vouches for the view it holds.
+    t = NOW + (cfg.snapshot_ttl_ms - 2 * cfg.sync_interval_ms) * MS
     effects = o.tick(t)
     assert sorted(e.to for e in effects if isinstance(e, Send)) == ["b"]
+    assert snaps(effects, "b").keys == () and snaps(effects, "b").batch_seq == 2
+    assert [(e.to, e.message.keys) for e in o.tick(t + cfg.sync_interval_ms * MS)] == [
+        ("a", ())]  # and so does a's, one interval later than b's
     o.receive(t, batch("a", rep("a", 2, 1)))  # only a keeps reporting
     t_end = NOW + (cfg.reporter_lease_ms + 1) * MS
     effects = o.tick(t_end)
@@ -236,3 +239,51 @@ def test_meter_matches_a_plain_gcra(delta: int) -> None:
         o.receive(t, batch("w", rep("w", i, delta)))
         g.apply(t, delta)
         assert o.keys[KEY].meter.remaining(t) == g.remaining(t)
+
+
+def big(tenant: str = "t") -> TenantRatePolicy:
+    return policy(tenant, rate=1_000_000, burst=1_000_000, b=1000)
+
+
+def test_a_refresh_goes_only_where_it_changes_what_a_reporter_may_spend() -> None:
+    """Far from its limit, a key's reports change nothing the other reporters act on:
+    they hear only empty batches, once per TTL; a draining bucket reaches them again."""
+    cfg = CoreConfig()
+    p = big()
+    o = Owner("o", Ring(["o"], 1), cache(p), 0, config=cfg)
+    key = p.rate_key
+    t = NOW
+    o.receive(t, ReportBatch.of("a", 1, [UsageReport(key, "a", 1, 1, iops_delta=1)]))
+    o.receive(t, ReportBatch.of("b", 1, [UsageReport(key, "b", 1, 1, iops_delta=1)]))
+    o.tick(t + 5 * MS)  # a learns that b joined (its cap halves)
+    to_b: list[SnapshotBatch] = []
+    for i in range(2, 12):  # a reports every 5 ms, b only once in a while
+        t = NOW + 5 * i * MS
+        o.receive(t, ReportBatch.of("a", 1, [UsageReport(key, "a", 1, i, iops_delta=10)]))
+        if i % 6 == 0:
+            o.receive(t, ReportBatch.of("b", 1, [UsageReport(key, "b", 1, i, iops_delta=1)]))
+        to_b += [e.message for e in o.tick(t) if isinstance(e, Send) and e.to == "b"]
+    assert to_b and all(m.keys == () for m in to_b)  # heartbeats only
+    # a drains the bucket: what b may spend changes, and b hears of it at the next tick.
+    t += 5 * MS
+    o.receive(t, ReportBatch.of("a", 1, [UsageReport(key, "a", 1, 12, iops_delta=999_000)]))
+    rows = [r for e in o.tick(t + 5 * MS) if isinstance(e, Send) and e.to == "b"
+            for r in e.message.snapshots]
+    assert [r.rate_key for r in rows] == [key] and rows[0].remaining < 10_000
+
+
+def test_batches_to_a_worker_are_numbered_and_moved_keys_skip_a_number() -> None:
+    ring = Ring(["o", "x"], 2)
+    pols = [policy(f"t{i}") for i in range(50)]
+    stays = next(p for p in pols if ring.owner_of(p.rate_key) == "o")
+    moves = next(p for p in pols if ring.owner_of(p.rate_key) == "x")
+    o = Owner("o", Ring(["o"], 1), cache(stays, moves), 0)
+    seqs = [snaps(o.receive(NOW, batch_of("a", p.rate_key, 1)), "a").batch_seq
+            for p in (stays, moves)]
+    assert seqs == [1, 2]
+    o.ring_changed(NOW, ring)  # a key moved to x: a's views of it must not be vouched for
+    assert snaps(o.receive(NOW, batch_of("a", stays.rate_key, 2, epoch=2)), "a").batch_seq == 4
+
+
+def batch_of(worker: str, key: RateKey, seq: int, epoch: int = 1) -> ReportBatch:
+    return ReportBatch.of(worker, epoch, [UsageReport(key, worker, 1, seq, iops_delta=1)])

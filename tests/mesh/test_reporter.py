@@ -236,3 +236,55 @@ def test_a_reset_link_resends_what_its_owner_has_not_acknowledged_at_once() -> N
     r.link_reset(owner)  # the stream reopened: what it carried may be lost
     again = sent_reports(r.flush(7 * MS))
     assert [(x.sequence, x.iops_delta) for x in again] == [(1, 3)]
+
+
+def vouching(r: Reporter, seq: int, *rows: RateSnapshot, inc: int = 0) -> SnapshotBatch:
+    """A batch from the key's owner, numbered `seq` (empty: it only vouches)."""
+    owner = r.ring.owner_of(KEY)
+    return SnapshotBatch.of(owner, 1, rows, batch_seq=seq) if rows else SnapshotBatch(
+        owner, 1, inc, batch_seq=seq)
+
+
+def row(version: int, ack: int) -> RateSnapshot:
+    return RateSnapshot(KEY, 1, version, 100, 0, ack, 7, 0, PPM, 1)
+
+
+def fresh_view_at_1ms() -> tuple[Reporter, Admission, GlobalView]:
+    r, a = worker()
+    admit_n(a, 2)
+    r.flush(0)  # the owner's lease on our reports of the key runs 50 ms from here
+    r.receive(MS, vouching(r, 1, row(1, 1)))  # fresh until 21 ms
+    v = a.view("t", "read_iops")
+    assert isinstance(v, GlobalView) and v.state is ViewState.FRESH
+    return r, a, v
+
+
+def test_an_owners_later_batches_keep_its_views_fresh_while_the_lease_lasts() -> None:
+    r, a, v = fresh_view_at_1ms()
+    r.receive(15 * MS, vouching(r, 2))
+    a.tick(25 * MS)
+    assert v.state is ViewState.FRESH and v.allowance == 40
+    r.receive(30 * MS, vouching(r, 3))
+    a.tick(45 * MS)
+    assert v.state is ViewState.FRESH
+    a.tick(55 * MS)  # we sent no report for 50 ms: the owner stopped watching the key for us
+    assert v.state is ViewState.BOOT
+
+
+def test_a_missing_batch_number_ends_the_vouching_for_what_came_before() -> None:
+    r, a, v = fresh_view_at_1ms()
+    r.receive(15 * MS, vouching(r, 3))  # batch 2 was lost: it may have changed this view
+    a.tick(25 * MS)
+    assert v.state is ViewState.BOOT
+
+
+def test_only_the_keys_owner_in_its_own_incarnation_vouches() -> None:
+    r, a, v = fresh_view_at_1ms()
+    r.receive(15 * MS, vouching(r, 1, inc=1))  # the owner restarted: it knows nothing of v
+    a.tick(25 * MS)
+    assert v.state is ViewState.BOOT
+    r, a, v = fresh_view_at_1ms()
+    r.receive(15 * MS, vouching(r, 2))
+    r.ring_changed(Ring(["w", "z"], 2))  # the key has another owner now
+    a.tick(25 * MS)
+    assert v.state is ViewState.BOOT

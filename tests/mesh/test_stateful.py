@@ -106,6 +106,13 @@ class MeshMachine(RuleBasedStateMachine):
         for w in WORKERS:
             self.admit(w, n)
 
+    @rule(n=st.integers(1, 60))
+    def fan_out(self, n: int) -> None:
+        """Every worker reports a little and hears back; then all burst at once."""
+        self.admit_everywhere(1)
+        self.run_to(self.now + (self.cfg.sync_interval_ms + 2 * MAX_DELAY_MS + 1) * MS)
+        self.admit_everywhere(n)
+
     @rule(w=st.sampled_from(WORKERS), ms=st.integers(5, 60))
     def partition(self, w: str, ms: int) -> None:
         """Cut a worker off: its messages, both ways, are lost for `ms`."""

@@ -15,7 +15,15 @@ from hypothesis import strategies as st
 from bench._procs import free_port
 from mesh._columns import pack_column
 from mesh.errors import MessageError
-from mesh.messages import ReportBatch, SnapshotBatch, UsageReport, decode, encode, to_wire
+from mesh.messages import (
+    SCHEMA_VERSION,
+    ReportBatch,
+    SnapshotBatch,
+    UsageReport,
+    decode,
+    encode,
+    to_wire,
+)
 from mesh.node import Mesh
 from mesh.peer import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA_MD
 from mesh.peer._wire import SCHEMA
@@ -76,8 +84,8 @@ CASES: list[tuple[str, list[bytes], dict[str, str] | None, grpc.StatusCode, str]
     ("garbage", [b"\xc1\xff\x00garbage"], None, grpc.StatusCode.INVALID_ARGUMENT, "msgpack"),
     ("not an array", [msgpack.packb({"a": 1})], None, grpc.StatusCode.INVALID_ARGUMENT,
      "message"),
-    ("bad field", [msgpack.packb([2, "reports", "peer", 1, 7, [["acme", "read_iops", 0]],
-                                  *[pack_column([1])] * 4])],
+    ("bad field", [msgpack.packb([SCHEMA_VERSION, "reports", "peer", 1, 7,
+                                  [["acme", "read_iops", 0]], *[pack_column([1])] * 4])],
      None, grpc.StatusCode.INVALID_ARGUMENT, "policy_generation"),
     ("other sender", [_good(sender="mallory")], None, grpc.StatusCode.INVALID_ARGUMENT,
      "sender"),
