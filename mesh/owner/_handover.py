@@ -172,9 +172,11 @@ def install(owner: Owner, now_ns: int, msg: Handover) -> None:
         ks = owner.keys.get(key)
         if ks is None:
             h.park(now_ns, item)
-        elif _tighten(now_ns, ks, item, owner.applied.get(key, 0),
-                      owner.config.reporters_per_key_max):
+            continue
+        if _tighten(now_ns, ks, item, owner.applied.get(key, 0),
+                    owner.config.reporters_per_key_max):
             h.tightened += 1
+        owner.wake(ks)  # its reporters hear at the next tick
 
 
 def _tighten(now_ns: int, ks: KeyState, item: KeyHandover, applied_total: int,
@@ -187,8 +189,7 @@ def _tighten(now_ns: int, ks: KeyState, item: KeyHandover, applied_total: int,
     candidate.apply(now_ns, applied_total - ks.applied_at_open)
     before = ks.meter.ahead_ns(now_ns)
     ks.meter.hold(now_ns, candidate.ahead_ns(now_ns))
-    ks.changes += 1  # its reporters hear at the next tick
-    ks.tick_at_ns = 0
+    ks.changes += 1
     if ks.meter.remaining(now_ns) == 0:
         ks.exhausted = True
     _continue_order(ks, item)

@@ -14,6 +14,7 @@ skipped batch number ends the vouching).
 
 from __future__ import annotations
 
+from heapq import heappop, heappush
 from typing import Any
 
 from mesh._validate import INT_MAX, check_int, check_str
@@ -123,7 +124,10 @@ class Owner:
         self.keys: dict[RateKey, KeyState] = {}
         self._owned_since_ns = now_ns
         self._fetching: set[RateKey] = set()
-        self._active: dict[RateKey, KeyState] = {}  # keys with a live reporter lease
+        # When keys are next due at the tick, as a heap of (time, n, key); an entry whose
+        # time is not its key's `tick_at_ns` any more was superseded and is skipped.
+        self._due: list[tuple[int, int, RateKey]] = []
+        self._due_n = 0
         self._swept_ns = now_ns
         self.applied_units = 0  # telemetry: usage applied, in the keys' own units
         self.applied: dict[RateKey, int] = {}  # telemetry: the same, per key
@@ -151,7 +155,6 @@ class Owner:
                 out.reject(sender, Rejection(key, RejectReason.STALE_EPOCH, ring.epoch))
             return out.drain()
         keys = self.keys
-        active = self._active
         applied = self.applied
         me = self.member_id
         reorder = cfg.reorder_window
@@ -196,7 +199,6 @@ class Owner:
                 rs.demand_cur = 0
                 rs.window = window
             rs.lease_until_ns = lease_until_ns
-            active[key] = ks
             if outcome == Applied.NEW:
                 ks.meter.apply(now_ns, delta)
                 ks.last_used_ns = now_ns
@@ -232,7 +234,7 @@ class Owner:
                 rs.sent_allowance_ppm = snapshot_allowance_ppm(remaining, share_ppm, n, b)
                 if not _near_last_look(ks, basis, remaining, floor):
                     ks.changes += 1  # the others' views are behind: the next tick sees to it
-                    ks.tick_at_ns = 0
+                    self.wake(ks)
             rs.sent_floor = floor
             ks.version += 1
             rs.sent_at_ns = now_ns
@@ -254,17 +256,18 @@ class Owner:
         """
         out = _Outbox(self, now_ns)
         sync_ns = self.config.sync_interval_ms * MS
-        active = self._active
-        for key in list(active):
-            ks = active[key]
-            if ks.tick_at_ns > now_ns:
-                continue  # nothing is due for this key before then
+        due, keys = self._due, self.keys
+        while due and due[0][0] <= now_ns:
+            at, _, key = heappop(due)
+            ks = keys.get(key)
+            if ks is None or ks.tick_at_ns != at:
+                continue  # forgotten, or due at another time since
+            ks.tick_at_ns = INT_MAX
             if ks.exhausted and ks.meter.remaining(now_ns) * 8 >= ks.meter.burst:
                 # Hysteresis: under steady overload the bucket hovers near zero, and a
                 # broadcast at every brush with it would make traffic grow with load.
                 ks.exhausted = False
-            if not self._broadcast(now_ns, ks, out, sync_ns=sync_ns):
-                del active[key]  # no live lease left: nobody to keep fresh
+            self._broadcast(now_ns, ks, out, sync_ns=sync_ns)
         self._vouch(now_ns, out)
         if now_ns - self._swept_ns >= SWEEP_NS:
             self._sweep(now_ns)
@@ -292,7 +295,7 @@ class Owner:
             for worker, rs in list(ks.reporters.items()):
                 if now_ns - rs.last_seen_ns > retention_ns:
                     del ks.reporters[worker]
-            if (not ks.reporters and key not in self._active
+            if (not ks.reporters and ks.tick_at_ns == INT_MAX
                     and ks.meter.remaining(now_ns) >= ks.meter.burst):
                 del self.keys[key]  # idle and full: forgetting it loses nothing
 
@@ -306,7 +309,6 @@ class Owner:
         moved = [k for k in self.keys if not ring.owns(self.member_id, k)]
         for key in moved:
             del self.keys[key]
-            self._active.pop(key, None)
         if moved:  # skip a batch number: no worker may take our word for what moved
             self._skip_batch(*self._out_seq)
 
@@ -347,6 +349,13 @@ class Owner:
         del ks.reporters[oldest]
         self._skip_batch(oldest)  # we no longer know what it holds of this key
 
+    def wake(self, ks: KeyState, at_ns: int = 0) -> None:
+        """Have the tick look at the key at `at_ns` (0: the next tick), unless it will sooner."""
+        if at_ns < ks.tick_at_ns:
+            ks.tick_at_ns = at_ns
+            self._due_n += 1
+            heappush(self._due, (at_ns, self._due_n, ks.policy.rate_key))
+
     def _skip_batch(self, *workers: str) -> None:
         """Number the next batch to each of `workers` one past the next: the gap ends the
         vouching for every view this owner gave them before (`mesh.reporter`)."""
@@ -355,25 +364,21 @@ class Owner:
 
     def _broadcast(
         self, now_ns: int, ks: KeyState, out: _Outbox, *, skip: str = "", sync_ns: int = 0,
-    ) -> bool:
+    ) -> None:
         """Snapshot to live reporters but `skip`. With `sync_ns` (the tick), only to those
         whose view the key's changes since their last snapshot would alter, and not sooner
         than `sync_ns` after it; note when the key is next due.
-        Returns whether the key has any live reporter lease."""
+        In the tick, a key is due again only for a reporter its changes have not reached
+        yet; the tick never looks at a key merely because a lease lapsed. The reporters
+        still live hear of a larger share in their next reply."""
         key = ks.policy.rate_key
         basis: tuple[int, int, int, int] | None = None
         remaining = floor = 0
         b = ks.policy.local_burst_cap
-        live = 0
         snapshot = out.snapshot
         next_ns = INT_MAX
         for worker, rs in ks.reporters.items():  # insertion order: deterministic
-            if rs.lease_until_ns < now_ns:
-                continue
-            live += 1
-            if rs.lease_until_ns < next_ns:
-                next_ns = rs.lease_until_ns + 1  # when it lapses, the key may go idle
-            if worker == skip:
+            if rs.lease_until_ns < now_ns or worker == skip:
                 continue
             if sync_ns:
                 if rs.seen_changes == ks.changes:
@@ -403,13 +408,8 @@ class Owner:
             rs.sent_floor = floor
             snapshot(worker, (key, ks.owner_epoch, ks.version, remaining, rs.watermark,
                               rs.worker_epoch, share_ppm, basis[0]))
-        if sync_ns:
-            if live < ks.live_reporters:  # a lease lapsed: the others' shares grow
-                ks.changes += 1
-                next_ns = 0
-            ks.live_reporters = live
-            ks.tick_at_ns = next_ns
-        return live > 0
+        if sync_ns and next_ns < INT_MAX:
+            self.wake(ks, next_ns)
 
     def _share_basis(self, now_ns: int, ks: KeyState,
                      remaining: int) -> tuple[int, int, int, int]:

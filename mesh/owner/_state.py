@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mesh._validate import INT_MAX
 from mesh.gcra import Gcra
 from mesh.policy import TenantRatePolicy
 
@@ -86,8 +87,7 @@ class KeyState:
     """One RateKey at its owner: the meter and who is reporting it."""
 
     __slots__ = ("policy", "meter", "version", "owner_epoch", "reporters", "exhausted",
-                 "last_used_ns", "applied_at_open", "changes", "tick_at_ns", "live_reporters",
-                 "looked")
+                 "last_used_ns", "applied_at_open", "changes", "tick_at_ns", "looked")
 
     def __init__(self, policy: TenantRatePolicy, meter: Gcra, owner_epoch: int, now_ns: int):
         self.policy = policy
@@ -99,7 +99,6 @@ class KeyState:
         self.last_used_ns = now_ns
         self.applied_at_open = 0  # the owner's per-key applied total when it opened (hand-over)
         self.changes = 0  # usage applied or state handed over: a reporter's view is behind
-        self.tick_at_ns = 0  # the owner's tick need not look at this key before then
-        self.live_reporters = 0  # reporters with a live lease when the tick last looked
+        self.tick_at_ns = INT_MAX  # when the owner's tick is next due to look at the key
         # (live reporters, their even allowance or -1, floor) when the tick last looked
         self.looked: tuple[int, int, int] = (0, -1, 0)
