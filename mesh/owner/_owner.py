@@ -161,6 +161,7 @@ class Owner:
         lease_until_ns = now_ns + cfg.reporter_lease_ms * MS
         window = now_ns // (cfg.demand_window_ms * MS)
         self._leases[sender] = lease_until_ns
+        share_floor = cfg.share_floor_ppm
         exhausted_now: list[KeyState] = []
         replied: dict[RateKey, KeyState] = {}
         refused: dict[RateKey, RejectReason] = {}
@@ -194,6 +195,7 @@ class Owner:
                 rs.demand_cur = rs.demand_prev = 0
                 rs.window = window
                 ks.changes += 1  # one more active reporter: the others' shares change
+                ks.live_until_ns = -1  # count them again
             elif rs.window != window:  # rs.roll(window), inlined
                 rs.demand_prev = rs.demand_cur if rs.window == window - 1 else 0
                 rs.demand_cur = 0
@@ -224,16 +226,27 @@ class Owner:
                 ks.exhausted = False  # the tick's hysteresis, as the key may not be ticked
             b = ks.policy.local_burst_cap
             floor = remaining if remaining < b else b
-            if len(ks.reporters) == 1:  # the only reporter: the whole budget is its share
-                share_ppm, n = PPM, 1
+            n = ks.live_n if now_ns <= ks.live_until_ns else _count_live(now_ns, ks)
+            if n == 1:  # the only live reporter: the whole budget is its share
+                share_ppm = PPM
                 rs.sent_allowance_ppm = floor * PPM  # snapshot_allowance_ppm for one
-                ks.changes += 1
             else:
-                basis = self._share_basis(now_ns, ks, remaining)
-                share_ppm, n = _share_ppm(basis, rs.demand_cur + rs.demand_prev), basis[0]
-                rs.sent_allowance_ppm = snapshot_allowance_ppm(remaining, share_ppm, n, b)
-                if not _near_last_look(ks, basis, remaining, floor):
-                    ks.changes += 1  # the others' views are behind: the next tick sees to it
+                even = remaining * PPM // ks.meter.burst
+                even_each = (even if even > share_floor else share_floor) // n
+                if (PPM - even) << _NEAR <= even_each:  # _share_ppm's even case, inlined
+                    share_ppm = even_each
+                    allowance = snapshot_allowance_ppm(remaining, even_each, n, b)
+                    looked_n, looked_allowance, looked_floor = ks.looked
+                    near = (looked_n == n and _near(allowance, looked_allowance)
+                            and _near(floor, looked_floor))
+                else:
+                    basis = self._share_basis(now_ns, ks, remaining)
+                    share_ppm = _share_ppm(basis, rs.demand_cur + rs.demand_prev)
+                    allowance = snapshot_allowance_ppm(remaining, share_ppm, n, b)
+                    near = False
+                rs.sent_allowance_ppm = allowance
+                if not near:  # the others' views are behind: the next tick sees to it
+                    ks.changes += 1
                     self.wake(ks)
             rs.sent_floor = floor
             ks.version += 1
@@ -295,6 +308,7 @@ class Owner:
             for worker, rs in list(ks.reporters.items()):
                 if now_ns - rs.last_seen_ns > retention_ns:
                     del ks.reporters[worker]
+                    ks.live_until_ns = -1
             if (not ks.reporters and ks.tick_at_ns == INT_MAX
                     and ks.meter.remaining(now_ns) >= ks.meter.burst):
                 del self.keys[key]  # idle and full: forgetting it loses nothing
@@ -347,6 +361,7 @@ class Owner:
     def _forget_oldest_reporter(self, ks: KeyState) -> None:
         oldest = min(ks.reporters, key=lambda w: (ks.reporters[w].last_seen_ns, w))
         del ks.reporters[oldest]
+        ks.live_until_ns = -1
         self._skip_batch(oldest)  # we no longer know what it holds of this key
 
     def wake(self, ks: KeyState, at_ns: int = 0) -> None:
@@ -397,11 +412,9 @@ class Owner:
             share_ppm = _share_ppm(basis, rs.demand_cur + rs.demand_prev)
             allowance = snapshot_allowance_ppm(remaining, share_ppm, basis[0], b)
             rs.seen_changes = ks.changes
-            if sync_ns:
-                da, df = allowance - rs.sent_allowance_ppm, floor - rs.sent_floor
-                if ((da if da >= 0 else -da) << _NEAR <= rs.sent_allowance_ppm
-                        and (df if df >= 0 else -df) << _NEAR <= rs.sent_floor):
-                    continue  # a refresh would change nothing it acts on
+            if (sync_ns and _near(allowance, rs.sent_allowance_ppm)
+                    and _near(floor, rs.sent_floor)):
+                continue  # a refresh would change nothing it acts on
             ks.version += 1
             rs.sent_at_ns = now_ns
             rs.sent_allowance_ppm = allowance
@@ -444,35 +457,37 @@ class Owner:
                                               c[7], tuple(rejects), seq))
 
 
-def _even_allowance(basis: tuple[int, int, int, int], remaining: int, b: int) -> int:
-    """Every live reporter's allowance when shares are even, or -1 when they follow
-    demand (the demand-driven part is more than a rounding error of the even part)."""
-    active, _, spread, even_each = basis
-    if spread << _NEAR > even_each:
-        return -1
-    return snapshot_allowance_ppm(remaining, even_each, active, b)
+def _near(now: int, then: int) -> bool:
+    """Whether `now` is within 1/2**_NEAR of `then` (never, while `then` is unset: -1)."""
+    d = now - then
+    return (d if d >= 0 else -d) << _NEAR <= then
+
+
+def _count_live(now_ns: int, ks: KeyState) -> int:
+    """Reporters with a live lease on the key; the count holds until the first lapses."""
+    n, until = 0, INT_MAX
+    for rs in ks.reporters.values():
+        if rs.lease_until_ns >= now_ns:
+            n += 1
+            if rs.lease_until_ns < until:
+                until = rs.lease_until_ns
+    ks.live_n, ks.live_until_ns = n, until
+    return n
 
 
 def _look(ks: KeyState, basis: tuple[int, int, int, int], remaining: int, floor: int) -> None:
-    """Remember what every reporter of the key was told (or found near enough) by a tick."""
-    ks.looked = (basis[0], _even_allowance(basis, remaining, ks.policy.local_burst_cap), floor)
-
-
-def _near_last_look(ks: KeyState, basis: tuple[int, int, int, int], remaining: int,
-                    floor: int) -> bool:
-    """Whether a report left every other reporter's view near what the tick last found it
-    should be: shares even, as many reporters, allowance and floor within `_NEAR`. Then
-    the tick need not look at the key (its changes wait for a lease to lapse)."""
-    active, allowance, was_floor = ks.looked
-    if active != basis[0] or allowance < 0:
-        return False
-    now = _even_allowance(basis, remaining, ks.policy.local_burst_cap)
-    da, df = now - allowance, floor - was_floor
-    return now >= 0 and ((da if da >= 0 else -da) << _NEAR <= allowance
-                         and (df if df >= 0 else -df) << _NEAR <= was_floor)
+    """Remember what every reporter of the key was told (or found near enough) by a tick:
+    the live count, the allowance of an even share (-1 when shares follow demand) and
+    min(remaining, b). A report that leaves these near needs no look (`receive`)."""
+    active, _, spread, even_each = basis
+    even = -1 if spread << _NEAR > even_each else snapshot_allowance_ppm(
+        remaining, even_each, active, ks.policy.local_burst_cap)
+    ks.looked = (active, even, floor)
 
 
 def _share_ppm(basis: tuple[int, int, int, int], mine: int) -> int:
     """A live reporter's share (ppm) of what remains, from `Owner._share_basis`."""
     active, total, spread, even_each = basis
+    if spread << _NEAR <= even_each:
+        return even_each  # the part shared by demand is a rounding error of the even part
     return PPM // active if total == 0 else spread * mine // total + even_each

@@ -87,7 +87,8 @@ class KeyState:
     """One RateKey at its owner: the meter and who is reporting it."""
 
     __slots__ = ("policy", "meter", "version", "owner_epoch", "reporters", "exhausted",
-                 "last_used_ns", "applied_at_open", "changes", "tick_at_ns", "looked")
+                 "last_used_ns", "applied_at_open", "changes", "tick_at_ns", "looked",
+                 "live_n", "live_until_ns")
 
     def __init__(self, policy: TenantRatePolicy, meter: Gcra, owner_epoch: int, now_ns: int):
         self.policy = policy
@@ -100,5 +101,7 @@ class KeyState:
         self.applied_at_open = 0  # the owner's per-key applied total when it opened (hand-over)
         self.changes = 0  # usage applied or state handed over: a reporter's view is behind
         self.tick_at_ns = INT_MAX  # when the owner's tick is next due to look at the key
+        self.live_n = 0  # reporters with a live lease, as counted when the first of them
+        self.live_until_ns = -1  # lapses (here); -1: count again
         # (live reporters, their even allowance or -1, floor) when the tick last looked
         self.looked: tuple[int, int, int] = (0, -1, 0)
