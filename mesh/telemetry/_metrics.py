@@ -51,7 +51,8 @@ class Telemetry:
             ("metric",), buckets=DELAY_BUCKETS_S, registry=self.registry)
         self.snapshot_delay = Histogram(
             "ratemesh_snapshot_delay_seconds",
-            "Age of a key's view when the next snapshot for it arrives",
+            "Age of a key's view when the next snapshot for it arrives (owners send one "
+            "when the view would change; their batches keep it fresh in between)",
             ("metric",), buckets=DELAY_BUCKETS_S, registry=self.registry)
         self.registry.register(_Collector(self, stats))
 
