@@ -45,6 +45,10 @@ SWEEP_NS = 1_000_000_000  # upkeep of every retained key, once a second
 # bucket that refills between two reports, which would otherwise send every key of a busy
 # owner every interval.
 _NEAR = 16
+# The part of a share that follows demand moves in steps of 1/64 of the even part (rounded
+# down, so shares still sum to at most one). Below one step, shares are even: in a bucket
+# that is nearly full, demand moves no one's allowance, and no refresh is owed for it.
+_GRAIN = 6
 
 
 Row = tuple[RateKey, int, int, int, int, int, int, int]  # one snapshot's columns
@@ -233,12 +237,13 @@ class Owner:
             else:
                 even = remaining * PPM // ks.meter.burst
                 even_each = (even if even > share_floor else share_floor) // n
-                if (PPM - even) << _NEAR <= even_each:  # _share_ppm's even case, inlined
+                if PPM - even < ((even_each >> _GRAIN) or 1):  # _share_ppm's even case
                     share_ppm = even_each
                     allowance = snapshot_allowance_ppm(remaining, even_each, n, b)
                     looked_n, looked_allowance, looked_floor = ks.looked
-                    near = (looked_n == n and _near(allowance, looked_allowance)
-                            and _near(floor, looked_floor))
+                    da, df = allowance - looked_allowance, floor - looked_floor  # _near, inlined
+                    near = (looked_n == n and (da if da >= 0 else -da) << _NEAR <= looked_allowance
+                            and (df if df >= 0 else -df) << _NEAR <= looked_floor)
                 else:
                     basis = self._share_basis(now_ns, ks, remaining)
                     share_ppm = _share_ppm(basis, rs.demand_cur + rs.demand_prev)
@@ -480,14 +485,23 @@ def _look(ks: KeyState, basis: tuple[int, int, int, int], remaining: int, floor:
     the live count, the allowance of an even share (-1 when shares follow demand) and
     min(remaining, b). A report that leaves these near needs no look (`receive`)."""
     active, _, spread, even_each = basis
-    even = -1 if spread << _NEAR > even_each else snapshot_allowance_ppm(
+    even = -1 if spread >= _step(even_each) else snapshot_allowance_ppm(
         remaining, even_each, active, ks.policy.local_burst_cap)
     ks.looked = (active, even, floor)
+
+
+def _step(even_each: int) -> int:
+    """The step of the demand-driven part of a share (`_GRAIN`)."""
+    return (even_each >> _GRAIN) or 1
 
 
 def _share_ppm(basis: tuple[int, int, int, int], mine: int) -> int:
     """A live reporter's share (ppm) of what remains, from `Owner._share_basis`."""
     active, total, spread, even_each = basis
-    if spread << _NEAR <= even_each:
-        return even_each  # the part shared by demand is a rounding error of the even part
-    return PPM // active if total == 0 else spread * mine // total + even_each
+    step = _step(even_each)
+    if spread < step:
+        return even_each  # no reporter's demand part reaches a step: even shares
+    if total == 0:
+        return PPM // active
+    by_demand = spread * mine // total
+    return by_demand - by_demand % step + even_each
