@@ -15,10 +15,17 @@ from typing import Any
 from mesh._validate import INT_MAX, check_int
 from mesh.errors import MeshError, MessageError, MessageTypeError
 
-__all__ = ["pack_column", "unpack_column", "check_column"]
+__all__ = ["Int64s", "pack_column", "unpack_column", "check_column"]
 
 _SWAP = sys.byteorder != "little"
 _INT_ONLY = frozenset((int,))
+
+
+class Int64s(tuple[int, ...]):
+    """A column as `unpack_column` decodes it: it can hold only ints, so `check_column`
+    checks its range without looking at each element's type again."""
+
+    __slots__ = ()
 
 
 def pack_column(values: tuple[int, ...] | list[int]) -> bytes:
@@ -28,7 +35,7 @@ def pack_column(values: tuple[int, ...] | list[int]) -> bytes:
     return col.tobytes()
 
 
-def unpack_column(field: str, data: Any, count: int) -> tuple[int, ...]:
+def unpack_column(field: str, data: Any, count: int) -> Int64s:
     """`count` int64s from `data`, or a MessageError naming `field`."""
     if not isinstance(data, bytes):
         raise MessageTypeError(field, f"must be binary (packed int64), got {type(data).__name__}")
@@ -39,19 +46,21 @@ def unpack_column(field: str, data: Any, count: int) -> tuple[int, ...]:
     col.frombytes(data)
     if _SWAP:
         col.byteswap()
-    return tuple(col)
+    return Int64s(col)
 
 
 def check_column(field: str, values: Any, count: int, *, minimum: int = 0,
                  maximum: int = INT_MAX, error: type[MeshError] = MessageError) -> None:
     """A tuple of `count` ints in [minimum, maximum]; the error names the first bad one."""
-    if type(values) is not tuple:
+    kind = type(values)
+    if kind is not tuple and kind is not Int64s:
         raise MessageTypeError(field, f"must be a tuple of integers, got {type(values).__name__}")
     if len(values) != count:
         raise error(field, f"must have {count} elements (one per key), got {len(values)}")
     if not values:
         return
-    if set(map(type, values)) <= _INT_ONLY and min(values) >= minimum and max(values) <= maximum:
+    if ((kind is Int64s or set(map(type, values)) <= _INT_ONLY)
+            and min(values) >= minimum and max(values) <= maximum):
         return
     for i, v in enumerate(values):  # the slow path: name the first element that is wrong
         check_int(f"{field}[{i}]", v, minimum=minimum, maximum=maximum, error=error)
