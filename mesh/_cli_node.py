@@ -16,9 +16,9 @@ __all__ = ["add_commands", "run"]
 
 def add_commands(sub: Any, bench_sub: Any) -> None:
     demo = sub.choices.get("demo")
-    if demo is not None:  # the in-memory demo's parser: add the live, networked variant
+    if demo is not None:  # the networked demo is the default; this flag says so explicitly
         demo.add_argument("--loopback", action="store_true",
-                          help="three real members on loopback gRPC, live rows on stderr")
+                          help="real members on loopback gRPC, live rows on stderr (default)")
     node = sub.add_parser("node", help="run a standalone mesh peer (sidecar, tests)")
     node.add_argument("--config", required=True, help="the node's YAML config")
     node.add_argument("--member-id", help="override member_id from the config")
@@ -57,13 +57,16 @@ def run(args: argparse.Namespace) -> int | None:
 
     if args.command == "node":
         return _node(args)
-    if args.command == "demo" and getattr(args, "loopback", False):
+    if args.command == "demo" and args.loopback and args.memory:
+        print("mesh demo: --loopback and --memory exclude each other", file=sys.stderr)
+        return 2
+    if args.command == "demo" and not args.memory:
         from mesh.node._demo import run_loopback_demo
 
-        if args.seconds <= 0 or args.workers < 1:
+        workers = 3 if args.workers is None else args.workers
+        if args.seconds <= 0 or workers < 1:
             print("mesh demo: --seconds must be > 0 and --workers >= 1", file=sys.stderr)
             return 2
-        workers = 3 if args.workers == 8 else args.workers  # 8 is the in-memory default
         emit(run_loopback_demo(seconds=args.seconds, workers=workers), args)
         return 0
     if args.command == "status":

@@ -36,10 +36,14 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mesh", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="run an in-process fleet on the embedded default")
+    demo = sub.add_parser("demo", help="the main job on its embedded default: a noisy and a "
+                                       "quiet tenant, live, then a summary")
     demo.add_argument("--seconds", type=float, default=3.0)
-    demo.add_argument("--seed", type=int, default=1)
-    demo.add_argument("--workers", type=int, default=8)
+    demo.add_argument("--seed", type=int, default=1, help="the in-memory network's (--memory)")
+    demo.add_argument("--workers", type=int, default=None,
+                      help="members (default: 3 on loopback, 8 with --memory)")
+    demo.add_argument("--memory", action="store_true",
+                      help="the mesh cores over the in-memory network, no sockets")
     demo.add_argument("--json", action="store_true", help="JSON only (no table on stderr)")
     demo.add_argument("--table", action="store_true", help="a table instead of JSON")
 
@@ -91,10 +95,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from mesh.demo import run_demo
 
-        if args.seconds <= 0 or args.workers < 1:
+        workers = 8 if args.workers is None else args.workers
+        if args.seconds <= 0 or workers < 1:
             print("mesh demo: --seconds must be > 0 and --workers >= 1", file=sys.stderr)
             return 2
-        emit(run_demo(seconds=args.seconds, seed=args.seed, workers=args.workers), args)
+        emit(run_demo(seconds=args.seconds, seed=args.seed, workers=workers), args)
         return 0
     if args.command == "bench" and args.bench == "hotpath":
         from bench.hotpath import run

@@ -1,4 +1,4 @@
-"""`mesh demo`: the main job on an embedded default, with no other process.
+"""`mesh demo --memory`: the main job's scenario over the in-memory network, no sockets.
 
 Eight workers share two tenants' fleet-wide limits through the real mesh cores, joined by
 the in-memory network: a noisy tenant offering four times its limit and a quiet one under

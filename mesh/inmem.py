@@ -1,6 +1,6 @@
 """An in-memory, deterministic fleet: real Members joined by a simulated network.
 
-The in-memory transport beside the gRPC one (the httpx/uvicorn habit): tests, `mesh demo`
+The in-memory transport beside the gRPC one (the httpx/uvicorn habit): tests, `mesh demo --memory`
 and the simulator drive the same Member objects production runs, on a virtual clock.
 Everything random comes from one `random.Random(seed)`; events at the same instant run in
 the order they were scheduled, so a seed replays a run exactly.

@@ -37,7 +37,7 @@ def run(*args: str) -> dict:
 
 
 def test_demo_prints_the_tenants_beside_the_ideal_and_the_bound() -> None:
-    result = run("demo", "--seconds", "1", "--json")
+    result = run("demo", "--memory", "--seconds", "1", "--json")
     for t in ("noisy", "quiet"):
         row = result["tenants"][t]
         assert row["within_bound"] is True
@@ -53,9 +53,13 @@ def test_bench_hotpath_prints_the_contract_keys() -> None:
 
 
 def test_bad_arguments_are_refused_with_a_message() -> None:
-    out = subprocess.run([sys.executable, "-m", "mesh.cli", "demo", "--seconds", "0"],
+    for mode in ("--memory", "--loopback"):
+        out = subprocess.run([sys.executable, "-m", "mesh.cli", "demo", mode, "--seconds", "0"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "--seconds" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "mesh.cli", "demo", "--memory", "--loopback"],
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "--seconds" in out.stderr
+    assert out.returncode == 2 and "exclude" in out.stderr
 
 
 def test_the_readme_core_example_runs() -> None:
