@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -68,6 +69,27 @@ def go(procs: list[subprocess.Popen[str]], *, lead_s: float = 0.5) -> float:
 
 _LEFTOVER: dict[int, bytes] = {}  # bytes read past a line, per child pid
 RESULT_FILE = "result_file"
+
+
+def watchdog(loop: asyncio.AbstractEventLoop, seconds: float) -> None:
+    """If this child still runs after `seconds`, write every asyncio task's stack and every
+    thread's to stderr and exit 3: a hung child then fails its test with the place it hung
+    (`read_ready` reports a dead child's stderr), not with silence."""
+    import faulthandler
+    import threading
+
+    def fire() -> None:
+        print(f"watchdog: still running after {seconds:.0f} s", file=sys.stderr)
+        faulthandler.dump_traceback(file=sys.stderr)
+        print("tasks:", file=sys.stderr)  # last: the test reports the end of stderr
+        for task in list(asyncio.all_tasks(loop)):  # racy, but only ever read once, here
+            task.print_stack(file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(3)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
 
 
 def print_result(result: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ from bench._procs import (
     read_ready,
     spawn,
     stop,
+    watchdog,
     write_config,
 )
 from mesh.telemetry import excess_over_windows as _excess
@@ -244,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tune_gc()
     loop = new_event_loop()
+    watchdog(loop, a.seconds + 45)  # the parent waits seconds + 60 for the result
     try:
         res = loop.run_until_complete(_worker(a))
     finally:

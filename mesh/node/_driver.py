@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from mesh.coordinator import PolicyFeed
@@ -31,6 +31,7 @@ from mesh.telemetry import Telemetry
 __all__ = ["NodeDriver", "DELAY_TRACK_MAX"]
 
 log = logging.getLogger("mesh.node")
+CLOSE_STEP_S = 2.0  # the longest one step of a graceful leave may take past its drain
 DELAY_TRACK_MAX = 100_000  # keys whose report delay is being timed; cleared when full
 DELAYS_KEPT = 512  # recent report delays, for d in the envelope estimate
 NS = 1_000_000_000
@@ -107,12 +108,16 @@ class NodeDriver:
             await asyncio.sleep(self.config.core.sync_interval_ms / 1000)
         for t in self._tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)  # crashes were logged
+        # Each step is bounded: a stop that hangs on a peer or a membership server that
+        # went away would keep the process from ever exiting.
+        await _bounded(asyncio.gather(*self._tasks, return_exceptions=True), CLOSE_STEP_S,
+                       "node tasks")  # their crashes were logged
         self._tasks.clear()
-        await self.membership.close()
+        await _bounded(self.membership.close(), CLOSE_STEP_S, "membership source")
         if self.feed is not None:
-            await self.feed.source.close()
-        await self.transport.close(max(0.0, deadline - loop.time()))
+            await _bounded(self.feed.source.close(), CLOSE_STEP_S, "policy source")
+        rest_s = max(0.0, deadline - loop.time())
+        await _bounded(self.transport.close(rest_s), rest_s + CLOSE_STEP_S, "peer transport")
 
     async def _hand_over(self, timeout_s: float) -> None:
         """Before leaving the ring: apply our own keys' pending reports, send every held
@@ -275,3 +280,12 @@ def _report_crash(task: asyncio.Task[Any]) -> None:
     """A node task ended other than by cancellation: that is a bug; say so loudly."""
     if not task.cancelled() and task.exception() is not None:
         log.error("node task %s crashed", task.get_name(), exc_info=task.exception())
+
+
+async def _bounded(step: Awaitable[Any], timeout_s: float, what: str) -> None:
+    """Await one step of closing for at most `timeout_s`; past that, say so and go on."""
+    try:
+        await asyncio.wait_for(step, timeout_s)
+    except TimeoutError:
+        log.warning("closing: %s did not stop within %.1f s; going on without it", what,
+                    timeout_s)

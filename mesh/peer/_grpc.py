@@ -8,6 +8,7 @@ reporters (who hold a stream) get them.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,8 @@ from mesh.peer._link import PeerLink
 from mesh.peer._server import PeerHandler, PeerServer
 
 __all__ = ["GrpcTransport"]
+
+log = logging.getLogger("mesh.peer")
 
 
 class GrpcTransport:
@@ -91,7 +94,11 @@ class GrpcTransport:
         links = list(self.links.values())
         if links:
             await asyncio.gather(*(link.drain(drain_s) for link in links))
-        await self.server.stop(min(drain_s, 0.2))
+        grace_s = min(drain_s, 0.2)
+        try:  # bounded: a stream stuck in grpc must not keep the member from stopping
+            await asyncio.wait_for(self.server.stop(grace_s), grace_s + 1.0)
+        except TimeoutError:
+            log.warning("peer server did not stop within %.1f s", grace_s + 1.0)
         await asyncio.gather(*(link.close() for link in links))
         self.links.clear()
 
