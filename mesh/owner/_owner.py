@@ -138,8 +138,11 @@ class Owner:
         self.duplicates = 0
         self.handovers = Handovers()  # graceful leave: parked keys, departed members
         self._leases: dict[str, int] = {}  # worker -> its latest reporter lease, any key
-        self._out_seq: dict[str, int] = {}  # worker -> the last batch_seq sent to it
-        self._out_at: dict[str, int] = {}  # worker -> when its last batch was built
+        # worker -> the last batch_seq sent to it, and when that batch was built. A worker
+        # new (or forgotten by `_sweep`) is numbered from the time in microseconds: past
+        # any number it had from us before, so what it holds from then is not vouched for.
+        self._out_seq: dict[str, int] = {}
+        self._out_at: dict[str, int] = {}
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -305,9 +308,13 @@ class Owner:
                 out.beat(worker)
 
     def _sweep(self, now_ns: int) -> None:
-        """Forget idempotency records past retention and keys that are idle and full."""
+        """Forget idempotency records past retention, keys that are idle and full, and the
+        batch numbers of workers we have not written to for as long."""
         self._swept_ns = now_ns
         retention_ns = self.config.idempotency_retention_ms * MS
+        for worker in [w for w, at in self._out_at.items()
+                       if now_ns - at > retention_ns and w not in self._leases]:
+            del self._out_at[worker], self._out_seq[worker]
         for key in list(self.keys):
             ks = self.keys[key]
             for worker, rs in list(ks.reporters.items()):
@@ -376,11 +383,16 @@ class Owner:
             self._due_n += 1
             heappush(self._due, (at_ns, self._due_n, ks.policy.rate_key))
 
+    def _next_seq(self, worker: str, now_ns: int) -> int:
+        seq = self._out_seq.get(worker)
+        return (now_ns // 1000 if seq is None else seq) + 1
+
     def _skip_batch(self, *workers: str) -> None:
         """Number the next batch to each of `workers` one past the next: the gap ends the
         vouching for every view this owner gave them before (`mesh.reporter`)."""
         for w in workers:
-            self._out_seq[w] = self._out_seq.get(w, 0) + 1
+            if w in self._out_seq:  # a worker we never wrote to holds nothing of ours
+                self._out_seq[w] += 1
 
     def _broadcast(
         self, now_ns: int, ks: KeyState, out: _Outbox, *, skip: str = "", sync_ns: int = 0,
@@ -455,7 +467,7 @@ class Owner:
     def _message(self, to: str, now_ns: int, rows: list[Row],
                  rejects: list[Rejection]) -> Send:
         c: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * 8
-        seq = self._out_seq[to] = self._out_seq.get(to, 0) + 1
+        seq = self._out_seq[to] = self._next_seq(to, now_ns)
         self._out_at[to] = now_ns
         return Send(to, SnapshotBatch.trusted(self.member_id, self.ring.epoch, self.incarnation,
                                               now_ns, c[0], c[1], c[2], c[3], c[4], c[5], c[6],

@@ -344,6 +344,8 @@ class Reporter:
         """Adopt a new ring: in-flight reports go to the new owners with the same sequences."""
         moved = not ring.places_like(self.ring)
         self.ring = ring
+        for owner in [o for o in self._vouch if o not in ring]:
+            del self._vouch[owner]  # it owns nothing of ours now
         self.ring_behind = max(self.ring_behind, ring.epoch)
         if not moved:
             return  # same members, same placement: every report is where it should be

@@ -167,7 +167,7 @@ def test_snapshots_go_only_to_active_reporters_and_stop_when_the_lease_ends() ->
     cfg = CoreConfig()
     o = owner(config=cfg)
     o.receive(NOW, batch("a", rep("a", 1, 1)))
-    o.receive(NOW, batch("b", rep("b", 1, 1)))
+    first_to_b = snaps(o.receive(NOW, batch("b", rep("b", 1, 1))), "b").batch_seq
     t = NOW + cfg.sync_interval_ms * MS
     effects = o.tick(t)
     # a's view lacks b's usage; b's reply already had everything: only a is behind.
@@ -177,7 +177,7 @@ def test_snapshots_go_only_to_active_reporters_and_stop_when_the_lease_ends() ->
     t = NOW + (cfg.snapshot_ttl_ms - 2 * cfg.sync_interval_ms) * MS
     effects = o.tick(t)
     assert sorted(e.to for e in effects if isinstance(e, Send)) == ["b"]
-    assert snaps(effects, "b").keys == () and snaps(effects, "b").batch_seq == 2
+    assert snaps(effects, "b").keys == () and snaps(effects, "b").batch_seq == first_to_b + 1
     assert [(e.to, e.message.keys) for e in o.tick(t + cfg.sync_interval_ms * MS)] == [
         ("a", ())]  # and so does a's, one interval later than b's
     o.receive(t, batch("a", rep("a", 2, 1)))  # only a keeps reporting
@@ -278,11 +278,21 @@ def test_batches_to_a_worker_are_numbered_and_moved_keys_skip_a_number() -> None
     stays = next(p for p in pols if ring.owner_of(p.rate_key) == "o")
     moves = next(p for p in pols if ring.owner_of(p.rate_key) == "x")
     o = Owner("o", Ring(["o"], 1), cache(stays, moves), 0)
-    seqs = [snaps(o.receive(NOW, batch_of("a", p.rate_key, 1)), "a").batch_seq
-            for p in (stays, moves)]
-    assert seqs == [1, 2]
+    first, second = (snaps(o.receive(NOW, batch_of("a", p.rate_key, 1)), "a").batch_seq
+                     for p in (stays, moves))
+    assert second == first + 1
     o.ring_changed(NOW, ring)  # a key moved to x: a's views of it must not be vouched for
-    assert snaps(o.receive(NOW, batch_of("a", stays.rate_key, 2, epoch=2)), "a").batch_seq == 4
+    third = snaps(o.receive(NOW, batch_of("a", stays.rate_key, 2, epoch=2)), "a").batch_seq
+    assert third == second + 2
+
+
+def test_a_forgotten_worker_is_numbered_past_anything_it_had_from_us() -> None:
+    cfg = CoreConfig(idempotency_retention_ms=100)
+    o = owner(config=cfg)
+    before = snaps(o.receive(NOW, batch("a", rep("a", 1, 1))), "a").batch_seq
+    o.tick(NOW + 1100 * MS)  # the upkeep, once a second: a is long gone
+    after = snaps(o.receive(NOW + 1200 * MS, batch("a", rep("a", 2, 1))), "a").batch_seq
+    assert after > before + 1  # a gap: nothing a held from before is vouched for
 
 
 def batch_of(worker: str, key: RateKey, seq: int, epoch: int = 1) -> ReportBatch:
