@@ -304,8 +304,8 @@ class SnapshotBatch:
 
     Row i is `RateSnapshot` for `keys[i]`; the owner's incarnation and the observation time
     are the same for every row, so they are said once. `batch_seq` numbers the owner
-    incarnation's batches to this receiver from 1 (0: unnumbered); a batch vouches for
-    every view its numbered predecessors gave, back to the last number skipped.
+    incarnation's batches to this receiver, one up each (0: unnumbered); a batch vouches
+    for every view its numbered predecessors gave, back to the last number skipped.
     """
 
     sender: str
