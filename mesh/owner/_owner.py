@@ -238,8 +238,8 @@ class Owner:
                 share_ppm = PPM
                 rs.sent_allowance_ppm = floor * PPM  # snapshot_allowance_ppm for one
             else:
-                even = remaining * PPM // ks.meter.burst
-                even_each = (even if even > share_floor else share_floor) // n
+                even = _even_ppm(remaining, ks.meter.burst, share_floor)
+                even_each = even // n
                 if PPM - even < ((even_each >> _GRAIN) or 1):  # _share_ppm's even case
                     share_ppm = even_each
                     allowance = snapshot_allowance_ppm(remaining, even_each, n, b)
@@ -461,7 +461,7 @@ class Owner:
                 if rs.window != window:
                     rs.roll(window)
                 total += rs.demand_cur + rs.demand_prev
-        even = max(self.config.share_floor_ppm, remaining * PPM // ks.meter.burst)
+        even = _even_ppm(remaining, ks.meter.burst, self.config.share_floor_ppm)
         return active, total, PPM - even, even // active
 
     def _message(self, to: str, now_ns: int, rows: list[Row],
@@ -500,6 +500,13 @@ def _look(ks: KeyState, basis: tuple[int, int, int, int], remaining: int, floor:
     even = -1 if spread >= _step(even_each) else snapshot_allowance_ppm(
         remaining, even_each, active, ks.policy.local_burst_cap)
     ks.looked = (active, even, floor)
+
+
+def _even_ppm(remaining: int, burst: int, floor_ppm: int) -> int:
+    """The part of `remaining` split evenly: as full as the bucket is, and never below the
+    configured floor (`Owner._share_basis` says why)."""
+    even = remaining * PPM // burst
+    return even if even > floor_ppm else floor_ppm
 
 
 def _step(even_each: int) -> int:
