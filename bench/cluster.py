@@ -123,7 +123,7 @@ async def _worker(a: argparse.Namespace) -> dict[str, Any]:
     from dataclasses import replace
 
     from mesh.node import Mesh
-    from mesh.nodeconfig import load_config
+    from mesh.config import load_config
 
     cfg = replace(load_config(a.config), member_id=a.member_id)
     if a.listen:

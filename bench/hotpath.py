@@ -13,11 +13,11 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from mesh.admission import Admission
-from mesh.messages import RateSnapshot, SnapshotBatch
-from mesh.policy import Metric, PolicyCache, TenantRatePolicy
-from mesh.reporter import Reporter
-from mesh.ring import Ring
+from mesh.core.admission import Admission
+from mesh.core.messages import RateSnapshot, SnapshotBatch
+from mesh.core.policy import Metric, PolicyCache, TenantRatePolicy
+from mesh.core.reporter import Reporter
+from mesh.core.ring import Ring
 
 BIG = 10**15
 

@@ -3,17 +3,17 @@
 The public API is re-exported here; everything else is private to its package.
 """
 
-from mesh.admission import Admission
-from mesh.admission.aio import Ticker, admit
-from mesh.config import CoreConfig
+from mesh.core.admission import Admission
+from mesh.aio import Ticker, admit
+from mesh.core.config import CoreConfig
 from mesh.errors import ConfigError, ConfigTypeError, MeshError, MessageError, MessageTypeError
-from mesh.gcra import Gcra
-from mesh.messages import RateSnapshot, ReportBatch, SnapshotBatch, UsageReport
-from mesh.owner import Owner
-from mesh.policy import Metric, Mode, PolicyCache, RateKey, TenantRatePolicy, Unit
-from mesh.reporter import Reporter
-from mesh.ring import Ring
-from mesh.verdict import Reason, Suspension, Verdict
+from mesh.core.gcra import Gcra
+from mesh.core.messages import RateSnapshot, ReportBatch, SnapshotBatch, UsageReport
+from mesh.core.owner import Owner
+from mesh.core.policy import Metric, Mode, PolicyCache, RateKey, TenantRatePolicy, Unit
+from mesh.core.reporter import Reporter
+from mesh.core.ring import Ring
+from mesh.core.verdict import Reason, Suspension, Verdict
 
 Policy = TenantRatePolicy
 

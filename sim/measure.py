@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mesh.gcra import NS_PER_S, Gcra
+from mesh.core.gcra import NS_PER_S, Gcra
 from sim.scenario import Policy
 from sim.workload import Arrival, TenantInfo
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import random
 
-from mesh.config import MS
+from mesh.core.config import MS
 from sim.scenario import NetworkSpec
 
 __all__ = ["ScenarioNetwork"]
 
 
 class ScenarioNetwork:
-    """Implements mesh.inmem.Network from a scenario's NetworkSpec.
+    """Implements mesh.testing.fleet.Network from a scenario's NetworkSpec.
 
     One-way delay = latency + a uniform jitter in [0, 2 x jitter_ms] (mean `jitter_ms`), so
     messages overtake each other. A member inside an active partition set reaches

@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mesh.config import MS
-from mesh.gcra import NS_PER_S
-from mesh.policy import Metric, RateKey
-from mesh.ring import Ring
+from mesh.core.config import MS
+from mesh.core.gcra import NS_PER_S
+from mesh.core.policy import Metric, RateKey
+from mesh.core.ring import Ring
 from sim.measure import Recorder
 from sim.network import ScenarioNetwork
 from sim.scenario import Fault, Scenario

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from mesh.errors import ConfigError, ConfigTypeError
-from mesh.policy import Metric
+from mesh.core.policy import Metric
 
 __all__ = ["ConfigError", "Scenario", "Fleet", "Policy", "TenantLoad", "TenantGroup",
            "NetworkSpec", "Fault", "load", "load_file", "parse", "SCENARIO_DIR", "names",

@@ -14,8 +14,8 @@ from bisect import bisect
 from dataclasses import dataclass
 from itertools import accumulate
 
-from mesh.gcra import NS_PER_S
-from mesh.policy import Metric, Unit
+from mesh.core.gcra import NS_PER_S
+from mesh.core.policy import Metric, Unit
 from sim.scenario import Policy, Scenario, TenantLoad
 
 __all__ = ["Arrival", "Workload", "TenantInfo"]

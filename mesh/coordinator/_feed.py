@@ -12,11 +12,11 @@ import logging
 
 from mesh.coordinator._source import PolicySnapshot, PolicySource
 from mesh.errors import ConfigError, MeshError
-from mesh.policy import PolicyCache, RateKey
+from mesh.core.policy import PolicyCache, RateKey
 
 __all__ = ["PolicyFeed"]
 
-log = logging.getLogger("mesh.policy")
+log = logging.getLogger("mesh.core.policy")
 
 
 class PolicyFeed:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mesh.errors import MessageError
-from mesh.policy import TenantRatePolicy
+from mesh.core.policy import TenantRatePolicy
 
 __all__ = ["PolicySnapshot", "PolicySource"]
 

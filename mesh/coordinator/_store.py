@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from mesh.coordinator._source import PolicySnapshot
-from mesh.policy import Metric, TenantRatePolicy
+from mesh.core.policy import Metric, TenantRatePolicy
 
 __all__ = ["PolicyStore"]
 

@@ -49,7 +49,7 @@ import dns.rdatatype
 import dns.resolver
 
 from mesh.errors import ConfigError, MeshError, PeerUnavailable
-from mesh.membership._view import MembershipView, Publish
+from mesh.membership._source import MembershipView, Publish
 
 __all__ = ["DnsMembership", "next_epoch"]
 

@@ -16,7 +16,7 @@ import logging
 
 from mesh.errors import MeshError
 from mesh.membership._etcd_client import EtcdClient, WatchEvent
-from mesh.membership._view import MembershipView, Publish
+from mesh.membership._source import MembershipView, Publish
 
 __all__ = ["EtcdMembership"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from mesh.membership._view import MembershipView, Publish
+from mesh.membership._source import MembershipView, Publish
 
 __all__ = ["StaticMembership"]
 

@@ -11,7 +11,7 @@ from mesh.membership import (
     MembershipSource,
     StaticMembership,
 )
-from mesh.nodeconfig import NodeConfig
+from mesh.config import NodeConfig
 from mesh.peer import CoordinatorClient, GrpcTransport, PeerHandler, Transport
 
 __all__ = ["build_transport", "build_membership", "build_policy_source"]

@@ -1,4 +1,4 @@
-"""The asyncio driver of one Member: `mesh.inmem.MemoryFleet`'s loop on real time.
+"""The asyncio driver of one Member: `mesh.testing.fleet.MemoryFleet`'s loop on real time.
 
 It feeds the sans-I/O Member time (a tick every sync interval, an early flush when the
 report threshold is crossed), messages (from the transport) and rings (from membership),
@@ -18,14 +18,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from mesh.coordinator import PolicyFeed
-from mesh.effects import Effect, FetchPolicy, Send
-from mesh.member import Member
+from mesh.core.effects import Effect, FetchPolicy, Send
+from mesh.core.member import Member
 from mesh.membership import MembershipSource, MembershipView
-from mesh.messages import Message, ReportBatch, SnapshotBatch
-from mesh.nodeconfig import Identity, NodeConfig
+from mesh.core.messages import Message, ReportBatch, SnapshotBatch
+from mesh.config import Identity, NodeConfig
 from mesh.peer import Transport
-from mesh.policy import RateKey
-from mesh.ring import Ring
+from mesh.core.policy import RateKey
+from mesh.core.ring import Ring
 from mesh.telemetry import Telemetry
 
 __all__ = ["NodeDriver", "DELAY_TRACK_MAX"]

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mesh.gcra import NS_PER_S
+from mesh.core.gcra import NS_PER_S
 from mesh.node._driver import NodeDriver
-from mesh.policy import BOUNDS, Mode
-from mesh.reporter._view import GlobalView
+from mesh.core.policy import BOUNDS, Mode
+from mesh.core.reporter._gate import GlobalGate
 from mesh.telemetry import NodeStats
 
 __all__ = ["health", "node_stats", "d_estimate_ns"]
@@ -77,7 +77,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         if p.mode is Mode.GLOBAL:
             entry["envelope"] = round(len(m.ring) * p.local_burst_cap
                                       + p.target_rate * d_ms / 1000, 3)
-            if isinstance(v, GlobalView):
+            if isinstance(v, GlobalGate):
                 entry["view"] = v.state.value
         limits.append(entry)
         if susp:

@@ -27,21 +27,21 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from mesh.admission import DEADLINE
-from mesh.admission.aio import admit as _admit
+from mesh.core.admission import DEADLINE
+from mesh.aio import admit as _admit
 from mesh.coordinator import PolicyFeed, PolicySource
 from mesh.errors import ConfigError
-from mesh.member import Member
+from mesh.core.member import Member
 from mesh.membership import MembershipSource
 from mesh.node._build import build_membership, build_policy_source, build_transport
 from mesh.node._driver import NodeDriver
 from mesh.node._health import health, node_stats
-from mesh.nodeconfig import NodeConfig, load_config, parse_config
+from mesh.config import NodeConfig, load_config, parse_config
 from mesh.peer import PeerHandler, Transport
-from mesh.policy import PolicyCache
-from mesh.ring import Ring
+from mesh.core.policy import PolicyCache
+from mesh.core.ring import Ring
 from mesh.telemetry import HttpEndpoint, Telemetry
-from mesh.verdict import Verdict, verdict
+from mesh.core.verdict import Verdict, verdict
 
 __all__ = ["Mesh", "TransportFactory"]
 

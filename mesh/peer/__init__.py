@@ -1,7 +1,7 @@
 """The only package that imports grpc: the peer service, its clients, the coordinator API.
 
 `Transport` is what the node sees; `GrpcTransport` and `MemoryTransport` implement it.
-Messages are the mesh's msgpack codec (`mesh.messages`); grpc carries opaque bytes through
+Messages are the mesh's msgpack codec (`mesh.core.messages`); grpc carries opaque bytes through
 generic handlers, and grpc errors become `mesh.errors.PeerError`s here, at the adapter.
 """
 

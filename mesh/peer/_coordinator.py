@@ -11,11 +11,11 @@ from grpc import aio
 
 from mesh.coordinator import PolicySnapshot, PolicyStore
 from mesh.errors import ConfigError, MessageError
-from mesh.messages import MAX_MESSAGE_BYTES
-from mesh.nodeconfig import TlsConfig
+from mesh.core.messages import MAX_MESSAGE_BYTES
+from mesh.config import TlsConfig
 from mesh.peer._link import open_channel
 from mesh.peer._wire import channel_options, pack, translate, unpack
-from mesh.policy import TenantRatePolicy
+from mesh.core.policy import TenantRatePolicy
 
 __all__ = ["COORDINATOR_SERVICE", "coordinator_handler", "CoordinatorClient",
            "CoordinatorServer"]

@@ -15,8 +15,8 @@ import grpc
 from grpc import aio
 
 from mesh.errors import MessageError, PeerRefused
-from mesh.messages import Message, SnapshotBatch, decode
-from mesh.nodeconfig import TlsConfig
+from mesh.core.messages import Message, SnapshotBatch, decode
+from mesh.config import TlsConfig
 from mesh.peer._tls import channel_credentials
 from mesh.peer._wire import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA, SCHEMA_MD, channel_options
 from mesh.peer._wire import translate as translate_error

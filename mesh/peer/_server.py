@@ -18,8 +18,8 @@ import grpc
 from grpc import aio
 
 from mesh.errors import ConfigError, MessageError
-from mesh.messages import Handover, Message, ReportBatch, decode
-from mesh.nodeconfig import TlsConfig
+from mesh.core.messages import Handover, Message, ReportBatch, decode
+from mesh.config import TlsConfig
 from mesh.peer._tls import server_credentials
 from mesh.peer._wire import (
     EPOCH_MD,

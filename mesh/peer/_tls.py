@@ -6,7 +6,7 @@ from pathlib import Path
 
 import grpc
 
-from mesh.nodeconfig import TlsConfig
+from mesh.config import TlsConfig
 
 __all__ = ["server_credentials", "channel_credentials"]
 

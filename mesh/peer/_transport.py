@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from mesh.messages import Message, decode, encode
+from mesh.core.messages import Message, decode, encode
 
 __all__ = ["Transport", "Deliver", "MemoryTransport", "MemoryNetwork"]
 

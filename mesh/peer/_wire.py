@@ -8,7 +8,7 @@ import grpc
 import msgpack
 
 from mesh.errors import MessageError, PeerError, PeerRefused, PeerUnavailable
-from mesh.messages import SCHEMA_VERSION
+from mesh.core.messages import SCHEMA_VERSION
 
 __all__ = [
     "EXCHANGE",

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from mesh.verdict import Reason, Verdict
+from mesh.core.verdict import Reason, Verdict
 
 __all__ = ["Telemetry", "NodeStats", "TENANTS_MAX", "DecisionKey"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from mesh.policy import DEFAULT_TENANT, Mode, PolicyCache, TenantRatePolicy
+from mesh.core.policy import DEFAULT_TENANT, Mode, PolicyCache, TenantRatePolicy
 from sim.network import ScenarioNetwork
 from sim.scenario import Policy, Scenario
 from sim.workload import Arrival, TenantInfo

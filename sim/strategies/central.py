@@ -4,7 +4,7 @@ request or its answer is lost) it fails open (admit) or closed (deny)."""
 
 from __future__ import annotations
 
-from mesh.gcra import Gcra
+from mesh.core.gcra import Gcra
 from sim.scenario import Policy
 from sim.strategies.base import Context, Strategy
 from sim.workload import Arrival

@@ -3,9 +3,9 @@ the real Admission in its local and share modes, one per worker."""
 
 from __future__ import annotations
 
-from mesh.admission import Admission
-from mesh.config import CoreConfig
-from mesh.policy import Mode, PolicyCache
+from mesh.core.admission import Admission
+from mesh.core.config import CoreConfig
+from mesh.core.policy import Mode, PolicyCache
 from sim.scenario import Policy
 from sim.strategies.base import Context, Strategy, next_generation, policies_for, to_policy
 from sim.workload import Arrival

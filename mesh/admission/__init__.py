@@ -1,6 +1,0 @@
-"""The hot path a data-plane worker calls: try_admit / admit / charge / refund."""
-
-from mesh.admission._queue import TenantQueues, Waiter
-from mesh.admission.core import DEADLINE, QUEUE_FULL, UNKNOWN, Admission
-
-__all__ = ["Admission", "DEADLINE", "QUEUE_FULL", "TenantQueues", "UNKNOWN", "Waiter"]

@@ -1,0 +1,31 @@
+"""A mesh node's configuration file: one YAML file, validated with errors that name the key.
+
+Below the node and the peer layer (both read it) and above the core (it builds the core's
+`CoreConfig` and policies). The file's shape is documented in `_node.py`.
+"""
+
+from mesh.config._node import (
+    CoordinatorConfig,
+    Identity,
+    MembershipConfig,
+    NodeConfig,
+    TlsConfig,
+    is_loopback,
+    load_config,
+    load_policy_file,
+    parse_config,
+    resolve_identity,
+)
+
+__all__ = [
+    "CoordinatorConfig",
+    "Identity",
+    "MembershipConfig",
+    "NodeConfig",
+    "TlsConfig",
+    "is_loopback",
+    "load_config",
+    "load_policy_file",
+    "parse_config",
+    "resolve_identity",
+]

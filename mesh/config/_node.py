@@ -1,0 +1,483 @@
+"""A mesh node's configuration: one YAML file, validated with errors that name the key.
+
+Shape (every key optional except where said)::
+
+    member_id: a                 # identity: this, else $member_id_env, else hostname, else nonce
+    member_id_env: POD_NAME
+    listen: 127.0.0.1:7001       # the peer service (gRPC)
+    advertise: 10.0.0.5:7001     # what other members dial (default: listen)
+    telemetry_listen: 127.0.0.1:9101   # /metrics and /health (omit: off)
+    allow_plaintext: false       # needed for a non-loopback address without tls
+    tls: {cert: f, key: f, ca: f, require_client_cert: true}
+    max_message_bytes: 4194304
+    shutdown_drain_ms: 500
+    membership:
+      source: static             # or etcd, or dns
+      members: {a: 127.0.0.1:7001, b: 127.0.0.1:7002}
+      endpoints: [http://127.0.0.1:2379]   # etcd
+      prefix: /ratemesh/members/
+      lease_ttl_s: 5
+      name: ratemesh.default.svc.cluster.local   # dns: a headless service
+      record: a                  # dns: a (port below) or srv (ports from the records)
+      port: 7001
+      nameservers: [10.96.0.10]  # dns: default the system's resolv.conf
+      interval_ms: 1000          # dns: re-resolve period
+      epoch_slot_ms: 30000       # dns: see mesh/membership/_dns.py
+    policies:
+      file: policies.yaml
+      inline: [{tenant_id: acme, metric: read_iops, generation: 1, ...}]
+      coordinator: {addr: 127.0.0.1:7100, poll_ttl_ms: 1000}
+    core: {sync_interval_ms: 5, snapshot_ttl_ms: 20}
+
+Loading does no I/O beyond reading the files it names; `warnings()` lists what is legal but
+probably a mistake (`mesh validate` prints them).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import secrets
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mesh.core._validate import check_bool, check_int, check_str
+from mesh.core.config import CoreConfig
+from mesh.errors import ConfigError, ConfigTypeError
+from mesh.core.messages import MAX_MESSAGE_BYTES
+from mesh.core.policy import Mode, TenantRatePolicy
+
+# A node's peer streams are reliable and report reconnections, so a report is resent on a
+# reconnect at once and otherwise only as a safety net: a slow owner is not sent more work.
+NODE_RETRY_MAX_MS = 1000
+
+__all__ = [
+    "NodeConfig",
+    "TlsConfig",
+    "MembershipConfig",
+    "CoordinatorConfig",
+    "Identity",
+    "load_config",
+    "parse_config",
+    "resolve_identity",
+    "is_loopback",
+    "load_policy_file",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """Certificate files for the peer service; `ca` set means peers are verified."""
+
+    cert: str
+    key: str
+    ca: str | None = None
+    require_client_cert: bool = False  # mutual TLS
+    server_name: str | None = None  # override the name checked in peers' certificates
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipConfig:
+    source: str = "static"
+    members: dict[str, str] = field(default_factory=dict)  # static: member id -> address
+    endpoints: tuple[str, ...] = ()
+    prefix: str = "/ratemesh/members/"
+    lease_ttl_s: int = 5
+    poll_ms: int = 1000  # etcd: how soon to retry after losing the watch
+    name: str = ""  # dns: the name whose A or SRV records list the members
+    record: str = "a"  # dns: a | srv
+    port: int = 0  # dns, A records: the members' peer port
+    nameservers: tuple[tuple[str, int], ...] = ()  # dns: (ip, port); empty: resolv.conf
+    interval_ms: int = 1000  # dns: re-resolve period (wall-clock aligned)
+    epoch_slot_ms: int = 30_000  # dns: epochs re-stamp at each slot's start
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    addr: str
+    poll_ttl_ms: int = 1000  # polling fallback period while the watch is down
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who this replica is, where the name came from, and whether it survives a restart."""
+
+    member_id: str
+    source: str  # config | env | hostname | nonce
+    stable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    member_id: str | None = None
+    member_id_env: str | None = None
+    listen: str = "127.0.0.1:0"
+    advertise: str | None = None
+    telemetry_listen: str | None = None
+    allow_plaintext: bool = False
+    tls: TlsConfig | None = None
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    shutdown_drain_ms: int = 500
+    membership: MembershipConfig | None = None
+    policies: tuple[TenantRatePolicy, ...] = ()
+    policy_file: str | None = None
+    coordinator: CoordinatorConfig | None = None
+    core: CoreConfig = field(
+        default_factory=lambda: CoreConfig(report_retry_max_ms=NODE_RETRY_MAX_MS))
+
+    def identity(self, environ: dict[str, str] | None = None) -> Identity:
+        return resolve_identity(self, environ)
+
+    def warnings(self) -> list[str]:
+        """Legal but probably wrong: shown by `mesh validate`, logged by `mesh node`."""
+        out = []
+        addrs = {"listen": self.listen}
+        if self.advertise:
+            addrs["advertise"] = self.advertise
+        if self.membership and self.membership.source == "static":
+            addrs.update({f"membership.members.{k}": v
+                          for k, v in self.membership.members.items()})
+        if self.tls is None:
+            for where, addr in sorted(addrs.items()):
+                if not is_loopback(addr):
+                    out.append(f"{where}: peer address {addr} without tls (plaintext)")
+        elif self.tls.ca is None:
+            out.append("tls.ca: not set; peers' certificates are not verified against a CA")
+        if any(p.mode is Mode.SHARE for p in self.policies) and (
+            self.membership is None
+            or (self.membership.source == "static" and len(self.membership.members) <= 1)
+        ):
+            out.append("membership: a share-mode policy with no membership source; "
+                       "N_live is 1, so each member enforces the whole limit")
+        if not self.policies and self.coordinator is None:
+            out.append("policies: none configured and no coordinator; every tenant is "
+                       "refused with policy_unknown")
+        ident = self.identity()
+        if self.membership is not None and self.membership.source == "dns":
+            out += _dns_warnings(self, ident.member_id)
+        if not ident.stable:
+            out.append("member_id: none configured and no hostname; a random nonce is used, "
+                       "so a restart joins as a new member")
+        return out
+
+
+def is_loopback(addr: str) -> bool:
+    host = _split(addr)[0]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _split(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError("address", f"{addr!r} must be host:port")
+    return host, int(port)
+
+
+def resolve_identity(cfg: NodeConfig, environ: dict[str, str] | None = None) -> Identity:
+    """config, then the environment variable named in config, then hostname, then a nonce."""
+    env = os.environ if environ is None else environ
+    if cfg.member_id:
+        return Identity(cfg.member_id, "config", True)
+    if cfg.member_id_env and env.get(cfg.member_id_env):
+        return Identity(env[cfg.member_id_env], "env", True)
+    host = socket.gethostname()
+    if host:
+        return Identity(host, "hostname", True)
+    return Identity(f"member-{secrets.token_hex(6)}", "nonce", False)
+
+
+# -- parsing ----------------------------------------------------------------------------------
+
+_TOP = {"member_id", "member_id_env", "listen", "advertise", "telemetry_listen",
+        "allow_plaintext", "tls", "max_message_bytes", "shutdown_drain_ms", "membership",
+        "policies", "core"}
+
+
+def load_config(path: str | Path) -> NodeConfig:
+    """Read and validate a YAML config file (policy files it names are resolved beside it)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError("config", f"cannot read {p}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", f"{p} is not valid YAML: {exc}") from exc
+    return parse_config(data if data is not None else {}, base=p.parent)
+
+
+def parse_config(data: Any, *, base: Path | None = None) -> NodeConfig:
+    if not isinstance(data, dict):
+        raise ConfigTypeError("config", f"must be a mapping, got {type(data).__name__}")
+    _no_unknown("", data, _TOP)
+    kw: dict[str, Any] = {}
+    for name in ("member_id", "member_id_env", "advertise", "telemetry_listen"):
+        if data.get(name) is not None:
+            kw[name] = check_str(name, data[name])
+    if "listen" in data:
+        kw["listen"] = check_str("listen", data["listen"])
+    for name in ("listen", "advertise", "telemetry_listen"):
+        if name in kw:
+            _address(name, kw[name])
+    if "allow_plaintext" in data:
+        kw["allow_plaintext"] = check_bool("allow_plaintext", data["allow_plaintext"])
+    if "max_message_bytes" in data:
+        kw["max_message_bytes"] = check_int("max_message_bytes", data["max_message_bytes"],
+                                            minimum=1024, maximum=1 << 30)
+    if "shutdown_drain_ms" in data:
+        kw["shutdown_drain_ms"] = check_int("shutdown_drain_ms", data["shutdown_drain_ms"],
+                                            maximum=600_000)
+    if data.get("tls") is not None:
+        kw["tls"] = _tls(data["tls"], base)
+    if data.get("membership") is not None:
+        kw["membership"] = _membership(data["membership"])
+    if data.get("policies") is not None:
+        kw.update(_policies(data["policies"], base))
+    core = data.get("core")
+    if core is None:
+        core = {}
+    if isinstance(core, dict) and "report_retry_max_ms" not in core:
+        floor = core.get("report_retry_ms")
+        core = {**core, "report_retry_max_ms": max(NODE_RETRY_MAX_MS, floor)
+                if type(floor) is int else NODE_RETRY_MAX_MS}
+    kw["core"] = CoreConfig.from_dict(core)
+    cfg = NodeConfig(**kw)
+    _check_plaintext(cfg)
+    return cfg
+
+
+def _no_unknown(where: str, data: dict[str, Any], known: set[str]) -> None:
+    for key in data:
+        if key not in known:
+            name = f"{where}.{key}" if where else str(key)
+            raise ConfigError(name, f"unknown key; expected one of: {', '.join(sorted(known))}")
+
+
+def _address(where: str, value: str) -> None:
+    try:
+        _split(value)
+    except ConfigError as exc:
+        raise ConfigError(where, exc.problem) from exc
+
+
+def _file(where: str, value: Any, base: Path | None) -> str:
+    path = Path(check_str(where, value, max_len=4096))
+    if base is not None and not path.is_absolute():
+        path = base / path
+    if not path.is_file():
+        raise ConfigError(where, f"file {path} does not exist")
+    return str(path)
+
+
+def _tls(data: Any, base: Path | None) -> TlsConfig:
+    if not isinstance(data, dict):
+        raise ConfigTypeError("tls", f"must be a mapping, got {type(data).__name__}")
+    _no_unknown("tls", data, {"cert", "key", "ca", "require_client_cert", "server_name"})
+    for field_name in ("cert", "key"):
+        if field_name not in data:
+            raise ConfigError(f"tls.{field_name}", "is required when tls is set")
+    require = check_bool("tls.require_client_cert", data.get("require_client_cert", False))
+    ca = _file("tls.ca", data["ca"], base) if data.get("ca") is not None else None
+    if require and ca is None:
+        raise ConfigError("tls.ca", "is required when require_client_cert is true")
+    name = data.get("server_name")
+    return TlsConfig(_file("tls.cert", data["cert"], base), _file("tls.key", data["key"], base),
+                     ca, require, check_str("tls.server_name", name) if name else None)
+
+
+def _membership(data: Any) -> MembershipConfig:
+    if not isinstance(data, dict):
+        raise ConfigTypeError("membership", f"must be a mapping, got {type(data).__name__}")
+    _no_unknown("membership", data, _NOT_DNS_KEYS | _DNS_KEYS | {"source"})
+    source = data.get("source", "static")
+    if source not in ("static", "etcd", "dns"):
+        raise ConfigError("membership.source", f"unknown value {source!r}; expected one of: "
+                                               "dns, etcd, static")
+    if source == "dns":
+        return _dns_membership(data)
+    stray = sorted(_DNS_KEYS & data.keys())
+    if stray:
+        raise ConfigError(f"membership.{stray[0]}", "is only used with source dns")
+    members: dict[str, str] = {}
+    raw = data.get("members", {})
+    if not isinstance(raw, dict):
+        raise ConfigTypeError("membership.members", "must be a mapping of member id to address")
+    for mid, addr in raw.items():
+        check_str("membership.members", mid)
+        _address(f"membership.members.{mid}", check_str(f"membership.members.{mid}", addr))
+        members[mid] = addr
+    endpoints = data.get("endpoints", [])
+    if not isinstance(endpoints, list):
+        raise ConfigTypeError("membership.endpoints", "must be a list of URLs")
+    for i, e in enumerate(endpoints):
+        check_str(f"membership.endpoints[{i}]", e)
+        if not e.startswith(("http://", "https://")):
+            raise ConfigError(f"membership.endpoints[{i}]", f"{e!r} must be an http(s) URL")
+    if source == "static" and not members:
+        raise ConfigError("membership.members", "is required for source static")
+    if source == "etcd" and not endpoints:
+        raise ConfigError("membership.endpoints", "is required for source etcd")
+    prefix = check_str("membership.prefix", data.get("prefix", "/ratemesh/members/"))
+    return MembershipConfig(
+        source, members, tuple(endpoints), prefix,
+        check_int("membership.lease_ttl_s", data.get("lease_ttl_s", 5), minimum=1,
+                  maximum=3600),
+        check_int("membership.poll_ms", data.get("poll_ms", 1000), minimum=10),
+    )
+
+
+_DNS_KEYS = {"name", "record", "port", "nameservers", "interval_ms", "epoch_slot_ms"}
+_NOT_DNS_KEYS = {"members", "endpoints", "prefix", "lease_ttl_s", "poll_ms"}
+_DNS_NAME = re.compile(r"^(?=.{1,253}\.?$)([A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?\.)*"
+                       r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?\.?$")
+
+
+def _dns_membership(data: dict[str, Any]) -> MembershipConfig:
+    stray = sorted(_NOT_DNS_KEYS & data.keys())
+    if stray:
+        raise ConfigError(f"membership.{stray[0]}", "is not used with source dns")
+    if data.get("name") is None:
+        raise ConfigError("membership.name", "is required for source dns")
+    name = check_str("membership.name", data["name"])
+    if not _DNS_NAME.match(name):
+        raise ConfigError("membership.name", f"{name!r} is not a DNS name")
+    record = check_str("membership.record", data.get("record", "a")).lower()
+    if record not in ("a", "srv"):
+        raise ConfigError("membership.record", f"unknown value {record!r}; expected one of: "
+                                               "a, srv")
+    port = 0
+    if record == "a":
+        if data.get("port") is None:
+            raise ConfigError("membership.port", "is required for record a (the peers' port)")
+        port = check_int("membership.port", data["port"], minimum=1, maximum=65535)
+    elif "port" in data:
+        raise ConfigError("membership.port", "is only used with record a; SRV records carry "
+                                             "their own port")
+    servers = data.get("nameservers", [])
+    if not isinstance(servers, list):
+        raise ConfigTypeError("membership.nameservers", "must be a list of IP[:port]")
+    nameservers = tuple(_nameserver(f"membership.nameservers[{i}]", s)
+                        for i, s in enumerate(servers))
+    interval_ms = check_int("membership.interval_ms", data.get("interval_ms", 1000),
+                            minimum=10, maximum=3_600_000)
+    slot_ms = check_int("membership.epoch_slot_ms", data.get("epoch_slot_ms", 30_000),
+                        minimum=1000, maximum=86_400_000)
+    if slot_ms < 2 * interval_ms:
+        raise ConfigError("membership.epoch_slot_ms", f"must be at least 2 x interval_ms "
+                                                      f"({2 * interval_ms}), got {slot_ms}")
+    return MembershipConfig("dns", name=name, record=record, port=port,
+                            nameservers=nameservers, interval_ms=interval_ms,
+                            epoch_slot_ms=slot_ms)
+
+
+def _nameserver(where: str, value: Any) -> tuple[str, int]:
+    """`10.0.0.10`, `10.0.0.10:5353`, `::1` or `[::1]:5353` -> (ip, port)."""
+    text = check_str(where, value)
+    host, port = text, 53
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ConfigError(where, f"{text!r} must be an IP address, optionally with :port")
+        port_text = rest[1:] if rest else "53"
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        port_text = "53"
+    try:
+        ipaddress.ip_address(host)
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(where, f"{text!r} must be an IP address, optionally with "
+                                 ":port") from None
+    if not 0 < port < 65536:
+        raise ConfigError(where, f"port {port} is out of range")
+    return host, port
+
+
+def _dns_warnings(cfg: NodeConfig, member_id: str) -> list[str]:
+    """DNS names the members: a member_id that cannot be such a name owns no keys."""
+    m = cfg.membership
+    assert m is not None
+    out = []
+    if m.record == "a":
+        try:
+            ipaddress.ip_address(member_id)
+        except ValueError:
+            out.append(f"member_id: {member_id!r} is not an address, but A records name "
+                       "members by address: this member will own no keys (set member_id "
+                       "to its address, e.g. member_id_env: POD_IP)")
+    elif "." not in member_id:
+        out.append(f"member_id: {member_id!r} is not a host name, but SRV records name "
+                   "members by target name: this member will own no keys (set member_id "
+                   "to the name its SRV record targets)")
+    if cfg.tls is None and not all(is_loopback(a) for a in (cfg.listen, cfg.advertise) if a):
+        out.append(f"membership.name: peers come from DNS without tls: whoever can answer "
+                   f"for {m.name} can join the ring")
+    return out
+
+
+def _policies(data: Any, base: Path | None) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ConfigTypeError("policies", f"must be a mapping, got {type(data).__name__}")
+    _no_unknown("policies", data, {"file", "inline", "coordinator"})
+    out: dict[str, Any] = {}
+    found: list[TenantRatePolicy] = []
+    if data.get("file") is not None:
+        out["policy_file"] = _file("policies.file", data["file"], base)
+        found += load_policy_file(out["policy_file"], where="policies.file")
+    inline = data.get("inline", [])
+    if not isinstance(inline, list):
+        raise ConfigTypeError("policies.inline", "must be a list of policies")
+    found += [TenantRatePolicy.from_dict(p, where=f"policies.inline[{i}]")
+              for i, p in enumerate(inline)]
+    out["policies"] = tuple(found)
+    coord = data.get("coordinator")
+    if coord is not None:
+        if not isinstance(coord, dict):
+            raise ConfigTypeError("policies.coordinator", "must be a mapping")
+        _no_unknown("policies.coordinator", coord, {"addr", "poll_ttl_ms"})
+        if "addr" not in coord:
+            raise ConfigError("policies.coordinator.addr", "is required")
+        addr = check_str("policies.coordinator.addr", coord["addr"])
+        _address("policies.coordinator.addr", addr)
+        out["coordinator"] = CoordinatorConfig(addr, check_int(
+            "policies.coordinator.poll_ttl_ms", coord.get("poll_ttl_ms", 1000), minimum=10))
+    return out
+
+
+def load_policy_file(path: str | Path, *, where: str = "policies") -> list[TenantRatePolicy]:
+    """A YAML file holding a list of policies (or a mapping with a `policies:` list)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(where, f"cannot read {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(where, f"{path} is not valid YAML: {exc}") from exc
+    if isinstance(data, dict) and set(data) == {"policies"}:
+        data = data.get("policies")
+    if not isinstance(data, list):
+        raise ConfigTypeError(where, f"{path} must hold a list of policies")
+    return [TenantRatePolicy.from_dict(p, where=f"{where}[{i}]") for i, p in enumerate(data)]
+
+
+def _check_plaintext(cfg: NodeConfig) -> None:
+    if cfg.tls is not None or cfg.allow_plaintext:
+        return
+    addrs = [("listen", cfg.listen), ("advertise", cfg.advertise)]
+    if cfg.membership is not None:
+        addrs += [(f"membership.members.{k}", v) for k, v in cfg.membership.members.items()]
+    for where, addr in addrs:
+        if addr and not is_loopback(addr):
+            raise ConfigError(where, f"{addr} is not a loopback address: configure tls, or "
+                                     "set allow_plaintext: true to accept plaintext peers")

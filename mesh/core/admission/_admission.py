@@ -1,0 +1,254 @@
+"""The hot path: `try_admit` decides locally, with no clock, no I/O and no allocation.
+
+A view per (metric, tenant) holds `avail`; admitting subtracts from it and adds to `pending`.
+Everything that needs time or the network (refill, reports, snapshots, TTLs) happens in
+`tick`/the reporter, off the hot path. Verdicts are prebuilt per view and shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mesh.core._validate import check_int
+from mesh.core.admission._queue import TenantQueues, Waiter
+from mesh.core.admission._gates import FixedGate, LocalGate, unknown_verdict
+from mesh.core.config import CoreConfig
+from mesh.errors import ConfigError, ConfigTypeError
+from mesh.core.policy import BOUNDS, Metric, Mode, PolicyCache, TenantRatePolicy
+from mesh.core.reporter import GlobalGate, Reporter
+from mesh.core.verdict import Reason, Suspension, Verdict, verdict
+from mesh.core.admission._gate import Gate
+
+__all__ = ["Admission", "UNKNOWN", "QUEUE_FULL", "DEADLINE"]
+
+_METRICS = {m.value: m for m in Metric}
+UNKNOWN = unknown_verdict()
+QUEUE_FULL = Verdict(False, Reason.QUEUE_FULL, None, "tenant_queue_bound")
+DEADLINE = Verdict(False, Reason.DEADLINE_EXCEEDED, None, "deadline")
+
+
+class Admission:
+    """Local admission for one worker, across all tenants, metrics and modes."""
+
+    def __init__(
+        self,
+        policies: PolicyCache,
+        now_ns: int,
+        *,
+        reporter: Reporter | None = None,
+        config: CoreConfig | None = None,
+        n_live: int = 1,
+        membership_stale: bool = False,
+    ) -> None:
+        if not isinstance(policies, PolicyCache):
+            raise ConfigTypeError("policies", f"must be a PolicyCache, got "
+                                              f"{type(policies).__name__}")
+        check_int("now_ns", now_ns)
+        check_int("n_live", n_live, minimum=1)
+        self.policies = policies
+        self.reporter = reporter
+        self.config = config or (reporter.config if reporter else CoreConfig())
+        self.n_live = n_live
+        self.membership_stale = membership_stale
+        self._now_ns = now_ns
+        self._views: dict[str, dict[str, Gate]] = {m.value: {} for m in Metric}
+        self._settle: set[LocalGate] = set()  # local/share views to settle at the next tick
+        self._shares: list[LocalGate] = []
+        self._policy_version = policies.version
+        self.queues = TenantQueues(self.config.tenant_queue_max)
+        self.view_count = 0
+
+    # -- the hot path ---------------------------------------------------------------------
+
+    def try_admit(self, tenant: str, metric: str, amount: int = 1) -> Verdict:
+        """Admit `amount` units (or bytes) for `tenant` now, or say why not."""
+        try:
+            v = self._views[metric][tenant]
+        except KeyError:
+            return self._first_use(tenant, metric, amount)
+        if amount.__class__ is int and 0 < amount <= v.avail:
+            v.avail -= amount
+            v.pending += amount
+            if v.pending >= v.flush_at:
+                v.sink(v)
+            return v.ok
+        return self._deny(v, amount)
+
+    def charge(self, tenant: str, metric: str, nbytes: int) -> Verdict:
+        """Pre-charge a transfer chunk before it is sent (byte metrics)."""
+        return self.try_admit(tenant, metric, nbytes)
+
+    def refund(self, tenant: str, metric: str, amount: int) -> None:
+        """Give back what was charged and not used (a short send). The correction reaches
+        the owner in a later report, as a smaller (possibly negative) delta."""
+        _check_amount(amount)
+        v = self._views.get(_metric(metric), {}).get(tenant)
+        if v is None:
+            raise ConfigError("tenant", f"{tenant!r} has no charge on {metric} to refund")
+        v.pending -= amount
+        if isinstance(v, GlobalGate):
+            v.recompute()
+        else:
+            v.avail += amount
+        if not v.marked:
+            v.sink(v)
+
+    def _deny(self, v: Gate, amount: int) -> Verdict:
+        _check_amount(amount)
+        if amount > v.policy.global_burst and v.avail < amount:
+            return verdict(False, Reason.TOO_LARGE, v.policy.mode, v.no.bound)
+        v.denied += amount
+        if not v.marked:
+            v.sink(v)
+        return v.no
+
+    def _first_use(self, tenant: str, metric: str, amount: int) -> Verdict:
+        m = _metric(metric)
+        if type(tenant) is not str or not tenant:
+            raise ConfigTypeError("tenant", f"must be a non-empty string, got {tenant!r}")
+        _check_amount(amount)
+        policy = self.policies.current(tenant, m)
+        if policy is None:
+            return UNKNOWN
+        if self.view_count >= self.config.views_max:
+            self.evict_idle()
+        self._views[m.value][tenant] = self._open(policy)
+        self.view_count += 1
+        return self.try_admit(tenant, m.value, amount)
+
+    # -- views ----------------------------------------------------------------------------
+
+    def _open(self, policy: TenantRatePolicy) -> Gate:
+        mode = policy.mode
+        if not policy.enabled:
+            return FixedGate(policy, _ignore, True, BOUNDS["disabled"])
+        if mode is Mode.GLOBAL:
+            if self.reporter is None:
+                return FixedGate(policy, _ignore, False, BOUNDS["global_stale"],
+                                 Suspension.OWNER_UNREACHABLE, Reason.OWNER_UNREACHABLE)
+            return self.reporter.open_view(policy)
+        if mode is Mode.STRICT:
+            # Reserved: strict credit comes from governord (a later issue). Until a credit
+            # source is attached, strict limits fail closed and say so.
+            return FixedGate(policy, _ignore, False, BOUNDS["strict"],
+                             Suspension.GOVERNOR_UNREACHABLE, Reason.GOVERNOR_UNREACHABLE)
+        n = 1 if mode is Mode.LOCAL else self.n_live
+        v = LocalGate(policy, self._mark_local, self._now_ns, n)
+        if mode is Mode.SHARE:
+            self._shares.append(v)
+            v.resize(self.n_live, self.membership_stale, self._now_ns)
+        else:
+            v.set_verdicts(BOUNDS["local"])
+        return v
+
+    def _mark_local(self, v: Gate) -> None:
+        assert isinstance(v, LocalGate)
+        v.marked = True
+        v.flush_at = 1 << 62
+        self._settle.add(v)
+
+    def evict_idle(self) -> int:
+        """Forget views that hold nothing: a global view with everything acknowledged and
+        no fresh snapshot, a local view whose bucket is full. They are rebuilt on next use
+        exactly as they would be now, so forgetting them loses nothing."""
+        evicted = 0
+        for by_tenant in self._views.values():
+            for tenant in list(by_tenant):
+                v = by_tenant[tenant]
+                idle = (isinstance(v, GlobalGate) and self.reporter is not None
+                        and self.reporter.forget_if_idle(v.key))
+                idle |= isinstance(v, LocalGate) and not v.marked and v not in self._shares
+                if idle:
+                    del by_tenant[tenant]
+                    evicted += 1
+        self.view_count -= evicted
+        return evicted
+
+    def view(self, tenant: str, metric: str) -> Gate | None:
+        return self._views.get(_metric(metric).value, {}).get(tenant)
+
+    def views(self) -> list[Gate]:
+        return [v for m in sorted(self._views) for _, v in sorted(self._views[m].items())]
+
+    # -- time and membership --------------------------------------------------------------
+
+    def tick(self, now_ns: int) -> int:
+        """Settle local views, expire stale global ones, pick up policy changes, and serve
+        queued waiters. Returns how many waiters were resolved."""
+        self._now_ns = now_ns
+        if self.policies.version != self._policy_version:
+            self._policies_changed()
+        settle, self._settle = self._settle, set()
+        for v in settle:
+            v.marked = False
+            v.flush_at = 1
+            if not v.settle(now_ns):
+                self._settle.add(v)  # still refilling: settle again next tick
+                v.marked = True
+                v.flush_at = 1 << 62
+        if self.reporter is not None:
+            self.reporter.tick(now_ns)
+        return self.service(now_ns)
+
+    def service(self, now_ns: int) -> int:
+        """Grant queued waiters that fit now (call after snapshots arrive, too)."""
+        if not self.queues:
+            return 0
+        return self.queues.service(now_ns, self.try_admit, DEADLINE)
+
+    def enqueue(self, tenant: str, metric: str, amount: int, deadline_ns: int,
+                resolve: Callable[[Verdict], None]) -> Waiter | None:
+        """Queue an admission that did not fit; None if the tenant's queue is full."""
+        w = Waiter(tenant, _metric(metric).value, amount, deadline_ns, resolve)
+        return w if self.queues.push(w) else None
+
+    def membership(self, n_live: int, stale: bool, now_ns: int) -> None:
+        """The live fleet size changed (share mode splits by it; stale => N decays to 1)."""
+        self.n_live = max(1, check_int("n_live", n_live))
+        self.membership_stale = stale
+        for v in self._shares:
+            v.resize(self.n_live, stale, now_ns)
+
+    def _policies_changed(self) -> None:
+        """A new generation replaces a view; the old key keeps reporting until it drains."""
+        self._policy_version = self.policies.version
+        for metric, by_tenant in self._views.items():
+            for tenant in list(by_tenant):
+                old = by_tenant[tenant]
+                new = self.policies.current(tenant, _METRICS[metric])
+                if new == old.policy:
+                    continue
+                if isinstance(old, GlobalGate) and self.reporter is not None:
+                    self.reporter.retire(old.key)
+                if isinstance(old, LocalGate):
+                    self._settle.discard(old)
+                    if old in self._shares:
+                        self._shares.remove(old)
+                if new is None:
+                    del by_tenant[tenant]
+                    self.view_count -= 1
+                else:
+                    by_tenant[tenant] = self._open(new)
+
+
+def _ignore(v: Gate) -> None:
+    v.flush_at = 1 << 62
+    v.pending = 0
+
+
+def _metric(metric: object) -> Metric:
+    if isinstance(metric, Metric):
+        return metric
+    if isinstance(metric, str) and metric in _METRICS:
+        return _METRICS[metric]
+    if not isinstance(metric, str):
+        raise ConfigTypeError("metric", f"must be a metric name, got {type(metric).__name__}")
+    raise ConfigError("metric", f"unknown metric {metric!r}; expected one of: "
+                                + ", ".join(sorted(_METRICS)))
+
+
+def _check_amount(amount: object) -> None:
+    if type(amount) is not int:
+        raise ConfigTypeError("amount", f"must be an integer, got {type(amount).__name__}")
+    if amount <= 0:
+        raise ConfigError("amount", f"must be > 0, got {amount}")

@@ -1,0 +1,78 @@
+"""Timing and sizing knobs of the mesh core, with seed 004's defaults. Units are in names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from mesh.core._validate import check_int, rename
+from mesh.errors import ConfigError
+
+__all__ = ["CoreConfig", "MS"]
+
+MS = 1_000_000  # ns per ms
+
+
+@dataclass(frozen=True, slots=True)
+class CoreConfig:
+    """Everything the reporter, owner and admission cores need to know about time and size.
+
+    The envelope `N*b + R*d` depends on these: `sync_interval_ms` and the network make d,
+    `snapshot_ttl_ms` bounds how long a view may be spent without news from its owner.
+    """
+
+    sync_interval_ms: int = 5
+    snapshot_ttl_ms: int = 20
+    report_threshold_units: int = 32
+    report_threshold_bytes: int = 64 * 1024
+    reporter_lease_ms: int = 50  # an owner keeps sending snapshots this long after a report
+    tenant_queue_max: int = 1024
+    inflight_reports_max: int = 8  # per key; beyond it usage accumulates into the next report
+    reorder_window: int = 64  # owner applies out-of-order sequences this far past the ack
+    snapshot_batch_max: int = 1000  # snapshots per message; a full batch is sent at once
+    reporters_per_key_max: int = 4096
+    idempotency_retention_ms: int = 60_000  # tombstones: owner remembers (epoch, seq) this long
+    demand_window_ms: int = 20  # owner shares `remaining` by demand seen over ~this long
+    share_floor_ppm: int = 62_500  # 1/16 of the budget is split evenly, so idle workers can start
+    bootstrap_divisor: int = 1  # bootstrap allowance = ceil(b / (N_live * divisor))
+    owner_unreachable_ms: int = 100  # unacked reports older than this: owner_unreachable
+    report_retry_ms: int = 15  # an unacknowledged report is sent again after at least this
+    # ... and at most this (adaptive per owner, doubling per resend: reporter/_rto). Where
+    # messages are lost one by one (the simulator), resend soon; a node's peer streams are
+    # reliable and say when they reconnect (Reporter.link_reset), so its default is longer.
+    report_retry_max_ms: int = 15
+    report_batch_max: int = 1000  # reports per message to one owner
+    views_max: int = 1_000_000  # (tenant, metric) views per worker; idle ones go beyond it
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            check_int(f.name, getattr(self, f.name), minimum=1)
+        if self.snapshot_ttl_ms < self.sync_interval_ms:
+            raise ConfigError("snapshot_ttl_ms", "must be at least sync_interval_ms")
+        if self.report_retry_max_ms < self.report_retry_ms:
+            raise ConfigError("report_retry_max_ms", "must be at least report_retry_ms")
+        if self.share_floor_ppm > 1_000_000:
+            raise ConfigError("share_floor_ppm", "must be <= 1000000")
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = "core") -> CoreConfig:
+        if data is None:
+            return cls()
+        if not isinstance(data, dict):
+            raise ConfigError(where, f"must be a mapping, got {type(data).__name__}")
+        names = {f.name for f in fields(cls)}
+        for key in data:
+            if key not in names:
+                raise ConfigError(f"{where}.{key}", "unknown key")
+        try:
+            return cls(**data)
+        except ConfigError as exc:
+            raise rename(exc, where) from exc
+
+    @property
+    def sync_interval_ns(self) -> int:
+        return self.sync_interval_ms * MS
+
+    @property
+    def snapshot_ttl_ns(self) -> int:
+        return self.snapshot_ttl_ms * MS

@@ -1,0 +1,87 @@
+"""One mesh member's cores wired together, still without I/O.
+
+A member is a worker (reporter + admission) and an owner at once. The asyncio node, the
+simulator and the tests all drive this same object: they feed it time and messages and
+carry out the effects it returns.
+"""
+
+from __future__ import annotations
+
+from mesh.core.admission import Admission
+from mesh.core.config import CoreConfig
+from mesh.core.effects import Effect
+from mesh.core.messages import Handover, Message, ReportBatch, SnapshotBatch
+from mesh.core.owner import Owner
+from mesh.core.policy import PolicyCache
+from mesh.core.reporter import Reporter
+from mesh.core.ring import Ring
+
+__all__ = ["Member"]
+
+
+class Member:
+    """Reporter, owner and admission of one worker incarnation (`worker_epoch`)."""
+
+    def __init__(
+        self,
+        member_id: str,
+        worker_epoch: int,
+        ring: Ring,
+        policies: PolicyCache,
+        now_ns: int,
+        *,
+        config: CoreConfig | None = None,
+    ) -> None:
+        self.member_id = member_id
+        self.config = config or CoreConfig()
+        self.policies = policies
+        self.reporter = Reporter(member_id, worker_epoch, ring, config=self.config)
+        self.owner = Owner(member_id, ring, policies, now_ns, incarnation=worker_epoch,
+                           config=self.config)
+        self.admission = Admission(policies, now_ns, reporter=self.reporter, config=self.config,
+                                   n_live=len(ring))
+
+    @property
+    def ring(self) -> Ring:
+        return self.reporter.ring
+
+    def tick(self, now_ns: int) -> list[Effect]:
+        """The sync interval: expire and settle views, send reports, refresh reporters."""
+        self.admission.tick(now_ns)
+        return self.reporter.flush(now_ns) + self.owner.tick(now_ns)
+
+    def flush(self, now_ns: int) -> list[Effect]:
+        """Early flush, when the report threshold was crossed between ticks."""
+        return self.reporter.flush(now_ns)
+
+    def deliver(self, now_ns: int, message: Message) -> list[Effect]:
+        """A message from a peer (already decoded and validated)."""
+        if isinstance(message, ReportBatch):
+            return self.owner.receive(now_ns, message)
+        if isinstance(message, SnapshotBatch):
+            if self.reporter.receive(now_ns, message):
+                self.admission.service(now_ns)
+            return []
+        if isinstance(message, Handover):
+            self.owner.take_handover(now_ns, message)
+            return []
+        raise TypeError(f"not a mesh message: {type(message).__name__}")
+
+    def ring_changed(self, now_ns: int, ring: Ring, *, stale: bool = False) -> None:
+        self.reporter.ring_changed(ring)
+        self.owner.ring_changed(now_ns, ring)
+        self.admission.membership(len(ring), stale, now_ns)
+
+    def leave(self, now_ns: int) -> list[Effect]:
+        """Graceful leave: hand every held key to its next owner, then route by the ring
+        without this member (reports for those keys are refused here from now on, so
+        their workers resend them to the new owner instead of this one forgetting them)."""
+        others = [m for m in self.ring.members if m != self.member_id]
+        if not others:
+            return []  # nobody to hand over to
+        # The same epoch: this is our own view until membership says more, and a newer
+        # epoch on our reports would have owners refuse them (stale_epoch) until then.
+        ring = Ring(others, self.ring.epoch, vnodes=self.ring.vnodes)
+        effects = self.owner.hand_over(now_ns, ring)
+        self.ring_changed(now_ns, ring)
+        return effects

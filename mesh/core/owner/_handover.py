@@ -1,0 +1,240 @@
+"""Hand-over on graceful leave: a stopping owner sends each key's meter state to the key's
+next owner, so the key continues where it was instead of restarting exhausted (issue 4).
+
+The rule that makes it safe: a handed-over key is never less restrictive than its true
+state. The state crosses the wire as "TAT ahead of the sender's now", rounded up
+(`Gcra.ahead_ns`), so time in transit only adds debt. A receiver takes a hand-over only
+
+* from a member in its ring, or one that left it within `DEPARTED_GRACE_NS`, and
+* for keys that member owns in the ring with it and the receiver owns in the ring without;
+
+everything else is counted and ignored. A key not open yet is parked (at most
+`PENDING_MAX` keys, each for `PENDING_TTL_NS`) and resumed from it when it opens, instead
+of the conservative start; past the TTL the key starts conservatively, as before. A key
+already open keeps the stricter of its own state and the handed state plus everything it
+applied since it opened (reports both owners saw count twice: safe, and rare).
+
+Reporters' watermarks come along: a report the leaver applied whose ack was lost is then a
+duplicate at the new owner rather than usage counted twice. Only the contiguous watermark
+is carried (sequences applied past a gap are counted again if resent: safe). A killed
+member hands nothing over; its keys move by membership and start conservatively.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mesh.core.effects import Effect, Send
+from mesh.core.gcra import Gcra
+from mesh.core.messages import HANDOVER_WATERMARKS_MAX, Handover, KeyHandover, ReporterWatermark
+from mesh.core.owner._state import KeyState, ReporterState
+from mesh.core.policy import RateKey
+from mesh.core.ring import Ring
+
+if TYPE_CHECKING:
+    from mesh.core.owner._owner import Owner
+
+__all__ = ["Handovers", "export", "install", "PENDING_MAX", "PENDING_TTL_NS",
+           "DEPARTED_GRACE_NS", "DEPARTED_MAX", "ROWS_PER_MESSAGE"]
+
+PENDING_MAX = 65_536  # handed-over keys parked until they open; the oldest go first
+PENDING_TTL_NS = 30_000_000_000  # a parked key unopened this long starts conservatively
+DEPARTED_GRACE_NS = 10_000_000_000  # a member that left the ring may hand over this long
+DEPARTED_MAX = 1024  # members remembered as just departed
+ROWS_PER_MESSAGE = 16_384  # keys + watermarks per Handover message (well under 4 MiB)
+
+
+@dataclass(frozen=True, slots=True)
+class _Parked:
+    received_ns: int  # on the receiver's clock: the handed debt drains from here
+    item: KeyHandover
+
+
+class Handovers:
+    """One owner's side of hand-overs: parked keys, who just left, and counters."""
+
+    def __init__(self) -> None:
+        self.pending: dict[RateKey, _Parked] = {}
+        self.departed: dict[str, int] = {}  # member -> when it left this owner's ring
+        self.sent_keys = 0
+        self.resumed = 0  # parked keys opened from their handed state
+        self.tightened = 0  # open keys made stricter by a hand-over
+        self.expired = 0
+        self.ignored: dict[str, int] = {"sender": 0, "not_owner": 0}
+
+    def stats(self) -> dict[str, int]:
+        return {"sent_keys": self.sent_keys, "pending": len(self.pending),
+                "resumed": self.resumed, "tightened": self.tightened, "expired": self.expired,
+                "ignored_sender": self.ignored["sender"],
+                "ignored_not_owner": self.ignored["not_owner"]}
+
+    def park(self, now_ns: int, item: KeyHandover) -> None:
+        """Keep a key's handed state until the key opens; a second one for the same key
+        keeps the stricter debt and the lower watermarks (fewer duplicates suppressed)."""
+        old = self.pending.get(item.rate_key)
+        if old is not None and now_ns - old.received_ns <= PENDING_TTL_NS:
+            item = _stricter(old, _Parked(now_ns, item))
+        elif len(self.pending) >= PENDING_MAX:
+            self._evict(now_ns)
+        self.pending[item.rate_key] = _Parked(now_ns, item)
+
+    def _evict(self, now_ns: int) -> None:
+        for key in [k for k, p in self.pending.items() if now_ns - p.received_ns > PENDING_TTL_NS]:
+            del self.pending[key]
+            self.expired += 1
+        if len(self.pending) >= PENDING_MAX:  # all fresh: the oldest goes (dicts keep order)
+            del self.pending[next(iter(self.pending))]
+            self.expired += 1
+
+    def opened(self, now_ns: int, ks: KeyState, applied_total: int, reporters_max: int) -> None:
+        """`Owner._open` made `ks`: resume it from a parked hand-over, if one is fresh."""
+        ks.applied_at_open = applied_total
+        parked = self.pending.pop(ks.policy.rate_key, None)
+        if parked is None:
+            return
+        if now_ns - parked.received_ns > PENDING_TTL_NS:
+            self.expired += 1
+            return
+        p = ks.policy
+        meter = Gcra(p.target_rate, p.global_burst, now_ns)  # full, then the handed debt
+        meter.hold(parked.received_ns, parked.item.ahead_ns)
+        ks.meter = meter
+        ks.exhausted = meter.remaining(now_ns) == 0
+        _continue_order(ks, parked.item)
+        _adopt_watermarks(now_ns, ks, parked.item.watermarks, reporters_max)
+        self.resumed += 1
+
+    def ring_changed(self, now_ns: int, old: Ring, new: Ring, member_id: str) -> None:
+        """Remember who left (they may still hand over); drop parked keys not ours now."""
+        for m in old.members:
+            if m not in new:
+                self.departed[m] = now_ns
+        for m in new.members:
+            self.departed.pop(m, None)
+        while len(self.departed) > DEPARTED_MAX:
+            del self.departed[next(iter(self.departed))]
+        for key in [k for k, p in self.pending.items()
+                    if now_ns - p.received_ns > PENDING_TTL_NS or not new.owns(member_id, k)]:
+            del self.pending[key]
+
+
+def export(owner: Owner, now_ns: int, ring: Ring) -> list[Effect]:
+    """The leaving owner's keys as `Handover`s to their owners in `ring` (without it)."""
+    if not ring.members:
+        return []
+    by_owner: dict[str, list[KeyHandover]] = {}
+    for key in sorted(owner.keys):
+        to = ring.owner_of(key)
+        if to == owner.member_id:
+            continue
+        ks = owner.keys[key]
+        marks = tuple(ReporterWatermark(w, rs.worker_epoch, rs.watermark)
+                      for w, rs in sorted(ks.reporters.items()) if rs.watermark > 0)
+        by_owner.setdefault(to, []).append(KeyHandover(
+            key, ks.meter.ahead_ns(now_ns), ks.owner_epoch, ks.version,
+            marks[:HANDOVER_WATERMARKS_MAX]))
+    out: list[Effect] = []
+    for to in sorted(by_owner):
+        chunk: list[KeyHandover] = []
+        rows = 0
+        for item in by_owner[to]:
+            if chunk and rows + 1 + len(item.watermarks) > ROWS_PER_MESSAGE:
+                out.append(Send(to, Handover(owner.member_id, owner.ring.epoch, tuple(chunk))))
+                chunk, rows = [], 0
+            chunk.append(item)
+            rows += 1 + len(item.watermarks)
+        out.append(Send(to, Handover(owner.member_id, owner.ring.epoch, tuple(chunk))))
+        owner.handovers.sent_keys += len(by_owner[to])
+    return out
+
+
+def install(owner: Owner, now_ns: int, msg: Handover) -> None:
+    """Take a hand-over: park or tighten the keys this owner may hold; ignore the rest."""
+    h = owner.handovers
+    me, ring, sender = owner.member_id, owner.ring, msg.sender
+    left_ns = None if sender == me else h.departed.get(sender)
+    if sender != me and sender in ring:
+        with_, without = ring, Ring((m for m in ring.members if m != sender), ring.epoch,
+                                    vnodes=ring.vnodes)
+    elif left_ns is not None and now_ns - left_ns <= DEPARTED_GRACE_NS:
+        # It left our ring just now; placement is a pure function of the members, so the
+        # ring it owned the keys in is ours with it put back.
+        with_, without = Ring((*ring.members, sender), ring.epoch, vnodes=ring.vnodes), ring
+    else:
+        h.ignored["sender"] += len(msg.keys)
+        return
+    for item in msg.keys:
+        key = item.rate_key
+        if with_.owner_of(key) != sender or not without.owns(me, key):
+            h.ignored["not_owner"] += 1
+            continue
+        ks = owner.keys.get(key)
+        if ks is None:
+            h.park(now_ns, item)
+            continue
+        if _tighten(now_ns, ks, item, owner.applied.get(key, 0),
+                    owner.config.reporters_per_key_max):
+            h.tightened += 1
+        owner.wake(ks)  # its reporters hear at the next tick
+
+
+def _tighten(now_ns: int, ks: KeyState, item: KeyHandover, applied_total: int,
+             reporters_max: int) -> bool:
+    """An open key: the handed debt plus what this owner applied since opening, if that is
+    stricter than the key's own state. Returns whether the meter tightened."""
+    p = ks.policy
+    candidate = Gcra(p.target_rate, p.global_burst, now_ns)
+    candidate.hold(now_ns, item.ahead_ns)
+    candidate.apply(now_ns, applied_total - ks.applied_at_open)
+    before = ks.meter.ahead_ns(now_ns)
+    ks.meter.hold(now_ns, candidate.ahead_ns(now_ns))
+    ks.changes += 1
+    if ks.meter.remaining(now_ns) == 0:
+        ks.exhausted = True
+    _continue_order(ks, item)
+    # The handed watermarks may be raised to: the meter now covers the handed state whole.
+    _adopt_watermarks(now_ns, ks, item.watermarks, reporters_max)
+    return ks.meter.ahead_ns(now_ns) > before
+
+
+def _continue_order(ks: KeyState, item: KeyHandover) -> None:
+    """Snapshots of the key go on ordering after the leaver's (workers never step back)."""
+    ks.owner_epoch = max(ks.owner_epoch, item.owner_epoch)
+    ks.version = max(ks.version, item.version)
+
+
+def _adopt_watermarks(now_ns: int, ks: KeyState, marks: tuple[ReporterWatermark, ...],
+                      reporters_max: int) -> None:
+    """Sequences up to a handed watermark are in the handed state: treat resends of them
+    as duplicates. A record of a newer worker incarnation is left alone."""
+    for m in marks:
+        rs = ks.reporters.get(m.worker_id)
+        if rs is None:
+            if len(ks.reporters) >= reporters_max:
+                continue  # no room: its resends count again (safe)
+            rs = ks.reporters[m.worker_id] = ReporterState(m.worker_epoch, m.watermark + 1,
+                                                           now_ns)
+        elif rs.worker_epoch == m.worker_epoch and m.watermark > rs.watermark:
+            rs.watermark = m.watermark
+            rs.above = {s for s in rs.above if s > rs.watermark}
+            while rs.watermark + 1 in rs.above:
+                rs.watermark += 1
+                rs.above.discard(rs.watermark)
+
+
+def _stricter(a: _Parked, b: _Parked) -> KeyHandover:
+    """Two hand-overs of one parked key: the later debt end, and per reporter the lower
+    watermark of the same incarnation (a record only one carries, or of two incarnations,
+    is dropped: its resends then count again, which is safe)."""
+    first, second = (a, b) if a.received_ns + a.item.ahead_ns >= \
+        b.received_ns + b.item.ahead_ns else (b, a)
+    theirs = {m.worker_id: m for m in second.item.watermarks}
+    marks = tuple(
+        ReporterWatermark(m.worker_id, m.worker_epoch, min(m.watermark, o.watermark))
+        for m in first.item.watermarks
+        if (o := theirs.get(m.worker_id)) is not None and o.worker_epoch == m.worker_epoch)
+    item = first.item
+    return KeyHandover(item.rate_key, first.received_ns + item.ahead_ns - b.received_ns,
+                       max(a.item.owner_epoch, b.item.owner_epoch),
+                       max(a.item.version, b.item.version), marks)

@@ -1,0 +1,526 @@
+"""The owner side of the mesh: meter each owned RateKey and tell its reporters.
+
+Inputs are past-tense facts with the time passed in (`receive`, `tick`, `ring_changed`,
+`policy_learned`); outputs are `Send`/`FetchPolicy` effects. The owner holds no durable
+state: a restart or a migration starts keys conservatively (seed 004, "Owner restarts"),
+except the keys a gracefully leaving owner hands over (`_handover`).
+
+Snapshots go to a key's reporters when they would change what a reporter may spend
+(`snapshot_allowance_ppm`), at most once per sync interval. Every batch to a worker vouches
+that what it holds from this owner is still current, so a worker holding a lease hears at
+least once per TTL, with an empty batch if nothing changed (`mesh.core.reporter` says how a
+skipped batch number ends the vouching).
+"""
+
+from __future__ import annotations
+
+from heapq import heappop, heappush
+from typing import Any
+
+from mesh.core._validate import INT_MAX, check_int, check_str
+from mesh.core.config import MS, CoreConfig
+from mesh.core.effects import Effect, FetchPolicy, Send
+from mesh.errors import ConfigTypeError
+from mesh.core.gcra import NS_PER_S, Gcra
+from mesh.core.messages import (
+    PPM,
+    Handover,
+    Rejection,
+    RejectReason,
+    ReportBatch,
+    SnapshotBatch,
+    snapshot_allowance_ppm,
+)
+from mesh.core.owner._handover import Handovers, export, install
+from mesh.core.owner._state import Applied, KeyState, ReporterState
+from mesh.core.policy import PolicyCache, RateKey
+from mesh.core.ring import Ring
+
+__all__ = ["Owner"]
+
+SWEEP_NS = 1_000_000_000  # upkeep of every retained key, once a second
+# A refresh is owed when what a reporter may spend would move by more than 1/65,536 of
+# what it holds (3/65,536 at most in all, with the rounding of shares and the receive's
+# check against the tick's last look): below that is the rounding of shares (ppm) and of a
+# bucket that refills between two reports, which would otherwise send every key of a busy
+# owner every interval.
+_NEAR = 16
+# The part of a share that follows demand moves in steps of 1/64 of the even part (rounded
+# down, so shares still sum to at most one). Below one step, shares are even: in a bucket
+# that is nearly full, demand moves no one's allowance, and no refresh is owed for it.
+_GRAIN = 6
+
+
+Row = tuple[RateKey, int, int, int, int, int, int, int]  # one snapshot's columns
+
+
+class _Outbox:
+    """Snapshot rows and rejections gathered per receiver; full batches go out at once."""
+
+    def __init__(self, owner: Owner, now_ns: int) -> None:
+        self._owner = owner
+        self._now_ns = now_ns
+        self.rows: dict[str, list[Row]] = {}
+        self.rejects: dict[str, list[Rejection]] = {}
+        self.effects: list[Effect] = []
+        self.beats: set[str] = set()
+
+    def snapshot(self, to: str, row: Row) -> None:
+        rows = self.rows.get(to)
+        if rows is None:
+            rows = self.rows[to] = []
+        rows.append(row)
+        if len(rows) >= self._owner.config.snapshot_batch_max:
+            self.effects.append(self._owner._message(to, self._now_ns, rows, []))
+            self.rows[to] = []
+
+    def snapshots(self, to: str, rows: list[Row]) -> None:
+        pending = self.rows.get(to)
+        if pending:
+            pending.extend(rows)
+        else:
+            pending = rows
+        step = self._owner.config.snapshot_batch_max
+        while len(pending) >= step:
+            self.effects.append(self._owner._message(to, self._now_ns, pending[:step], []))
+            pending = pending[step:]
+        self.rows[to] = pending
+
+    def reject(self, to: str, rejection: Rejection) -> None:
+        self.rejects.setdefault(to, []).append(rejection)
+
+    def beat(self, to: str) -> None:
+        """Send `to` a batch even if it holds nothing: it vouches for what `to` holds."""
+        self.beats.add(to)
+
+    def drain(self) -> list[Effect]:
+        for to in sorted(set(self.rows) | set(self.rejects) | self.beats):
+            rows, rejects = self.rows.get(to, []), self.rejects.get(to, [])
+            if rows or rejects or to in self.beats:
+                self.effects.append(self._owner._message(to, self._now_ns, rows, rejects))
+        return self.effects
+
+
+class Owner:
+    """Every key this member owns: GCRA meters, idempotency records, reporter leases."""
+
+    def __init__(
+        self,
+        member_id: str,
+        ring: Ring,
+        policies: PolicyCache,
+        now_ns: int,
+        *,
+        incarnation: int = 0,
+        config: CoreConfig | None = None,
+    ) -> None:
+        self.member_id = check_str("member_id", member_id)
+        if not isinstance(ring, Ring):
+            raise ConfigTypeError("ring", f"must be a Ring, got {type(ring).__name__}")
+        if not isinstance(policies, PolicyCache):
+            raise ConfigTypeError("policies", f"must be a PolicyCache, got "
+                                              f"{type(policies).__name__}")
+        check_int("now_ns", now_ns)
+        self.ring = ring
+        self.policies = policies
+        self.incarnation = check_int("incarnation", incarnation)
+        self.config = config or CoreConfig()
+        self.keys: dict[RateKey, KeyState] = {}
+        self._owned_since_ns = now_ns
+        self._fetching: set[RateKey] = set()
+        # When keys are next due at the tick, as a heap of (time, n, key); an entry whose
+        # time is not its key's `tick_at_ns` any more was superseded and is skipped.
+        self._due: list[tuple[int, int, RateKey]] = []
+        self._due_n = 0
+        self._swept_ns = now_ns
+        self.applied_units = 0  # telemetry: usage applied, in the keys' own units
+        self.applied: dict[RateKey, int] = {}  # telemetry: the same, per key
+        self.duplicates = 0
+        self.handovers = Handovers()  # graceful leave: parked keys, departed members
+        self._leases: dict[str, int] = {}  # worker -> its latest reporter lease, any key
+        # worker -> the last batch_seq sent to it, and when that batch was built. A worker
+        # new (or forgotten by `_sweep`) is numbered from the time in microseconds: past
+        # any number it had from us before, so what it holds from then is not vouched for.
+        self._out_seq: dict[str, int] = {}
+        self._out_at: dict[str, int] = {}
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def receive(self, now_ns: int, batch: ReportBatch) -> list[Effect]:
+        """Apply a worker's batch; reply to it with snapshots (its acks) and rejections.
+
+        The loop reads the batch's columns and inlines the common case of the idempotent
+        apply (the next sequence of a known reporter): an owner runs it for every report.
+        """
+        out = _Outbox(self, now_ns)
+        cfg = self.config
+        sender = batch.sender
+        worker_epoch = batch.worker_epoch
+        ring = self.ring
+        if batch.ring_epoch > ring.epoch:
+            for key in dict.fromkeys(batch.keys):
+                out.reject(sender, Rejection(key, RejectReason.STALE_EPOCH, ring.epoch))
+            return out.drain()
+        keys = self.keys
+        applied = self.applied
+        me = self.member_id
+        reorder = cfg.reorder_window
+        lease_until_ns = now_ns + cfg.reporter_lease_ms * MS
+        window = now_ns // (cfg.demand_window_ms * MS)
+        self._leases[sender] = lease_until_ns
+        share_floor = cfg.share_floor_ppm
+        exhausted_now: list[KeyState] = []
+        replied: dict[RateKey, KeyState] = {}
+        refused: dict[RateKey, RejectReason] = {}
+        units = dups = 0
+        for key, seq, delta, denied, floor in zip(batch.keys, batch.sequences, batch.deltas,
+                                                  batch.denied, batch.unacked_from, strict=True):
+            ks = keys.get(key)  # every retained key is owned: ring_changed drops the rest
+            if ks is None:
+                if key in refused:
+                    continue
+                if not ring.owns(me, key):
+                    refused[key] = RejectReason.NOT_OWNER
+                    continue
+                ks = self._open(now_ns, key, out)
+                if ks is None:
+                    refused[key] = RejectReason.POLICY_UNKNOWN
+                    continue
+            rs = ks.reporters.get(sender)
+            if rs is None:
+                if len(ks.reporters) >= cfg.reporters_per_key_max:
+                    self._forget_oldest_reporter(ks)
+                rs = ks.reporters[sender] = ReporterState(worker_epoch, floor, now_ns)
+            if (seq == rs.watermark + 1 and rs.worker_epoch == worker_epoch
+                    and not rs.above):  # floor <= seq: validated
+                rs.watermark = seq  # the common case of ReporterState.offer
+                outcome = Applied.NEW
+            else:
+                outcome = rs.offer(worker_epoch, seq, floor, reorder)
+            rs.last_seen_ns = now_ns
+            if rs.lease_until_ns < now_ns:  # back after a lapse: old demand says nothing now
+                rs.demand_cur = rs.demand_prev = 0
+                rs.window = window
+                ks.changes += 1  # one more active reporter: the others' shares change
+                ks.live_until_ns = -1  # count them again
+            elif rs.window != window:  # rs.roll(window), inlined
+                rs.demand_prev = rs.demand_cur if rs.window == window - 1 else 0
+                rs.demand_cur = 0
+                rs.window = window
+            rs.lease_until_ns = lease_until_ns
+            if outcome == Applied.NEW:
+                ks.meter.apply(now_ns, delta)
+                ks.last_used_ns = now_ns
+                rs.demand_cur += (delta if delta > 0 else 0) + denied
+                units += delta
+                applied[key] = applied.get(key, 0) + delta
+            elif outcome == Applied.DUPLICATE:
+                dups += 1
+            replied[key] = ks
+        self.applied_units += units
+        self.duplicates += dups
+        for key, reason in refused.items():
+            out.reject(sender, Rejection(key, reason, ring.epoch))
+        rows: list[Row] = []
+        for key, ks in replied.items():  # _send_snapshot, inlined: once per report
+            rs = ks.reporters[sender]
+            remaining = ks.meter.remaining(now_ns)
+            if remaining == 0:
+                if not ks.exhausted:
+                    ks.exhausted = True
+                    exhausted_now.append(ks)
+            elif ks.exhausted and remaining * 8 >= ks.meter.burst:
+                ks.exhausted = False  # the tick's hysteresis, as the key may not be ticked
+            b = ks.policy.local_burst_cap
+            floor = remaining if remaining < b else b
+            n = ks.live_n if now_ns <= ks.live_until_ns else _count_live(now_ns, ks)
+            if n == 1:  # the only live reporter: the whole budget is its share
+                share_ppm = PPM
+                rs.sent_allowance_ppm = floor * PPM  # snapshot_allowance_ppm for one
+            else:
+                even = _even_ppm(remaining, ks.meter.burst, share_floor)
+                even_each = even // n
+                if PPM - even < ((even_each >> _GRAIN) or 1):  # _share_ppm's even case
+                    share_ppm = even_each
+                    allowance = snapshot_allowance_ppm(remaining, even_each, n, b)
+                    looked_n, looked_allowance, looked_floor = ks.looked
+                    da, df = allowance - looked_allowance, floor - looked_floor  # _near, inlined
+                    near = (looked_n == n and (da if da >= 0 else -da) << _NEAR <= looked_allowance
+                            and (df if df >= 0 else -df) << _NEAR <= looked_floor)
+                else:
+                    basis = self._share_basis(now_ns, ks, remaining)
+                    share_ppm = _share_ppm(basis, rs.demand_cur + rs.demand_prev)
+                    allowance = snapshot_allowance_ppm(remaining, share_ppm, n, b)
+                    near = False
+                rs.sent_allowance_ppm = allowance
+                if not near:  # the others' views are behind: the next tick sees to it
+                    ks.changes += 1
+                    self.wake(ks)
+            rs.sent_floor = floor
+            ks.version += 1
+            rs.sent_at_ns = now_ns
+            rs.seen_changes = ks.changes
+            rows.append((key, ks.owner_epoch, ks.version, remaining, rs.watermark,
+                         rs.worker_epoch, share_ppm, n))
+        out.snapshots(sender, rows)
+        for ks in exhausted_now:  # seed 004: publish exhaustion at once, to everyone
+            self._broadcast(now_ns, ks, out, skip=sender)
+        return out.drain()
+
+    def tick(self, now_ns: int) -> list[Effect]:
+        """The sync interval: tell active reporters what changed for them; vouch for the
+        rest; expire what is old.
+
+        Only keys with a live reporter lease and something due are visited; the upkeep of
+        every retained key (idempotency records past retention, idle full buckets) runs
+        once per `SWEEP_NS`, so an owner holding many quiet keys stays cheap to tick.
+        """
+        out = _Outbox(self, now_ns)
+        sync_ns = self.config.sync_interval_ms * MS
+        due, keys = self._due, self.keys
+        while due and due[0][0] <= now_ns:
+            at, _, key = heappop(due)
+            ks = keys.get(key)
+            if ks is None or ks.tick_at_ns != at:
+                continue  # forgotten, or due at another time since
+            ks.tick_at_ns = INT_MAX
+            if ks.exhausted and ks.meter.remaining(now_ns) * 8 >= ks.meter.burst:
+                # Hysteresis: under steady overload the bucket hovers near zero, and a
+                # broadcast at every brush with it would make traffic grow with load.
+                ks.exhausted = False
+            self._broadcast(now_ns, ks, out, sync_ns=sync_ns)
+        self._vouch(now_ns, out)
+        if now_ns - self._swept_ns >= SWEEP_NS:
+            self._sweep(now_ns)
+        return out.drain()
+
+    def _vouch(self, now_ns: int, out: _Outbox) -> None:
+        """A batch to every worker holding a lease that has not had one for most of a TTL:
+        it keeps the views this owner did not need to refresh from expiring. Two sync
+        intervals short of the TTL: one for this tick's lateness, one for the trip."""
+        cfg = self.config
+        period_ns = max(cfg.sync_interval_ms, cfg.snapshot_ttl_ms - 2 * cfg.sync_interval_ms) * MS
+        out_at = self._out_at
+        for worker, until in list(self._leases.items()):
+            if until < now_ns:
+                del self._leases[worker]
+            elif now_ns - out_at.get(worker, -period_ns) >= period_ns:
+                out.beat(worker)
+
+    def _sweep(self, now_ns: int) -> None:
+        """Forget idempotency records past retention, keys that are idle and full, and the
+        batch numbers of workers we have not written to for as long."""
+        self._swept_ns = now_ns
+        retention_ns = self.config.idempotency_retention_ms * MS
+        for worker in [w for w, at in self._out_at.items()
+                       if now_ns - at > retention_ns and w not in self._leases]:
+            del self._out_at[worker], self._out_seq[worker]
+        for key in list(self.keys):
+            ks = self.keys[key]
+            for worker, rs in list(ks.reporters.items()):
+                if now_ns - rs.last_seen_ns > retention_ns:
+                    del ks.reporters[worker]
+                    ks.live_until_ns = -1
+            if (not ks.reporters and ks.tick_at_ns == INT_MAX
+                    and ks.meter.remaining(now_ns) >= ks.meter.burst):
+                del self.keys[key]  # idle and full: forgetting it loses nothing
+
+    def ring_changed(self, now_ns: int, ring: Ring) -> None:
+        """Adopt a new ring; keys that moved away are dropped (their new owner starts them)."""
+        self.handovers.ring_changed(now_ns, self.ring, ring, self.member_id)
+        self.ring = ring
+        # Even with the same members: rings between the two may have placed keys elsewhere
+        # (a coalesced watch), so a key opened now may have been metered there meanwhile.
+        self._owned_since_ns = now_ns
+        moved = [k for k in self.keys if not ring.owns(self.member_id, k)]
+        for key in moved:
+            del self.keys[key]
+        if moved:  # skip a batch number: no worker may take our word for what moved
+            self._skip_batch(*self._out_seq)
+
+    def policy_learned(self, key: RateKey) -> None:
+        """The driver fetched (or failed to fetch) a generation: allow asking again."""
+        self._fetching.discard(key)
+
+    def hand_over(self, now_ns: int, ring: Ring) -> list[Effect]:
+        """Graceful leave: every held key's state, sent to its owner in `ring` (without us)."""
+        return export(self, now_ns, ring)
+
+    def take_handover(self, now_ns: int, handover: Handover) -> None:
+        """A leaving owner's keys: resume or tighten those that are ours to hold."""
+        install(self, now_ns, handover)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _open(self, now_ns: int, key: RateKey, out: _Outbox) -> KeyState | None:
+        policy = self.policies.get(key)
+        if policy is None:
+            if key not in self._fetching:
+                self._fetching.add(key)
+                out.effects.append(FetchPolicy(key))
+            return None
+        # Start conservatively (exhausted, refilling at R) unless this owner has held its
+        # ring position long enough for any bucket it never saw to have refilled: keys are
+        # only forgotten when full, so an unseen key was idle for at least that long.
+        refill_ns = -(-policy.global_burst * NS_PER_S // policy.target_rate)
+        exhausted = now_ns - self._owned_since_ns < refill_ns
+        meter = Gcra(policy.target_rate, policy.global_burst, now_ns, exhausted=exhausted)
+        ks = self.keys[key] = KeyState(policy, meter, self.ring.epoch, now_ns)
+        self.handovers.opened(now_ns, ks, self.applied.get(key, 0),
+                              self.config.reporters_per_key_max)  # a handed state, if any
+        return ks
+
+    def _forget_oldest_reporter(self, ks: KeyState) -> None:
+        oldest = min(ks.reporters, key=lambda w: (ks.reporters[w].last_seen_ns, w))
+        del ks.reporters[oldest]
+        ks.live_until_ns = -1
+        self._skip_batch(oldest)  # we no longer know what it holds of this key
+
+    def wake(self, ks: KeyState, at_ns: int = 0) -> None:
+        """Have the tick look at the key at `at_ns` (0: the next tick), unless it will sooner."""
+        if at_ns < ks.tick_at_ns:
+            ks.tick_at_ns = at_ns
+            self._due_n += 1
+            heappush(self._due, (at_ns, self._due_n, ks.policy.rate_key))
+
+    def _next_seq(self, worker: str, now_ns: int) -> int:
+        seq = self._out_seq.get(worker)
+        return (now_ns // 1000 if seq is None else seq) + 1
+
+    def _skip_batch(self, *workers: str) -> None:
+        """Number the next batch to each of `workers` one past the next: the gap ends the
+        vouching for every view this owner gave them before (`mesh.core.reporter`)."""
+        for w in workers:
+            if w in self._out_seq:  # a worker we never wrote to holds nothing of ours
+                self._out_seq[w] += 1
+
+    def _broadcast(
+        self, now_ns: int, ks: KeyState, out: _Outbox, *, skip: str = "", sync_ns: int = 0,
+    ) -> None:
+        """Snapshot to live reporters but `skip`. With `sync_ns` (the tick), only to those
+        whose view the key's changes since their last snapshot would alter, and not sooner
+        than `sync_ns` after it; note when the key is next due.
+        In the tick, a key is due again only for a reporter its changes have not reached
+        yet; the tick never looks at a key merely because a lease lapsed. The reporters
+        still live hear of a larger share in their next reply."""
+        key = ks.policy.rate_key
+        basis: tuple[int, int, int, int] | None = None
+        remaining = floor = 0
+        b = ks.policy.local_burst_cap
+        snapshot = out.snapshot
+        next_ns = INT_MAX
+        for worker, rs in ks.reporters.items():  # insertion order: deterministic
+            if rs.lease_until_ns < now_ns or worker == skip:
+                continue
+            if sync_ns:
+                if rs.seen_changes == ks.changes:
+                    continue  # its view is current: our batches vouch for it
+                due_at = rs.sent_at_ns + sync_ns
+                if due_at > now_ns:
+                    if due_at < next_ns:
+                        next_ns = due_at
+                    continue
+            if basis is None:  # once per key, not per receiver
+                remaining = ks.meter.remaining(now_ns)
+                basis = self._share_basis(now_ns, ks, remaining)
+                floor = remaining if remaining < b else b
+                if sync_ns:
+                    _look(ks, basis, remaining, floor)
+            share_ppm = _share_ppm(basis, rs.demand_cur + rs.demand_prev)
+            allowance = snapshot_allowance_ppm(remaining, share_ppm, basis[0], b)
+            rs.seen_changes = ks.changes
+            if (sync_ns and _near(allowance, rs.sent_allowance_ppm)
+                    and _near(floor, rs.sent_floor)):
+                continue  # a refresh would change nothing it acts on
+            ks.version += 1
+            rs.sent_at_ns = now_ns
+            rs.sent_allowance_ppm = allowance
+            rs.sent_floor = floor
+            snapshot(worker, (key, ks.owner_epoch, ks.version, remaining, rs.watermark,
+                              rs.worker_epoch, share_ppm, basis[0]))
+        if sync_ns and next_ns < INT_MAX:
+            self.wake(ks, next_ns)
+
+    def _share_basis(self, now_ns: int, ks: KeyState,
+                     remaining: int) -> tuple[int, int, int, int]:
+        """The per-key half of the shares, computed once per key per round:
+        (active reporters, their recent demand, the part shared by demand, the even part
+        each gets). `_share_ppm` finishes a reporter's share from it.
+
+        Part of the budget is split evenly and the rest by recent demand (used + denied).
+        The even part grows with how full the bucket is: a full bucket is plenty for
+        everyone, so an even split lets any worker start at once; a nearly empty one is
+        scarce, so it goes where the requests are. Shares of all reporters sum to 1.
+        Callers ask only while some reporter's lease is live, so `active` is at least 1.
+        """
+        active = total = 0
+        window = now_ns // (self.config.demand_window_ms * MS)
+        for rs in ks.reporters.values():
+            if rs.lease_until_ns >= now_ns:
+                active += 1
+                if rs.window != window:
+                    rs.roll(window)
+                total += rs.demand_cur + rs.demand_prev
+        even = _even_ppm(remaining, ks.meter.burst, self.config.share_floor_ppm)
+        return active, total, PPM - even, even // active
+
+    def _message(self, to: str, now_ns: int, rows: list[Row],
+                 rejects: list[Rejection]) -> Send:
+        c: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * 8
+        seq = self._out_seq[to] = self._next_seq(to, now_ns)
+        self._out_at[to] = now_ns
+        return Send(to, SnapshotBatch.trusted(self.member_id, self.ring.epoch, self.incarnation,
+                                              now_ns, c[0], c[1], c[2], c[3], c[4], c[5], c[6],
+                                              c[7], tuple(rejects), seq))
+
+
+def _near(now: int, then: int) -> bool:
+    """Whether `now` is within 1/2**_NEAR of `then` (never, while `then` is unset: -1)."""
+    d = now - then
+    return (d if d >= 0 else -d) << _NEAR <= then
+
+
+def _count_live(now_ns: int, ks: KeyState) -> int:
+    """Reporters with a live lease on the key; the count holds until the first lapses."""
+    n, until = 0, INT_MAX
+    for rs in ks.reporters.values():
+        if rs.lease_until_ns >= now_ns:
+            n += 1
+            if rs.lease_until_ns < until:
+                until = rs.lease_until_ns
+    ks.live_n, ks.live_until_ns = n, until
+    return n
+
+
+def _look(ks: KeyState, basis: tuple[int, int, int, int], remaining: int, floor: int) -> None:
+    """Remember what every reporter of the key was told (or found near enough) by a tick:
+    the live count, the allowance of an even share (-1 when shares follow demand) and
+    min(remaining, b). A report that leaves these near needs no look (`receive`)."""
+    active, _, spread, even_each = basis
+    even = -1 if spread >= _step(even_each) else snapshot_allowance_ppm(
+        remaining, even_each, active, ks.policy.local_burst_cap)
+    ks.looked = (active, even, floor)
+
+
+def _even_ppm(remaining: int, burst: int, floor_ppm: int) -> int:
+    """The part of `remaining` split evenly: as full as the bucket is, and never below the
+    configured floor (`Owner._share_basis` says why)."""
+    even = remaining * PPM // burst
+    return even if even > floor_ppm else floor_ppm
+
+
+def _step(even_each: int) -> int:
+    """The step of the demand-driven part of a share (`_GRAIN`)."""
+    return (even_each >> _GRAIN) or 1
+
+
+def _share_ppm(basis: tuple[int, int, int, int], mine: int) -> int:
+    """A live reporter's share (ppm) of what remains, from `Owner._share_basis`."""
+    active, total, spread, even_each = basis
+    step = _step(even_each)
+    if spread < step:
+        return even_each  # no reporter's demand part reaches a step: even shares
+    if total == 0:
+        return PPM // active
+    by_demand = spread * mine // total
+    return by_demand - by_demand % step + even_each

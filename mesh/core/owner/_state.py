@@ -1,0 +1,107 @@
+"""Per-key and per-reporter state an owner keeps, with the idempotent apply rule."""
+
+from __future__ import annotations
+
+from mesh.core._validate import INT_MAX
+from mesh.core.gcra import Gcra
+from mesh.core.policy import TenantRatePolicy
+
+__all__ = ["ReporterState", "KeyState", "Applied"]
+
+
+class Applied:
+    """Outcomes of offering one report to a ReporterState (ints: cheap, comparable)."""
+
+    NEW = 0  # applied now
+    DUPLICATE = 1  # already applied (or from an older incarnation): changes nothing
+    TOO_FAR = 2  # beyond the reorder window: not applied, not acked; the worker retries
+
+
+class ReporterState:
+    """What an owner remembers of one worker incarnation's reports for one key.
+
+    Sequences up to `watermark` are applied and acknowledged; `above` holds applied
+    sequences past a gap (reordering), so a retry of any of them is recognised.
+    """
+
+    __slots__ = ("worker_epoch", "watermark", "above", "lease_until_ns", "last_seen_ns",
+                 "demand_cur", "demand_prev", "sent_at_ns", "seen_changes", "sent_allowance_ppm",
+                 "sent_floor", "window")
+
+    def __init__(self, worker_epoch: int, unacked_from: int, now_ns: int) -> None:
+        self.worker_epoch = worker_epoch
+        # A record starts at the worker's lowest unacknowledged sequence: everything below
+        # was applied by some owner (this one before it forgot, or an earlier one).
+        self.watermark = unacked_from - 1
+        self.above: set[int] = set()
+        self.lease_until_ns = 0
+        self.last_seen_ns = now_ns
+        # Demand (used + denied) in the owner's current and previous demand window, the
+        # current being number `window` (now // demand_window): rolled when next touched.
+        self.demand_cur = 0
+        self.demand_prev = 0
+        self.window = 0
+        self.sent_at_ns = -1  # when this reporter was last sent a snapshot of the key
+        self.seen_changes = -1  # the key's `changes` that snapshot reflected
+        # What that snapshot let the reporter spend (`snapshot_allowance_ppm`) and
+        # min(remaining, b), the rest of what it acts on: a refresh is owed only when these
+        # would change (or its TTL runs out without a batch to vouch for it).
+        self.sent_allowance_ppm = -1
+        self.sent_floor = -1
+
+    def roll(self, window: int) -> None:
+        """Move the demand windows on to number `window`."""
+        self.demand_prev = self.demand_cur if self.window == window - 1 else 0
+        self.demand_cur = 0
+        self.window = window
+
+    def offer(self, worker_epoch: int, sequence: int, unacked_from: int, window: int) -> int:
+        """Decide whether (epoch, sequence) is new, recording it if so."""
+        if worker_epoch != self.worker_epoch:
+            if worker_epoch < self.worker_epoch:
+                return Applied.DUPLICATE  # a report from a dead incarnation: ignore
+            self.worker_epoch = worker_epoch  # the worker restarted: its sequence restarts
+            self.watermark = unacked_from - 1
+            self.above.clear()
+        elif unacked_from - 1 > self.watermark:  # acknowledged elsewhere (an earlier owner)
+            self.watermark = unacked_from - 1
+            self.above = {s for s in self.above if s > self.watermark}
+            while self.watermark + 1 in self.above:
+                self.watermark += 1
+                self.above.discard(self.watermark)
+        if sequence <= self.watermark or sequence in self.above:
+            return Applied.DUPLICATE
+        if sequence > self.watermark + window:
+            return Applied.TOO_FAR
+        if sequence == self.watermark + 1:
+            self.watermark = sequence
+            while self.watermark + 1 in self.above:
+                self.watermark += 1
+                self.above.discard(self.watermark)
+        else:
+            self.above.add(sequence)
+        return Applied.NEW
+
+
+class KeyState:
+    """One RateKey at its owner: the meter and who is reporting it."""
+
+    __slots__ = ("policy", "meter", "version", "owner_epoch", "reporters", "exhausted",
+                 "last_used_ns", "applied_at_open", "changes", "tick_at_ns", "looked",
+                 "live_n", "live_until_ns")
+
+    def __init__(self, policy: TenantRatePolicy, meter: Gcra, owner_epoch: int, now_ns: int):
+        self.policy = policy
+        self.meter = meter
+        self.version = 0
+        self.owner_epoch = owner_epoch
+        self.reporters: dict[str, ReporterState] = {}
+        self.exhausted = meter.remaining(now_ns) == 0
+        self.last_used_ns = now_ns
+        self.applied_at_open = 0  # the owner's per-key applied total when it opened (hand-over)
+        self.changes = 0  # usage applied or state handed over: a reporter's view is behind
+        self.tick_at_ns = INT_MAX  # when the owner's tick is next due to look at the key
+        self.live_n = 0  # reporters with a live lease, as counted when the first of them
+        self.live_until_ns = -1  # lapses (here); -1: count again
+        # (live reporters, their even allowance or -1, floor) when the tick last looked
+        self.looked: tuple[int, int, int] = (0, -1, 0)

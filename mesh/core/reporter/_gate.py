@@ -1,0 +1,129 @@
+"""A worker's local view of one global RateKey (seed 004, "Bounding drift")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import Enum
+
+from mesh.core.messages import PPM, snapshot_allowance_ppm
+from mesh.core.policy import RateKey, TenantRatePolicy
+from mesh.core.admission._gate import Gate
+
+__all__ = ["GlobalGate", "SnapshotState", "Inflight", "share_round"]
+
+
+def share_round(amount_ppm: int, coin_ppm: int) -> int:
+    """amount_ppm / 1e6 in whole units, rounded up with probability equal to the fraction.
+
+    A worker's part of a small budget is often a fraction of a unit (20 units over 300
+    workers); rounding down would starve everyone and rounding up would multiply the
+    budget. Rounding at random keeps the fleet's expected total exact. `coin_ppm` is
+    uniform in [0, 1e6) and comes from a hash, so runs replay exactly.
+    """
+    whole, frac = divmod(amount_ppm, PPM)
+    return whole + 1 if coin_ppm < frac else whole
+
+
+class SnapshotState(Enum):
+    BOOT = "boot"  # no fresh snapshot and nothing unacknowledged: a small allowance
+    FRESH = "fresh"  # a snapshot younger than the TTL
+    STALE = "stale"  # the snapshot expired with usage unacknowledged: admit nothing new
+
+
+class Inflight:
+    """One sent, not yet acknowledged report: kept for retries with its sequence."""
+
+    __slots__ = ("sequence", "delta", "denied", "sent_at_ns", "created_ns", "sends")
+
+    def __init__(self, sequence: int, delta: int, denied: int, created_ns: int) -> None:
+        self.sequence = sequence
+        self.delta = delta
+        self.denied = denied
+        self.sent_at_ns = -1  # not sent yet
+        self.created_ns = created_ns
+        self.sends = 0
+
+
+_NO_INFLIGHT: list[Inflight] = []  # shared and never appended to: see Reporter.flush
+_NO_SNAPSHOT = (-1, -1, -1)
+
+
+class GlobalGate(Gate):
+    """avail = allowance - unacknowledged, where allowance comes from the last snapshot.
+
+    Never `remaining` copied in: the local view subtracts what this worker consumed that the
+    snapshot does not yet reflect (`inflight_sum + pending`).
+    """
+
+    __slots__ = ("key", "state", "allowance", "inflight", "inflight_sum", "next_sequence",
+                 "snap_order", "snap_remaining", "snap_at_ns", "fresh_until_ns", "boot_since_ns",
+                 "owner", "owner_ring_epoch", "resend_at_ns", "snap_from", "snap_batch",
+                 "reported_at_ns")
+
+    def __init__(self, policy: TenantRatePolicy, sink: Callable[[Gate], None]) -> None:
+        super().__init__(policy, sink)
+        self.key: RateKey = policy.rate_key
+        self.state = SnapshotState.BOOT
+        self.allowance = 0
+        self.inflight: list[Inflight] = _NO_INFLIGHT  # a list of its own once a report is sent
+        self.inflight_sum = 0
+        self.next_sequence = 1
+        self.snap_order: tuple[int, int, int] = _NO_SNAPSHOT
+        self.snap_remaining = 0
+        self.snap_at_ns = 0
+        self.fresh_until_ns = 0
+        self.boot_since_ns = 0
+        self.owner: str | None = None
+        self.resend_at_ns = -1  # when the reporter's resend queue next looks at this view
+        self.owner_ring_epoch = -1
+        self.snap_from = ""  # the owner whose snapshot the view holds, and the batch that
+        self.snap_batch = 0  # brought it: what its later batches may vouch for (Reporter.tick)
+        self.reported_at_ns = -1  # when a report of this key last went out (the owner's lease)
+
+    @property
+    def had_snapshot(self) -> bool:
+        return self.snap_order is not _NO_SNAPSHOT
+
+    @property
+    def unacked(self) -> int:
+        return self.inflight_sum + self.pending
+
+    def recompute(self) -> None:
+        """avail from allowance and what is unacknowledged; 0 whenever stale."""
+        self.avail = 0 if self.state is SnapshotState.STALE else self.allowance - self.unacked
+
+    def ack(self, sequence: int) -> list[Inflight]:
+        """Drop reports the owner has applied (contiguously) up to `sequence`."""
+        n = 0
+        for r in self.inflight:
+            if r.sequence > sequence:
+                break
+            self.inflight_sum -= r.delta
+            n += 1
+        if not n:
+            return []
+        acked = self.inflight[:n]
+        del self.inflight[:n]
+        return acked
+
+    def take_snapshot(self, order: tuple[int, int, int], remaining: int, ack: int,
+                      share_ppm: int, active_reporters: int, now_ns: int, ttl_ns: int,
+                      coin_ppm: int) -> list[Inflight]:
+        """Adopt a newer snapshot (one row of a SnapshotBatch); returns the reports it
+        acknowledged.
+
+        allowance = min(this worker's share of `remaining`, its local burst cap), where the
+        cap is b divided by the owner-observed active-worker count (seed 004), or this
+        worker's demand share of b when that is larger (load-balancer skew). The owner's
+        shares sum to one, so the fleet's allowances sum to about `remaining`.
+        """
+        acked = self.ack(ack)
+        self.snap_order = order
+        self.snap_remaining = remaining
+        self.snap_at_ns = now_ns
+        self.allowance = share_round(snapshot_allowance_ppm(
+            remaining, share_ppm, active_reporters, self.policy.local_burst_cap), coin_ppm)
+        self.fresh_until_ns = now_ns + ttl_ns
+        self.state = SnapshotState.FRESH
+        self.recompute()
+        return acked

@@ -1,0 +1,399 @@
+"""The worker side of the mesh: local views, usage accumulation, batching, snapshot intake.
+
+The hot path (mesh.core.admission) spends a view's `avail` and tells the view's sink when usage
+first appears or crosses the report threshold. Everything else happens here, driven by the
+node (or the simulator, or a test) with the time passed in:
+
+* `flush(now)`: usage per key becomes a `UsageReport` with the next sequence; reports are
+  batched by owner and resent, with the same epoch and sequence, until acknowledged.
+* `receive(now, SnapshotBatch)`: a snapshot acknowledges reports and resets the allowance;
+  avail = allowance - (inflight + pending), so usage after the snapshot is not forgotten.
+* `tick(now)`: views past their TTL stop expanding traffic (seed 004: restrict, not guess),
+  unless their owner vouched for them since (below).
+
+An owner sends a key's snapshot again only when it would change what the receiver may
+spend; every batch it sends a worker (an empty one at least every TTL while the worker holds
+a lease) vouches that the views it gave that worker before are still current. Its batches to
+one worker are numbered: a number skipped (a batch lost, or the owner forgetting what it
+told us) ends the vouching for every view from before it, and those views expire at their
+TTL as they would have without it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from heapq import heappop, heappush
+
+from mesh.core._validate import check_int, check_str
+from mesh.core.config import MS, CoreConfig
+from mesh.core.effects import Effect, Send
+from mesh.errors import ConfigTypeError
+from mesh.core.gcra import NS_PER_S
+from mesh.core.messages import PPM, RejectReason, ReportBatch, SnapshotBatch
+from mesh.core.policy import BOUNDS, RateKey, TenantRatePolicy, Unit
+from mesh.core.reporter._rto import RetryTimer
+from mesh.core.reporter._gate import GlobalGate, Inflight, SnapshotState, share_round
+from mesh.core.ring import Ring
+from mesh.core.verdict import Reason, Suspension
+from mesh.core.admission._gate import NEVER, Gate
+
+__all__ = ["Reporter"]
+
+
+def _noop() -> None:
+    pass
+
+
+class Reporter:
+    """All of one worker incarnation's global views, and its conversation with owners."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        worker_epoch: int,
+        ring: Ring,
+        *,
+        config: CoreConfig | None = None,
+    ) -> None:
+        self.worker_id = check_str("worker_id", worker_id)
+        self.worker_epoch = check_int("worker_epoch", worker_epoch)
+        if not isinstance(ring, Ring):
+            raise ConfigTypeError("ring", f"must be a Ring, got {type(ring).__name__}")
+        self.ring = ring
+        self.config = config or CoreConfig()
+        self.views: dict[RateKey, GlobalGate] = {}
+        self.wake: Callable[[], None] = _noop  # the driver's "flush soon" (threshold crossed)
+        # Told, for each acknowledged report, how long its usage took to reach a snapshot
+        # (from the flush that created it): the d of the envelope, for telemetry and the sim.
+        self.on_ack: Callable[[int], None] | None = None
+        self.ring_behind = ring.epoch  # newest ring epoch an owner has told us about
+        self._sink_fn = self._sink  # one bound method shared by every view, not one each
+        self._dirty: list[GlobalGate] = []
+        self._live: dict[RateKey, GlobalGate] = {}  # views the tick must watch
+        self._unacked: dict[RateKey, GlobalGate] = {}  # views with reports in flight
+        self._send_now: dict[RateKey, GlobalGate] = {}  # to (re)send at the next flush
+        self._due: list[tuple[int, int, RateKey]] = []  # heap: (resend_at_ns, n, key)
+        self._due_seq = 0
+        self._retired: set[RateKey] = set()  # superseded generations, dropped once drained
+        self.reports_sent = 0
+        self.snapshots_taken = 0
+        self.resent = 0  # reports sent more than once (telemetry)
+        # Per owner: [incarnation, last batch_seq, first batch it vouches for, vouched until].
+        self._vouch: dict[str, list[int]] = {}
+        self.retry = RetryTimer(self.config.report_retry_ms * MS,
+                                self.config.report_retry_max_ms * MS)
+
+    # -- views ----------------------------------------------------------------------------
+
+    def open_view(self, policy: TenantRatePolicy) -> GlobalGate:
+        """The view for a policy's RateKey, created in BOOT with a bootstrap allowance."""
+        key = policy.rate_key
+        v = self.views.get(key)
+        if v is None:
+            v = self.views[key] = GlobalGate(policy, self._sink_fn)
+            self._boot(v, 0)
+        self._retired.discard(key)
+        return v
+
+    def retire(self, key: RateKey) -> None:
+        """A newer generation replaced this key; keep reporting it until it drains."""
+        if key in self.views:
+            self._retired.add(key)
+
+    def bootstrap_allowance(self, policy: TenantRatePolicy) -> int:
+        """A small first allowance for a key with no snapshot: ceil(b / N_live), so a fleet
+        that meets a key at once spends about b in all, not N times the global burst."""
+        return -(-policy.local_burst_cap // self._n_live())
+
+    def _n_live(self) -> int:
+        return max(1, len(self.ring)) * self.config.bootstrap_divisor
+
+    def _coin(self, key: RateKey, salt: int) -> int:
+        """A deterministic 'random' number in [0, 1e6) for share_round."""
+        token = f"{self.worker_id}|{key.ring_token()}|{salt}".encode()
+        return zlib.crc32(token) % PPM
+
+    def _boot(self, v: GlobalGate, now_ns: int) -> None:
+        """No fresh snapshot and nothing unacknowledged: start from a small allowance.
+
+        A key never heard of gets ceil(b / N_live). A view that has heard from its owner
+        before uses what it learned: if the owner had at least b left (plus the refill since
+        then) the key is not scarce and it gets the same; if the key was scarce, it may
+        claim its N_live-th of what was left plus the refill, rounded at random, so a hot
+        key spread thinly over many workers is not re-granted a unit per worker each time a
+        view idles.
+        """
+        v.state = SnapshotState.BOOT
+        b = v.policy.local_burst_cap
+        budget = b
+        if v.had_snapshot:
+            refill = v.policy.target_rate * max(0, now_ns - v.snap_at_ns) // NS_PER_S
+            budget = min(b, v.snap_remaining + refill)
+        if budget >= b:
+            v.allowance = self.bootstrap_allowance(v.policy)
+        else:
+            v.allowance = share_round(budget * PPM // self._n_live(),
+                                      self._coin(v.key, now_ns + v.next_sequence))
+        # The bootstrap window (one TTL to hear from the owner) starts with the first report.
+        v.boot_since_ns = -1
+        v.fresh_until_ns = NEVER
+        v.set_verdicts(BOUNDS["global"])
+        v.recompute()
+        self._live[v.key] = v
+
+    def _sink(self, v: Gate) -> None:
+        """Hot path callback: first usage since the last flush, or the threshold crossed."""
+        assert isinstance(v, GlobalGate)
+        if not v.marked:
+            v.marked = True
+            self._dirty.append(v)
+            self._live[v.key] = v
+            unit = v.policy.metric.unit
+            v.flush_at = (self.config.report_threshold_bytes if unit is Unit.BYTES
+                          else self.config.report_threshold_units)
+            if v.pending < v.flush_at:
+                return
+        v.flush_at = NEVER
+        self.wake()
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def flush(self, now_ns: int) -> list[Effect]:
+        """Turn accumulated usage into reports and (re)send what is unacknowledged."""
+        cfg = self.config
+        dirty, self._dirty = self._dirty, []
+        send_now, self._send_now = self._send_now, {}
+        for v in dirty:
+            v.marked = False
+            v.flush_at = 1
+            if not (v.pending or v.denied):
+                continue
+            if len(v.inflight) >= cfg.inflight_reports_max:
+                v.marked = True  # keep accumulating; it goes out when acks make room
+                self._dirty.append(v)
+                continue
+            if not v.inflight:
+                v.inflight = []  # replace the shared empty list before the first append
+            v.inflight.append(Inflight(v.next_sequence, v.pending, v.denied, now_ns))
+            v.next_sequence += 1
+            if v.state is SnapshotState.BOOT and v.boot_since_ns < 0:
+                v.boot_since_ns = now_ns
+                v.fresh_until_ns = now_ns + cfg.snapshot_ttl_ns
+            v.inflight_sum += v.pending
+            v.pending = 0
+            v.denied = 0
+            self._unacked[v.key] = v
+            send_now[v.key] = v
+        # Resends: only views whose earliest resend is due, from a queue ordered by time,
+        # so a flush costs what it sends, not what is in flight (which grows with d).
+        due, unacked = self._due, self._unacked
+        while due and due[0][0] <= now_ns:
+            at, _, key = heappop(due)
+            w = unacked.get(key)
+            if w is None or w.resend_at_ns != at:
+                continue  # acknowledged and dropped, or rescheduled since
+            if not w.inflight:
+                del unacked[key]
+                continue
+            send_now[key] = w
+        timeouts: dict[str, int] = {}  # per owner, for this flush
+        by_owner: dict[str, list[tuple[RateKey, int, int, int, int]]] = {}
+        for key, v in send_now.items():
+            if not v.inflight:  # acknowledged since it was queued (a ring change)
+                unacked.pop(key, None)
+                continue
+            if v.owner_ring_epoch != self.ring.epoch:
+                v.owner = self.ring.owner_of(key) if len(self.ring) else None
+                v.owner_ring_epoch = self.ring.epoch
+            owner = v.owner
+            if owner is None:  # no ring yet: look again after the shortest timeout
+                self._schedule(v, now_ns + self.retry.min_ns)
+                continue
+            floor = v.inflight[0].sequence  # everything below it is acknowledged
+            next_ns = NEVER
+            timeout = timeouts.get(owner)
+            if timeout is None:
+                timeout = timeouts[owner] = self.retry.timeout_ns(owner)
+            for r in v.inflight:
+                at = r.sent_at_ns + timeout if r.sent_at_ns >= 0 else now_ns
+                if at <= now_ns:
+                    if r.sends:
+                        self.resent += 1
+                        self.retry.fired(owner, now_ns)
+                        timeout = timeouts[owner] = self.retry.timeout_ns(owner)
+                    r.sent_at_ns = now_ns
+                    r.sends += 1
+                    v.reported_at_ns = now_ns
+                    by_owner.setdefault(owner, []).append(
+                        (key, r.sequence, r.delta, r.denied, floor))
+                    at = now_ns + timeout
+                if at < next_ns:
+                    next_ns = at
+            self._schedule(v, next_ns)
+        out: list[Effect] = []
+        for owner in sorted(by_owner):
+            rows = by_owner[owner]
+            for i in range(0, len(rows), cfg.report_batch_max):
+                chunk = rows[i:i + cfg.report_batch_max]
+                keys, seqs, deltas, denied, floors = zip(*chunk, strict=True)
+                out.append(Send(owner, ReportBatch.trusted(
+                    self.worker_id, self.ring.epoch, self.worker_epoch, keys, seqs, deltas,
+                    denied, floors)))
+                self.reports_sent += len(chunk)
+        return out
+
+    def receive(self, now_ns: int, batch: SnapshotBatch) -> int:
+        """Take an owner's snapshots and rejections. Returns how many views changed."""
+        ttl_ns = self.config.snapshot_ttl_ns
+        changed = 0
+        epoch, inc = self.worker_epoch, batch.owner_incarnation
+        views = self.views
+        owner, sample, on_ack = batch.sender, self.retry.sample, self.on_ack
+        seq = batch.batch_seq
+        if seq:
+            self._vouched_by(owner, inc, seq, now_ns + ttl_ns)
+        for key, owner_epoch, version, remaining, ack, receiver_epoch, share, active in zip(
+                batch.keys, batch.owner_epochs, batch.versions, batch.remaining, batch.acks,
+                batch.receiver_epochs, batch.shares_ppm, batch.active_reporters, strict=True):
+            v = views.get(key)
+            if v is None or receiver_epoch != epoch:
+                continue  # not ours, or addressed to an earlier incarnation of this worker
+            order = (owner_epoch, inc, version)
+            if order <= v.snap_order:
+                continue  # reordered or duplicated: never step back to an older view
+            acked = v.take_snapshot(order, remaining, ack, share, active, now_ns, ttl_ns,
+                                    self._coin(key, version))
+            v.snap_from = owner
+            v.snap_batch = seq
+            for r in acked:
+                if r.sends == 1:  # Karn: a resent report's ack could answer either send
+                    sample(owner, now_ns - r.sent_at_ns)
+                if on_ack is not None:
+                    on_ack(now_ns - r.created_ns)
+            v.set_verdicts(BOUNDS["global"])
+            self._live[key] = v
+            self.snapshots_taken += 1
+            changed += 1
+        for rej in batch.rejections:
+            v = self.views.get(rej.rate_key)
+            if rej.ring_epoch > self.ring_behind:
+                self.ring_behind = rej.ring_epoch
+            if v is not None and rej.reason is RejectReason.NOT_OWNER:
+                v.owner_ring_epoch = -1  # route again by whatever ring we hold at the retry
+        return changed
+
+    def tick(self, now_ns: int) -> None:
+        """Expire views whose snapshot (or bootstrap) is older than the TTL."""
+        unreachable_ns = self.config.owner_unreachable_ms * MS
+        # Most live views are fresh: find the expired ones in one comprehension.
+        for v in [v for v in self._live.values() if v.fresh_until_ns < now_ns]:
+            key = v.key
+            if v.state is SnapshotState.FRESH and self._still_vouched(v, now_ns):
+                continue
+            if v.unacked == 0 and not v.inflight:
+                if key in self._retired:
+                    self._drop(key)
+                    continue
+                self._boot(v, now_ns)  # idle: the owner has seen all of our usage
+                del self._live[key]  # nothing to watch until it is used again
+                continue
+            if v.state is not SnapshotState.STALE:
+                v.state = SnapshotState.STALE
+                v.recompute()
+            oldest = v.inflight[0].sent_at_ns if v.inflight else now_ns
+            waited = now_ns - (v.fresh_until_ns - self.config.snapshot_ttl_ns)
+            if (oldest >= 0 and now_ns - oldest > unreachable_ns) or waited > unreachable_ns:
+                if v.no.suspended is not Suspension.OWNER_UNREACHABLE:  # once, not per tick
+                    v.set_verdicts(BOUNDS["global_stale"], Suspension.OWNER_UNREACHABLE,
+                                   Reason.OWNER_UNREACHABLE)
+            elif v.no.suspended is not Suspension.SNAPSHOT_STALE:
+                v.set_verdicts(BOUNDS["global_stale"], Suspension.SNAPSHOT_STALE,
+                               Reason.SNAPSHOT_STALE)
+
+    def _vouched_by(self, owner: str, incarnation: int, seq: int, until_ns: int) -> None:
+        """Note a batch numbered `seq` from `owner`: in order, it vouches for the views its
+        earlier batches gave; after a gap, only for those from this batch on."""
+        st = self._vouch.get(owner)
+        if st is None or incarnation > st[0]:  # first word from this incarnation
+            self._vouch[owner] = [incarnation, seq, seq, until_ns]
+        elif incarnation == st[0]:
+            if seq > st[1] + 1:
+                st[2] = seq  # a batch is missing: what came before it may be out of date
+            if seq > st[1]:
+                st[1] = seq
+                st[3] = until_ns
+            # a batch older than the last one (reordered, repeated) vouches for nothing
+
+    def _still_vouched(self, v: GlobalGate, now_ns: int) -> bool:
+        """Whether the view's owner vouched for it within the TTL; if so, keep it fresh
+        until that vouching lapses or the owner's lease on our reports of it does."""
+        st = self._vouch.get(v.snap_from)
+        if (st is None or st[3] <= now_ns or v.snap_batch < st[2]
+                or v.snap_order[1] != st[0]):
+            return False
+        lease_end = v.reported_at_ns + self.config.reporter_lease_ms * MS
+        if lease_end <= now_ns:  # the owner no longer watches this key for us
+            return False
+        if not len(self.ring) or self.ring.owner_of(v.key) != v.snap_from:
+            return False  # the key moved: only its new owner can speak for it
+        v.fresh_until_ns = st[3] if st[3] < lease_end else lease_end
+        return True
+
+    def ring_changed(self, ring: Ring) -> None:
+        """Adopt a new ring: in-flight reports go to the new owners with the same sequences."""
+        moved = not ring.places_like(self.ring)
+        self.ring = ring
+        for owner in [o for o in self._vouch if o not in ring]:
+            del self._vouch[owner]  # it owns nothing of ours now
+        self.ring_behind = max(self.ring_behind, ring.epoch)
+        if not moved:
+            return  # same members, same placement: every report is where it should be
+        for v in self._unacked.values():
+            for r in v.inflight:
+                r.sent_at_ns = -1  # resend at the next flush, routed by the new ring
+                r.sends = 0  # a new owner: timed afresh
+            self._send_now[v.key] = v
+
+    def link_reset(self, owner: str) -> None:
+        """The stream to `owner` was re-established: what was written on the old one may be
+        lost, so everything unacknowledged for it goes again at the next flush."""
+        self.retry.forget(owner)
+        for v in self._unacked.values():
+            if v.owner == owner and v.inflight:
+                for r in v.inflight:
+                    r.sent_at_ns = -1
+                    r.sends = 0
+                self._send_now[v.key] = v
+
+    def _schedule(self, v: GlobalGate, at_ns: int) -> None:
+        if v.resend_at_ns != at_ns:
+            v.resend_at_ns = at_ns
+            self._due_seq += 1
+            heappush(self._due, (at_ns, self._due_seq, v.key))
+
+    def forget_if_idle(self, key: RateKey) -> bool:
+        """Drop a view that holds nothing (bootstrap state, nothing pending or in flight,
+        not watched by the tick). Returns whether it was dropped."""
+        v = self.views.get(key)
+        if v is None:
+            return True
+        if (v.state is not SnapshotState.BOOT or v.pending or v.inflight or v.marked
+                or key in self._live):
+            return False
+        self._drop(key)
+        return True
+
+    def _drop(self, key: RateKey) -> None:
+        self.views.pop(key, None)
+        self._live.pop(key, None)
+        self._unacked.pop(key, None)
+        self._retired.discard(key)
+
+    # -- introspection --------------------------------------------------------------------
+
+    def oldest_unacked_ns(self, now_ns: int) -> int:
+        """How long the oldest unacknowledged report has waited (0 if none)."""
+        oldest = min((r.sent_at_ns for v in self._unacked.values() for r in v.inflight
+                      if r.sent_at_ns >= 0), default=now_ns)
+        return now_ns - oldest

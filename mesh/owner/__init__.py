@@ -1,6 +1,0 @@
-"""The owner side: per-key GCRA meters, idempotent report apply, snapshots (pure)."""
-
-from mesh.owner._owner import Owner
-from mesh.owner._state import Applied, KeyState, ReporterState
-
-__all__ = ["Applied", "KeyState", "Owner", "ReporterState"]

@@ -1,5 +1,0 @@
-"""Consistent-hash ownership of RateKeys, with epochs (pure: no I/O)."""
-
-from mesh.ring._ring import VNODES_DEFAULT, Ring
-
-__all__ = ["Ring", "VNODES_DEFAULT"]

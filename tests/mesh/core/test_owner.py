@@ -1,0 +1,299 @@
+"""The owner: idempotent apply, conservative start, ownership and policy checks, snapshots."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mesh.core.config import CoreConfig
+from mesh.core.effects import FetchPolicy, Send
+from mesh.core.gcra import Gcra
+from mesh.core.messages import RejectReason, ReportBatch, SnapshotBatch, UsageReport
+from mesh.core.owner import Owner
+from mesh.core.policy import PolicyCache, RateKey, TenantRatePolicy
+from mesh.core.ring import Ring
+from tests.mesh._helpers import MS, cache, policy
+
+P = policy("t", rate=1000, burst=100, b=20)
+KEY = P.rate_key
+LONG_AGO = 0
+NOW = 10_000 * MS  # the owner has held its position for 10 s: keys may start full
+
+
+def owner(ring: Ring | None = None, policies: PolicyCache | None = None,
+          config: CoreConfig | None = None) -> Owner:
+    return Owner("o", ring or Ring(["o"], 1), cache(P) if policies is None else policies, LONG_AGO,
+                 config=config)
+
+
+def batch(worker: str, *reports: UsageReport, epoch: int = 1) -> ReportBatch:
+    return ReportBatch.of(worker, epoch, reports)
+
+
+def rep(worker: str, seq: int, delta: int, epoch: int = 1, denied: int = 0) -> UsageReport:
+    return UsageReport(KEY, worker, epoch, seq, iops_delta=delta, denied_delta=denied)
+
+
+def snaps(effects: list, to: str) -> SnapshotBatch:
+    found = [e.message for e in effects if isinstance(e, Send) and e.to == to]
+    assert len(found) == 1, effects
+    return found[0]
+
+
+# -- idempotence -----------------------------------------------------------------------------
+
+@st.composite
+def histories(draw: st.DrawFn) -> tuple[list[UsageReport], list[UsageReport]]:
+    """Each worker's reports (one incarnation, sequences 1..n), and a hostile delivery order:
+    any interleaving, with duplicates, reordering and replays."""
+    workers = draw(st.integers(1, 3))
+    reports = []
+    for w in range(workers):
+        n = draw(st.integers(0, 90))
+        reports += [rep(f"w{w}", s, draw(st.integers(0, 9))) for s in range(1, n + 1)]
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = random.Random(seed)
+    delivered = [r for r in reports for _ in range(rng.choice([0, 1, 1, 2, 3]))]
+    rng.shuffle(delivered)
+    return reports, delivered
+
+
+@given(histories())
+@settings(max_examples=200)
+def test_any_interleaving_equals_applying_each_report_once(
+        history: tuple[list[UsageReport], list[UsageReport]]) -> None:
+    reports, delivered = history
+    o = owner()
+    for r in delivered:  # the hostile network
+        o.receive(NOW, batch(r.worker_id, r))
+        # Never more than each report once, at any point.
+        assert o.applied_units <= sum(x.iops_delta for x in reports)
+    # Workers resend what is not acknowledged, oldest first, until it is.
+    for w in sorted({r.worker_id for r in reports}):
+        mine = [r for r in reports if r.worker_id == w]
+        o.receive(NOW, batch(w, *mine))
+    once = owner()
+    for r in reports:
+        once.receive(NOW, batch(r.worker_id, r))
+    total = sum(r.iops_delta for r in reports)
+    assert o.applied_units == once.applied_units == total
+    if reports:
+        assert o.keys[KEY].meter.tat_scaled == once.keys[KEY].meter.tat_scaled
+        for w, rs in once.keys[KEY].reporters.items():
+            assert o.keys[KEY].reporters[w].watermark == rs.watermark
+            assert not o.keys[KEY].reporters[w].above
+
+
+def test_newer_worker_epoch_resets_sequence_and_older_is_ignored() -> None:
+    o = owner()
+    o.receive(NOW, batch("w", rep("w", 1, 5), rep("w", 2, 5)))
+    o.receive(NOW, batch("w", rep("w", 1, 7, epoch=2)))  # the worker restarted
+    assert o.applied_units == 17
+    o.receive(NOW, batch("w", rep("w", 3, 50, epoch=1)))  # a late report of the dead one
+    assert o.applied_units == 17
+    ack = snaps(o.receive(NOW, batch("w", rep("w", 1, 7, epoch=2))), "w").snapshots[0]
+    assert (ack.receiver_epoch, ack.ack_sequence_for_receiver) == (2, 1)
+    assert o.duplicates == 2
+
+
+def test_beyond_the_reorder_window_is_not_applied_nor_acked() -> None:
+    o = owner(config=CoreConfig(reorder_window=4))
+    o.receive(NOW, batch("w", rep("w", 1, 1)))
+    o.receive(NOW, batch("w", rep("w", 9, 1)))  # 8 past the ack: too far
+    assert o.applied_units == 1
+    o.receive(NOW, batch("w", rep("w", 3, 1)))  # within the window: applied, held above
+    ack = snaps(o.receive(NOW, batch("w", rep("w", 2, 1))), "w").snapshots[0]
+    assert ack.ack_sequence_for_receiver == 3 and o.applied_units == 3
+
+
+# -- start, ownership, policy ------------------------------------------------------------------
+
+def test_new_owner_starts_exhausted_and_refilling() -> None:
+    o = Owner("o", Ring(["o"], 1), cache(P), NOW)  # just took its ring position
+    s = snaps(o.receive(NOW, batch("w", rep("w", 1, 0))), "w").snapshots[0]
+    assert s.remaining == 0 and s.owner_epoch == 1
+    later = snaps(o.receive(NOW + 50 * MS, batch("w", rep("w", 2, 0))), "w").snapshots[0]
+    assert later.remaining == 50  # 50 ms at 1000/s
+    assert later.order > s.order
+
+
+def test_owner_that_held_its_position_long_enough_starts_full() -> None:
+    o = owner()
+    s = snaps(o.receive(NOW, batch("w", rep("w", 1, 10))), "w").snapshots[0]
+    assert s.remaining == 90
+
+
+def test_ring_change_restarts_the_conservative_window() -> None:
+    o = owner(ring=Ring(["o"], 1))
+    o.ring_changed(NOW, Ring(["o"], 2))
+    s = snaps(o.receive(NOW, batch("w", rep("w", 1, 0), epoch=2)), "w").snapshots[0]
+    assert s.remaining == 0 and s.owner_epoch == 2
+
+
+def test_without_the_policy_the_owner_rejects_and_fetches_once() -> None:
+    o = owner(policies=PolicyCache())
+    effects = o.receive(NOW, batch("w", rep("w", 1, 3), rep("w", 2, 3)))
+    fetches = [e for e in effects if isinstance(e, FetchPolicy)]
+    assert fetches == [FetchPolicy(KEY)]
+    rej = snaps(effects, "w").rejections
+    assert [r.reason for r in rej] == [RejectReason.POLICY_UNKNOWN]
+    assert o.applied_units == 0 and KEY not in o.keys
+    assert not [e for e in o.receive(NOW, batch("w", rep("w", 1, 3))) if isinstance(e, FetchPolicy)]
+    o.policies.put(P)
+    o.policy_learned(KEY)
+    o.receive(NOW, batch("w", rep("w", 1, 3)))
+    assert o.applied_units == 3
+
+
+def test_reports_for_keys_it_does_not_own_or_from_a_newer_ring_are_refused() -> None:
+    ring = Ring(["o", "p"], 3)
+    me = ring.owner_of(KEY)
+    other = "p" if me == "o" else "o"
+    o = Owner(other, ring, cache(P), 0)
+    rej = snaps(o.receive(NOW, batch("w", rep("w", 1, 3), epoch=3)), "w").rejections
+    assert [(r.reason, r.ring_epoch) for r in rej] == [(RejectReason.NOT_OWNER, 3)]
+    mine = Owner(me, ring, cache(P), 0)
+    rej = snaps(mine.receive(NOW, batch("w", rep("w", 1, 3), epoch=4)), "w").rejections
+    assert [r.reason for r in rej] == [RejectReason.STALE_EPOCH]
+    assert o.applied_units == mine.applied_units == 0
+
+
+# -- snapshots ------------------------------------------------------------------------------
+
+def test_snapshots_go_only_to_active_reporters_and_stop_when_the_lease_ends() -> None:
+    cfg = CoreConfig()
+    o = owner(config=cfg)
+    o.receive(NOW, batch("a", rep("a", 1, 1)))
+    first_to_b = snaps(o.receive(NOW, batch("b", rep("b", 1, 1))), "b").batch_seq
+    t = NOW + cfg.sync_interval_ms * MS
+    effects = o.tick(t)
+    # a's view lacks b's usage; b's reply already had everything: only a is behind.
+    assert sorted(e.to for e in effects if isinstance(e, Send)) == ["a"]
+    # Nothing changed since; b heard nothing for most of a TTL (two sync intervals short
+    # of it): an empty batch vouches for the view it holds.
+    t = NOW + (cfg.snapshot_ttl_ms - 2 * cfg.sync_interval_ms) * MS
+    effects = o.tick(t)
+    assert sorted(e.to for e in effects if isinstance(e, Send)) == ["b"]
+    assert snaps(effects, "b").keys == () and snaps(effects, "b").batch_seq == first_to_b + 1
+    assert [(e.to, e.message.keys) for e in o.tick(t + cfg.sync_interval_ms * MS)] == [
+        ("a", ())]  # and so does a's, one interval later than b's
+    o.receive(t, batch("a", rep("a", 2, 1)))  # only a keeps reporting
+    t_end = NOW + (cfg.reporter_lease_ms + 1) * MS
+    effects = o.tick(t_end)
+    assert sorted(e.to for e in effects if isinstance(e, Send)) == ["a"]
+
+
+def test_exhaustion_is_published_at_once_to_every_active_reporter() -> None:
+    o = owner()
+    o.receive(NOW, batch("a", rep("a", 1, 1)))
+    o.receive(NOW, batch("b", rep("b", 1, 1)))
+    effects = o.receive(NOW + MS, batch("a", rep("a", 2, 200)))  # past the burst
+    to_b = snaps(effects, "b").snapshots[0]
+    assert to_b.remaining == 0
+    assert snaps(effects, "a").snapshots[0].remaining == 0
+
+
+def test_full_batches_are_sent_at_once() -> None:
+    cfg = CoreConfig(snapshot_batch_max=2)
+    pols = [policy(f"t{i}") for i in range(5)]
+    o = Owner("o", Ring(["o"], 1), cache(*pols), 0, config=cfg)
+    reports = [UsageReport(p.rate_key, "w", 1, 1, iops_delta=1) for p in pols]
+    effects = o.receive(NOW, ReportBatch.of("w", 1, reports))
+    sizes = [len(e.message.snapshots) for e in effects if isinstance(e, Send)]
+    assert sizes == [2, 2, 1]
+
+
+def test_share_follows_demand_when_scarce_and_is_even_when_full() -> None:
+    o = owner()
+    o.receive(NOW, batch("a", rep("a", 1, 1)))
+    o.receive(NOW, batch("b", rep("b", 1, 1)))
+    full = snaps(o.receive(NOW, batch("a", rep("a", 2, 0))), "a").snapshots[0]
+    assert full.active_reporters == 2 and 450_000 <= full.share_ppm <= 550_000
+    o.receive(NOW, batch("a", rep("a", 3, 90, denied=300)))  # a is busy; the bucket empties
+    scarce = snaps(o.receive(NOW, batch("a", rep("a", 4, 0))), "a").snapshots[0]
+    other = snaps(o.receive(NOW, batch("b", rep("b", 2, 0))), "b").snapshots[0]
+    assert scarce.share_ppm > 900_000 and scarce.share_ppm + other.share_ppm <= 1_000_000
+
+
+def test_idle_full_keys_are_forgotten() -> None:
+    cfg = CoreConfig(idempotency_retention_ms=100)
+    o = owner(config=cfg)
+    o.receive(NOW, batch("a", rep("a", 1, 100)))
+    o.tick(NOW + 50 * MS)
+    assert KEY in o.keys  # reporter remembered, bucket refilling
+    o.tick(NOW + 200 * MS)
+    assert KEY in o.keys  # the upkeep of quiet keys runs once a second
+    o.tick(NOW + 1100 * MS)
+    assert KEY not in o.keys
+
+
+@pytest.mark.parametrize("delta", [1, 37])
+def test_meter_matches_a_plain_gcra(delta: int) -> None:
+    o = owner()
+    g = Gcra(P.target_rate, P.global_burst, NOW)
+    for i in range(1, 20):
+        t = NOW + i * 3 * MS
+        o.receive(t, batch("w", rep("w", i, delta)))
+        g.apply(t, delta)
+        assert o.keys[KEY].meter.remaining(t) == g.remaining(t)
+
+
+def big(tenant: str = "t") -> TenantRatePolicy:
+    return policy(tenant, rate=1_000_000, burst=1_000_000, b=1000)
+
+
+def test_a_refresh_goes_only_where_it_changes_what_a_reporter_may_spend() -> None:
+    """Far from its limit, a key's reports change nothing the other reporters act on:
+    they hear only empty batches, once per TTL; a draining bucket reaches them again."""
+    cfg = CoreConfig()
+    p = big()
+    o = Owner("o", Ring(["o"], 1), cache(p), 0, config=cfg)
+    key = p.rate_key
+    t = NOW
+    o.receive(t, ReportBatch.of("a", 1, [UsageReport(key, "a", 1, 1, iops_delta=1)]))
+    o.receive(t, ReportBatch.of("b", 1, [UsageReport(key, "b", 1, 1, iops_delta=1)]))
+    o.tick(t + 5 * MS)  # a learns that b joined (its cap halves)
+    to_b: list[SnapshotBatch] = []
+    for i in range(2, 12):  # a reports every 5 ms, b only once in a while
+        t = NOW + 5 * i * MS
+        o.receive(t, ReportBatch.of("a", 1, [UsageReport(key, "a", 1, i, iops_delta=10)]))
+        if i % 6 == 0:
+            o.receive(t, ReportBatch.of("b", 1, [UsageReport(key, "b", 1, i, iops_delta=1)]))
+        to_b += [e.message for e in o.tick(t) if isinstance(e, Send) and e.to == "b"]
+    assert to_b and all(m.keys == () for m in to_b)  # heartbeats only
+    # a drains the bucket: what b may spend changes, and b hears of it at the next tick.
+    t += 5 * MS
+    o.receive(t, ReportBatch.of("a", 1, [UsageReport(key, "a", 1, 12, iops_delta=999_000)]))
+    rows = [r for e in o.tick(t + 5 * MS) if isinstance(e, Send) and e.to == "b"
+            for r in e.message.snapshots]
+    assert [r.rate_key for r in rows] == [key] and rows[0].remaining < 10_000
+
+
+def test_batches_to_a_worker_are_numbered_and_moved_keys_skip_a_number() -> None:
+    ring = Ring(["o", "x"], 2)
+    pols = [policy(f"t{i}") for i in range(50)]
+    stays = next(p for p in pols if ring.owner_of(p.rate_key) == "o")
+    moves = next(p for p in pols if ring.owner_of(p.rate_key) == "x")
+    o = Owner("o", Ring(["o"], 1), cache(stays, moves), 0)
+    first, second = (snaps(o.receive(NOW, batch_of("a", p.rate_key, 1)), "a").batch_seq
+                     for p in (stays, moves))
+    assert second == first + 1
+    o.ring_changed(NOW, ring)  # a key moved to x: a's views of it must not be vouched for
+    third = snaps(o.receive(NOW, batch_of("a", stays.rate_key, 2, epoch=2)), "a").batch_seq
+    assert third == second + 2
+
+
+def test_a_forgotten_worker_is_numbered_past_anything_it_had_from_us() -> None:
+    cfg = CoreConfig(idempotency_retention_ms=100)
+    o = owner(config=cfg)
+    before = snaps(o.receive(NOW, batch("a", rep("a", 1, 1))), "a").batch_seq
+    o.tick(NOW + 1100 * MS)  # the upkeep, once a second: a is long gone
+    after = snaps(o.receive(NOW + 1200 * MS, batch("a", rep("a", 2, 1))), "a").batch_seq
+    assert after > before + 1  # a gap: nothing a held from before is vouched for
+
+
+def batch_of(worker: str, key: RateKey, seq: int, epoch: int = 1) -> ReportBatch:
+    return ReportBatch.of(worker, epoch, [UsageReport(key, worker, 1, seq, iops_delta=1)])

@@ -1,0 +1,82 @@
+"""Faults between members through a TCP proxy: delay, dropped connections, a partition.
+A view that cannot hear from its owner goes stale and restricts; it recovers on healing.
+
+The assertions are counts, not speeds: while partitioned a worker admits at most the
+allowance it held (its share of b), and after healing it admits again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from bench._procs import free_port
+from mesh.node import Mesh
+from mesh.core.policy import Metric, RateKey
+from mesh.core.ring import Ring
+from mesh.core.verdict import Suspension
+from tests.mesh._proxy import FaultProxy
+from tests.mesh._util import POLICY, until
+
+RATE, BURST, LOCAL_B = 1000, 100, 20
+
+
+def _tenant_owned_by(owner: str, ids: list[str]) -> str:
+    ring = Ring(ids, 1)
+    return next(t for t in (f"t{i}" for i in range(1000))
+                if ring.owner_of(RateKey(t, Metric.READ_IOPS, 1)) == owner)
+
+
+def test_delay_drops_and_partition_between_members() -> None:
+    async def main() -> None:
+        addr = {m: f"127.0.0.1:{free_port()}" for m in ("a", "b")}
+        to_b = FaultProxy(addr["b"])  # what a dials for b
+        to_a = FaultProxy(addr["a"])
+        via = {"a": {"a": addr["a"], "b": await to_b.start()},
+               "b": {"a": await to_a.start(), "b": addr["b"]}}
+        tenant = _tenant_owned_by("b", ["a", "b"])
+        policy = dict(POLICY, tenant_id=tenant, target_rate=RATE, global_burst=BURST,
+                      local_burst_cap=LOCAL_B)
+        cfg = {m: {"member_id": m, "listen": addr[m], "shutdown_drain_ms": 200,
+                   "membership": {"source": "static", "members": via[m]},
+                   "policies": {"inline": [policy]}} for m in ("a", "b")}
+        async with Mesh(cfg["a"]) as a, Mesh(cfg["b"]) as b:
+            counts = {"admitted": 0}
+            stop = asyncio.Event()
+
+            async def load() -> None:  # a offers 2x the limit on b's key
+                while not stop.is_set():
+                    counts["admitted"] += sum(a.try_admit(tenant, "read_iops").allowed
+                                              for _ in range(2))
+                    await asyncio.sleep(0.001)
+
+            task = asyncio.get_running_loop().create_task(load())
+            await until(lambda: counts["admitted"] > 200, 5, "healthy traffic")
+
+            to_b.delay_s = 0.005  # 5 ms each way: slower, still served
+            n0 = counts["admitted"]
+            await until(lambda: counts["admitted"] > n0 + 100, 5, "served under delay")
+
+            to_b.drop()  # cut the stream: the link reconnects, reports are resent
+            n0 = counts["admitted"]
+            await until(lambda: counts["admitted"] > n0 + 100, 5, "served after a drop")
+
+            to_b.partition()
+            at_partition = counts["admitted"]
+            await until(lambda: a.try_admit(tenant, "read_iops").suspended in (
+                Suspension.SNAPSHOT_STALE, Suspension.OWNER_UNREACHABLE), 5, "view stale")
+            await asyncio.sleep(0.3)
+            during = counts["admitted"] - at_partition
+            assert during <= LOCAL_B, f"admitted {during} while partitioned (b={LOCAL_B})"
+            v = a.try_admit(tenant, "read_iops")
+            assert not v.allowed and v.bound.endswith("stale_view_restricted")
+
+            to_b.heal()
+            n0 = counts["admitted"]
+            await until(lambda: counts["admitted"] > n0 + 100, 10, "recovered after healing")
+            stop.set()
+            await task
+            assert b.health()["status"] == "serving"
+        await to_b.stop()
+        await to_a.stop()
+
+    asyncio.run(main())
