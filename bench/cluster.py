@@ -122,8 +122,8 @@ def _summary(results: list[dict[str, Any]], workers: int, seconds: float) -> dic
 async def _worker(a: argparse.Namespace) -> dict[str, Any]:
     from dataclasses import replace
 
-    from mesh.node import Mesh
     from mesh.config import load_config
+    from mesh.node import Mesh
 
     cfg = replace(load_config(a.config), member_id=a.member_id)
     if a.listen:

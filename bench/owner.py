@@ -70,8 +70,8 @@ def run(*, seconds: float = 5.0, feeders: int = 2, keys: int = 10_000,
 
 
 async def _feed(a: argparse.Namespace) -> dict[str, Any]:
-    from mesh.core.messages._columns import pack_column
     from mesh.core.messages import SCHEMA_VERSION
+    from mesh.core.messages._columns import pack_column
     from mesh.peer import PeerLink
 
     acked = asyncio.Queue[int]()

@@ -3,10 +3,9 @@
 The public API is re-exported here; everything else is private to its package.
 """
 
-from mesh.core.admission import Admission
 from mesh.aio import Ticker, admit
+from mesh.core.admission import Admission
 from mesh.core.config import CoreConfig
-from mesh.errors import ConfigError, ConfigTypeError, MeshError, MessageError, MessageTypeError
 from mesh.core.gcra import Gcra
 from mesh.core.messages import RateSnapshot, ReportBatch, SnapshotBatch, UsageReport
 from mesh.core.owner import Owner
@@ -14,6 +13,7 @@ from mesh.core.policy import Metric, Mode, PolicyCache, RateKey, TenantRatePolic
 from mesh.core.reporter import Reporter
 from mesh.core.ring import Ring
 from mesh.core.verdict import Reason, Suspension, Verdict
+from mesh.errors import ConfigError, ConfigTypeError, MeshError, MessageError, MessageTypeError
 
 Policy = TenantRatePolicy
 

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from mesh.core.admission._queue import Waiter
 from mesh.core.admission._admission import DEADLINE, QUEUE_FULL, Admission
+from mesh.core.admission._queue import Waiter
 from mesh.core.verdict import Reason, Verdict
 
 __all__ = ["admit", "Ticker"]

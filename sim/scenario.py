@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from mesh.errors import ConfigError, ConfigTypeError
 from mesh.core.policy import Metric
+from mesh.errors import ConfigError, ConfigTypeError
 
 __all__ = ["ConfigError", "Scenario", "Fleet", "Policy", "TenantLoad", "TenantGroup",
            "NetworkSpec", "Fault", "load", "load_file", "parse", "SCENARIO_DIR", "names",

@@ -12,8 +12,8 @@ from typing import Any
 
 from mesh.core.config import MS
 from mesh.core.gcra import NS_PER_S
-from mesh.testing.fleet import MemoryFleet, Offered, drive
 from mesh.core.policy import Metric, PolicyCache, TenantRatePolicy
+from mesh.testing.fleet import MemoryFleet, Offered, drive
 
 __all__ = ["run_demo"]
 

@@ -96,8 +96,8 @@ def run(args: argparse.Namespace) -> int | None:
 
 
 def _validate(args: argparse.Namespace, emit: Any) -> int:
-    from mesh.errors import ConfigError
     from mesh.config import load_config
+    from mesh.errors import ConfigError
 
     try:
         cfg = load_config(args.config)
@@ -116,9 +116,9 @@ def _validate(args: argparse.Namespace, emit: Any) -> int:
 
 
 def _node(args: argparse.Namespace) -> int:
+    from mesh.config import load_config
     from mesh.errors import ConfigError
     from mesh.node import Mesh, new_event_loop, tune_gc
-    from mesh.config import load_config
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")

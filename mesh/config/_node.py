@@ -48,9 +48,9 @@ import yaml
 
 from mesh.core._validate import check_bool, check_int, check_str
 from mesh.core.config import CoreConfig
-from mesh.errors import ConfigError, ConfigTypeError
 from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.core.policy import Mode, TenantRatePolicy
+from mesh.errors import ConfigError, ConfigTypeError
 
 # A node's peer streams are reliable and report reconnections, so a report is resent on a
 # reconnect at once and otherwise only as a safety net: a slow owner is not sent more work.

@@ -11,8 +11,8 @@ import asyncio
 import logging
 
 from mesh.coordinator._source import PolicySnapshot, PolicySource
-from mesh.errors import ConfigError, MeshError
 from mesh.core.policy import PolicyCache, RateKey
+from mesh.errors import ConfigError, MeshError
 
 __all__ = ["PolicyFeed"]
 

@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mesh.errors import MessageError
 from mesh.core.policy import TenantRatePolicy
+from mesh.errors import MessageError
 
 __all__ = ["PolicySnapshot", "PolicySource"]
 

@@ -8,8 +8,8 @@ it; N decays to 1).
 from mesh.membership._dns import DnsMembership
 from mesh.membership._etcd import EtcdMembership
 from mesh.membership._etcd_client import EtcdClient
-from mesh.membership._static import StaticMembership
 from mesh.membership._source import MembershipSource, MembershipView, Publish
+from mesh.membership._static import StaticMembership
 
 __all__ = [
     "DnsMembership",

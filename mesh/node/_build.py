@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mesh.config import NodeConfig
 from mesh.coordinator import PolicySource
 from mesh.errors import ConfigError
 from mesh.membership import (
@@ -11,7 +12,6 @@ from mesh.membership import (
     MembershipSource,
     StaticMembership,
 )
-from mesh.config import NodeConfig
 from mesh.peer import CoordinatorClient, GrpcTransport, PeerHandler, Transport
 
 __all__ = ["build_transport", "build_membership", "build_policy_source"]

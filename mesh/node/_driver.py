@@ -17,15 +17,15 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from mesh.config import Identity, NodeConfig
 from mesh.coordinator import PolicyFeed
 from mesh.core.effects import Effect, FetchPolicy, Send
 from mesh.core.member import Member
-from mesh.membership import MembershipSource, MembershipView
 from mesh.core.messages import Message, ReportBatch, SnapshotBatch
-from mesh.config import Identity, NodeConfig
-from mesh.peer import Transport
 from mesh.core.policy import RateKey
 from mesh.core.ring import Ring
+from mesh.membership import MembershipSource, MembershipView
+from mesh.peer import Transport
 from mesh.telemetry import Telemetry
 
 __all__ = ["NodeDriver", "DELAY_TRACK_MAX"]

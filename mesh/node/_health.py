@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from mesh.core.gcra import NS_PER_S
-from mesh.node._driver import NodeDriver
 from mesh.core.policy import BOUNDS, Mode
 from mesh.core.reporter._gate import GlobalGate
+from mesh.node._driver import NodeDriver
 from mesh.telemetry import NodeStats
 
 __all__ = ["health", "node_stats", "d_estimate_ns"]

@@ -27,21 +27,21 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from mesh.core.admission import DEADLINE
 from mesh.aio import admit as _admit
+from mesh.config import NodeConfig, load_config, parse_config
 from mesh.coordinator import PolicyFeed, PolicySource
-from mesh.errors import ConfigError
+from mesh.core.admission import DEADLINE
 from mesh.core.member import Member
+from mesh.core.policy import PolicyCache
+from mesh.core.ring import Ring
+from mesh.core.verdict import Verdict, verdict
+from mesh.errors import ConfigError
 from mesh.membership import MembershipSource
 from mesh.node._build import build_membership, build_policy_source, build_transport
 from mesh.node._driver import NodeDriver
 from mesh.node._health import health, node_stats
-from mesh.config import NodeConfig, load_config, parse_config
 from mesh.peer import PeerHandler, Transport
-from mesh.core.policy import PolicyCache
-from mesh.core.ring import Ring
 from mesh.telemetry import HttpEndpoint, Telemetry
-from mesh.core.verdict import Verdict, verdict
 
 __all__ = ["Mesh", "TransportFactory"]
 

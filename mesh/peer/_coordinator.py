@@ -9,13 +9,13 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from mesh.coordinator import PolicySnapshot, PolicyStore
-from mesh.errors import ConfigError, MessageError
-from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.config import TlsConfig
+from mesh.coordinator import PolicySnapshot, PolicyStore
+from mesh.core.messages import MAX_MESSAGE_BYTES
+from mesh.core.policy import TenantRatePolicy
+from mesh.errors import ConfigError, MessageError
 from mesh.peer._link import open_channel
 from mesh.peer._wire import channel_options, pack, translate, unpack
-from mesh.core.policy import TenantRatePolicy
 
 __all__ = ["COORDINATOR_SERVICE", "coordinator_handler", "CoordinatorClient",
            "CoordinatorServer"]

@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
-from mesh.core.messages import Handover, Message, ReportBatch, encode
 from mesh.config import TlsConfig
+from mesh.core.messages import Handover, Message, ReportBatch, encode
 from mesh.peer._link import PeerLink
 from mesh.peer._server import PeerHandler, PeerServer
 

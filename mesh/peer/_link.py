@@ -14,9 +14,9 @@ from collections.abc import Callable
 import grpc
 from grpc import aio
 
-from mesh.errors import MessageError, PeerRefused
-from mesh.core.messages import Message, SnapshotBatch, decode
 from mesh.config import TlsConfig
+from mesh.core.messages import Message, SnapshotBatch, decode
+from mesh.errors import MessageError, PeerRefused
 from mesh.peer._tls import channel_credentials
 from mesh.peer._wire import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA, SCHEMA_MD, channel_options
 from mesh.peer._wire import translate as translate_error

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 import grpc
 from grpc import aio
 
-from mesh.errors import ConfigError, MessageError
-from mesh.core.messages import Handover, Message, ReportBatch, decode
 from mesh.config import TlsConfig
+from mesh.core.messages import Handover, Message, ReportBatch, decode
+from mesh.errors import ConfigError, MessageError
 from mesh.peer._tls import server_credentials
 from mesh.peer._wire import (
     EPOCH_MD,

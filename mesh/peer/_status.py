@@ -6,8 +6,8 @@ from typing import Any
 
 import grpc
 
-from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.config import TlsConfig
+from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.peer._link import open_channel
 from mesh.peer._wire import STATUS, pack, translate, unpack
 

@@ -7,8 +7,8 @@ from typing import Any
 import grpc
 import msgpack
 
-from mesh.errors import MessageError, PeerError, PeerRefused, PeerUnavailable
 from mesh.core.messages import SCHEMA_VERSION
+from mesh.errors import MessageError, PeerError, PeerRefused, PeerUnavailable
 
 __all__ = [
     "EXCHANGE",

@@ -18,9 +18,9 @@ they next look the key up. The admission arithmetic is the same GCRA the mesh us
 from __future__ import annotations
 
 from mesh.core.gcra import Gcra
-from mesh.testing.fleet import Scheduler
 from mesh.core.policy import Metric, RateKey
 from mesh.core.ring import Ring
+from mesh.testing.fleet import Scheduler
 from sim.scenario import Policy
 from sim.strategies.base import Context, Strategy
 from sim.workload import Arrival

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from mesh.core.config import CoreConfig
-from mesh.testing.fleet import MemoryFleet
 from mesh.core.member import Member
 from mesh.core.policy import Metric, Mode, RateKey
+from mesh.testing.fleet import MemoryFleet
 from sim.scenario import Policy
 from sim.strategies.base import Context, Strategy, next_generation, policies_for, to_policy
 from sim.workload import Arrival

@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mesh.core._validate import check_int
-from mesh.core.admission._queue import TenantQueues, Waiter
+from mesh.core.admission._gate import Gate
 from mesh.core.admission._gates import FixedGate, LocalGate, unknown_verdict
+from mesh.core.admission._queue import TenantQueues, Waiter
 from mesh.core.config import CoreConfig
-from mesh.errors import ConfigError, ConfigTypeError
 from mesh.core.policy import BOUNDS, Metric, Mode, PolicyCache, TenantRatePolicy
 from mesh.core.reporter import GlobalGate, Reporter
 from mesh.core.verdict import Reason, Suspension, Verdict, verdict
-from mesh.core.admission._gate import Gate
+from mesh.errors import ConfigError, ConfigTypeError
 
 __all__ = ["Admission", "UNKNOWN", "QUEUE_FULL", "DEADLINE"]
 

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from mesh.core.admission._gate import NEVER, Gate
 from mesh.core.gcra import Gcra
 from mesh.core.policy import BOUNDS, TenantRatePolicy
+from mesh.core.shares import share_of
 from mesh.core.verdict import Reason, Suspension, Verdict
-from mesh.core.admission._gate import NEVER, Gate
 
-__all__ = ["LocalGate", "FixedGate", "share_of"]
-
-
-def share_of(total: int, n_live: int) -> int:
-    """ceil(total / N_live): a member's part of a limit split across the live fleet."""
-    return -(-total // max(1, n_live))
+__all__ = ["LocalGate", "FixedGate"]
 
 
 class LocalGate(Gate):

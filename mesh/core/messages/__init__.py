@@ -17,10 +17,11 @@ from typing import Any, TypeVar
 
 import msgpack
 
-from mesh.core.messages._columns import check_column, pack_column, unpack_column
 from mesh.core._validate import INT_MAX, STR_MAX, check_int, check_str, rename
-from mesh.errors import MeshError, MessageError, MessageTypeError
+from mesh.core.messages._columns import check_column, pack_column, unpack_column
 from mesh.core.policy import Metric, RateKey, Unit
+from mesh.core.shares import PPM
+from mesh.errors import MeshError, MessageError, MessageTypeError
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -31,7 +32,6 @@ __all__ = [
     "RejectReason",
     "ReportBatch",
     "SnapshotBatch",
-    "snapshot_allowance_ppm",
     "Handover",
     "KeyHandover",
     "ReporterWatermark",
@@ -43,21 +43,6 @@ __all__ = [
 SCHEMA_VERSION = 3  # 2: batches as columns; 3: snapshot batches carry batch_seq
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_ITEMS = 65_536  # reports or snapshots in one batch
-PPM = 1_000_000
-
-
-
-def snapshot_allowance_ppm(remaining: int, share_ppm: int, active_reporters: int,
-                           local_burst_cap: int) -> int:
-    """What one snapshot row lets its receiver spend, in ppm of a unit: its share of
-    `remaining`, capped at b over the active reporters, or its demand share of b when that
-    is larger (load-balancer skew; seed 004). The owner computes it too, to tell whether a
-    refresh would change anything the receiver holds."""
-    even_ppm = local_burst_cap * PPM // active_reporters
-    by_demand_ppm = local_burst_cap * share_ppm
-    cap_ppm = even_ppm if even_ppm > by_demand_ppm else by_demand_ppm
-    portion_ppm = remaining * share_ppm
-    return portion_ppm if portion_ppm < cap_ppm else cap_ppm
 
 
 _METRICS = {m.value: m for m in Metric}

@@ -20,21 +20,14 @@ from typing import Any
 from mesh.core._validate import INT_MAX, check_int, check_str
 from mesh.core.config import MS, CoreConfig
 from mesh.core.effects import Effect, FetchPolicy, Send
-from mesh.errors import ConfigTypeError
 from mesh.core.gcra import NS_PER_S, Gcra
-from mesh.core.messages import (
-    PPM,
-    Handover,
-    Rejection,
-    RejectReason,
-    ReportBatch,
-    SnapshotBatch,
-    snapshot_allowance_ppm,
-)
+from mesh.core.messages import Handover, Rejection, RejectReason, ReportBatch, SnapshotBatch
 from mesh.core.owner._handover import Handovers, export, install
 from mesh.core.owner._state import Applied, KeyState, ReporterState
 from mesh.core.policy import PolicyCache, RateKey
 from mesh.core.ring import Ring
+from mesh.core.shares import PPM, snapshot_allowance_ppm
+from mesh.errors import ConfigTypeError
 
 __all__ = ["Owner"]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from mesh.errors import ConfigError
 from mesh.core.policy._metric import Metric
 from mesh.core.policy._policy import DEFAULT_TENANT, RateKey, TenantRatePolicy
+from mesh.errors import ConfigError
 
 __all__ = ["PolicyCache"]
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from mesh.core._validate import check_bool, check_choice, check_int, check_str, rename
-from mesh.errors import ConfigError, MeshError
 from mesh.core.policy._metric import Metric, Mode
+from mesh.errors import ConfigError, MeshError
 
 __all__ = ["RateKey", "TenantRatePolicy", "DEFAULT_TENANT"]
 

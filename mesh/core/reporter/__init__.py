@@ -1,6 +1,6 @@
 """The worker side: local views, usage reports, snapshot intake (pure)."""
 
-from mesh.core.reporter._reporter import Reporter
 from mesh.core.reporter._gate import GlobalGate, Inflight, SnapshotState
+from mesh.core.reporter._reporter import Reporter
 
 __all__ = ["GlobalGate", "Inflight", "Reporter", "SnapshotState"]

@@ -5,23 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import Enum
 
-from mesh.core.messages import PPM, snapshot_allowance_ppm
-from mesh.core.policy import RateKey, TenantRatePolicy
 from mesh.core.admission._gate import Gate
+from mesh.core.policy import RateKey, TenantRatePolicy
+from mesh.core.shares import share_round, snapshot_allowance_ppm
 
-__all__ = ["GlobalGate", "SnapshotState", "Inflight", "share_round"]
-
-
-def share_round(amount_ppm: int, coin_ppm: int) -> int:
-    """amount_ppm / 1e6 in whole units, rounded up with probability equal to the fraction.
-
-    A worker's part of a small budget is often a fraction of a unit (20 units over 300
-    workers); rounding down would starve everyone and rounding up would multiply the
-    budget. Rounding at random keeps the fleet's expected total exact. `coin_ppm` is
-    uniform in [0, 1e6) and comes from a hash, so runs replay exactly.
-    """
-    whole, frac = divmod(amount_ppm, PPM)
-    return whole + 1 if coin_ppm < frac else whole
+__all__ = ["GlobalGate", "SnapshotState", "Inflight"]
 
 
 class SnapshotState(Enum):

@@ -26,17 +26,18 @@ from collections.abc import Callable
 from heapq import heappop, heappush
 
 from mesh.core._validate import check_int, check_str
+from mesh.core.admission._gate import NEVER, Gate
 from mesh.core.config import MS, CoreConfig
 from mesh.core.effects import Effect, Send
-from mesh.errors import ConfigTypeError
 from mesh.core.gcra import NS_PER_S
-from mesh.core.messages import PPM, RejectReason, ReportBatch, SnapshotBatch
+from mesh.core.messages import RejectReason, ReportBatch, SnapshotBatch
 from mesh.core.policy import BOUNDS, RateKey, TenantRatePolicy, Unit
+from mesh.core.reporter._gate import GlobalGate, Inflight, SnapshotState
 from mesh.core.reporter._rto import RetryTimer
-from mesh.core.reporter._gate import GlobalGate, Inflight, SnapshotState, share_round
 from mesh.core.ring import Ring
+from mesh.core.shares import PPM, share_round
 from mesh.core.verdict import Reason, Suspension
-from mesh.core.admission._gate import NEVER, Gate
+from mesh.errors import ConfigTypeError
 
 __all__ = ["Reporter"]
 

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from uhashring import HashRing
 
 from mesh.core._validate import check_int, check_str
-from mesh.errors import ConfigError
 from mesh.core.policy import RateKey
+from mesh.errors import ConfigError
 
 __all__ = ["Ring", "VNODES_DEFAULT"]
 

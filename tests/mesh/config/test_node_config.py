@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from mesh.errors import ConfigError
 from mesh.config import NodeConfig, load_config, parse_config, resolve_identity
+from mesh.errors import ConfigError
 
 POLICY = {"tenant_id": "acme", "metric": "read_iops", "generation": 1, "target_rate": 10,
           "global_burst": 5, "local_burst_cap": 2}

@@ -9,10 +9,10 @@ import pytest
 
 from bench._procs import free_port
 from mesh.coordinator import PolicyStore
+from mesh.core.verdict import Reason
 from mesh.errors import PeerRefused, PeerUnavailable
 from mesh.node import Mesh
 from mesh.peer import CoordinatorClient, CoordinatorServer
-from mesh.core.verdict import Reason
 from tests.mesh._util import POLICY, until
 
 

@@ -11,12 +11,12 @@ import pytest
 from mesh import admit
 from mesh.core.admission import Admission
 from mesh.core.config import CoreConfig
-from mesh.errors import ConfigError, ConfigTypeError
 from mesh.core.messages import RateSnapshot, SnapshotBatch
 from mesh.core.policy import BOUNDS, DEFAULT_TENANT, Mode
 from mesh.core.reporter import Reporter
 from mesh.core.ring import Ring
 from mesh.core.verdict import Reason, Suspension
+from mesh.errors import ConfigError, ConfigTypeError
 from tests.mesh._helpers import MS, cache, policy
 
 

@@ -9,11 +9,11 @@ import pytest
 
 from mesh.core.admission import Admission
 from mesh.core.config import CoreConfig
-from mesh.errors import ConfigError, ConfigTypeError
 from mesh.core.owner import Owner
 from mesh.core.policy import PolicyCache
 from mesh.core.reporter import Reporter
 from mesh.core.ring import Ring
+from mesh.errors import ConfigError, ConfigTypeError
 
 RING = Ring(["a"], 1)
 

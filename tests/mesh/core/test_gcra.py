@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mesh.errors import ConfigError, ConfigTypeError
 from mesh.core.gcra import NS_PER_S, Gcra
+from mesh.errors import ConfigError, ConfigTypeError
 
 
 class Bucket:

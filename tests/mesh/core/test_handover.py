@@ -15,9 +15,7 @@ from hypothesis import strategies as st
 
 from mesh.core.config import MS
 from mesh.core.effects import Send
-from mesh.errors import MessageError, MessageTypeError
 from mesh.core.gcra import NS_PER_S
-from mesh.testing.fleet import MemoryFleet, Offered, drive
 from mesh.core.messages import (
     HANDOVER_WATERMARKS_MAX,
     SCHEMA_VERSION,
@@ -36,6 +34,8 @@ from mesh.core.owner import Owner
 from mesh.core.owner._handover import DEPARTED_GRACE_NS, PENDING_TTL_NS
 from mesh.core.policy import Metric, RateKey, TenantRatePolicy
 from mesh.core.ring import Ring
+from mesh.errors import MessageError, MessageTypeError
+from mesh.testing.fleet import MemoryFleet, Offered, drive
 from tests.mesh._helpers import cache, policy
 
 SLOW = policy("*", rate=10, burst=100, b=20)  # 10 s from empty to full: drains are tiny

@@ -9,10 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mesh.core.messages._columns import pack_column
-from mesh.errors import MessageError, MessageTypeError
 from mesh.core.gcra import NS_PER_S
-from mesh.testing.fleet import MemoryFleet, Offered, drive
 from mesh.core.messages import (
     MAX_ITEMS,
     SCHEMA_VERSION,
@@ -28,7 +25,10 @@ from mesh.core.messages import (
     from_wire,
     to_wire,
 )
+from mesh.core.messages._columns import pack_column
 from mesh.core.policy import Metric, RateKey
+from mesh.errors import MessageError, MessageTypeError
+from mesh.testing.fleet import MemoryFleet, Offered, drive
 from tests.mesh._helpers import cache, policy
 
 K = RateKey("acme", Metric.READ_IOPS, 3)

@@ -14,11 +14,11 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from mesh.core.gcra import NS_PER_S
-from mesh.testing.fleet import Offered, drive
 from mesh.core.reporter import GlobalGate, SnapshotState
 from mesh.core.reporter._gate import Inflight
-from tests.mesh.testing.test_fleet import R, bound, fleet
+from mesh.testing.fleet import Offered, drive
 from tests.mesh.core.test_stateful import MeshMachine
+from tests.mesh.testing.test_fleet import R, bound, fleet
 
 
 def _no_cap(self: GlobalGate, order: tuple[int, int, int], remaining: int, ack: int,

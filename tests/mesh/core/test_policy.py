@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from mesh.core.policy import (
+    DEFAULT_TENANT,
+    Metric,
+    Mode,
+    PolicyCache,
+    RateKey,
+    TenantRatePolicy,
+    Unit,
+)
 from mesh.errors import ConfigError, ConfigTypeError, MeshError
-from mesh.core.policy import DEFAULT_TENANT, Metric, Mode, PolicyCache, RateKey, TenantRatePolicy, Unit
 from tests.mesh._helpers import policy
 
 GOOD = dict(tenant_id="acme", metric="read_iops", generation=1, target_rate=100,

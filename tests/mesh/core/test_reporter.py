@@ -5,10 +5,11 @@ from __future__ import annotations
 from mesh.core.admission import Admission
 from mesh.core.config import CoreConfig
 from mesh.core.effects import Send
-from mesh.core.messages import PPM, RateSnapshot, ReportBatch, SnapshotBatch, UsageReport
+from mesh.core.messages import RateSnapshot, ReportBatch, SnapshotBatch, UsageReport
 from mesh.core.policy import PolicyCache, TenantRatePolicy
 from mesh.core.reporter import GlobalGate, Reporter, SnapshotState
 from mesh.core.ring import Ring
+from mesh.core.shares import PPM
 from mesh.core.verdict import Reason, Suspension
 from tests.mesh._helpers import MS, cache, policy
 

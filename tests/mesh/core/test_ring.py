@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.errors import ConfigError
 from mesh.core.policy import Metric, RateKey
 from mesh.core.reporter._gate import Inflight
 from mesh.core.ring import Ring
+from mesh.errors import ConfigError
 from tests.mesh._helpers import policy
 
 KEYS = [RateKey(f"tenant-{i}", m, 1) for i in range(3000) for m in (Metric.READ_IOPS,

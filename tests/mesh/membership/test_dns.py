@@ -18,13 +18,13 @@ import dns.resolver
 import pytest
 
 from bench._procs import free_port
+from mesh.config import parse_config
+from mesh.core.policy import BOUNDS
+from mesh.core.verdict import Suspension
 from mesh.errors import ConfigError
 from mesh.membership import DnsMembership, MembershipView
 from mesh.membership._dns import next_epoch
 from mesh.node import Mesh
-from mesh.config import parse_config
-from mesh.core.policy import BOUNDS
-from mesh.core.verdict import Suspension
 from tests.mesh._util import require_binary, until
 
 NAME = "mesh.test"

@@ -13,8 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench._procs import free_port
-from mesh.core.messages._columns import pack_column
-from mesh.errors import MessageError
 from mesh.core.messages import (
     SCHEMA_VERSION,
     ReportBatch,
@@ -24,10 +22,12 @@ from mesh.core.messages import (
     encode,
     to_wire,
 )
+from mesh.core.messages._columns import pack_column
+from mesh.core.policy import Metric, RateKey
+from mesh.errors import MessageError
 from mesh.node import Mesh
 from mesh.peer import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA_MD
 from mesh.peer._wire import SCHEMA
-from mesh.core.policy import Metric, RateKey
 
 MAX_BYTES = 8192
 KEY = RateKey("acme", Metric.READ_IOPS, 1)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 from bench._procs import free_port
-from mesh.node import Mesh
 from mesh.core.policy import Metric, RateKey
 from mesh.core.ring import Ring
 from mesh.core.verdict import Suspension
+from mesh.node import Mesh
 from tests.mesh._etcd import EtcdServer
 from tests.mesh._util import POLICY, until
 

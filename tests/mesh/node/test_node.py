@@ -12,11 +12,11 @@ from typing import Any
 import yaml
 
 from bench._procs import read_ready, spawn, stop
+from mesh.core.policy import Metric, RateKey
+from mesh.core.verdict import Reason, Suspension
 from mesh.membership import MembershipView
 from mesh.node import Mesh
 from mesh.peer import MemoryNetwork, MemoryTransport
-from mesh.core.policy import Metric, RateKey
-from mesh.core.verdict import Reason, Suspension
 from tests.mesh._util import POLICY, http_get, static_nodes, until, wait_for
 
 KEY = RateKey("acme", Metric.READ_IOPS, 1)

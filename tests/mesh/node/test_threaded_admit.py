@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from mesh.core.verdict import Reason, Verdict
 from mesh.errors import ConfigError
 from mesh.node import Mesh
-from mesh.core.verdict import Reason, Verdict
 from tests.mesh._util import wait_for
 
 RATE, BURST = 100, 20

@@ -10,9 +10,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from mesh.core.policy import Metric, RateKey
 from mesh.node import Mesh
 from mesh.peer import EXCHANGE
-from mesh.core.policy import Metric, RateKey
 from tests.mesh._util import POLICY, static_nodes, until
 
 KEY = RateKey("acme", Metric.READ_IOPS, 1)
@@ -82,8 +82,8 @@ def _call_refused(addr: str, channel: grpc.Channel) -> bool:
 
 
 def test_policy_with_tls_needs_ca_for_client_certs(certs: Path) -> None:
-    from mesh.errors import ConfigError
     from mesh.config import parse_config
+    from mesh.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
         parse_config({"tls": {"cert": str(certs / "peer.pem"), "key": str(certs / "peer.key"),

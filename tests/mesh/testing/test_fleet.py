@@ -6,9 +6,9 @@ import pytest
 
 from mesh.core.config import MS
 from mesh.core.gcra import NS_PER_S
-from mesh.testing.fleet import MemoryFleet, Offered, drive
 from mesh.core.policy import PolicyCache
 from mesh.core.reporter import SnapshotState
+from mesh.testing.fleet import MemoryFleet, Offered, drive
 from tests.mesh._helpers import cache, policy
 
 SEEDS = range(20)

@@ -1,0 +1,39 @@
+"""The configuration-error family that the mesh, governord and the simulator share.
+
+    RatemeshError                        carries .field (dotted name) and .problem
+    └── ConfigError (ValueError)         an operator's or caller's value is wrong
+        └── ConfigTypeError (TypeError)  ... because it has the wrong type
+
+`mesh.errors.ConfigError` and `governor.config.ConfigError` derive from `ConfigError`, so
+every command catches this one class at its boundary and prints `str(exc)` as one line.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = ["RatemeshError", "ConfigError", "ConfigTypeError"]
+
+
+class RatemeshError(Exception):
+    """Base of every error ratemesh raises on purpose; `field` names what was wrong."""
+
+    # The class a type mismatch in this family raises (set below for each family).
+    type_error: ClassVar[type[RatemeshError]]
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+class ConfigError(RatemeshError, ValueError):
+    """An operator's or caller's value is out of range, unknown, or unreadable."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """An operator's or caller's value has the wrong type."""
+
+
+RatemeshError.type_error = ConfigTypeError
+ConfigError.type_error = ConfigTypeError
