@@ -5,6 +5,7 @@ Below the node and the peer layer (both read it) and above the core (it builds t
 """
 
 from mesh.config._node import (
+    NODE_RETRY_MAX_MS,
     CoordinatorConfig,
     Identity,
     MembershipConfig,
@@ -18,6 +19,7 @@ from mesh.config._node import (
 )
 
 __all__ = [
+    "NODE_RETRY_MAX_MS",
     "CoordinatorConfig",
     "Identity",
     "MembershipConfig",
