@@ -9,15 +9,12 @@ Prints one JSON object: seeds, ops, failures (each with its seed and message), s
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import time
-from pathlib import Path
 
-# The harness lives beside the tests that run its 40-seed form in CI.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "governor"))
-_fuzz = importlib.import_module("_gov_fuzz")
+from governor.testing import Violation
+from governor.testing.fuzz import run_seed
 
 
 def main() -> int:
@@ -34,8 +31,8 @@ def main() -> int:
     t0 = time.perf_counter()
     for seed in range(start, stop):
         try:
-            _fuzz.run_seed(seed, args.ops)
-        except _fuzz.Violation as exc:
+            run_seed(seed, args.ops)
+        except Violation as exc:
             failures.append({"seed": seed, "error": str(exc)})
             print(f"FAIL {exc}", file=sys.stderr, flush=True)
     result = {

@@ -56,7 +56,7 @@ def canonical(engine: Engine) -> dict[str, Any]:
         d.pop("expires_ms")
         d["memory"] = [[rid, fp, type(r).__name__, _plain(r)] for rid, (fp, r) in s.memory.items()]
         sessions[sid] = d
-    return _plain(
+    state: dict[str, Any] = _plain(
         {
             "seq": st.seq,
             "next_id": st.next_id,
@@ -68,6 +68,7 @@ def canonical(engine: Engine) -> dict[str, Any]:
             "adaptive": st.adaptive,
         }
     )
+    return state
 
 
 class Auditor:
@@ -157,9 +158,9 @@ def check_state(engine: Engine, auditor: Auditor, terminal: dict[int, NodeState]
     for n in nodes.values():
         if n.state.terminal:
             terminal.setdefault(n.id, n.state)
-            for c in n.children:
-                if not nodes[c].state.terminal:
-                    raise Violation(f"I7: live child {c} under ended node {n.id}")
+            for child in n.children:
+                if not nodes[child].state.terminal:
+                    raise Violation(f"I7: live child {child} under ended node {n.id}")
     # I8 work conserving
     for w in engine.queued():
         if engine._fits(nodes[w.node_id], w.cls) is None:

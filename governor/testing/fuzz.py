@@ -7,7 +7,8 @@ emitted. Now and then the run restarts (from a snapshot or from the events) and 
 At the end the history is replayed three ways (events only, mid-run snapshot + later events,
 final snapshot) and each result compared field by field with the live engine.
 
-Run standalone (the mutation check does): ``python _gov_fuzz.py --seeds 0:40 --ops 1500``;
+Run standalone (the mutation check does):
+``python -m governor.testing.fuzz --seeds 0:40 --ops 1500``;
 exits 1 on the first violation, printing the seed.
 """
 
@@ -20,8 +21,6 @@ import random
 import sys
 from collections.abc import Callable
 from typing import Any
-
-from _gov_checks import Auditor, Violation, canonical, check_state, first_diff
 
 from governor.engine import (
     ROOT_ID,
@@ -45,6 +44,9 @@ from governor.engine import (
     SessionEnded,
     SessionState,
 )
+from governor.testing.checks import Auditor, Violation, canonical, check_state, first_diff
+
+__all__ = ["Run", "Violation", "main", "run_seed"]
 
 RESOURCES = ("http", "retry")
 CLASSES = ("db", "api")
@@ -214,6 +216,7 @@ class Run:
             if resource in a.quotas
         )
         rid = self.next_rid()
+        call: Callable[[], Any]
         call = lambda: self.engine.consume(sid, node, resource, amount, request_id=rid)  # noqa: E731
         result = call()
         if isinstance(result, Consumed) != expect_ok:
@@ -228,6 +231,7 @@ class Run:
         cls = self.rng.choice(CLASSES)
         rid = self.next_rid()
         wait = self.rng.random() < 0.7
+        call: Callable[[], Any]
         call = lambda: self.engine.acquire(sid, node, cls, wait=wait, request_id=rid)  # noqa: E731
         try:
             result = call()
@@ -332,6 +336,7 @@ class Run:
         node = self.rng.choice(targets)
         rid = self.next_rid()
         kind = self.rng.randrange(5)
+        call: Callable[[], Any]
         if kind == 0:
             r, v = self.rng.choice(RESOURCES), self.rng.choice([None, 0, 10, 50, 200])
             call = lambda: self.engine.set_quota(sid, node, r, v, request_id=rid)  # noqa: E731

@@ -17,9 +17,9 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from _gov_stores import StoreTarget, make_target
 
 from governor import wire
+from tests.governor._stores import StoreTarget, make_target
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"KEY_A": "key-of-tenant-a", "KEY_B": "key-of-tenant-b"}

@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from _gov_stores import pg_dsn
+
+from tests.governor._stores import pg_dsn
 
 
 def _governord(*args: str) -> dict[str, object]:

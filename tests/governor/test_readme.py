@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _gov_daemon import KEYS, ROOT, Daemon, running
+
+from tests.governor._daemon import KEYS, ROOT, Daemon, running
 
 SECTION = "## governord: the daemon and the SDK"
 

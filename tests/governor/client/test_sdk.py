@@ -10,7 +10,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _gov_daemon import KEYS, Daemon, running
 
 from governor import client as sdk
 from governor.client import (
@@ -27,6 +26,7 @@ from governor.client import (
     current_task,
     retry,
 )
+from tests.governor._daemon import KEYS, Daemon, running
 
 A, B = KEYS["KEY_A"], KEYS["KEY_B"]
 

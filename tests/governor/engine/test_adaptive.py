@@ -12,8 +12,6 @@ import hashlib
 import random
 from dataclasses import dataclass, field
 
-from _gov_checks import canonical
-
 from governor.engine import (
     ROOT_ID,
     AdaptiveConfig,
@@ -23,6 +21,7 @@ from governor.engine import (
     ManualClock,
 )
 from governor.engine._events import LimitAdjusted
+from governor.testing.checks import canonical
 
 CFG = AdaptiveConfig(
     initial_limit=20,

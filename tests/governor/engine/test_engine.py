@@ -6,7 +6,6 @@ import hashlib
 from typing import Any
 
 import pytest
-from _gov_checks import canonical
 
 import governor.engine as gov
 from governor.engine import (
@@ -36,6 +35,7 @@ from governor.engine import (
     decode_event,
     encode_event,
 )
+from governor.testing.checks import canonical
 
 
 class World:

@@ -1,13 +1,14 @@
 """The randomized invariant test of the spec: 40 seeds x 1,500 operations, replayed three ways.
 
 Every seed is in the test id; a failure message starts with ``seed N`` and reproduces with
-``python tests/governor/_gov_fuzz.py --seeds N:N+1``.
+``python -m governor.testing.fuzz --seeds N:N+1``.
 """
 
 from __future__ import annotations
 
 import pytest
-from _gov_fuzz import run_seed
+
+from governor.testing.fuzz import run_seed
 
 SEEDS = range(40)
 OPS = 1500

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 
-from _gov_checks import Auditor, check_state
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -21,6 +20,7 @@ from governor.engine import (
     Queued,
     SessionEnded,
 )
+from governor.testing.checks import Auditor, check_state
 
 
 class EngineMachine(RuleBasedStateMachine):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from _gov_checks import canonical
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from governor.engine import ROOT_ID, Engine, GovernorError, ManualClock, NodeState
+from governor.testing.checks import canonical
 
 JUNK = st.one_of(
     st.none(),

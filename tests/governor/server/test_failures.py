@@ -14,14 +14,14 @@ from pathlib import Path
 
 import grpc
 import pytest
-from _gov_daemon import KEYS, ROOT, Daemon, Raw, running
-from _gov_stores import make_target
 
 from governor.client import Client, SessionLost
+from tests.governor._daemon import KEYS, ROOT, Daemon, Raw, running
+from tests.governor._stores import make_target
 
 KINDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 A, B = KEYS["KEY_A"], KEYS["KEY_B"]
-WORKER = Path(__file__).resolve().parent / "_gov_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "_worker.py"
 
 
 @pytest.fixture(params=KINDS)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import concurrent.futures
 
 import grpc
-from _gov_daemon import KEYS, Daemon, Raw, wait_until
 
 from governor import wire
+from tests.governor._daemon import KEYS, Daemon, Raw, wait_until
 
 A, B = KEYS["KEY_A"], KEYS["KEY_B"]
 C = grpc.StatusCode

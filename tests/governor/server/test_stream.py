@@ -16,7 +16,6 @@ from typing import Any
 
 import grpc
 import pytest
-from _gov_daemon import KEYS, Daemon, Raw
 from grpc import aio
 
 from governor import wire
@@ -30,6 +29,7 @@ from governor.client import (
     ScopeError,
     SessionLost,
 )
+from tests.governor._daemon import KEYS, Daemon, Raw
 
 A, B = KEYS["KEY_A"], KEYS["KEY_B"]
 C = grpc.StatusCode

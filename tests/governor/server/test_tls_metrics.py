@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _gov_daemon import KEYS, ROOT, Daemon, free_port
-from _gov_stores import make_target
 
 from governor.client import Client
+from tests.governor._daemon import KEYS, ROOT, Daemon, free_port
+from tests.governor._stores import make_target
 
 A = KEYS["KEY_A"]
 

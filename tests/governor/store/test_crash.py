@@ -17,13 +17,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from _gov_stores import StoreTarget, make_target
 
 from governor.engine import Engine, ManualClock
 from governor.store import EXIT_COMMIT_FAILED, EventLog
+from tests.governor._stores import StoreTarget, make_target
 
-ROOT = Path(__file__).resolve().parents[2]
-WORKLOAD = Path(__file__).resolve().parent / "_gov_workload.py"
+ROOT = Path(__file__).resolve().parents[3]
+WORKLOAD = Path(__file__).resolve().parents[1] / "_workload.py"
 KILLS = 20
 KINDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 

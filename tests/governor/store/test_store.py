@@ -8,9 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _gov_checks import canonical
-from _gov_fuzz import Run
-from _gov_stores import StoreTarget, make_target
 
 from governor.authority import Authority
 from governor.engine import (
@@ -23,6 +20,9 @@ from governor.engine import (
     UnknownEventKind,
 )
 from governor.store import EventLog
+from governor.testing.checks import canonical
+from governor.testing.fuzz import Run
+from tests.governor._stores import StoreTarget, make_target
 
 KINDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 

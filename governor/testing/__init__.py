@@ -1,0 +1,12 @@
+"""Checkers that stand outside governord's engine, and the seeded fuzzer that drives them.
+
+`checks` audits emitted events and the engine's state against the spec's invariants and reads
+a canonical form of the durable state; `fuzz` runs one seed of random operations with restarts
+and replays, checking after every step (``python -m governor.testing.fuzz --seeds 0:40``).
+The tests and ``bench/governor_fuzz.py`` use them. Never imported by governor's engine, store,
+server, client or authority (an import-linter contract says so).
+"""
+
+from governor.testing.checks import Auditor, Violation, canonical, check_state, first_diff
+
+__all__ = ["Auditor", "Violation", "canonical", "check_state", "first_diff"]
