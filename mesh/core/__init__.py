@@ -9,7 +9,8 @@ asyncio node (`mesh.node`), the simulator (`sim/`) and the tests drive these sam
     policy            TenantRatePolicy, RateKey, the policy cache
     ring              the consistent-hash ring that picks a key's owner
     messages          UsageReport, RateSnapshot, their batches, hand-over, and the codec
-    admission         the hot path: gates per (tenant, metric), queues, try_admit
+    gate              the per-(tenant, metric) state the hot path touches, for every mode
+    admission         the hot path: gates per mode, tenant queues, try_admit
     reporter, owner   the worker and the owner halves of the global mode
     member            one member's cores wired together
 """

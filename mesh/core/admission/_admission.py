@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mesh.core._validate import check_int
-from mesh.core.admission._gate import Gate
+from mesh.core.gate import Gate
 from mesh.core.admission._gates import FixedGate, LocalGate, unknown_verdict
 from mesh.core.admission._queue import TenantQueues, Waiter
 from mesh.core.config import CoreConfig

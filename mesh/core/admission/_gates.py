@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mesh.core.admission._gate import NEVER, Gate
+from mesh.core.gate import NEVER, Gate
 from mesh.core.gcra import Gcra
 from mesh.core.policy import BOUNDS, TenantRatePolicy
 from mesh.core.shares import share_of

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import Enum
 
-from mesh.core.admission._gate import Gate
+from mesh.core.gate import Gate
 from mesh.core.policy import RateKey, TenantRatePolicy
 from mesh.core.shares import share_round, snapshot_allowance_ppm
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from heapq import heappop, heappush
 
 from mesh.core._validate import check_int, check_str
-from mesh.core.admission._gate import NEVER, Gate
+from mesh.core.gate import NEVER, Gate
 from mesh.core.config import MS, CoreConfig
 from mesh.core.effects import Effect, Send
 from mesh.core.gcra import NS_PER_S
