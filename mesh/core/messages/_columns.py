@@ -3,22 +3,24 @@
 A batch of a thousand reports is a thousand rows of the same five integers. Carried as
 columns of little-endian int64 (one msgpack `bin` each), they decode in C, can only hold
 integers, and are range-checked with C-level `min`/`max`; only a column that fails is
-walked in Python, to name the element that is wrong.
+walked in Python, to name the element that is wrong. A batch the cores build from their
+own state skips those checks (`unchecked`); one from a peer never does.
 """
 
 from __future__ import annotations
 
 import sys
 from array import array
-from typing import Any
+from typing import Any, TypeVar
 
 from mesh.core._validate import INT_MAX, check_int
 from mesh.errors import MeshError, MessageError, MessageTypeError
 
-__all__ = ["Int64s", "pack_column", "unpack_column", "check_column"]
+__all__ = ["Int64s", "pack_column", "unpack_column", "check_column", "unchecked"]
 
 _SWAP = sys.byteorder != "little"
 _INT_ONLY = frozenset((int,))
+_T = TypeVar("_T")
 
 
 class Int64s(tuple[int, ...]):
@@ -64,3 +66,12 @@ def check_column(field: str, values: Any, count: int, *, minimum: int = 0,
         return
     for i, v in enumerate(values):  # the slow path: name the first element that is wrong
         check_int(f"{field}[{i}]", v, minimum=minimum, maximum=maximum, error=error)
+
+
+def unchecked(cls: type[_T], values: tuple[Any, ...]) -> _T:
+    """A frozen dataclass instance without __post_init__: what its __init__ does, minus
+    the checks (for the cores' own output; never for anything from a peer)."""
+    obj = object.__new__(cls)
+    for name, value in zip(cls.__slots__, values, strict=True):  # type: ignore[attr-defined]
+        object.__setattr__(obj, name, value)
+    return obj

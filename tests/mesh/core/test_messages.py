@@ -13,13 +13,17 @@ from mesh.core.gcra import NS_PER_S
 from mesh.core.messages import (
     MAX_ITEMS,
     SCHEMA_VERSION,
+    Handover,
+    KeyHandover,
     Message,
     RateSnapshot,
     Rejection,
     RejectReason,
     ReportBatch,
+    ReporterWatermark,
     SnapshotBatch,
     UsageReport,
+    _codec,
     decode,
     encode,
     from_wire,
@@ -49,6 +53,47 @@ def snapshots() -> SnapshotBatch:
                                  SnapshotBatch("o", 0)])
 def test_round_trip(msg: Any) -> None:
     assert decode(encode(msg)) == msg
+
+
+# One message of every kind, and its bytes as the codec wrote them before `messages` was
+# split into modules (schema 3). A change here is a wire change: bump SCHEMA_VERSION.
+PINNED = [
+    (ReportBatch.of("w1", 5, (
+        UsageReport(K, "w1", 2, 7, iops_delta=3, denied_delta=4, unacked_from=5),
+        UsageReport(KB, "w1", 2, 1, byte_delta=-512))),
+     "9a03a77265706f727473a2773105029293a461636d65a9726561645f696f70730393a461636d65b3636c"
+     "69656e745f6567726573735f627974657301c41007000000000000000100000000000000c41003000000"
+     "0000000000feffffffffffffc41004000000000000000000000000000000c41005000000000000000100"
+     "000000000000"),
+    (SnapshotBatch.of("o1", 5, (RateSnapshot(K, 5, 9, 120, 10**12, 7, 2, 3, 250_000, 4),),
+                      (Rejection(KB, RejectReason.NOT_OWNER, 6),), batch_seq=11),
+     "dc001003a9736e617073686f7473a26f310503cf000000e8d4a510009193a461636d65a9726561645f69"
+     "6f707303c4080500000000000000c4080900000000000000c4087800000000000000c408070000000000"
+     "0000c4080200000000000000c40890d0030000000000c4080400000000000000919393a461636d65b363"
+     "6c69656e745f6567726573735f627974657301a96e6f745f6f776e6572060b"),
+    (Handover("o1", 5, (KeyHandover(K, 1500, 5, 9, (ReporterWatermark("w1", 2, 7),
+                                                    ReporterWatermark("w2", 0, 3))),
+                        KeyHandover(KB, 0, 5, 1))),
+     "9503a868616e646f766572a26f3105929593a461636d65a9726561645f696f707303cd05dc0509929"
+     "3a27731020793a2773200039593a461636d65b3636c69656e745f6567726573735f6279746573010005"
+     "0190"),
+]
+
+
+@pytest.mark.parametrize("msg, wire", PINNED, ids=["reports", "snapshots", "handover"])
+def test_wire_format_is_pinned(msg: Message, wire: str) -> None:
+    assert encode(msg).hex() == wire
+    assert decode(bytes.fromhex(wire)) == msg
+
+
+def test_key_cache_stays_within_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_codec, "_KEY_CACHE_MAX", 8)
+    monkeypatch.setattr(_codec, "_KEY_CACHE", {})
+    for gen in range(1, 30):
+        batch = ReportBatch.of("w1", 5, (UsageReport(RateKey("t", Metric.READ_IOPS, gen),
+                                                     "w1", 2, 1),))
+        assert decode(encode(batch)) == batch
+        assert 0 < len(_codec._KEY_CACHE) <= 8
 
 
 def test_rows_and_columns_agree() -> None:

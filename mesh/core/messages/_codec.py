@@ -1,0 +1,202 @@
+"""The one wire codec: messages to msgpack and back, validating everything from a peer.
+
+On the wire a message is a msgpack array whose first element is the schema version and
+second the message kind; batches carry their numbers as packed int64 columns (`_columns`).
+Kept apart from the families so a message's meaning and its encoding change separately:
+the families import nothing from here, and this module imports them all. `decode`
+validates every field's type and range before building anything, and raises
+`MessageError` naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from mesh.core._validate import rename
+from mesh.core.messages._columns import pack_column, unpack_column
+from mesh.core.messages._handover import (
+    HANDOVER_WATERMARKS_MAX,
+    Handover,
+    KeyHandover,
+    ReporterWatermark,
+)
+from mesh.core.messages._keys import MAX_ITEMS, key_from_wire, key_to_wire
+from mesh.core.messages._snapshot import SnapshotBatch
+from mesh.core.messages._usage import Rejection, RejectReason, ReportBatch
+from mesh.core.policy import RateKey
+from mesh.errors import MeshError, MessageError, MessageTypeError
+
+__all__ = ["SCHEMA_VERSION", "MAX_MESSAGE_BYTES", "MAX_ITEMS", "Message", "to_wire",
+           "from_wire", "encode", "decode"]
+
+SCHEMA_VERSION = 3  # 2: batches as columns; 3: snapshot batches carry batch_seq
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+# Wire keys already validated, by their decoded tuple: a batch repeats the same keys every
+# sync interval, so most decode without a check. Process-wide; cleared when full.
+_KEY_CACHE: dict[Any, RateKey] = {}
+_KEY_CACHE_MAX = 100_000  # distinct wire keys remembered before the cache starts over
+
+_REPORT_COLUMNS = ("sequences", "deltas", "denied", "unacked_from")
+_SNAPSHOT_COLUMNS = ("owner_epochs", "versions", "remaining", "acks", "receiver_epochs",
+                     "shares_ppm", "active_reporters")
+_REASONS = {r.value: r for r in RejectReason}
+_INT_ONLY = frozenset((int,))
+
+Message = ReportBatch | SnapshotBatch | Handover
+
+
+def to_wire(msg: Message) -> list[Any]:
+    """A message as plain msgpack-able values (columns as packed int64)."""
+    if isinstance(msg, ReportBatch):
+        # A RateKey is a tuple of (str, StrEnum, int): msgpack packs it as the wire's
+        # [tenant_id, metric, policy_generation] as it stands.
+        return [SCHEMA_VERSION, "reports", msg.sender, msg.ring_epoch, msg.worker_epoch,
+                msg.keys, pack_column(msg.sequences),
+                pack_column(msg.deltas), pack_column(msg.denied), pack_column(msg.unacked_from)]
+    if isinstance(msg, SnapshotBatch):
+        return [SCHEMA_VERSION, "snapshots", msg.sender, msg.ring_epoch, msg.owner_incarnation,
+                msg.observed_at, msg.keys,
+                pack_column(msg.owner_epochs), pack_column(msg.versions),
+                pack_column(msg.remaining), pack_column(msg.acks),
+                pack_column(msg.receiver_epochs), pack_column(msg.shares_ppm),
+                pack_column(msg.active_reporters),
+                [[key_to_wire(j.rate_key), j.reason.value, j.ring_epoch] for j in msg.rejections],
+                msg.batch_seq]
+    if isinstance(msg, Handover):
+        return _handover_wire(msg)
+    raise TypeError(f"not a mesh message: {type(msg).__name__}")
+
+
+def _handover_wire(msg: Handover) -> list[Any]:
+    return [SCHEMA_VERSION, "handover", msg.sender, msg.ring_epoch, [
+        [key_to_wire(k.rate_key), k.ahead_ns, k.owner_epoch, k.version,
+         [[w.worker_id, w.worker_epoch, w.watermark] for w in k.watermarks]] for k in msg.keys]]
+
+
+def _array(field: str, value: Any, limit: int, width: int) -> Any:
+    """A wire array of at most `limit` arrays of `width` fields, or a MessageError."""
+    if not isinstance(value, (list, tuple)):
+        raise MessageTypeError(field, "must be an array")
+    if len(value) > limit:
+        raise MessageError(field, f"at most {limit} items, got {len(value)}")
+    for i, it in enumerate(value):
+        if not isinstance(it, (list, tuple)) or len(it) != width:
+            raise MessageTypeError(f"{field}[{i}]", f"must be an array of {width} fields")
+    return value
+
+
+def _handover_from_wire(obj: Any) -> Handover:
+    _, _, sender, ring_epoch, items = obj
+    keys = []
+    for i, it in enumerate(_array("keys", items, MAX_ITEMS, 5)):
+        try:
+            key = key_from_wire("rate_key", list(it[0]) if type(it[0]) is tuple else it[0])
+            keys.append(KeyHandover(key, it[1], it[2], it[3], _watermarks(it[4])))
+        except MeshError as exc:
+            raise rename(exc, f"keys[{i}]", MessageError) from exc
+    return Handover(sender, ring_epoch, tuple(keys))
+
+
+def _watermarks(value: Any) -> tuple[ReporterWatermark, ...]:
+    marks = []
+    for j, w in enumerate(_array("watermarks", value, HANDOVER_WATERMARKS_MAX, 3)):
+        try:
+            marks.append(ReporterWatermark(*w))
+        except MeshError as exc:
+            raise rename(exc, f"watermarks[{j}]", MessageError) from exc
+    return tuple(marks)
+
+
+def _keys_from_wire(field: str, items: Any) -> tuple[RateKey, ...]:
+    """Wire keys to RateKeys. Keys seen before come from a cache of validated ones (a
+    batch repeats the same keys every sync interval); others are checked one by one."""
+    if not isinstance(items, (list, tuple)):
+        raise MessageTypeError(field, "must be an array of [tenant_id, metric, policy_generation]")
+    if len(items) > MAX_ITEMS:
+        raise MessageError(field, f"at most {MAX_ITEMS} items, got {len(items)}")
+    cache = _KEY_CACHE
+    try:
+        keys = tuple(map(cache.get, items))
+        # A bool or float equals an int generation; the cache must not turn 1.0 into 1.
+        if None not in keys and set(map(type, map(_third, items))) <= _INT_ONLY:
+            return keys  # type: ignore[return-value]
+    except (TypeError, IndexError):  # unhashable or short items: the slow path names them
+        pass
+    out = []
+    for i, it in enumerate(items):
+        key = key_from_wire(f"{field}[{i}]", list(it) if type(it) is tuple else it)
+        if type(it) is tuple and type(it[2]) is int:
+            if len(cache) >= _KEY_CACHE_MAX:
+                cache.clear()
+            cache[it] = key
+        out.append(key)
+    return tuple(out)
+
+
+def _third(item: Any) -> Any:
+    return item[2]
+
+
+def _rejections(items: Any) -> tuple[Rejection, ...]:
+    if not isinstance(items, (list, tuple)):
+        raise MessageTypeError("rejections", "must be an array")
+    if len(items) > MAX_ITEMS:
+        raise MessageError("rejections", f"at most {MAX_ITEMS} items, got {len(items)}")
+    out = []
+    for i, it in enumerate(items):
+        if not isinstance(it, (list, tuple)) or len(it) != 3:
+            raise MessageTypeError(f"rejections[{i}]", "must be an array of 3 fields")
+        if not isinstance(it[1], str) or it[1] not in _REASONS:
+            raise MessageError(f"rejections[{i}].reason", f"unknown reason {it[1]!r}")
+        try:
+            key = key_from_wire("rate_key", list(it[0]) if type(it[0]) is tuple else it[0])
+            out.append(Rejection(key, _REASONS[it[1]], it[2]))
+        except MeshError as exc:
+            raise rename(exc, f"rejections[{i}]", MessageError) from exc
+    return tuple(out)
+
+
+def from_wire(obj: Any) -> Message:
+    """Validate plain values from the wire and build the message, or raise MessageError."""
+    if not isinstance(obj, (list, tuple)) or len(obj) < 2:
+        raise MessageTypeError("message", "must be an array [schema, kind, ...]")
+    schema, kind = obj[0], obj[1]
+    if type(schema) is not int or schema != SCHEMA_VERSION:
+        raise MessageError("schema", f"unsupported schema version {schema!r}; "
+                                     f"this peer speaks {SCHEMA_VERSION}")
+    if kind == "reports" and len(obj) == 10:
+        _, _, sender, ring_epoch, worker_epoch, items, *cols = obj
+        keys = _keys_from_wire("keys", items)
+        n = len(keys)
+        return ReportBatch(sender, ring_epoch, worker_epoch, keys, *(
+            unpack_column(name, c, n) for name, c in zip(_REPORT_COLUMNS, cols, strict=True)))
+    if kind == "snapshots" and len(obj) == 16:
+        _, _, sender, ring_epoch, inc, at, items, *cols, rejs, batch_seq = obj
+        keys = _keys_from_wire("keys", items)
+        n = len(keys)
+        c = [unpack_column(name, col, n) for name, col in zip(_SNAPSHOT_COLUMNS, cols, strict=True)]
+        return SnapshotBatch(sender, ring_epoch, inc, at, keys, c[0], c[1], c[2], c[3], c[4],
+                             c[5], c[6], _rejections(rejs), batch_seq)
+    if kind == "handover" and len(obj) == 5:
+        return _handover_from_wire(obj)
+    raise MessageError("kind", f"unknown message kind {kind!r} with {len(obj)} fields")
+
+
+def encode(msg: Message) -> bytes:
+    return msgpack.packb(to_wire(msg), use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def decode(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
+    """Bytes from a peer to a validated message; anything malformed is a MessageError."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise MessageTypeError("message", f"must be bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise MessageError("message", f"{len(data)} bytes exceeds the limit of {max_bytes}")
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=False)
+    except (msgpack.UnpackException, ValueError) as exc:
+        raise MessageError("message", f"not valid msgpack: {exc}") from exc
+    return from_wire(obj)

@@ -1,0 +1,60 @@
+"""Rate keys on the wire, and the bound on keys per message.
+
+Every message family carries `RateKey`s and every one caps how many a message holds; the
+codec reads keys from peers. All three need the same metric names and the same checks,
+so they live here, below the families and the codec.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mesh.core._validate import INT_MAX, STR_MAX, check_int, check_str
+from mesh.core.policy import Metric, RateKey, Unit
+from mesh.errors import MessageError, MessageTypeError
+
+__all__ = ["MAX_ITEMS", "BYTE_METRICS", "key_from_wire", "key_to_wire", "check_keys"]
+
+MAX_ITEMS = 65_536  # reports or snapshots in one batch
+
+_METRICS = {m.value: m for m in Metric}
+BYTE_METRICS = frozenset(m for m in Metric if m.unit is Unit.BYTES)
+_WIRE_NAMES = {m: m.value for m in Metric}  # Enum.value is a property: look it up once
+_RATE_KEY_ONLY = frozenset((RateKey,))
+
+
+def key_from_wire(field: str, value: Any) -> RateKey:
+    if type(value) is list and len(value) == 3:  # the common case, checked in one go
+        tenant, metric, gen = value
+        m = _METRICS.get(metric) if type(metric) is str else None
+        if (m is not None and type(tenant) is str and 0 < len(tenant) <= STR_MAX
+                and type(gen) is int and 1 <= gen <= INT_MAX):
+            return RateKey(tenant, m, gen)
+    return _key_checked(field, value)
+
+
+def _key_checked(field: str, value: Any) -> RateKey:
+    """Field by field, so the error names what is wrong."""
+    if not isinstance(value, (list, tuple)) or len(value) != 3:
+        raise MessageTypeError(field, "must be [tenant_id, metric, policy_generation]")
+    tenant, metric, gen = value
+    check_str(f"{field}.tenant_id", tenant, error=MessageError)
+    if type(metric) is not str or metric not in _METRICS:
+        raise MessageError(f"{field}.metric", f"unknown metric {metric!r}")
+    check_int(f"{field}.policy_generation", gen, minimum=1, error=MessageError)
+    return RateKey(tenant, _METRICS[metric], gen)
+
+
+def key_to_wire(key: RateKey) -> list[Any]:
+    return [key.tenant_id, _WIRE_NAMES[key.metric], key.policy_generation]
+
+
+def check_keys(field: str, keys: Any) -> int:
+    if type(keys) is not tuple:
+        raise MessageTypeError(field, f"must be a tuple of RateKey, got {type(keys).__name__}")
+    if len(keys) > MAX_ITEMS:
+        raise MessageError(field, f"at most {MAX_ITEMS} per batch, got {len(keys)}")
+    if keys and not set(map(type, keys)) <= _RATE_KEY_ONLY:
+        i = next(i for i, k in enumerate(keys) if type(k) is not RateKey)
+        raise MessageTypeError(f"{field}[{i}]", "must be a RateKey")
+    return len(keys)
