@@ -16,7 +16,7 @@ from mesh.errors import ConfigError, MeshError
 
 __all__ = ["PolicyFeed"]
 
-log = logging.getLogger("mesh.core.policy")
+log = logging.getLogger("mesh.policy")
 
 
 class PolicyFeed:

@@ -7,7 +7,7 @@ import asyncio
 
 from bench._procs import free_port
 from mesh.core.policy import Metric, RateKey
-from mesh.core.ring import Ring
+from mesh.ring import Ring
 from mesh.core.verdict import Suspension
 from mesh.node import Mesh
 from tests.mesh._etcd import EtcdServer
@@ -68,20 +68,20 @@ def test_etcd_outage_keeps_the_ring_and_share_limits_disclose_it(etcd: EtcdServe
                               "lease_ttl_s": 30, "poll_ms": 50},
                "policies": {"inline": [share]}}
         async with Mesh(cfg) as mesh:
-            await until(lambda: mesh.core.ring.members == ("a",) and mesh.core.ring.epoch > 0, 10,
+            await until(lambda: mesh.ring.members == ("a",) and mesh.ring.epoch > 0, 10,
                         "joined")
-            epoch = mesh.core.ring.epoch
+            epoch = mesh.ring.epoch
             assert mesh.try_admit("s", "read_iops").suspended is None
             etcd.stop()
             await until(lambda: mesh.health()["membership"]["stale"], 10, "stale")
             v = mesh.try_admit("s", "read_iops")
             assert v.suspended is Suspension.MEMBERSHIP_STALE and v.bound.startswith(
                 "membership_stale")
-            assert mesh.core.ring.epoch == epoch and mesh.core.ring.members == ("a",)
+            assert mesh.ring.epoch == epoch and mesh.ring.members == ("a",)
             etcd.start()
             await until(lambda: not mesh.health()["membership"]["stale"], 15, "fresh again")
             assert mesh.try_admit("s", "read_iops").suspended is None
-            assert mesh.core.ring.epoch == epoch
+            assert mesh.ring.epoch == epoch
 
     asyncio.run(main())
 
