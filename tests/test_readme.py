@@ -1,24 +1,285 @@
-"""The README's embedding example runs as written."""
+"""The README is run, not just read.
+
+Every python block in README.md is executed here (the governed worker by
+tests/governor/test_readme.py, which needs a governord) and what it prints is checked; the
+shell examples are run as written (the simulator's in a scratch directory), and what the README
+says they print is compared with what they print. Every relative link in the README and in
+docs/ resolves inside the repository.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+BIN = Path(sys.executable).parent  # .venv/bin when run through scripts/test
+
+# The heading each python block sits under, and who runs it.
+PYTHON_BLOCKS = {
+    "Using the mesh core": "test_core_example_prints_what_the_readme_shows",
+    "Running a mesh node": "test_node_example_stays_inside_its_envelope",
+    "governord: the daemon and the SDK": "tests/governor/test_readme.py",
+}
+SETUP = "python3.11 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin/mesh demo"
 
 
-def test_readme_node_example_runs(tmp_path: Path) -> None:
-    section = README.read_text().split("## Running a mesh node", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert code is not None
-    assert len(code.group(1).strip().splitlines()) <= 30
+def _blocks(text: str) -> list[tuple[str, str, str]]:
+    """(heading, language, body) of every fenced block, in order."""
+    out: list[tuple[str, str, str]] = []
+    heading, lang, body = "", None, []  # type: tuple[str, str | None, list[str]]
+    for line in text.splitlines():
+        if lang is None:
+            if line.startswith("#"):
+                heading = line.lstrip("#").strip()
+            elif line.startswith("```"):
+                lang, body = line[3:].strip(), []
+        elif line.startswith("```"):
+            out.append((heading, lang, "\n".join(body) + "\n"))
+            lang = None
+        else:
+            body.append(line)
+    assert lang is None, "README.md: a code fence is not closed"
+    return out
+
+
+BLOCKS = _blocks(README.read_text())
+
+
+def _block(heading: str, lang: str, index: int = 0) -> str:
+    found = [body for h, lg, body in BLOCKS if h == heading and lg == lang]
+    assert len(found) > index, f"README.md: no {lang or 'plain'} block {index} under {heading!r}"
+    return found[index]
+
+
+def _run(args: list[str], cwd: Path = ROOT, timeout: float = 120) -> str:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    out = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    assert out.returncode == 0, f"{args}: exit {out.returncode}\n{out.stderr[-3000:]}"
+    return out.stdout
+
+
+def _python(code: str, tmp_path: Path, timeout: float = 120) -> str:
     script = tmp_path / "example.py"
-    script.write_text(code.group(1))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0, out.stderr
-    admitted = int(out.stdout.split()[1])
-    assert 0 < admitted <= 100 + 1000 * 2 + 2 * 20, out.stdout
+    script.write_text(code)
+    return _run([sys.executable, str(script)], cwd=tmp_path, timeout=timeout)
+
+
+# -- the two commands -----------------------------------------------------------------------
+
+
+def test_the_two_commands() -> None:
+    heading, lang, body = BLOCKS[0]
+    assert (heading, lang) == ("ratemesh", "sh")
+    assert body.splitlines() == [SETUP, "./scripts/test"]
+    script = ROOT / "scripts" / "test"
+    assert script.stat().st_mode & stat.S_IXUSR
+    text = script.read_text()
+    for part in (
+        "etcd-server",
+        "dnsmasq",
+        "iptables",
+        "apt-get update",
+        "apt-get install -y",
+        "python3.11 -m venv .venv",
+        "pip install -q -e '.[test]'",
+        ".venv/bin/lint-imports",
+        "-m pytest",
+    ):
+        assert part in text, f"scripts/test: no {part!r}"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    assert ci[-1] == "exec ./scripts/test", ".ci/run must run exactly the README's command"
+
+
+@pytest.mark.slow
+def test_mesh_demo_prints_its_summary() -> None:
+    """The first command's last step: `mesh demo` ends with its JSON summary."""
+    out = _run(["mesh", "demo"], timeout=120)
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert set(summary["tenants"]) == {"noisy", "quiet"}
+    for name, tenant in summary["tenants"].items():
+        assert tenant["within_bound"] is True, (name, tenant)
+        assert 0 < tenant["admitted"]
+
+
+# -- the python examples --------------------------------------------------------------------
+
+
+def test_every_python_block_is_run() -> None:
+    headings = [h for h, lang, _ in BLOCKS if lang == "python"]
+    assert sorted(headings) == sorted(PYTHON_BLOCKS), "a README python block nobody runs"
+    runner = PYTHON_BLOCKS["governord: the daemon and the SDK"]
+    assert "governord: the daemon and the SDK" in (ROOT / runner).read_text()
+
+
+def test_core_example_prints_what_the_readme_shows(tmp_path: Path) -> None:
+    heading = "Using the mesh core"
+    out = _python(_block(heading, "python"), tmp_path, timeout=60)
+    assert out == _block(heading, "")  # the block after "It prints:"
+    assert "rate_limited" in out and "policy_unknown" in out
+
+
+@pytest.mark.slow
+def test_node_example_stays_inside_its_envelope(tmp_path: Path) -> None:
+    heading = "Running a mesh node"
+    code = _block(heading, "python")
+    assert len(code.strip().splitlines()) <= 30
+    shown = _block(heading, "")
+    pattern = (
+        r"admitted (\d+) of 2000 offered; one exact meter: (\d+)\n"
+        r"excess (-?\d+) <= N\*b \+ R\*d = ([\d.]+): (True|False)\n"
+    )
+    assert re.fullmatch(pattern, shown), "the README's sample output has another shape"
+    out = _python(code, tmp_path)
+    m = re.fullmatch(pattern, out)
+    assert m is not None, out
+    admitted, ideal, excess = int(m[1]), int(m[2]), int(m[3])
+    assert 0 < admitted <= 2000 and ideal >= 100 + 1000 * 0.5
+    assert abs(admitted - ideal - excess) <= 1
+    assert m[5] == "True", out
+
+
+# -- the simulator's shell examples ---------------------------------------------------------
+
+
+SIM = "The simulator: the mesh beside what users run today"
+
+
+def _tables(text: str) -> dict[str, str]:
+    """The tables `mesh sim run --table` prints, by their 'scenario NAME seed N' line."""
+    out: dict[str, str] = {}
+    for part in re.split(r"^(?=scenario \S+ seed \d+$)", text, flags=re.M):
+        if part.strip():
+            first = part.splitlines()[0]
+            out[first] = "\n".join(line.rstrip() for line in part.strip().splitlines())
+    return out
+
+
+def test_sim_list_names_the_shipped_scenarios() -> None:
+    lines = _block(SIM, "sh").splitlines()
+    assert lines[0] == ".venv/bin/mesh sim list"
+    out = _run(["mesh", "sim", "list"], timeout=60)
+    listed = {line.split()[0] for line in out.splitlines() if line.strip()}
+    shipped = {p.stem for p in (ROOT / "sim" / "scenarios").glob("*.yaml")}
+    assert listed == shipped
+    prose = " ".join(SIM_PROSE.split())
+    for name in shipped:
+        assert f"`{name}`" in prose, f"README: scenario {name} is not named"
+
+
+SIM_PROSE = README.read_text().split("## " + SIM, 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.slow
+def test_sim_examples_print_what_the_readme_shows(tmp_path: Path) -> None:
+    """Each command of the simulator's block, as written, from a scratch directory holding
+    the README's `my-scenario.yaml` (the plot goes to the scratch docs/, not the repo's)."""
+    (tmp_path / ".venv").symlink_to(BIN.parent)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "my-scenario.yaml").write_text(_block(SIM, "yaml"))
+    printed = ""
+    results = []
+    for line in _block(SIM, "sh").splitlines():
+        out = _run(["bash", "-c", line], cwd=tmp_path, timeout=300)
+        if "--table" in line:
+            printed += out
+        if "--json" in line:
+            results.append(json.loads(out))
+    assert (tmp_path / "docs" / "noisy-neighbour.png").stat().st_size > 0
+    assert _tables(printed) == _tables(_block(SIM, "")), "update the README's sample output"
+    assert len(results) == 1
+    result = results[0]
+    assert (result["scenario"], result["seed"]) == ("my-scenario", 3)
+    keys = {
+        "admitted",
+        "ideal",
+        "max_excess",
+        "mean_excess",
+        "bound",
+        "within_bound",
+        "utilisation",
+        "fairness",
+        "quiet_share",
+        "messages_per_worker_s",
+        "round_trips_per_request",
+    }
+    for name, figures in result["strategies"].items():
+        assert keys <= set(figures), (name, keys - set(figures))
+    assert result["strategies"]["mesh"]["within_bound"] is True
+
+
+# -- links ----------------------------------------------------------------------------------
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    return {
+        _slug(line.lstrip("#")) for line in path.read_text().splitlines() if line.startswith("#")
+    }
+
+
+def _documents() -> list[Path]:
+    return [README, ROOT / "governor" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_every_relative_link_resolves_inside_the_repository() -> None:
+    broken = []
+    for doc in _documents():
+        for target in LINK.findall(doc.read_text()):
+            if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (doc.parent / path).resolve() if path else doc
+            where = f"{doc.relative_to(ROOT)}: {target}"
+            if not dest.is_relative_to(ROOT) or not dest.exists():
+                broken.append(f"{where} (no such file in the repository)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{where} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_docs_name_no_file_outside_the_repository() -> None:
+    for doc in _documents():
+        assert "../shared" not in doc.read_text(), doc
+
+
+def test_paths_the_docs_name_exist() -> None:
+    """`mesh/...`, `governor/...`, `sim/...` paths written in backquotes are real files or
+    folders (a move that forgets the docs fails here)."""
+    missing = []
+    for doc in _documents():
+        for path in re.findall(
+            r"`((?:mesh|governor|sim|bench|ratemesh|tests|scripts|docs)"
+            r"/[\w./-]*)`",
+            doc.read_text(),
+        ):
+            base = ROOT if doc.parent in (ROOT, ROOT / "docs") else doc.parent
+            if not (ROOT / path).exists() and not (base / path).exists():
+                missing.append(f"{doc.relative_to(ROOT)}: {path}")
+    assert not missing, "\n".join(missing)
+
+
+def test_the_architecture_names_every_import_contract() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    names = re.findall(r'^name = "(.*)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert names
+    for name in names:
+        short = name.split(": ")[0] if len(name) > 90 else name
+        assert short in text, f"docs/architecture.md does not name the contract {name!r}"
