@@ -7,7 +7,7 @@ import asyncio
 
 from bench._procs import free_port
 from mesh.core.policy import Metric, RateKey
-from mesh.ring import Ring
+from mesh.core.ring import Ring
 from mesh.core.verdict import Suspension
 from mesh.node import Mesh
 from tests.mesh._etcd import EtcdServer
