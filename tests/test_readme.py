@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -313,3 +314,16 @@ def test_dotted_names_the_docs_give_exist() -> None:
                     missing.append(f"{doc.relative_to(ROOT)}: {name}")
                 break
     assert not missing, "\n".join(missing)
+
+
+def test_the_config_file_example_validates(tmp_path: Path) -> None:
+    """`mesh validate` accepts the README's node config as written (beside the files it
+    names: empty certificates and the policies of deploy/)."""
+    (tmp_path / "node.yaml").write_text(_block("The config file", "yaml"))
+    for name in ("peer.pem", "peer.key", "ca.pem"):
+        (tmp_path / name).write_text("")
+    shutil.copy(ROOT / "deploy" / "policies.yaml", tmp_path / "policies.yaml")
+    out = _run(["mesh", "validate", "--config", "node.yaml"], cwd=tmp_path, timeout=60)
+    result = json.loads(out)
+    assert result["ok"] is True and result["membership"] == "etcd", result
+    assert result["identity"] == {"member_id": "a", "source": "config", "stable": True}
