@@ -327,3 +327,50 @@ def test_the_config_file_example_validates(tmp_path: Path) -> None:
     result = json.loads(out)
     assert result["ok"] is True and result["membership"] == "etcd", result
     assert result["identity"] == {"member_id": "a", "source": "config", "stable": True}
+
+
+def _stub(path: Path, body: str) -> None:
+    path.write_text(f"#!/bin/bash\n{body}\n")
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("present", [(), ("etcd", "dnsmasq", "iptables")])
+def test_scripts_test_installs_only_what_is_missing(
+    tmp_path: Path, present: tuple[str, ...]
+) -> None:
+    """scripts/test on a machine without etcd, dnsmasq and iptables asks apt-get for them
+    (update, then install -y), and leaves apt alone when they are there. Every program it
+    runs is a stub that logs its arguments; only bash, env and dirname are real."""
+    repo, bin_ = tmp_path / "repo", tmp_path / "bin"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "test", repo / "scripts" / "test")
+    venv = repo / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    bin_.mkdir()
+    log = tmp_path / "log"
+    for tool in ("bash", "env", "dirname"):
+        real = shutil.which(tool)
+        assert real is not None
+        (bin_ / tool).symlink_to(real)
+    _stub(bin_ / "id", "echo 0")  # root
+    for name in ("apt-get", "python3.11", *present):
+        _stub(bin_ / name, f'echo "{name} $*" >> {log}')
+    for name in ("pip", "lint-imports", "python"):
+        _stub(venv / name, f'echo "{name} $*" >> {log}')
+    subprocess.run(
+        ["bash", str(repo / "scripts" / "test"), "-k", "x"],
+        env={"PATH": str(bin_)},
+        check=True,
+        capture_output=True,
+    )
+    calls = log.read_text().splitlines()
+    apt = [c for c in calls if c.startswith("apt-get")]
+    if present:
+        assert apt == []
+    else:
+        assert apt == ["apt-get update -qq", "apt-get install -y -qq etcd-server dnsmasq iptables"]
+    assert calls[-3:] == [
+        "pip install -q -e .[test]",
+        "lint-imports ",
+        "python -m pytest -q -k x",
+    ]
