@@ -4,20 +4,29 @@ Two kinds of failure are kept apart (the h11 habit): a caller's or config's mist
 is ours to report clearly, and a peer's malformed message. A denial is never an exception:
 it is a `Verdict` value.
 
-    MeshError
-    ├── ConfigError (ValueError)          bad argument, policy or config; names the field
-    │   └── ConfigTypeError (TypeError)   the field has the wrong type
-    ├── MessageError (ValueError)         a peer's message failed validation; names the field
-    │   └── MessageTypeError (TypeError)
-    └── PeerError                         a peer (or membership/coordinator service) failed
-        ├── PeerUnavailable               unreachable, timed out, or gone (retry later)
-        └── PeerRefused                   it answered with an error status (our request)
+    ratemesh.errors.RatemeshError           (shared with governord and the simulator)
+    └── MeshError
+        ├── ConfigError (ValueError)          bad argument, policy or config; names the field
+        │   └── ConfigTypeError (TypeError)   the field has the wrong type
+        ├── MessageError (ValueError)         a peer's message failed validation; names the field
+        │   └── MessageTypeError (TypeError)
+        └── PeerError                         a peer (or membership/coordinator service) failed
+            ├── PeerUnavailable               unreachable, timed out, or gone (retry later)
+            └── PeerRefused                   it answered with an error status (our request)
+
+`ConfigError` and `ConfigTypeError` also derive from `ratemesh.errors.ConfigError` and
+`ConfigTypeError`, so one `except ratemesh.errors.ConfigError` at a command's boundary
+catches every config mistake of the mesh, governord and the simulator. Each family names
+the class a type mismatch raises in `type_error`, which the shared checks in
+`ratemesh.checks` use.
 
 Every error carries `.field`, the dotted name of what was wrong, and raising one changes
 no state: validation happens before anything is mutated.
 """
 
 from __future__ import annotations
+
+import ratemesh.errors
 
 __all__ = [
     "MeshError",
@@ -31,20 +40,15 @@ __all__ = [
 ]
 
 
-class MeshError(Exception):
-    """Base of every error ratemesh's mesh raises on purpose."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        self.problem = problem
-        super().__init__(f"{field}: {problem}")
+class MeshError(ratemesh.errors.RatemeshError):
+    """Base of every error ratemesh's mesh raises on purpose; `.field` and `.problem`."""
 
 
-class ConfigError(MeshError, ValueError):
+class ConfigError(MeshError, ratemesh.errors.ConfigError):
     """A caller's or configuration's value is out of range or unknown."""
 
 
-class ConfigTypeError(ConfigError, TypeError):
+class ConfigTypeError(ConfigError, ratemesh.errors.ConfigTypeError):
     """A caller's or configuration's value has the wrong type."""
 
 
@@ -66,3 +70,7 @@ class PeerUnavailable(PeerError):
 
 class PeerRefused(PeerError):
     """The remote party answered with an error status; `field` names the call."""
+
+
+ConfigError.type_error = ConfigTypeError
+MessageError.type_error = MessageTypeError

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any
+import types
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar, cast
 
 from ratemesh.errors import ConfigError, RatemeshError
 
@@ -32,6 +33,7 @@ __all__ = [
     "split_address",
     "rename",
     "is_loopback",
+    "with_default_family",
 ]
 
 # 2**63 - 1: larger values cannot cross the wire as msgpack ints and are certainly a mistake.
@@ -40,6 +42,7 @@ STR_MAX = 256
 PORT_MAX = 65535
 
 Family = type[RatemeshError]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _kind(value: Any) -> str:
@@ -201,3 +204,21 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def with_default_family(check: F, error: Family) -> F:
+    """A copy of `check` whose `error` defaults to `error`: the same code object, so the
+    copy costs no extra call on a hot path (the mesh binds its own `ConfigError` this way)."""
+    assert isinstance(check, types.FunctionType)
+    copy = types.FunctionType(
+        check.__code__, check.__globals__, check.__name__, check.__defaults__, check.__closure__
+    )
+    copy.__kwdefaults__ = {**(check.__kwdefaults__ or {}), "error": error}
+    if "error" in check.__code__.co_varnames[: check.__code__.co_argcount]:
+        # `error` is positional-or-keyword (rename): its default sits in __defaults__.
+        copy.__defaults__ = (*(check.__defaults__ or ())[:-1], error)
+        copy.__kwdefaults__ = check.__kwdefaults__
+    copy.__doc__ = check.__doc__
+    copy.__qualname__ = check.__qualname__
+    copy.__annotations__ = check.__annotations__
+    return cast(F, copy)

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from ratemesh.errors import ConfigError
+from ratemesh.errors import ConfigError, RatemeshError
 
 __all__ = ["YAML_BYTES_MAX", "YAML_DEPTH_MAX", "load_yaml"]
 
@@ -31,12 +31,23 @@ _OS_PROBLEMS: tuple[tuple[type[OSError], str], ...] = (
 )
 
 
-def load_yaml(path: str | Path, *, field: str = "config") -> Any:
+def load_yaml(
+    path: str | Path, *, field: str = "config", error: type[RatemeshError] = ConfigError
+) -> Any:
     """Read `path` and return its one YAML document (None for an empty file).
 
-    Raises `ConfigError(field, ...)` whose message names the file; `field` says which
-    setting named it (e.g. `policies.file`)."""
+    Raises `error(field, ...)` (a `ConfigError` unless a family derived from it is given)
+    whose message names the file; `field` says which setting named it (`policies.file`)."""
     p = Path(path)
+    try:
+        return _load(p, field)
+    except ConfigError as exc:
+        if error is ConfigError:
+            raise
+        raise error(exc.field, exc.problem) from exc.__cause__
+
+
+def _load(p: Path, field: str) -> Any:
     text = _read_text(p, field)
     _check_events(text, p, field)
     loader = yaml.SafeLoader(text)

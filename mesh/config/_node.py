@@ -4,9 +4,9 @@ Shape (every key optional except where said)::
 
     member_id: a                 # identity: this, else $member_id_env, else hostname, else nonce
     member_id_env: POD_NAME
-    listen: 127.0.0.1:7001       # the peer service (gRPC)
-    advertise: 10.0.0.5:7001     # what other members dial (default: listen)
-    telemetry_listen: 127.0.0.1:9101   # /metrics and /health (omit: off)
+    listen: 127.0.0.1:7001       # the peer service (gRPC); port 0: any free port
+    advertise: 10.0.0.5:7001     # what other members dial (default: listen, bound port)
+    telemetry_listen: 127.0.0.1:9101   # /metrics and /health (omit: off); port 0: any free
     allow_plaintext: false       # needed for a non-loopback address without tls
     tls: {cert: f, key: f, ca: f, require_client_cert: true}
     max_message_bytes: 4194304
@@ -29,6 +29,10 @@ Shape (every key optional except where said)::
       coordinator: {addr: 127.0.0.1:7100, poll_ttl_ms: 1000}
     core: {sync_interval_ms: 5, snapshot_ttl_ms: 20}
 
+Ports are 1..65535. Only `listen` and `telemetry_listen` also take 0, "any free port": the
+node reads the bound port back and reports it (`Mesh.address`, `Mesh.telemetry_address`),
+and what other members dial is that address. An IPv6 host goes in brackets: `[::1]:7001`.
+
 Loading does no I/O beyond reading the files it names; `warnings()` lists what is legal but
 probably a mistake (`mesh validate` prints them).
 """
@@ -44,13 +48,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from mesh.core._validate import check_bool, check_int, check_str
 from mesh.core.config import CoreConfig
 from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.core.policy import Mode, TenantRatePolicy
 from mesh.errors import ConfigError, ConfigTypeError
+from ratemesh.checks import check_address, check_keys, is_loopback
+from ratemesh.yamlfile import load_yaml
 
 # A node's peer streams are reliable and report reconnections, so a report is resent on a
 # reconnect at once and otherwise only as a safety net: a slow owner is not sent more work.
@@ -166,23 +170,6 @@ class NodeConfig:
         return out
 
 
-def is_loopback(addr: str) -> bool:
-    host = _split(addr)[0]
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def _split(addr: str) -> tuple[str, int]:
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ConfigError("address", f"{addr!r} must be host:port")
-    return host, int(port)
-
-
 def resolve_identity(cfg: NodeConfig, environ: dict[str, str] | None = None) -> Identity:
     """config, then the environment variable named in config, then hostname, then a nonce."""
     env = os.environ if environ is None else environ
@@ -206,14 +193,7 @@ _TOP = {"member_id", "member_id_env", "listen", "advertise", "telemetry_listen",
 def load_config(path: str | Path) -> NodeConfig:
     """Read and validate a YAML config file (policy files it names are resolved beside it)."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError("config", f"cannot read {p}: {exc.strerror}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError("config", f"{p} is not valid YAML: {exc}") from exc
+    data = load_yaml(p, field="config", error=ConfigError)
     return parse_config(data if data is not None else {}, base=p.parent)
 
 
@@ -229,7 +209,8 @@ def parse_config(data: Any, *, base: Path | None = None) -> NodeConfig:
         kw["listen"] = check_str("listen", data["listen"])
     for name in ("listen", "advertise", "telemetry_listen"):
         if name in kw:
-            _address(name, kw[name])
+            # Port 0 is "any free port" only where this node binds and reports the result.
+            _address(name, kw[name], allow_zero=name != "advertise")
     if "allow_plaintext" in data:
         kw["allow_plaintext"] = check_bool("allow_plaintext", data["allow_plaintext"])
     if "max_message_bytes" in data:
@@ -258,17 +239,12 @@ def parse_config(data: Any, *, base: Path | None = None) -> NodeConfig:
 
 
 def _no_unknown(where: str, data: dict[str, Any], known: set[str]) -> None:
-    for key in data:
-        if key not in known:
-            name = f"{where}.{key}" if where else str(key)
-            raise ConfigError(name, f"unknown key; expected one of: {', '.join(sorted(known))}")
+    check_keys(where, data, known, error=ConfigError)
 
 
-def _address(where: str, value: str) -> None:
-    try:
-        _split(value)
-    except ConfigError as exc:
-        raise ConfigError(where, exc.problem) from exc
+def _address(where: str, value: str, *, allow_zero: bool = False) -> None:
+    """host:port with a port in 1..65535 (0 too where `allow_zero`: see the module doc)."""
+    check_address(where, value, allow_zero_port=allow_zero, error=ConfigError)
 
 
 def _file(where: str, value: Any, base: Path | None) -> str:
@@ -458,12 +434,7 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
 
 def load_policy_file(path: str | Path, *, where: str = "policies") -> list[TenantRatePolicy]:
     """A YAML file holding a list of policies (or a mapping with a `policies:` list)."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(where, f"cannot read {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(where, f"{path} is not valid YAML: {exc}") from exc
+    data = load_yaml(path, field=where, error=ConfigError)
     if isinstance(data, dict) and set(data) == {"policies"}:
         data = data.get("policies")
     if not isinstance(data, list):
