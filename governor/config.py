@@ -8,19 +8,27 @@ its key (``api_key_env``) or gives the key's SHA-256 (``api_key_sha256``). With 
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+import ratemesh.errors
 from governor.engine import AdaptiveConfig, Defaults
+from ratemesh.checks import (
+    check_address,
+    check_bool,
+    check_float,
+    check_int,
+    check_keys,
+    is_loopback,
+)
+from ratemesh.yamlfile import load_yaml
 
 __all__ = [
     "ConfigError",
+    "ConfigTypeError",
     "GovernordConfig",
     "TenantConfig",
     "TlsFiles",
@@ -33,14 +41,28 @@ __all__ = [
 DEFAULT_LISTEN = "127.0.0.1:7443"
 DEFAULT_STORE = "sqlite:governor.db"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# Bounds on the numbers an operator writes; the engine checks its own invariants again.
+DRAIN_S_MAX = 3600.0
+TTL_MS_MAX = 7 * 86_400_000
+SNAPSHOT_EVERY_MAX = 1_000_000_000
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1  # the engine's floor; a symmetric ceiling
+PERMILLE_MAX = 1000
 
 
-class ConfigError(ValueError):
-    """A configuration mistake; ``key`` is the dotted path of the value at fault."""
+class ConfigError(ratemesh.errors.ConfigError):
+    """A configuration mistake; ``field`` (also ``key``, its older name) is the dotted path
+    of the value at fault. A ``ratemesh.errors.ConfigError``, which every command catches."""
 
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
-        self.key = key
+    @property
+    def key(self) -> str:
+        return self.field
+
+
+class ConfigTypeError(ConfigError, ratemesh.errors.ConfigTypeError):
+    """A configuration value of the wrong type."""
+
+
+ConfigError.type_error = ConfigTypeError
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,27 +107,17 @@ class GovernordConfig:
         return "postgres", self.store
 
 
-def is_loopback(address: str) -> bool:
-    host = address.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _type(key: str, value: Any, kind: type | tuple[type, ...], what: str) -> Any:
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise ConfigError(key, f"must be {what}, got {value!r}")
+def _type(key: str, value: Any, kind: type, what: str) -> Any:
+    """A map, list or string; numbers go through `_pos` (ratemesh's checks: no bools)."""
+    if not isinstance(value, kind):
+        raise ConfigTypeError(key, f"must be {what}, got {type(value).__name__}")
     return value
 
 
-def _pos(key: str, value: Any, minimum: int = 1) -> int:
-    _type(key, value, int, "an int")
-    if value < minimum:
-        raise ConfigError(key, f"must be >= {minimum}, got {value}")
-    return int(value)
+def _pos(key: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
+    if maximum is None:
+        return check_int(key, value, minimum=minimum, error=ConfigError)
+    return check_int(key, value, minimum=minimum, maximum=maximum, error=ConfigError)
 
 
 def _caps(key: str, value: Any) -> dict[str, int]:
@@ -120,31 +132,29 @@ def _caps(key: str, value: Any) -> dict[str, int]:
 
 
 def _addr(key: str, value: Any) -> str:
+    """host:port, port 1..65535: governord serves on the port it is given, and says so."""
     _type(key, value, str, "host:port")
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ConfigError(key, f"must be host:port, got {value!r}")
-    return str(value)
+    return check_address(key, value, error=ConfigError)
 
 
 def _keys(key: str, data: dict[str, Any], allowed: set[str]) -> None:
-    for k in data:
-        if k not in allowed:
-            raise ConfigError(f"{key}{k}", f"unknown key (allowed: {', '.join(sorted(allowed))})")
+    check_keys(key, data, allowed, error=ConfigError)
 
 
 def _defaults(key: str, value: Any) -> Defaults | None:
     if value is None:
         return None
     _type(key, value, dict, "a map")
-    _keys(f"{key}.", value, {"quotas", "limits", "weight", "priority", "children"})
+    _keys(key, value, {"quotas", "limits", "weight", "priority", "children"})
     weight = value.get("weight")
     priority = value.get("priority")
     return Defaults(
         quotas=tuple(sorted(_caps(f"{key}.quotas", value.get("quotas")).items())),
         limits=tuple(sorted(_caps(f"{key}.limits", value.get("limits")).items())),
         weight=None if weight is None else _pos(f"{key}.weight", weight),
-        priority=None if priority is None else _type(f"{key}.priority", priority, int, "an int"),
+        priority=None
+        if priority is None
+        else _pos(f"{key}.priority", priority, PRIORITY_MIN, PRIORITY_MAX),
         children=_defaults(f"{key}.children", value.get("children")),
     )
 
@@ -153,7 +163,7 @@ def _tenant(key: str, name: Any, value: Any, env: dict[str, str]) -> TenantConfi
     _type(key, name, str, "a tenant name")
     _type(key, value, dict, "a map")
     _keys(
-        f"{key}.",
+        key,
         value,
         {"api_key_env", "api_key_sha256", "weight", "quotas", "limits", "defaults"},
     )
@@ -190,12 +200,15 @@ def _adaptive(key: str, value: Any) -> AdaptiveConfig:
         "min_samples",
         "interval_ms",
     }
-    _keys(f"{key}.", value, fields)
+    _keys(key, value, fields)
     for need in ("initial_limit", "min_limit", "max_limit", "target_p95_ms"):
         if need not in value:
             raise ConfigError(f"{key}.{need}", "is required")
     args = {
-        k: _pos(f"{key}.{k}", v, 0 if k == "max_overload_permille" else 1) for k, v in value.items()
+        k: _pos(f"{key}.{k}", v, 0, PERMILLE_MAX)
+        if k == "max_overload_permille"
+        else _pos(f"{key}.{k}", v)
+        for k, v in value.items()
     }
     if not args["min_limit"] <= args["initial_limit"] <= args["max_limit"]:
         raise ConfigError(f"{key}.initial_limit", "must lie in [min_limit, max_limit]")
@@ -236,13 +249,13 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
     tls = None
     if data.get("tls") is not None:
         t = _type("tls", data["tls"], dict, "a map with cert and key")
-        _keys("tls.", t, {"cert", "key"})
+        _keys("tls", t, {"cert", "key"})
         for k in ("cert", "key"):
             f = _type(f"tls.{k}", t.get(k), str, "a file path")
             if not Path(f).is_file():
                 raise ConfigError(f"tls.{k}", f"no such file: {f}")
         tls = TlsFiles(t["cert"], t["key"])
-    plain = _type("allow_plaintext", data.get("allow_plaintext", False), bool, "true or false")
+    plain = check_bool("allow_plaintext", data.get("allow_plaintext", False), error=ConfigError)
     if tls is None and not plain:
         for i, a in enumerate(listen):
             if not is_loopback(a):
@@ -252,9 +265,9 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
                 )
     metrics = None if data.get("metrics") is None else _addr("metrics", data["metrics"])
     session = _type("session", data.get("session") or {}, dict, "a map")
-    _keys("session.", session, {"ttl_ms", "min_ttl_ms", "max_ttl_ms"})
+    _keys("session", session, {"ttl_ms", "min_ttl_ms", "max_ttl_ms"})
     root = _type("root", data.get("root") or {}, dict, "a map")
-    _keys("root.", root, {"quotas", "limits"})
+    _keys("root", root, {"quotas", "limits"})
     adaptive_raw = _type("adaptive", data.get("adaptive") or {}, dict, "a map of class to AIMD")
     tenants_raw = _type("tenants", data.get("tenants") or {}, dict, "a map of name to tenant")
     tenants = tuple(
@@ -271,11 +284,19 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
         tls=tls,
         allow_plaintext=plain,
         metrics=metrics,
-        session_ttl_ms=_pos("session.ttl_ms", session.get("ttl_ms", 10_000)),
-        session_ttl_min_ms=_pos("session.min_ttl_ms", session.get("min_ttl_ms", 200)),
-        session_ttl_max_ms=_pos("session.max_ttl_ms", session.get("max_ttl_ms", 3_600_000)),
-        drain_s=float(_type("drain_s", data.get("drain_s", 5.0), (int, float), "seconds")),
-        snapshot_every=_pos("snapshot_every", data.get("snapshot_every", 10_000)),
+        session_ttl_ms=_pos("session.ttl_ms", session.get("ttl_ms", 10_000), 1, TTL_MS_MAX),
+        session_ttl_min_ms=_pos(
+            "session.min_ttl_ms", session.get("min_ttl_ms", 200), 1, TTL_MS_MAX
+        ),
+        session_ttl_max_ms=_pos(
+            "session.max_ttl_ms", session.get("max_ttl_ms", 3_600_000), 1, TTL_MS_MAX
+        ),
+        drain_s=check_float(
+            "drain_s", data.get("drain_s", 5.0), minimum=0, maximum=DRAIN_S_MAX, error=ConfigError
+        ),
+        snapshot_every=_pos(
+            "snapshot_every", data.get("snapshot_every", 10_000), 1, SNAPSHOT_EVERY_MAX
+        ),
         root_quotas=_caps("root.quotas", root.get("quotas")),
         root_limits=_caps("root.limits", root.get("limits")),
         adaptive={str(c): _adaptive(f"adaptive.{c}", v) for c, v in adaptive_raw.items()},
@@ -287,15 +308,8 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
 
 
 def load_config(path: str, env: dict[str, str] | None = None) -> GovernordConfig:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError("(file)", f"cannot read {path}: {exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError("(file)", f"{path} is not valid YAML: {exc}") from exc
-    return parse_config(data, env)
+    """Read and validate a YAML file; every mistake is a ConfigError naming the file or key."""
+    return parse_config(load_yaml(path, field="config", error=ConfigError), env)
 
 
 def default_config() -> GovernordConfig:

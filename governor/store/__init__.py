@@ -4,6 +4,8 @@ SQLite (embedded default: WAL, synchronous FULL) and PostgreSQL (psycopg 3) sit 
 ``Backend`` protocol; ``EventLog`` adds group commit and the checks that refuse a bad record.
 """
 
+from ratemesh.errors import ConfigError
+
 from ._backend import Backend, Batch, Rows
 from ._errors import CommitFailed, StoreError, StoreUnavailable
 from ._log import EXIT_COMMIT_FAILED, EventLog, Loaded, exit_process
@@ -35,4 +37,5 @@ def open_backend(kind: str, target: str, *, schema: str = "governor") -> Backend
         return SqliteBackend(target)
     if kind == "postgres":
         return PostgresBackend(target, schema=schema)
-    raise ValueError(f"kind: must be 'sqlite' or 'postgres', got {kind!r}")
+    # The kind comes from the operator's `store:` setting, so the mistake is theirs to fix.
+    raise ConfigError("store", f"kind must be 'sqlite' or 'postgres', got {kind!r}")
