@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from mesh.core.policy import Metric
 from mesh.errors import ConfigError, ConfigTypeError
+from ratemesh.checks import check_bool, check_keys, check_number
+from ratemesh.yamlfile import load_yaml
 
 __all__ = ["ConfigError", "Scenario", "Fleet", "Policy", "TenantLoad", "TenantGroup",
            "NetworkSpec", "Fault", "load", "load_file", "parse", "SCENARIO_DIR", "names",
@@ -50,13 +50,14 @@ class _Fields:
         v = self.get(key, default, required=required)
         if v is None:
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigTypeError(self.path(key), f"must be a number, got {type(v).__name__}")
+        # Finite, no bools, in range: the same check as the mesh's and governord's numbers.
+        check_number(self.path(key), v, minimum=minimum, maximum=maximum, error=ConfigError)
         if integer and not isinstance(v, int):
             raise ConfigTypeError(self.path(key), f"must be a whole number, got {v!r}")
-        if not minimum <= v <= maximum:
-            raise ConfigError(self.path(key), f"must be in [{minimum}, {maximum}], got {v}")
         return v
+
+    def flag(self, key: str, default: bool) -> bool:
+        return check_bool(self.path(key), self.get(key, default), error=ConfigError)
 
     def text(self, key: str, default: str | None = None, *, choices: tuple[str, ...] = (),
              required: bool = False) -> Any:
@@ -77,9 +78,8 @@ class _Fields:
         return v
 
     def done(self) -> None:
-        unknown = sorted(set(map(str, self.data)) - self.used)
-        if unknown:
-            raise ConfigError(self.path(unknown[0]), "unknown key (a typo?)")
+        """Every key the reader did not ask for is unknown (called after the last `get`)."""
+        check_keys(self.where, self.data, self.used, error=ConfigError)
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ def _tenant(data: Any, where: str) -> TenantLoad:
         name=f.text("name", required=True),
         offered=f.num("offered", required=True),
         pattern=f.text("pattern", "steady", choices=PATTERNS),
-        quiet=bool(f.get("quiet", False)),
+        quiet=f.flag("quiet", False),
         policy=_policy(f.get("policy"), f.path("policy")) if f.get("policy") else None,
         start_s=f.num("start_s", 0.0),
         burst_on_ms=f.num("burst_on_ms", 100.0, minimum=1),
@@ -293,14 +293,9 @@ def parse(data: Any, *, where: str = "") -> Scenario:
 
 
 def load_file(path: str | Path) -> Scenario:
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise ConfigError("scenario_file", f"cannot read {p}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError("scenario_file", f"{p} is not valid YAML: {exc}") from exc
-    return parse(data)
+    """Read and validate a scenario file; every mistake is a ConfigError naming the file or
+    the field."""
+    return parse(load_yaml(path, field="scenario_file", error=ConfigError))
 
 
 def names() -> list[str]:
