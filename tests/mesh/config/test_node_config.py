@@ -104,3 +104,87 @@ def test_a_node_resends_reports_late_unless_told_otherwise(tmp_path: Path) -> No
         path = tmp_path / "n.yaml"
         path.write_text(yaml.safe_dump(dict(base, core=core)))
         assert load_config(path).core.report_retry_max_ms == want
+
+
+# -- ports, the shared vocabulary and the shared loader (issue 11) ----------------------------
+
+@pytest.mark.parametrize("data, field", [
+    ({"listen": "127.0.0.1:99999"}, "listen"),
+    ({"listen": "127.0.0.1:65536"}, "listen"),
+    ({"listen": "::1:7001"}, "listen"),  # an IPv6 host goes in brackets
+    ({"advertise": "127.0.0.1:0"}, "advertise"),  # others dial it: 0 is no port
+    ({"advertise": "127.0.0.1:70000"}, "advertise"),
+    ({"telemetry_listen": "127.0.0.1:65536"}, "telemetry_listen"),
+    ({"membership": {"source": "static", "members": {"a": "127.0.0.1:0"}}},
+     "membership.members.a"),
+    ({"membership": {"source": "static", "members": {"a": "127.0.0.1:99999"}}},
+     "membership.members.a"),
+    ({"policies": {"coordinator": {"addr": "127.0.0.1:99999"}}}, "policies.coordinator.addr"),
+    ({"policies": {"coordinator": {"addr": "127.0.0.1:0"}}}, "policies.coordinator.addr"),
+])
+def test_ports_are_1_to_65535(data: dict[str, Any], field: str) -> None:
+    import ratemesh.errors
+
+    before = json.dumps(data, sort_keys=True)
+    with pytest.raises(ratemesh.errors.ConfigError) as err:
+        parse_config(data)
+    assert isinstance(err.value, ConfigError)  # still the mesh's own class too
+    assert err.value.field == field and "\n" not in str(err.value), str(err.value)
+    assert json.dumps(data, sort_keys=True) == before  # nothing changed
+
+
+def test_port_0_means_any_free_port_where_the_node_reports_it() -> None:
+    # Mesh.address and Mesh.telemetry_address carry the bound ports (tests/mesh/node use them)
+    cfg = parse_config({"listen": "127.0.0.1:0", "telemetry_listen": "[::1]:0"})
+    assert cfg.listen == "127.0.0.1:0" and cfg.telemetry_listen == "[::1]:0"
+    assert parse_config({"listen": "[::1]:65535", "advertise": "[::1]:1"}).advertise == "[::1]:1"
+
+
+def test_unknown_keys_list_the_allowed_ones() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"tls": {"cert": "c", "key": "k", "kye": "k"}})
+    assert err.value.field == "tls.kye" and "unknown key (a typo?)" in err.value.problem
+    assert "expected one of: ca, cert, key" in err.value.problem
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"listen: caf\xe9:1\n", ("not UTF-8", "offset 11")),
+    (b"[" * 5000 + b"]" * 5000, ("deeper than 64 levels",)),
+    (b"listen: [127.0.0.1:1\n", ("not valid YAML", "line 2")),
+])
+def test_a_bad_file_is_one_error_naming_it(tmp_path: Path, content: bytes,
+                                           words: tuple[str, ...]) -> None:
+    import ratemesh.errors
+
+    path = tmp_path / "node.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ratemesh.errors.ConfigError) as err:
+        load_config(path)
+    assert isinstance(err.value, ConfigError) and err.value.field == "config"
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    assert all(w in err.value.problem for w in words), str(err.value)
+    assert path.read_bytes() == content
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path / "missing.yaml")
+    assert "no such file" in err.value.problem
+
+
+def test_a_bad_policy_file_names_the_setting_and_the_file(tmp_path: Path) -> None:
+    policies = tmp_path / "p.yaml"
+    policies.write_bytes(b"- {tenant_id: caf\xe9}\n")
+    node = tmp_path / "node.yaml"
+    node.write_text(yaml.safe_dump({"member_id": "a", "policies": {"file": "p.yaml"}}))
+    with pytest.raises(ConfigError) as err:
+        load_config(node)
+    assert err.value.field == "policies.file" and str(policies) in err.value.problem
+    assert "not UTF-8" in err.value.problem
+
+
+@pytest.mark.slow  # starts a process
+def test_listen_99999_is_refused_by_mesh_validate(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text("member_id: a\nlisten: 127.0.0.1:99999\n")
+    out = subprocess.run([sys.executable, "-m", "mesh.cli", "validate", "--config", str(path),
+                          "--json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert json.loads(out.stdout)["field"] == "listen"
