@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -52,6 +53,33 @@ class _Refused(Exception):
         self.details = details
 
 
+def _probe_bind(listen: str) -> None:
+    """Refuse an address this host cannot serve, with the OS's reason, before grpc tries.
+
+    grpc answers a failed bind with a bare "Failed to bind" and logs its own line on stderr,
+    so an operator would get two lines and no reason. The probe binds as grpc does
+    (SO_REUSEADDR, no SO_REUSEPORT) and succeeds if any resolved address binds, as grpc
+    does; port 0 (any free port) cannot fail."""
+    host, _, port_text = listen.rpartition(":")
+    if not port_text.isdigit() or int(port_text) == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, int(port_text),
+                                   type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError("listen", f"cannot serve on {listen}: {exc.strerror}") from exc
+    reasons = ["no address"]
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(address)
+                return
+            except OSError as exc:
+                reasons.insert(-1, exc.strerror or str(exc))
+    raise ConfigError("listen", f"cannot serve on {listen}: {reasons[0]}")
+
+
 class PeerServer:
     """grpc aio server with generic handlers; bytes in, bytes out, the codec is ours."""
 
@@ -71,7 +99,10 @@ class PeerServer:
         self.snapshots_dropped = 0
 
     async def start(self) -> int:
-        server = aio.server(options=channel_options(self.max_message_bytes))
+        # grpc sets SO_REUSEPORT by default: a second node on this port would bind beside
+        # the first and take half its peers' streams; refused, it fails with `listen`
+        options = [*channel_options(self.max_message_bytes), ("grpc.so_reuseport", 0)]
+        server = aio.server(options=options)
         rpc: dict[str, grpc.RpcMethodHandler] = {
             "Exchange": grpc.stream_stream_rpc_method_handler(self._exchange),
             "Status": grpc.unary_unary_rpc_method_handler(self._status),
@@ -79,13 +110,18 @@ class PeerServer:
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(PEER_SERVICE, rpc), *self._extra))
         try:
+            _probe_bind(self.listen)
             if self.tls is not None:
                 port = server.add_secure_port(self.listen, server_credentials(self.tls))
             else:
                 port = server.add_insecure_port(self.listen)
-        except RuntimeError as exc:  # grpc's "Failed to bind to address ..."
+        except ConfigError:
             await server.stop(None)
-            raise ConfigError("listen", f"cannot serve on {self.listen}: {exc}") from exc
+            raise
+        except RuntimeError as exc:  # grpc's "Failed to bind to address ..."; the probe
+            await server.stop(None)  # lost a race
+            raise ConfigError("listen", f"cannot serve on {self.listen}: the port is in use or "
+                              "the address is not this host's") from exc
         await server.start()
         self._server = server
         return int(port)
