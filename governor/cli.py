@@ -1,7 +1,9 @@
 """``governord``: the daemon (``governord [--config F]``), ``validate``, and benchmarks.
 
 Every benchmark prints one JSON object on stdout, and a human table on stderr (or on stdout
-instead of the JSON with ``--table``).
+instead of the JSON with ``--table``). An operator's mistake - a flag, the config file, a
+store that cannot be opened, a port that cannot be bound - is one line on stderr naming the
+field or file, exit status 2; ``main`` is the one place that turns it into that line.
 """
 
 from __future__ import annotations
@@ -9,9 +11,26 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, NoReturn
+
+from ratemesh.checks import check_float, check_int
+from ratemesh.errors import ConfigError
 
 __all__ = ["main"]
+
+EXIT_USAGE = 2  # the operator's mistake, as argparse answers a bad flag
+
+
+def _one_line(text: str) -> str:
+    """YAML and database errors carry newlines and indents; the operator gets one line."""
+    return " ".join(text.split())
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse's refusal as one line naming the flag (its subparsers inherit the class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {_one_line(message)} (see {self.prog} --help)\n")
 
 
 def _table(result: dict[str, Any]) -> str:
@@ -28,7 +47,7 @@ def _emit(result: dict[str, Any], table: bool) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="governord", description="ratemesh's strict authority")
+    p = _OneLineParser(prog="governord", description="ratemesh's strict authority")
     p.add_argument("--config", help="run the daemon with this YAML file (default: built-in)")
     sub = p.add_subparsers(dest="command")
     bench = sub.add_parser("bench", help="benchmarks; each prints one JSON object")
@@ -53,13 +72,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _validate(path: str) -> int:
-    from governor.config import ConfigError, load_config
+    from governor.config import load_config
 
-    try:
-        cfg = load_config(path)
-    except ConfigError as exc:
-        print(f"governord: {path}: {exc}", file=sys.stderr)
-        return 1
+    cfg = load_config(path)
     print(
         f"governord: {path} is valid: {len(cfg.tenants)} tenant(s), listen "
         f"{', '.join(cfg.listen)}, store {cfg.store_kind()[0]}" + (", TLS" if cfg.tls else "")
@@ -79,7 +94,7 @@ def _daemon(path: str | None) -> int:
 
     if "grpc" not in sys.modules:
         os.environ.setdefault("GRPC_SSL_CIPHER_SUITES", TLS13_ONLY)
-    from governor.config import ConfigError, TenantConfig, default_config, load_config
+    from governor.config import TenantConfig, default_config, load_config
     from governor.server import run
 
     if path is None:
@@ -100,16 +115,24 @@ def _daemon(path: str | None) -> int:
             flush=True,
         )
     else:
-        try:
-            cfg = load_config(path)
-        except ConfigError as exc:
-            print(f"governord: {path}: {exc}", file=sys.stderr)
-            return 1
+        cfg = load_config(path)
     return run(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ConfigError as exc:
+        # the file as well as the field, once: "governord: g.yaml: drain_s: must be >= 0"
+        path = args.validate_config if args.command == "validate" else args.config
+        text = _one_line(str(exc))
+        where = f"{path}: " if path and path not in text else ""
+        print(f"governord: {where}{text}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "bench":
         if args.bench == "scenarios":
             from governor.bench import scenarios
@@ -120,16 +143,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.bench == "engine":
             from governor.bench import engine
 
-            _emit(engine.run(ops=args.ops), args.table)
+            _emit(engine.run(ops=check_int("--ops", args.ops, minimum=1)), args.table)
         else:
             from governor.bench import store
+            from governor.store import StoreUnavailable
 
-            result = store.run(
-                args.store,
-                dsn=args.dsn or store.DEFAULT_DSN,
-                writers=args.writers,
-                duration_s=args.duration,
-            )
+            writers = check_int("--writers", args.writers, minimum=1)
+            if check_float("--duration", args.duration) <= 0:
+                raise ConfigError("--duration", f"must be > 0, got {args.duration}")
+            try:
+                result = store.run(
+                    args.store,
+                    dsn=args.dsn or store.DEFAULT_DSN,
+                    writers=writers,
+                    duration_s=args.duration,
+                )
+            except StoreUnavailable as exc:
+                flag = "--dsn" if args.store == "postgres" else "--store"
+                raise ConfigError(flag, f"cannot open the {args.store} store: {exc}") from exc
             _emit(result, args.table)
         return 0
     if args.command == "validate":

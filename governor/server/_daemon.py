@@ -5,6 +5,12 @@ for ``drain_s``, then cancel the rest and close the record. A failed commit stop
 at once with status 70 (the log's ``on_fatal``): serving from memory that is ahead of the record
 would hand out answers that can un-happen. SIGHUP re-reads the TLS certificate and key; new
 connections use them, no restart needed.
+
+Starting is where the operator's settings meet the machine: a store that cannot be opened,
+reached or trusted, an address that cannot be bound, a certificate that cannot be read. Each
+is translated here into a ``ConfigError`` naming the setting (``store``, ``listen``,
+``metrics``, ``tls``), which ``governord`` prints as one line, exit status 2; whatever was
+already started is closed first.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -22,8 +29,9 @@ from grpc import aio
 from prometheus_client import start_http_server
 
 from governor.authority import Authority
-from governor.config import GovernordConfig, TlsFiles, is_loopback
-from governor.store import EventLog, MemoryBackend, PostgresBackend, SqliteBackend
+from governor.config import ConfigError, GovernordConfig, TlsFiles, is_loopback
+from governor.engine import RecordError
+from governor.store import EventLog, MemoryBackend, PostgresBackend, SqliteBackend, StoreError
 
 from ._metrics import Metrics
 from ._reconcile import apply_config
@@ -85,6 +93,80 @@ def _open_log(cfg: GovernordConfig) -> EventLog:
     return EventLog(PostgresBackend(target, schema=schema, application_name=app))
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())  # psycopg's messages carry a newline and a tab hint
+
+
+def _open_authority(cfg: GovernordConfig) -> Authority:
+    """The record opened and loaded. A database that cannot be opened, reached or migrated,
+    or a record that cannot be trusted, is the ``store`` setting for the operator to fix."""
+    try:
+        log = _open_log(cfg)
+    except StoreError as exc:  # its message names the database: the path, or host and port
+        raise ConfigError("store", _one_line(exc)) from exc
+    try:
+        return Authority(log, snapshot_every=cfg.snapshot_every)
+    except (StoreError, RecordError) as exc:
+        log.close()
+        raise ConfigError("store", f"cannot load the record: {_one_line(exc)}") from exc
+
+
+def _probe_bind(addr: str) -> None:
+    """Refuse an address this host cannot serve, with the OS's reason, before grpc tries.
+
+    grpc answers a failed bind with a bare "Failed to bind" and logs its own line on stderr,
+    so the operator would get two lines and no reason. The probe binds as grpc does
+    (SO_REUSEADDR, no SO_REUSEPORT) and passes if any resolved address binds, as grpc does.
+    (The mesh's peer server has the same probe; neither plane may import the other.)"""
+    host, _, port_text = addr.rpartition(":")
+    if not port_text.isdigit() or int(port_text) == 0:
+        return  # port 0 (any free port) cannot be in use
+    try:
+        infos = socket.getaddrinfo(
+            host.strip("[]") or None,
+            int(port_text),
+            type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE,
+        )
+    except socket.gaierror as exc:
+        raise ConfigError("listen", f"cannot bind {addr}: {exc.strerror}") from exc
+    reasons = ["no address"]
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(address)
+                return
+            except OSError as exc:
+                reasons.insert(-1, exc.strerror or str(exc))
+    raise ConfigError("listen", f"cannot bind {addr}: {reasons[0]}")
+
+
+def _bind(server: aio.Server, addr: str, reloader: CertReloader | None) -> str:
+    """Bind ``addr``; the bound ``host:port`` (port 0 asks for a free one)."""
+    _probe_bind(addr)
+    try:
+        if reloader is not None:
+            port = server.add_secure_port(addr, reloader.credentials())
+        else:
+            port = server.add_insecure_port(addr)
+    except OSError as exc:  # the certificate or key file
+        raise ConfigError("tls", f"cannot read {exc.filename}: {exc.strerror}") from exc
+    except RuntimeError as exc:  # grpc's "Failed to bind to address ...": the probe lost a race
+        raise ConfigError(
+            "listen", f"cannot bind {addr}: the port is in use or the address is not this host's"
+        ) from exc
+    return f"{addr.rpartition(':')[0]}:{port}"
+
+
+def _serve_metrics(address: str, metrics: Metrics) -> None:
+    host, _, port_s = address.rpartition(":")
+    try:
+        start_http_server(int(port_s), addr=host.strip("[]"), registry=metrics.registry)
+    except OSError as exc:
+        raise ConfigError("metrics", f"cannot serve on {address}: {exc.strerror}") from exc
+
+
 async def serve(
     cfg: GovernordConfig, *, on_listening: Callable[[list[str]], None] | None = None
 ) -> int:
@@ -94,32 +176,29 @@ async def serve(
             _say(f"refusing to serve {bad[0]} without TLS (set allow_plaintext: true to allow)")
             return 2
     loop = asyncio.get_running_loop()
-    log = _open_log(cfg)
-    authority = Authority(log, snapshot_every=cfg.snapshot_every)
-    tenants = apply_config(authority, cfg)
-    metrics = Metrics()
-    metrics.attach(authority)
-    service = GovernorService(authority, cfg, tenants, metrics, loop)
-    authority.start_reaper(0.02)
+    authority = _open_authority(cfg)
     server = aio.server(
         options=[
             ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
             ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 0),  # a second governord on the port fails, not shares it
         ]
     )
-    server.add_generic_rpc_handlers((service.handler(),))
-    reloader = CertReloader(cfg.tls) if cfg.tls is not None else None
-    bound = []
-    for addr in cfg.listen:
-        if reloader is not None:
-            port = server.add_secure_port(addr, reloader.credentials())
-        else:
-            port = server.add_insecure_port(addr)
-        bound.append(f"{addr.rpartition(':')[0]}:{port}")
-    if cfg.metrics:
-        host, _, port_s = cfg.metrics.rpartition(":")
-        start_http_server(int(port_s), addr=host.strip("[]"), registry=metrics.registry)
+    try:
+        tenants = apply_config(authority, cfg)
+        metrics = Metrics()
+        metrics.attach(authority)
+        service = GovernorService(authority, cfg, tenants, metrics, loop)
+        authority.start_reaper(0.02)
+        server.add_generic_rpc_handlers((service.handler(),))
+        reloader = CertReloader(cfg.tls) if cfg.tls is not None else None
+        bound = [_bind(server, addr, reloader) for addr in cfg.listen]
+        if cfg.metrics:
+            _serve_metrics(cfg.metrics, metrics)
+    except BaseException:
+        await server.stop(None)
+        authority.close()
+        raise
     await server.start()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

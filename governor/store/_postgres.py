@@ -35,7 +35,8 @@ class PostgresBackend:
         try:
             self._conn = psycopg.connect(dsn, autocommit=True, application_name=application_name)
         except psycopg.Error as exc:
-            raise StoreUnavailable(f"postgres {dsn!r}: {exc}") from exc
+            # not the DSN: it may carry a password; psycopg's message names the host and port
+            raise StoreUnavailable(f"postgres: {exc}") from exc
         self.schema = schema
         self._s = sql.Identifier(schema)
 
