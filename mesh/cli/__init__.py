@@ -1,114 +1,153 @@
-"""The `mesh` command: demo, benchmarks (and, as they land, node, sim, status, validate)."""
+"""The `mesh` command: the parser, the one dispatch table, and the operator boundary.
+
+One module per group of commands (`_demo`, `_node` for node/status/validate, `_sim`,
+`_bench`), `_output` for how they all print. This package is the only mesh code that imports
+the simulator (`sim`) and the benchmarks (`bench`).
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
-__all__ = ["main"]
+from ratemesh.errors import ConfigError
+
+from . import _bench, _demo, _node, _sim
+from ._output import OneLineParser, emit, one_line
+
+__all__ = ["COMMANDS", "emit", "main"]
+
+Handler = Callable[[argparse.Namespace], int]
+
+# The one dispatch table: (command, subcommand) -> handler. Each handler imports what it
+# drives when it runs, so `mesh --help` loads neither grpc nor the simulator.
+COMMANDS: dict[tuple[str, ...], Handler] = {
+    ("demo",): _demo.demo,
+    ("node",): _node.node,
+    ("status",): _node.status,
+    ("validate",): _node.validate,
+    ("sim", "list"): _sim.list_scenarios,
+    ("sim", "run"): _sim.run,
+    ("sim", "sweep"): _sim.sweep,
+    ("bench", "hotpath"): _bench.hotpath,
+    ("bench", "owner"): _bench.owner,
+    ("bench", "cluster"): _bench.cluster,
+}
 
 
-def _table(obj: dict[str, Any], prefix: str = "") -> list[str]:
-    rows = []
-    for k, v in obj.items():
-        if isinstance(v, dict):
-            rows += _table(v, f"{prefix}{k}.")
-        else:
-            rows.append(f"{prefix + k:<40} {v}")
-    return rows
+DESCRIPTION = (
+    "ratemesh's mesh: `demo` shows a noisy and a quiet tenant sharing fleet-wide "
+    "limits; `node`, `status` and `validate` run, inspect and check a standalone "
+    "member; `sim` runs the deterministic fleet simulator; `bench` the benchmarks "
+    "of the real code."
+)
+EPILOG = (
+    "Reports are one JSON object on stdout (a table on stderr, or the table alone with "
+    "--table). A mistake in a flag or a file is one line on stderr naming it, exit "
+    "status 2."
+)
 
 
-def emit(result: dict[str, Any], args: argparse.Namespace) -> None:
-    """One JSON object on stdout; a human table on stderr (or stdout with --table)."""
-    table = "\n".join(_table(result))
-    if getattr(args, "table", False):
-        print(table)
-        return
-    print(json.dumps(result, sort_keys=True))
-    if not getattr(args, "json", False):
-        print(table, file=sys.stderr)
+def _output_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="JSON only (no table on stderr)")
+    p.add_argument("--table", action="store_true", help="a table instead of JSON")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mesh", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+    p = OneLineParser(prog="mesh", description=DESCRIPTION, epilog=EPILOG)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="the main job on its embedded default: a noisy and a "
-                                       "quiet tenant, live, then a summary")
+    demo = sub.add_parser(
+        "demo",
+        help="the main job on its embedded default: a noisy and a "
+        "quiet tenant, live, then a summary",
+    )
     demo.add_argument("--seconds", type=float, default=3.0)
     demo.add_argument("--seed", type=int, default=1, help="the in-memory network's (--memory)")
-    demo.add_argument("--workers", type=int, default=None,
-                      help="members (default: 3 on loopback, 8 with --memory)")
-    demo.add_argument("--memory", action="store_true",
-                      help="the mesh cores over the in-memory network, no sockets")
-    demo.add_argument("--json", action="store_true", help="JSON only (no table on stderr)")
-    demo.add_argument("--table", action="store_true", help="a table instead of JSON")
+    demo.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="members (default: 3 on loopback, 8 with --memory)",
+    )
+    demo.add_argument(
+        "--loopback",
+        action="store_true",
+        help="real members on loopback gRPC, live rows on stderr (default)",
+    )
+    demo.add_argument(
+        "--memory",
+        action="store_true",
+        help="the mesh cores over the in-memory network, no sockets",
+    )
+    _output_flags(demo)
+
+    node = sub.add_parser("node", help="run a standalone mesh peer (sidecar, tests)")
+    node.add_argument("--config", required=True, help="the node's YAML config")
+    node.add_argument("--member-id", help="override member_id from the config")
+    node.add_argument("--listen", help="override listen from the config")
+    node.add_argument("--log-level", default="WARNING")
+
+    status = sub.add_parser("status", help="print a member's view (JSON)")
+    status.add_argument("--addr", required=True, help="the member's peer address host:port")
+    status.add_argument("--timeout", type=float, default=5.0)
+    _output_flags(status)
+
+    val = sub.add_parser("validate", help="check a node config; print warnings")
+    val.add_argument("--config", required=True)
+    _output_flags(val)
+
+    sim = sub.add_parser("sim", help="the deterministic fleet simulator")
+    ssub = sim.add_subparsers(dest="sim", required=True, metavar="SUBCOMMAND")
+    ssub.add_parser("list", help="the scenarios shipped in sim/scenarios")
+    r = ssub.add_parser("run", help="run a scenario on every strategy; JSON on stdout")
+    which = r.add_mutually_exclusive_group(required=True)
+    which.add_argument("--scenario", help="a shipped scenario's name")
+    which.add_argument("--scenario-file", help="a scenario YAML file")
+    r.add_argument("--seed", type=int, default=1)
+    r.add_argument("--strategies", help="comma-separated subset (default: the scenario's)")
+    r.add_argument("--duration", type=float, help="override the scenario's duration_s")
+    r.add_argument("--plot", metavar="FILE.png", help="draw admitted rate vs limit")
+    r.add_argument("--tenant", help="the tenant to plot (default: the first explicit one)")
+    _output_flags(r)
+    sw = ssub.add_parser("sweep", help="many seeds of every scenario: does the bound hold?")
+    sw.add_argument("--seeds", type=int, default=20)
+    sw.add_argument("--scenarios", help="comma-separated (default: all but scale)")
+    sw.add_argument("--strategies", default="mesh", help="comma-separated (default: mesh)")
+    sw.add_argument("--json", action="store_true")
 
     bench = sub.add_parser("bench", help="benchmarks of the real code (JSON on stdout)")
-    bsub = bench.add_subparsers(dest="bench", required=True)
+    bsub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     hot = bsub.add_parser("hotpath", help="try_admit vs the limits package, in process")
     hot.add_argument("--ops", type=int, default=2_000_000)
     hot.add_argument("--keys", type=int, default=10_000)
-    hot.add_argument("--json", action="store_true")
-    hot.add_argument("--table", action="store_true")
-    for name in _EXTENSIONS:
-        _extension(name).add_commands(sub, bsub)
+    _output_flags(hot)
+    owner = bsub.add_parser("owner", help="key-deltas one owner applies per second")
+    owner.add_argument("--seconds", type=float, default=5.0)
+    owner.add_argument("--feeders", type=int, default=2)
+    owner.add_argument("--keys", type=int, default=10_000)
+    owner.add_argument("--batch", type=int, default=1000)
+    _output_flags(owner)
+    cluster = bsub.add_parser("cluster", help="a real cluster on loopback: d, excess")
+    cluster.add_argument("--workers", type=int, default=4)
+    cluster.add_argument("--seconds", type=float, default=5.0)
+    cluster.add_argument("--keys", type=int, default=10_000)
+    _output_flags(cluster)
     return p
 
 
-# Each extension module owns its subcommands: add_commands(sub, bench_sub) registers them and
-# run(args) -> int | None handles them (None: not mine). Kept apart so that the simulator
-# and the node can grow their commands without editing one shared file.
-_EXTENSIONS = ("mesh.cli._sim", "mesh.cli._node")
-
-
-def _extension(name: str) -> Any:
-    import importlib
-
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
-
-        class _Missing:
-            @staticmethod
-            def add_commands(sub: Any, bsub: Any) -> None:
-                pass
-
-            @staticmethod
-            def run(args: argparse.Namespace) -> int | None:
-                return None
-
-        return _Missing
+def command_of(args: argparse.Namespace) -> tuple[str, ...]:
+    """The key of `args` in COMMANDS: the command, then its subcommand if it has any."""
+    sub = getattr(args, args.command, None) if args.command in ("sim", "bench") else None
+    return (args.command,) if sub is None else (args.command, sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    for name in _EXTENSIONS:
-        code = _extension(name).run(args)
-        if code is not None:
-            return int(code)
-    if args.command == "demo":
-        from mesh.cli._demo_memory import run_demo
-
-        workers = 8 if args.workers is None else args.workers
-        if args.seconds <= 0 or workers < 1:
-            print("mesh demo: --seconds must be > 0 and --workers >= 1", file=sys.stderr)
-            return 2
-        emit(run_demo(seconds=args.seconds, seed=args.seed, workers=workers), args)
-        return 0
-    if args.command == "bench" and args.bench == "hotpath":
-        from bench.hotpath import run
-
-        if args.ops < 1 or args.keys < 1:
-            print("mesh bench hotpath: --ops and --keys must be >= 1", file=sys.stderr)
-            return 2
-        emit(run(ops=args.ops, keys=args.keys), args)
-        return 0
-    return 2
-
-
+    key = command_of(args)
+    try:
+        return COMMANDS[key](args)
+    except ConfigError as exc:  # the operator's mistake: one line naming the field or file
+        print(f"mesh {' '.join(key)}: {one_line(str(exc))}", file=sys.stderr)
+        return 2

@@ -1,0 +1,53 @@
+"""`mesh bench hotpath`, `owner` and `cluster`: benchmarks of the real code, JSON on stdout."""
+
+from __future__ import annotations
+
+import argparse
+
+from ratemesh.checks import check_int
+
+from ._output import emit, positive_s
+
+__all__ = ["cluster", "hotpath", "owner"]
+
+
+def hotpath(args: argparse.Namespace) -> int:
+    from bench.hotpath import run
+
+    emit(
+        run(
+            ops=check_int("--ops", args.ops, minimum=1),
+            keys=check_int("--keys", args.keys, minimum=1),
+        ),
+        args,
+    )
+    return 0
+
+
+def owner(args: argparse.Namespace) -> int:
+    from bench.owner import run
+
+    emit(
+        run(
+            seconds=positive_s("--seconds", args.seconds),
+            feeders=check_int("--feeders", args.feeders, minimum=1),
+            keys=check_int("--keys", args.keys, minimum=1),
+            batch=check_int("--batch", args.batch, minimum=1),
+        ),
+        args,
+    )
+    return 0
+
+
+def cluster(args: argparse.Namespace) -> int:
+    from bench.cluster import run
+
+    emit(
+        run(
+            workers=check_int("--workers", args.workers, minimum=1),
+            seconds=positive_s("--seconds", args.seconds),
+            keys=check_int("--keys", args.keys, minimum=1),
+        ),
+        args,
+    )
+    return 0
