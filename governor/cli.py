@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -90,8 +91,6 @@ TLS13_ONLY = "PSK-AES128-CBC-SHA"
 
 
 def _daemon(path: str | None) -> int:
-    import os
-
     if "grpc" not in sys.modules:
         os.environ.setdefault("GRPC_SSL_CIPHER_SUITES", TLS13_ONLY)
     from governor.config import TenantConfig, default_config, load_config
@@ -130,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{path}: " if path and path not in text else ""
         print(f"governord: {where}{text}", file=sys.stderr, flush=True)
         return EXIT_USAGE
+    except BrokenPipeError:  # stdout closed early (`governord bench engine | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as Python's docs
+        return 1  # advise, so the interpreter's final flush does not raise again
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ the simulator (`sim`) and the benchmarks (`bench`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -151,3 +152,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:  # the operator's mistake: one line naming the field or file
         print(f"mesh {' '.join(key)}: {one_line(str(exc))}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # stdout closed early (`mesh sim run | head`): nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as Python's docs
+        return 1  # advise, so the interpreter's final flush does not raise again
