@@ -12,26 +12,14 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 from ratemesh.checks import check_float, check_int
 from ratemesh.errors import ConfigError
+from ratemesh.operator import EXIT_USAGE, OneLineParser, one_line
 
 __all__ = ["main"]
 
-EXIT_USAGE = 2  # the operator's mistake, as argparse answers a bad flag
-
-
-def _one_line(text: str) -> str:
-    """YAML and database errors carry newlines and indents; the operator gets one line."""
-    return " ".join(text.split())
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse's refusal as one line naming the flag (its subparsers inherit the class)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: {_one_line(message)} (see {self.prog} --help)\n")
 
 
 def _table(result: dict[str, Any]) -> str:
@@ -48,7 +36,7 @@ def _emit(result: dict[str, Any], table: bool) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(prog="governord", description="ratemesh's strict authority")
+    p = OneLineParser(prog="governord", description="ratemesh's strict authority")
     p.add_argument("--config", help="run the daemon with this YAML file (default: built-in)")
     sub = p.add_subparsers(dest="command")
     bench = sub.add_parser("bench", help="benchmarks; each prints one JSON object")
@@ -125,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         # the file as well as the field, once: "governord: g.yaml: drain_s: must be >= 0"
         path = args.validate_config if args.command == "validate" else args.config
-        text = _one_line(str(exc))
+        text = one_line(str(exc))
         where = f"{path}: " if path and path not in text else ""
         print(f"governord: {where}{text}", file=sys.stderr, flush=True)
         return EXIT_USAGE

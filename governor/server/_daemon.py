@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from governor.authority import Authority
 from governor.config import ConfigError, GovernordConfig, TlsFiles, is_loopback
 from governor.engine import RecordError
 from governor.store import EventLog, MemoryBackend, PostgresBackend, SqliteBackend, StoreError
+from ratemesh.operator import one_line, probe_bind
 
 from ._metrics import Metrics
 from ._reconcile import apply_config
@@ -93,58 +93,23 @@ def _open_log(cfg: GovernordConfig) -> EventLog:
     return EventLog(PostgresBackend(target, schema=schema, application_name=app))
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())  # psycopg's messages carry a newline and a tab hint
-
-
 def _open_authority(cfg: GovernordConfig) -> Authority:
     """The record opened and loaded. A database that cannot be opened, reached or migrated,
     or a record that cannot be trusted, is the ``store`` setting for the operator to fix."""
     try:
         log = _open_log(cfg)
     except StoreError as exc:  # its message names the database: the path, or host and port
-        raise ConfigError("store", _one_line(exc)) from exc
+        raise ConfigError("store", one_line(exc)) from exc
     try:
         return Authority(log, snapshot_every=cfg.snapshot_every)
     except (StoreError, RecordError) as exc:
         log.close()
-        raise ConfigError("store", f"cannot load the record: {_one_line(exc)}") from exc
-
-
-def _probe_bind(addr: str) -> None:
-    """Refuse an address this host cannot serve, with the OS's reason, before grpc tries.
-
-    grpc answers a failed bind with a bare "Failed to bind" and logs its own line on stderr,
-    so the operator would get two lines and no reason. The probe binds as grpc does
-    (SO_REUSEADDR, no SO_REUSEPORT) and passes if any resolved address binds, as grpc does.
-    (The mesh's peer server has the same probe; neither plane may import the other.)"""
-    host, _, port_text = addr.rpartition(":")
-    if not port_text.isdigit() or int(port_text) == 0:
-        return  # port 0 (any free port) cannot be in use
-    try:
-        infos = socket.getaddrinfo(
-            host.strip("[]") or None,
-            int(port_text),
-            type=socket.SOCK_STREAM,
-            flags=socket.AI_PASSIVE,
-        )
-    except socket.gaierror as exc:
-        raise ConfigError("listen", f"cannot bind {addr}: {exc.strerror}") from exc
-    reasons = ["no address"]
-    for family, kind, proto, _, address in infos:
-        with socket.socket(family, kind, proto) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(address)
-                return
-            except OSError as exc:
-                reasons.insert(-1, exc.strerror or str(exc))
-    raise ConfigError("listen", f"cannot bind {addr}: {reasons[0]}")
+        raise ConfigError("store", f"cannot load the record: {one_line(exc)}") from exc
 
 
 def _bind(server: aio.Server, addr: str, reloader: CertReloader | None) -> str:
     """Bind ``addr``; the bound ``host:port`` (port 0 asks for a free one)."""
-    _probe_bind(addr)
+    probe_bind(addr)
     try:
         if reloader is not None:
             port = server.add_secure_port(addr, reloader.credentials())

@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 from ratemesh.checks import check_float
 from ratemesh.errors import ConfigError
+from ratemesh.operator import OneLineParser, one_line
 
 __all__ = ["OneLineParser", "emit", "one_line", "positive_s", "table_rows"]
 
@@ -34,20 +35,6 @@ def emit(result: dict[str, Any], args: argparse.Namespace) -> None:
     print(json.dumps(result, sort_keys=True))
     if not getattr(args, "json", False):
         print(table, file=sys.stderr)
-
-
-def one_line(text: str) -> str:
-    """`text` on one line: YAML and database errors carry newlines and indents, and the
-    operator's answer is a single line whatever the message underneath."""
-    return " ".join(text.split())
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An argparse parser whose refusal is one line naming the flag, not usage plus error
-    (its subparsers inherit the class). `--help` still prints the full usage."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def positive_s(flag: str, value: float) -> float:

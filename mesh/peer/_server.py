@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -31,6 +30,7 @@ from mesh.peer._wire import (
     channel_options,
     pack,
 )
+from ratemesh.operator import probe_bind
 
 __all__ = ["PeerHandler", "PeerServer", "STREAM_QUEUE_MAX"]
 
@@ -51,33 +51,6 @@ class _Refused(Exception):
         super().__init__(details)
         self.code = code
         self.details = details
-
-
-def _probe_bind(listen: str) -> None:
-    """Refuse an address this host cannot serve, with the OS's reason, before grpc tries.
-
-    grpc answers a failed bind with a bare "Failed to bind" and logs its own line on stderr,
-    so an operator would get two lines and no reason. The probe binds as grpc does
-    (SO_REUSEADDR, no SO_REUSEPORT) and succeeds if any resolved address binds, as grpc
-    does; port 0 (any free port) cannot fail."""
-    host, _, port_text = listen.rpartition(":")
-    if not port_text.isdigit() or int(port_text) == 0:
-        return
-    try:
-        infos = socket.getaddrinfo(host.strip("[]") or None, int(port_text),
-                                   type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise ConfigError("listen", f"cannot serve on {listen}: {exc.strerror}") from exc
-    reasons = ["no address"]
-    for family, kind, proto, _, address in infos:
-        with socket.socket(family, kind, proto) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(address)
-                return
-            except OSError as exc:
-                reasons.insert(-1, exc.strerror or str(exc))
-    raise ConfigError("listen", f"cannot serve on {listen}: {reasons[0]}")
 
 
 class PeerServer:
@@ -110,7 +83,7 @@ class PeerServer:
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(PEER_SERVICE, rpc), *self._extra))
         try:
-            _probe_bind(self.listen)
+            probe_bind(self.listen)
             if self.tls is not None:
                 port = server.add_secure_port(self.listen, server_credentials(self.tls))
             else:
