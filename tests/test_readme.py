@@ -78,6 +78,7 @@ def _python(code: str, tmp_path: Path, timeout: float = 120) -> str:
 # -- the two commands -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_two_commands() -> None:
     heading, lang, body = BLOCKS[0]
     assert (heading, lang) == ("ratemesh", "sh")
@@ -123,6 +124,7 @@ def test_every_python_block_is_run() -> None:
     assert "governord: the daemon and the SDK" in (ROOT / runner).read_text()
 
 
+@pytest.mark.slow
 def test_core_example_prints_what_the_readme_shows(tmp_path: Path) -> None:
     heading = "Using the mesh core"
     out = _python(_block(heading, "python"), tmp_path, timeout=60)
@@ -166,6 +168,7 @@ def _tables(text: str) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 def test_sim_list_names_the_shipped_scenarios() -> None:
     lines = _block(SIM, "sh").splitlines()
     assert lines[0] == ".venv/bin/mesh sim list"
@@ -316,6 +319,7 @@ def test_dotted_names_the_docs_give_exist() -> None:
     assert not missing, "\n".join(missing)
 
 
+@pytest.mark.slow
 def test_the_config_file_example_validates(tmp_path: Path) -> None:
     """`mesh validate` accepts the README's node config as written (beside the files it
     names: empty certificates and the policies of deploy/)."""
@@ -334,6 +338,7 @@ def _stub(path: Path, body: str) -> None:
     path.chmod(0o755)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("present", [(), ("etcd", "dnsmasq", "iptables")])
 def test_scripts_test_installs_only_what_is_missing(
     tmp_path: Path, present: tuple[str, ...]

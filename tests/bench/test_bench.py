@@ -6,6 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # every test runs the mesh command
+
 
 def _run(*args: str) -> dict[str, object]:
     out = subprocess.run([sys.executable, "-m", "mesh.cli", "bench", *args, "--json"],

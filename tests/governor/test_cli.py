@@ -10,6 +10,8 @@ import pytest
 
 from tests.governor._stores import pg_dsn
 
+pytestmark = pytest.mark.slow  # every test runs the governord command
+
 
 def _governord(*args: str) -> dict[str, object]:
     proc = subprocess.run(

@@ -13,6 +13,8 @@ import pytest
 
 from tests.governor._daemon import KEYS, ROOT, Daemon, running
 
+pytestmark = pytest.mark.slow  # runs governord and the README's worker
+
 SECTION = "## governord: the daemon and the SDK"
 
 

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import mesh
 
 PUBLIC = [
@@ -25,6 +27,7 @@ def test_public_api_is_pinned() -> None:
     assert mesh.Mesh is Mesh
 
 
+@pytest.mark.slow
 def test_importing_the_cores_does_not_load_grpc() -> None:
     code = "import mesh, mesh.core.admission, sys; assert 'grpc' not in sys.modules, 'grpc loaded'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -36,6 +39,7 @@ def run(*args: str) -> dict:
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_demo_prints_the_tenants_beside_the_ideal_and_the_bound() -> None:
     result = run("demo", "--memory", "--seconds", "1", "--json")
     for t in ("noisy", "quiet"):
@@ -45,6 +49,7 @@ def test_demo_prints_the_tenants_beside_the_ideal_and_the_bound() -> None:
     assert result["tenants"]["quiet"]["utilisation"] >= 0.97
 
 
+@pytest.mark.slow
 def test_bench_hotpath_prints_the_contract_keys() -> None:
     result = run("bench", "hotpath", "--ops", "20000", "--keys", "500", "--json")
     for key in ("mesh.hot_key", "mesh.many_keys", "limits.hot_key", "limits.many_keys"):
@@ -52,6 +57,7 @@ def test_bench_hotpath_prints_the_contract_keys() -> None:
     assert {"ratio_hot", "ratio_many", "bytes_per_key"} <= set(result)
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_refused_with_a_message() -> None:
     for mode in ("--memory", "--loopback"):
         out = subprocess.run([sys.executable, "-m", "mesh.cli", "demo", mode, "--seconds", "0"],

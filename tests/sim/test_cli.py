@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
+
+pytestmark = pytest.mark.slow  # every test runs the mesh command
 
 KEYS = {"admitted", "ideal", "max_excess", "mean_excess", "bound", "within_bound",
         "utilisation", "fairness", "quiet_share", "messages_per_worker_s",

@@ -36,6 +36,7 @@ def test_every_scenario_named_in_the_issue_ships() -> None:
     assert set(SHORT) | {"scale"} <= set(names())
 
 
+@pytest.mark.slow
 def test_same_seed_same_json() -> None:
     sc = dataclasses.replace(load("churn"), duration_s=1.0)
     a, _ = run(sc, 7)
@@ -45,6 +46,7 @@ def test_same_seed_same_json() -> None:
     assert without_timing(a) != without_timing(c)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SHORT))
 def test_mesh_stays_within_its_envelope_on_every_seed(name: str) -> None:
     sc = dataclasses.replace(load(name), duration_s=SHORT[name])
@@ -55,6 +57,7 @@ def test_mesh_stays_within_its_envelope_on_every_seed(name: str) -> None:
                                   f"bound {m['bound']}"
 
 
+@pytest.mark.slow
 def test_mesh_stays_within_its_envelope_at_scale() -> None:
     sc = small_scale()
     for seed in range(3):
@@ -63,6 +66,7 @@ def test_mesh_stays_within_its_envelope_at_scale() -> None:
         assert m["utilisation"] >= 0.9, (seed, m)
 
 
+@pytest.mark.slow
 def test_peer_messages_do_not_grow_with_the_request_rate() -> None:
     sc = load("steady")
     base = dataclasses.replace(sc, duration_s=1.0, tenants=sc.tenants[:1])
@@ -91,6 +95,7 @@ def test_gubernator_cold_start_admits_about_n_times_the_burst() -> None:
     assert m <= g / 10, (m, g)
 
 
+@pytest.mark.slow
 def test_mesh_beats_the_alternatives_where_they_fail() -> None:
     result, _ = run(dataclasses.replace(load("noisy-neighbour"), duration_s=1.0), 3)
     s = result["strategies"]

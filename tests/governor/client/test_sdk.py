@@ -46,6 +46,7 @@ def test_public_api_is_pinned() -> None:
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_task_tree_consume_acquire_and_denial(daemon: Daemon) -> None:
     async def scenario() -> None:
         async with Client(daemon.addr, A, ttl_ms=3000) as client:
@@ -82,6 +83,7 @@ def test_task_tree_consume_acquire_and_denial(daemon: Daemon) -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_group_fans_out_under_the_lease_limit(daemon: Daemon) -> None:
     async def scenario() -> None:
         async with Client(daemon.addr, A) as client:
@@ -108,6 +110,7 @@ def test_group_fans_out_under_the_lease_limit(daemon: Daemon) -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_retry_spends_the_budget_and_stops(daemon: Daemon) -> None:
     async def scenario() -> None:
         async with Client(daemon.addr, A) as client:
@@ -146,6 +149,7 @@ def test_retry_spends_the_budget_and_stops(daemon: Daemon) -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_httpx_transports_charge_and_report_overload(daemon: Daemon) -> None:
     statuses = iter([200, 429, 503, 200])
 
@@ -167,6 +171,7 @@ def test_httpx_transports_charge_and_report_overload(daemon: Daemon) -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_sync_wrapper(daemon: Daemon) -> None:
     with SyncClient(daemon.addr, A) as client:
         with client.task("sync-job", quotas={"http": 2}) as task:
@@ -183,6 +188,7 @@ def test_sync_wrapper(daemon: Daemon) -> None:
         assert client.get_node(task.node_id)["state"] == "done"
 
 
+@pytest.mark.slow
 def test_task_deadline_cancels_the_block_and_ends_the_node(daemon: Daemon) -> None:
     async def scenario() -> None:
         async with Client(daemon.addr, A) as client:

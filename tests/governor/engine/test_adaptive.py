@@ -12,6 +12,8 @@ import hashlib
 import random
 from dataclasses import dataclass, field
 
+import pytest
+
 from governor.engine import (
     ROOT_ID,
     AdaptiveConfig,
@@ -100,6 +102,7 @@ class Sim:
         return self.served - served, self.refused - refused
 
 
+@pytest.mark.slow
 def test_the_limit_falls_under_overload_to_near_the_true_capacity_and_holds_there() -> None:
     sim = Sim()
     sim.run(3_000)
@@ -121,6 +124,7 @@ def test_the_limit_falls_under_overload_to_near_the_true_capacity_and_holds_ther
     assert refused <= 0.5 * served
 
 
+@pytest.mark.slow
 def test_it_probes_upward_and_recovers_when_capacity_returns() -> None:
     sim = Sim()
     sim.run(1_000)
@@ -137,6 +141,7 @@ def test_it_probes_upward_and_recovers_when_capacity_returns() -> None:
     assert served >= 0.85 * 20 * 3_000 / 20
 
 
+@pytest.mark.slow
 def test_the_limit_never_leaves_min_and_max_whatever_the_reports() -> None:
     for seed in range(20):
         rng = random.Random(seed)

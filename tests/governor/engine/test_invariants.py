@@ -10,6 +10,8 @@ import pytest
 
 from governor.testing.fuzz import run_seed
 
+pytestmark = pytest.mark.slow  # 40 seeds x 1,500 operations: minutes in all
+
 SEEDS = range(40)
 OPS = 1500
 

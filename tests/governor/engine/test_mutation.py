@@ -87,6 +87,7 @@ def test_randomized_test_catches_mutant(
     assert "FAIL seed" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_unmutated_copy_passes_a_few_seeds(tmp_path: Path) -> None:
     """The harness itself is sound: the real engine, copied the same way, passes."""
     src = _mutant_tree(tmp_path, "_core.py", "if edit and", "if edit and")

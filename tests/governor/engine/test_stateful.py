@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -21,6 +22,8 @@ from governor.engine import (
     SessionEnded,
 )
 from governor.testing.checks import Auditor, check_state
+
+pytestmark = pytest.mark.slow  # hypothesis state machine: several seconds
 
 
 class EngineMachine(RuleBasedStateMachine):

@@ -6,11 +6,14 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from governor.engine import ROOT_ID, Engine, GovernorError, ManualClock, NodeState
 from governor.testing.checks import canonical
+
+pytestmark = pytest.mark.slow  # 400 hypothesis examples: several seconds
 
 JUNK = st.one_of(
     st.none(),

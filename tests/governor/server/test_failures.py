@@ -19,6 +19,8 @@ from governor.client import Client, SessionLost
 from tests.governor._daemon import KEYS, ROOT, Daemon, Raw, running
 from tests.governor._stores import make_target
 
+pytestmark = pytest.mark.slow  # every test runs governord and kills processes
+
 KINDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 A, B = KEYS["KEY_A"], KEYS["KEY_B"]
 WORKER = Path(__file__).resolve().parents[1] / "_worker.py"

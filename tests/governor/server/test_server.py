@@ -9,9 +9,12 @@ from __future__ import annotations
 import concurrent.futures
 
 import grpc
+import pytest
 
 from governor import wire
 from tests.governor._daemon import KEYS, Daemon, Raw, wait_until
+
+pytestmark = pytest.mark.slow  # every test runs a real governord
 
 A, B = KEYS["KEY_A"], KEYS["KEY_B"]
 C = grpc.StatusCode

@@ -168,6 +168,7 @@ def test_pack_batch_splits_what_would_not_fit() -> None:
 # ---- the same answers as unary calls -------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_streamed_calls_answer_like_unary_calls(daemon: Daemon, raw: Raw) -> None:
     """Each request goes once as a unary call and once on the stream, against twin nodes:
     the replies, status codes and details must be the same (node ids aside)."""
@@ -236,6 +237,7 @@ def test_streamed_calls_answer_like_unary_calls(daemon: Daemon, raw: Raw) -> Non
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_sdk_raises_the_same_error_classes_either_way(daemon: Daemon) -> None:
     async def run(multiplex: bool) -> list[tuple[type[BaseException] | None, str]]:
         out: list[tuple[type[BaseException] | None, str]] = []
@@ -277,6 +279,7 @@ def test_sdk_raises_the_same_error_classes_either_way(daemon: Daemon) -> None:
 # ---- credentials and scope -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_scope_and_credentials_over_the_stream(daemon: Daemon, raw: Raw) -> None:
     ta, tb = raw.session(A), raw.session(B)
     nb = raw.ok("CreateNode", {"name": "b-job", "quotas": {"http": 5}}, token=tb)["node_id"]
@@ -346,6 +349,7 @@ def test_scope_and_credentials_over_the_stream(daemon: Daemon, raw: Raw) -> None
 # ---- malformed batches ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_malformed_batches_fail_with_the_field_and_change_nothing(daemon: Daemon, raw: Raw) -> None:
     tok = raw.session(A)
     node = raw.ok("CreateNode", {"name": "m", "quotas": {"http": 100}}, token=tok)["node_id"]
@@ -404,6 +408,7 @@ def test_malformed_batches_fail_with_the_field_and_change_nothing(daemon: Daemon
 # ---- resends and restarts ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_resend_of_a_request_id_on_other_streams_is_answered_once(daemon: Daemon, raw: Raw) -> None:
     """The same request on three streams and as a unary call at once: one charge, one
     answer (in flight, or from the durable memory)."""
@@ -429,6 +434,7 @@ def test_resend_of_a_request_id_on_other_streams_is_answered_once(daemon: Daemon
     assert raw.ok("GetNode", {"node_id": node}, token=tok)["used"] == {"http": 60}
 
 
+@pytest.mark.slow
 def test_streamed_calls_are_resent_across_a_governord_restart(daemon: Daemon) -> None:
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
@@ -467,6 +473,7 @@ def test_streamed_calls_are_resent_across_a_governord_restart(daemon: Daemon) ->
     assert daemon.starts == 3
 
 
+@pytest.mark.slow
 def test_a_raw_resend_after_restart_gets_the_first_answer(daemon: Daemon, raw: Raw) -> None:
     tok = raw.session(A, ttl_ms=20_000)
     node = raw.ok("CreateNode", {"name": "x", "quotas": {"http": 10}}, token=tok)["node_id"]
@@ -492,6 +499,7 @@ def test_a_raw_resend_after_restart_gets_the_first_answer(daemon: Daemon, raw: R
         r.close()
 
 
+@pytest.mark.slow
 def test_drain_ends_streams_unavailable(sqlite_daemon: Daemon) -> None:
     raw = Raw(sqlite_daemon.addr)
     try:
@@ -513,6 +521,7 @@ def test_drain_ends_streams_unavailable(sqlite_daemon: Daemon) -> None:
     assert sqlite_daemon.proc is not None and sqlite_daemon.proc.wait(30) == 0
 
 
+@pytest.mark.slow
 def test_client_with_an_open_stream_stops_cleanly(sqlite_daemon: Daemon) -> None:
     async def scenario() -> None:
         async with Client(sqlite_daemon.addr, A) as client:

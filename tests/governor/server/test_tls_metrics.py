@@ -21,6 +21,8 @@ from governor.client import Client
 from tests.governor._daemon import KEYS, ROOT, Daemon, free_port
 from tests.governor._stores import make_target
 
+pytestmark = pytest.mark.slow  # every test runs governord
+
 A = KEYS["KEY_A"]
 
 

@@ -22,6 +22,8 @@ from governor.engine import Engine, ManualClock
 from governor.store import EXIT_COMMIT_FAILED, EventLog
 from tests.governor._stores import StoreTarget, make_target
 
+pytestmark = pytest.mark.slow  # every test runs a workload process and kills it
+
 ROOT = Path(__file__).resolve().parents[3]
 WORKLOAD = Path(__file__).resolve().parents[1] / "_workload.py"
 KILLS = 20

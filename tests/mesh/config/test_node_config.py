@@ -73,6 +73,7 @@ def test_policy_file_is_resolved_beside_the_config(tmp_path: Path) -> None:
     assert [p.tenant_id for p in cfg.policies] == ["acme"]
 
 
+@pytest.mark.slow
 def test_mesh_validate_cli(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text("member_id: a\nlisten: 10.0.0.1:7000\nallow_plaintext: true\n"

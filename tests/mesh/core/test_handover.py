@@ -258,6 +258,7 @@ def test_duplicate_and_stale_handovers_do_not_loosen_a_parked_key() -> None:
     assert a.keys[K].reporters["w"].watermark == 1
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2_000), st.booleans(), st.integers(0, 20_000)),
                 min_size=1, max_size=12))

@@ -209,6 +209,7 @@ def test_random_bytes_only_ever_raise_message_errors(data: bytes) -> None:
         pass
 
 
+@pytest.mark.slow
 @given(st.one_of(wire_values, st.builds(lambda rest: [SCHEMA_VERSION, "reports", *rest],
                                         st.lists(wire_values, min_size=8, max_size=8)),
                  st.builds(lambda rest: [SCHEMA_VERSION, "snapshots", *rest],

@@ -61,6 +61,7 @@ def histories(draw: st.DrawFn) -> tuple[list[UsageReport], list[UsageReport]]:
     return reports, delivered
 
 
+@pytest.mark.slow
 @given(histories())
 @settings(max_examples=200)
 def test_any_interleaving_equals_applying_each_report_once(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import random
 
+import pytest
 from hypothesis import settings, target
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -25,6 +26,8 @@ from mesh.core.messages import Message
 from mesh.core.policy import Metric, PolicyCache, TenantRatePolicy
 from mesh.core.reporter import GlobalGate, SnapshotState
 from mesh.core.ring import Ring
+
+pytestmark = pytest.mark.slow  # hypothesis state machine: tens of seconds
 
 R, B, b = 2000, 60, 12
 WORKERS = ["w0", "w1", "w2"]

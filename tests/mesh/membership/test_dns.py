@@ -131,6 +131,7 @@ def _monotone(m: _Member) -> bool:
     return all(a <= b for a, b in zip(epochs, epochs[1:], strict=False))
 
 
+@pytest.mark.slow
 def test_a_records_ring_follows_and_a_dead_server_keeps_it_stale(dnsmasq: Dnsmasq) -> None:
     dnsmasq.set_hosts({NAME: ["127.0.0.2", "127.0.0.3"]})
     dnsmasq.start()
@@ -179,6 +180,7 @@ def test_a_records_ring_follows_and_a_dead_server_keeps_it_stale(dnsmasq: Dnsmas
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_an_empty_answer_keeps_the_last_ring(dnsmasq: Dnsmasq) -> None:
     dnsmasq.set_hosts({NAME: ["127.0.0.2"]})
     dnsmasq.start()
@@ -194,6 +196,7 @@ def test_an_empty_answer_keeps_the_last_ring(dnsmasq: Dnsmasq) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_srv_records_name_members_by_target(dnsmasq: Dnsmasq) -> None:
     dnsmasq.set_hosts({"a.mesh.test": ["127.0.0.2"], "b.mesh.test": ["127.0.0.3"]})
     dnsmasq.start([("a.mesh.test", 7001), ("b.mesh.test", 7002)])
@@ -219,6 +222,7 @@ def test_srv_records_name_members_by_target(dnsmasq: Dnsmasq) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_mesh_nodes_follow_dns_and_share_limits_disclose_staleness(dnsmasq: Dnsmasq) -> None:
     port = free_port()
     ids = ["127.0.0.2", "127.0.0.3"]

@@ -6,8 +6,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import pytest
+
 from mesh.membership import EtcdClient, EtcdMembership, MembershipView
 from tests.mesh._etcd import EtcdServer
+
+pytestmark = pytest.mark.slow  # a real etcd
 
 TTL_S = 2  # etcd's minimum lease TTL
 

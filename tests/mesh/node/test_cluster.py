@@ -6,11 +6,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from bench.cluster import BUCKET_S
 from mesh.core.policy import Metric, RateKey
 from mesh.core.ring import Ring
 from tests.mesh._cluster import B, R, start_workers
 from tests.mesh._etcd import EtcdServer
+
+pytestmark = pytest.mark.slow  # worker processes for seconds
 
 HOT_KEY = RateKey("hot", Metric.READ_IOPS, 1)
 

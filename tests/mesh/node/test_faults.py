@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from bench._procs import free_port
 from mesh.core.policy import Metric, RateKey
 from mesh.core.ring import Ring
@@ -26,6 +28,7 @@ def _tenant_owned_by(owner: str, ids: list[str]) -> str:
                 if ring.owner_of(RateKey(t, Metric.READ_IOPS, 1)) == owner)
 
 
+@pytest.mark.slow
 def test_delay_drops_and_partition_between_members() -> None:
     async def main() -> None:
         addr = {m: f"127.0.0.1:{free_port()}" for m in ("a", "b")}

@@ -139,6 +139,7 @@ def _mutate(wire: Any, path: list[int], value: Any) -> Any:
     return [(_mutate(w, path[1:], value) if j == i else w) for j, w in enumerate(wire)]
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(st.binary(max_size=256))
 def test_codec_random_bytes_only_message_error(data: bytes) -> None:
@@ -148,6 +149,7 @@ def test_codec_random_bytes_only_message_error(data: bytes) -> None:
         pass
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(st.lists(st.integers(min_value=0, max_value=10), max_size=5), _tree)
 def test_codec_mutated_messages_only_message_error(path: list[int], value: Any) -> None:
@@ -158,6 +160,7 @@ def test_codec_mutated_messages_only_message_error(path: list[int], value: Any) 
         pass
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=10), max_size=5), _tree)
 def test_mutated_messages_over_a_real_channel(node: Mesh, path: list[int], value: Any

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from bench._procs import free_port
 from mesh.core.policy import Metric, RateKey
 from mesh.core.ring import Ring
@@ -12,6 +14,8 @@ from mesh.core.verdict import Suspension
 from mesh.node import Mesh
 from tests.mesh._etcd import EtcdServer
 from tests.mesh._util import POLICY, until
+
+pytestmark = pytest.mark.slow  # a real etcd and nodes
 
 LEASE_TTL_S = 60  # so only an explicit leave can change the ring within the test
 

@@ -19,6 +19,8 @@ from bench.cluster import BUCKET_S, read_buckets
 from mesh.core.policy import Metric, RateKey
 from mesh.core.ring import Ring
 
+pytestmark = pytest.mark.slow  # ip netns and worker processes
+
 R, b = HOT["target_rate"], HOT["local_burst_cap"]
 SUBNET = "10.213.{}.{}"
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from bench._procs import read_ready, spawn, stop
@@ -60,6 +61,7 @@ def test_threaded_embedding_stop_flushes_pending_reports() -> None:
         owner.stop()
 
 
+@pytest.mark.slow
 def test_memory_transport_fleet_enforces_the_limit() -> None:
     """The in-memory Transport beside the gRPC one: the same node, no sockets."""
     from mesh.membership import StaticMembership
@@ -168,6 +170,7 @@ def test_metrics_endpoint_labels(tmp_path: Path) -> None:
             assert labels <= {"tenant", "metric", "mode", "reason", "le"}, line
 
 
+@pytest.mark.slow
 def test_cli_node_and_status(tmp_path: Path) -> None:
     (cfg,) = static_nodes(["solo"])
     path = tmp_path / "node.yaml"
@@ -192,6 +195,7 @@ def test_cli_node_and_status(tmp_path: Path) -> None:
     assert out.returncode == 1 and "status" in out.stderr
 
 
+@pytest.mark.slow
 def test_the_demo_runs_three_members_on_loopback_within_its_bound() -> None:
     """`mesh demo` as the README's first line runs it: no flags."""
     out = subprocess.run([sys.executable, "-m", "mesh.cli", "demo", "--seconds", "2", "--json"],
@@ -205,6 +209,7 @@ def test_the_demo_runs_three_members_on_loopback_within_its_bound() -> None:
     assert "noisy:" in out.stderr  # the live rows
 
 
+@pytest.mark.slow
 def test_peer_messages_do_not_grow_with_the_request_rate() -> None:
     """Reports are batched per owner per sync interval: 10x the requests, not 10x the
     messages (a count over the same number of sync intervals, not a speed)."""

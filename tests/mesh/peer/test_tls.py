@@ -15,6 +15,8 @@ from mesh.node import Mesh
 from mesh.peer import EXCHANGE
 from tests.mesh._util import POLICY, static_nodes, until
 
+pytestmark = pytest.mark.slow  # openssl makes the certificates; seconds
+
 KEY = RateKey("acme", Metric.READ_IOPS, 1)
 
 

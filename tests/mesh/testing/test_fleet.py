@@ -113,6 +113,7 @@ def test_unknown_policy_everywhere_fails_closed() -> None:
     assert not v.allowed and v.reason.value == "policy_unknown"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS[:3])
 def test_keys_far_from_their_limit_cost_their_owners_replies_only(seed: int) -> None:
     """Forty tenants at a few percent of their limits over six workers: every report is
