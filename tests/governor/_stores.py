@@ -58,8 +58,8 @@ class StoreTarget:
             finally:
                 conn.close()
         else:
-            with psycopg.connect(self.target, autocommit=True) as conn:
-                conn.execute(statement.replace("{t}", f'"{self.schema}".'), params)  # type: ignore[arg-type]
+            with psycopg.connect(self.target, autocommit=True) as pg:
+                pg.execute(statement.replace("{t}", f'"{self.schema}".'), params)  # type: ignore[arg-type]
 
 
 def make_target(kind: str, tmp_path: Path) -> Iterator[StoreTarget]:

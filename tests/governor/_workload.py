@@ -27,6 +27,7 @@ def main() -> None:
     p.add_argument("--busy-timeout-ms", type=int, default=5_000)
     p.add_argument("--snapshot-every", type=int, default=400)
     args = p.parse_args()
+    backend: SqliteBackend | PostgresBackend
     if args.store == "sqlite":
         backend = SqliteBackend(args.target, busy_timeout_ms=args.busy_timeout_ms)
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from tests.governor._stores import pg_dsn
 pytestmark = pytest.mark.slow  # every test runs the governord command
 
 
-def _governord(*args: str) -> dict[str, object]:
+def _governord(*args: str) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, "-m", "governor.cli", *args],
         capture_output=True,

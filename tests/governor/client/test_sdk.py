@@ -5,6 +5,7 @@ budget, the httpx transports, and the sync wrapper."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,7 +101,7 @@ def test_group_fans_out_under_the_lease_limit(daemon: Daemon) -> None:
                     return i
 
                 async with Group("agents") as g:
-                    tasks = [g.spawn(f"agent-{i}", lambda i=i: agent(i)) for i in range(8)]
+                    tasks = [g.spawn(f"agent-{i}", functools.partial(agent, i)) for i in range(8)]
                 assert [t.result() for t in tasks] == list(range(8))
                 assert 1 <= peak <= 2
                 info = await client.get_node(task.node_id)

@@ -99,11 +99,11 @@ def test_retry_budget_is_an_ordinary_quota_and_bounds_layered_retries() -> None:
             if attempt > 0 and engine is not None:  # the first attempt is free
                 if isinstance(engine.consume(sid, node, "retry", 1), Denial):
                     return False
-            ok = (
-                (calls.append(1) is not None)
-                if depth == 0
-                else call_layers(engine, sid, node, depth - 1, calls)
-            )
+            if depth == 0:
+                calls.append(1)  # the downstream call, which fails
+                ok = False
+            else:
+                ok = call_layers(engine, sid, node, depth - 1, calls)
             if ok:
                 return True
         return False

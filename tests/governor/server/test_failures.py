@@ -42,7 +42,7 @@ def test_sigkilled_worker_frees_the_pool_after_its_ttl(daemon: Daemon) -> None:
     raw = Raw(daemon.addr)
     try:
         assert worker.stdout is not None
-        lines = []
+        lines: list[str] = []
         while not lines or lines[-1] != "ready":
             line = worker.stdout.readline().strip()
             assert line, f"worker exited: {worker.wait()}"

@@ -8,6 +8,7 @@ nothing; calls in flight are resent across a governord restart and counted once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -421,7 +422,9 @@ def test_resend_of_a_request_id_on_other_streams_is_answered_once(daemon: Daemon
             loop = asyncio.get_running_loop()
             for n in range(20):
                 body = {"node_id": node, "resource": "http", "amount": 3, "request_id": f"r{n}"}
-                unary = loop.run_in_executor(None, lambda b=body: raw("Consume", b, token=tok))
+                unary = loop.run_in_executor(
+                    None, functools.partial(raw, "Consume", body, token=tok)
+                )
                 await asyncio.gather(*(s.send([call(n, "Consume", **body)]) for s in streams))
                 got = [outcome(e) for s in streams for e in await s.wait([n])]
                 got.append(unary_outcome(await unary))
