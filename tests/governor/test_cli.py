@@ -61,7 +61,7 @@ def test_validate_a_missing_file_names_it() -> None:
         text=True,
         timeout=60,
     )
-    assert proc.returncode == 1 and "cannot read x.yaml" in proc.stderr
+    assert proc.returncode == 2 and "cannot read x.yaml" in proc.stderr, proc.stderr
 
 
 def test_bench_scenarios_json_keys() -> None:

@@ -106,7 +106,7 @@ def test_plaintext_off_loopback_is_refused(tmp_path: Path) -> None:
     cfg = tmp_path / "open.yaml"
     cfg.write_text(yaml.safe_dump({"listen": f"0.0.0.0:{free_port()}"}))
     out = _governord("validate", "--config", str(cfg))
-    assert out.returncode == 1 and "listen[0]" in out.stderr and "allow_plaintext" in out.stderr
+    assert out.returncode == 2 and "listen[0]" in out.stderr and "allow_plaintext" in out.stderr
     out = _governord("--config", str(cfg))
     assert out.returncode != 0 and "not loopback" in out.stderr
     cfg.write_text(
@@ -136,7 +136,7 @@ def test_validate_names_the_key(tmp_path: Path, doc: dict[str, object], key: str
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(yaml.safe_dump(doc))
     out = _governord("validate", "--config", str(cfg), env=KEYS)
-    assert out.returncode == 1 and f": {key}:" in out.stderr, out.stderr
+    assert out.returncode == 2 and f": {key}:" in out.stderr, out.stderr
 
 
 def test_no_config_starts_on_loopback_with_sqlite_and_says_so(tmp_path: Path) -> None:
