@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,7 @@ def test_importing_the_cores_does_not_load_grpc() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def run(*args: str) -> dict:
+def run(*args: str) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "mesh.cli", *args], capture_output=True,
                          text=True, check=True, timeout=300)
     return json.loads(out.stdout)  # type: ignore[no-any-return]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import tracemalloc
+from typing import Any
 
 import pytest
 
@@ -102,7 +103,8 @@ def test_an_amount_larger_than_the_burst_is_too_large_not_rate_limited() -> None
     (("t", 5), ConfigTypeError, "metric"),
     ((None, "read_iops"), ConfigTypeError, "tenant"),
 ])
-def test_bad_arguments_raise_and_change_nothing(args: tuple, exc: type, field: str) -> None:
+def test_bad_arguments_raise_and_change_nothing(args: tuple[Any, ...], exc: type[ConfigError],
+                                                field: str) -> None:
     a = Admission(cache(policy(burst=10, mode="local")), 0)
     assert admit_n(a, 3) == 3
     with pytest.raises(exc) as info:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -112,7 +113,8 @@ def test_retune_keeps_debt() -> None:
     ((1, 1, -1), "now_ns", ConfigError),
     ((1, 2**70, 0), "burst", ConfigError),
 ])
-def test_bad_arguments_name_the_field(args: tuple, field: str, exc: type) -> None:
+def test_bad_arguments_name_the_field(args: tuple[Any, ...], field: str,
+                                      exc: type[ConfigError]) -> None:
     with pytest.raises(exc) as info:
         Gcra(*args)
     assert info.value.field == field

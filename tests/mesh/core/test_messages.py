@@ -115,7 +115,7 @@ def test_rows_of_two_incarnations_do_not_make_one_batch() -> None:
     assert info.value.field == "reports[0].worker_id"
 
 
-def mutate(wire: list, path: tuple[int, ...], value: Any) -> list:
+def mutate(wire: list[Any], path: tuple[int, ...], value: Any) -> list[Any]:
     import copy
     w = copy.deepcopy([list(x) if isinstance(x, tuple) else x for x in wire])
     target = w

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mesh.core.policy import (
@@ -16,7 +18,7 @@ from mesh.core.policy import (
 from mesh.errors import ConfigError, ConfigTypeError, MeshError
 from tests.mesh._helpers import policy
 
-GOOD = dict(tenant_id="acme", metric="read_iops", generation=1, target_rate=100,
+GOOD: dict[str, Any] = dict(tenant_id="acme", metric="read_iops", generation=1, target_rate=100,
             global_burst=10, local_burst_cap=5)
 
 
@@ -45,7 +47,8 @@ def test_units_by_metric() -> None:
     ({"target_rate": True}, "target_rate", ConfigTypeError),
     ({"enabled": "yes"}, "enabled", ConfigTypeError),
 ])
-def test_bad_policy_names_the_field(change: dict, field: str, exc: type) -> None:
+def test_bad_policy_names_the_field(change: dict[str, Any], field: str,
+                                    exc: type[ConfigError]) -> None:
     with pytest.raises(exc) as info:
         TenantRatePolicy(**{**GOOD, **change})
     assert info.value.field == field

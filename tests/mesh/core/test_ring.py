@@ -67,7 +67,7 @@ def test_empty_ring_has_no_owner() -> None:
 
 @pytest.mark.parametrize("members, epoch, field", [([""], 1, "member"), ([3], 1, "member"),
                                                   (["a"], -1, "epoch"), (["a"], "1", "epoch")])
-def test_bad_ring_arguments(members: list, epoch: object, field: str) -> None:
+def test_bad_ring_arguments(members: list[object], epoch: object, field: str) -> None:
     with pytest.raises((ValueError, TypeError)) as info:
         Ring(members, epoch)  # type: ignore[arg-type]
     assert getattr(info.value, "field", None) == field

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from mesh.core.config import MS, CoreConfig
-from mesh.core.effects import FetchPolicy, Send
+from mesh.core.effects import Effect, FetchPolicy, Send
 from mesh.core.gcra import NS_PER_S
 from mesh.core.member import Member
 from mesh.core.messages import Message
@@ -66,7 +66,7 @@ class MeshMachine(RuleBasedStateMachine):
 
     # -- the network ------------------------------------------------------------------------
 
-    def carry(self, src: str, effects: list) -> None:
+    def carry(self, src: str, effects: list[Effect]) -> None:
         for e in effects:
             assert not isinstance(e, FetchPolicy)  # every member holds the policy
             if isinstance(e, Send):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypedDict, Unpack
+
 import pytest
 
 from mesh.core.config import MS
@@ -15,9 +17,17 @@ SEEDS = range(20)
 R, B, b = 2000, 200, 40
 
 
-def fleet(seed: int, n: int = 6, **net: float) -> MemoryFleet:
+class Net(TypedDict, total=False):
+    """The network keywords of `MemoryFleet` a test may set."""
+
+    latency_ms: tuple[float, float]
+    loss: float
+    duplicate: float
+
+
+def fleet(seed: int, n: int = 6, **net: Unpack[Net]) -> MemoryFleet:
     f = MemoryFleet([f"w{i}" for i in range(n)], cache(policy("t", rate=R, burst=B, b=b)),
-                    seed=seed, **net)  # type: ignore[arg-type]
+                    seed=seed, **net)
     f.run_until(NS_PER_S // 5)  # owners past their conservative start
     return f
 
