@@ -15,9 +15,18 @@ from __future__ import annotations
 from mesh.core._validate import check_int
 from mesh.errors import ConfigError
 
-__all__ = ["Gcra", "NS_PER_S"]
+__all__ = ["Gcra", "NS_PER_S", "RECOVERED_PART", "recovered"]
 
 NS_PER_S = 1_000_000_000
+# An exhausted meter counts as recovered once 1/RECOVERED_PART of its burst is back.
+RECOVERED_PART = 8
+
+
+def recovered(remaining: int, burst: int) -> bool:
+    """Whether a meter that ran dry is no longer exhausted, with `remaining` of `burst`
+    left. Hysteresis: under steady overload the bucket hovers near zero, and an owner that
+    broadcast exhaustion at every brush with it would make traffic grow with load."""
+    return remaining * RECOVERED_PART >= burst
 
 
 class Gcra:

@@ -87,9 +87,8 @@ class Handovers:
             del self.pending[next(iter(self.pending))]
             self.expired += 1
 
-    def opened(self, now_ns: int, ks: KeyState, applied_total: int, reporters_max: int) -> None:
+    def opened(self, now_ns: int, ks: KeyState, reporters_max: int) -> None:
         """`Owner._open` made `ks`: resume it from a parked hand-over, if one is fresh."""
-        ks.applied_at_open = applied_total
         parked = self.pending.pop(ks.policy.rate_key, None)
         if parked is None:
             return
@@ -173,20 +172,18 @@ def install(owner: Owner, now_ns: int, msg: Handover) -> None:
         if ks is None:
             h.park(now_ns, item)
             continue
-        if _tighten(now_ns, ks, item, owner.applied.get(key, 0),
-                    owner.config.reporters_per_key_max):
+        if _tighten(now_ns, ks, item, owner.config.reporters_per_key_max):
             h.tightened += 1
         owner.wake(ks)  # its reporters hear at the next tick
 
 
-def _tighten(now_ns: int, ks: KeyState, item: KeyHandover, applied_total: int,
-             reporters_max: int) -> bool:
+def _tighten(now_ns: int, ks: KeyState, item: KeyHandover, reporters_max: int) -> bool:
     """An open key: the handed debt plus what this owner applied since opening, if that is
     stricter than the key's own state. Returns whether the meter tightened."""
     p = ks.policy
     candidate = Gcra(p.target_rate, p.global_burst, now_ns)
     candidate.hold(now_ns, item.ahead_ns)
-    candidate.apply(now_ns, applied_total - ks.applied_at_open)
+    candidate.apply(now_ns, ks.applied)  # what this owner applied since the key opened
     before = ks.meter.ahead_ns(now_ns)
     ks.meter.hold(now_ns, candidate.ahead_ns(now_ns))
     ks.changes += 1

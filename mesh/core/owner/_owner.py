@@ -20,28 +20,29 @@ from typing import Any
 from mesh.core._validate import INT_MAX, check_int, check_str
 from mesh.core.config import MS, CoreConfig
 from mesh.core.effects import Effect, FetchPolicy, Send
-from mesh.core.gcra import NS_PER_S, Gcra
+from mesh.core.gcra import NS_PER_S, RECOVERED_PART, Gcra, recovered
 from mesh.core.messages import Handover, Rejection, RejectReason, ReportBatch, SnapshotBatch
 from mesh.core.owner._handover import Handovers, export, install
 from mesh.core.owner._state import Applied, KeyState, ReporterState
 from mesh.core.policy import PolicyCache, RateKey
 from mesh.core.ring import Ring
-from mesh.core.shares import PPM, snapshot_allowance_ppm
+from mesh.core.shares import (
+    GRAIN_BITS,
+    NEAR_BITS,
+    PPM,
+    ShareBasis,
+    even_part_ppm,
+    near,
+    share_basis,
+    share_ppm,
+    shares_even,
+    snapshot_allowance_ppm,
+)
 from mesh.errors import ConfigTypeError
 
 __all__ = ["Owner"]
 
 SWEEP_NS = 1_000_000_000  # upkeep of every retained key, once a second
-# A refresh is owed when what a reporter may spend would move by more than 1/65,536 of
-# what it holds (3/65,536 at most in all, with the rounding of shares and the receive's
-# check against the tick's last look): below that is the rounding of shares (ppm) and of a
-# bucket that refills between two reports, which would otherwise send every key of a busy
-# owner every interval.
-_NEAR = 16
-# The part of a share that follows demand moves in steps of 1/64 of the even part (rounded
-# down, so shares still sum to at most one). Below one step, shares are even: in a bucket
-# that is nearly full, demand moves no one's allowance, and no refresh is owed for it.
-_GRAIN = 6
 
 
 Row = tuple[RateKey, int, int, int, int, int, int, int]  # one snapshot's columns
@@ -127,7 +128,6 @@ class Owner:
         self._due_n = 0
         self._swept_ns = now_ns
         self.applied_units = 0  # telemetry: usage applied, in the keys' own units
-        self.applied: dict[RateKey, int] = {}  # telemetry: the same, per key
         self.duplicates = 0
         self.handovers = Handovers()  # graceful leave: parked keys, departed members
         self._leases: dict[str, int] = {}  # worker -> its latest reporter lease, any key
@@ -136,6 +136,16 @@ class Owner:
         # any number it had from us before, so what it holds from then is not vouched for.
         self._out_seq: dict[str, int] = {}
         self._out_at: dict[str, int] = {}
+
+    @property
+    def applied(self) -> dict[RateKey, int]:
+        """Telemetry: usage applied per retained key since it opened, in its own units.
+
+        Built on each read from the keys (`KeyState.applied`), so it holds what `keys`
+        holds and no more: a key forgotten idle and full (`_sweep`) or moved away by a ring
+        change (`ring_changed`) leaves it with its key. Its bound is that of `keys`.
+        """
+        return {key: ks.applied for key, ks in self.keys.items()}
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -155,7 +165,6 @@ class Owner:
                 out.reject(sender, Rejection(key, RejectReason.STALE_EPOCH, ring.epoch))
             return out.drain()
         keys = self.keys
-        applied = self.applied
         me = self.member_id
         reorder = cfg.reorder_window
         lease_until_ns = now_ns + cfg.reporter_lease_ms * MS
@@ -206,7 +215,7 @@ class Owner:
                 ks.last_used_ns = now_ns
                 rs.demand_cur += (delta if delta > 0 else 0) + denied
                 units += delta
-                applied[key] = applied.get(key, 0) + delta
+                ks.applied += delta
             elif outcome == Applied.DUPLICATE:
                 dups += 1
             replied[key] = ks
@@ -222,31 +231,42 @@ class Owner:
                 if not ks.exhausted:
                     ks.exhausted = True
                     exhausted_now.append(ks)
-            elif ks.exhausted and remaining * 8 >= ks.meter.burst:
-                ks.exhausted = False  # the tick's hysteresis, as the key may not be ticked
+            elif ks.exhausted and remaining * RECOVERED_PART >= ks.meter.burst:
+                # gcra.recovered, inlined: the tick's hysteresis, as the key may not be ticked
+                ks.exhausted = False
             b = ks.policy.local_burst_cap
             floor = remaining if remaining < b else b
             n = ks.live_n if now_ns <= ks.live_until_ns else _count_live(now_ns, ks)
             if n == 1:  # the only live reporter: the whole budget is its share
-                share_ppm = PPM
-                rs.sent_allowance_ppm = floor * PPM  # snapshot_allowance_ppm for one
+                share = PPM
+                # snapshot_allowance_ppm(remaining, PPM, 1, b), inlined
+                rs.sent_allowance_ppm = floor * PPM
             else:
-                even = _even_ppm(remaining, ks.meter.burst, share_floor)
+                # shares.share_basis and shares_even, inlined: shares are even (the same for
+                # every reporter, whatever its demand) when the spread is below one step.
+                even = even_part_ppm(remaining, ks.meter.burst, share_floor)
                 even_each = even // n
-                if PPM - even < ((even_each >> _GRAIN) or 1):  # _share_ppm's even case
-                    share_ppm = even_each
+                if PPM - even < ((even_each >> GRAIN_BITS) or 1):  # shares.share_step, inlined
+                    share = even_each
                     allowance = snapshot_allowance_ppm(remaining, even_each, n, b)
-                    looked_n, looked_allowance, looked_floor = ks.looked
-                    da, df = allowance - looked_allowance, floor - looked_floor  # _near, inlined
-                    near = (looked_n == n and (da if da >= 0 else -da) << _NEAR <= looked_allowance
-                            and (df if df >= 0 else -df) << _NEAR <= looked_floor)
-                else:
-                    basis = self._share_basis(now_ns, ks, remaining)
-                    share_ppm = _share_ppm(basis, rs.demand_cur + rs.demand_prev)
-                    allowance = snapshot_allowance_ppm(remaining, share_ppm, n, b)
-                    near = False
+                    # shares.near, inlined, of what the tick last looked at (`_look`)
+                    looked_allowance, looked_floor = ks.looked_allowance_ppm, ks.looked_floor
+                    da, df = allowance - looked_allowance, floor - looked_floor
+                    unchanged = (ks.looked_n == n
+                                 and (da if da >= 0 else -da) << NEAR_BITS <= looked_allowance
+                                 and (df if df >= 0 else -df) << NEAR_BITS <= looked_floor)
+                else:  # shares.share_ppm, inlined: a ShareBasis per report costs more
+                    _, total = self._live_demand(now_ns, ks)
+                    if total:
+                        by_demand = (PPM - even) * (rs.demand_cur + rs.demand_prev) // total
+                        share = (by_demand - by_demand % ((even_each >> GRAIN_BITS) or 1)
+                                 + even_each)
+                    else:
+                        share = PPM // n
+                    allowance = snapshot_allowance_ppm(remaining, share, n, b)
+                    unchanged = False
                 rs.sent_allowance_ppm = allowance
-                if not near:  # the others' views are behind: the next tick sees to it
+                if not unchanged:  # the others' views are behind: the next tick sees to it
                     ks.changes += 1
                     self.wake(ks)
             rs.sent_floor = floor
@@ -254,7 +274,7 @@ class Owner:
             rs.sent_at_ns = now_ns
             rs.seen_changes = ks.changes
             rows.append((key, ks.owner_epoch, ks.version, remaining, rs.watermark,
-                         rs.worker_epoch, share_ppm, n))
+                         rs.worker_epoch, share, n))
         out.snapshots(sender, rows)
         for ks in exhausted_now:  # seed 004: publish exhaustion at once, to everyone
             self._broadcast(now_ns, ks, out, skip=sender)
@@ -277,9 +297,7 @@ class Owner:
             if ks is None or ks.tick_at_ns != at:
                 continue  # forgotten, or due at another time since
             ks.tick_at_ns = INT_MAX
-            if ks.exhausted and ks.meter.remaining(now_ns) * 8 >= ks.meter.burst:
-                # Hysteresis: under steady overload the bucket hovers near zero, and a
-                # broadcast at every brush with it would make traffic grow with load.
+            if ks.exhausted and recovered(ks.meter.remaining(now_ns), ks.meter.burst):
                 ks.exhausted = False
             self._broadcast(now_ns, ks, out, sync_ns=sync_ns)
         self._vouch(now_ns, out)
@@ -359,8 +377,7 @@ class Owner:
         exhausted = now_ns - self._owned_since_ns < refill_ns
         meter = Gcra(policy.target_rate, policy.global_burst, now_ns, exhausted=exhausted)
         ks = self.keys[key] = KeyState(policy, meter, self.ring.epoch, now_ns)
-        self.handovers.opened(now_ns, ks, self.applied.get(key, 0),
-                              self.config.reporters_per_key_max)  # a handed state, if any
+        self.handovers.opened(now_ns, ks, self.config.reporters_per_key_max)  # a handed state
         return ks
 
     def _forget_oldest_reporter(self, ks: KeyState) -> None:
@@ -397,7 +414,7 @@ class Owner:
         yet; the tick never looks at a key merely because a lease lapsed. The reporters
         still live hear of a larger share in their next reply."""
         key = ks.policy.rate_key
-        basis: tuple[int, int, int, int] | None = None
+        basis: ShareBasis | None = None
         remaining = floor = 0
         b = ks.policy.local_burst_cap
         snapshot = out.snapshot
@@ -419,33 +436,31 @@ class Owner:
                 floor = remaining if remaining < b else b
                 if sync_ns:
                     _look(ks, basis, remaining, floor)
-            share_ppm = _share_ppm(basis, rs.demand_cur + rs.demand_prev)
-            allowance = snapshot_allowance_ppm(remaining, share_ppm, basis[0], b)
+            share = share_ppm(basis, rs.demand_cur + rs.demand_prev)
+            allowance = snapshot_allowance_ppm(remaining, share, basis.active, b)
             rs.seen_changes = ks.changes
-            if (sync_ns and _near(allowance, rs.sent_allowance_ppm)
-                    and _near(floor, rs.sent_floor)):
+            if (sync_ns and near(allowance, rs.sent_allowance_ppm)
+                    and near(floor, rs.sent_floor)):
                 continue  # a refresh would change nothing it acts on
             ks.version += 1
             rs.sent_at_ns = now_ns
             rs.sent_allowance_ppm = allowance
             rs.sent_floor = floor
             snapshot(worker, (key, ks.owner_epoch, ks.version, remaining, rs.watermark,
-                              rs.worker_epoch, share_ppm, basis[0]))
+                              rs.worker_epoch, share, basis.active))
         if sync_ns and next_ns < INT_MAX:
             self.wake(ks, next_ns)
 
-    def _share_basis(self, now_ns: int, ks: KeyState,
-                     remaining: int) -> tuple[int, int, int, int]:
-        """The per-key half of the shares, computed once per key per round:
-        (active reporters, their recent demand, the part shared by demand, the even part
-        each gets). `_share_ppm` finishes a reporter's share from it.
+    def _share_basis(self, now_ns: int, ks: KeyState, remaining: int) -> ShareBasis:
+        """The key's `ShareBasis` (`mesh.core.shares` says how shares are made), computed
+        once per key per round. Callers ask only while some reporter's lease is live, so
+        `active` is at least 1."""
+        active, total = self._live_demand(now_ns, ks)
+        return share_basis(remaining, ks.meter.burst, self.config.share_floor_ppm, active, total)
 
-        Part of the budget is split evenly and the rest by recent demand (used + denied).
-        The even part grows with how full the bucket is: a full bucket is plenty for
-        everyone, so an even split lets any worker start at once; a nearly empty one is
-        scarce, so it goes where the requests are. Shares of all reporters sum to 1.
-        Callers ask only while some reporter's lease is live, so `active` is at least 1.
-        """
+    def _live_demand(self, now_ns: int, ks: KeyState) -> tuple[int, int]:
+        """(reporters with a live lease, their summed demand in the current and previous
+        demand window), rolling each reporter's windows on to now."""
         active = total = 0
         window = now_ns // (self.config.demand_window_ms * MS)
         for rs in ks.reporters.values():
@@ -454,23 +469,18 @@ class Owner:
                 if rs.window != window:
                     rs.roll(window)
                 total += rs.demand_cur + rs.demand_prev
-        even = _even_ppm(remaining, ks.meter.burst, self.config.share_floor_ppm)
-        return active, total, PPM - even, even // active
+        return active, total
 
     def _message(self, to: str, now_ns: int, rows: list[Row],
                  rejects: list[Rejection]) -> Send:
-        c: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * 8
+        columns: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * 8
+        keys, owner_epochs, versions, remaining, acks, receiver_epochs, shares, active = columns
         seq = self._out_seq[to] = self._next_seq(to, now_ns)
         self._out_at[to] = now_ns
         return Send(to, SnapshotBatch.trusted(self.member_id, self.ring.epoch, self.incarnation,
-                                              now_ns, c[0], c[1], c[2], c[3], c[4], c[5], c[6],
-                                              c[7], tuple(rejects), seq))
-
-
-def _near(now: int, then: int) -> bool:
-    """Whether `now` is within 1/2**_NEAR of `then` (never, while `then` is unset: -1)."""
-    d = now - then
-    return (d if d >= 0 else -d) << _NEAR <= then
+                                              now_ns, keys, owner_epochs, versions, remaining,
+                                              acks, receiver_epochs, shares, active,
+                                              tuple(rejects), seq))
 
 
 def _count_live(now_ns: int, ks: KeyState) -> int:
@@ -485,35 +495,12 @@ def _count_live(now_ns: int, ks: KeyState) -> int:
     return n
 
 
-def _look(ks: KeyState, basis: tuple[int, int, int, int], remaining: int, floor: int) -> None:
+def _look(ks: KeyState, basis: ShareBasis, remaining: int, floor: int) -> None:
     """Remember what every reporter of the key was told (or found near enough) by a tick:
     the live count, the allowance of an even share (-1 when shares follow demand) and
     min(remaining, b). A report that leaves these near needs no look (`receive`)."""
-    active, _, spread, even_each = basis
-    even = -1 if spread >= _step(even_each) else snapshot_allowance_ppm(
-        remaining, even_each, active, ks.policy.local_burst_cap)
-    ks.looked = (active, even, floor)
-
-
-def _even_ppm(remaining: int, burst: int, floor_ppm: int) -> int:
-    """The part of `remaining` split evenly: as full as the bucket is, and never below the
-    configured floor (`Owner._share_basis` says why)."""
-    even = remaining * PPM // burst
-    return even if even > floor_ppm else floor_ppm
-
-
-def _step(even_each: int) -> int:
-    """The step of the demand-driven part of a share (`_GRAIN`)."""
-    return (even_each >> _GRAIN) or 1
-
-
-def _share_ppm(basis: tuple[int, int, int, int], mine: int) -> int:
-    """A live reporter's share (ppm) of what remains, from `Owner._share_basis`."""
-    active, total, spread, even_each = basis
-    step = _step(even_each)
-    if spread < step:
-        return even_each  # no reporter's demand part reaches a step: even shares
-    if total == 0:
-        return PPM // active
-    by_demand = spread * mine // total
-    return by_demand - by_demand % step + even_each
+    ks.looked_n = basis.active
+    ks.looked_allowance_ppm = snapshot_allowance_ppm(
+        remaining, basis.even_ppm, basis.active, ks.policy.local_burst_cap,
+    ) if shares_even(basis) else -1
+    ks.looked_floor = floor

@@ -87,8 +87,8 @@ class KeyState:
     """One RateKey at its owner: the meter and who is reporting it."""
 
     __slots__ = ("policy", "meter", "version", "owner_epoch", "reporters", "exhausted",
-                 "last_used_ns", "applied_at_open", "changes", "tick_at_ns", "looked",
-                 "live_n", "live_until_ns")
+                 "last_used_ns", "applied", "changes", "tick_at_ns", "looked_n",
+                 "looked_allowance_ppm", "looked_floor", "live_n", "live_until_ns")
 
     def __init__(self, policy: TenantRatePolicy, meter: Gcra, owner_epoch: int, now_ns: int):
         self.policy = policy
@@ -98,10 +98,16 @@ class KeyState:
         self.reporters: dict[str, ReporterState] = {}
         self.exhausted = meter.remaining(now_ns) == 0
         self.last_used_ns = now_ns
-        self.applied_at_open = 0  # the owner's per-key applied total when it opened (hand-over)
+        # Usage applied since the key opened, in its own units: telemetry (`Owner.applied`),
+        # and what a hand-over adds to the handed state (`_handover`). It goes with the key.
+        self.applied = 0
         self.changes = 0  # usage applied or state handed over: a reporter's view is behind
         self.tick_at_ns = INT_MAX  # when the owner's tick is next due to look at the key
         self.live_n = 0  # reporters with a live lease, as counted when the first of them
         self.live_until_ns = -1  # lapses (here); -1: count again
-        # (live reporters, their even allowance or -1, floor) when the tick last looked
-        self.looked: tuple[int, int, int] = (0, -1, 0)
+        # What the tick last looked at (`Owner._look`): the live reporters, the allowance
+        # (ppm) of an even share of the key (-1 when shares follow demand), min(remaining, b).
+        # Three slots, not a tuple: the reply path reads them for every report.
+        self.looked_n = 0
+        self.looked_allowance_ppm = -1
+        self.looked_floor = 0

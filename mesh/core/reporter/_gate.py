@@ -45,8 +45,8 @@ class GlobalGate(Gate):
 
     __slots__ = ("key", "state", "allowance", "inflight", "inflight_sum", "next_sequence",
                  "snap_order", "snap_remaining", "snap_at_ns", "fresh_until_ns", "boot_since_ns",
-                 "owner", "owner_ring_epoch", "resend_at_ns", "snap_from", "snap_batch",
-                 "reported_at_ns")
+                 "owner", "owner_ring_epoch", "resend_at_ns", "snap_from", "snap_incarnation",
+                 "snap_batch", "reported_at_ns")
 
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[Gate], None]) -> None:
         super().__init__(policy, sink)
@@ -56,6 +56,8 @@ class GlobalGate(Gate):
         self.inflight: list[Inflight] = _NO_INFLIGHT  # a list of its own once a report is sent
         self.inflight_sum = 0
         self.next_sequence = 1
+        # (owner_epoch, owner incarnation, version) of the snapshot held: only ever compared
+        # as a whole, with the next snapshot's (never step back to an older view).
         self.snap_order: tuple[int, int, int] = _NO_SNAPSHOT
         self.snap_remaining = 0
         self.snap_at_ns = 0
@@ -64,8 +66,11 @@ class GlobalGate(Gate):
         self.owner: str | None = None
         self.resend_at_ns = -1  # when the reporter's resend queue next looks at this view
         self.owner_ring_epoch = -1
-        self.snap_from = ""  # the owner whose snapshot the view holds, and the batch that
-        self.snap_batch = 0  # brought it: what its later batches may vouch for (Reporter.tick)
+        # The owner whose snapshot the view holds, its incarnation, and the batch that
+        # brought it: what its later batches may vouch for (Reporter.tick).
+        self.snap_from = ""
+        self.snap_incarnation = -1
+        self.snap_batch = 0
         self.reported_at_ns = -1  # when a report of this key last went out (the owner's lease)
 
     @property

@@ -24,11 +24,12 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 from heapq import heappop, heappush
+from typing import NamedTuple
 
 from mesh.core._validate import check_int, check_str
-from mesh.core.gate import NEVER, Gate
 from mesh.core.config import MS, CoreConfig
 from mesh.core.effects import Effect, Send
+from mesh.core.gate import NEVER, Gate
 from mesh.core.gcra import NS_PER_S
 from mesh.core.messages import RejectReason, ReportBatch, SnapshotBatch
 from mesh.core.policy import BOUNDS, RateKey, TenantRatePolicy, Unit
@@ -44,6 +45,15 @@ __all__ = ["Reporter"]
 
 def _noop() -> None:
     pass
+
+
+class _Vouching(NamedTuple):
+    """What an owner's numbered batches vouch for (`Reporter._vouched_by`)."""
+
+    incarnation: int  # the owner incarnation numbering them
+    last_batch: int  # the newest batch_seq heard from it
+    first_batch: int  # views brought by this batch or later are vouched for (none before)
+    until_ns: int  # the vouching lapses then: a TTL after the newest batch
 
 
 class Reporter:
@@ -80,8 +90,7 @@ class Reporter:
         self.reports_sent = 0
         self.snapshots_taken = 0
         self.resent = 0  # reports sent more than once (telemetry)
-        # Per owner: [incarnation, last batch_seq, first batch it vouches for, vouched until].
-        self._vouch: dict[str, list[int]] = {}
+        self._vouch: dict[str, _Vouching] = {}  # per owner; dropped when it leaves the ring
         self.retry = RetryTimer(self.config.report_retry_ms * MS,
                                 self.config.report_retry_max_ms * MS)
 
@@ -266,6 +275,7 @@ class Reporter:
             acked = v.take_snapshot(order, remaining, ack, share, active, now_ns, ttl_ns,
                                     self._coin(key, version))
             v.snap_from = owner
+            v.snap_incarnation = inc
             v.snap_batch = seq
             for r in acked:
                 if r.sends == 1:  # Karn: a resent report's ack could answer either send
@@ -316,29 +326,27 @@ class Reporter:
         """Note a batch numbered `seq` from `owner`: in order, it vouches for the views its
         earlier batches gave; after a gap, only for those from this batch on."""
         st = self._vouch.get(owner)
-        if st is None or incarnation > st[0]:  # first word from this incarnation
-            self._vouch[owner] = [incarnation, seq, seq, until_ns]
-        elif incarnation == st[0]:
-            if seq > st[1] + 1:
-                st[2] = seq  # a batch is missing: what came before it may be out of date
-            if seq > st[1]:
-                st[1] = seq
-                st[3] = until_ns
-            # a batch older than the last one (reordered, repeated) vouches for nothing
+        if st is None or incarnation > st.incarnation:  # first word from this incarnation
+            self._vouch[owner] = _Vouching(incarnation, seq, seq, until_ns)
+        elif incarnation == st.incarnation and seq > st.last_batch:
+            # After a gap (a batch is missing), what came before it may be out of date.
+            first = seq if seq > st.last_batch + 1 else st.first_batch
+            self._vouch[owner] = _Vouching(incarnation, seq, first, until_ns)
+        # a batch older than the last one (reordered, repeated) vouches for nothing
 
     def _still_vouched(self, v: GlobalGate, now_ns: int) -> bool:
         """Whether the view's owner vouched for it within the TTL; if so, keep it fresh
         until that vouching lapses or the owner's lease on our reports of it does."""
         st = self._vouch.get(v.snap_from)
-        if (st is None or st[3] <= now_ns or v.snap_batch < st[2]
-                or v.snap_order[1] != st[0]):
+        if (st is None or st.until_ns <= now_ns or v.snap_batch < st.first_batch
+                or v.snap_incarnation != st.incarnation):
             return False
         lease_end = v.reported_at_ns + self.config.reporter_lease_ms * MS
         if lease_end <= now_ns:  # the owner no longer watches this key for us
             return False
         if not len(self.ring) or self.ring.owner_of(v.key) != v.snap_from:
             return False  # the key moved: only its new owner can speak for it
-        v.fresh_until_ns = st[3] if st[3] < lease_end else lease_end
+        v.fresh_until_ns = st.until_ns if st.until_ns < lease_end else lease_end
         return True
 
     def ring_changed(self, ring: Ring) -> None:

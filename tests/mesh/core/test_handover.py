@@ -123,7 +123,8 @@ def test_the_leaver_stops_applying_what_it_handed_over() -> None:
     effects = c.receive(C_NOW + MS, report(K, "w", 2, 5))
     [rej] = [j for e in effects if isinstance(e, Send) and isinstance(e.message, SnapshotBatch)
              for j in e.message.rejections]
-    assert rej.reason.value == "not_owner" and c.applied[K] == 10
+    assert rej.reason.value == "not_owner" and c.applied_units == 10
+    assert K not in c.keys and K not in c.applied  # moved away: its telemetry went with it
 
 
 def test_handed_watermarks_make_resends_duplicates() -> None:

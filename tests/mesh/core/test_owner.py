@@ -298,3 +298,32 @@ def test_a_forgotten_worker_is_numbered_past_anything_it_had_from_us() -> None:
 
 def batch_of(worker: str, key: RateKey, seq: int, epoch: int = 1) -> ReportBatch:
     return ReportBatch.of(worker, epoch, [UsageReport(key, worker, 1, seq, iops_delta=1)])
+
+
+def test_per_key_applied_shrinks_with_the_keys_the_owner_forgets() -> None:
+    """A soak of many distinct keys: the per-key telemetry (`Owner.applied`, which a
+    hand-over also reads) follows the keys the owner holds, not every key it ever metered."""
+    cfg = CoreConfig(idempotency_retention_ms=100)
+    pols = [policy(f"t{i}") for i in range(2000)]
+    o = Owner("o", Ring(["o"], 1), cache(*pols), 0, config=cfg)
+
+    def touch(now_ns: int, seq: int) -> None:
+        for i in range(0, len(pols), 500):
+            o.receive(now_ns, ReportBatch.of("w", 1, [UsageReport(p.rate_key, "w", 1, seq,
+                                                                  iops_delta=3)
+                                                      for p in pols[i:i + 500]]))
+
+    touch(NOW, 1)
+    assert len(o.applied) == len(o.keys) == 2000
+    assert set(o.applied.values()) == {3} and o.applied_units == 6000
+    o.tick(NOW + 1100 * MS)  # idle past retention, buckets full: the upkeep forgets them
+    assert not o.keys and not o.applied
+    assert o.applied_units == 6000  # the owner's total stays
+    # Touched again, then half the keys move away with a ring change.
+    touch(NOW + 1200 * MS, 2)
+    assert set(o.applied.values()) == {3}  # counted from the key's (re)opening
+    ring = Ring(["o", "x"], 2)
+    o.ring_changed(NOW + 1200 * MS, ring)
+    stays = {p.rate_key for p in pols if ring.owner_of(p.rate_key) == "o"}
+    assert 0 < len(stays) < 2000
+    assert set(o.applied) == set(o.keys) == stays
