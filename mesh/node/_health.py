@@ -30,11 +30,7 @@ def node_stats(driver: NodeDriver) -> NodeStats:
                   membership_stale=driver.membership_view.stale,
                   messages_sent=driver.messages_sent)
     with driver.lock:
-        applied: dict[tuple[str, str], int] = {}
-        for key, n in m.owner.applied.items():  # per tenant/metric, across generations
-            scope = (key.tenant_id, key.metric.value)
-            applied[scope] = applied.get(scope, 0) + n
-        s.applied = applied
+        s.applied = m.owner.applied_by_scope()  # per tenant/metric, across generations
         for key, ks in list(m.owner.keys.items()):
             scope = (key.tenant_id, key.metric.value)
             n = sum(1 for rs in ks.reporters.values() if rs.lease_until_ns >= now)

@@ -128,6 +128,10 @@ class Owner:
         self._due_n = 0
         self._swept_ns = now_ns
         self.applied_units = 0  # telemetry: usage applied, in the keys' own units
+        # Telemetry: usage applied by keys this owner no longer holds, per (tenant, metric),
+        # so that the per-scope counter (`applied_by_scope`) never goes down when a key is
+        # forgotten or moves. One entry per scope, not per key or generation.
+        self._applied_retired: dict[tuple[str, str], int] = {}
         self.duplicates = 0
         self.handovers = Handovers()  # graceful leave: parked keys, departed members
         self._leases: dict[str, int] = {}  # worker -> its latest reporter lease, any key
@@ -146,6 +150,22 @@ class Owner:
         change (`ring_changed`) leaves it with its key. Its bound is that of `keys`.
         """
         return {key: ks.applied for key, ks in self.keys.items()}
+
+    def applied_by_scope(self) -> dict[tuple[str, str], int]:
+        """Telemetry: usage applied per (tenant, metric) across generations, ever: what the
+        retained keys applied plus what forgotten and moved keys had (monotonic)."""
+        out = dict(self._applied_retired)
+        for key, ks in self.keys.items():
+            scope = (key.tenant_id, key.metric.value)
+            out[scope] = out.get(scope, 0) + ks.applied
+        return out
+
+    def _forget(self, key: RateKey) -> None:
+        """Drop a key, keeping what it applied in the per-scope telemetry total."""
+        ks = self.keys.pop(key)
+        if ks.applied:
+            scope = (key.tenant_id, key.metric.value)
+            self._applied_retired[scope] = self._applied_retired.get(scope, 0) + ks.applied
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -334,7 +354,7 @@ class Owner:
                     ks.live_until_ns = -1
             if (not ks.reporters and ks.tick_at_ns == INT_MAX
                     and ks.meter.remaining(now_ns) >= ks.meter.burst):
-                del self.keys[key]  # idle and full: forgetting it loses nothing
+                self._forget(key)  # idle and full: forgetting it loses nothing
 
     def ring_changed(self, now_ns: int, ring: Ring) -> None:
         """Adopt a new ring; keys that moved away are dropped (their new owner starts them)."""
@@ -345,7 +365,7 @@ class Owner:
         self._owned_since_ns = now_ns
         moved = [k for k in self.keys if not ring.owns(self.member_id, k)]
         for key in moved:
-            del self.keys[key]
+            self._forget(key)
         if moved:  # skip a batch number: no worker may take our word for what moved
             self._skip_batch(*self._out_seq)
 

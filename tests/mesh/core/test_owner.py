@@ -319,6 +319,8 @@ def test_per_key_applied_shrinks_with_the_keys_the_owner_forgets() -> None:
     o.tick(NOW + 1100 * MS)  # idle past retention, buckets full: the upkeep forgets them
     assert not o.keys and not o.applied
     assert o.applied_units == 6000  # the owner's total stays
+    # The per-scope telemetry counter never goes down: forgotten keys are folded into it.
+    assert sum(o.applied_by_scope().values()) == 6000
     # Touched again, then half the keys move away with a ring change.
     touch(NOW + 1200 * MS, 2)
     assert set(o.applied.values()) == {3}  # counted from the key's (re)opening
@@ -327,3 +329,5 @@ def test_per_key_applied_shrinks_with_the_keys_the_owner_forgets() -> None:
     stays = {p.rate_key for p in pols if ring.owner_of(p.rate_key) == "o"}
     assert 0 < len(stays) < 2000
     assert set(o.applied) == set(o.keys) == stays
+    by_scope = o.applied_by_scope()
+    assert len(by_scope) == 2000 and sum(by_scope.values()) == 12000
