@@ -32,8 +32,8 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: {one_line(message)} (see {self.prog} --help)\n")
 
 
-def probe_bind(listen: str, field: str = "listen") -> None:
-    """Raise ConfigError(field) if no address `listen` resolves to can be bound.
+def probe_bind(listen: str, field: str = "listen", error: type[ConfigError] = ConfigError) -> None:
+    """Raise `error(field, ...)` if no address `listen` resolves to can be bound.
 
     Binds as grpc does (SO_REUSEADDR, no SO_REUSEPORT) and passes if any resolved address
     binds, as grpc does; port 0 (any free port) cannot be in use."""
@@ -44,7 +44,7 @@ def probe_bind(listen: str, field: str = "listen") -> None:
         infos = socket.getaddrinfo(host.strip("[]") or None, int(port_text),
                                    type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        raise ConfigError(field, f"cannot serve on {listen}: {exc.strerror}") from exc
+        raise error(field, f"cannot serve on {listen}: {exc.strerror}") from exc
     reasons = ["no address"]
     for family, kind, proto, _, address in infos:
         with socket.socket(family, kind, proto) as s:
@@ -54,4 +54,4 @@ def probe_bind(listen: str, field: str = "listen") -> None:
                 return
             except OSError as exc:
                 reasons.insert(-1, exc.strerror or str(exc))
-    raise ConfigError(field, f"cannot serve on {listen}: {reasons[0]}")
+    raise error(field, f"cannot serve on {listen}: {reasons[0]}")

@@ -109,7 +109,7 @@ def _open_authority(cfg: GovernordConfig) -> Authority:
 
 def _bind(server: aio.Server, addr: str, reloader: CertReloader | None) -> str:
     """Bind ``addr``; the bound ``host:port`` (port 0 asks for a free one)."""
-    probe_bind(addr)
+    probe_bind(addr, error=ConfigError)
     try:
         if reloader is not None:
             port = server.add_secure_port(addr, reloader.credentials())

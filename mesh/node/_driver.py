@@ -134,7 +134,7 @@ class NodeDriver:
 
     def _unacked(self) -> bool:
         with self.lock:
-            return any(v.inflight for v in self.member.reporter.views.values())
+            return any(v.inflight for v in self.member.reporter.gates.values())
 
     # -- time -----------------------------------------------------------------------------
 

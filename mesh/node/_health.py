@@ -35,7 +35,7 @@ def node_stats(driver: NodeDriver) -> NodeStats:
             scope = (key.tenant_id, key.metric.value)
             n = sum(1 for rs in ks.reporters.values() if rs.lease_until_ns >= now)
             s.active_reporters[scope] = max(s.active_reporters.get(scope, 0), n)
-        views = list(m.reporter.views.values())
+        views = list(m.reporter.gates.values())
     d_s = d_estimate_ns(driver) / NS_PER_S
     n_live = len(m.ring)
     for v in views:
@@ -55,7 +55,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
     limits = []
     suspended = []
     with driver.lock:
-        views = {(v.policy.tenant_id, v.policy.metric.value): v for v in m.admission.views()}
+        views = {(v.policy.tenant_id, v.policy.metric.value): v for v in m.admission.gates()}
         policies = list(m.policies)
     d_ms = d_estimate_ns(driver) / 1e6
     for p in policies:
@@ -106,7 +106,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         },
         "owner": {"keys": len(m.owner.keys), "applied_units": m.owner.applied_units,
                   "duplicates": m.owner.duplicates, "handovers": m.owner.handovers.stats()},
-        "reporter": {"views": len(m.reporter.views), "reports_sent": m.reporter.reports_sent,
+        "reporter": {"views": len(m.reporter.gates), "reports_sent": m.reporter.reports_sent,
                      "snapshots_taken": m.reporter.snapshots_taken},
         "peer": driver.transport.stats(),
     }

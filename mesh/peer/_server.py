@@ -83,7 +83,7 @@ class PeerServer:
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(PEER_SERVICE, rpc), *self._extra))
         try:
-            probe_bind(self.listen)
+            probe_bind(self.listen, error=ConfigError)
             if self.tls is not None:
                 port = server.add_secure_port(self.listen, server_credentials(self.tls))
             else:

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mesh.core._validate import check_int
-from mesh.core.gate import Gate
 from mesh.core.admission._gates import FixedGate, LocalGate, unknown_verdict
 from mesh.core.admission._queue import TenantQueues, Waiter
 from mesh.core.config import CoreConfig
+from mesh.core.gate import Gate
 from mesh.core.policy import BOUNDS, Metric, Mode, PolicyCache, TenantRatePolicy
 from mesh.core.reporter import GlobalGate, Reporter
 from mesh.core.verdict import Reason, Suspension, Verdict, verdict
@@ -51,19 +51,19 @@ class Admission:
         self.n_live = n_live
         self.membership_stale = membership_stale
         self._now_ns = now_ns
-        self._views: dict[str, dict[str, Gate]] = {m.value: {} for m in Metric}
+        self._gates: dict[str, dict[str, Gate]] = {m.value: {} for m in Metric}
         self._settle: set[LocalGate] = set()  # local/share views to settle at the next tick
         self._shares: list[LocalGate] = []
         self._policy_version = policies.version
         self.queues = TenantQueues(self.config.tenant_queue_max)
-        self.view_count = 0
+        self.gate_count = 0
 
     # -- the hot path ---------------------------------------------------------------------
 
     def try_admit(self, tenant: str, metric: str, amount: int = 1) -> Verdict:
         """Admit `amount` units (or bytes) for `tenant` now, or say why not."""
         try:
-            v = self._views[metric][tenant]
+            v = self._gates[metric][tenant]
         except KeyError:
             return self._first_use(tenant, metric, amount)
         if amount.__class__ is int and 0 < amount <= v.avail:
@@ -82,7 +82,7 @@ class Admission:
         """Give back what was charged and not used (a short send). The correction reaches
         the owner in a later report, as a smaller (possibly negative) delta."""
         _check_amount(amount)
-        v = self._views.get(_metric(metric), {}).get(tenant)
+        v = self._gates.get(_metric(metric), {}).get(tenant)
         if v is None:
             raise ConfigError("tenant", f"{tenant!r} has no charge on {metric} to refund")
         v.pending -= amount
@@ -110,10 +110,10 @@ class Admission:
         policy = self.policies.current(tenant, m)
         if policy is None:
             return UNKNOWN
-        if self.view_count >= self.config.views_max:
+        if self.gate_count >= self.config.views_max:
             self.evict_idle()
-        self._views[m.value][tenant] = self._open(policy)
-        self.view_count += 1
+        self._gates[m.value][tenant] = self._open(policy)
+        self.gate_count += 1
         return self.try_admit(tenant, m.value, amount)
 
     # -- views ----------------------------------------------------------------------------
@@ -126,7 +126,7 @@ class Admission:
             if self.reporter is None:
                 return FixedGate(policy, _ignore, False, BOUNDS["global_stale"],
                                  Suspension.OWNER_UNREACHABLE, Reason.OWNER_UNREACHABLE)
-            return self.reporter.open_view(policy)
+            return self.reporter.open_gate(policy)
         if mode is Mode.STRICT:
             # Reserved: strict credit comes from governord (a later issue). Until a credit
             # source is attached, strict limits fail closed and say so.
@@ -152,7 +152,7 @@ class Admission:
         no fresh snapshot, a local view whose bucket is full. They are rebuilt on next use
         exactly as they would be now, so forgetting them loses nothing."""
         evicted = 0
-        for by_tenant in self._views.values():
+        for by_tenant in self._gates.values():
             for tenant in list(by_tenant):
                 v = by_tenant[tenant]
                 idle = (isinstance(v, GlobalGate) and self.reporter is not None
@@ -161,14 +161,14 @@ class Admission:
                 if idle:
                     del by_tenant[tenant]
                     evicted += 1
-        self.view_count -= evicted
+        self.gate_count -= evicted
         return evicted
 
-    def view(self, tenant: str, metric: str) -> Gate | None:
-        return self._views.get(_metric(metric).value, {}).get(tenant)
+    def gate(self, tenant: str, metric: str) -> Gate | None:
+        return self._gates.get(_metric(metric).value, {}).get(tenant)
 
-    def views(self) -> list[Gate]:
-        return [v for m in sorted(self._views) for _, v in sorted(self._views[m].items())]
+    def gates(self) -> list[Gate]:
+        return [v for m in sorted(self._gates) for _, v in sorted(self._gates[m].items())]
 
     # -- time and membership --------------------------------------------------------------
 
@@ -212,7 +212,7 @@ class Admission:
     def _policies_changed(self) -> None:
         """A new generation replaces a view; the old key keeps reporting until it drains."""
         self._policy_version = self.policies.version
-        for metric, by_tenant in self._views.items():
+        for metric, by_tenant in self._gates.items():
             for tenant in list(by_tenant):
                 old = by_tenant[tenant]
                 new = self.policies.current(tenant, _METRICS[metric])
@@ -226,7 +226,7 @@ class Admission:
                         self._shares.remove(old)
                 if new is None:
                     del by_tenant[tenant]
-                    self.view_count -= 1
+                    self.gate_count -= 1
                 else:
                     by_tenant[tenant] = self._open(new)
 

@@ -73,7 +73,7 @@ class Reporter:
             raise ConfigTypeError("ring", f"must be a Ring, got {type(ring).__name__}")
         self.ring = ring
         self.config = config or CoreConfig()
-        self.views: dict[RateKey, GlobalGate] = {}
+        self.gates: dict[RateKey, GlobalGate] = {}
         self.wake: Callable[[], None] = _noop  # the driver's "flush soon" (threshold crossed)
         # Told, for each acknowledged report, how long its usage took to reach a snapshot
         # (from the flush that created it): the d of the envelope, for telemetry and the sim.
@@ -96,19 +96,19 @@ class Reporter:
 
     # -- views ----------------------------------------------------------------------------
 
-    def open_view(self, policy: TenantRatePolicy) -> GlobalGate:
+    def open_gate(self, policy: TenantRatePolicy) -> GlobalGate:
         """The view for a policy's RateKey, created in BOOT with a bootstrap allowance."""
         key = policy.rate_key
-        v = self.views.get(key)
+        v = self.gates.get(key)
         if v is None:
-            v = self.views[key] = GlobalGate(policy, self._sink_fn)
+            v = self.gates[key] = GlobalGate(policy, self._sink_fn)
             self._boot(v, 0)
         self._retired.discard(key)
         return v
 
     def retire(self, key: RateKey) -> None:
         """A newer generation replaced this key; keep reporting it until it drains."""
-        if key in self.views:
+        if key in self.gates:
             self._retired.add(key)
 
     def bootstrap_allowance(self, policy: TenantRatePolicy) -> int:
@@ -258,7 +258,7 @@ class Reporter:
         ttl_ns = self.config.snapshot_ttl_ns
         changed = 0
         epoch, inc = self.worker_epoch, batch.owner_incarnation
-        views = self.views
+        views = self.gates
         owner, sample, on_ack = batch.sender, self.retry.sample, self.on_ack
         seq = batch.batch_seq
         if seq:
@@ -287,7 +287,7 @@ class Reporter:
             self.snapshots_taken += 1
             changed += 1
         for rej in batch.rejections:
-            v = self.views.get(rej.rate_key)
+            v = self.gates.get(rej.rate_key)
             if rej.ring_epoch > self.ring_behind:
                 self.ring_behind = rej.ring_epoch
             if v is not None and rej.reason is RejectReason.NOT_OWNER:
@@ -384,7 +384,7 @@ class Reporter:
     def forget_if_idle(self, key: RateKey) -> bool:
         """Drop a view that holds nothing (bootstrap state, nothing pending or in flight,
         not watched by the tick). Returns whether it was dropped."""
-        v = self.views.get(key)
+        v = self.gates.get(key)
         if v is None:
             return True
         if (v.state is not SnapshotState.BOOT or v.pending or v.inflight or v.marked
@@ -394,7 +394,7 @@ class Reporter:
         return True
 
     def _drop(self, key: RateKey) -> None:
-        self.views.pop(key, None)
+        self.gates.pop(key, None)
         self._live.pop(key, None)
         self._unacked.pop(key, None)
         self._retired.discard(key)

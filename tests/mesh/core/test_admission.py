@@ -210,12 +210,12 @@ def test_views_are_bounded_and_idle_ones_are_forgotten() -> None:
         assert e  # the three keys' reports went out
     a.tick(100 * MS)  # unacknowledged: the views are stale and must be kept
     a.try_admit("d", "read_iops")
-    assert a.view_count == 4 and len(r.views) == 4
-    for v in list(r.views.values()):  # the owner acknowledges everything
+    assert a.gate_count == 4 and len(r.gates) == 4
+    for v in list(r.gates.values()):  # the owner acknowledges everything
         r.receive(200 * MS, SnapshotBatch.of("w", 1, (RateSnapshot(
             v.key, 1, 1, 8, 0, v.next_sequence - 1, 1),)))
     r.flush(200 * MS)
     a.tick(400 * MS)  # idle now: back to bootstrap, nothing held
     a.try_admit("e", "read_iops")
-    assert a.view_count <= 3 and len(r.views) <= 3
+    assert a.gate_count <= 3 and len(r.gates) <= 3
     assert a.try_admit("a", "read_iops").allowed  # rebuilt on use

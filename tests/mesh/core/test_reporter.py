@@ -42,7 +42,7 @@ def admit_n(a: Admission, n: int, tenant: str = "t") -> int:
 def test_bootstrap_allowance_is_b_over_n_not_the_global_burst() -> None:
     r, a = worker(n_members=4)
     assert admit_n(a, 100) == 10  # ceil(40 / 4)
-    v = a.view("t", "read_iops")
+    v = a.gate("t", "read_iops")
     assert isinstance(v, GlobalGate) and v.state is SnapshotState.BOOT
 
 
@@ -54,7 +54,7 @@ def test_effective_availability_subtracts_unacknowledged_use() -> None:
     admit_n(a, 3)  # pending, not yet reported
     # A snapshot that does not yet reflect report 1: remaining 30 - unacked (5 + 3).
     r.receive(1 * MS, snap(30, 0, 1))
-    v = a.view("t", "read_iops")
+    v = a.gate("t", "read_iops")
     assert isinstance(v, GlobalGate) and v.avail == 30 - 8
     # The owner applied report 1: remaining already includes it, so only 3 are subtracted.
     r.receive(2 * MS, snap(25, 1, 2))
@@ -65,7 +65,7 @@ def test_older_or_foreign_snapshots_are_ignored() -> None:
     r, a = worker()
     admit_n(a, 1)
     r.receive(1 * MS, snap(30, 0, 5))
-    v = a.view("t", "read_iops")
+    v = a.gate("t", "read_iops")
     assert v is not None and v.avail == 29
     r.receive(2 * MS, snap(99, 0, 4))  # reordered: older version
     r.receive(2 * MS, snap(99, 0, 6, epoch=6))  # addressed to an earlier incarnation
@@ -75,9 +75,9 @@ def test_older_or_foreign_snapshots_are_ignored() -> None:
 def test_allowance_is_the_share_of_remaining_capped_by_the_local_burst() -> None:
     r, a = worker()
     admit_n(a, 1)
-    a.view("t", "read_iops")
+    a.gate("t", "read_iops")
     r.receive(MS, snap(1000, 0, 1, share_ppm=PPM // 4, active=4))
-    v = a.view("t", "read_iops")
+    v = a.gate("t", "read_iops")
     assert isinstance(v, GlobalGate)
     assert v.allowance == 10  # b / active = 40 / 4, less than a quarter of 1000
     r.receive(2 * MS, snap(20, 0, 2, share_ppm=PPM // 4, active=4))
@@ -111,7 +111,7 @@ def test_an_idle_view_returns_to_bootstrap_instead_of_going_stale() -> None:
     r.flush(0)
     r.receive(MS, snap(100, 1, 1))  # everything acknowledged
     a.tick(100 * MS)
-    v = a.view("t", "read_iops")
+    v = a.gate("t", "read_iops")
     assert isinstance(v, GlobalGate) and v.state is SnapshotState.BOOT
     assert a.try_admit("t", "read_iops").allowed
 
@@ -163,7 +163,7 @@ def test_byte_refund_is_carried_as_a_correction_in_a_later_report() -> None:
     [rep] = sent_reports(r.flush(0))
     assert rep.byte_delta == 1 << 20 and rep.iops_delta == 0
     a.refund("t", "client_egress_bytes", 300_000)  # the send was short
-    v = a.view("t", "client_egress_bytes")
+    v = a.gate("t", "client_egress_bytes")
     assert v is not None and v.avail == (4 << 20) - (1 << 20) + 300_000
     [correction] = sent_reports(r.flush(MS))  # report 1 is not due for a resend yet
     assert correction.byte_delta == -300_000 and correction.sequence == 2
@@ -176,12 +176,12 @@ def test_policy_generation_change_retires_the_old_key_after_it_drains() -> None:
     r.flush(0)
     pc.put(policy("t", rate=2000, burst=100, b=40, gen=2))
     a.tick(MS)
-    v2 = a.view("t", "read_iops")
+    v2 = a.gate("t", "read_iops")
     assert v2 is not None and v2.policy.generation == 2
-    assert KEY in r.views  # still owes a report
+    assert KEY in r.gates  # still owes a report
     r.receive(2 * MS, snap(50, 1, 1))
     a.tick(100 * MS)
-    assert KEY not in r.views
+    assert KEY not in r.gates
 
 
 def test_resends_back_off_and_the_timeout_follows_the_owner() -> None:
@@ -255,7 +255,7 @@ def fresh_view_at_1ms() -> tuple[Reporter, Admission, GlobalGate]:
     admit_n(a, 2)
     r.flush(0)  # the owner's lease on our reports of the key runs 50 ms from here
     r.receive(MS, vouching(r, 1, row(1, 1)))  # fresh until 21 ms
-    v = a.view("t", "read_iops")
+    v = a.gate("t", "read_iops")
     assert isinstance(v, GlobalGate) and v.state is SnapshotState.FRESH
     return r, a, v
 

@@ -80,7 +80,7 @@ def test_a_new_epoch_of_the_same_members_resends_nothing() -> None:
     assert a.places_like(b) and not a.places_like(Ring(["a", "b", "c"], 3))
     assert not a.places_like(Ring(["a", "b"], 3, vnodes=a.vnodes + 1))
     r = Reporter("a", 1, a)
-    v = r.open_view(policy("t"))
+    v = r.open_gate(policy("t"))
     v.inflight = [Inflight(1, 1, 0, 0)]
     v.inflight[0].sent_at_ns, v.inflight[0].sends = 5, 1
     r._unacked[v.key] = v

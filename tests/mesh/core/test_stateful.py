@@ -59,8 +59,8 @@ class MeshMachine(RuleBasedStateMachine):
     def seed(self, seed: int) -> None:
         self.rng = random.Random(seed)
 
-    def view(self, w: str) -> GlobalGate | None:
-        v = self.members[w].admission.view("t", "read_iops")
+    def gate(self, w: str) -> GlobalGate | None:
+        v = self.members[w].admission.gate("t", "read_iops")
         assert v is None or isinstance(v, GlobalGate)
         return v
 
@@ -79,7 +79,7 @@ class MeshMachine(RuleBasedStateMachine):
 
     def deliver(self, dst: str, msg: Message) -> None:
         self.carry(dst, self.members[dst].deliver(self.now, msg))
-        v = self.view(dst)
+        v = self.gate(dst)
         if v is not None and v.state is SnapshotState.FRESH:
             snap = self.at_snapshot.get(dst)
             if snap is None or snap[0] != v.snap_order:
@@ -130,7 +130,7 @@ class MeshMachine(RuleBasedStateMachine):
 
     @rule(w=st.sampled_from(WORKERS), n=st.integers(1, 60))
     def admit(self, w: str, n: int) -> None:
-        before = self.view(w)
+        before = self.gate(w)
         stale = before is not None and before.state is SnapshotState.STALE
         got = sum(self.members[w].admission.try_admit("t", "read_iops").allowed
                   for _ in range(n))
@@ -138,7 +138,7 @@ class MeshMachine(RuleBasedStateMachine):
             assert got == 0, "a stale view admitted new work"
         self.admitted += got
         self.history.append((self.now, self.admitted))
-        v = self.view(w)
+        v = self.gate(w)
         assert v is not None
         if v.state is SnapshotState.FRESH and w in self.at_snapshot:
             order, unacked0 = self.at_snapshot[w]

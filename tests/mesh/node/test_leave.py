@@ -134,7 +134,7 @@ def test_graceful_leave_hands_keys_over_so_the_new_owner_continues(etcd: EtcdSer
         target = meshes[new_owner]
         assert target.ring.owner_of(key) == new_owner
         assert target.health()["owner"]["handovers"]["pending"] >= 1, target.health()["owner"]
-        views = meshes[user]._require().member.reporter.views
+        views = meshes[user]._require().member.reporter.gates
         moved_at = loop.time()
         for t in (drained, full):
             admitted += meshes[user].try_admit(t, "read_iops").allowed

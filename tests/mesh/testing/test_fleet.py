@@ -146,6 +146,6 @@ def test_keys_far_from_their_limit_cost_their_owners_replies_only(seed: int) -> 
     rows = sum(m.reporter.snapshots_taken for m in members) - rows0
     assert reports > 0 and rows <= 1.05 * reports, (seed, rows, reports)
     assert all(d.admitted == d.offered for d in demand), (seed, [d.report() for d in demand])
-    booted = [k for m in members for k, v in m.reporter.views.items()
+    booted = [k for m in members for k, v in m.reporter.gates.items()
               if v.state is not SnapshotState.FRESH]
     assert not booted, (seed, booted)
