@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh.core.config import CoreConfig
-from mesh.core.effects import FetchPolicy, Send
+from mesh.core.effects import Effect, FetchPolicy, Send
 from mesh.core.gcra import Gcra
 from mesh.core.messages import RejectReason, ReportBatch, SnapshotBatch, UsageReport
 from mesh.core.owner import Owner
@@ -37,10 +38,17 @@ def rep(worker: str, seq: int, delta: int, epoch: int = 1, denied: int = 0) -> U
     return UsageReport(KEY, worker, epoch, seq, iops_delta=delta, denied_delta=denied)
 
 
-def snaps(effects: list, to: str) -> SnapshotBatch:
+def snaps(effects: Sequence[Effect], to: str) -> SnapshotBatch:
     found = [e.message for e in effects if isinstance(e, Send) and e.to == to]
     assert len(found) == 1, effects
+    assert isinstance(found[0], SnapshotBatch)
     return found[0]
+
+
+def snapshot_batches(effects: Sequence[Effect], to: str | None = None) -> list[SnapshotBatch]:
+    """The SnapshotBatches among `effects` (to one worker, or to all)."""
+    return [e.message for e in effects if isinstance(e, Send)
+            and isinstance(e.message, SnapshotBatch) and (to is None or e.to == to)]
 
 
 # -- idempotence -----------------------------------------------------------------------------
@@ -179,8 +187,8 @@ def test_snapshots_go_only_to_active_reporters_and_stop_when_the_lease_ends() ->
     effects = o.tick(t)
     assert sorted(e.to for e in effects if isinstance(e, Send)) == ["b"]
     assert snaps(effects, "b").keys == () and snaps(effects, "b").batch_seq == first_to_b + 1
-    assert [(e.to, e.message.keys) for e in o.tick(t + cfg.sync_interval_ms * MS)] == [
-        ("a", ())]  # and so does a's, one interval later than b's
+    later = o.tick(t + cfg.sync_interval_ms * MS)
+    assert len(later) == 1 and snaps(later, "a").keys == ()  # and a's, one interval later
     o.receive(t, batch("a", rep("a", 2, 1)))  # only a keeps reporting
     t_end = NOW + (cfg.reporter_lease_ms + 1) * MS
     effects = o.tick(t_end)
@@ -203,7 +211,7 @@ def test_full_batches_are_sent_at_once() -> None:
     o = Owner("o", Ring(["o"], 1), cache(*pols), 0, config=cfg)
     reports = [UsageReport(p.rate_key, "w", 1, 1, iops_delta=1) for p in pols]
     effects = o.receive(NOW, ReportBatch.of("w", 1, reports))
-    sizes = [len(e.message.snapshots) for e in effects if isinstance(e, Send)]
+    sizes = [len(m.snapshots) for m in snapshot_batches(effects)]
     assert sizes == [2, 2, 1]
 
 
@@ -263,13 +271,12 @@ def test_a_refresh_goes_only_where_it_changes_what_a_reporter_may_spend() -> Non
         o.receive(t, ReportBatch.of("a", 1, [UsageReport(key, "a", 1, i, iops_delta=10)]))
         if i % 6 == 0:
             o.receive(t, ReportBatch.of("b", 1, [UsageReport(key, "b", 1, i, iops_delta=1)]))
-        to_b += [e.message for e in o.tick(t) if isinstance(e, Send) and e.to == "b"]
+        to_b += snapshot_batches(o.tick(t), "b")
     assert to_b and all(m.keys == () for m in to_b)  # heartbeats only
     # a drains the bucket: what b may spend changes, and b hears of it at the next tick.
     t += 5 * MS
     o.receive(t, ReportBatch.of("a", 1, [UsageReport(key, "a", 1, 12, iops_delta=999_000)]))
-    rows = [r for e in o.tick(t + 5 * MS) if isinstance(e, Send) and e.to == "b"
-            for r in e.message.snapshots]
+    rows = [r for m in snapshot_batches(o.tick(t + 5 * MS), "b") for r in m.snapshots]
     assert [r.rate_key for r in rows] == [key] and rows[0].remaining < 10_000
 
 
