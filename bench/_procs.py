@@ -15,18 +15,43 @@ from typing import Any
 
 import yaml
 
-__all__ = ["free_port", "write_config", "spawn", "go", "read_ready", "stop", "HOT",
-           "cluster_config"]
+__all__ = [
+    "free_port",
+    "write_config",
+    "spawn",
+    "go",
+    "read_ready",
+    "stop",
+    "HOT",
+    "cluster_config",
+]
 
-HOT: dict[str, Any] = {"tenant_id": "hot", "metric": "read_iops", "generation": 1,
-                       "target_rate": 2000, "global_burst": 200, "local_burst_cap": 40}
-DEFAULT: dict[str, Any] = {"tenant_id": "*", "metric": "read_iops", "generation": 1,
-                           "target_rate": 50, "global_burst": 10, "local_burst_cap": 4}
+HOT: dict[str, Any] = {
+    "tenant_id": "hot",
+    "metric": "read_iops",
+    "generation": 1,
+    "target_rate": 2000,
+    "global_burst": 200,
+    "local_burst_cap": 40,
+}
+DEFAULT: dict[str, Any] = {
+    "tenant_id": "*",
+    "metric": "read_iops",
+    "generation": 1,
+    "target_rate": 50,
+    "global_burst": 10,
+    "local_burst_cap": 4,
+}
 
 
-PROBE: dict[str, Any] = {"tenant_id": "probe", "metric": "read_iops", "generation": 1,
-                         "target_rate": 10**12, "global_burst": 10**12,
-                         "local_burst_cap": 10**12}
+PROBE: dict[str, Any] = {
+    "tenant_id": "probe",
+    "metric": "read_iops",
+    "generation": 1,
+    "target_rate": 10**12,
+    "global_burst": 10**12,
+    "local_burst_cap": 10**12,
+}
 
 
 def free_port() -> int:
@@ -35,9 +60,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def cluster_config(members: dict[str, str], *, policies: list[dict[str, Any]] | None = None,
-                   membership: dict[str, Any] | None = None,
-                   core: dict[str, Any] | None = None) -> dict[str, Any]:
+def cluster_config(
+    members: dict[str, str],
+    *,
+    policies: list[dict[str, Any]] | None = None,
+    membership: dict[str, Any] | None = None,
+    core: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     return {
         "membership": membership or {"source": "static", "members": members},
         "policies": {"inline": policies if policies is not None else [HOT, DEFAULT, PROBE]},
@@ -53,8 +82,14 @@ def write_config(path: Path, cfg: dict[str, Any]) -> Path:
 
 def spawn(args: list[str], *, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     e = dict(os.environ, PYTHONHASHSEED="0", **(env or {}))
-    return subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+    return subprocess.Popen(
+        [sys.executable, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=e,
+    )
 
 
 def go(procs: list[subprocess.Popen[str]], *, lead_s: float = 0.5) -> float:
@@ -121,7 +156,7 @@ def read_ready(proc: subprocess.Popen[str], timeout_s: float = 20.0) -> dict[str
         while True:
             nl = buf.find(b"\n")
             if nl >= 0:
-                line, buf = buf[:nl], buf[nl + 1:]
+                line, buf = buf[:nl], buf[nl + 1 :]
                 if buf:
                     _LEFTOVER[proc.pid] = buf
                 out = json.loads(line)

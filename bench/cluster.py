@@ -65,15 +65,30 @@ def run_window(procs_args: list[list[str]]) -> list[dict[str, Any]]:
     return results
 
 
-def run(*, workers: int = 4, seconds: float = 5.0, keys: int = 10_000,
-        hot_factor: float = 4.0, key_rate: float = 4000.0) -> dict[str, Any]:
-    out: dict[str, Any] = {"workers": workers, "seconds": seconds, "keys": keys,
-                           "sync_interval_ms": 5}
+def run(
+    *,
+    workers: int = 4,
+    seconds: float = 5.0,
+    keys: int = 10_000,
+    hot_factor: float = 4.0,
+    key_rate: float = 4000.0,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "workers": workers,
+        "seconds": seconds,
+        "keys": keys,
+        "sync_interval_ms": 5,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for mult in (1, 10):
-            results = _one_run(Path(tmp), workers, seconds, keys,
-                               hot_rate=HOT["target_rate"] * hot_factor * mult,
-                               key_rate=key_rate * mult)
+            results = _one_run(
+                Path(tmp),
+                workers,
+                seconds,
+                keys,
+                hot_rate=HOT["target_rate"] * hot_factor * mult,
+                key_rate=key_rate * mult,
+            )
             msgs = sum(r["messages_sent"] for r in results) / workers / seconds
             out[f"messages_per_worker_s_{mult}x"] = round(msgs, 1)
             if mult == 1:
@@ -81,22 +96,45 @@ def run(*, workers: int = 4, seconds: float = 5.0, keys: int = 10_000,
     return out
 
 
-def _one_run(tmp: Path, workers: int, seconds: float, keys: int, *, hot_rate: float,
-             key_rate: float) -> list[dict[str, Any]]:
+def _one_run(
+    tmp: Path, workers: int, seconds: float, keys: int, *, hot_rate: float, key_rate: float
+) -> list[dict[str, Any]]:
     ids = [f"w{i}" for i in range(workers)]
     members = {m: f"127.0.0.1:{free_port()}" for m in ids}
     cfg = write_config(tmp / "cluster.yaml", cluster_config(members))
-    return run_window([[
-        "-m", "bench.cluster", "worker", "--config", str(cfg), "--member-id", m,
-        "--start-at", "0", "--seconds", str(seconds),
-        "--hot-rate", str(hot_rate / workers), "--key-rate", str(key_rate / workers),
-        "--keys", str(keys), "--probe"] for m in ids])
+    return run_window(
+        [
+            [
+                "-m",
+                "bench.cluster",
+                "worker",
+                "--config",
+                str(cfg),
+                "--member-id",
+                m,
+                "--start-at",
+                "0",
+                "--seconds",
+                str(seconds),
+                "--hot-rate",
+                str(hot_rate / workers),
+                "--key-rate",
+                str(key_rate / workers),
+                "--keys",
+                str(keys),
+                "--probe",
+            ]
+            for m in ids
+        ]
+    )
 
 
 def _summary(results: list[dict[str, Any]], workers: int, seconds: float) -> dict[str, Any]:
     n_buckets = max(len(r["hot_buckets"]) for r in results)
-    buckets = [sum(r["hot_buckets"][i] for r in results if i < len(r["hot_buckets"]))
-               for i in range(n_buckets)]
+    buckets = [
+        sum(r["hot_buckets"][i] for r in results if i < len(r["hot_buckets"]))
+        for i in range(n_buckets)
+    ]
     delays = sorted(d for r in results for d in r["delays_ns"])
     p50 = delays[len(delays) // 2] / 1e6 if delays else 0.0
     p99 = delays[min(len(delays) - 1, int(len(delays) * 0.99))] / 1e6 if delays else 0.0
@@ -108,9 +146,13 @@ def _summary(results: list[dict[str, Any]], workers: int, seconds: float) -> dic
     calls = sum(r["hot_calls"] for r in results)
     spent = sum(r["hot_ns"] for r in results)
     return {
-        "d_p50_ms": round(p50, 3), "d_p99_ms": round(p99, 3),
-        "admitted": admitted, "ideal": ideal,
-        "excess": round(excess, 1), "bound": round(bound, 1), "within_bound": excess <= bound,
+        "d_p50_ms": round(p50, 3),
+        "d_p99_ms": round(p99, 3),
+        "admitted": admitted,
+        "ideal": ideal,
+        "excess": round(excess, 1),
+        "bound": round(bound, 1),
+        "within_bound": excess <= bound,
         "hotpath_ops_per_s": round(calls / (spent / 1e9)) if spent else 0,
         "delay_samples": len(delays),
         "tick_lag_max_ms": max(r.get("tick_lag_max_ms", 0.0) for r in results),
@@ -118,6 +160,7 @@ def _summary(results: list[dict[str, Any]], workers: int, seconds: float) -> dic
 
 
 # -- one worker process -------------------------------------------------------------------
+
 
 async def _worker(a: argparse.Namespace) -> dict[str, Any]:
     from dataclasses import replace
@@ -194,8 +237,7 @@ async def _offer(mesh: Any, a: argparse.Namespace) -> dict[str, Any]:
         if shared is not None and ok:
             shared.add(idx, ok)
         await asyncio.sleep(0.001)
-    return {"hot_buckets": buckets, "hot_offered": offered, "hot_calls": calls,
-            "hot_ns": spent}
+    return {"hot_buckets": buckets, "hot_offered": offered, "hot_calls": calls, "hot_ns": spent}
 
 
 class _SharedBuckets:
@@ -231,8 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     w = sub.add_parser("worker")
     w.add_argument("--config", required=True)
     w.add_argument("--member-id", required=True)
-    w.add_argument("--start-at", type=float, default=0.0,
-                   help="wall-clock start of the window (0: read it from stdin when ready)")
+    w.add_argument(
+        "--start-at",
+        type=float,
+        default=0.0,
+        help="wall-clock start of the window (0: read it from stdin when ready)",
+    )
     w.add_argument("--seconds", type=float, required=True)
     w.add_argument("--hot-rate", type=float, required=True)
     w.add_argument("--key-rate", type=float, default=0.0)

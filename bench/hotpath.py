@@ -25,9 +25,7 @@ BIG = 10**15
 def _fleet_admission(tenants: list[str]) -> Admission:
     """A worker whose global views are fed a huge snapshot: every call takes the allow path
     of the real mesh hot path (the deny path is the same length)."""
-    policies = PolicyCache(
-        TenantRatePolicy(t, Metric.READ_IOPS, 1, BIG, BIG, BIG) for t in tenants
-    )
+    policies = PolicyCache(TenantRatePolicy(t, Metric.READ_IOPS, 1, BIG, BIG, BIG) for t in tenants)
     ring = Ring(["w1"], 1)
     reporter = Reporter("w1", 1, ring)
     adm = Admission(policies, 0, reporter=reporter)
@@ -81,8 +79,7 @@ def _measure(fn: Callable[[str], Any], keys: list[str], ops: int) -> dict[str, f
 
 def _bytes_per_key(n: int) -> float:
     tenants = [f"tenant-{i:06d}" for i in range(n)]
-    policies = PolicyCache(TenantRatePolicy(t, Metric.READ_IOPS, 1, BIG, BIG, BIG)
-                           for t in tenants)
+    policies = PolicyCache(TenantRatePolicy(t, Metric.READ_IOPS, 1, BIG, BIG, BIG) for t in tenants)
     ring = Ring(["w1"], 1)
     gc.collect()
     tracemalloc.start()
@@ -122,12 +119,16 @@ def run(ops: int = 2_000_000, keys: int = 10_000) -> dict[str, Any]:
         "limits.many_keys": _measure(limits_one, many, limits_ops),
     }
     out["ratio_hot"] = round(
-        out["mesh.hot_key"]["ops_per_s"] / out["limits.hot_key"]["ops_per_s"], 2)
+        out["mesh.hot_key"]["ops_per_s"] / out["limits.hot_key"]["ops_per_s"], 2
+    )
     out["ratio_many"] = round(
-        out["mesh.many_keys"]["ops_per_s"] / out["limits.many_keys"]["ops_per_s"], 2)
+        out["mesh.many_keys"]["ops_per_s"] / out["limits.many_keys"]["ops_per_s"], 2
+    )
     out["bytes_per_key"] = round(_bytes_per_key(keys), 1)
     out["ops"] = ops
     out["keys"] = keys
-    out["note"] = ("latency percentiles include the perf_counter_ns call around each "
-                   "operation; limits = MovingWindowRateLimiter(MemoryStorage)")
+    out["note"] = (
+        "latency percentiles include the perf_counter_ns call around each "
+        "operation; limits = MovingWindowRateLimiter(MemoryStorage)"
+    )
     return out

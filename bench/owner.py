@@ -29,28 +29,60 @@ BIG = 10**12
 WINDOW = 4  # batches in flight per feeder
 
 
-def run(*, seconds: float = 5.0, feeders: int = 2, keys: int = 10_000,
-        batch: int = 1000) -> dict[str, Any]:
+def run(
+    *, seconds: float = 5.0, feeders: int = 2, keys: int = 10_000, batch: int = 1000
+) -> dict[str, Any]:
     from mesh.peer import fetch_status
 
     with tempfile.TemporaryDirectory() as tmp:
         addr = f"127.0.0.1:{free_port()}"
-        cfg = write_config(Path(tmp) / "owner.yaml", {
-            "member_id": "owner", "listen": addr,
-            "membership": {"source": "static", "members": {"owner": addr}},
-            "policies": {"inline": [{"tenant_id": "*", "metric": "read_iops", "generation": 1,
-                                     "target_rate": BIG, "global_burst": BIG,
-                                     "local_burst_cap": BIG}]},
-        })
+        cfg = write_config(
+            Path(tmp) / "owner.yaml",
+            {
+                "member_id": "owner",
+                "listen": addr,
+                "membership": {"source": "static", "members": {"owner": addr}},
+                "policies": {
+                    "inline": [
+                        {
+                            "tenant_id": "*",
+                            "metric": "read_iops",
+                            "generation": 1,
+                            "target_rate": BIG,
+                            "global_burst": BIG,
+                            "local_burst_cap": BIG,
+                        }
+                    ]
+                },
+            },
+        )
         owner = spawn(["-m", "mesh.cli", "node", "--config", str(cfg)])
         procs = []
         try:
             read_ready(owner)
             start_at = time.time() + 2.5
-            procs = [spawn(["-m", "bench.owner", "feeder", "--addr", addr, "--id", f"f{i}",
-                            "--keys", str(keys), "--batch", str(batch),
-                            "--start-at", str(start_at), "--seconds", str(seconds + 1.0)])
-                     for i in range(feeders)]
+            procs = [
+                spawn(
+                    [
+                        "-m",
+                        "bench.owner",
+                        "feeder",
+                        "--addr",
+                        addr,
+                        "--id",
+                        f"f{i}",
+                        "--keys",
+                        str(keys),
+                        "--batch",
+                        str(batch),
+                        "--start-at",
+                        str(start_at),
+                        "--seconds",
+                        str(seconds + 1.0),
+                    ]
+                )
+                for i in range(feeders)
+            ]
             for p in procs:
                 read_ready(p)
             time.sleep(max(0.0, start_at - time.time()) + 0.5)
@@ -64,9 +96,14 @@ def run(*, seconds: float = 5.0, feeders: int = 2, keys: int = 10_000,
             for p in procs:
                 stop(p)
             stop(owner)
-    return {"deltas_per_s": round((s1 - s0) / elapsed), "feeders": feeders, "keys": keys,
-            "batch": batch, "seconds": round(elapsed, 2),
-            "reports_sent": sum(s["reports_sent"] for s in sent)}
+    return {
+        "deltas_per_s": round((s1 - s0) / elapsed),
+        "feeders": feeders,
+        "keys": keys,
+        "batch": batch,
+        "seconds": round(elapsed, 2),
+        "reports_sent": sum(s["reports_sent"] for s in sent),
+    }
 
 
 async def _feed(a: argparse.Namespace) -> dict[str, Any]:
@@ -79,8 +116,15 @@ async def _feed(a: argparse.Namespace) -> dict[str, Any]:
     def deliver(msg: Any) -> None:
         acked.put_nowait(len(msg.keys))
 
-    link = PeerLink(member_id=a.id, worker_epoch=1, peer_id="owner", addr=a.addr,
-                    deliver=deliver, tls=None, max_message_bytes=64 << 20)
+    link = PeerLink(
+        member_id=a.id,
+        worker_epoch=1,
+        peer_id="owner",
+        addr=a.addr,
+        deliver=deliver,
+        tls=None,
+        max_message_bytes=64 << 20,
+    )
     print(json.dumps({"feeder": a.id}), flush=True)
     while time.time() < a.start_at:
         await asyncio.sleep(0.01)
@@ -99,9 +143,23 @@ async def _feed(a: argparse.Namespace) -> dict[str, Any]:
             for k in idx:
                 seq[k] += 1
                 seqs.append(seq[k])
-            link.send(msgpack.packb([SCHEMA_VERSION, "reports", a.id, 1, 1,
-                                     [keys[k] for k in idx], pack_column(seqs), ones,
-                                     zeros, pack_column(seqs)], use_bin_type=True))
+            link.send(
+                msgpack.packb(
+                    [
+                        SCHEMA_VERSION,
+                        "reports",
+                        a.id,
+                        1,
+                        1,
+                        [keys[k] for k in idx],
+                        pack_column(seqs),
+                        ones,
+                        zeros,
+                        pack_column(seqs),
+                    ],
+                    use_bin_type=True,
+                )
+            )
             inflight += 1
             sent += a.batch
         got = 0

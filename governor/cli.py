@@ -21,7 +21,6 @@ from ratemesh.operator import EXIT_USAGE, OneLineParser, one_line
 __all__ = ["main"]
 
 
-
 def _table(result: dict[str, Any]) -> str:
     width = max(len(k) for k in result)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in result.items())

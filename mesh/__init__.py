@@ -27,6 +27,7 @@ def __getattr__(name: str) -> object:
         return Mesh
     raise AttributeError(f"module 'mesh' has no attribute {name!r}")
 
+
 __all__ = [
     "Admission",
     "ConfigError",

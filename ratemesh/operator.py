@@ -41,8 +41,12 @@ def probe_bind(listen: str, field: str = "listen", error: type[ConfigError] = Co
     if not port_text.isdigit() or int(port_text) == 0:
         return
     try:
-        infos = socket.getaddrinfo(host.strip("[]") or None, int(port_text),
-                                   type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(
+            host.strip("[]") or None,
+            int(port_text),
+            type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE,
+        )
     except socket.gaierror as exc:
         raise error(field, f"cannot serve on {listen}: {exc.strerror}") from exc
     reasons = ["no address"]

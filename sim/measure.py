@@ -22,10 +22,27 @@ WINDOW_NS = 100_000_000  # plot resolution: admitted rate per 100 ms
 
 
 class KeyRecord:
-    __slots__ = ("tenant", "policy", "ideal_meter", "admitted", "ideal", "offered", "shortfall",
-                 "max_excess", "excess_sum", "last_excess", "last_step", "window", "iwindow",
-                 "win_idx",
-                 "series", "workers", "quiet", "max_rate", "max_b")
+    __slots__ = (
+        "tenant",
+        "policy",
+        "ideal_meter",
+        "admitted",
+        "ideal",
+        "offered",
+        "shortfall",
+        "max_excess",
+        "excess_sum",
+        "last_excess",
+        "last_step",
+        "window",
+        "iwindow",
+        "win_idx",
+        "series",
+        "workers",
+        "quiet",
+        "max_rate",
+        "max_b",
+    )
 
     def __init__(self, info: TenantInfo, now_ns: int) -> None:
         self.tenant = info.name
@@ -147,8 +164,9 @@ class Recorder:
             "ideal": ideal,
             "max_excess": worst.max_excess if worst else 0,
             "max_excess_tenant": worst.tenant if worst else None,
-            "mean_excess": round(sum(k.excess_sum for k in keys) / max(self.steps, 1)
-                                 / max(len(keys), 1), 3),
+            "mean_excess": round(
+                sum(k.excess_sum for k in keys) / max(self.steps, 1) / max(len(keys), 1), 3
+            ),
             "mean_excess_pct_of_rate": round(sum(mean_pct) / max(len(mean_pct), 1), 4),
             "bound": round(bound_by_key[worst.tenant], 1) if worst else 0.0,
             "within_bound": within,
@@ -156,7 +174,8 @@ class Recorder:
             "utilisation": round(1 - shortfall / ideal, 5) if ideal else 1.0,
             "fairness": round(jain(shares), 5),
             "quiet_share": round(min(1.0, sum(k.admitted for k in quiet) / q_ideal), 5)
-            if q_ideal else None,
+            if q_ideal
+            else None,
         }
 
 

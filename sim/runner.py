@@ -44,8 +44,9 @@ def _fault_events(sc: Scenario, start_ns: int) -> list[tuple[int, int, str, Faul
 class _Faults:
     """Applies a scenario's faults to one strategy and its network."""
 
-    def __init__(self, sc: Scenario, strat: Strategy, net: ScenarioNetwork, rec: Recorder,
-                 canonical: Ring) -> None:
+    def __init__(
+        self, sc: Scenario, strat: Strategy, net: ScenarioNetwork, rec: Recorder, canonical: Ring
+    ) -> None:
         self.sc, self.strat, self.net, self.rec, self.ring = sc, strat, net, rec, canonical
         self.active: dict[int, frozenset[str]] = {}
 
@@ -94,8 +95,9 @@ class _Faults:
             s.policy_changed(f.tenant, f.policy, now)
 
 
-def run_strategy(sc: Scenario, seed: int, name: str, *, d_ns: int | None = None,
-                 keep_series: int = 6) -> StrategyRun:
+def run_strategy(
+    sc: Scenario, seed: int, name: str, *, d_ns: int | None = None, keep_series: int = 6
+) -> StrategyRun:
     workers = sc.worker_ids()
     start = int(sc.warmup_s * NS_PER_S)
     net = ScenarioNetwork(sc.network, random.Random(f"network/{seed}"))
@@ -121,8 +123,9 @@ def run_strategy(sc: Scenario, seed: int, name: str, *, d_ns: int | None = None,
         live = strat.live
         for a in workload.step(t):
             if a.worker not in live:  # the load balancer sends it to a live worker
-                a = Arrival(live[index[a.worker] % len(live)], a.tenant, a.metric, a.amount,
-                            a.refund)
+                a = Arrival(
+                    live[index[a.worker] % len(live)], a.tenant, a.metric, a.amount, a.refund
+                )
             allowed = strat.admit(a, t)
             if allowed and a.refund:
                 strat.refund(a, t)
@@ -136,7 +139,8 @@ def run_strategy(sc: Scenario, seed: int, name: str, *, d_ns: int | None = None,
     d = measured or d_ns or nominal
     summary = rec.summary(d_ns=d, n_default=len(workers))
     summary["messages_per_worker_s"] = round(
-        strat.message_count() / len(workers) / sc.duration_s, 2)
+        strat.message_count() / len(workers) / sc.duration_s, 2
+    )
     summary["round_trips_per_request"] = round(strat.round_trips / max(rec.requests, 1), 4)
     summary["d_ms"] = round(d / MS, 3)
     summary["requests"] = rec.requests
@@ -146,8 +150,9 @@ def run_strategy(sc: Scenario, seed: int, name: str, *, d_ns: int | None = None,
     return StrategyRun(name, summary, series, measured)
 
 
-def run(sc: Scenario, seed: int, strategies: list[str] | None = None) -> tuple[dict[str, Any],
-                                                                            list[StrategyRun]]:
+def run(
+    sc: Scenario, seed: int, strategies: list[str] | None = None
+) -> tuple[dict[str, Any], list[StrategyRun]]:
     """Every strategy on the scenario; the mesh first, so its measured d sets the bound."""
     names = list(strategies or sc.strategies)
     if "mesh" in names:
@@ -171,7 +176,10 @@ def run(sc: Scenario, seed: int, strategies: list[str] | None = None) -> tuple[d
         "tenants": len(Workload(sc, seed, sc.worker_ids()).tenants),
         "duration_s": sc.duration_s,
         "strategies": {r.name: r.summary for r in runs},
-        "timing": {"wall_s": round(wall, 3), "simulated_s": simulated,
-                   "speedup": round(simulated / wall, 2) if wall else None},
+        "timing": {
+            "wall_s": round(wall, 3),
+            "simulated_s": simulated,
+            "speedup": round(simulated / wall, 2) if wall else None,
+        },
     }
     return result, runs

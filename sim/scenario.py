@@ -13,15 +13,37 @@ from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.checks import check_bool, check_keys, check_number
 from ratemesh.yamlfile import load_yaml
 
-__all__ = ["ConfigError", "Scenario", "Fleet", "Policy", "TenantLoad", "TenantGroup",
-           "NetworkSpec", "Fault", "load", "load_file", "parse", "SCENARIO_DIR", "names",
-           "STRATEGIES"]
+__all__ = [
+    "ConfigError",
+    "Scenario",
+    "Fleet",
+    "Policy",
+    "TenantLoad",
+    "TenantGroup",
+    "NetworkSpec",
+    "Fault",
+    "load",
+    "load_file",
+    "parse",
+    "SCENARIO_DIR",
+    "names",
+    "STRATEGIES",
+]
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 STRATEGIES = ("mesh", "local", "share", "gubernator-global", "central-open", "central-closed")
 PATTERNS = ("steady", "bursty", "diurnal")
-FAULT_KINDS = ("partition", "crash", "crash_owner", "restart", "join", "leave",
-               "policy_change", "skew", "central_outage")
+FAULT_KINDS = (
+    "partition",
+    "crash",
+    "crash_owner",
+    "restart",
+    "join",
+    "leave",
+    "policy_change",
+    "skew",
+    "central_outage",
+)
 
 
 class _Fields:
@@ -45,8 +67,16 @@ class _Fields:
             return default
         return self.data[key]
 
-    def num(self, key: str, default: float | None = None, *, minimum: float = 0.0,
-            maximum: float = 1e12, required: bool = False, integer: bool = False) -> Any:
+    def num(
+        self,
+        key: str,
+        default: float | None = None,
+        *,
+        minimum: float = 0.0,
+        maximum: float = 1e12,
+        required: bool = False,
+        integer: bool = False,
+    ) -> Any:
         v = self.get(key, default, required=required)
         if v is None:
             return None
@@ -59,16 +89,23 @@ class _Fields:
     def flag(self, key: str, default: bool) -> bool:
         return check_bool(self.path(key), self.get(key, default), error=ConfigError)
 
-    def text(self, key: str, default: str | None = None, *, choices: tuple[str, ...] = (),
-             required: bool = False) -> Any:
+    def text(
+        self,
+        key: str,
+        default: str | None = None,
+        *,
+        choices: tuple[str, ...] = (),
+        required: bool = False,
+    ) -> Any:
         v = self.get(key, default, required=required)
         if v is None:
             return None
         if not isinstance(v, str) or not v:
             raise ConfigTypeError(self.path(key), f"must be a non-empty string, got {v!r}")
         if choices and v not in choices:
-            raise ConfigError(self.path(key), f"unknown value {v!r}; expected one of: "
-                                              + ", ".join(choices))
+            raise ConfigError(
+                self.path(key), f"unknown value {v!r}; expected one of: " + ", ".join(choices)
+            )
         return v
 
     def items(self, key: str) -> list[Any]:
@@ -163,10 +200,12 @@ class Scenario:
 
 def _policy(data: Any, where: str) -> Policy:
     f = _Fields(data, where)
-    p = Policy(rate=f.num("rate", required=True, minimum=1, integer=True),
-               burst=f.num("burst", required=True, minimum=1, integer=True),
-               local_burst_cap=f.num("local_burst_cap", required=True, minimum=1, integer=True),
-               metric=Metric(f.text("metric", "read_iops", choices=tuple(m.value for m in Metric))))
+    p = Policy(
+        rate=f.num("rate", required=True, minimum=1, integer=True),
+        burst=f.num("burst", required=True, minimum=1, integer=True),
+        local_burst_cap=f.num("local_burst_cap", required=True, minimum=1, integer=True),
+        metric=Metric(f.text("metric", "read_iops", choices=tuple(m.value for m in Metric))),
+    )
     f.done()
     return p
 
@@ -194,10 +233,12 @@ def _tenant(data: Any, where: str) -> TenantLoad:
 
 def _group(data: Any, where: str) -> TenantGroup:
     f = _Fields(data, where)
-    g = TenantGroup(prefix=f.text("prefix", required=True),
-                    count=f.num("count", required=True, minimum=1, maximum=1e6, integer=True),
-                    total_offered=f.num("total_offered", required=True),
-                    zipf=f.num("zipf", 1.1, maximum=10))
+    g = TenantGroup(
+        prefix=f.text("prefix", required=True),
+        count=f.num("count", required=True, minimum=1, maximum=1e6, integer=True),
+        total_offered=f.num("total_offered", required=True),
+        zipf=f.num("zipf", 1.1, maximum=10),
+    )
     f.done()
     return g
 
@@ -212,21 +253,35 @@ def _fault(data: Any, where: str, workers: set[str], tenants: set[str]) -> Fault
         raise ConfigTypeError(f.path("members"), "must be a list of worker ids")
     for i, m in enumerate(members):
         if m not in workers and kind not in ("join",):
-            raise ConfigError(f"{f.path('members')}[{i}]", f"no worker {m!r} in this fleet "
-                                                           f"(ids are w0000, w0001, ...)")
+            raise ConfigError(
+                f"{f.path('members')}[{i}]",
+                f"no worker {m!r} in this fleet (ids are w0000, w0001, ...)",
+            )
     tenant = f.text("tenant")
     if tenant is not None and tenant not in tenants:
         raise ConfigError(f.path("tenant"), f"no tenant {tenant!r} in this scenario")
-    fault = Fault(kind=kind, at_s=f.num("at_s", required=True),
-                  until_s=f.num("until_s"), members=tuple(members), tenant=tenant,
-                  offset_ms=f.num("offset_ms", 0.0, minimum=-1e6),
-                  policy=_policy(f.get("policy"), f.path("policy")) if f.get("policy") else None)
+    fault = Fault(
+        kind=kind,
+        at_s=f.num("at_s", required=True),
+        until_s=f.num("until_s"),
+        members=tuple(members),
+        tenant=tenant,
+        offset_ms=f.num("offset_ms", 0.0, minimum=-1e6),
+        policy=_policy(f.get("policy"), f.path("policy")) if f.get("policy") else None,
+    )
     f.done()
     if fault.until_s is not None and fault.until_s <= fault.at_s:
         raise ConfigError(f.path("until_s"), "must be after at_s")
-    needs = {"partition": "members", "crash": "members", "restart": "members",
-             "join": "members", "leave": "members", "skew": "members",
-             "crash_owner": "tenant", "policy_change": "tenant"}
+    needs = {
+        "partition": "members",
+        "crash": "members",
+        "restart": "members",
+        "join": "members",
+        "leave": "members",
+        "skew": "members",
+        "crash_owner": "tenant",
+        "policy_change": "tenant",
+    }
     if kind in needs and not getattr(fault, needs[kind]):
         raise ConfigError(f.path(needs[kind]), f"is required for a {kind} fault")
     if kind == "policy_change" and fault.policy is None:
@@ -238,24 +293,26 @@ def parse(data: Any, *, where: str = "") -> Scenario:
     """Validate a scenario mapping (as loaded from YAML) and build it."""
     f = _Fields(data, where)
     ff = _Fields(f.get("fleet", None, required=True), f.path("fleet"))
-    fleet = Fleet(workers=ff.num("workers", required=True, minimum=1, maximum=100_000,
-                                 integer=True),
-                  sync_interval_ms=ff.num("sync_interval_ms", 5, minimum=1, maximum=1000,
-                                          integer=True),
-                  snapshot_ttl_ms=ff.num("snapshot_ttl_ms", 20, minimum=1, maximum=60_000,
-                                         integer=True),
-                  lb_skew=ff.num("lb_skew", 0.0, maximum=10))
+    fleet = Fleet(
+        workers=ff.num("workers", required=True, minimum=1, maximum=100_000, integer=True),
+        sync_interval_ms=ff.num("sync_interval_ms", 5, minimum=1, maximum=1000, integer=True),
+        snapshot_ttl_ms=ff.num("snapshot_ttl_ms", 20, minimum=1, maximum=60_000, integer=True),
+        lb_skew=ff.num("lb_skew", 0.0, maximum=10),
+    )
     ff.done()
     if fleet.snapshot_ttl_ms < fleet.sync_interval_ms:
         raise ConfigError(ff.path("snapshot_ttl_ms"), "must be at least sync_interval_ms")
     nf = _Fields(f.get("network", {}), f.path("network"))
-    network = NetworkSpec(latency_ms=nf.num("latency_ms", 0.5, maximum=10_000),
-                          jitter_ms=nf.num("jitter_ms", 0.5, maximum=10_000),
-                          loss=nf.num("loss", 0.0, maximum=1.0),
-                          duplicate=nf.num("duplicate", 0.0, maximum=1.0))
+    network = NetworkSpec(
+        latency_ms=nf.num("latency_ms", 0.5, maximum=10_000),
+        jitter_ms=nf.num("jitter_ms", 0.5, maximum=10_000),
+        loss=nf.num("loss", 0.0, maximum=1.0),
+        duplicate=nf.num("duplicate", 0.0, maximum=1.0),
+    )
     nf.done()
-    tenants = tuple(_tenant(t, f"{f.path('tenants')}[{i}]")
-                    for i, t in enumerate(f.items("tenants")))
+    tenants = tuple(
+        _tenant(t, f"{f.path('tenants')}[{i}]") for i, t in enumerate(f.items("tenants"))
+    )
     groups = tuple(_group(g, f"{f.path('groups')}[{i}]") for i, g in enumerate(f.items("groups")))
     if not tenants and not groups:
         raise ConfigError(f.path("tenants"), "a scenario needs tenants or groups")
@@ -263,22 +320,29 @@ def parse(data: Any, *, where: str = "") -> Scenario:
     if len(set(names_seen)) != len(names_seen):
         raise ConfigError(f.path("tenants"), "tenant names must be unique")
     workers = {f"w{i:04d}" for i in range(fleet.workers + 64)}  # joiners may be new ids
-    faults = tuple(_fault(x, f"{f.path('faults')}[{i}]", workers, set(names_seen))
-                   for i, x in enumerate(f.items("faults")))
+    faults = tuple(
+        _fault(x, f"{f.path('faults')}[{i}]", workers, set(names_seen))
+        for i, x in enumerate(f.items("faults"))
+    )
     strategies = f.get("strategies", list(STRATEGIES))
     if not isinstance(strategies, list) or not strategies:
         raise ConfigTypeError(f.path("strategies"), "must be a non-empty list")
     for i, s in enumerate(strategies):
         if s not in STRATEGIES:
-            raise ConfigError(f"{f.path('strategies')}[{i}]",
-                              f"unknown strategy {s!r}; expected one of: " + ", ".join(STRATEGIES))
+            raise ConfigError(
+                f"{f.path('strategies')}[{i}]",
+                f"unknown strategy {s!r}; expected one of: " + ", ".join(STRATEGIES),
+            )
     sc = Scenario(
         name=f.text("name", required=True),
         description=f.text("description", "-"),
         duration_s=f.num("duration_s", required=True, minimum=0.01, maximum=3600),
         fleet=fleet,
         policy=_policy(f.get("policy", None, required=True), f.path("policy")),
-        tenants=tenants, groups=groups, network=network, faults=faults,
+        tenants=tenants,
+        groups=groups,
+        network=network,
+        faults=faults,
         strategies=tuple(strategies),
         warmup_s=f.num("warmup_s", 0.5, maximum=60),
         step_ms=f.num("step_ms", 1.0, minimum=0.1, maximum=100),
@@ -287,8 +351,9 @@ def parse(data: Any, *, where: str = "") -> Scenario:
     for i, t in enumerate(tenants):
         metric = (t.policy or sc.policy).metric
         if metric.unit.value == "bytes" and t.request_bytes <= 0:
-            raise ConfigError(f"{f.path('tenants')}[{i}].request_bytes",
-                              "is required (> 0) for a byte metric")
+            raise ConfigError(
+                f"{f.path('tenants')}[{i}].request_bytes", "is required (> 0) for a byte metric"
+            )
     return sc
 
 

@@ -16,8 +16,9 @@ from sim.scenario import load, names
 __all__ = ["sweep"]
 
 
-def sweep(scenarios: list[str] | None = None, seeds: int = 20,
-          strategies: tuple[str, ...] = ("mesh",)) -> dict[str, Any]:
+def sweep(
+    scenarios: list[str] | None = None, seeds: int = 20, strategies: tuple[str, ...] = ("mesh",)
+) -> dict[str, Any]:
     chosen = scenarios or [n for n in names() if n != "scale"]
     out: dict[str, Any] = {"seeds": seeds, "scenarios": {}}
     t0 = time.perf_counter()
@@ -30,15 +31,16 @@ def sweep(scenarios: list[str] | None = None, seeds: int = 20,
             per[strat] = {
                 "runs": len(figs),
                 "within_bound": sum(f["within_bound"] for f in figs),
-                "within_bound_pct": round(100.0 * sum(f["within_bound"] for f in figs)
-                                          / len(figs), 2),
+                "within_bound_pct": round(
+                    100.0 * sum(f["within_bound"] for f in figs) / len(figs), 2
+                ),
                 "max_excess_worst": max(f["max_excess"] for f in figs),
                 "bound_min": min(f["bound"] for f in figs),
-                "mean_excess_pct_of_rate_worst": max(f["mean_excess_pct_of_rate"]
-                                                     for f in figs),
+                "mean_excess_pct_of_rate_worst": max(f["mean_excess_pct_of_rate"] for f in figs),
                 "utilisation_min": min(f["utilisation"] for f in figs),
-                "quiet_share_min": min((f["quiet_share"] for f in figs
-                                        if f["quiet_share"] is not None), default=None),
+                "quiet_share_min": min(
+                    (f["quiet_share"] for f in figs if f["quiet_share"] is not None), default=None
+                ),
             }
         out["scenarios"][name] = per
     out["wall_s"] = round(time.perf_counter() - t0, 1)

@@ -132,7 +132,8 @@ class NodeConfig:
     policy_file: str | None = None
     coordinator: CoordinatorConfig | None = None
     core: CoreConfig = field(
-        default_factory=lambda: CoreConfig(report_retry_max_ms=NODE_RETRY_MAX_MS))
+        default_factory=lambda: CoreConfig(report_retry_max_ms=NODE_RETRY_MAX_MS)
+    )
 
     def identity(self, environ: dict[str, str] | None = None) -> Identity:
         return resolve_identity(self, environ)
@@ -144,8 +145,7 @@ class NodeConfig:
         if self.advertise:
             addrs["advertise"] = self.advertise
         if self.membership and self.membership.source == "static":
-            addrs.update({f"membership.members.{k}": v
-                          for k, v in self.membership.members.items()})
+            addrs.update({f"membership.members.{k}": v for k, v in self.membership.members.items()})
         if self.tls is None:
             for where, addr in sorted(addrs.items()):
                 if not is_loopback(addr):
@@ -156,17 +156,23 @@ class NodeConfig:
             self.membership is None
             or (self.membership.source == "static" and len(self.membership.members) <= 1)
         ):
-            out.append("membership: a share-mode policy with no membership source; "
-                       "N_live is 1, so each member enforces the whole limit")
+            out.append(
+                "membership: a share-mode policy with no membership source; "
+                "N_live is 1, so each member enforces the whole limit"
+            )
         if not self.policies and self.coordinator is None:
-            out.append("policies: none configured and no coordinator; every tenant is "
-                       "refused with policy_unknown")
+            out.append(
+                "policies: none configured and no coordinator; every tenant is "
+                "refused with policy_unknown"
+            )
         ident = self.identity()
         if self.membership is not None and self.membership.source == "dns":
             out += _dns_warnings(self, ident.member_id)
         if not ident.stable:
-            out.append("member_id: none configured and no hostname; a random nonce is used, "
-                       "so a restart joins as a new member")
+            out.append(
+                "member_id: none configured and no hostname; a random nonce is used, "
+                "so a restart joins as a new member"
+            )
         return out
 
 
@@ -185,9 +191,20 @@ def resolve_identity(cfg: NodeConfig, environ: dict[str, str] | None = None) -> 
 
 # -- parsing ----------------------------------------------------------------------------------
 
-_TOP = {"member_id", "member_id_env", "listen", "advertise", "telemetry_listen",
-        "allow_plaintext", "tls", "max_message_bytes", "shutdown_drain_ms", "membership",
-        "policies", "core"}
+_TOP = {
+    "member_id",
+    "member_id_env",
+    "listen",
+    "advertise",
+    "telemetry_listen",
+    "allow_plaintext",
+    "tls",
+    "max_message_bytes",
+    "shutdown_drain_ms",
+    "membership",
+    "policies",
+    "core",
+}
 
 
 def load_config(path: str | Path) -> NodeConfig:
@@ -214,11 +231,13 @@ def parse_config(data: Any, *, base: Path | None = None) -> NodeConfig:
     if "allow_plaintext" in data:
         kw["allow_plaintext"] = check_bool("allow_plaintext", data["allow_plaintext"])
     if "max_message_bytes" in data:
-        kw["max_message_bytes"] = check_int("max_message_bytes", data["max_message_bytes"],
-                                            minimum=1024, maximum=1 << 30)
+        kw["max_message_bytes"] = check_int(
+            "max_message_bytes", data["max_message_bytes"], minimum=1024, maximum=1 << 30
+        )
     if "shutdown_drain_ms" in data:
-        kw["shutdown_drain_ms"] = check_int("shutdown_drain_ms", data["shutdown_drain_ms"],
-                                            maximum=600_000)
+        kw["shutdown_drain_ms"] = check_int(
+            "shutdown_drain_ms", data["shutdown_drain_ms"], maximum=600_000
+        )
     if data.get("tls") is not None:
         kw["tls"] = _tls(data["tls"], base)
     if data.get("membership") is not None:
@@ -230,8 +249,12 @@ def parse_config(data: Any, *, base: Path | None = None) -> NodeConfig:
         core = {}
     if isinstance(core, dict) and "report_retry_max_ms" not in core:
         floor = core.get("report_retry_ms")
-        core = {**core, "report_retry_max_ms": max(NODE_RETRY_MAX_MS, floor)
-                if type(floor) is int else NODE_RETRY_MAX_MS}
+        core = {
+            **core,
+            "report_retry_max_ms": max(NODE_RETRY_MAX_MS, floor)
+            if type(floor) is int
+            else NODE_RETRY_MAX_MS,
+        }
     kw["core"] = CoreConfig.from_dict(core)
     cfg = NodeConfig(**kw)
     _check_plaintext(cfg)
@@ -268,8 +291,13 @@ def _tls(data: Any, base: Path | None) -> TlsConfig:
     if require and ca is None:
         raise ConfigError("tls.ca", "is required when require_client_cert is true")
     name = data.get("server_name")
-    return TlsConfig(_file("tls.cert", data["cert"], base), _file("tls.key", data["key"], base),
-                     ca, require, check_str("tls.server_name", name) if name else None)
+    return TlsConfig(
+        _file("tls.cert", data["cert"], base),
+        _file("tls.key", data["key"], base),
+        ca,
+        require,
+        check_str("tls.server_name", name) if name else None,
+    )
 
 
 def _membership(data: Any) -> MembershipConfig:
@@ -278,8 +306,9 @@ def _membership(data: Any) -> MembershipConfig:
     _no_unknown("membership", data, _NOT_DNS_KEYS | _DNS_KEYS | {"source"})
     source = data.get("source", "static")
     if source not in ("static", "etcd", "dns"):
-        raise ConfigError("membership.source", f"unknown value {source!r}; expected one of: "
-                                               "dns, etcd, static")
+        raise ConfigError(
+            "membership.source", f"unknown value {source!r}; expected one of: dns, etcd, static"
+        )
     if source == "dns":
         return _dns_membership(data)
     stray = sorted(_DNS_KEYS & data.keys())
@@ -306,17 +335,21 @@ def _membership(data: Any) -> MembershipConfig:
         raise ConfigError("membership.endpoints", "is required for source etcd")
     prefix = check_str("membership.prefix", data.get("prefix", "/ratemesh/members/"))
     return MembershipConfig(
-        source, members, tuple(endpoints), prefix,
-        check_int("membership.lease_ttl_s", data.get("lease_ttl_s", 5), minimum=1,
-                  maximum=3600),
+        source,
+        members,
+        tuple(endpoints),
+        prefix,
+        check_int("membership.lease_ttl_s", data.get("lease_ttl_s", 5), minimum=1, maximum=3600),
         check_int("membership.poll_ms", data.get("poll_ms", 1000), minimum=10),
     )
 
 
 _DNS_KEYS = {"name", "record", "port", "nameservers", "interval_ms", "epoch_slot_ms"}
 _NOT_DNS_KEYS = {"members", "endpoints", "prefix", "lease_ttl_s", "poll_ms"}
-_DNS_NAME = re.compile(r"^(?=.{1,253}\.?$)([A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?\.)*"
-                       r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?\.?$")
+_DNS_NAME = re.compile(
+    r"^(?=.{1,253}\.?$)([A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?\.)*"
+    r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?\.?$"
+)
 
 
 def _dns_membership(data: dict[str, Any]) -> MembershipConfig:
@@ -330,31 +363,45 @@ def _dns_membership(data: dict[str, Any]) -> MembershipConfig:
         raise ConfigError("membership.name", f"{name!r} is not a DNS name")
     record = check_str("membership.record", data.get("record", "a")).lower()
     if record not in ("a", "srv"):
-        raise ConfigError("membership.record", f"unknown value {record!r}; expected one of: "
-                                               "a, srv")
+        raise ConfigError("membership.record", f"unknown value {record!r}; expected one of: a, srv")
     port = 0
     if record == "a":
         if data.get("port") is None:
             raise ConfigError("membership.port", "is required for record a (the peers' port)")
         port = check_int("membership.port", data["port"], minimum=1, maximum=65535)
     elif "port" in data:
-        raise ConfigError("membership.port", "is only used with record a; SRV records carry "
-                                             "their own port")
+        raise ConfigError(
+            "membership.port", "is only used with record a; SRV records carry their own port"
+        )
     servers = data.get("nameservers", [])
     if not isinstance(servers, list):
         raise ConfigTypeError("membership.nameservers", "must be a list of IP[:port]")
-    nameservers = tuple(_nameserver(f"membership.nameservers[{i}]", s)
-                        for i, s in enumerate(servers))
-    interval_ms = check_int("membership.interval_ms", data.get("interval_ms", 1000),
-                            minimum=10, maximum=3_600_000)
-    slot_ms = check_int("membership.epoch_slot_ms", data.get("epoch_slot_ms", 30_000),
-                        minimum=1000, maximum=86_400_000)
+    nameservers = tuple(
+        _nameserver(f"membership.nameservers[{i}]", s) for i, s in enumerate(servers)
+    )
+    interval_ms = check_int(
+        "membership.interval_ms", data.get("interval_ms", 1000), minimum=10, maximum=3_600_000
+    )
+    slot_ms = check_int(
+        "membership.epoch_slot_ms",
+        data.get("epoch_slot_ms", 30_000),
+        minimum=1000,
+        maximum=86_400_000,
+    )
     if slot_ms < 2 * interval_ms:
-        raise ConfigError("membership.epoch_slot_ms", f"must be at least 2 x interval_ms "
-                                                      f"({2 * interval_ms}), got {slot_ms}")
-    return MembershipConfig("dns", name=name, record=record, port=port,
-                            nameservers=nameservers, interval_ms=interval_ms,
-                            epoch_slot_ms=slot_ms)
+        raise ConfigError(
+            "membership.epoch_slot_ms",
+            f"must be at least 2 x interval_ms ({2 * interval_ms}), got {slot_ms}",
+        )
+    return MembershipConfig(
+        "dns",
+        name=name,
+        record=record,
+        port=port,
+        nameservers=nameservers,
+        interval_ms=interval_ms,
+        epoch_slot_ms=slot_ms,
+    )
 
 
 def _nameserver(where: str, value: Any) -> tuple[str, int]:
@@ -374,8 +421,7 @@ def _nameserver(where: str, value: Any) -> tuple[str, int]:
         ipaddress.ip_address(host)
         port = int(port_text)
     except ValueError:
-        raise ConfigError(where, f"{text!r} must be an IP address, optionally with "
-                                 ":port") from None
+        raise ConfigError(where, f"{text!r} must be an IP address, optionally with :port") from None
     if not 0 < port < 65536:
         raise ConfigError(where, f"port {port} is out of range")
     return host, port
@@ -390,16 +436,22 @@ def _dns_warnings(cfg: NodeConfig, member_id: str) -> list[str]:
         try:
             ipaddress.ip_address(member_id)
         except ValueError:
-            out.append(f"member_id: {member_id!r} is not an address, but A records name "
-                       "members by address: this member will own no keys (set member_id "
-                       "to its address, e.g. member_id_env: POD_IP)")
+            out.append(
+                f"member_id: {member_id!r} is not an address, but A records name "
+                "members by address: this member will own no keys (set member_id "
+                "to its address, e.g. member_id_env: POD_IP)"
+            )
     elif "." not in member_id:
-        out.append(f"member_id: {member_id!r} is not a host name, but SRV records name "
-                   "members by target name: this member will own no keys (set member_id "
-                   "to the name its SRV record targets)")
+        out.append(
+            f"member_id: {member_id!r} is not a host name, but SRV records name "
+            "members by target name: this member will own no keys (set member_id "
+            "to the name its SRV record targets)"
+        )
     if cfg.tls is None and not all(is_loopback(a) for a in (cfg.listen, cfg.advertise) if a):
-        out.append(f"membership.name: peers come from DNS without tls: whoever can answer "
-                   f"for {m.name} can join the ring")
+        out.append(
+            f"membership.name: peers come from DNS without tls: whoever can answer "
+            f"for {m.name} can join the ring"
+        )
     return out
 
 
@@ -415,8 +467,9 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
     inline = data.get("inline", [])
     if not isinstance(inline, list):
         raise ConfigTypeError("policies.inline", "must be a list of policies")
-    found += [TenantRatePolicy.from_dict(p, where=f"policies.inline[{i}]")
-              for i, p in enumerate(inline)]
+    found += [
+        TenantRatePolicy.from_dict(p, where=f"policies.inline[{i}]") for i, p in enumerate(inline)
+    ]
     out["policies"] = tuple(found)
     coord = data.get("coordinator")
     if coord is not None:
@@ -427,8 +480,12 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
             raise ConfigError("policies.coordinator.addr", "is required")
         addr = check_str("policies.coordinator.addr", coord["addr"])
         _address("policies.coordinator.addr", addr)
-        out["coordinator"] = CoordinatorConfig(addr, check_int(
-            "policies.coordinator.poll_ttl_ms", coord.get("poll_ttl_ms", 1000), minimum=10))
+        out["coordinator"] = CoordinatorConfig(
+            addr,
+            check_int(
+                "policies.coordinator.poll_ttl_ms", coord.get("poll_ttl_ms", 1000), minimum=10
+            ),
+        )
     return out
 
 
@@ -450,5 +507,8 @@ def _check_plaintext(cfg: NodeConfig) -> None:
         addrs += [(f"membership.members.{k}", v) for k, v in cfg.membership.members.items()]
     for where, addr in addrs:
         if addr and not is_loopback(addr):
-            raise ConfigError(where, f"{addr} is not a loopback address: configure tls, or "
-                                     "set allow_plaintext: true to accept plaintext peers")
+            raise ConfigError(
+                where,
+                f"{addr} is not a loopback address: configure tls, or "
+                "set allow_plaintext: true to accept plaintext peers",
+            )

@@ -29,9 +29,13 @@ class PolicySnapshot:
         rev = obj.get("revision")
         if type(rev) is not int or rev < 0:
             raise MessageError("revision", "must be an integer >= 0")
-        return cls(rev, tuple(TenantRatePolicy.from_dict(p, where=f"policies[{i}]",
-                                                         error=MessageError)
-                              for i, p in enumerate(obj["policies"])))
+        return cls(
+            rev,
+            tuple(
+                TenantRatePolicy.from_dict(p, where=f"policies[{i}]", error=MessageError)
+                for i, p in enumerate(obj["policies"])
+            ),
+        )
 
 
 class PolicySource(Protocol):

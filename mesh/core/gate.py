@@ -19,8 +19,7 @@ NEVER = 1 << 62  # a threshold that is never crossed
 
 
 class Gate:
-    __slots__ = ("avail", "pending", "denied", "flush_at", "sink", "ok", "no",
-                 "policy", "marked")
+    __slots__ = ("avail", "pending", "denied", "flush_at", "sink", "ok", "no", "policy", "marked")
 
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[Gate], None]) -> None:
         self.policy = policy
@@ -34,7 +33,9 @@ class Gate:
         self.no: Verdict = verdict(False, Reason.RATE_LIMITED, policy.mode, BOUNDS[policy.mode])
 
     def set_verdicts(
-        self, bound: str, suspended: Suspension | None = None,
+        self,
+        bound: str,
+        suspended: Suspension | None = None,
         deny_reason: Reason = Reason.RATE_LIMITED,
     ) -> None:
         """Swap the shared verdicts when the view's condition changes (off the hot path)."""

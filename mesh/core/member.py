@@ -36,10 +36,12 @@ class Member:
         self.config = config or CoreConfig()
         self.policies = policies
         self.reporter = Reporter(member_id, worker_epoch, ring, config=self.config)
-        self.owner = Owner(member_id, ring, policies, now_ns, incarnation=worker_epoch,
-                           config=self.config)
-        self.admission = Admission(policies, now_ns, reporter=self.reporter, config=self.config,
-                                   n_live=len(ring))
+        self.owner = Owner(
+            member_id, ring, policies, now_ns, incarnation=worker_epoch, config=self.config
+        )
+        self.admission = Admission(
+            policies, now_ns, reporter=self.reporter, config=self.config, n_live=len(ring)
+        )
 
     @property
     def ring(self) -> Ring:

@@ -19,9 +19,21 @@ function here on random inputs, so a change here that is not made there too fail
 
 from __future__ import annotations
 
-__all__ = ["PPM", "GRAIN_BITS", "NEAR_BITS", "ShareBasis", "share_of", "share_round",
-           "snapshot_allowance_ppm", "even_part_ppm", "share_step", "share_basis",
-           "shares_even", "share_ppm", "near"]
+__all__ = [
+    "PPM",
+    "GRAIN_BITS",
+    "NEAR_BITS",
+    "ShareBasis",
+    "share_of",
+    "share_round",
+    "snapshot_allowance_ppm",
+    "even_part_ppm",
+    "share_step",
+    "share_basis",
+    "shares_even",
+    "share_ppm",
+    "near",
+]
 
 PPM = 1_000_000
 # The part of a share that follows demand moves in steps of 1/2**GRAIN_BITS (1/64) of the
@@ -55,8 +67,10 @@ class ShareBasis:
         self.even_ppm = even_ppm  # the even part each active reporter gets
 
     def __repr__(self) -> str:
-        return (f"ShareBasis(active={self.active}, demand={self.demand}, "
-                f"spread_ppm={self.spread_ppm}, even_ppm={self.even_ppm})")
+        return (
+            f"ShareBasis(active={self.active}, demand={self.demand}, "
+            f"spread_ppm={self.spread_ppm}, even_ppm={self.even_ppm})"
+        )
 
 
 def share_of(total: int, n_live: int) -> int:
@@ -76,8 +90,9 @@ def share_round(amount_ppm: int, coin_ppm: int) -> int:
     return whole + 1 if coin_ppm < frac else whole
 
 
-def snapshot_allowance_ppm(remaining: int, share_ppm: int, active_reporters: int,
-                           local_burst_cap: int) -> int:
+def snapshot_allowance_ppm(
+    remaining: int, share_ppm: int, active_reporters: int, local_burst_cap: int
+) -> int:
     """What one snapshot row lets its receiver spend, in ppm of a unit: its share of
     `remaining`, capped at b over the active reporters, or its demand share of b when that
     is larger (load-balancer skew; seed 004). The owner computes it too, to tell whether a
@@ -102,8 +117,7 @@ def share_step(even_ppm: int) -> int:
     return (even_ppm >> GRAIN_BITS) or 1
 
 
-def share_basis(remaining: int, burst: int, floor_ppm: int, active: int,
-                demand: int) -> ShareBasis:
+def share_basis(remaining: int, burst: int, floor_ppm: int, active: int, demand: int) -> ShareBasis:
     """The per-key half of the shares, from the bucket (`remaining` of `burst`), the
     configured floor of the even part, and the `active` reporters' summed `demand`."""
     even = even_part_ppm(remaining, burst, floor_ppm)

@@ -54,7 +54,10 @@ _INTERNED: dict[tuple[bool, Reason, Mode | None, str, Suspension | None], Verdic
 
 
 def verdict(
-    allowed: bool, reason: Reason, mode: Mode | None, bound: str,
+    allowed: bool,
+    reason: Reason,
+    mode: Mode | None,
+    bound: str,
     suspended: Suspension | None = None,
 ) -> Verdict:
     """The shared Verdict for these values: verdicts carry nothing per key, so every view

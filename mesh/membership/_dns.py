@@ -70,13 +70,22 @@ def wall_ms() -> int:
 
 
 class DnsMembership:
-    def __init__(self, name: str, *, record: str, member_id: str, port: int = 0,
-                 nameservers: Sequence[tuple[str, int]] = (), interval_ms: int = 1000,
-                 epoch_slot_ms: int = 30_000,
-                 clock_ms: Callable[[], int] = wall_ms) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        record: str,
+        member_id: str,
+        port: int = 0,
+        nameservers: Sequence[tuple[str, int]] = (),
+        interval_ms: int = 1000,
+        epoch_slot_ms: int = 30_000,
+        clock_ms: Callable[[], int] = wall_ms,
+    ) -> None:
         if record not in ("a", "srv"):
-            raise ConfigError("membership.record", f"unknown value {record!r}; "
-                                                   "expected one of: a, srv")
+            raise ConfigError(
+                "membership.record", f"unknown value {record!r}; expected one of: a, srv"
+            )
         if record == "a" and not 0 < port < 65536:
             raise ConfigError("membership.port", "is required for A records")
         if epoch_slot_ms < 2 * interval_ms:
@@ -118,8 +127,9 @@ class DnsMembership:
         try:
             answer = await self.resolver.resolve(self.name, rdtype)
         except dns.exception.DNSException as exc:
-            raise PeerUnavailable("dns", f"{self.name} {self.record.upper()}: "
-                                         f"{exc or type(exc).__name__}") from exc
+            raise PeerUnavailable(
+                "dns", f"{self.name} {self.record.upper()}: {exc or type(exc).__name__}"
+            ) from exc
         except OSError as exc:
             raise PeerUnavailable("dns", f"{self.name}: {exc}") from exc
         if answer.rrset is None:
@@ -151,9 +161,13 @@ class DnsMembership:
         if listed != self._self_listed:
             self._self_listed = listed
             if not listed:
-                log.warning("dns membership: %s is not among the records of %s (%s): it "
-                            "owns no keys until it is", self.member_id, self.name,
-                            ", ".join(sorted(members)))
+                log.warning(
+                    "dns membership: %s is not among the records of %s (%s): it "
+                    "owns no keys until it is",
+                    self.member_id,
+                    self.name,
+                    ", ".join(sorted(members)),
+                )
         view = MembershipView(members, epoch, False)
         if view != self.view:
             self._emit(view)
@@ -175,8 +189,9 @@ class DnsMembership:
         pass  # the resolver holds no connection between queries
 
 
-def _resolver(nameservers: Sequence[tuple[str, int]],
-              lifetime_s: float) -> dns.asyncresolver.Resolver:
+def _resolver(
+    nameservers: Sequence[tuple[str, int]], lifetime_s: float
+) -> dns.asyncresolver.Resolver:
     """A resolver for the configured servers, else the system's (/etc/resolv.conf)."""
     if nameservers:
         r = dns.asyncresolver.Resolver(configure=False)
@@ -185,8 +200,10 @@ def _resolver(nameservers: Sequence[tuple[str, int]],
         try:
             r = dns.asyncresolver.Resolver()
         except dns.resolver.NoResolverConfiguration as exc:
-            raise ConfigError("membership.nameservers", "none configured and the system "
-                                                        "has no resolver configuration") from exc
+            raise ConfigError(
+                "membership.nameservers",
+                "none configured and the system has no resolver configuration",
+            ) from exc
     r.lifetime = r.timeout = lifetime_s  # an answer later than the next poll is no answer
     return r
 

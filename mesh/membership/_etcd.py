@@ -24,8 +24,16 @@ log = logging.getLogger("mesh.membership")
 
 
 class EtcdMembership:
-    def __init__(self, client: EtcdClient, *, prefix: str, member_id: str, addr: str,
-                 lease_ttl_s: int, retry_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        client: EtcdClient,
+        *,
+        prefix: str,
+        member_id: str,
+        addr: str,
+        lease_ttl_s: int,
+        retry_s: float = 0.2,
+    ) -> None:
         self.client = client
         self.prefix = prefix
         self.member_id = member_id
@@ -74,7 +82,7 @@ class EtcdMembership:
             # a brief partition) writes nothing, so the ring and its epoch stay as they were.
             await self.client.put(self.key, value, lease=self.lease)
             _, kvs = await self.client.range_prefix(self.prefix)
-        members = {kv.key[len(self.prefix):]: _addr(kv.value) for kv in kvs}
+        members = {kv.key[len(self.prefix) :]: _addr(kv.value) for kv in kvs}
         epoch = max((kv.mod_revision for kv in kvs), default=0)
         self._emit(MembershipView(members, max(epoch, self.view.epoch), False))
         keepalive = asyncio.get_running_loop().create_task(self._keepalive())
@@ -104,7 +112,7 @@ class EtcdMembership:
             self._emit(MembershipView(members, epoch, False))
 
     def _apply(self, members: dict[str, str], ev: WatchEvent) -> None:
-        mid = ev.kv.key[len(self.prefix):]
+        mid = ev.kv.key[len(self.prefix) :]
         if ev.deleted:
             members.pop(mid, None)
         else:
@@ -123,7 +131,6 @@ class EtcdMembership:
                 await self.client.revoke(self.lease)
         except MeshError as exc:
             log.warning("etcd leave: %s (the lease will lapse instead)", exc)
-
 
     async def close(self) -> None:
         await self.client.close()

@@ -97,19 +97,26 @@ class EtcdClient:
         await self._post("/v3/kv/deleterange", {"key": _b64(key)})
 
     async def range_prefix(self, prefix: str) -> tuple[int, list[KeyValue]]:
-        out = await self._post("/v3/kv/range", {"key": _b64(prefix),
-                                                "range_end": _b64(prefix_end(prefix))})
+        out = await self._post(
+            "/v3/kv/range", {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
+        )
         kvs = [_kv(kv) for kv in out.get("kvs", [])]
         return int(out["header"]["revision"]), kvs
 
     async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[list[WatchEvent]]:
         """Events under `prefix` from `start_revision` on, one list per etcd response."""
-        body = {"create_request": {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix)),
-                                   "start_revision": str(start_revision)}}
+        body = {
+            "create_request": {
+                "key": _b64(prefix),
+                "range_end": _b64(prefix_end(prefix)),
+                "start_revision": str(start_revision),
+            }
+        }
         ep = self.endpoints[self._current]
         try:
-            async with self._http.stream("POST", f"{ep}/v3/watch", json=body,
-                                         timeout=httpx.Timeout(5.0, read=None)) as resp:
+            async with self._http.stream(
+                "POST", f"{ep}/v3/watch", json=body, timeout=httpx.Timeout(5.0, read=None)
+            ) as resp:
                 if resp.status_code != 200:
                     raise PeerRefused("etcd/v3/watch", f"HTTP {resp.status_code}")
                 async for line in resp.aiter_lines():
@@ -118,8 +125,10 @@ class EtcdClient:
                     result = json.loads(line).get("result", {})
                     if result.get("canceled") or result.get("compact_revision"):
                         raise PeerRefused("etcd/v3/watch", f"watch canceled: {result}")
-                    events = [WatchEvent(e.get("type") == "DELETE", _kv(e["kv"]))
-                              for e in result.get("events", [])]
+                    events = [
+                        WatchEvent(e.get("type") == "DELETE", _kv(e["kv"]))
+                        for e in result.get("events", [])
+                    ]
                     if events:
                         yield events
         except httpx.HTTPError as exc:
@@ -130,5 +139,4 @@ class EtcdClient:
 
 
 def _kv(kv: dict[str, Any]) -> KeyValue:
-    return KeyValue(_unb64(kv["key"]), _unb64(kv.get("value", "")),
-                    int(kv.get("mod_revision", 0)))
+    return KeyValue(_unb64(kv["key"]), _unb64(kv.get("value", "")), int(kv.get("mod_revision", 0)))

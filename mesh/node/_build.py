@@ -17,11 +17,18 @@ from mesh.peer import CoordinatorClient, GrpcTransport, PeerHandler, Transport
 __all__ = ["build_transport", "build_membership", "build_policy_source"]
 
 
-def build_transport(cfg: NodeConfig, member_id: str, worker_epoch: int,
-                    handler: PeerHandler) -> Transport:
-    return GrpcTransport(handler, member_id=member_id, worker_epoch=worker_epoch,
-                         listen=cfg.listen, advertise=cfg.advertise, tls=cfg.tls,
-                         max_message_bytes=cfg.max_message_bytes)
+def build_transport(
+    cfg: NodeConfig, member_id: str, worker_epoch: int, handler: PeerHandler
+) -> Transport:
+    return GrpcTransport(
+        handler,
+        member_id=member_id,
+        worker_epoch=worker_epoch,
+        listen=cfg.listen,
+        advertise=cfg.advertise,
+        tls=cfg.tls,
+        max_message_bytes=cfg.max_message_bytes,
+    )
 
 
 def build_membership(cfg: NodeConfig, member_id: str, address: str) -> MembershipSource:
@@ -30,16 +37,29 @@ def build_membership(cfg: NodeConfig, member_id: str, address: str) -> Membershi
         return StaticMembership({member_id: address})
     if m.source == "static":
         if member_id not in m.members:
-            raise ConfigError("membership.members",
-                              f"does not list this member {member_id!r}; known: "
-                              + ", ".join(sorted(m.members)))
+            raise ConfigError(
+                "membership.members",
+                f"does not list this member {member_id!r}; known: " + ", ".join(sorted(m.members)),
+            )
         return StaticMembership(m.members)
     if m.source == "dns":
-        return DnsMembership(m.name, record=m.record, member_id=member_id, port=m.port,
-                             nameservers=m.nameservers, interval_ms=m.interval_ms,
-                             epoch_slot_ms=m.epoch_slot_ms)
-    return EtcdMembership(EtcdClient(m.endpoints), prefix=m.prefix, member_id=member_id,
-                          addr=address, lease_ttl_s=m.lease_ttl_s, retry_s=m.poll_ms / 1000)
+        return DnsMembership(
+            m.name,
+            record=m.record,
+            member_id=member_id,
+            port=m.port,
+            nameservers=m.nameservers,
+            interval_ms=m.interval_ms,
+            epoch_slot_ms=m.epoch_slot_ms,
+        )
+    return EtcdMembership(
+        EtcdClient(m.endpoints),
+        prefix=m.prefix,
+        member_id=member_id,
+        addr=address,
+        lease_ttl_s=m.lease_ttl_s,
+        retry_s=m.poll_ms / 1000,
+    )
 
 
 def build_policy_source(cfg: NodeConfig) -> PolicySource | None:

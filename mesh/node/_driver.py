@@ -38,10 +38,19 @@ NS = 1_000_000_000
 
 
 class NodeDriver:
-    def __init__(self, config: NodeConfig, identity: Identity, member: Member,
-                 transport: Transport, membership: MembershipSource, feed: PolicyFeed | None,
-                 telemetry: Telemetry, *, lock: threading.Lock | None,
-                 clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        identity: Identity,
+        member: Member,
+        transport: Transport,
+        membership: MembershipSource,
+        feed: PolicyFeed | None,
+        telemetry: Telemetry,
+        *,
+        lock: threading.Lock | None,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
         self.config = config
         self.identity = identity
         self.member = member
@@ -110,8 +119,9 @@ class NodeDriver:
             t.cancel()
         # Each step is bounded: a stop that hangs on a peer or a membership server that
         # went away would keep the process from ever exiting.
-        await _bounded(asyncio.gather(*self._tasks, return_exceptions=True), CLOSE_STEP_S,
-                       "node tasks")  # their crashes were logged
+        await _bounded(
+            asyncio.gather(*self._tasks, return_exceptions=True), CLOSE_STEP_S, "node tasks"
+        )  # their crashes were logged
         self._tasks.clear()
         await _bounded(self.membership.close(), CLOSE_STEP_S, "membership source")
         if self.feed is not None:
@@ -235,12 +245,14 @@ class NodeDriver:
             if t is not None and ack >= t[0]:
                 del sent[key]
                 self.recent_delays_ns.append(now - t[1])
-                self._histogram(self._report_children, key.metric.value,
-                                True).observe((now - t[1]) / NS)
+                self._histogram(self._report_children, key.metric.value, True).observe(
+                    (now - t[1]) / NS
+                )
             prev = last.get(key)
             if prev is not None:
-                self._histogram(self._snapshot_children, key.metric.value,
-                                False).observe((now - prev) / NS)
+                self._histogram(self._snapshot_children, key.metric.value, False).observe(
+                    (now - prev) / NS
+                )
             last[key] = now
 
     def _histogram(self, cache: dict[str, Any], metric: str, report: bool) -> Any:
@@ -272,8 +284,9 @@ class NodeDriver:
             new = Ring(members, epoch, vnodes=ring.vnodes)
             self.member.ring_changed(now, new, stale=view.stale)
         self.transport.set_peers({m: a for m, a in members.items() if m != self.member_id})
-        log.info("ring epoch %d: %s%s", epoch, ",".join(new.members),
-                 " (stale)" if view.stale else "")
+        log.info(
+            "ring epoch %d: %s%s", epoch, ",".join(new.members), " (stale)" if view.stale else ""
+        )
 
 
 def _report_crash(task: asyncio.Task[Any]) -> None:
@@ -287,5 +300,4 @@ async def _bounded(step: Awaitable[Any], timeout_s: float, what: str) -> None:
     try:
         await asyncio.wait_for(step, timeout_s)
     except TimeoutError:
-        log.warning("closing: %s did not stop within %.1f s; going on without it", what,
-                    timeout_s)
+        log.warning("closing: %s did not stop within %.1f s; going on without it", what, timeout_s)

@@ -26,9 +26,12 @@ def d_estimate_ns(driver: NodeDriver) -> int:
 def node_stats(driver: NodeDriver) -> NodeStats:
     m = driver.member
     now = driver.clock_ns()
-    s = NodeStats(members=len(m.ring), ring_epoch=m.ring.epoch,
-                  membership_stale=driver.membership_view.stale,
-                  messages_sent=driver.messages_sent)
+    s = NodeStats(
+        members=len(m.ring),
+        ring_epoch=m.ring.epoch,
+        membership_stale=driver.membership_view.stale,
+        messages_sent=driver.messages_sent,
+    )
     with driver.lock:
         s.applied = m.owner.applied_by_scope()  # per tenant/metric, across generations
         for key, ks in list(m.owner.keys.items()):
@@ -65,14 +68,20 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         if p.mode is Mode.SHARE and mv.stale:
             bound, susp = BOUNDS["share_stale"], "membership_stale"
         entry: dict[str, Any] = {
-            "tenant": p.tenant_id, "metric": p.metric.value, "generation": p.generation,
-            "mode": p.mode.value, "bound": bound, "suspended": susp,
-            "target_rate": p.target_rate, "global_burst": p.global_burst,
+            "tenant": p.tenant_id,
+            "metric": p.metric.value,
+            "generation": p.generation,
+            "mode": p.mode.value,
+            "bound": bound,
+            "suspended": susp,
+            "target_rate": p.target_rate,
+            "global_burst": p.global_burst,
             "local_burst_cap": p.local_burst_cap,
         }
         if p.mode is Mode.GLOBAL:
-            entry["envelope"] = round(len(m.ring) * p.local_burst_cap
-                                      + p.target_rate * d_ms / 1000, 3)
+            entry["envelope"] = round(
+                len(m.ring) * p.local_burst_cap + p.target_rate * d_ms / 1000, 3
+            )
             if isinstance(v, GlobalGate):
                 entry["view"] = v.state.value
         limits.append(entry)
@@ -93,21 +102,37 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         "identity": {"source": driver.identity.source, "stable": driver.identity.stable},
         "worker_epoch": m.reporter.worker_epoch,
         "status": "closing" if driver.closing else "serving",
-        "membership": {"N": len(m.ring), "epoch": m.ring.epoch, "stale": mv.stale,
-                       "members": list(m.ring.members)},
+        "membership": {
+            "N": len(m.ring),
+            "epoch": m.ring.epoch,
+            "stale": mv.stale,
+            "members": list(m.ring.members),
+        },
         "d_ms": round(d_ms, 3),
         "limits": limits,
         "suspended": suspended,
         "policies": {
             "count": len(policies),
-            "coordinator": None if feed is None else {
-                "revision": feed.revision, "watching": feed.watching,
-                "reachable": feed.reachable, "last_error": feed.last_error},
+            "coordinator": None
+            if feed is None
+            else {
+                "revision": feed.revision,
+                "watching": feed.watching,
+                "reachable": feed.reachable,
+                "last_error": feed.last_error,
+            },
         },
-        "owner": {"keys": len(m.owner.keys), "applied_units": m.owner.applied_units,
-                  "duplicates": m.owner.duplicates, "handovers": m.owner.handovers.stats()},
-        "reporter": {"views": len(m.reporter.gates), "reports_sent": m.reporter.reports_sent,
-                     "snapshots_taken": m.reporter.snapshots_taken},
+        "owner": {
+            "keys": len(m.owner.keys),
+            "applied_units": m.owner.applied_units,
+            "duplicates": m.owner.duplicates,
+            "handovers": m.owner.handovers.stats(),
+        },
+        "reporter": {
+            "views": len(m.reporter.gates),
+            "reports_sent": m.reporter.reports_sent,
+            "snapshots_taken": m.reporter.snapshots_taken,
+        },
         "peer": driver.transport.stats(),
     }
 

@@ -56,12 +56,16 @@ _STOPPED = "stopped while this admit was waiting; nothing was admitted"
 
 
 class Mesh:
-    def __init__(self, config: NodeConfig | dict[str, Any] | str | Path, *,
-                 transport: TransportFactory | None = None,
-                 membership: MembershipSource | None = None,
-                 policy_source: PolicySource | None = None,
-                 environ: dict[str, str] | None = None,
-                 count_decisions: bool = True) -> None:
+    def __init__(
+        self,
+        config: NodeConfig | dict[str, Any] | str | Path,
+        *,
+        transport: TransportFactory | None = None,
+        membership: MembershipSource | None = None,
+        policy_source: PolicySource | None = None,
+        environ: dict[str, str] | None = None,
+        count_decisions: bool = True,
+    ) -> None:
         if isinstance(config, (str, Path)):
             config = load_config(config)
         elif isinstance(config, dict):
@@ -125,8 +129,9 @@ class Mesh:
             with self._lock:
                 d.member.admission.refund(tenant, metric, amount)
 
-    async def admit(self, tenant: str, metric: str, amount: int = 1, *,
-                    timeout_s: float) -> Verdict:
+    async def admit(
+        self, tenant: str, metric: str, amount: int = 1, *, timeout_s: float
+    ) -> Verdict:
         """Wait (bounded) in the tenant's queue for capacity.
 
         On the node's own loop it waits in place. In threaded mode it may be awaited from
@@ -140,8 +145,11 @@ class Mesh:
             return await coro
         if self._lock is None:
             coro.close()
-            raise ConfigError("mesh", "admit() from another event loop needs the threaded "
-                                      "mode (.start()); await it on the node's loop")
+            raise ConfigError(
+                "mesh",
+                "admit() from another event loop needs the threaded "
+                "mode (.start()); await it on the node's loop",
+            )
         fut = self._submit(coro, loop)
         try:
             return await asyncio.wrap_future(fut)
@@ -151,8 +159,9 @@ class Mesh:
                 raise ConfigError("mesh", _STOPPED) from None
             raise
 
-    def admit_blocking(self, tenant: str, metric: str, amount: int = 1, *,
-                       timeout_s: float) -> Verdict:
+    def admit_blocking(
+        self, tenant: str, metric: str, amount: int = 1, *, timeout_s: float
+    ) -> Verdict:
         """`admit()` for threads: block this thread until the verdict, at most `timeout_s`.
 
         The wait runs on the node's loop (same queues, verdicts and errors as `admit()`);
@@ -161,8 +170,10 @@ class Mesh:
         """
         loop = self._admit_loop()
         if threading.current_thread() is self._thread or _running_loop() is loop:
-            raise ConfigError("mesh", "admit_blocking() on the node's own event loop would "
-                                      "deadlock; await admit() there")
+            raise ConfigError(
+                "mesh",
+                "admit_blocking() on the node's own event loop would deadlock; await admit() there",
+            )
         fut = self._submit(self._wait(tenant, metric, amount, timeout_s), loop)
         try:
             return fut.result(max(timeout_s, 0.0) + ADMIT_GRACE_S)
@@ -183,13 +194,22 @@ class Mesh:
             raise ConfigError("mesh", "not started")
         return loop
 
-    def _wait(self, tenant: str, metric: str, amount: int,
-              timeout_s: float) -> Coroutine[Any, Any, Verdict]:
-        return _admit(self._require().member.admission, tenant, metric, amount,
-                      timeout_s=timeout_s, lock=self._lock, parked=self._parked)
+    def _wait(
+        self, tenant: str, metric: str, amount: int, timeout_s: float
+    ) -> Coroutine[Any, Any, Verdict]:
+        return _admit(
+            self._require().member.admission,
+            tenant,
+            metric,
+            amount,
+            timeout_s=timeout_s,
+            lock=self._lock,
+            parked=self._parked,
+        )
 
-    def _submit(self, coro: Coroutine[Any, Any, Verdict],
-                loop: asyncio.AbstractEventLoop) -> concurrent.futures.Future[Verdict]:
+    def _submit(
+        self, coro: Coroutine[Any, Any, Verdict], loop: asyncio.AbstractEventLoop
+    ) -> concurrent.futures.Future[Verdict]:
         """Run `coro` on the node's loop, unless stop() got there first."""
         with self._gate:
             if not self._closed:
@@ -222,10 +242,16 @@ class Mesh:
         """/health's JSON. From another thread it is built on the node's loop."""
         d = self._require()
         loop = self._loop
-        if self._lock is not None and loop is not None and loop.is_running() and \
-                threading.current_thread() is not self._thread:
+        if (
+            self._lock is not None
+            and loop is not None
+            and loop.is_running()
+            and threading.current_thread() is not self._thread
+        ):
+
             async def build() -> dict[str, Any]:
                 return health(d)
+
             return asyncio.run_coroutine_threadsafe(build(), loop).result(10)
         return health(d)
 
@@ -256,8 +282,7 @@ class Mesh:
         transport = make(self.member_id, worker_epoch, handler)
         self.address = await transport.start()
         try:
-            membership = self._membership_arg or build_membership(cfg, self.member_id,
-                                                                  self.address)
+            membership = self._membership_arg or build_membership(cfg, self.member_id, self.address)
             source = self._source_arg or build_policy_source(cfg)
         except BaseException:
             await transport.close(0)
@@ -268,20 +293,32 @@ class Mesh:
             feed = PolicyFeed(source, policies, poll_ttl_s=poll_s)
         tel = Telemetry(lambda: node_stats(driver))
         tel.decisions, tel.verdicts = self.decisions, self.verdicts
-        driver = NodeDriver(cfg, self.identity, member, transport, membership, feed, tel,
-                            lock=self._lock)
+        driver = NodeDriver(
+            cfg, self.identity, member, transport, membership, feed, tel, lock=self._lock
+        )
         handler.driver = driver
         self._driver = driver
         await driver.start()
         if cfg.telemetry_listen:
-            self._http = HttpEndpoint(cfg.telemetry_listen, {
-                "/metrics": lambda: (200, "text/plain; version=0.0.4", tel.render()),
-                "/health": lambda: (200, "application/json",
-                                    json.dumps(health(driver), sort_keys=True).encode()),
-            })
+            self._http = HttpEndpoint(
+                cfg.telemetry_listen,
+                {
+                    "/metrics": lambda: (200, "text/plain; version=0.0.4", tel.render()),
+                    "/health": lambda: (
+                        200,
+                        "application/json",
+                        json.dumps(health(driver), sort_keys=True).encode(),
+                    ),
+                },
+            )
             self.telemetry_address = await self._http.start()
-        log.info("member %s (%s, stable=%s) serving on %s", self.member_id,
-                 self.identity.source, self.identity.stable, self.address)
+        log.info(
+            "member %s (%s, stable=%s) serving on %s",
+            self.member_id,
+            self.identity.source,
+            self.identity.stable,
+            self.address,
+        )
 
     async def aclose(self) -> None:
         self._release_waiters()
@@ -299,8 +336,9 @@ class Mesh:
             raise ConfigError("mesh", "already started")
         self._lock = threading.Lock()
         started: Future[None] = Future()
-        self._thread = threading.Thread(target=self._thread_main, args=(started,),
-                                        name=f"mesh-{self.member_id}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._thread_main, args=(started,), name=f"mesh-{self.member_id}", daemon=True
+        )
         self._thread.start()
         started.result(timeout_s)
         return self

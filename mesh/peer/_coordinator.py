@@ -17,8 +17,7 @@ from mesh.errors import ConfigError, MessageError
 from mesh.peer._link import open_channel
 from mesh.peer._wire import channel_options, pack, translate, unpack
 
-__all__ = ["COORDINATOR_SERVICE", "coordinator_handler", "CoordinatorClient",
-           "CoordinatorServer"]
+__all__ = ["COORDINATOR_SERVICE", "coordinator_handler", "CoordinatorClient", "CoordinatorServer"]
 
 COORDINATOR_SERVICE = "ratemesh.coordinator.v1.Coordinator"
 
@@ -41,8 +40,9 @@ def coordinator_handler(store: PolicyStore) -> grpc.GenericRpcHandler:
     async def list_(request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
         return pack(store.snapshot().to_wire())
 
-    async def watch(request: bytes, context: aio.ServicerContext[bytes, bytes]
-                    ) -> AsyncIterator[bytes]:
+    async def watch(
+        request: bytes, context: aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
         try:
             obj = unpack(request, "watch")
             after = obj.get("after_revision", 0) if isinstance(obj, dict) else None
@@ -54,11 +54,14 @@ def coordinator_handler(store: PolicyStore) -> grpc.GenericRpcHandler:
         async for snap in store.watch(after):
             yield pack(snap.to_wire())
 
-    return grpc.method_handlers_generic_handler(COORDINATOR_SERVICE, {
-        "Put": grpc.unary_unary_rpc_method_handler(put),
-        "List": grpc.unary_unary_rpc_method_handler(list_),
-        "Watch": grpc.unary_stream_rpc_method_handler(watch),
-    })
+    return grpc.method_handlers_generic_handler(
+        COORDINATOR_SERVICE,
+        {
+            "Put": grpc.unary_unary_rpc_method_handler(put),
+            "List": grpc.unary_unary_rpc_method_handler(list_),
+            "Watch": grpc.unary_stream_rpc_method_handler(watch),
+        },
+    )
 
 
 class CoordinatorServer:
@@ -87,8 +90,7 @@ class CoordinatorServer:
 class CoordinatorClient:
     """`PolicySource` over gRPC. Errors arrive as PeerUnavailable/PeerRefused."""
 
-    def __init__(self, addr: str, *, tls: TlsConfig | None = None,
-                 timeout_s: float = 2.0) -> None:
+    def __init__(self, addr: str, *, tls: TlsConfig | None = None, timeout_s: float = 2.0) -> None:
         self.addr = addr
         self.timeout_s = timeout_s
         self._channel = open_channel(addr, tls, MAX_MESSAGE_BYTES)
@@ -100,7 +102,8 @@ class CoordinatorClient:
         body = policy.to_dict() if isinstance(policy, TenantRatePolicy) else policy
         try:
             data = await self._channel.unary_unary(self._method("Put"))(
-                pack({"policy": body}), timeout=self.timeout_s)
+                pack({"policy": body}), timeout=self.timeout_s
+            )
         except grpc.RpcError as exc:
             raise translate(exc, "coordinator.put") from exc
         obj = unpack(data, "put")
@@ -109,14 +112,16 @@ class CoordinatorClient:
     async def list(self) -> PolicySnapshot:
         try:
             data = await self._channel.unary_unary(self._method("List"))(
-                pack({}), timeout=self.timeout_s)
+                pack({}), timeout=self.timeout_s
+            )
         except grpc.RpcError as exc:
             raise translate(exc, "coordinator.list") from exc
         return PolicySnapshot.from_wire(unpack(data, "list"))
 
     async def watch(self, after_revision: int) -> AsyncIterator[PolicySnapshot]:
         call = self._channel.unary_stream(self._method("Watch"))(
-            pack({"after_revision": after_revision}))
+            pack({"after_revision": after_revision})
+        )
         try:
             async for data in call:
                 yield PolicySnapshot.from_wire(unpack(data, "watch"))

@@ -25,10 +25,18 @@ log = logging.getLogger("mesh.peer")
 
 
 class GrpcTransport:
-    def __init__(self, handler: PeerHandler, *, member_id: str, worker_epoch: int,
-                 listen: str, advertise: str | None, tls: TlsConfig | None,
-                 max_message_bytes: int,
-                 extra_handlers: tuple[grpc.GenericRpcHandler, ...] = ()) -> None:
+    def __init__(
+        self,
+        handler: PeerHandler,
+        *,
+        member_id: str,
+        worker_epoch: int,
+        listen: str,
+        advertise: str | None,
+        tls: TlsConfig | None,
+        max_message_bytes: int,
+        extra_handlers: tuple[grpc.GenericRpcHandler, ...] = (),
+    ) -> None:
         self.handler = handler
         self.member_id = member_id
         self.worker_epoch = worker_epoch
@@ -36,8 +44,13 @@ class GrpcTransport:
         self.advertise = advertise
         self.tls = tls
         self.max_message_bytes = max_message_bytes
-        self.server = PeerServer(handler, listen, tls=tls, max_message_bytes=max_message_bytes,
-                                 extra_handlers=extra_handlers)
+        self.server = PeerServer(
+            handler,
+            listen,
+            tls=tls,
+            max_message_bytes=max_message_bytes,
+            extra_handlers=extra_handlers,
+        )
         self.links: dict[str, PeerLink] = {}
         self._addresses: dict[str, str] = {}
         self.sent = 0
@@ -67,9 +80,15 @@ class GrpcTransport:
                     self.dropped += 1
                     return False
                 link = self.links[to] = PeerLink(
-                    member_id=self.member_id, worker_epoch=self.worker_epoch, peer_id=to,
-                    addr=addr, deliver=self.handler.deliver, tls=self.tls,
-                    max_message_bytes=self.max_message_bytes, on_reset=self.handler.link_reset)
+                    member_id=self.member_id,
+                    worker_epoch=self.worker_epoch,
+                    peer_id=to,
+                    addr=addr,
+                    deliver=self.handler.deliver,
+                    tls=self.tls,
+                    max_message_bytes=self.max_message_bytes,
+                    on_reset=self.handler.link_reset,
+                )
             ok = link.send(data)
         else:
             ok = self.server.send(to, data)
@@ -109,8 +128,9 @@ class GrpcTransport:
             "received": self.server.received,
             "refused_streams": self.server.refused,
             "snapshots_dropped_no_stream": self.server.snapshots_dropped,
-            "links": {p: {"addr": lk.addr, "connected": lk.connected,
-                          "last_error": lk.last_error}
-                      for p, lk in sorted(self.links.items())},
+            "links": {
+                p: {"addr": lk.addr, "connected": lk.connected, "last_error": lk.last_error}
+                for p, lk in sorted(self.links.items())
+            },
             "inbound_streams": self.server.streams(),
         }

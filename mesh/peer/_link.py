@@ -39,10 +39,18 @@ def open_channel(addr: str, tls: TlsConfig | None, max_message_bytes: int) -> ai
 
 
 class PeerLink:
-    def __init__(self, *, member_id: str, worker_epoch: int, peer_id: str, addr: str,
-                 deliver: Callable[[Message], None], tls: TlsConfig | None,
-                 max_message_bytes: int, on_reset: Callable[[str], None] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        *,
+        member_id: str,
+        worker_epoch: int,
+        peer_id: str,
+        addr: str,
+        deliver: Callable[[Message], None],
+        tls: TlsConfig | None,
+        max_message_bytes: int,
+        on_reset: Callable[[str], None] | None = None,
+    ) -> None:
         self.member_id = member_id
         self.worker_epoch = worker_epoch
         self.peer_id = peer_id
@@ -86,8 +94,11 @@ class PeerLink:
     async def _run(self) -> None:
         backoff = BACKOFF_MIN_S
         broken = False  # a stream failed or ended since the last one opened
-        metadata = ((MEMBER_MD, self.member_id), (SCHEMA_MD, SCHEMA),
-                    (EPOCH_MD, str(self.worker_epoch)))
+        metadata = (
+            (MEMBER_MD, self.member_id),
+            (SCHEMA_MD, SCHEMA),
+            (EPOCH_MD, str(self.worker_epoch)),
+        )
         while True:
             call = self._channel.stream_stream(EXCHANGE)(metadata=metadata)
             writer = asyncio.get_running_loop().create_task(self._write(call))

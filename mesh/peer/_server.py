@@ -56,9 +56,15 @@ class _Refused(Exception):
 class PeerServer:
     """grpc aio server with generic handlers; bytes in, bytes out, the codec is ours."""
 
-    def __init__(self, handler: PeerHandler, listen: str, *, tls: TlsConfig | None,
-                 max_message_bytes: int, extra_handlers: tuple[grpc.GenericRpcHandler, ...] = ()
-                 ) -> None:
+    def __init__(
+        self,
+        handler: PeerHandler,
+        listen: str,
+        *,
+        tls: TlsConfig | None,
+        max_message_bytes: int,
+        extra_handlers: tuple[grpc.GenericRpcHandler, ...] = (),
+    ) -> None:
         self.handler = handler
         self.listen = listen
         self.tls = tls
@@ -81,7 +87,8 @@ class PeerServer:
             "Status": grpc.unary_unary_rpc_method_handler(self._status),
         }
         server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(PEER_SERVICE, rpc), *self._extra))
+            (grpc.method_handlers_generic_handler(PEER_SERVICE, rpc), *self._extra)
+        )
         try:
             probe_bind(self.listen, error=ConfigError)
             if self.tls is not None:
@@ -93,8 +100,11 @@ class PeerServer:
             raise
         except RuntimeError as exc:  # grpc's "Failed to bind to address ..."; the probe
             await server.stop(None)  # lost a race
-            raise ConfigError("listen", f"cannot serve on {self.listen}: the port is in use or "
-                              "the address is not this host's") from exc
+            raise ConfigError(
+                "listen",
+                f"cannot serve on {self.listen}: the port is in use or "
+                "the address is not this host's",
+            ) from exc
         await server.start()
         self._server = server
         return int(port)
@@ -128,16 +138,22 @@ class PeerServer:
             raise _Refused(grpc.StatusCode.UNAVAILABLE, "member is shutting down")
         md = {k: v for k, v in (context.invocation_metadata() or ())}
         if md.get(SCHEMA_MD) != SCHEMA:
-            raise _Refused(grpc.StatusCode.FAILED_PRECONDITION,
-                           f"schema: unsupported schema version {md.get(SCHEMA_MD)!r}; "
-                           f"this peer speaks {SCHEMA}")
+            raise _Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"schema: unsupported schema version {md.get(SCHEMA_MD)!r}; "
+                f"this peer speaks {SCHEMA}",
+            )
         member, epoch = md.get(MEMBER_MD), md.get(EPOCH_MD)
         if not isinstance(member, str) or not member or len(member) > 256:
-            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                           f"{MEMBER_MD}: metadata is required (the sending member's id)")
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{MEMBER_MD}: metadata is required (the sending member's id)",
+            )
         if not isinstance(epoch, str) or not epoch.isdigit():
-            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                           f"{EPOCH_MD}: metadata is required (the sender's worker_epoch)")
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{EPOCH_MD}: metadata is required (the sender's worker_epoch)",
+            )
         return member, int(epoch)
 
     def _check(self, data: bytes, member: str, epoch: int) -> Message:
@@ -147,24 +163,31 @@ class PeerServer:
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         if isinstance(msg, Handover):  # a leaving owner's keys; the owner checks the rest
             if msg.sender != member:
-                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                               f"sender: {msg.sender!r} is not this stream's member {member!r}")
+                raise _Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"sender: {msg.sender!r} is not this stream's member {member!r}",
+                )
             return msg
         if not isinstance(msg, ReportBatch):
-            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                           "kind: only report batches and hand-overs may be sent on this "
-                           "stream")
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "kind: only report batches and hand-overs may be sent on this stream",
+            )
         if msg.sender != member:
-            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                           f"sender: {msg.sender!r} is not this stream's member {member!r}")
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"sender: {msg.sender!r} is not this stream's member {member!r}",
+            )
         if msg.worker_epoch != epoch:
-            raise _Refused(grpc.StatusCode.FAILED_PRECONDITION,
-                           f"worker_epoch: {msg.worker_epoch} is not this "
-                           f"stream's worker_epoch {epoch}")
+            raise _Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"worker_epoch: {msg.worker_epoch} is not this stream's worker_epoch {epoch}",
+            )
         return msg
 
-    async def _exchange(self, requests: AsyncIterator[bytes],
-                        context: aio.ServicerContext[bytes, bytes]) -> None:
+    async def _exchange(
+        self, requests: AsyncIterator[bytes], context: aio.ServicerContext[bytes, bytes]
+    ) -> None:
         try:
             member, epoch = self._open(context)
         except _Refused as exc:

@@ -14,8 +14,9 @@ from mesh.peer._wire import STATUS, pack, translate, unpack
 __all__ = ["fetch_status"]
 
 
-async def fetch_status(addr: str, *, tls: TlsConfig | None = None,
-                       timeout_s: float = 5.0) -> dict[str, Any]:
+async def fetch_status(
+    addr: str, *, tls: TlsConfig | None = None, timeout_s: float = 5.0
+) -> dict[str, Any]:
     async with open_channel(addr, tls, MAX_MESSAGE_BYTES) as channel:
         try:
             data = await channel.unary_unary(STATUS)(pack({}), timeout=timeout_s)

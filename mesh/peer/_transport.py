@@ -40,8 +40,7 @@ class Transport(Protocol):
         """Wait, for at most `timeout_s`, until what was sent so far is on the wire."""
         ...
 
-    def stats(self) -> dict[str, Any]:
-        ...
+    def stats(self) -> dict[str, Any]: ...
 
 
 class MemoryNetwork:

@@ -30,8 +30,12 @@ SCHEMA_MD = "ratemesh-schema"  # the sender's schema version
 EPOCH_MD = "ratemesh-worker-epoch"  # the sender's worker_epoch, fixed for the stream
 SCHEMA = str(SCHEMA_VERSION)
 
-_UNAVAILABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}
+_UNAVAILABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.ABORTED,
+}
 
 
 def translate(exc: grpc.RpcError, what: str) -> PeerError:

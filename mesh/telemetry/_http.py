@@ -47,14 +47,24 @@ class HttpEndpoint:
                 status, ctype, body = 404, "text/plain", b"not found\n"
             else:
                 status, ctype, body = route()
-            reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed",
-                      503: "Service Unavailable"}.get(status, "OK")
-            writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
-                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                         + body)
+            reason = {
+                200: "OK",
+                404: "Not Found",
+                405: "Method Not Allowed",
+                503: "Service Unavailable",
+            }.get(status, "OK")
+            writer.write(
+                f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
+            )
             await writer.drain()
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ConnectionError):
+        except (
+            TimeoutError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ConnectionError,
+        ):
             pass
         finally:
             writer.close()

@@ -34,8 +34,14 @@ class Network(Protocol):
 class SimpleNetwork:
     """Uniform latency, independent loss and duplication, and pairs that are cut off."""
 
-    def __init__(self, rng: random.Random, *, latency_ms: tuple[float, float] = (0.5, 1.5),
-                 loss: float = 0.0, duplicate: float = 0.0) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        *,
+        latency_ms: tuple[float, float] = (0.5, 1.5),
+        loss: float = 0.0,
+        duplicate: float = 0.0,
+    ) -> None:
         self.rng = rng
         self.latency_ns = (int(latency_ms[0] * MS), int(latency_ms[1] * MS))
         self.loss = loss
@@ -97,7 +103,8 @@ class MemoryFleet(Scheduler):
         self.policies = policies
         self.rng = random.Random(seed)
         self.network: Network = network or SimpleNetwork(
-            self.rng, latency_ms=latency_ms, loss=loss, duplicate=duplicate)
+            self.rng, latency_ms=latency_ms, loss=loss, duplicate=duplicate
+        )
         self.skew_ns: dict[str, int] = {}
         self.max_delay_ns = 0
         self.messages = 0
@@ -120,8 +127,9 @@ class MemoryFleet(Scheduler):
     # -- members --------------------------------------------------------------------------
 
     def _start(self, member_id: str, epoch: int, offset_ns: int = 0) -> None:
-        m = Member(member_id, epoch, self.ring, self.policies, self.local_ns(member_id),
-                   config=self.config)
+        m = Member(
+            member_id, epoch, self.ring, self.policies, self.local_ns(member_id), config=self.config
+        )
         m.reporter.wake = lambda: self.at(self.now_ns, self._flush, m)
         self.members[member_id] = m
         self._epochs[member_id] = epoch
@@ -235,12 +243,15 @@ class Offered:
         self.meter: Gcra | None = None
 
     def report(self) -> dict[str, Any]:
-        return {"offered": self.offered, "admitted": self.admitted, "ideal": self.ideal,
-                "max_excess": self.max_excess}
+        return {
+            "offered": self.offered,
+            "admitted": self.admitted,
+            "ideal": self.ideal,
+            "max_excess": self.max_excess,
+        }
 
 
-def drive(fleet: MemoryFleet, demand: list[Offered], until_ns: int, *,
-          step_ns: int = MS) -> None:
+def drive(fleet: MemoryFleet, demand: list[Offered], until_ns: int, *, step_ns: int = MS) -> None:
     """Offer each tenant's demand, spread over the live workers with random jitter, one
     step at a time until `until_ns`, counting what the fleet and the ideal admit."""
     carry: dict[tuple[str, str], float] = {}

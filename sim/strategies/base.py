@@ -23,8 +23,9 @@ class Context:
 
 
 def to_policy(tenant: str, p: Policy, mode: Mode, generation: int = 1) -> TenantRatePolicy:
-    return TenantRatePolicy(tenant, p.metric, generation, p.rate, p.burst, p.local_burst_cap,
-                            True, mode)
+    return TenantRatePolicy(
+        tenant, p.metric, generation, p.rate, p.burst, p.local_burst_cap, True, mode
+    )
 
 
 def policies_for(ctx: Context, mode: Mode) -> PolicyCache:

@@ -35,8 +35,9 @@ MEMBERSHIP_DELAY_NS = 50_000_000
 class _Broadcast:
     __slots__ = ("deliver_at", "version", "remaining", "observed_at", "lost")
 
-    def __init__(self, deliver_at: int, version: int, remaining: int, observed_at: int,
-                 lost: frozenset[str]) -> None:
+    def __init__(
+        self, deliver_at: int, version: int, remaining: int, observed_at: int, lost: frozenset[str]
+    ) -> None:
         self.deliver_at = deliver_at
         self.version = version
         self.remaining = remaining
@@ -164,15 +165,17 @@ class GubernatorStrategy(Strategy):
         if net.perfect():
             lost: frozenset[str] = frozenset()
         else:
-            lost = frozenset(p for p in sorted(self.alive) if p != w
-                             and not net.transit(w, p, now_ns))
+            lost = frozenset(
+                p for p in sorted(self.alive) if p != w and not net.transit(w, p, now_ns)
+            )
         delay = net.delay_ns()
         for tenant in sorted(updated):
             self.version += 1
             b = self._owner_bucket(w, tenant, now_ns)
             history = self.broadcasts.setdefault(tenant, [])
-            history.append(_Broadcast(now_ns + delay, self.version, b.remaining(now_ns),
-                                      now_ns, lost))
+            history.append(
+                _Broadcast(now_ns + delay, self.version, b.remaining(now_ns), now_ns, lost)
+            )
             if len(history) > 4:
                 del history[0]
 

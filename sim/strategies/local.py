@@ -20,8 +20,9 @@ class LocalStrategy(Strategy):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         fl = ctx.scenario.fleet
-        self.config = CoreConfig(sync_interval_ms=fl.sync_interval_ms,
-                                 snapshot_ttl_ms=fl.snapshot_ttl_ms)
+        self.config = CoreConfig(
+            sync_interval_ms=fl.sync_interval_ms, snapshot_ttl_ms=fl.snapshot_ttl_ms
+        )
         self.policies: PolicyCache = policies_for(ctx, self.mode)
         self.adm = {w: self._admission(0) for w in ctx.workers}
         self.next_tick = 0

@@ -21,12 +21,19 @@ class MeshStrategy(Strategy):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         fl = ctx.scenario.fleet
-        self.config = CoreConfig(sync_interval_ms=fl.sync_interval_ms,
-                                 snapshot_ttl_ms=fl.snapshot_ttl_ms)
+        self.config = CoreConfig(
+            sync_interval_ms=fl.sync_interval_ms, snapshot_ttl_ms=fl.snapshot_ttl_ms
+        )
         self.policies = policies_for(ctx, Mode.GLOBAL)
         self.ack_delays: list[int] = []
-        self.fleet = MemoryFleet(ctx.workers, self.policies, seed=ctx.seed, config=self.config,
-                                 network=ctx.network, on_member=self._hook)
+        self.fleet = MemoryFleet(
+            ctx.workers,
+            self.policies,
+            seed=ctx.seed,
+            config=self.config,
+            network=ctx.network,
+            on_member=self._hook,
+        )
 
     def _hook(self, m: Member) -> None:
         m.reporter.on_ack = self.ack_delays.append
@@ -38,8 +45,9 @@ class MeshStrategy(Strategy):
         self.fleet.run_until(t_ns)
 
     def admit(self, a: Arrival, now_ns: int) -> bool:
-        return self.fleet.members[a.worker].admission.try_admit(a.tenant, a.metric,
-                                                                 a.amount).allowed
+        return (
+            self.fleet.members[a.worker].admission.try_admit(a.tenant, a.metric, a.amount).allowed
+        )
 
     def refund(self, a: Arrival, now_ns: int) -> None:
         self.fleet.members[a.worker].admission.refund(a.tenant, a.metric, a.refund)
@@ -66,8 +74,11 @@ class MeshStrategy(Strategy):
 
     def owner_of(self, tenant: str, metric: str) -> str | None:
         pol = self.policies.current(tenant, Metric(metric))
-        return None if pol is None else self.fleet.ring.owner_of(
-            RateKey(tenant, pol.metric, pol.generation))
+        return (
+            None
+            if pol is None
+            else self.fleet.ring.owner_of(RateKey(tenant, pol.metric, pol.generation))
+        )
 
     def measured_d_ns(self) -> int | None:
         if not self.ack_delays:

@@ -12,8 +12,12 @@ pytestmark = pytest.mark.slow  # every test runs the mesh command
 
 
 def _run(*args: str) -> dict[str, object]:
-    out = subprocess.run([sys.executable, "-m", "mesh.cli", "bench", *args, "--json"],
-                         capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [sys.executable, "-m", "mesh.cli", "bench", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout)
     assert isinstance(res, dict)
@@ -27,7 +31,17 @@ def test_bench_owner_keys() -> None:
 
 def test_bench_cluster_keys() -> None:
     res = _run("cluster", "--workers", "2", "--seconds", "1", "--keys", "10")
-    for key in ("d_p50_ms", "d_p99_ms", "admitted", "ideal", "excess", "bound", "within_bound",
-                "messages_per_worker_s_1x", "messages_per_worker_s_10x", "hotpath_ops_per_s"):
+    for key in (
+        "d_p50_ms",
+        "d_p99_ms",
+        "admitted",
+        "ideal",
+        "excess",
+        "bound",
+        "within_bound",
+        "messages_per_worker_s_1x",
+        "messages_per_worker_s_10x",
+        "hotpath_ops_per_s",
+    ):
         assert key in res, key
     assert res["within_bound"] is True

@@ -26,27 +26,53 @@ class Envelope:
     total_bound: float  # R*t + B + N*b + R*d
 
     def explain(self) -> str:
-        return (f"admitted={self.admitted} ideal={self.ideal} offered={self.offered} "
-                f"excess={self.excess} d={self.d_s * 1000:.1f}ms bound={self.bound:.1f} "
-                f"total_bound={self.total_bound:.1f}")
+        return (
+            f"admitted={self.admitted} ideal={self.ideal} offered={self.offered} "
+            f"excess={self.excess} d={self.d_s * 1000:.1f}ms bound={self.bound:.1f} "
+            f"total_bound={self.total_bound:.1f}"
+        )
 
 
 class Run:
-    def __init__(self, tmp: Path, ids: list[str], *, seconds: float, hot_total: float,
-                 membership: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        ids: list[str],
+        *,
+        seconds: float,
+        hot_total: float,
+        membership: dict[str, Any] | None = None,
+    ) -> None:
         self.ids = ids
         self.seconds = seconds
         self.addrs = {m: f"127.0.0.1:{free_port()}" for m in ids}
-        cfg = write_config(tmp / "cluster.yaml",
-                           cluster_config(self.addrs, policies=[HOT], membership=membership))
+        cfg = write_config(
+            tmp / "cluster.yaml", cluster_config(self.addrs, policies=[HOT], membership=membership)
+        )
         self.files = {m: str(tmp / f"buckets-{m}.bin") for m in ids}
         self.procs: dict[str, subprocess.Popen[str]] = {}
         for m in ids:
-            self.procs[m] = spawn([
-                "-m", "bench.cluster", "worker", "--config", str(cfg), "--member-id", m,
-                "--listen", self.addrs[m], "--start-at", "0",
-                "--seconds", str(seconds), "--hot-rate", str(hot_total / len(ids)),
-                "--buckets-file", self.files[m]])
+            self.procs[m] = spawn(
+                [
+                    "-m",
+                    "bench.cluster",
+                    "worker",
+                    "--config",
+                    str(cfg),
+                    "--member-id",
+                    m,
+                    "--listen",
+                    self.addrs[m],
+                    "--start-at",
+                    "0",
+                    "--seconds",
+                    str(seconds),
+                    "--hot-rate",
+                    str(hot_total / len(ids)),
+                    "--buckets-file",
+                    self.files[m],
+                ]
+            )
         for p in self.procs.values():
             read_ready(p)
         self.start_at = go(list(self.procs.values()))

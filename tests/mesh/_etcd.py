@@ -35,12 +35,27 @@ class EtcdServer:
     def start(self) -> None:
         peer = f"http://127.0.0.1:{self.peer_port}"
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([
-                self.binary, "--name", "t", "--data-dir", str(self.data_dir),
-                "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", f"t={peer}",
-            ], stdout=log, stderr=log)
+            self.proc = subprocess.Popen(
+                [
+                    self.binary,
+                    "--name",
+                    "t",
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--listen-client-urls",
+                    self.url,
+                    "--advertise-client-urls",
+                    self.url,
+                    "--listen-peer-urls",
+                    peer,
+                    "--initial-advertise-peer-urls",
+                    peer,
+                    "--initial-cluster",
+                    f"t={peer}",
+                ],
+                stdout=log,
+                stderr=log,
+            )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:

@@ -16,8 +16,14 @@ from bench._procs import free_port
 
 __all__ = ["until", "wait_for", "static_nodes", "POLICY", "http_get", "require_binary"]
 
-POLICY: dict[str, Any] = {"tenant_id": "acme", "metric": "read_iops", "generation": 1,
-                          "target_rate": 1000, "global_burst": 100, "local_burst_cap": 20}
+POLICY: dict[str, Any] = {
+    "tenant_id": "acme",
+    "metric": "read_iops",
+    "generation": 1,
+    "target_rate": 1000,
+    "global_burst": 100,
+    "local_burst_cap": 20,
+}
 
 
 async def until(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -35,13 +41,23 @@ def wait_for(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
         time.sleep(0.005)
 
 
-def static_nodes(ids: list[str], policies: list[dict[str, Any]] | None = None,
-                 **extra: Any) -> list[dict[str, Any]]:
+def static_nodes(
+    ids: list[str], policies: list[dict[str, Any]] | None = None, **extra: Any
+) -> list[dict[str, Any]]:
     members = {m: f"127.0.0.1:{free_port()}" for m in ids}
-    return [dict({"member_id": m, "listen": members[m], "shutdown_drain_ms": 500,
-                  "membership": {"source": "static", "members": members},
-                  "policies": {"inline": policies if policies is not None else [POLICY]}},
-                 **extra) for m in ids]
+    return [
+        dict(
+            {
+                "member_id": m,
+                "listen": members[m],
+                "shutdown_drain_ms": 500,
+                "membership": {"source": "static", "members": members},
+                "policies": {"inline": policies if policies is not None else [POLICY]},
+            },
+            **extra,
+        )
+        for m in ids
+    ]
 
 
 def http_get(addr: str, path: str) -> httpx.Response:

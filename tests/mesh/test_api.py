@@ -12,10 +12,34 @@ import pytest
 import mesh
 
 PUBLIC = [
-    "Admission", "ConfigError", "ConfigTypeError", "CoreConfig", "Gcra", "Mesh", "MeshError",
-    "MessageError", "MessageTypeError", "Metric", "Mode", "Owner", "Policy", "PolicyCache",
-    "RateKey", "RateSnapshot", "Reason", "ReportBatch", "Reporter", "Ring", "SnapshotBatch",
-    "Suspension", "TenantRatePolicy", "Ticker", "Unit", "UsageReport", "Verdict", "admit",
+    "Admission",
+    "ConfigError",
+    "ConfigTypeError",
+    "CoreConfig",
+    "Gcra",
+    "Mesh",
+    "MeshError",
+    "MessageError",
+    "MessageTypeError",
+    "Metric",
+    "Mode",
+    "Owner",
+    "Policy",
+    "PolicyCache",
+    "RateKey",
+    "RateSnapshot",
+    "Reason",
+    "ReportBatch",
+    "Reporter",
+    "Ring",
+    "SnapshotBatch",
+    "Suspension",
+    "TenantRatePolicy",
+    "Ticker",
+    "Unit",
+    "UsageReport",
+    "Verdict",
+    "admit",
 ]
 
 
@@ -35,8 +59,13 @@ def test_importing_the_cores_does_not_load_grpc() -> None:
 
 
 def run(*args: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "mesh.cli", *args], capture_output=True,
-                         text=True, check=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "mesh.cli", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
@@ -61,11 +90,19 @@ def test_bench_hotpath_prints_the_contract_keys() -> None:
 @pytest.mark.slow
 def test_bad_arguments_are_refused_with_a_message() -> None:
     for mode in ("--memory", "--loopback"):
-        out = subprocess.run([sys.executable, "-m", "mesh.cli", "demo", mode, "--seconds", "0"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "mesh.cli", "demo", mode, "--seconds", "0"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 2 and "--seconds" in out.stderr
-    out = subprocess.run([sys.executable, "-m", "mesh.cli", "demo", "--memory", "--loopback"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "mesh.cli", "demo", "--memory", "--loopback"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "exclude" in out.stderr
 
 
@@ -74,7 +111,7 @@ def test_the_readme_core_example_runs() -> None:
     from pathlib import Path
 
     text = (Path(__file__).parents[2] / "README.md").read_text()
-    section = text[text.index("## Using the mesh core"):]
+    section = text[text.index("## Using the mesh core") :]
     match = re.search(r"```python\n(.*?)```", section, re.S)
     assert match is not None
     exec(compile(match.group(1), "README.md", "exec"), {})

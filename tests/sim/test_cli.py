@@ -12,14 +12,25 @@ import yaml
 
 pytestmark = pytest.mark.slow  # every test runs the mesh command
 
-KEYS = {"admitted", "ideal", "max_excess", "mean_excess", "bound", "within_bound",
-        "utilisation", "fairness", "quiet_share", "messages_per_worker_s",
-        "round_trips_per_request"}
+KEYS = {
+    "admitted",
+    "ideal",
+    "max_excess",
+    "mean_excess",
+    "bound",
+    "within_bound",
+    "utilisation",
+    "fairness",
+    "quiet_share",
+    "messages_per_worker_s",
+    "round_trips_per_request",
+}
 
 
 def mesh(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mesh.cli", *args], capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "mesh.cli", *args], capture_output=True, text=True, timeout=600
+    )
 
 
 def test_list_names_the_scenarios() -> None:
@@ -34,13 +45,18 @@ def test_run_from_a_file_prints_the_contract_and_a_plot(tmp_path: Path) -> None:
     f = tmp_path / "nn.yaml"
     f.write_text(yaml.safe_dump(data))
     png = tmp_path / "nn.png"
-    out = mesh("sim", "run", "--scenario-file", str(f), "--seed", "4", "--json",
-               "--plot", str(png))
+    out = mesh("sim", "run", "--scenario-file", str(f), "--seed", "4", "--json", "--plot", str(png))
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["scenario"] == "noisy-neighbour" and result["seed"] == 4
-    assert set(result["strategies"]) == {"mesh", "local", "share", "gubernator-global",
-                                         "central-open", "central-closed"}
+    assert set(result["strategies"]) == {
+        "mesh",
+        "local",
+        "share",
+        "gubernator-global",
+        "central-open",
+        "central-closed",
+    }
     for s in result["strategies"].values():
         assert KEYS <= set(s)
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
@@ -48,8 +64,10 @@ def test_run_from_a_file_prints_the_contract_and_a_plot(tmp_path: Path) -> None:
 
 def test_a_typo_in_a_scenario_file_is_named(tmp_path: Path) -> None:
     f = tmp_path / "typo.yaml"
-    f.write_text("name: t\nduration_s: 1\nfleet: {workers: 2, lb_skw: 1}\n"
-                 "policy: {rate: 1, burst: 1, local_burst_cap: 1}\n"
-                 "tenants: [{name: a, offered: 1}]\n")
+    f.write_text(
+        "name: t\nduration_s: 1\nfleet: {workers: 2, lb_skw: 1}\n"
+        "policy: {rate: 1, burst: 1, local_burst_cap: 1}\n"
+        "tenants: [{name: a, offered: 1}]\n"
+    )
     out = mesh("sim", "run", "--scenario-file", str(f))
     assert out.returncode == 2 and "fleet.lb_skw" in out.stderr

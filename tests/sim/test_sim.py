@@ -15,17 +15,27 @@ from sim.scenario import Scenario, load, names, parse
 
 SEEDS = range(20)
 SHORT = {  # scenario -> duration for the sweep (faults happen inside it)
-    "steady": 1.0, "noisy-neighbour": 1.0, "cold-start": 0.6, "owner-crash": 2.0,
-    "partition": 1.6, "churn": 2.0, "lossy-network": 1.0, "lb-skew": 1.0,
-    "policy-change": 2.4, "egress-bytes": 0.6,
+    "steady": 1.0,
+    "noisy-neighbour": 1.0,
+    "cold-start": 0.6,
+    "owner-crash": 2.0,
+    "partition": 1.6,
+    "churn": 2.0,
+    "lossy-network": 1.0,
+    "lb-skew": 1.0,
+    "policy-change": 2.4,
+    "egress-bytes": 0.6,
 }
 
 
 def small_scale() -> Scenario:
     sc = load("scale")
-    return dataclasses.replace(sc, duration_s=0.5, fleet=dataclasses.replace(sc.fleet, workers=60),
-                               groups=(dataclasses.replace(sc.groups[0], count=600,
-                                                           total_offered=6000),))
+    return dataclasses.replace(
+        sc,
+        duration_s=0.5,
+        fleet=dataclasses.replace(sc.fleet, workers=60),
+        groups=(dataclasses.replace(sc.groups[0], count=600, total_offered=6000),),
+    )
 
 
 def without_timing(result: dict[str, Any]) -> str:
@@ -53,8 +63,9 @@ def test_mesh_stays_within_its_envelope_on_every_seed(name: str) -> None:
     for seed in SEEDS:
         result, _ = run(sc, seed, ["mesh"])
         m = result["strategies"]["mesh"]
-        assert m["within_bound"], f"seed {seed}: {name} max_excess {m['max_excess']} > " \
-                                  f"bound {m['bound']}"
+        assert m["within_bound"], (
+            f"seed {seed}: {name} max_excess {m['max_excess']} > bound {m['bound']}"
+        )
 
 
 @pytest.mark.slow
@@ -70,8 +81,9 @@ def test_mesh_stays_within_its_envelope_at_scale() -> None:
 def test_peer_messages_do_not_grow_with_the_request_rate() -> None:
     sc = load("steady")
     base = dataclasses.replace(sc, duration_s=1.0, tenants=sc.tenants[:1])
-    tenfold = dataclasses.replace(base, tenants=(dataclasses.replace(
-        base.tenants[0], offered=base.tenants[0].offered * 10),))
+    tenfold = dataclasses.replace(
+        base, tenants=(dataclasses.replace(base.tenants[0], offered=base.tenants[0].offered * 10),)
+    )
     for seed in range(3):
         m1 = run(base, seed, ["mesh"])[0]["strategies"]["mesh"]["messages_per_worker_s"]
         m10 = run(tenfold, seed, ["mesh"])[0]["strategies"]["mesh"]["messages_per_worker_s"]
@@ -80,13 +92,17 @@ def test_peer_messages_do_not_grow_with_the_request_rate() -> None:
 
 def test_gubernator_cold_start_admits_about_n_times_the_burst() -> None:
     """Every peer starts a full bucket on its first miss: N x B before anyone hears."""
-    sc = parse({
-        "name": "cold", "duration_s": 0.03, "warmup_s": 0.2,
-        "fleet": {"workers": 16},
-        "policy": {"rate": 1000, "burst": 100, "local_burst_cap": 32},
-        "tenants": [{"name": "cold", "offered": 200_000}],
-        "network": {"latency_ms": 0.5, "jitter_ms": 0.2},
-    })
+    sc = parse(
+        {
+            "name": "cold",
+            "duration_s": 0.03,
+            "warmup_s": 0.2,
+            "fleet": {"workers": 16},
+            "policy": {"rate": 1000, "burst": 100, "local_burst_cap": 32},
+            "tenants": [{"name": "cold", "offered": 200_000}],
+            "network": {"latency_ms": 0.5, "jitter_ms": 0.2},
+        }
+    )
     result, _ = run(sc, 1, ["gubernator-global", "mesh"])
     g = result["strategies"]["gubernator-global"]["max_excess"]
     m = result["strategies"]["mesh"]["max_excess"]
@@ -106,31 +122,40 @@ def test_mesh_beats_the_alternatives_where_they_fail() -> None:
 
 
 GOOD: dict[str, Any] = {
-    "name": "x", "duration_s": 1, "fleet": {"workers": 4},
+    "name": "x",
+    "duration_s": 1,
+    "fleet": {"workers": 4},
     "policy": {"rate": 100, "burst": 10, "local_burst_cap": 5},
     "tenants": [{"name": "a", "offered": 50}],
 }
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"duraton_s": 1}, "duraton_s"),
-    ({"fleet": {"workers": 0}}, "fleet.workers"),
-    ({"fleet": {"workers": 4, "sync_interval": 5}}, "fleet.sync_interval"),
-    ({"fleet": {"workers": 4.5}}, "fleet.workers"),
-    ({"policy": {"rate": -1, "burst": 10, "local_burst_cap": 5}}, "policy.rate"),
-    ({"policy": {"rate": 1, "burst": 10, "local_burst_cap": 5, "metric": "iops"}},
-     "policy.metric"),
-    ({"tenants": [{"name": "a", "offered": "lots"}]}, "tenants[0].offered"),
-    ({"tenants": [{"name": "a", "offered": 5, "pattern": "spiky"}]}, "tenants[0].pattern"),
-    ({"network": {"loss": 1.5}}, "network.loss"),
-    ({"faults": [{"kind": "partition", "at_s": 1}]}, "faults[0].members"),
-    ({"faults": [{"kind": "crash", "members": ["w9999"], "at_s": 1}]}, "faults[0].members[0]"),
-    ({"faults": [{"kind": "meteor", "at_s": 1}]}, "faults[0].kind"),
-    ({"faults": [{"kind": "crash_owner", "tenant": "nobody", "at_s": 1}]}, "faults[0].tenant"),
-    ({"faults": [{"kind": "partition", "members": ["w0000"], "at_s": 2, "until_s": 1}]},
-     "faults[0].until_s"),
-    ({"strategies": ["mesh", "redis"]}, "strategies[1]"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"duraton_s": 1}, "duraton_s"),
+        ({"fleet": {"workers": 0}}, "fleet.workers"),
+        ({"fleet": {"workers": 4, "sync_interval": 5}}, "fleet.sync_interval"),
+        ({"fleet": {"workers": 4.5}}, "fleet.workers"),
+        ({"policy": {"rate": -1, "burst": 10, "local_burst_cap": 5}}, "policy.rate"),
+        (
+            {"policy": {"rate": 1, "burst": 10, "local_burst_cap": 5, "metric": "iops"}},
+            "policy.metric",
+        ),
+        ({"tenants": [{"name": "a", "offered": "lots"}]}, "tenants[0].offered"),
+        ({"tenants": [{"name": "a", "offered": 5, "pattern": "spiky"}]}, "tenants[0].pattern"),
+        ({"network": {"loss": 1.5}}, "network.loss"),
+        ({"faults": [{"kind": "partition", "at_s": 1}]}, "faults[0].members"),
+        ({"faults": [{"kind": "crash", "members": ["w9999"], "at_s": 1}]}, "faults[0].members[0]"),
+        ({"faults": [{"kind": "meteor", "at_s": 1}]}, "faults[0].kind"),
+        ({"faults": [{"kind": "crash_owner", "tenant": "nobody", "at_s": 1}]}, "faults[0].tenant"),
+        (
+            {"faults": [{"kind": "partition", "members": ["w0000"], "at_s": 2, "until_s": 1}]},
+            "faults[0].until_s",
+        ),
+        ({"strategies": ["mesh", "redis"]}, "strategies[1]"),
+    ],
+)
 def test_bad_scenarios_name_the_field(change: dict[str, Any], field: str) -> None:
     with pytest.raises(MeshError) as info:
         parse({**GOOD, **change})
@@ -143,5 +168,6 @@ def test_unknown_scenario_and_unreadable_file(tmp_path: Any) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed\n")
     from sim.scenario import load_file
+
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_file(bad)

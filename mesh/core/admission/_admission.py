@@ -41,8 +41,9 @@ class Admission:
         membership_stale: bool = False,
     ) -> None:
         if not isinstance(policies, PolicyCache):
-            raise ConfigTypeError("policies", f"must be a PolicyCache, got "
-                                              f"{type(policies).__name__}")
+            raise ConfigTypeError(
+                "policies", f"must be a PolicyCache, got {type(policies).__name__}"
+            )
         check_int("now_ns", now_ns)
         check_int("n_live", n_live, minimum=1)
         self.policies = policies
@@ -124,14 +125,26 @@ class Admission:
             return FixedGate(policy, _ignore, True, BOUNDS["disabled"])
         if mode is Mode.GLOBAL:
             if self.reporter is None:
-                return FixedGate(policy, _ignore, False, BOUNDS["global_stale"],
-                                 Suspension.OWNER_UNREACHABLE, Reason.OWNER_UNREACHABLE)
+                return FixedGate(
+                    policy,
+                    _ignore,
+                    False,
+                    BOUNDS["global_stale"],
+                    Suspension.OWNER_UNREACHABLE,
+                    Reason.OWNER_UNREACHABLE,
+                )
             return self.reporter.open_gate(policy)
         if mode is Mode.STRICT:
             # Reserved: strict credit comes from governord (a later issue). Until a credit
             # source is attached, strict limits fail closed and say so.
-            return FixedGate(policy, _ignore, False, BOUNDS["strict"],
-                             Suspension.GOVERNOR_UNREACHABLE, Reason.GOVERNOR_UNREACHABLE)
+            return FixedGate(
+                policy,
+                _ignore,
+                False,
+                BOUNDS["strict"],
+                Suspension.GOVERNOR_UNREACHABLE,
+                Reason.GOVERNOR_UNREACHABLE,
+            )
         n = 1 if mode is Mode.LOCAL else self.n_live
         v = LocalGate(policy, self._mark_local, self._now_ns, n)
         if mode is Mode.SHARE:
@@ -155,8 +168,11 @@ class Admission:
         for by_tenant in self._gates.values():
             for tenant in list(by_tenant):
                 v = by_tenant[tenant]
-                idle = (isinstance(v, GlobalGate) and self.reporter is not None
-                        and self.reporter.forget_if_idle(v.key))
+                idle = (
+                    isinstance(v, GlobalGate)
+                    and self.reporter is not None
+                    and self.reporter.forget_if_idle(v.key)
+                )
                 idle |= isinstance(v, LocalGate) and not v.marked and v not in self._shares
                 if idle:
                     del by_tenant[tenant]
@@ -196,8 +212,14 @@ class Admission:
             return 0
         return self.queues.service(now_ns, self.try_admit, DEADLINE)
 
-    def enqueue(self, tenant: str, metric: str, amount: int, deadline_ns: int,
-                resolve: Callable[[Verdict], None]) -> Waiter | None:
+    def enqueue(
+        self,
+        tenant: str,
+        metric: str,
+        amount: int,
+        deadline_ns: int,
+        resolve: Callable[[Verdict], None],
+    ) -> Waiter | None:
         """Queue an admission that did not fit; None if the tenant's queue is full."""
         w = Waiter(tenant, _metric(metric).value, amount, deadline_ns, resolve)
         return w if self.queues.push(w) else None
@@ -243,8 +265,9 @@ def _metric(metric: object) -> Metric:
         return _METRICS[metric]
     if not isinstance(metric, str):
         raise ConfigTypeError("metric", f"must be a metric name, got {type(metric).__name__}")
-    raise ConfigError("metric", f"unknown metric {metric!r}; expected one of: "
-                                + ", ".join(sorted(_METRICS)))
+    raise ConfigError(
+        "metric", f"unknown metric {metric!r}; expected one of: " + ", ".join(sorted(_METRICS))
+    )
 
 
 def _check_amount(amount: object) -> None:

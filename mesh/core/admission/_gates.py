@@ -30,8 +30,9 @@ class LocalGate(Gate):
     ) -> None:
         super().__init__(policy, sink)
         self.n_live = n_live
-        self.meter = Gcra(share_of(policy.target_rate, n_live),
-                          share_of(policy.global_burst, n_live), now_ns)
+        self.meter = Gcra(
+            share_of(policy.target_rate, n_live), share_of(policy.global_burst, n_live), now_ns
+        )
         self.avail = self.meter.burst
         self.settled_ns = now_ns
 
@@ -50,8 +51,9 @@ class LocalGate(Gate):
         self.settle(now_ns)
         self.n_live = 1 if stale else n_live
         p = self.policy
-        self.meter.retune(share_of(p.target_rate, self.n_live),
-                          share_of(p.global_burst, self.n_live), now_ns)
+        self.meter.retune(
+            share_of(p.target_rate, self.n_live), share_of(p.global_burst, self.n_live), now_ns
+        )
         self.avail = self.meter.remaining(now_ns)
         if stale:
             self.set_verdicts(BOUNDS["share_stale"], Suspension.MEMBERSHIP_STALE)
@@ -65,9 +67,15 @@ class FixedGate(Gate):
 
     __slots__ = ()
 
-    def __init__(self, policy: TenantRatePolicy, sink: Callable[[Gate], None],
-                 allowed: bool, bound: str, suspended: Suspension | None = None,
-                 reason: Reason = Reason.RATE_LIMITED) -> None:
+    def __init__(
+        self,
+        policy: TenantRatePolicy,
+        sink: Callable[[Gate], None],
+        allowed: bool,
+        bound: str,
+        suspended: Suspension | None = None,
+        reason: Reason = Reason.RATE_LIMITED,
+    ) -> None:
         super().__init__(policy, sink)
         self.flush_at = NEVER
         self.avail = NEVER if allowed else 0
@@ -77,5 +85,4 @@ class FixedGate(Gate):
 
 
 def unknown_verdict() -> Verdict:
-    return Verdict(False, Reason.POLICY_UNKNOWN, None, BOUNDS["unknown"],
-                   Suspension.POLICY_UNKNOWN)
+    return Verdict(False, Reason.POLICY_UNKNOWN, None, BOUNDS["unknown"], Suspension.POLICY_UNKNOWN)

@@ -15,8 +15,14 @@ class Waiter:
 
     __slots__ = ("tenant", "metric", "amount", "deadline_ns", "resolve", "done")
 
-    def __init__(self, tenant: str, metric: str, amount: int, deadline_ns: int,
-                 resolve: Callable[[Verdict], None]) -> None:
+    def __init__(
+        self,
+        tenant: str,
+        metric: str,
+        amount: int,
+        deadline_ns: int,
+        resolve: Callable[[Verdict], None],
+    ) -> None:
         self.tenant = tenant
         self.metric = metric
         self.amount = amount

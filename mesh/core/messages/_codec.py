@@ -28,8 +28,16 @@ from mesh.core.messages._usage import Rejection, RejectReason, ReportBatch
 from mesh.core.policy import RateKey
 from mesh.errors import MeshError, MessageError, MessageTypeError
 
-__all__ = ["SCHEMA_VERSION", "MAX_MESSAGE_BYTES", "MAX_ITEMS", "Message", "to_wire",
-           "from_wire", "encode", "decode"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "MAX_MESSAGE_BYTES",
+    "MAX_ITEMS",
+    "Message",
+    "to_wire",
+    "from_wire",
+    "encode",
+    "decode",
+]
 
 SCHEMA_VERSION = 3  # 2: batches as columns; 3: snapshot batches carry batch_seq
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -40,8 +48,15 @@ _KEY_CACHE: dict[Any, RateKey] = {}
 _KEY_CACHE_MAX = 100_000  # distinct wire keys remembered before the cache starts over
 
 _REPORT_COLUMNS = ("sequences", "deltas", "denied", "unacked_from")
-_SNAPSHOT_COLUMNS = ("owner_epochs", "versions", "remaining", "acks", "receiver_epochs",
-                     "shares_ppm", "active_reporters")
+_SNAPSHOT_COLUMNS = (
+    "owner_epochs",
+    "versions",
+    "remaining",
+    "acks",
+    "receiver_epochs",
+    "shares_ppm",
+    "active_reporters",
+)
 _REASONS = {r.value: r for r in RejectReason}
 _INT_ONLY = frozenset((int,))
 
@@ -53,27 +68,59 @@ def to_wire(msg: Message) -> list[Any]:
     if isinstance(msg, ReportBatch):
         # A RateKey is a tuple of (str, StrEnum, int): msgpack packs it as the wire's
         # [tenant_id, metric, policy_generation] as it stands.
-        return [SCHEMA_VERSION, "reports", msg.sender, msg.ring_epoch, msg.worker_epoch,
-                msg.keys, pack_column(msg.sequences),
-                pack_column(msg.deltas), pack_column(msg.denied), pack_column(msg.unacked_from)]
+        return [
+            SCHEMA_VERSION,
+            "reports",
+            msg.sender,
+            msg.ring_epoch,
+            msg.worker_epoch,
+            msg.keys,
+            pack_column(msg.sequences),
+            pack_column(msg.deltas),
+            pack_column(msg.denied),
+            pack_column(msg.unacked_from),
+        ]
     if isinstance(msg, SnapshotBatch):
-        return [SCHEMA_VERSION, "snapshots", msg.sender, msg.ring_epoch, msg.owner_incarnation,
-                msg.observed_at, msg.keys,
-                pack_column(msg.owner_epochs), pack_column(msg.versions),
-                pack_column(msg.remaining), pack_column(msg.acks),
-                pack_column(msg.receiver_epochs), pack_column(msg.shares_ppm),
-                pack_column(msg.active_reporters),
-                [[key_to_wire(j.rate_key), j.reason.value, j.ring_epoch] for j in msg.rejections],
-                msg.batch_seq]
+        return [
+            SCHEMA_VERSION,
+            "snapshots",
+            msg.sender,
+            msg.ring_epoch,
+            msg.owner_incarnation,
+            msg.observed_at,
+            msg.keys,
+            pack_column(msg.owner_epochs),
+            pack_column(msg.versions),
+            pack_column(msg.remaining),
+            pack_column(msg.acks),
+            pack_column(msg.receiver_epochs),
+            pack_column(msg.shares_ppm),
+            pack_column(msg.active_reporters),
+            [[key_to_wire(j.rate_key), j.reason.value, j.ring_epoch] for j in msg.rejections],
+            msg.batch_seq,
+        ]
     if isinstance(msg, Handover):
         return _handover_wire(msg)
     raise TypeError(f"not a mesh message: {type(msg).__name__}")
 
 
 def _handover_wire(msg: Handover) -> list[Any]:
-    return [SCHEMA_VERSION, "handover", msg.sender, msg.ring_epoch, [
-        [key_to_wire(k.rate_key), k.ahead_ns, k.owner_epoch, k.version,
-         [[w.worker_id, w.worker_epoch, w.watermark] for w in k.watermarks]] for k in msg.keys]]
+    return [
+        SCHEMA_VERSION,
+        "handover",
+        msg.sender,
+        msg.ring_epoch,
+        [
+            [
+                key_to_wire(k.rate_key),
+                k.ahead_ns,
+                k.owner_epoch,
+                k.version,
+                [[w.worker_id, w.worker_epoch, w.watermark] for w in k.watermarks],
+            ]
+            for k in msg.keys
+        ],
+    ]
 
 
 def _array(field: str, value: Any, limit: int, width: int) -> Any:
@@ -165,21 +212,41 @@ def from_wire(obj: Any) -> Message:
         raise MessageTypeError("message", "must be an array [schema, kind, ...]")
     schema, kind = obj[0], obj[1]
     if type(schema) is not int or schema != SCHEMA_VERSION:
-        raise MessageError("schema", f"unsupported schema version {schema!r}; "
-                                     f"this peer speaks {SCHEMA_VERSION}")
+        raise MessageError(
+            "schema", f"unsupported schema version {schema!r}; this peer speaks {SCHEMA_VERSION}"
+        )
     if kind == "reports" and len(obj) == 10:
         _, _, sender, ring_epoch, worker_epoch, items, *cols = obj
         keys = _keys_from_wire("keys", items)
         n = len(keys)
-        return ReportBatch(sender, ring_epoch, worker_epoch, keys, *(
-            unpack_column(name, c, n) for name, c in zip(_REPORT_COLUMNS, cols, strict=True)))
+        return ReportBatch(
+            sender,
+            ring_epoch,
+            worker_epoch,
+            keys,
+            *(unpack_column(name, c, n) for name, c in zip(_REPORT_COLUMNS, cols, strict=True)),
+        )
     if kind == "snapshots" and len(obj) == 16:
         _, _, sender, ring_epoch, inc, at, items, *cols, rejs, batch_seq = obj
         keys = _keys_from_wire("keys", items)
         n = len(keys)
         c = [unpack_column(name, col, n) for name, col in zip(_SNAPSHOT_COLUMNS, cols, strict=True)]
-        return SnapshotBatch(sender, ring_epoch, inc, at, keys, c[0], c[1], c[2], c[3], c[4],
-                             c[5], c[6], _rejections(rejs), batch_seq)
+        return SnapshotBatch(
+            sender,
+            ring_epoch,
+            inc,
+            at,
+            keys,
+            c[0],
+            c[1],
+            c[2],
+            c[3],
+            c[4],
+            c[5],
+            c[6],
+            _rejections(rejs),
+            batch_seq,
+        )
     if kind == "handover" and len(obj) == 5:
         return _handover_from_wire(obj)
     raise MessageError("kind", f"unknown message kind {kind!r} with {len(obj)} fields")

@@ -42,8 +42,9 @@ def unpack_column(field: str, data: Any, count: int) -> Int64s:
     if not isinstance(data, bytes):
         raise MessageTypeError(field, f"must be binary (packed int64), got {type(data).__name__}")
     if len(data) != 8 * count:
-        raise MessageError(field, f"must hold {count} int64 values ({8 * count} bytes), "
-                                  f"got {len(data)} bytes")
+        raise MessageError(
+            field, f"must hold {count} int64 values ({8 * count} bytes), got {len(data)} bytes"
+        )
     col = array("q")
     col.frombytes(data)
     if _SWAP:
@@ -51,8 +52,15 @@ def unpack_column(field: str, data: Any, count: int) -> Int64s:
     return Int64s(col)
 
 
-def check_column(field: str, values: Any, count: int, *, minimum: int = 0,
-                 maximum: int = INT_MAX, error: type[MeshError] = MessageError) -> None:
+def check_column(
+    field: str,
+    values: Any,
+    count: int,
+    *,
+    minimum: int = 0,
+    maximum: int = INT_MAX,
+    error: type[MeshError] = MessageError,
+) -> None:
     """A tuple of `count` ints in [minimum, maximum]; the error names the first bad one."""
     kind = type(values)
     if kind is not tuple and kind is not Int64s:
@@ -61,8 +69,11 @@ def check_column(field: str, values: Any, count: int, *, minimum: int = 0,
         raise error(field, f"must have {count} elements (one per key), got {len(values)}")
     if not values:
         return
-    if ((kind is Int64s or set(map(type, values)) <= _INT_ONLY)
-            and min(values) >= minimum and max(values) <= maximum):
+    if (
+        (kind is Int64s or set(map(type, values)) <= _INT_ONLY)
+        and min(values) >= minimum
+        and max(values) <= maximum
+    ):
         return
     for i, v in enumerate(values):  # the slow path: name the first element that is wrong
         check_int(f"{field}[{i}]", v, minimum=minimum, maximum=maximum, error=error)

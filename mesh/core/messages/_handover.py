@@ -59,8 +59,10 @@ class KeyHandover:
         if type(self.watermarks) is not tuple:
             raise MessageTypeError("watermarks", "must be a tuple of ReporterWatermark")
         if len(self.watermarks) > HANDOVER_WATERMARKS_MAX:
-            raise MessageError("watermarks", f"at most {HANDOVER_WATERMARKS_MAX} per key, "
-                                             f"got {len(self.watermarks)}")
+            raise MessageError(
+                "watermarks",
+                f"at most {HANDOVER_WATERMARKS_MAX} per key, got {len(self.watermarks)}",
+            )
         seen: set[str] = set()
         for i, w in enumerate(self.watermarks):
             if not isinstance(w, ReporterWatermark):

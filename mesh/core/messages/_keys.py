@@ -27,8 +27,13 @@ def key_from_wire(field: str, value: Any) -> RateKey:
     if type(value) is list and len(value) == 3:  # the common case, checked in one go
         tenant, metric, gen = value
         m = _METRICS.get(metric) if type(metric) is str else None
-        if (m is not None and type(tenant) is str and 0 < len(tenant) <= STR_MAX
-                and type(gen) is int and 1 <= gen <= INT_MAX):
+        if (
+            m is not None
+            and type(tenant) is str
+            and 0 < len(tenant) <= STR_MAX
+            and type(gen) is int
+            and 1 <= gen <= INT_MAX
+        ):
             return RateKey(tenant, m, gen)
     return _key_checked(field, value)
 

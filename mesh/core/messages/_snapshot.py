@@ -44,21 +44,39 @@ class RateSnapshot:
 
     def __post_init__(self) -> None:
         s = self
-        if (type(s.rate_key) is RateKey and type(s.owner_epoch) is int
-                and type(s.version) is int and type(s.remaining) is int
-                and type(s.observed_at) is int and type(s.ack_sequence_for_receiver) is int
-                and type(s.receiver_epoch) is int and type(s.owner_incarnation) is int
-                and type(s.share_ppm) is int and type(s.active_reporters) is int
-                and 0 <= s.owner_epoch <= INT_MAX and 0 <= s.version <= INT_MAX
-                and 0 <= s.remaining <= INT_MAX and 0 <= s.observed_at <= INT_MAX
-                and 0 <= s.ack_sequence_for_receiver <= INT_MAX
-                and 0 <= s.receiver_epoch <= INT_MAX and 0 <= s.owner_incarnation <= INT_MAX
-                and 0 <= s.share_ppm <= PPM and 1 <= s.active_reporters <= INT_MAX):
+        if (
+            type(s.rate_key) is RateKey
+            and type(s.owner_epoch) is int
+            and type(s.version) is int
+            and type(s.remaining) is int
+            and type(s.observed_at) is int
+            and type(s.ack_sequence_for_receiver) is int
+            and type(s.receiver_epoch) is int
+            and type(s.owner_incarnation) is int
+            and type(s.share_ppm) is int
+            and type(s.active_reporters) is int
+            and 0 <= s.owner_epoch <= INT_MAX
+            and 0 <= s.version <= INT_MAX
+            and 0 <= s.remaining <= INT_MAX
+            and 0 <= s.observed_at <= INT_MAX
+            and 0 <= s.ack_sequence_for_receiver <= INT_MAX
+            and 0 <= s.receiver_epoch <= INT_MAX
+            and 0 <= s.owner_incarnation <= INT_MAX
+            and 0 <= s.share_ppm <= PPM
+            and 1 <= s.active_reporters <= INT_MAX
+        ):
             return  # the common case; otherwise name the field that is wrong
         if not isinstance(self.rate_key, RateKey):
             raise MessageTypeError("rate_key", "must be a RateKey")
-        for name in ("owner_epoch", "version", "remaining", "observed_at",
-                     "ack_sequence_for_receiver", "receiver_epoch", "owner_incarnation"):
+        for name in (
+            "owner_epoch",
+            "version",
+            "remaining",
+            "observed_at",
+            "ack_sequence_for_receiver",
+            "receiver_epoch",
+            "owner_incarnation",
+        ):
             check_int(name, getattr(self, name), error=MessageError)
         check_int("share_ppm", self.share_ppm, maximum=PPM, error=MessageError)
         check_int("active_reporters", self.active_reporters, minimum=1, error=MessageError)
@@ -66,7 +84,6 @@ class RateSnapshot:
     @property
     def order(self) -> tuple[int, int, int]:
         return (self.owner_epoch, self.owner_incarnation, self.version)
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,21 +134,55 @@ class SnapshotBatch:
                 raise MessageTypeError(f"rejections[{i}]", "must be a Rejection")
 
     @classmethod
-    def trusted(cls, sender: str, ring_epoch: int, owner_incarnation: int, observed_at: int,
-                keys: tuple[RateKey, ...], owner_epochs: tuple[int, ...],
-                versions: tuple[int, ...], remaining: tuple[int, ...], acks: tuple[int, ...],
-                receiver_epochs: tuple[int, ...], shares_ppm: tuple[int, ...],
-                active_reporters: tuple[int, ...], rejections: tuple[Rejection, ...] = (),
-                batch_seq: int = 0) -> SnapshotBatch:
+    def trusted(
+        cls,
+        sender: str,
+        ring_epoch: int,
+        owner_incarnation: int,
+        observed_at: int,
+        keys: tuple[RateKey, ...],
+        owner_epochs: tuple[int, ...],
+        versions: tuple[int, ...],
+        remaining: tuple[int, ...],
+        acks: tuple[int, ...],
+        receiver_epochs: tuple[int, ...],
+        shares_ppm: tuple[int, ...],
+        active_reporters: tuple[int, ...],
+        rejections: tuple[Rejection, ...] = (),
+        batch_seq: int = 0,
+    ) -> SnapshotBatch:
         """Built by the owner from its own state: skips the per-element checks, as
         `ReportBatch.trusted` does."""
-        return unchecked(cls, (sender, ring_epoch, owner_incarnation, observed_at, keys,
-                               owner_epochs, versions, remaining, acks, receiver_epochs,
-                               shares_ppm, active_reporters, rejections, batch_seq))
+        return unchecked(
+            cls,
+            (
+                sender,
+                ring_epoch,
+                owner_incarnation,
+                observed_at,
+                keys,
+                owner_epochs,
+                versions,
+                remaining,
+                acks,
+                receiver_epochs,
+                shares_ppm,
+                active_reporters,
+                rejections,
+                batch_seq,
+            ),
+        )
 
     @classmethod
-    def of(cls, sender: str, ring_epoch: int, snapshots: Iterable[RateSnapshot] = (),
-           rejections: Iterable[Rejection] = (), *, batch_seq: int = 0) -> SnapshotBatch:
+    def of(
+        cls,
+        sender: str,
+        ring_epoch: int,
+        snapshots: Iterable[RateSnapshot] = (),
+        rejections: Iterable[Rejection] = (),
+        *,
+        batch_seq: int = 0,
+    ) -> SnapshotBatch:
         """Build the columns from `RateSnapshot` rows (one owner incarnation's, one time)."""
         rows = tuple(snapshots)
         inc = rows[0].owner_incarnation if rows else 0
@@ -140,16 +191,27 @@ class SnapshotBatch:
             if not isinstance(s, RateSnapshot):
                 raise MessageTypeError(f"snapshots[{i}]", "must be a RateSnapshot")
             if s.owner_incarnation != inc:
-                raise MessageError(f"snapshots[{i}].owner_incarnation",
-                                   f"differs from the batch's {inc}")
+                raise MessageError(
+                    f"snapshots[{i}].owner_incarnation", f"differs from the batch's {inc}"
+                )
             if s.observed_at != at:
                 raise MessageError(f"snapshots[{i}].observed_at", f"differs from the batch's {at}")
-        return cls(sender, ring_epoch, inc, at, tuple(s.rate_key for s in rows),
-                   tuple(s.owner_epoch for s in rows), tuple(s.version for s in rows),
-                   tuple(s.remaining for s in rows),
-                   tuple(s.ack_sequence_for_receiver for s in rows),
-                   tuple(s.receiver_epoch for s in rows), tuple(s.share_ppm for s in rows),
-                   tuple(s.active_reporters for s in rows), tuple(rejections), batch_seq)
+        return cls(
+            sender,
+            ring_epoch,
+            inc,
+            at,
+            tuple(s.rate_key for s in rows),
+            tuple(s.owner_epoch for s in rows),
+            tuple(s.version for s in rows),
+            tuple(s.remaining for s in rows),
+            tuple(s.ack_sequence_for_receiver for s in rows),
+            tuple(s.receiver_epoch for s in rows),
+            tuple(s.share_ppm for s in rows),
+            tuple(s.active_reporters for s in rows),
+            tuple(rejections),
+            batch_seq,
+        )
 
     @property
     def snapshots(self) -> tuple[RateSnapshot, ...]:
@@ -158,5 +220,14 @@ class SnapshotBatch:
         return tuple(
             RateSnapshot(k, e, v, r, at, a, re, inc, sp, ar)
             for k, e, v, r, a, re, sp, ar in zip(
-                self.keys, self.owner_epochs, self.versions, self.remaining, self.acks,
-                self.receiver_epochs, self.shares_ppm, self.active_reporters, strict=True))
+                self.keys,
+                self.owner_epochs,
+                self.versions,
+                self.remaining,
+                self.acks,
+                self.receiver_epochs,
+                self.shares_ppm,
+                self.active_reporters,
+                strict=True,
+            )
+        )

@@ -46,16 +46,25 @@ class UsageReport:
         # The common case in one expression (an owner decodes thousands per batch); the
         # slow path below re-checks field by field to name what is wrong.
         r = self
-        if (type(r.rate_key) is RateKey and type(r.worker_id) is str
-                and 0 < len(r.worker_id) <= STR_MAX and type(r.worker_epoch) is int
-                and type(r.sequence) is int and type(r.unacked_from) is int
-                and type(r.iops_delta) is int and type(r.byte_delta) is int
-                and type(r.denied_delta) is int
-                and 0 <= r.worker_epoch <= INT_MAX and 1 <= r.unacked_from <= r.sequence <= INT_MAX
-                and 0 <= r.denied_delta <= INT_MAX
-                and ((r.iops_delta == 0 and -INT_MAX <= r.byte_delta <= INT_MAX)
-                     if r.rate_key.metric in BYTE_METRICS
-                     else (r.byte_delta == 0 and -INT_MAX <= r.iops_delta <= INT_MAX))):
+        if (
+            type(r.rate_key) is RateKey
+            and type(r.worker_id) is str
+            and 0 < len(r.worker_id) <= STR_MAX
+            and type(r.worker_epoch) is int
+            and type(r.sequence) is int
+            and type(r.unacked_from) is int
+            and type(r.iops_delta) is int
+            and type(r.byte_delta) is int
+            and type(r.denied_delta) is int
+            and 0 <= r.worker_epoch <= INT_MAX
+            and 1 <= r.unacked_from <= r.sequence <= INT_MAX
+            and 0 <= r.denied_delta <= INT_MAX
+            and (
+                (r.iops_delta == 0 and -INT_MAX <= r.byte_delta <= INT_MAX)
+                if r.rate_key.metric in BYTE_METRICS
+                else (r.byte_delta == 0 and -INT_MAX <= r.iops_delta <= INT_MAX)
+            )
+        ):
             return
         _validated_report(self, MessageError)
 
@@ -134,18 +143,28 @@ class ReportBatch:
         if not all(map(le, self.unacked_from, self.sequences)):
             pairs = zip(self.unacked_from, self.sequences, strict=True)
             i = next(i for i, (u, s) in enumerate(pairs) if u > s)
-            raise MessageError(f"unacked_from[{i}]", f"must be <= sequences[{i}] "
-                                                     f"({self.sequences[i]}), got "
-                                                     f"{self.unacked_from[i]}")
+            raise MessageError(
+                f"unacked_from[{i}]",
+                f"must be <= sequences[{i}] ({self.sequences[i]}), got {self.unacked_from[i]}",
+            )
 
     @classmethod
-    def trusted(cls, sender: str, ring_epoch: int, worker_epoch: int,
-                keys: tuple[RateKey, ...], sequences: tuple[int, ...], deltas: tuple[int, ...],
-                denied: tuple[int, ...], unacked_from: tuple[int, ...]) -> ReportBatch:
+    def trusted(
+        cls,
+        sender: str,
+        ring_epoch: int,
+        worker_epoch: int,
+        keys: tuple[RateKey, ...],
+        sequences: tuple[int, ...],
+        deltas: tuple[int, ...],
+        denied: tuple[int, ...],
+        unacked_from: tuple[int, ...],
+    ) -> ReportBatch:
         """Built by the reporter from its own state, which never holds an invalid value:
         skips the per-element checks (`decode` makes them on everything from a peer)."""
-        return unchecked(cls, (sender, ring_epoch, worker_epoch, keys, sequences, deltas,
-                               denied, unacked_from))
+        return unchecked(
+            cls, (sender, ring_epoch, worker_epoch, keys, sequences, deltas, denied, unacked_from)
+        )
 
     @classmethod
     def of(cls, sender: str, ring_epoch: int, reports: Iterable[UsageReport]) -> ReportBatch:
@@ -158,22 +177,31 @@ class ReportBatch:
             if r.worker_id != sender:
                 raise MessageError(f"reports[{i}].worker_id", "differs from the batch's sender")
             if r.worker_epoch != epoch:
-                raise MessageError(f"reports[{i}].worker_epoch", "differs from the batch's "
-                                                                 f"worker_epoch {epoch}")
-        return cls(sender, ring_epoch, epoch, tuple(r.rate_key for r in rows),
-                   tuple(r.sequence for r in rows), tuple(r.delta for r in rows),
-                   tuple(r.denied_delta for r in rows), tuple(r.unacked_from for r in rows))
+                raise MessageError(
+                    f"reports[{i}].worker_epoch", f"differs from the batch's worker_epoch {epoch}"
+                )
+        return cls(
+            sender,
+            ring_epoch,
+            epoch,
+            tuple(r.rate_key for r in rows),
+            tuple(r.sequence for r in rows),
+            tuple(r.delta for r in rows),
+            tuple(r.denied_delta for r in rows),
+            tuple(r.unacked_from for r in rows),
+        )
 
     @property
     def reports(self) -> tuple[UsageReport, ...]:
         """The rows as `UsageReport`s (for inspection; the owner reads the columns)."""
         return tuple(
             UsageReport(k, self.sender, self.worker_epoch, s, 0, d, n, u)
-            if k.metric in BYTE_METRICS else
-            UsageReport(k, self.sender, self.worker_epoch, s, d, 0, n, u)
-            for k, s, d, n, u in zip(self.keys, self.sequences, self.deltas, self.denied,
-                                     self.unacked_from, strict=True))
+            if k.metric in BYTE_METRICS
+            else UsageReport(k, self.sender, self.worker_epoch, s, d, 0, n, u)
+            for k, s, d, n, u in zip(
+                self.keys, self.sequences, self.deltas, self.denied, self.unacked_from, strict=True
+            )
+        )
 
     def __len__(self) -> int:
         return len(self.keys)
-

@@ -35,8 +35,16 @@ from mesh.core.ring import Ring
 if TYPE_CHECKING:
     from mesh.core.owner._owner import Owner
 
-__all__ = ["Handovers", "export", "install", "PENDING_MAX", "PENDING_TTL_NS",
-           "DEPARTED_GRACE_NS", "DEPARTED_MAX", "ROWS_PER_MESSAGE"]
+__all__ = [
+    "Handovers",
+    "export",
+    "install",
+    "PENDING_MAX",
+    "PENDING_TTL_NS",
+    "DEPARTED_GRACE_NS",
+    "DEPARTED_MAX",
+    "ROWS_PER_MESSAGE",
+]
 
 PENDING_MAX = 65_536  # handed-over keys parked until they open; the oldest go first
 PENDING_TTL_NS = 30_000_000_000  # a parked key unopened this long starts conservatively
@@ -64,10 +72,15 @@ class Handovers:
         self.ignored: dict[str, int] = {"sender": 0, "not_owner": 0}
 
     def stats(self) -> dict[str, int]:
-        return {"sent_keys": self.sent_keys, "pending": len(self.pending),
-                "resumed": self.resumed, "tightened": self.tightened, "expired": self.expired,
-                "ignored_sender": self.ignored["sender"],
-                "ignored_not_owner": self.ignored["not_owner"]}
+        return {
+            "sent_keys": self.sent_keys,
+            "pending": len(self.pending),
+            "resumed": self.resumed,
+            "tightened": self.tightened,
+            "expired": self.expired,
+            "ignored_sender": self.ignored["sender"],
+            "ignored_not_owner": self.ignored["not_owner"],
+        }
 
     def park(self, now_ns: int, item: KeyHandover) -> None:
         """Keep a key's handed state until the key opens; a second one for the same key
@@ -113,8 +126,11 @@ class Handovers:
             self.departed.pop(m, None)
         while len(self.departed) > DEPARTED_MAX:
             del self.departed[next(iter(self.departed))]
-        for key in [k for k, p in self.pending.items()
-                    if now_ns - p.received_ns > PENDING_TTL_NS or not new.owns(member_id, k)]:
+        for key in [
+            k
+            for k, p in self.pending.items()
+            if now_ns - p.received_ns > PENDING_TTL_NS or not new.owns(member_id, k)
+        ]:
             del self.pending[key]
 
 
@@ -128,11 +144,20 @@ def export(owner: Owner, now_ns: int, ring: Ring) -> list[Effect]:
         if to == owner.member_id:
             continue
         ks = owner.keys[key]
-        marks = tuple(ReporterWatermark(w, rs.worker_epoch, rs.watermark)
-                      for w, rs in sorted(ks.reporters.items()) if rs.watermark > 0)
-        by_owner.setdefault(to, []).append(KeyHandover(
-            key, ks.meter.ahead_ns(now_ns), ks.owner_epoch, ks.version,
-            marks[:HANDOVER_WATERMARKS_MAX]))
+        marks = tuple(
+            ReporterWatermark(w, rs.worker_epoch, rs.watermark)
+            for w, rs in sorted(ks.reporters.items())
+            if rs.watermark > 0
+        )
+        by_owner.setdefault(to, []).append(
+            KeyHandover(
+                key,
+                ks.meter.ahead_ns(now_ns),
+                ks.owner_epoch,
+                ks.version,
+                marks[:HANDOVER_WATERMARKS_MAX],
+            )
+        )
     out: list[Effect] = []
     for to in sorted(by_owner):
         chunk: list[KeyHandover] = []
@@ -154,8 +179,10 @@ def install(owner: Owner, now_ns: int, msg: Handover) -> None:
     me, ring, sender = owner.member_id, owner.ring, msg.sender
     left_ns = None if sender == me else h.departed.get(sender)
     if sender != me and sender in ring:
-        with_, without = ring, Ring((m for m in ring.members if m != sender), ring.epoch,
-                                    vnodes=ring.vnodes)
+        with_, without = (
+            ring,
+            Ring((m for m in ring.members if m != sender), ring.epoch, vnodes=ring.vnodes),
+        )
     elif left_ns is not None and now_ns - left_ns <= DEPARTED_GRACE_NS:
         # It left our ring just now; placement is a pure function of the members, so the
         # ring it owned the keys in is ours with it put back.
@@ -201,8 +228,9 @@ def _continue_order(ks: KeyState, item: KeyHandover) -> None:
     ks.version = max(ks.version, item.version)
 
 
-def _adopt_watermarks(now_ns: int, ks: KeyState, marks: tuple[ReporterWatermark, ...],
-                      reporters_max: int) -> None:
+def _adopt_watermarks(
+    now_ns: int, ks: KeyState, marks: tuple[ReporterWatermark, ...], reporters_max: int
+) -> None:
     """Sequences up to a handed watermark are in the handed state: treat resends of them
     as duplicates. A record of a newer worker incarnation is left alone."""
     for m in marks:
@@ -210,8 +238,7 @@ def _adopt_watermarks(now_ns: int, ks: KeyState, marks: tuple[ReporterWatermark,
         if rs is None:
             if len(ks.reporters) >= reporters_max:
                 continue  # no room: its resends count again (safe)
-            rs = ks.reporters[m.worker_id] = ReporterState(m.worker_epoch, m.watermark + 1,
-                                                           now_ns)
+            rs = ks.reporters[m.worker_id] = ReporterState(m.worker_epoch, m.watermark + 1, now_ns)
         elif rs.worker_epoch == m.worker_epoch and m.watermark > rs.watermark:
             rs.watermark = m.watermark
             rs.above = {s for s in rs.above if s > rs.watermark}
@@ -224,14 +251,20 @@ def _stricter(a: _Parked, b: _Parked) -> KeyHandover:
     """Two hand-overs of one parked key: the later debt end, and per reporter the lower
     watermark of the same incarnation (a record only one carries, or of two incarnations,
     is dropped: its resends then count again, which is safe)."""
-    first, second = (a, b) if a.received_ns + a.item.ahead_ns >= \
-        b.received_ns + b.item.ahead_ns else (b, a)
+    first, second = (
+        (a, b) if a.received_ns + a.item.ahead_ns >= b.received_ns + b.item.ahead_ns else (b, a)
+    )
     theirs = {m.worker_id: m for m in second.item.watermarks}
     marks = tuple(
         ReporterWatermark(m.worker_id, m.worker_epoch, min(m.watermark, o.watermark))
         for m in first.item.watermarks
-        if (o := theirs.get(m.worker_id)) is not None and o.worker_epoch == m.worker_epoch)
+        if (o := theirs.get(m.worker_id)) is not None and o.worker_epoch == m.worker_epoch
+    )
     item = first.item
-    return KeyHandover(item.rate_key, first.received_ns + item.ahead_ns - b.received_ns,
-                       max(a.item.owner_epoch, b.item.owner_epoch),
-                       max(a.item.version, b.item.version), marks)
+    return KeyHandover(
+        item.rate_key,
+        first.received_ns + item.ahead_ns - b.received_ns,
+        max(a.item.owner_epoch, b.item.owner_epoch),
+        max(a.item.version, b.item.version),
+        marks,
+    )

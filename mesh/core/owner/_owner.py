@@ -112,8 +112,9 @@ class Owner:
         if not isinstance(ring, Ring):
             raise ConfigTypeError("ring", f"must be a Ring, got {type(ring).__name__}")
         if not isinstance(policies, PolicyCache):
-            raise ConfigTypeError("policies", f"must be a PolicyCache, got "
-                                              f"{type(policies).__name__}")
+            raise ConfigTypeError(
+                "policies", f"must be a PolicyCache, got {type(policies).__name__}"
+            )
         check_int("now_ns", now_ns)
         self.ring = ring
         self.policies = policies
@@ -195,8 +196,9 @@ class Owner:
         replied: dict[RateKey, KeyState] = {}
         refused: dict[RateKey, RejectReason] = {}
         units = dups = 0
-        for key, seq, delta, denied, floor in zip(batch.keys, batch.sequences, batch.deltas,
-                                                  batch.denied, batch.unacked_from, strict=True):
+        for key, seq, delta, denied, floor in zip(
+            batch.keys, batch.sequences, batch.deltas, batch.denied, batch.unacked_from, strict=True
+        ):
             ks = keys.get(key)  # every retained key is owned: ring_changed drops the rest
             if ks is None:
                 if key in refused:
@@ -213,8 +215,9 @@ class Owner:
                 if len(ks.reporters) >= cfg.reporters_per_key_max:
                     self._forget_oldest_reporter(ks)
                 rs = ks.reporters[sender] = ReporterState(worker_epoch, floor, now_ns)
-            if (seq == rs.watermark + 1 and rs.worker_epoch == worker_epoch
-                    and not rs.above):  # floor <= seq: validated
+            if (
+                seq == rs.watermark + 1 and rs.worker_epoch == worker_epoch and not rs.above
+            ):  # floor <= seq: validated
                 rs.watermark = seq  # the common case of ReporterState.offer
                 outcome = Applied.NEW
             else:
@@ -272,15 +275,16 @@ class Owner:
                     # shares.near, inlined, of what the tick last looked at (`_look`)
                     looked_allowance, looked_floor = ks.looked_allowance_ppm, ks.looked_floor
                     da, df = allowance - looked_allowance, floor - looked_floor
-                    unchanged = (ks.looked_n == n
-                                 and (da if da >= 0 else -da) << NEAR_BITS <= looked_allowance
-                                 and (df if df >= 0 else -df) << NEAR_BITS <= looked_floor)
+                    unchanged = (
+                        ks.looked_n == n
+                        and (da if da >= 0 else -da) << NEAR_BITS <= looked_allowance
+                        and (df if df >= 0 else -df) << NEAR_BITS <= looked_floor
+                    )
                 else:  # shares.share_ppm, inlined: a ShareBasis per report costs more
                     _, total = self._live_demand(now_ns, ks)
                     if total:
                         by_demand = (PPM - even) * (rs.demand_cur + rs.demand_prev) // total
-                        share = (by_demand - by_demand % ((even_each >> GRAIN_BITS) or 1)
-                                 + even_each)
+                        share = by_demand - by_demand % ((even_each >> GRAIN_BITS) or 1) + even_each
                     else:
                         share = PPM // n
                     allowance = snapshot_allowance_ppm(remaining, share, n, b)
@@ -293,8 +297,18 @@ class Owner:
             ks.version += 1
             rs.sent_at_ns = now_ns
             rs.seen_changes = ks.changes
-            rows.append((key, ks.owner_epoch, ks.version, remaining, rs.watermark,
-                         rs.worker_epoch, share, n))
+            rows.append(
+                (
+                    key,
+                    ks.owner_epoch,
+                    ks.version,
+                    remaining,
+                    rs.watermark,
+                    rs.worker_epoch,
+                    share,
+                    n,
+                )
+            )
         out.snapshots(sender, rows)
         for ks in exhausted_now:  # seed 004: publish exhaustion at once, to everyone
             self._broadcast(now_ns, ks, out, skip=sender)
@@ -343,8 +357,11 @@ class Owner:
         batch numbers of workers we have not written to for as long."""
         self._swept_ns = now_ns
         retention_ns = self.config.idempotency_retention_ms * MS
-        for worker in [w for w, at in self._out_at.items()
-                       if now_ns - at > retention_ns and w not in self._leases]:
+        for worker in [
+            w
+            for w, at in self._out_at.items()
+            if now_ns - at > retention_ns and w not in self._leases
+        ]:
             del self._out_at[worker], self._out_seq[worker]
         for key in list(self.keys):
             ks = self.keys[key]
@@ -352,8 +369,11 @@ class Owner:
                 if now_ns - rs.last_seen_ns > retention_ns:
                     del ks.reporters[worker]
                     ks.live_until_ns = -1
-            if (not ks.reporters and ks.tick_at_ns == INT_MAX
-                    and ks.meter.remaining(now_ns) >= ks.meter.burst):
+            if (
+                not ks.reporters
+                and ks.tick_at_ns == INT_MAX
+                and ks.meter.remaining(now_ns) >= ks.meter.burst
+            ):
                 self._forget(key)  # idle and full: forgetting it loses nothing
 
     def ring_changed(self, now_ns: int, ring: Ring) -> None:
@@ -425,7 +445,13 @@ class Owner:
                 self._out_seq[w] += 1
 
     def _broadcast(
-        self, now_ns: int, ks: KeyState, out: _Outbox, *, skip: str = "", sync_ns: int = 0,
+        self,
+        now_ns: int,
+        ks: KeyState,
+        out: _Outbox,
+        *,
+        skip: str = "",
+        sync_ns: int = 0,
     ) -> None:
         """Snapshot to live reporters but `skip`. With `sync_ns` (the tick), only to those
         whose view the key's changes since their last snapshot would alter, and not sooner
@@ -459,15 +485,25 @@ class Owner:
             share = share_ppm(basis, rs.demand_cur + rs.demand_prev)
             allowance = snapshot_allowance_ppm(remaining, share, basis.active, b)
             rs.seen_changes = ks.changes
-            if (sync_ns and near(allowance, rs.sent_allowance_ppm)
-                    and near(floor, rs.sent_floor)):
+            if sync_ns and near(allowance, rs.sent_allowance_ppm) and near(floor, rs.sent_floor):
                 continue  # a refresh would change nothing it acts on
             ks.version += 1
             rs.sent_at_ns = now_ns
             rs.sent_allowance_ppm = allowance
             rs.sent_floor = floor
-            snapshot(worker, (key, ks.owner_epoch, ks.version, remaining, rs.watermark,
-                              rs.worker_epoch, share, basis.active))
+            snapshot(
+                worker,
+                (
+                    key,
+                    ks.owner_epoch,
+                    ks.version,
+                    remaining,
+                    rs.watermark,
+                    rs.worker_epoch,
+                    share,
+                    basis.active,
+                ),
+            )
         if sync_ns and next_ns < INT_MAX:
             self.wake(ks, next_ns)
 
@@ -491,16 +527,30 @@ class Owner:
                 total += rs.demand_cur + rs.demand_prev
         return active, total
 
-    def _message(self, to: str, now_ns: int, rows: list[Row],
-                 rejects: list[Rejection]) -> Send:
+    def _message(self, to: str, now_ns: int, rows: list[Row], rejects: list[Rejection]) -> Send:
         columns: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * 8
         keys, owner_epochs, versions, remaining, acks, receiver_epochs, shares, active = columns
         seq = self._out_seq[to] = self._next_seq(to, now_ns)
         self._out_at[to] = now_ns
-        return Send(to, SnapshotBatch.trusted(self.member_id, self.ring.epoch, self.incarnation,
-                                              now_ns, keys, owner_epochs, versions, remaining,
-                                              acks, receiver_epochs, shares, active,
-                                              tuple(rejects), seq))
+        return Send(
+            to,
+            SnapshotBatch.trusted(
+                self.member_id,
+                self.ring.epoch,
+                self.incarnation,
+                now_ns,
+                keys,
+                owner_epochs,
+                versions,
+                remaining,
+                acks,
+                receiver_epochs,
+                shares,
+                active,
+                tuple(rejects),
+                seq,
+            ),
+        )
 
 
 def _count_live(now_ns: int, ks: KeyState) -> int:
@@ -520,7 +570,14 @@ def _look(ks: KeyState, basis: ShareBasis, remaining: int, floor: int) -> None:
     the live count, the allowance of an even share (-1 when shares follow demand) and
     min(remaining, b). A report that leaves these near needs no look (`receive`)."""
     ks.looked_n = basis.active
-    ks.looked_allowance_ppm = snapshot_allowance_ppm(
-        remaining, basis.even_ppm, basis.active, ks.policy.local_burst_cap,
-    ) if shares_even(basis) else -1
+    ks.looked_allowance_ppm = (
+        snapshot_allowance_ppm(
+            remaining,
+            basis.even_ppm,
+            basis.active,
+            ks.policy.local_burst_cap,
+        )
+        if shares_even(basis)
+        else -1
+    )
     ks.looked_floor = floor

@@ -24,9 +24,20 @@ class ReporterState:
     sequences past a gap (reordering), so a retry of any of them is recognised.
     """
 
-    __slots__ = ("worker_epoch", "watermark", "above", "lease_until_ns", "last_seen_ns",
-                 "demand_cur", "demand_prev", "sent_at_ns", "seen_changes", "sent_allowance_ppm",
-                 "sent_floor", "window")
+    __slots__ = (
+        "worker_epoch",
+        "watermark",
+        "above",
+        "lease_until_ns",
+        "last_seen_ns",
+        "demand_cur",
+        "demand_prev",
+        "sent_at_ns",
+        "seen_changes",
+        "sent_allowance_ppm",
+        "sent_floor",
+        "window",
+    )
 
     def __init__(self, worker_epoch: int, unacked_from: int, now_ns: int) -> None:
         self.worker_epoch = worker_epoch
@@ -86,9 +97,23 @@ class ReporterState:
 class KeyState:
     """One RateKey at its owner: the meter and who is reporting it."""
 
-    __slots__ = ("policy", "meter", "version", "owner_epoch", "reporters", "exhausted",
-                 "last_used_ns", "applied", "changes", "tick_at_ns", "looked_n",
-                 "looked_allowance_ppm", "looked_floor", "live_n", "live_until_ns")
+    __slots__ = (
+        "policy",
+        "meter",
+        "version",
+        "owner_epoch",
+        "reporters",
+        "exhausted",
+        "last_used_ns",
+        "applied",
+        "changes",
+        "tick_at_ns",
+        "looked_n",
+        "looked_allowance_ppm",
+        "looked_floor",
+        "live_n",
+        "live_until_ns",
+    )
 
     def __init__(self, policy: TenantRatePolicy, meter: Gcra, owner_epoch: int, now_ns: int):
         self.policy = policy

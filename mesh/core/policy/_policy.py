@@ -74,8 +74,14 @@ class TenantRatePolicy:
         if tenant_id == self.tenant_id:
             return self
         return TenantRatePolicy(
-            tenant_id, self.metric, self.generation, self.target_rate,
-            self.global_burst, self.local_burst_cap, self.enabled, self.mode,
+            tenant_id,
+            self.metric,
+            self.generation,
+            self.target_rate,
+            self.global_burst,
+            self.local_burst_cap,
+            self.enabled,
+            self.mode,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,8 +103,14 @@ class TenantRatePolicy:
         """Build from a mapping (YAML, coordinator), naming `where.key` in any error."""
         if not isinstance(data, dict):
             raise error(where, f"must be a mapping, got {type(data).__name__}")
-        required = ("tenant_id", "metric", "generation", "target_rate", "global_burst",
-                    "local_burst_cap")
+        required = (
+            "tenant_id",
+            "metric",
+            "generation",
+            "target_rate",
+            "global_burst",
+            "local_burst_cap",
+        )
         optional = ("enabled", "mode")
         unknown = sorted(set(map(str, data)) - set(required) - set(optional))
         if unknown:
@@ -122,5 +134,3 @@ def _mode(value: Any) -> Mode:
     if isinstance(value, Mode):
         return value
     return check_choice("mode", value, _MODES)  # type: ignore[no-any-return]
-
-

@@ -43,10 +43,26 @@ class GlobalGate(Gate):
     snapshot does not yet reflect (`inflight_sum + pending`).
     """
 
-    __slots__ = ("key", "state", "allowance", "inflight", "inflight_sum", "next_sequence",
-                 "snap_order", "snap_remaining", "snap_at_ns", "fresh_until_ns", "boot_since_ns",
-                 "owner", "owner_ring_epoch", "resend_at_ns", "snap_from", "snap_incarnation",
-                 "snap_batch", "reported_at_ns")
+    __slots__ = (
+        "key",
+        "state",
+        "allowance",
+        "inflight",
+        "inflight_sum",
+        "next_sequence",
+        "snap_order",
+        "snap_remaining",
+        "snap_at_ns",
+        "fresh_until_ns",
+        "boot_since_ns",
+        "owner",
+        "owner_ring_epoch",
+        "resend_at_ns",
+        "snap_from",
+        "snap_incarnation",
+        "snap_batch",
+        "reported_at_ns",
+    )
 
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[Gate], None]) -> None:
         super().__init__(policy, sink)
@@ -99,9 +115,17 @@ class GlobalGate(Gate):
         del self.inflight[:n]
         return acked
 
-    def take_snapshot(self, order: tuple[int, int, int], remaining: int, ack: int,
-                      share_ppm: int, active_reporters: int, now_ns: int, ttl_ns: int,
-                      coin_ppm: int) -> list[Inflight]:
+    def take_snapshot(
+        self,
+        order: tuple[int, int, int],
+        remaining: int,
+        ack: int,
+        share_ppm: int,
+        active_reporters: int,
+        now_ns: int,
+        ttl_ns: int,
+        coin_ppm: int,
+    ) -> list[Inflight]:
         """Adopt a newer snapshot (one row of a SnapshotBatch); returns the reports it
         acknowledged.
 
@@ -114,8 +138,12 @@ class GlobalGate(Gate):
         self.snap_order = order
         self.snap_remaining = remaining
         self.snap_at_ns = now_ns
-        self.allowance = share_round(snapshot_allowance_ppm(
-            remaining, share_ppm, active_reporters, self.policy.local_burst_cap), coin_ppm)
+        self.allowance = share_round(
+            snapshot_allowance_ppm(
+                remaining, share_ppm, active_reporters, self.policy.local_burst_cap
+            ),
+            coin_ppm,
+        )
         self.fresh_until_ns = now_ns + ttl_ns
         self.state = SnapshotState.FRESH
         self.recompute()

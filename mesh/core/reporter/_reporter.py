@@ -91,8 +91,9 @@ class Reporter:
         self.snapshots_taken = 0
         self.resent = 0  # reports sent more than once (telemetry)
         self._vouch: dict[str, _Vouching] = {}  # per owner; dropped when it leaves the ring
-        self.retry = RetryTimer(self.config.report_retry_ms * MS,
-                                self.config.report_retry_max_ms * MS)
+        self.retry = RetryTimer(
+            self.config.report_retry_ms * MS, self.config.report_retry_max_ms * MS
+        )
 
     # -- views ----------------------------------------------------------------------------
 
@@ -143,8 +144,9 @@ class Reporter:
         if budget >= b:
             v.allowance = self.bootstrap_allowance(v.policy)
         else:
-            v.allowance = share_round(budget * PPM // self._n_live(),
-                                      self._coin(v.key, now_ns + v.next_sequence))
+            v.allowance = share_round(
+                budget * PPM // self._n_live(), self._coin(v.key, now_ns + v.next_sequence)
+            )
         # The bootstrap window (one TTL to hear from the owner) starts with the first report.
         v.boot_since_ns = -1
         v.fresh_until_ns = NEVER
@@ -160,8 +162,11 @@ class Reporter:
             self._dirty.append(v)
             self._live[v.key] = v
             unit = v.policy.metric.unit
-            v.flush_at = (self.config.report_threshold_bytes if unit is Unit.BYTES
-                          else self.config.report_threshold_units)
+            v.flush_at = (
+                self.config.report_threshold_bytes
+                if unit is Unit.BYTES
+                else self.config.report_threshold_units
+            )
             if v.pending < v.flush_at:
                 return
         v.flush_at = NEVER
@@ -236,7 +241,8 @@ class Reporter:
                     r.sends += 1
                     v.reported_at_ns = now_ns
                     by_owner.setdefault(owner, []).append(
-                        (key, r.sequence, r.delta, r.denied, floor))
+                        (key, r.sequence, r.delta, r.denied, floor)
+                    )
                     at = now_ns + timeout
                 if at < next_ns:
                     next_ns = at
@@ -245,11 +251,23 @@ class Reporter:
         for owner in sorted(by_owner):
             rows = by_owner[owner]
             for i in range(0, len(rows), cfg.report_batch_max):
-                chunk = rows[i:i + cfg.report_batch_max]
+                chunk = rows[i : i + cfg.report_batch_max]
                 keys, seqs, deltas, denied, floors = zip(*chunk, strict=True)
-                out.append(Send(owner, ReportBatch.trusted(
-                    self.worker_id, self.ring.epoch, self.worker_epoch, keys, seqs, deltas,
-                    denied, floors)))
+                out.append(
+                    Send(
+                        owner,
+                        ReportBatch.trusted(
+                            self.worker_id,
+                            self.ring.epoch,
+                            self.worker_epoch,
+                            keys,
+                            seqs,
+                            deltas,
+                            denied,
+                            floors,
+                        ),
+                    )
+                )
                 self.reports_sent += len(chunk)
         return out
 
@@ -264,16 +282,25 @@ class Reporter:
         if seq:
             self._vouched_by(owner, inc, seq, now_ns + ttl_ns)
         for key, owner_epoch, version, remaining, ack, receiver_epoch, share, active in zip(
-                batch.keys, batch.owner_epochs, batch.versions, batch.remaining, batch.acks,
-                batch.receiver_epochs, batch.shares_ppm, batch.active_reporters, strict=True):
+            batch.keys,
+            batch.owner_epochs,
+            batch.versions,
+            batch.remaining,
+            batch.acks,
+            batch.receiver_epochs,
+            batch.shares_ppm,
+            batch.active_reporters,
+            strict=True,
+        ):
             v = views.get(key)
             if v is None or receiver_epoch != epoch:
                 continue  # not ours, or addressed to an earlier incarnation of this worker
             order = (owner_epoch, inc, version)
             if order <= v.snap_order:
                 continue  # reordered or duplicated: never step back to an older view
-            acked = v.take_snapshot(order, remaining, ack, share, active, now_ns, ttl_ns,
-                                    self._coin(key, version))
+            acked = v.take_snapshot(
+                order, remaining, ack, share, active, now_ns, ttl_ns, self._coin(key, version)
+            )
             v.snap_from = owner
             v.snap_incarnation = inc
             v.snap_batch = seq
@@ -316,11 +343,15 @@ class Reporter:
             waited = now_ns - (v.fresh_until_ns - self.config.snapshot_ttl_ns)
             if (oldest >= 0 and now_ns - oldest > unreachable_ns) or waited > unreachable_ns:
                 if v.no.suspended is not Suspension.OWNER_UNREACHABLE:  # once, not per tick
-                    v.set_verdicts(BOUNDS["global_stale"], Suspension.OWNER_UNREACHABLE,
-                                   Reason.OWNER_UNREACHABLE)
+                    v.set_verdicts(
+                        BOUNDS["global_stale"],
+                        Suspension.OWNER_UNREACHABLE,
+                        Reason.OWNER_UNREACHABLE,
+                    )
             elif v.no.suspended is not Suspension.SNAPSHOT_STALE:
-                v.set_verdicts(BOUNDS["global_stale"], Suspension.SNAPSHOT_STALE,
-                               Reason.SNAPSHOT_STALE)
+                v.set_verdicts(
+                    BOUNDS["global_stale"], Suspension.SNAPSHOT_STALE, Reason.SNAPSHOT_STALE
+                )
 
     def _vouched_by(self, owner: str, incarnation: int, seq: int, until_ns: int) -> None:
         """Note a batch numbered `seq` from `owner`: in order, it vouches for the views its
@@ -338,8 +369,12 @@ class Reporter:
         """Whether the view's owner vouched for it within the TTL; if so, keep it fresh
         until that vouching lapses or the owner's lease on our reports of it does."""
         st = self._vouch.get(v.snap_from)
-        if (st is None or st.until_ns <= now_ns or v.snap_batch < st.first_batch
-                or v.snap_incarnation != st.incarnation):
+        if (
+            st is None
+            or st.until_ns <= now_ns
+            or v.snap_batch < st.first_batch
+            or v.snap_incarnation != st.incarnation
+        ):
             return False
         lease_end = v.reported_at_ns + self.config.reporter_lease_ms * MS
         if lease_end <= now_ns:  # the owner no longer watches this key for us
@@ -387,8 +422,13 @@ class Reporter:
         v = self.gates.get(key)
         if v is None:
             return True
-        if (v.state is not SnapshotState.BOOT or v.pending or v.inflight or v.marked
-                or key in self._live):
+        if (
+            v.state is not SnapshotState.BOOT
+            or v.pending
+            or v.inflight
+            or v.marked
+            or key in self._live
+        ):
             return False
         self._drop(key)
         return True
@@ -403,6 +443,8 @@ class Reporter:
 
     def oldest_unacked_ns(self, now_ns: int) -> int:
         """How long the oldest unacknowledged report has waited (0 if none)."""
-        oldest = min((r.sent_at_ns for v in self._unacked.values() for r in v.inflight
-                      if r.sent_at_ns >= 0), default=now_ns)
+        oldest = min(
+            (r.sent_at_ns for v in self._unacked.values() for r in v.inflight if r.sent_at_ns >= 0),
+            default=now_ns,
+        )
         return now_ns - oldest

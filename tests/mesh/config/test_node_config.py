@@ -15,30 +15,43 @@ import yaml
 from mesh.config import NodeConfig, load_config, parse_config, resolve_identity
 from mesh.errors import ConfigError
 
-POLICY = {"tenant_id": "acme", "metric": "read_iops", "generation": 1, "target_rate": 10,
-          "global_burst": 5, "local_burst_cap": 2}
+POLICY = {
+    "tenant_id": "acme",
+    "metric": "read_iops",
+    "generation": 1,
+    "target_rate": 10,
+    "global_burst": 5,
+    "local_burst_cap": 2,
+}
 
 
-@pytest.mark.parametrize("data, field", [
-    ({"listen": "nope"}, "listen"),
-    ({"lisen": "127.0.0.1:1"}, "lisen"),
-    ({"max_message_bytes": 10}, "max_message_bytes"),
-    ({"allow_plaintext": "yes"}, "allow_plaintext"),
-    ({"membership": {"source": "consul"}}, "membership.source"),
-    ({"membership": {"source": "static"}}, "membership.members"),
-    ({"membership": {"source": "etcd"}}, "membership.endpoints"),
-    ({"membership": {"source": "etcd", "endpoints": ["127.0.0.1:2379"]}},
-     "membership.endpoints[0]"),
-    ({"membership": {"source": "static", "members": {"a": "x"}}}, "membership.members.a"),
-    ({"policies": {"inline": [dict(POLICY, target_rate=0)]}}, "policies.inline[0].target_rate"),
-    ({"policies": {"inline": [dict(POLICY, colour="red")]}}, "policies.inline[0].colour"),
-    ({"policies": {"coordinator": {}}}, "policies.coordinator.addr"),
-    ({"core": {"sync_interval_ms": 0}}, "core.sync_interval_ms"),
-    ({"tls": {"cert": "/nonexistent.pem", "key": "/nonexistent.key"}}, "tls.cert"),
-    ({"listen": "10.1.2.3:7000"}, "listen"),  # plaintext on a non-loopback address
-    ({"membership": {"source": "static", "members": {"a": "10.0.0.9:1"}}},
-     "membership.members.a"),
-])
+@pytest.mark.parametrize(
+    "data, field",
+    [
+        ({"listen": "nope"}, "listen"),
+        ({"lisen": "127.0.0.1:1"}, "lisen"),
+        ({"max_message_bytes": 10}, "max_message_bytes"),
+        ({"allow_plaintext": "yes"}, "allow_plaintext"),
+        ({"membership": {"source": "consul"}}, "membership.source"),
+        ({"membership": {"source": "static"}}, "membership.members"),
+        ({"membership": {"source": "etcd"}}, "membership.endpoints"),
+        (
+            {"membership": {"source": "etcd", "endpoints": ["127.0.0.1:2379"]}},
+            "membership.endpoints[0]",
+        ),
+        ({"membership": {"source": "static", "members": {"a": "x"}}}, "membership.members.a"),
+        ({"policies": {"inline": [dict(POLICY, target_rate=0)]}}, "policies.inline[0].target_rate"),
+        ({"policies": {"inline": [dict(POLICY, colour="red")]}}, "policies.inline[0].colour"),
+        ({"policies": {"coordinator": {}}}, "policies.coordinator.addr"),
+        ({"core": {"sync_interval_ms": 0}}, "core.sync_interval_ms"),
+        ({"tls": {"cert": "/nonexistent.pem", "key": "/nonexistent.key"}}, "tls.cert"),
+        ({"listen": "10.1.2.3:7000"}, "listen"),  # plaintext on a non-loopback address
+        (
+            {"membership": {"source": "static", "members": {"a": "10.0.0.9:1"}}},
+            "membership.members.a",
+        ),
+    ],
+)
 def test_errors_name_the_key(data: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(data)
@@ -46,14 +59,19 @@ def test_errors_name_the_key(data: dict[str, Any], field: str) -> None:
 
 
 def test_plaintext_allowed_explicitly_is_a_warning() -> None:
-    cfg = parse_config({"listen": "10.1.2.3:7000", "allow_plaintext": True, "member_id": "a",
-                        "policies": {"inline": [POLICY]}})
+    cfg = parse_config(
+        {
+            "listen": "10.1.2.3:7000",
+            "allow_plaintext": True,
+            "member_id": "a",
+            "policies": {"inline": [POLICY]},
+        }
+    )
     assert any("without tls" in w for w in cfg.warnings())
 
 
 def test_share_without_membership_warns() -> None:
-    cfg = parse_config({"member_id": "a",
-                        "policies": {"inline": [dict(POLICY, mode="share")]}})
+    cfg = parse_config({"member_id": "a", "policies": {"inline": [dict(POLICY, mode="share")]}})
     assert any("share-mode" in w for w in cfg.warnings())
 
 
@@ -76,19 +94,28 @@ def test_policy_file_is_resolved_beside_the_config(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_mesh_validate_cli(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
-    good.write_text("member_id: a\nlisten: 10.0.0.1:7000\nallow_plaintext: true\n"
-                    f"policies: {{inline: [{json.dumps(POLICY)}]}}\n")
-    out = subprocess.run([sys.executable, "-m", "mesh.cli", "validate", "--config", str(good),
-                          "--json"], capture_output=True, text=True, timeout=60)
+    good.write_text(
+        "member_id: a\nlisten: 10.0.0.1:7000\nallow_plaintext: true\n"
+        f"policies: {{inline: [{json.dumps(POLICY)}]}}\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "mesh.cli", "validate", "--config", str(good), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
-    assert res["ok"] and res["identity"] == {"member_id": "a", "source": "config",
-                                             "stable": True}
+    assert res["ok"] and res["identity"] == {"member_id": "a", "source": "config", "stable": True}
     assert any("without tls" in w for w in res["warnings"])
     bad = tmp_path / "bad.yaml"
     bad.write_text("membership: {source: static}\n")
-    out = subprocess.run([sys.executable, "-m", "mesh.cli", "validate", "--config", str(bad),
-                          "--json"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "mesh.cli", "validate", "--config", str(bad), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
     assert json.loads(out.stdout)["field"] == "membership.members"
 
@@ -96,12 +123,27 @@ def test_mesh_validate_cli(tmp_path: Path) -> None:
 def test_a_node_resends_reports_late_unless_told_otherwise(tmp_path: Path) -> None:
     from mesh.config import NODE_RETRY_MAX_MS, load_config
 
-    base = {"member_id": "a", "listen": "127.0.0.1:0",
-            "policies": {"inline": [{"tenant_id": "t", "metric": "read_iops", "generation": 1,
-                                     "target_rate": 10, "global_burst": 10,
-                                     "local_burst_cap": 1}]}}
-    for core, want in (({}, NODE_RETRY_MAX_MS), ({"report_retry_max_ms": 40}, 40),
-                       ({"report_retry_ms": 2000}, 2000)):
+    base = {
+        "member_id": "a",
+        "listen": "127.0.0.1:0",
+        "policies": {
+            "inline": [
+                {
+                    "tenant_id": "t",
+                    "metric": "read_iops",
+                    "generation": 1,
+                    "target_rate": 10,
+                    "global_burst": 10,
+                    "local_burst_cap": 1,
+                }
+            ]
+        },
+    }
+    for core, want in (
+        ({}, NODE_RETRY_MAX_MS),
+        ({"report_retry_max_ms": 40}, 40),
+        ({"report_retry_ms": 2000}, 2000),
+    ):
         path = tmp_path / "n.yaml"
         path.write_text(yaml.safe_dump(dict(base, core=core)))
         assert load_config(path).core.report_retry_max_ms == want
@@ -109,20 +151,28 @@ def test_a_node_resends_reports_late_unless_told_otherwise(tmp_path: Path) -> No
 
 # -- ports, the shared vocabulary and the shared loader (issue 11) ----------------------------
 
-@pytest.mark.parametrize("data, field", [
-    ({"listen": "127.0.0.1:99999"}, "listen"),
-    ({"listen": "127.0.0.1:65536"}, "listen"),
-    ({"listen": "::1:7001"}, "listen"),  # an IPv6 host goes in brackets
-    ({"advertise": "127.0.0.1:0"}, "advertise"),  # others dial it: 0 is no port
-    ({"advertise": "127.0.0.1:70000"}, "advertise"),
-    ({"telemetry_listen": "127.0.0.1:65536"}, "telemetry_listen"),
-    ({"membership": {"source": "static", "members": {"a": "127.0.0.1:0"}}},
-     "membership.members.a"),
-    ({"membership": {"source": "static", "members": {"a": "127.0.0.1:99999"}}},
-     "membership.members.a"),
-    ({"policies": {"coordinator": {"addr": "127.0.0.1:99999"}}}, "policies.coordinator.addr"),
-    ({"policies": {"coordinator": {"addr": "127.0.0.1:0"}}}, "policies.coordinator.addr"),
-])
+
+@pytest.mark.parametrize(
+    "data, field",
+    [
+        ({"listen": "127.0.0.1:99999"}, "listen"),
+        ({"listen": "127.0.0.1:65536"}, "listen"),
+        ({"listen": "::1:7001"}, "listen"),  # an IPv6 host goes in brackets
+        ({"advertise": "127.0.0.1:0"}, "advertise"),  # others dial it: 0 is no port
+        ({"advertise": "127.0.0.1:70000"}, "advertise"),
+        ({"telemetry_listen": "127.0.0.1:65536"}, "telemetry_listen"),
+        (
+            {"membership": {"source": "static", "members": {"a": "127.0.0.1:0"}}},
+            "membership.members.a",
+        ),
+        (
+            {"membership": {"source": "static", "members": {"a": "127.0.0.1:99999"}}},
+            "membership.members.a",
+        ),
+        ({"policies": {"coordinator": {"addr": "127.0.0.1:99999"}}}, "policies.coordinator.addr"),
+        ({"policies": {"coordinator": {"addr": "127.0.0.1:0"}}}, "policies.coordinator.addr"),
+    ],
+)
 def test_ports_are_1_to_65535(data: dict[str, Any], field: str) -> None:
     import ratemesh.errors
 
@@ -148,13 +198,17 @@ def test_unknown_keys_list_the_allowed_ones() -> None:
     assert "expected one of: ca, cert, key" in err.value.problem
 
 
-@pytest.mark.parametrize("content, words", [
-    (b"listen: caf\xe9:1\n", ("not UTF-8", "offset 11")),
-    (b"[" * 5000 + b"]" * 5000, ("deeper than 64 levels",)),
-    (b"listen: [127.0.0.1:1\n", ("not valid YAML", "line 2")),
-])
-def test_a_bad_file_is_one_error_naming_it(tmp_path: Path, content: bytes,
-                                           words: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"listen: caf\xe9:1\n", ("not UTF-8", "offset 11")),
+        (b"[" * 5000 + b"]" * 5000, ("deeper than 64 levels",)),
+        (b"listen: [127.0.0.1:1\n", ("not valid YAML", "line 2")),
+    ],
+)
+def test_a_bad_file_is_one_error_naming_it(
+    tmp_path: Path, content: bytes, words: tuple[str, ...]
+) -> None:
     import ratemesh.errors
 
     path = tmp_path / "node.yaml"
@@ -185,7 +239,11 @@ def test_a_bad_policy_file_names_the_setting_and_the_file(tmp_path: Path) -> Non
 def test_listen_99999_is_refused_by_mesh_validate(tmp_path: Path) -> None:
     path = tmp_path / "node.yaml"
     path.write_text("member_id: a\nlisten: 127.0.0.1:99999\n")
-    out = subprocess.run([sys.executable, "-m", "mesh.cli", "validate", "--config", str(path),
-                          "--json"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "mesh.cli", "validate", "--config", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2, out.stderr
     assert json.loads(out.stdout)["field"] == "listen"

@@ -23,16 +23,18 @@ def test_policies_arrive_by_watch_and_survive_a_coordinator_outage() -> None:
         server = CoordinatorServer(store, listen)
         addr = await server.start()
         client = CoordinatorClient(addr)
-        cfg = {"member_id": "a", "policies": {"coordinator": {"addr": addr,
-                                                              "poll_ttl_ms": 100}}}
+        cfg = {"member_id": "a", "policies": {"coordinator": {"addr": addr, "poll_ttl_ms": 100}}}
         async with Mesh(cfg) as mesh:
             v = mesh.try_admit("acme", "read_iops")
             assert v.reason is Reason.POLICY_UNKNOWN  # never a permissive default
 
             p1 = await client.put(POLICY)
             assert p1.generation == 1
-            await until(lambda: mesh.try_admit("acme", "read_iops").allowed, 3,
-                        "generation 1 arrived by watch")
+            await until(
+                lambda: mesh.try_admit("acme", "read_iops").allowed,
+                3,
+                "generation 1 arrived by watch",
+            )
 
             p2 = await client.put(dict(POLICY, target_rate=500))
             assert p2.generation == 2
@@ -43,8 +45,11 @@ def test_policies_arrive_by_watch_and_survive_a_coordinator_outage() -> None:
             assert "target_rate" in str(err.value)
 
             await server.stop()  # the coordinator goes away
-            await until(lambda: not mesh.health()["policies"]["coordinator"]["watching"], 3,
-                        "the watch noticed")
+            await until(
+                lambda: not mesh.health()["policies"]["coordinator"]["watching"],
+                3,
+                "the watch noticed",
+            )
             assert mesh.try_admit("acme", "read_iops").reason is not Reason.POLICY_UNKNOWN
             store.put(dict(POLICY, target_rate=250))  # generation 3, while unreachable
             await asyncio.sleep(0.3)

@@ -29,8 +29,12 @@ def test_local_mode_is_a_gcra_in_this_process() -> None:
     a = Admission(cache(policy(rate=100, burst=10, mode="local")), 0)
     assert admit_n(a, 20) == 10
     v = a.try_admit("t", "read_iops")
-    assert (v.allowed, v.reason, v.mode, v.bound) == (False, Reason.RATE_LIMITED, Mode.LOCAL,
-                                                      "fleet<=N*limit")
+    assert (v.allowed, v.reason, v.mode, v.bound) == (
+        False,
+        Reason.RATE_LIMITED,
+        Mode.LOCAL,
+        "fleet<=N*limit",
+    )
     a.tick(50 * MS)
     assert admit_n(a, 20) == 5  # 50 ms at 100/s
     a.tick(150 * MS)
@@ -94,17 +98,21 @@ def test_an_amount_larger_than_the_burst_is_too_large_not_rate_limited() -> None
     assert not v.allowed and v.reason is Reason.TOO_LARGE
 
 
-@pytest.mark.parametrize("args, exc, field", [
-    (("t", "read_iops", 0), ConfigError, "amount"),
-    (("t", "read_iops", -3), ConfigError, "amount"),
-    (("t", "read_iops", 1.5), ConfigTypeError, "amount"),
-    (("t", "read_iops", "1"), ConfigTypeError, "amount"),
-    (("t", "reads"), ConfigError, "metric"),
-    (("t", 5), ConfigTypeError, "metric"),
-    ((None, "read_iops"), ConfigTypeError, "tenant"),
-])
-def test_bad_arguments_raise_and_change_nothing(args: tuple[Any, ...], exc: type[ConfigError],
-                                                field: str) -> None:
+@pytest.mark.parametrize(
+    "args, exc, field",
+    [
+        (("t", "read_iops", 0), ConfigError, "amount"),
+        (("t", "read_iops", -3), ConfigError, "amount"),
+        (("t", "read_iops", 1.5), ConfigTypeError, "amount"),
+        (("t", "read_iops", "1"), ConfigTypeError, "amount"),
+        (("t", "reads"), ConfigError, "metric"),
+        (("t", 5), ConfigTypeError, "metric"),
+        ((None, "read_iops"), ConfigTypeError, "tenant"),
+    ],
+)
+def test_bad_arguments_raise_and_change_nothing(
+    args: tuple[Any, ...], exc: type[ConfigError], field: str
+) -> None:
     a = Admission(cache(policy(burst=10, mode="local")), 0)
     assert admit_n(a, 3) == 3
     with pytest.raises(exc) as info:
@@ -143,6 +151,7 @@ def test_the_hot_path_retains_no_memory() -> None:
 
 # -- admit(): the bounded wait ------------------------------------------------------------------
 
+
 def global_worker(queue_max: int = 1024) -> tuple[Reporter, Admission]:
     cfg = CoreConfig(tenant_queue_max=queue_max)
     r = Reporter("w", 1, Ring(["w"], 1), config=cfg)
@@ -169,6 +178,7 @@ def test_admit_waits_for_capacity_and_keeps_order() -> None:
         assert [w.done() for w in waiters] == [True, True, False]
         assert all(w.result().allowed for w in waiters[:2])
         waiters[2].cancel()
+
     asyncio.run(main())
 
 
@@ -184,6 +194,7 @@ def test_admit_rejects_at_its_deadline_and_when_the_queue_is_full() -> None:
         late = await first
         assert not late.allowed and late.reason is Reason.DEADLINE_EXCEEDED
         second.cancel()
+
     asyncio.run(main())
 
 
@@ -197,6 +208,7 @@ def test_admit_for_an_unknown_policy_waits_for_the_generation() -> None:
         a.policies.put(policy("newcomer", mode="local"))
         a.tick(MS)
         assert (await waiting).allowed
+
     asyncio.run(main())
 
 
@@ -212,8 +224,10 @@ def test_views_are_bounded_and_idle_ones_are_forgotten() -> None:
     a.try_admit("d", "read_iops")
     assert a.gate_count == 4 and len(r.gates) == 4
     for v in list(r.gates.values()):  # the owner acknowledges everything
-        r.receive(200 * MS, SnapshotBatch.of("w", 1, (RateSnapshot(
-            v.key, 1, 1, 8, 0, v.next_sequence - 1, 1),)))
+        r.receive(
+            200 * MS,
+            SnapshotBatch.of("w", 1, (RateSnapshot(v.key, 1, 1, 8, 0, v.next_sequence - 1, 1),)),
+        )
     r.flush(200 * MS)
     a.tick(400 * MS)  # idle now: back to bootstrap, nothing held
     a.try_admit("e", "read_iops")

@@ -22,8 +22,9 @@ class Bucket:
         self.last = now
 
     def _advance(self, now: int) -> None:
-        self.tokens = min(Fraction(self.burst),
-                          self.tokens + Fraction(self.rate * (now - self.last), NS_PER_S))
+        self.tokens = min(
+            Fraction(self.burst), self.tokens + Fraction(self.rate * (now - self.last), NS_PER_S)
+        )
         self.last = now
 
     def try_take(self, now: int, n: int) -> bool:
@@ -43,16 +44,21 @@ class Bucket:
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["take", "apply", "remaining"]),
-              st.integers(0, 50_000_000), st.integers(1, 40)),
+    st.tuples(
+        st.sampled_from(["take", "apply", "remaining"]),
+        st.integers(0, 50_000_000),
+        st.integers(1, 40),
+    ),
     max_size=80,
 )
 
 
-@given(rate=st.integers(1, 100_000), burst=st.integers(1, 500), exhausted=st.booleans(),
-       schedule=ops)
-def test_gcra_matches_reference_bucket(rate: int, burst: int, exhausted: bool,
-                                       schedule: list[tuple[str, int, int]]) -> None:
+@given(
+    rate=st.integers(1, 100_000), burst=st.integers(1, 500), exhausted=st.booleans(), schedule=ops
+)
+def test_gcra_matches_reference_bucket(
+    rate: int, burst: int, exhausted: bool, schedule: list[tuple[str, int, int]]
+) -> None:
     now = 1_000_000
     g = Gcra(rate, burst, now, exhausted=exhausted)
     ref = Bucket(rate, burst, now, exhausted)
@@ -104,17 +110,21 @@ def test_retune_keeps_debt() -> None:
     assert g.remaining(250_000_000) == 5
 
 
-@pytest.mark.parametrize("args, field, exc", [
-    ((0, 1, 0), "rate", ConfigError),
-    ((-5, 1, 0), "rate", ConfigError),
-    ((1, 0, 0), "burst", ConfigError),
-    ((1.5, 1, 0), "rate", ConfigTypeError),
-    ((1, "2", 0), "burst", ConfigTypeError),
-    ((1, 1, -1), "now_ns", ConfigError),
-    ((1, 2**70, 0), "burst", ConfigError),
-])
-def test_bad_arguments_name_the_field(args: tuple[Any, ...], field: str,
-                                      exc: type[ConfigError]) -> None:
+@pytest.mark.parametrize(
+    "args, field, exc",
+    [
+        ((0, 1, 0), "rate", ConfigError),
+        ((-5, 1, 0), "rate", ConfigError),
+        ((1, 0, 0), "burst", ConfigError),
+        ((1.5, 1, 0), "rate", ConfigTypeError),
+        ((1, "2", 0), "burst", ConfigTypeError),
+        ((1, 1, -1), "now_ns", ConfigError),
+        ((1, 2**70, 0), "burst", ConfigError),
+    ],
+)
+def test_bad_arguments_name_the_field(
+    args: tuple[Any, ...], field: str, exc: type[ConfigError]
+) -> None:
     with pytest.raises(exc) as info:
         Gcra(*args)
     assert info.value.field == field

@@ -61,16 +61,40 @@ K, K2 = moving("a", 2)
 KB = moving("b")[0]  # handed to b, never a's to hold
 
 
-def report(key: RateKey, worker: str, seq: int, delta: int, *, epoch: int = 1,
-           ring_epoch: int = 1, unacked_from: int | None = None) -> ReportBatch:
-    return ReportBatch.of(worker, ring_epoch, [UsageReport(
-        key, worker, epoch, seq, iops_delta=delta,
-        unacked_from=seq if unacked_from is None else unacked_from)])
+def report(
+    key: RateKey,
+    worker: str,
+    seq: int,
+    delta: int,
+    *,
+    epoch: int = 1,
+    ring_epoch: int = 1,
+    unacked_from: int | None = None,
+) -> ReportBatch:
+    return ReportBatch.of(
+        worker,
+        ring_epoch,
+        [
+            UsageReport(
+                key,
+                worker,
+                epoch,
+                seq,
+                iops_delta=delta,
+                unacked_from=seq if unacked_from is None else unacked_from,
+            )
+        ],
+    )
 
 
 def remaining(effects: list[Any], key: RateKey) -> int:
-    snaps = [s for e in effects if isinstance(e, Send) and isinstance(e.message, SnapshotBatch)
-             for s in e.message.snapshots if s.rate_key == key]
+    snaps = [
+        s
+        for e in effects
+        if isinstance(e, Send) and isinstance(e.message, SnapshotBatch)
+        for s in e.message.snapshots
+        if s.rate_key == key
+    ]
     assert snaps, effects
     return snaps[-1].remaining
 
@@ -84,8 +108,11 @@ def receiver(p: TenantRatePolicy = SLOW, ring: Ring = RING3) -> Owner:
 
 
 def handover_to(c: Owner, to: str, now_ns: int = C_NOW) -> Handover:
-    msgs = [e.message for e in c.hand_over(now_ns, RING2)
-            if isinstance(e, Send) and isinstance(e.message, Handover) and e.to == to]
+    msgs = [
+        e.message
+        for e in c.hand_over(now_ns, RING2)
+        if isinstance(e, Send) and isinstance(e.message, Handover) and e.to == to
+    ]
     assert len(msgs) == 1
     return msgs[0]
 
@@ -96,6 +123,7 @@ def first_use(a: Owner, key: RateKey, now_ns: int, worker: str = "x") -> int:
 
 
 # -- the hand-over keeps the key's state ----------------------------------------------------
+
 
 def test_a_nearly_exhausted_key_stays_nearly_exhausted_and_a_full_one_stays_full() -> None:
     c = leaver()
@@ -121,8 +149,12 @@ def test_the_leaver_stops_applying_what_it_handed_over() -> None:
     c.hand_over(C_NOW, RING2)
     c.ring_changed(C_NOW, RING2)  # what Member.leave does next
     effects = c.receive(C_NOW + MS, report(K, "w", 2, 5))
-    [rej] = [j for e in effects if isinstance(e, Send) and isinstance(e.message, SnapshotBatch)
-             for j in e.message.rejections]
+    [rej] = [
+        j
+        for e in effects
+        if isinstance(e, Send) and isinstance(e.message, SnapshotBatch)
+        for j in e.message.rejections
+    ]
     assert rej.reason.value == "not_owner" and c.applied_units == 10
     assert K not in c.keys and K not in c.applied  # moved away: its telemetry went with it
 
@@ -135,11 +167,14 @@ def test_handed_watermarks_make_resends_duplicates() -> None:
     a.take_handover(A_NOW, handover_to(c, "a"))
     a.ring_changed(A_NOW, RING2)
     # The ack of 3 was lost: w resends it to the new owner, which already has it.
-    effects = a.receive(A_NOW + MS, report(K, "w", 3, 10, ring_epoch=RING2.epoch,
-                                           unacked_from=3))
+    effects = a.receive(A_NOW + MS, report(K, "w", 3, 10, ring_epoch=RING2.epoch, unacked_from=3))
     assert remaining(effects, K) == 70 and a.duplicates == 1
-    assert remaining(a.receive(A_NOW + MS, report(K, "w", 4, 10, ring_epoch=RING2.epoch,
-                                                  unacked_from=3)), K) == 60
+    assert (
+        remaining(
+            a.receive(A_NOW + MS, report(K, "w", 4, 10, ring_epoch=RING2.epoch, unacked_from=3)), K
+        )
+        == 60
+    )
 
 
 def test_the_handed_debt_drains_while_it_waits_for_the_key_to_open() -> None:
@@ -163,6 +198,7 @@ def test_member_leave_hands_over_then_routes_without_itself() -> None:
 
 # -- what a receiver refuses -----------------------------------------------------------------
 
+
 def test_a_handover_from_a_stranger_or_itself_changes_nothing() -> None:
     c = leaver()
     c.receive(C_NOW, report(K, "w", 1, 10))
@@ -183,8 +219,11 @@ def test_keys_the_receiver_does_not_own_without_the_sender_are_ignored() -> None
     a.take_handover(A_NOW, Handover("c", 1, (item,)))
     assert a.handovers.stats()["ignored_not_owner"] == 1 and not a.handovers.pending
     # A key a owns in the ring with c too is not c's to hand over (nor to loosen).
-    mine = next(RateKey(f"t{i}", Metric.READ_IOPS, 1) for i in range(1000)
-                if RING3.owner_of(RateKey(f"t{i}", Metric.READ_IOPS, 1)) == "a")
+    mine = next(
+        RateKey(f"t{i}", Metric.READ_IOPS, 1)
+        for i in range(1000)
+        if RING3.owner_of(RateKey(f"t{i}", Metric.READ_IOPS, 1)) == "a"
+    )
     a.take_handover(A_NOW, Handover("c", 1, (KeyHandover(mine, 0, 1, 1),)))
     assert a.handovers.stats()["ignored_not_owner"] == 2
 
@@ -218,6 +257,7 @@ def test_a_parked_key_expires_or_moves_on() -> None:
 
 
 # -- duplicates and late hand-overs never loosen a key --------------------------------------
+
 
 def test_a_key_open_before_its_handover_keeps_the_stricter_state() -> None:
     c = leaver()
@@ -261,10 +301,16 @@ def test_duplicate_and_stale_handovers_do_not_loosen_a_parked_key() -> None:
 
 @pytest.mark.slow
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2_000), st.booleans(), st.integers(0, 20_000)),
-                min_size=1, max_size=12))
-def test_every_accepted_handover_bounds_the_key_from_below(steps: list[tuple[int, bool, int]]
-                                                          ) -> None:
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2_000), st.booleans(), st.integers(0, 20_000)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_every_accepted_handover_bounds_the_key_from_below(
+    steps: list[tuple[int, bool, int]],
+) -> None:
     """Whatever the order of hand-overs (any debt, duplicated, late) and first reports, the
     key's TAT never falls below any accepted hand-over's: received + ahead, at rate R."""
     a = receiver()
@@ -286,6 +332,7 @@ def test_every_accepted_handover_bounds_the_key_from_below(steps: list[tuple[int
 
 
 # -- the in-memory fleet --------------------------------------------------------------------
+
 
 def drained_fleet(handover: bool) -> tuple[MemoryFleet, str, RateKey]:
     """Three members; a key owned by c is nearly drained, then c leaves gracefully."""
@@ -329,18 +376,31 @@ def test_fleet_bound_holds_across_a_graceful_leave(seed: int) -> None:
     bound = 4 * b + R * f.propagation_delay_ns() / NS_PER_S
     for d in demand:
         assert d.max_excess <= bound, (seed, d.report())
-    sent = sum(m.owner.handovers.stats()["resumed"] + m.owner.handovers.tightened
-               for m in f.members.values())
+    sent = sum(
+        m.owner.handovers.stats()["resumed"] + m.owner.handovers.tightened
+        for m in f.members.values()
+    )
     assert sent > 0
 
 
 # -- the wire --------------------------------------------------------------------------------
 
+
 def sample() -> Handover:
-    return Handover("c", 7, (
-        KeyHandover(K, 9 * NS_PER_S, 7, 41, (ReporterWatermark("w1", 3, 12),
-                                              ReporterWatermark("w2", 1, 1))),
-        KeyHandover(RateKey("acme", Metric.CLIENT_EGRESS_BYTES, 2), 0, 6, 0)))
+    return Handover(
+        "c",
+        7,
+        (
+            KeyHandover(
+                K,
+                9 * NS_PER_S,
+                7,
+                41,
+                (ReporterWatermark("w1", 3, 12), ReporterWatermark("w2", 1, 1)),
+            ),
+            KeyHandover(RateKey("acme", Metric.CLIENT_EGRESS_BYTES, 2), 0, 6, 0),
+        ),
+    )
 
 
 def test_round_trip() -> None:
@@ -358,25 +418,28 @@ def wire_with(path: tuple[int, ...], value: Any) -> list[Any]:
     return obj  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize(("path", "value", "field"), [
-    ((0,), 1, "schema"),
-    ((2,), "", "sender"),
-    ((3,), -1, "ring_epoch"),
-    ((4,), "x", "keys"),
-    ((4, 0), [1, 2], "keys[0]"),
-    ((4, 0, 0), ["acme", "nope", 1], "keys[0].rate_key.metric"),
-    ((4, 0, 1), -5, "keys[0].ahead_ns"),
-    ((4, 1, 1), 1.5, "keys[1].ahead_ns"),
-    ((4, 0, 2), True, "keys[0].owner_epoch"),
-    ((4, 0, 3), None, "keys[0].version"),
-    ((4, 0, 4), 3, "keys[0].watermarks"),
-    ((4, 0, 4, 1), ["w2", 1], "keys[0].watermarks[1]"),
-    ((4, 0, 4, 1, 0), "", "keys[0].watermarks[1].worker_id"),
-    ((4, 0, 4, 1, 1), -1, "keys[0].watermarks[1].worker_epoch"),
-    ((4, 0, 4, 1, 2), "1", "keys[0].watermarks[1].watermark"),
-    ((4, 0, 4, 1, 0), "w1", "keys[0].watermarks[1].worker_id"),  # repeated
-    ((4, 1, 0), [K.tenant_id, K.metric.value, 1], "keys[1].rate_key"),  # repeated key
-])
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        ((0,), 1, "schema"),
+        ((2,), "", "sender"),
+        ((3,), -1, "ring_epoch"),
+        ((4,), "x", "keys"),
+        ((4, 0), [1, 2], "keys[0]"),
+        ((4, 0, 0), ["acme", "nope", 1], "keys[0].rate_key.metric"),
+        ((4, 0, 1), -5, "keys[0].ahead_ns"),
+        ((4, 1, 1), 1.5, "keys[1].ahead_ns"),
+        ((4, 0, 2), True, "keys[0].owner_epoch"),
+        ((4, 0, 3), None, "keys[0].version"),
+        ((4, 0, 4), 3, "keys[0].watermarks"),
+        ((4, 0, 4, 1), ["w2", 1], "keys[0].watermarks[1]"),
+        ((4, 0, 4, 1, 0), "", "keys[0].watermarks[1].worker_id"),
+        ((4, 0, 4, 1, 1), -1, "keys[0].watermarks[1].worker_epoch"),
+        ((4, 0, 4, 1, 2), "1", "keys[0].watermarks[1].watermark"),
+        ((4, 0, 4, 1, 0), "w1", "keys[0].watermarks[1].worker_id"),  # repeated
+        ((4, 1, 0), [K.tenant_id, K.metric.value, 1], "keys[1].rate_key"),  # repeated key
+    ],
+)
 def test_bad_handover_names_the_field(path: tuple[int, ...], value: Any, field: str) -> None:
     with pytest.raises(MessageError) as info:
         decode(msgpack.packb(wire_with(path, value), use_bin_type=True))

@@ -40,17 +40,28 @@ KB = RateKey("acme", Metric.CLIENT_EGRESS_BYTES, 1)
 
 
 def reports() -> ReportBatch:
-    return ReportBatch.of("w1", 5, (UsageReport(K, "w1", 2, 7, iops_delta=3, denied_delta=4),
-                                    UsageReport(KB, "w1", 2, 1, byte_delta=-512)))
+    return ReportBatch.of(
+        "w1",
+        5,
+        (
+            UsageReport(K, "w1", 2, 7, iops_delta=3, denied_delta=4),
+            UsageReport(KB, "w1", 2, 1, byte_delta=-512),
+        ),
+    )
 
 
 def snapshots() -> SnapshotBatch:
-    return SnapshotBatch.of("o1", 5, (RateSnapshot(K, 5, 9, 120, 10**12, 7, 2, 3, 250_000, 4),),
-                            (Rejection(KB, RejectReason.NOT_OWNER, 6),))
+    return SnapshotBatch.of(
+        "o1",
+        5,
+        (RateSnapshot(K, 5, 9, 120, 10**12, 7, 2, 3, 250_000, 4),),
+        (Rejection(KB, RejectReason.NOT_OWNER, 6),),
+    )
 
 
-@pytest.mark.parametrize("msg", [reports(), snapshots(), ReportBatch.of("w", 0, ()),
-                                 SnapshotBatch("o", 0)])
+@pytest.mark.parametrize(
+    "msg", [reports(), snapshots(), ReportBatch.of("w", 0, ()), SnapshotBatch("o", 0)]
+)
 def test_round_trip(msg: Any) -> None:
     assert decode(encode(msg)) == msg
 
@@ -58,25 +69,48 @@ def test_round_trip(msg: Any) -> None:
 # One message of every kind, and its bytes as the codec wrote them before `messages` was
 # split into modules (schema 3). A change here is a wire change: bump SCHEMA_VERSION.
 PINNED = [
-    (ReportBatch.of("w1", 5, (
-        UsageReport(K, "w1", 2, 7, iops_delta=3, denied_delta=4, unacked_from=5),
-        UsageReport(KB, "w1", 2, 1, byte_delta=-512))),
-     "9a03a77265706f727473a2773105029293a461636d65a9726561645f696f70730393a461636d65b3636c"
-     "69656e745f6567726573735f627974657301c41007000000000000000100000000000000c41003000000"
-     "0000000000feffffffffffffc41004000000000000000000000000000000c41005000000000000000100"
-     "000000000000"),
-    (SnapshotBatch.of("o1", 5, (RateSnapshot(K, 5, 9, 120, 10**12, 7, 2, 3, 250_000, 4),),
-                      (Rejection(KB, RejectReason.NOT_OWNER, 6),), batch_seq=11),
-     "dc001003a9736e617073686f7473a26f310503cf000000e8d4a510009193a461636d65a9726561645f69"
-     "6f707303c4080500000000000000c4080900000000000000c4087800000000000000c408070000000000"
-     "0000c4080200000000000000c40890d0030000000000c4080400000000000000919393a461636d65b363"
-     "6c69656e745f6567726573735f627974657301a96e6f745f6f776e6572060b"),
-    (Handover("o1", 5, (KeyHandover(K, 1500, 5, 9, (ReporterWatermark("w1", 2, 7),
-                                                    ReporterWatermark("w2", 0, 3))),
-                        KeyHandover(KB, 0, 5, 1))),
-     "9503a868616e646f766572a26f3105929593a461636d65a9726561645f696f707303cd05dc0509929"
-     "3a27731020793a2773200039593a461636d65b3636c69656e745f6567726573735f6279746573010005"
-     "0190"),
+    (
+        ReportBatch.of(
+            "w1",
+            5,
+            (
+                UsageReport(K, "w1", 2, 7, iops_delta=3, denied_delta=4, unacked_from=5),
+                UsageReport(KB, "w1", 2, 1, byte_delta=-512),
+            ),
+        ),
+        "9a03a77265706f727473a2773105029293a461636d65a9726561645f696f70730393a461636d65b3636c"
+        "69656e745f6567726573735f627974657301c41007000000000000000100000000000000c41003000000"
+        "0000000000feffffffffffffc41004000000000000000000000000000000c41005000000000000000100"
+        "000000000000",
+    ),
+    (
+        SnapshotBatch.of(
+            "o1",
+            5,
+            (RateSnapshot(K, 5, 9, 120, 10**12, 7, 2, 3, 250_000, 4),),
+            (Rejection(KB, RejectReason.NOT_OWNER, 6),),
+            batch_seq=11,
+        ),
+        "dc001003a9736e617073686f7473a26f310503cf000000e8d4a510009193a461636d65a9726561645f69"
+        "6f707303c4080500000000000000c4080900000000000000c4087800000000000000c408070000000000"
+        "0000c4080200000000000000c40890d0030000000000c4080400000000000000919393a461636d65b363"
+        "6c69656e745f6567726573735f627974657301a96e6f745f6f776e6572060b",
+    ),
+    (
+        Handover(
+            "o1",
+            5,
+            (
+                KeyHandover(
+                    K, 1500, 5, 9, (ReporterWatermark("w1", 2, 7), ReporterWatermark("w2", 0, 3))
+                ),
+                KeyHandover(KB, 0, 5, 1),
+            ),
+        ),
+        "9503a868616e646f766572a26f3105929593a461636d65a9726561645f696f707303cd05dc0509929"
+        "3a27731020793a2773200039593a461636d65b3636c69656e745f6567726573735f6279746573010005"
+        "0190",
+    ),
 ]
 
 
@@ -90,15 +124,18 @@ def test_key_cache_stays_within_its_bound(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(_codec, "_KEY_CACHE_MAX", 8)
     monkeypatch.setattr(_codec, "_KEY_CACHE", {})
     for gen in range(1, 30):
-        batch = ReportBatch.of("w1", 5, (UsageReport(RateKey("t", Metric.READ_IOPS, gen),
-                                                     "w1", 2, 1),))
+        batch = ReportBatch.of(
+            "w1", 5, (UsageReport(RateKey("t", Metric.READ_IOPS, gen), "w1", 2, 1),)
+        )
         assert decode(encode(batch)) == batch
         assert 0 < len(_codec._KEY_CACHE) <= 8
 
 
 def test_rows_and_columns_agree() -> None:
-    rows = (UsageReport(K, "w1", 2, 7, iops_delta=3, denied_delta=4, unacked_from=5),
-            UsageReport(KB, "w1", 2, 1, byte_delta=-512))
+    rows = (
+        UsageReport(K, "w1", 2, 7, iops_delta=3, denied_delta=4, unacked_from=5),
+        UsageReport(KB, "w1", 2, 1, byte_delta=-512),
+    )
     batch = ReportBatch.of("w1", 5, rows)
     assert batch.reports == rows and len(batch) == 2
     assert batch.keys == (K, KB) and batch.deltas == (3, -512) and batch.unacked_from == (5, 1)
@@ -117,6 +154,7 @@ def test_rows_of_two_incarnations_do_not_make_one_batch() -> None:
 
 def mutate(wire: list[Any], path: tuple[int, ...], value: Any) -> list[Any]:
     import copy
+
     w = copy.deepcopy([list(x) if isinstance(x, tuple) else x for x in wire])
     target = w
     for i in path[:-1]:
@@ -131,26 +169,29 @@ def col(*values: int) -> bytes:
     return pack_column(list(values))
 
 
-@pytest.mark.parametrize("path, value, field", [
-    ((0,), 1, "schema"),
-    ((0,), 2.0, "schema"),
-    ((1,), "bogus", "kind"),
-    ((2,), "", "sender"),
-    ((3,), -1, "ring_epoch"),
-    ((4,), "2", "worker_epoch"),
-    ((5, 0, 1), "read_ops", "keys[0].metric"),
-    ((5, 0, 2), 0, "keys[0].policy_generation"),
-    ((5, 0, 2), 3.0, "keys[0].policy_generation"),  # equal to a cached key's 3: still refused
-    ((5, 0, 2), True, "keys[0].policy_generation"),
-    ((5, 0), [1, 2], "keys[0]"),
-    ((5,), "nope", "keys"),
-    ((6,), col(0, 1), "sequences[0]"),
-    ((6,), col(7), "sequences"),  # one value for two keys
-    ((6,), [7, 1], "sequences"),  # not packed
-    ((8,), col(-1, 0), "denied[0]"),
-    ((9,), col(8, 1), "unacked_from[0]"),  # above its own sequence
-    ((7,), b"\x00" * 15, "deltas"),  # not whole int64s
-])
+@pytest.mark.parametrize(
+    "path, value, field",
+    [
+        ((0,), 1, "schema"),
+        ((0,), 2.0, "schema"),
+        ((1,), "bogus", "kind"),
+        ((2,), "", "sender"),
+        ((3,), -1, "ring_epoch"),
+        ((4,), "2", "worker_epoch"),
+        ((5, 0, 1), "read_ops", "keys[0].metric"),
+        ((5, 0, 2), 0, "keys[0].policy_generation"),
+        ((5, 0, 2), 3.0, "keys[0].policy_generation"),  # equal to a cached key's 3: still refused
+        ((5, 0, 2), True, "keys[0].policy_generation"),
+        ((5, 0), [1, 2], "keys[0]"),
+        ((5,), "nope", "keys"),
+        ((6,), col(0, 1), "sequences[0]"),
+        ((6,), col(7), "sequences"),  # one value for two keys
+        ((6,), [7, 1], "sequences"),  # not packed
+        ((8,), col(-1, 0), "denied[0]"),
+        ((9,), col(8, 1), "unacked_from[0]"),  # above its own sequence
+        ((7,), b"\x00" * 15, "deltas"),  # not whole int64s
+    ],
+)
 def test_bad_report_batch_names_the_field(path: tuple[int, ...], value: Any, field: str) -> None:
     decode(encode(reports()))  # the keys are now in the decoder's cache
     wire = mutate(to_wire(reports()), path, value)
@@ -159,16 +200,18 @@ def test_bad_report_batch_names_the_field(path: tuple[int, ...], value: Any, fie
     assert info.value.field == field, info.value
 
 
-@pytest.mark.parametrize("path, value, field", [
-    ((13,), col(0), "active_reporters[0]"),
-    ((12,), col(1_000_001), "shares_ppm[0]"),
-    ((9,), col(-5), "remaining[0]"),
-    ((5,), -1, "observed_at"),
-    ((14, 0, 1), "gone", "rejections[0].reason"),
-    ((14, 0), [1], "rejections[0]"),
-])
-def test_bad_snapshot_batch_names_the_field(path: tuple[int, ...], value: Any,
-                                            field: str) -> None:
+@pytest.mark.parametrize(
+    "path, value, field",
+    [
+        ((13,), col(0), "active_reporters[0]"),
+        ((12,), col(1_000_001), "shares_ppm[0]"),
+        ((9,), col(-5), "remaining[0]"),
+        ((5,), -1, "observed_at"),
+        ((14, 0, 1), "gone", "rejections[0].reason"),
+        ((14, 0), [1], "rejections[0]"),
+    ],
+)
+def test_bad_snapshot_batch_names_the_field(path: tuple[int, ...], value: Any, field: str) -> None:
     wire = mutate(to_wire(snapshots()), path, value)
     with pytest.raises(MessageError) as info:
         decode(msgpack.packb(wire))
@@ -181,8 +224,9 @@ def test_size_limits() -> None:
         decode(data, max_bytes=len(data) - 1)
     n = MAX_ITEMS + 1
     with pytest.raises(MessageError, match="at most"):
-        from_wire([SCHEMA_VERSION, "reports", "w", 0, 0, [["t", "read_iops", 1]] * n,
-                   *[col(1) * n] * 4])
+        from_wire(
+            [SCHEMA_VERSION, "reports", "w", 0, 0, [["t", "read_iops", 1]] * n, *[col(1) * n] * 4]
+        )
 
 
 def test_types_are_type_errors() -> None:
@@ -193,10 +237,15 @@ def test_types_are_type_errors() -> None:
 
 
 wire_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=8)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=8)
     | st.binary(max_size=8),
-    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=4), inner,
-                                                                 max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
     max_leaves=30,
 )
 
@@ -210,10 +259,19 @@ def test_random_bytes_only_ever_raise_message_errors(data: bytes) -> None:
 
 
 @pytest.mark.slow
-@given(st.one_of(wire_values, st.builds(lambda rest: [SCHEMA_VERSION, "reports", *rest],
-                                        st.lists(wire_values, min_size=8, max_size=8)),
-                 st.builds(lambda rest: [SCHEMA_VERSION, "snapshots", *rest],
-                           st.lists(wire_values, min_size=14, max_size=14))))
+@given(
+    st.one_of(
+        wire_values,
+        st.builds(
+            lambda rest: [SCHEMA_VERSION, "reports", *rest],
+            st.lists(wire_values, min_size=8, max_size=8),
+        ),
+        st.builds(
+            lambda rest: [SCHEMA_VERSION, "snapshots", *rest],
+            st.lists(wire_values, min_size=14, max_size=14),
+        ),
+    )
+)
 def test_random_structures_only_ever_raise_message_errors(obj: Any) -> None:
     try:
         decode(msgpack.packb(obj))
@@ -237,8 +295,12 @@ class _CheckingFleet(MemoryFleet):
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_what_the_cores_build_unchecked_passes_every_check(seed: int) -> None:
-    f = _CheckingFleet(["w0", "w1", "w2"], cache(policy("t", rate=1000, burst=100, b=10),
-                                                 policy("u", rate=50, burst=5, b=2)),
-                       seed=seed, loss=0.05, duplicate=0.05)
+    f = _CheckingFleet(
+        ["w0", "w1", "w2"],
+        cache(policy("t", rate=1000, burst=100, b=10), policy("u", rate=50, burst=5, b=2)),
+        seed=seed,
+        loss=0.05,
+        duplicate=0.05,
+    )
     drive(f, [Offered("t", 3000), Offered("u", 20)], NS_PER_S)
     assert f.checked > 100

@@ -21,9 +21,17 @@ from tests.mesh.core.test_stateful import MeshMachine
 from tests.mesh.testing.test_fleet import R, bound, fleet
 
 
-def _no_cap(self: GlobalGate, order: tuple[int, int, int], remaining: int, ack: int,
-            share_ppm: int, active_reporters: int, now_ns: int, ttl_ns: int,
-            coin_ppm: int) -> list[Inflight]:
+def _no_cap(
+    self: GlobalGate,
+    order: tuple[int, int, int],
+    remaining: int,
+    ack: int,
+    share_ppm: int,
+    active_reporters: int,
+    now_ns: int,
+    ttl_ns: int,
+    coin_ppm: int,
+) -> list[Inflight]:
     """Spend the whole of `remaining`, ignoring the share and the local burst cap."""
     acked = self.ack(ack)
     self.snap_order = order
@@ -49,10 +57,16 @@ def _apply_nothing(self: object, now_ns: int, amount: int) -> None:
 
 MUTATIONS: dict[str, tuple[str, str, Callable[..., object]]] = {
     "no local burst cap": ("mesh.core.reporter._gate.GlobalGate", "take_snapshot", _no_cap),
-    "stale views keep spending": ("mesh.core.reporter._gate.GlobalGate", "recompute",
-                                  _stale_keeps_spending),
-    "in-flight usage forgotten": ("mesh.core.reporter._gate.GlobalGate", "recompute",
-                                  _forget_unacked),
+    "stale views keep spending": (
+        "mesh.core.reporter._gate.GlobalGate",
+        "recompute",
+        _stale_keeps_spending,
+    ),
+    "in-flight usage forgotten": (
+        "mesh.core.reporter._gate.GlobalGate",
+        "recompute",
+        _forget_unacked,
+    ),
 }
 # Bugs the small machine cannot expose (its three workers are too slow to outrun an owner
 # that never charges) but a fleet under overload does.
@@ -62,20 +76,27 @@ FLEET_MUTATIONS: dict[str, tuple[str, str, Callable[..., object]]] = {
 
 
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
-def test_the_stateful_test_catches_the_planted_bug(name: str,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_stateful_test_catches_the_planted_bug(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     target, attr, replacement = MUTATIONS[name]
     monkeypatch.setattr(f"{target}.{attr}", replacement)
-    quick = settings(max_examples=600, stateful_step_count=50, deadline=None,
-                     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
-                     derandomize=True, database=None)
+    quick = settings(
+        max_examples=600,
+        stateful_step_count=50,
+        deadline=None,
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
+        derandomize=True,
+        database=None,
+    )
     with pytest.raises(AssertionError):
         run_state_machine_as_test(MeshMachine, settings=quick)
 
 
 @pytest.mark.parametrize("name", sorted(FLEET_MUTATIONS))
 def test_a_whole_fleet_under_overload_shows_the_planted_bug(
-        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Six members offered four times the limit: the lead over the ideal leaves the envelope."""
     target, attr, replacement = FLEET_MUTATIONS[name]
     monkeypatch.setattr(f"{target}.{attr}", replacement)

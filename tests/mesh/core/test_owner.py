@@ -24,10 +24,16 @@ LONG_AGO = 0
 NOW = 10_000 * MS  # the owner has held its position for 10 s: keys may start full
 
 
-def owner(ring: Ring | None = None, policies: PolicyCache | None = None,
-          config: CoreConfig | None = None) -> Owner:
-    return Owner("o", ring or Ring(["o"], 1), cache(P) if policies is None else policies, LONG_AGO,
-                 config=config)
+def owner(
+    ring: Ring | None = None, policies: PolicyCache | None = None, config: CoreConfig | None = None
+) -> Owner:
+    return Owner(
+        "o",
+        ring or Ring(["o"], 1),
+        cache(P) if policies is None else policies,
+        LONG_AGO,
+        config=config,
+    )
 
 
 def batch(worker: str, *reports: UsageReport, epoch: int = 1) -> ReportBatch:
@@ -47,11 +53,17 @@ def snaps(effects: Sequence[Effect], to: str) -> SnapshotBatch:
 
 def snapshot_batches(effects: Sequence[Effect], to: str | None = None) -> list[SnapshotBatch]:
     """The SnapshotBatches among `effects` (to one worker, or to all)."""
-    return [e.message for e in effects if isinstance(e, Send)
-            and isinstance(e.message, SnapshotBatch) and (to is None or e.to == to)]
+    return [
+        e.message
+        for e in effects
+        if isinstance(e, Send)
+        and isinstance(e.message, SnapshotBatch)
+        and (to is None or e.to == to)
+    ]
 
 
 # -- idempotence -----------------------------------------------------------------------------
+
 
 @st.composite
 def histories(draw: st.DrawFn) -> tuple[list[UsageReport], list[UsageReport]]:
@@ -73,7 +85,8 @@ def histories(draw: st.DrawFn) -> tuple[list[UsageReport], list[UsageReport]]:
 @given(histories())
 @settings(max_examples=200)
 def test_any_interleaving_equals_applying_each_report_once(
-        history: tuple[list[UsageReport], list[UsageReport]]) -> None:
+    history: tuple[list[UsageReport], list[UsageReport]],
+) -> None:
     reports, delivered = history
     o = owner()
     for r in delivered:  # the hostile network
@@ -119,6 +132,7 @@ def test_beyond_the_reorder_window_is_not_applied_nor_acked() -> None:
 
 
 # -- start, ownership, policy ------------------------------------------------------------------
+
 
 def test_new_owner_starts_exhausted_and_refilling() -> None:
     o = Owner("o", Ring(["o"], 1), cache(P), NOW)  # just took its ring position
@@ -171,6 +185,7 @@ def test_reports_for_keys_it_does_not_own_or_from_a_newer_ring_are_refused() -> 
 
 
 # -- snapshots ------------------------------------------------------------------------------
+
 
 def test_snapshots_go_only_to_active_reporters_and_stop_when_the_lease_ends() -> None:
     cfg = CoreConfig()
@@ -286,8 +301,9 @@ def test_batches_to_a_worker_are_numbered_and_moved_keys_skip_a_number() -> None
     stays = next(p for p in pols if ring.owner_of(p.rate_key) == "o")
     moves = next(p for p in pols if ring.owner_of(p.rate_key) == "x")
     o = Owner("o", Ring(["o"], 1), cache(stays, moves), 0)
-    first, second = (snaps(o.receive(NOW, batch_of("a", p.rate_key, 1)), "a").batch_seq
-                     for p in (stays, moves))
+    first, second = (
+        snaps(o.receive(NOW, batch_of("a", p.rate_key, 1)), "a").batch_seq for p in (stays, moves)
+    )
     assert second == first + 1
     o.ring_changed(NOW, ring)  # a key moved to x: a's views of it must not be vouched for
     third = snaps(o.receive(NOW, batch_of("a", stays.rate_key, 2, epoch=2)), "a").batch_seq
@@ -316,9 +332,14 @@ def test_per_key_applied_shrinks_with_the_keys_the_owner_forgets() -> None:
 
     def touch(now_ns: int, seq: int) -> None:
         for i in range(0, len(pols), 500):
-            o.receive(now_ns, ReportBatch.of("w", 1, [UsageReport(p.rate_key, "w", 1, seq,
-                                                                  iops_delta=3)
-                                                      for p in pols[i:i + 500]]))
+            o.receive(
+                now_ns,
+                ReportBatch.of(
+                    "w",
+                    1,
+                    [UsageReport(p.rate_key, "w", 1, seq, iops_delta=3) for p in pols[i : i + 500]],
+                ),
+            )
 
     touch(NOW, 1)
     assert len(o.applied) == len(o.keys) == 2000

@@ -18,37 +18,51 @@ from mesh.core.policy import (
 from mesh.errors import ConfigError, ConfigTypeError, MeshError
 from tests.mesh._helpers import policy
 
-GOOD: dict[str, Any] = dict(tenant_id="acme", metric="read_iops", generation=1, target_rate=100,
-            global_burst=10, local_burst_cap=5)
+GOOD: dict[str, Any] = dict(
+    tenant_id="acme",
+    metric="read_iops",
+    generation=1,
+    target_rate=100,
+    global_burst=10,
+    local_burst_cap=5,
+)
 
 
 def test_units_by_metric() -> None:
     assert Metric.READ_IOPS.unit is Unit.UNITS and Metric.WRITE_IOPS.unit is Unit.UNITS
-    for m in ("client_egress_bytes", "origin_read_bytes", "client_ingress_bytes",
-              "origin_write_bytes"):
+    for m in (
+        "client_egress_bytes",
+        "origin_read_bytes",
+        "client_ingress_bytes",
+        "origin_write_bytes",
+    ):
         assert Metric(m).unit is Unit.BYTES
     assert len(Metric) == 6
 
 
-@pytest.mark.parametrize("change, field, exc", [
-    ({"target_rate": -1}, "target_rate", ConfigError),
-    ({"target_rate": 0}, "target_rate", ConfigError),
-    ({"global_burst": 0}, "global_burst", ConfigError),
-    ({"local_burst_cap": 0}, "local_burst_cap", ConfigError),
-    ({"metric": "read_ops"}, "metric", ConfigError),
-    ({"metric": 7}, "metric", ConfigTypeError),
-    ({"mode": "eventual"}, "mode", ConfigError),
-    ({"generation": 0}, "generation", ConfigError),
-    ({"generation": 1.0}, "generation", ConfigTypeError),
-    ({"tenant_id": ""}, "tenant_id", ConfigError),
-    ({"tenant_id": None}, "tenant_id", ConfigTypeError),
-    ({"tenant_id": "x" * 1000}, "tenant_id", ConfigError),
-    ({"target_rate": 2**64}, "target_rate", ConfigError),
-    ({"target_rate": True}, "target_rate", ConfigTypeError),
-    ({"enabled": "yes"}, "enabled", ConfigTypeError),
-])
-def test_bad_policy_names_the_field(change: dict[str, Any], field: str,
-                                    exc: type[ConfigError]) -> None:
+@pytest.mark.parametrize(
+    "change, field, exc",
+    [
+        ({"target_rate": -1}, "target_rate", ConfigError),
+        ({"target_rate": 0}, "target_rate", ConfigError),
+        ({"global_burst": 0}, "global_burst", ConfigError),
+        ({"local_burst_cap": 0}, "local_burst_cap", ConfigError),
+        ({"metric": "read_ops"}, "metric", ConfigError),
+        ({"metric": 7}, "metric", ConfigTypeError),
+        ({"mode": "eventual"}, "mode", ConfigError),
+        ({"generation": 0}, "generation", ConfigError),
+        ({"generation": 1.0}, "generation", ConfigTypeError),
+        ({"tenant_id": ""}, "tenant_id", ConfigError),
+        ({"tenant_id": None}, "tenant_id", ConfigTypeError),
+        ({"tenant_id": "x" * 1000}, "tenant_id", ConfigError),
+        ({"target_rate": 2**64}, "target_rate", ConfigError),
+        ({"target_rate": True}, "target_rate", ConfigTypeError),
+        ({"enabled": "yes"}, "enabled", ConfigTypeError),
+    ],
+)
+def test_bad_policy_names_the_field(
+    change: dict[str, Any], field: str, exc: type[ConfigError]
+) -> None:
     with pytest.raises(exc) as info:
         TenantRatePolicy(**{**GOOD, **change})
     assert info.value.field == field
@@ -59,12 +73,15 @@ def test_unknown_metric_error_lists_the_choices() -> None:
         TenantRatePolicy(**{**GOOD, "metric": "iops"})
 
 
-@pytest.mark.parametrize("data, field", [
-    ({**GOOD, "rate": 5}, "policies[0].rate"),
-    ({k: v for k, v in GOOD.items() if k != "global_burst"}, "policies[0].global_burst"),
-    ({**GOOD, "target_rate": -3}, "policies[0].target_rate"),
-    ("not a mapping", "policies[0]"),
-])
+@pytest.mark.parametrize(
+    "data, field",
+    [
+        ({**GOOD, "rate": 5}, "policies[0].rate"),
+        ({k: v for k, v in GOOD.items() if k != "global_burst"}, "policies[0].global_burst"),
+        ({**GOOD, "target_rate": -3}, "policies[0].target_rate"),
+        ("not a mapping", "policies[0]"),
+    ],
+)
 def test_from_dict_names_where(data: object, field: str) -> None:
     with pytest.raises(MeshError) as info:
         TenantRatePolicy.from_dict(data, where="policies[0]")

@@ -19,22 +19,50 @@ P = policy("t", rate=1000, burst=100, b=40)
 KEY = P.rate_key
 
 
-def worker(n_members: int = 4, policies: PolicyCache | None = None,
-           config: CoreConfig | None = None) -> tuple[Reporter, Admission]:
+def worker(
+    n_members: int = 4, policies: PolicyCache | None = None, config: CoreConfig | None = None
+) -> tuple[Reporter, Admission]:
     ring = Ring(["w"] + [f"o{i}" for i in range(n_members - 1)], 1)
     r = Reporter("w", 7, ring, config=config)
     return r, Admission(policies or cache(P), 0, reporter=r, config=config)
 
 
-def snap(remaining: int, ack: int, version: int, share_ppm: int = PPM, active: int = 1,
-         key: object = KEY, epoch: int = 7) -> SnapshotBatch:
-    return SnapshotBatch.of("o", 1, (RateSnapshot(key, 1, version, remaining, 0, ack, epoch, 0,  # type: ignore[arg-type]
-                                               share_ppm, active),))
+def snap(
+    remaining: int,
+    ack: int,
+    version: int,
+    share_ppm: int = PPM,
+    active: int = 1,
+    key: object = KEY,
+    epoch: int = 7,
+) -> SnapshotBatch:
+    return SnapshotBatch.of(
+        "o",
+        1,
+        (
+            RateSnapshot(
+                key,  # type: ignore[arg-type]
+                1,
+                version,
+                remaining,
+                0,
+                ack,
+                epoch,
+                0,
+                share_ppm,
+                active,
+            ),
+        ),
+    )
 
 
 def sent_reports(effects: Sequence[Effect]) -> list[UsageReport]:
-    return [r for e in effects if isinstance(e, Send) and isinstance(e.message, ReportBatch)
-            for r in e.message.reports]
+    return [
+        r
+        for e in effects
+        if isinstance(e, Send) and isinstance(e.message, ReportBatch)
+        for r in e.message.reports
+    ]
 
 
 def admit_n(a: Admission, n: int, tenant: str = "t") -> int:
@@ -125,8 +153,11 @@ def test_unacknowledged_reports_are_resent_with_the_same_epoch_and_sequence() ->
     first = sent_reports(r.flush(0))
     assert sent_reports(r.flush(MS)) == []  # not yet due
     again = sent_reports(r.flush((cfg.report_retry_ms + 1) * MS))
-    assert [(x.worker_epoch, x.sequence, x.iops_delta) for x in again] == \
-           [(x.worker_epoch, x.sequence, x.iops_delta) for x in first] == [(7, 1, 3)]
+    assert (
+        [(x.worker_epoch, x.sequence, x.iops_delta) for x in again]
+        == [(x.worker_epoch, x.sequence, x.iops_delta) for x in first]
+        == [(7, 1, 3)]
+    )
     r.receive(20 * MS, snap(50, 1, 1))
     assert sent_reports(r.flush(100 * MS)) == []
 
@@ -244,8 +275,11 @@ def test_a_reset_link_resends_what_its_owner_has_not_acknowledged_at_once() -> N
 def vouching(r: Reporter, seq: int, *rows: RateSnapshot, inc: int = 0) -> SnapshotBatch:
     """A batch from the key's owner, numbered `seq` (empty: it only vouches)."""
     owner = r.ring.owner_of(KEY)
-    return SnapshotBatch.of(owner, 1, rows, batch_seq=seq) if rows else SnapshotBatch(
-        owner, 1, inc, batch_seq=seq)
+    return (
+        SnapshotBatch.of(owner, 1, rows, batch_seq=seq)
+        if rows
+        else SnapshotBatch(owner, 1, inc, batch_seq=seq)
+    )
 
 
 def row(version: int, ack: int) -> RateSnapshot:

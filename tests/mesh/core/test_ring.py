@@ -10,8 +10,11 @@ from mesh.core.ring import Ring
 from mesh.errors import ConfigError
 from tests.mesh._helpers import policy
 
-KEYS = [RateKey(f"tenant-{i}", m, 1) for i in range(3000) for m in (Metric.READ_IOPS,
-                                                                     Metric.CLIENT_EGRESS_BYTES)]
+KEYS = [
+    RateKey(f"tenant-{i}", m, 1)
+    for i in range(3000)
+    for m in (Metric.READ_IOPS, Metric.CLIENT_EGRESS_BYTES)
+]
 
 
 def owners(ring: Ring) -> dict[RateKey, str]:
@@ -65,8 +68,10 @@ def test_empty_ring_has_no_owner() -> None:
     assert not ring.owns("a", KEYS[0])
 
 
-@pytest.mark.parametrize("members, epoch, field", [([""], 1, "member"), ([3], 1, "member"),
-                                                  (["a"], -1, "epoch"), (["a"], "1", "epoch")])
+@pytest.mark.parametrize(
+    "members, epoch, field",
+    [([""], 1, "member"), ([3], 1, "member"), (["a"], -1, "epoch"), (["a"], "1", "epoch")],
+)
 def test_bad_ring_arguments(members: list[object], epoch: object, field: str) -> None:
     with pytest.raises((ValueError, TypeError)) as info:
         Ring(members, epoch)  # type: ignore[arg-type]

@@ -42,6 +42,7 @@ NOW = 10_000 * MS  # the owner has held its position long enough for keys to sta
 
 # -- the owner's inlined copies, pinned to the helpers -------------------------------------
 
+
 @dataclass
 class State:
     """One key at its owner just before a report, and what the tick last looked at."""
@@ -72,8 +73,12 @@ def _around(x: int) -> st.SearchStrategy[int]:
     """Offsets from `x` on both sides of "near" (within 1/65,536 of it) and of twice that:
     0, 1/2, 1, 3/2 and 2 times x/65,536, either sign, give or take one."""
     unit = abs(x) >> 16
-    return st.builds(lambda halves, sign, jitter: sign * (halves * unit // 2) + jitter,
-                     st.integers(0, 4), st.sampled_from([-1, 1]), st.integers(-1, 1))
+    return st.builds(
+        lambda halves, sign, jitter: sign * (halves * unit // 2) + jitter,
+        st.integers(0, 4),
+        st.sampled_from([-1, 1]),
+        st.integers(-1, 1),
+    )
 
 
 @st.composite
@@ -86,17 +91,28 @@ def states(draw: st.DrawFn) -> State:
     # Around the edge of the even split as well as anywhere: the bucket is even when at
     # least about 1 - 1/(64 n) full, and a spread of exactly one step is not even.
     edge = burst - burst // (64 * n + 1)
-    one_step = [r for r in range(max(0, edge - 200), min(burst, edge + 200) + 1)
-                if (basis := share_basis(r, burst, floor_ppm, n, 0)).spread_ppm
-                == share_step(basis.even_ppm)]
-    remaining = draw(st.one_of(st.integers(0, burst),
-                               st.integers(max(0, edge - 3), min(burst, edge + 3)),
-                               st.sampled_from(one_step or [edge]),
-                               st.just(burst)))
-    s = State(n, burst, b, floor_ppm, remaining, demands, draw(st.booleans()),
-              draw(st.integers(0, n - 1)))
-    s.looked_offsets = (draw(st.sampled_from([0, 0, -1, 1])), draw(_around(_even_allowance(s))),
-                        draw(_around(min(remaining, b))))
+    one_step = [
+        r
+        for r in range(max(0, edge - 200), min(burst, edge + 200) + 1)
+        if (basis := share_basis(r, burst, floor_ppm, n, 0)).spread_ppm
+        == share_step(basis.even_ppm)
+    ]
+    remaining = draw(
+        st.one_of(
+            st.integers(0, burst),
+            st.integers(max(0, edge - 3), min(burst, edge + 3)),
+            st.sampled_from(one_step or [edge]),
+            st.just(burst),
+        )
+    )
+    s = State(
+        n, burst, b, floor_ppm, remaining, demands, draw(st.booleans()), draw(st.integers(0, n - 1))
+    )
+    s.looked_offsets = (
+        draw(st.sampled_from([0, 0, -1, 1])),
+        draw(_around(_even_allowance(s))),
+        draw(_around(min(remaining, b))),
+    )
     return s
 
 
@@ -107,8 +123,9 @@ def _owner_at(s: State) -> tuple[Owner, RateKey, KeyState]:
     o = Owner("o", Ring(["o"], 1), cache(p), 0, config=CoreConfig(share_floor_ppm=s.floor_ppm))
     key = p.rate_key
     for i, d in enumerate(s.demands):
-        o.receive(NOW, ReportBatch.of(f"w{i}", 1, [UsageReport(key, f"w{i}", 1, 1,
-                                                               denied_delta=d)]))
+        o.receive(
+            NOW, ReportBatch.of(f"w{i}", 1, [UsageReport(key, f"w{i}", 1, 1, denied_delta=d)])
+        )
     ks = o.keys[key]
     ks.meter = Gcra(1, s.burst, NOW)
     ks.meter.apply(NOW, s.burst - s.remaining)
@@ -118,8 +135,12 @@ def _owner_at(s: State) -> tuple[Owner, RateKey, KeyState]:
 
 def _reply(o: Owner, now_ns: int, key: RateKey, worker: str) -> RateSnapshot:
     effects = o.receive(now_ns, ReportBatch.of(worker, 1, [UsageReport(key, worker, 1, 2)]))
-    [row] = [r for e in effects if isinstance(e, Send) and e.to == worker
-             and isinstance(e.message, SnapshotBatch) for r in e.message.snapshots]
+    [row] = [
+        r
+        for e in effects
+        if isinstance(e, Send) and e.to == worker and isinstance(e.message, SnapshotBatch)
+        for r in e.message.snapshots
+    ]
     return row
 
 
@@ -153,9 +174,16 @@ def test_the_reply_fast_path_equals_the_share_helpers(s: State) -> None:
         # (as if the split was even then), so only `shares_even` tells the two apart.
         looked_n, looked_allowance, looked_floor = s.n + dn, _even_allowance(s) + da, floor + df
         ks.looked_n, ks.looked_allowance_ppm, ks.looked_floor = (
-            looked_n, looked_allowance, looked_floor)
-        unchanged = (shares_even(basis) and looked_n == s.n
-                     and near(allowance, looked_allowance) and near(floor, looked_floor))
+            looked_n,
+            looked_allowance,
+            looked_floor,
+        )
+        unchanged = (
+            shares_even(basis)
+            and looked_n == s.n
+            and near(allowance, looked_allowance)
+            and near(floor, looked_floor)
+        )
     else:
         share = PPM  # the only live reporter: the whole budget is its share
         allowance = snapshot_allowance_ppm(s.remaining, PPM, 1, s.b)
@@ -184,7 +212,10 @@ def test_the_ticks_look_and_the_replys_check_of_it_agree(s: State) -> None:
     basis = _basis(s)
     if s.n > 1:
         assert (ks.looked_n, ks.looked_allowance_ppm, ks.looked_floor) == (
-            s.n, _even_allowance(s) if shares_even(basis) else -1, min(s.remaining, s.b))
+            s.n,
+            _even_allowance(s) if shares_even(basis) else -1,
+            min(s.remaining, s.b),
+        )
     changes = ks.changes
     row = _reply(o, later, key, f"w{s.sender}")
     assert row.share_ppm == (share_ppm(basis, s.demands[s.sender]) if s.n > 1 else PPM)
@@ -201,6 +232,7 @@ def test_the_examples_reach_both_sides_of_every_inlined_branch() -> None:
 
 
 # -- the helpers' own properties -----------------------------------------------------------
+
 
 @st.composite
 def bases(draw: st.DrawFn) -> tuple[ShareBasis, list[int], int]:
@@ -230,10 +262,12 @@ def test_shares_sum_to_at_most_one_unit(drawn: tuple[ShareBasis, list[int], int]
 @given(bases(), st.integers(1, 10**9))
 @settings(max_examples=500)
 def test_fleet_allowances_never_exceed_remaining_nor_the_cap(
-        drawn: tuple[ShareBasis, list[int], int], b: int) -> None:
+    drawn: tuple[ShareBasis, list[int], int], b: int
+) -> None:
     basis, demands, remaining = drawn
-    allowances = [snapshot_allowance_ppm(remaining, share_ppm(basis, d), basis.active, b)
-                  for d in demands]
+    allowances = [
+        snapshot_allowance_ppm(remaining, share_ppm(basis, d), basis.active, b) for d in demands
+    ]
     for d, a in zip(demands, allowances, strict=True):
         share = share_ppm(basis, d)
         assert 0 <= a <= remaining * share
@@ -257,8 +291,9 @@ def test_share_round_is_exact_in_expectation(amount_ppm: int, coin: int, other: 
 
 
 @given(st.integers(0, 10**9), st.integers(1, 10**9), st.integers(1, PPM))
-def test_the_even_part_lies_between_the_floor_and_one(remaining: int, burst: int,
-                                                      floor_ppm: int) -> None:
+def test_the_even_part_lies_between_the_floor_and_one(
+    remaining: int, burst: int, floor_ppm: int
+) -> None:
     remaining = min(remaining, burst)
     even = even_part_ppm(remaining, burst, floor_ppm)
     assert floor_ppm <= even <= PPM

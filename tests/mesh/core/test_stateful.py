@@ -132,8 +132,7 @@ class MeshMachine(RuleBasedStateMachine):
     def admit(self, w: str, n: int) -> None:
         before = self.gate(w)
         stale = before is not None and before.state is SnapshotState.STALE
-        got = sum(self.members[w].admission.try_admit("t", "read_iops").allowed
-                  for _ in range(n))
+        got = sum(self.members[w].admission.try_admit("t", "read_iops").allowed for _ in range(n))
         if stale:
             assert got == 0, "a stale view admitted new work"
         self.admitted += got
@@ -146,7 +145,8 @@ class MeshMachine(RuleBasedStateMachine):
                 since = v.unacked - unacked0
                 assert since <= max(0, v.allowance - unacked0), (
                     f"{w} admitted {since} since its snapshot, allowance {v.allowance}, "
-                    f"unacked then {unacked0}")
+                    f"unacked then {unacked0}"
+                )
 
     @rule(ms=st.integers(1, 25))
     def advance(self, ms: int) -> None:
@@ -190,7 +190,8 @@ class MeshMachine(RuleBasedStateMachine):
             worst = max(worst, window - allowance)
             assert window <= allowance + envelope, (
                 f"admitted {window} in [{t}, {self.now}]: allowance {allowance} + "
-                f"envelope {envelope}")
+                f"envelope {envelope}"
+            )
         self.worst = max(self.worst, worst)
 
     def teardown(self) -> None:
@@ -198,6 +199,5 @@ class MeshMachine(RuleBasedStateMachine):
         target(self.worst, label="excess over the window's GCRA allowance")
 
 
-MeshMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=50,
-                                         deadline=None)
+MeshMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=50, deadline=None)
 TestMeshEnvelope = MeshMachine.TestCase

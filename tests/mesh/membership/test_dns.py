@@ -56,15 +56,27 @@ class Dnsmasq:
             self.proc.send_signal(signal.SIGHUP)  # dnsmasq re-reads --addn-hosts files
 
     def start(self, srv: Sequence[tuple[str, int]] = ()) -> None:
-        self.conf.write_text("".join(f"srv-host={SRV},{target},{port}\n"
-                                     for target, port in srv))
+        self.conf.write_text("".join(f"srv-host={SRV},{target},{port}\n" for target, port in srv))
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([
-                self.binary, "--no-daemon", f"--port={self.port}",
-                "--listen-address=127.0.0.1", "--bind-interfaces", "--no-resolv",
-                "--no-hosts", f"--addn-hosts={self.hosts}", "-C", str(self.conf),
-                "--pid-file=", "--local-ttl=0", f"--user={getpass.getuser()}",
-            ], stdout=log, stderr=log)
+            self.proc = subprocess.Popen(
+                [
+                    self.binary,
+                    "--no-daemon",
+                    f"--port={self.port}",
+                    "--listen-address=127.0.0.1",
+                    "--bind-interfaces",
+                    "--no-resolv",
+                    "--no-hosts",
+                    f"--addn-hosts={self.hosts}",
+                    "-C",
+                    str(self.conf),
+                    "--pid-file=",
+                    "--local-ttl=0",
+                    f"--user={getpass.getuser()}",
+                ],
+                stdout=log,
+                stderr=log,
+            )
         resolver = dns.resolver.Resolver(configure=False)
         resolver.nameservers = [dns.nameserver.Do53Nameserver("127.0.0.1", self.port)]
         deadline = time.monotonic() + 10
@@ -101,10 +113,15 @@ class _Member:
 
     def __init__(self, server: Dnsmasq, member_id: str, record: str = "a") -> None:
         name = NAME if record == "a" else SRV
-        self.source = DnsMembership(name, record=record, member_id=member_id,
-                                    port=7001 if record == "a" else 0,
-                                    nameservers=[("127.0.0.1", server.port)],
-                                    interval_ms=INTERVAL_MS, epoch_slot_ms=SLOT_MS)
+        self.source = DnsMembership(
+            name,
+            record=record,
+            member_id=member_id,
+            port=7001 if record == "a" else 0,
+            nameservers=[("127.0.0.1", server.port)],
+            interval_ms=INTERVAL_MS,
+            epoch_slot_ms=SLOT_MS,
+        )
         self.views: list[MembershipView] = []
         self.task = asyncio.get_running_loop().create_task(self.source.run(self.views.append))
 
@@ -121,8 +138,11 @@ class _Member:
 def _agree(members: list[_Member], ids: set[str]) -> Callable[[], bool]:
     def check() -> bool:
         views = [m.view for m in members]
-        return (all(set(v.members) == ids and not v.stale for v in views)
-                and len({v.epoch for v in views}) == 1)
+        return (
+            all(set(v.members) == ids and not v.stale for v in views)
+            and len({v.epoch for v in views}) == 1
+        )
+
     return check
 
 
@@ -149,16 +169,25 @@ def test_a_records_ring_follows_and_a_dead_server_keeps_it_stale(dnsmasq: Dnsmas
         grown = a.view.epoch
         assert grown > first
         late = _Member(dnsmasq, "127.0.0.4")  # starts after the change: a slot later at worst
-        await until(_agree([a, b, late], both | {"127.0.0.4"}), 2 * SLOT_MS / 1000 + 3,
-                    "a member that started late agrees by the next slot")
+        await until(
+            _agree([a, b, late], both | {"127.0.0.4"}),
+            2 * SLOT_MS / 1000 + 3,
+            "a member that started late agrees by the next slot",
+        )
 
         dnsmasq.set_hosts({NAME: ["127.0.0.3", "127.0.0.4"]}, reload=True)
-        await until(_agree([a, b, late], {"127.0.0.3", "127.0.0.4"}), 2 * SLOT_MS / 1000 + 3,
-                    "the first member left the records")
+        await until(
+            _agree([a, b, late], {"127.0.0.3", "127.0.0.4"}),
+            2 * SLOT_MS / 1000 + 3,
+            "the first member left the records",
+        )
         shrunk = a.view.epoch
         assert shrunk > grown
-        await until(lambda: a.view.epoch // SLOT_MS > shrunk // SLOT_MS, 2 * SLOT_MS / 1000 + 2,
-                    "a new slot re-stamps the epoch")
+        await until(
+            lambda: a.view.epoch // SLOT_MS > shrunk // SLOT_MS,
+            2 * SLOT_MS / 1000 + 2,
+            "a new slot re-stamps the epoch",
+        )
         await until(_agree([a, b, late], {"127.0.0.3", "127.0.0.4"}), 2, "re-stamped alike")
         assert a.view.epoch % SLOT_MS == 0
 
@@ -204,8 +233,7 @@ def test_srv_records_name_members_by_target(dnsmasq: Dnsmasq) -> None:
     async def main() -> None:
         a, b = _Member(dnsmasq, "a.mesh.test", "srv"), _Member(dnsmasq, "b.mesh.test", "srv")
         await until(_agree([a, b], {"a.mesh.test", "b.mesh.test"}), 5, "SRV resolved")
-        assert a.view.members == {"a.mesh.test": "127.0.0.2:7001",
-                                  "b.mesh.test": "127.0.0.3:7002"}
+        assert a.view.members == {"a.mesh.test": "127.0.0.2:7001", "b.mesh.test": "127.0.0.3:7002"}
         before = a.view.epoch
         # SRV records live in dnsmasq's config, read at start: restart it with a third
         # target, one without an address record (dialled by name).
@@ -228,27 +256,52 @@ def test_mesh_nodes_follow_dns_and_share_limits_disclose_staleness(dnsmasq: Dnsm
     ids = ["127.0.0.2", "127.0.0.3"]
     dnsmasq.set_hosts({NAME: ids})
     dnsmasq.start()
-    share = {"tenant_id": "acme", "metric": "read_iops", "generation": 1, "mode": "share",
-             "target_rate": 1000, "global_burst": 100, "local_burst_cap": 20}
+    share = {
+        "tenant_id": "acme",
+        "metric": "read_iops",
+        "generation": 1,
+        "mode": "share",
+        "target_rate": 1000,
+        "global_burst": 100,
+        "local_burst_cap": 20,
+    }
 
     def config(ip: str) -> dict[str, Any]:
-        return {"member_id": ip, "listen": f"{ip}:{port}", "shutdown_drain_ms": 200,
-                "policies": {"inline": [share]},
-                "membership": {"source": "dns", "name": NAME, "record": "a", "port": port,
-                               "nameservers": [f"127.0.0.1:{dnsmasq.port}"],
-                               "interval_ms": INTERVAL_MS, "epoch_slot_ms": SLOT_MS}}
+        return {
+            "member_id": ip,
+            "listen": f"{ip}:{port}",
+            "shutdown_drain_ms": 200,
+            "policies": {"inline": [share]},
+            "membership": {
+                "source": "dns",
+                "name": NAME,
+                "record": "a",
+                "port": port,
+                "nameservers": [f"127.0.0.1:{dnsmasq.port}"],
+                "interval_ms": INTERVAL_MS,
+                "epoch_slot_ms": SLOT_MS,
+            },
+        }
 
     async def main() -> None:
         async with Mesh(config(ids[0])) as a, Mesh(config(ids[1])) as b:
-            await until(lambda: a.ring.members == b.ring.members == tuple(ids)
-                        and a.ring.epoch == b.ring.epoch, 5, "both rings from DNS")
+            await until(
+                lambda: (
+                    a.ring.members == b.ring.members == tuple(ids) and a.ring.epoch == b.ring.epoch
+                ),
+                5,
+                "both rings from DNS",
+            )
             v = a.try_admit("acme", "read_iops")
             assert v.bound == BOUNDS["share"] and v.suspended is None, v
             assert a.health()["membership"]["N"] == 2
 
             dnsmasq.set_hosts({NAME: ids[:1]}, reload=True)
-            await until(lambda: a.ring.members == b.ring.members == (ids[0],), 5,
-                        "the ring follows the records")
+            await until(
+                lambda: a.ring.members == b.ring.members == (ids[0],),
+                5,
+                "the ring follows the records",
+            )
 
             dnsmasq.stop()
             epoch = a.ring.epoch
@@ -278,21 +331,24 @@ def test_epoch_rule() -> None:
 DNS = {"source": "dns", "name": NAME, "record": "a", "port": 7001}
 
 
-@pytest.mark.parametrize("membership, field", [
-    ({"source": "dns"}, "membership.name"),
-    (dict(DNS, name="bad..name"), "membership.name"),
-    (dict(DNS, record="mx"), "membership.record"),
-    ({"source": "dns", "name": NAME}, "membership.port"),
-    (dict(DNS, port=70000), "membership.port"),
-    (dict(DNS, record="srv"), "membership.port"),
-    (dict(DNS, nameservers=["dns.example:53"]), "membership.nameservers[0]"),
-    (dict(DNS, nameservers="10.0.0.1"), "membership.nameservers"),
-    (dict(DNS, interval_ms=5), "membership.interval_ms"),
-    (dict(DNS, epoch_slot_ms=1500, interval_ms=1000), "membership.epoch_slot_ms"),
-    (dict(DNS, members={"a": "127.0.0.1:1"}), "membership.members"),
-    ({"source": "static", "members": {"a": "127.0.0.1:1"}, "name": NAME}, "membership.name"),
-    ({"source": "consul"}, "membership.source"),
-])
+@pytest.mark.parametrize(
+    "membership, field",
+    [
+        ({"source": "dns"}, "membership.name"),
+        (dict(DNS, name="bad..name"), "membership.name"),
+        (dict(DNS, record="mx"), "membership.record"),
+        ({"source": "dns", "name": NAME}, "membership.port"),
+        (dict(DNS, port=70000), "membership.port"),
+        (dict(DNS, record="srv"), "membership.port"),
+        (dict(DNS, nameservers=["dns.example:53"]), "membership.nameservers[0]"),
+        (dict(DNS, nameservers="10.0.0.1"), "membership.nameservers"),
+        (dict(DNS, interval_ms=5), "membership.interval_ms"),
+        (dict(DNS, epoch_slot_ms=1500, interval_ms=1000), "membership.epoch_slot_ms"),
+        (dict(DNS, members={"a": "127.0.0.1:1"}), "membership.members"),
+        ({"source": "static", "members": {"a": "127.0.0.1:1"}, "name": NAME}, "membership.name"),
+        ({"source": "consul"}, "membership.source"),
+    ],
+)
 def test_dns_config_errors_name_the_key(membership: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config({"member_id": "127.0.0.2", "membership": membership})
@@ -300,8 +356,14 @@ def test_dns_config_errors_name_the_key(membership: dict[str, Any], field: str) 
 
 
 def test_dns_config_parses_and_warns() -> None:
-    cfg = parse_config({"member_id": "127.0.0.2", "membership": dict(
-        DNS, nameservers=["127.0.0.1:5353", "[::1]", "10.0.0.10"], interval_ms=500)})
+    cfg = parse_config(
+        {
+            "member_id": "127.0.0.2",
+            "membership": dict(
+                DNS, nameservers=["127.0.0.1:5353", "[::1]", "10.0.0.10"], interval_ms=500
+            ),
+        }
+    )
     m = cfg.membership
     assert m is not None and m.source == "dns" and m.port == 7001
     assert m.nameservers == (("127.0.0.1", 5353), ("::1", 53), ("10.0.0.10", 53))
@@ -310,9 +372,16 @@ def test_dns_config_parses_and_warns() -> None:
 
     named = parse_config({"member_id": "web-0", "membership": DNS})
     assert any("A records name members by address" in w for w in named.warnings())
-    srv = parse_config({"member_id": "web-0", "membership": {
-        "source": "dns", "name": SRV, "record": "srv"}})
+    srv = parse_config(
+        {"member_id": "web-0", "membership": {"source": "dns", "name": SRV, "record": "srv"}}
+    )
     assert any("SRV records name members by target" in w for w in srv.warnings())
-    open_dns = parse_config({"member_id": "10.0.0.5", "listen": "10.0.0.5:7001",
-                             "allow_plaintext": True, "membership": DNS})
+    open_dns = parse_config(
+        {
+            "member_id": "10.0.0.5",
+            "listen": "10.0.0.5:7001",
+            "allow_plaintext": True,
+            "membership": DNS,
+        }
+    )
     assert any("peers come from DNS without tls" in w for w in open_dns.warnings())

@@ -19,8 +19,14 @@ TTL_S = 2  # etcd's minimum lease TTL
 class _Member:
     def __init__(self, etcd: EtcdServer, member_id: str) -> None:
         self.client = EtcdClient((etcd.url,), timeout_s=1.0)
-        self.source = EtcdMembership(self.client, prefix="/test/members/", member_id=member_id,
-                                     addr=f"addr-{member_id}", lease_ttl_s=TTL_S, retry_s=0.1)
+        self.source = EtcdMembership(
+            self.client,
+            prefix="/test/members/",
+            member_id=member_id,
+            addr=f"addr-{member_id}",
+            lease_ttl_s=TTL_S,
+            retry_s=0.1,
+        )
         self.view = MembershipView()
         self.task = asyncio.get_running_loop().create_task(self.source.run(self._publish))
 
@@ -44,8 +50,10 @@ async def _until(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
 
 def _agree(members: list[_Member], ids: set[str]) -> bool:
     views = [m.view for m in members]
-    return (all(set(v.members) == ids and not v.stale for v in views)
-            and len({v.epoch for v in views}) == 1)
+    return (
+        all(set(v.members) == ids and not v.stale for v in views)
+        and len({v.epoch for v in views}) == 1
+    )
 
 
 def test_join_leave_expiry_and_restart(etcd: EtcdServer) -> None:

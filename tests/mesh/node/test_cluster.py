@@ -37,8 +37,13 @@ def test_four_processes_enforce_one_fleet_wide_limit(tmp_path: Path) -> None:
 def test_sigkill_owner_mid_run_moves_its_keys(tmp_path: Path, etcd: EtcdServer) -> None:
     ids = [f"w{i}" for i in range(4)]
     owner = Ring(ids, 1).owner_of(HOT_KEY)
-    membership = {"source": "etcd", "endpoints": [etcd.url], "prefix": "/cluster-test/",
-                  "lease_ttl_s": 2, "poll_ms": 100}
+    membership = {
+        "source": "etcd",
+        "endpoints": [etcd.url],
+        "prefix": "/cluster-test/",
+        "lease_ttl_s": 2,
+        "poll_ms": 100,
+    }
     run = start_workers(tmp_path, ids, seconds=9.0, hot_total=2 * R, membership=membership)
     try:
         time.sleep(max(0.0, run.start_at + 3.0 - time.time()))
@@ -65,8 +70,9 @@ def test_sigkill_owner_mid_run_moves_its_keys(tmp_path: Path, etcd: EtcdServer) 
     assert gap is not None, "views kept admitting with their owner dead"
     resumed = next((i for i in range(gap, len(buckets)) if buckets[i] > 0), None)
     assert resumed is not None, "the hot key never resumed after the failover"
-    first_100ms = sum(buckets[resumed:resumed + 10])
-    assert first_100ms <= R * 0.1 + B / 2, f"{first_100ms} admitted in the new owner's " \
-        "first 100 ms: it did not start conservatively"
+    first_100ms = sum(buckets[resumed : resumed + 10])
+    assert first_100ms <= R * 0.1 + B / 2, (
+        f"{first_100ms} admitted in the new owner's first 100 ms: it did not start conservatively"
+    )
     tail = sum(buckets[-200:])
     assert tail > 0.5 * R, f"only {tail} admitted in the last 2 s after failover"

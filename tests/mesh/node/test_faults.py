@@ -24,8 +24,11 @@ RATE, BURST, LOCAL_B = 1000, 100, 20
 
 def _tenant_owned_by(owner: str, ids: list[str]) -> str:
     ring = Ring(ids, 1)
-    return next(t for t in (f"t{i}" for i in range(1000))
-                if ring.owner_of(RateKey(t, Metric.READ_IOPS, 1)) == owner)
+    return next(
+        t
+        for t in (f"t{i}" for i in range(1000))
+        if ring.owner_of(RateKey(t, Metric.READ_IOPS, 1)) == owner
+    )
 
 
 @pytest.mark.slow
@@ -34,22 +37,33 @@ def test_delay_drops_and_partition_between_members() -> None:
         addr = {m: f"127.0.0.1:{free_port()}" for m in ("a", "b")}
         to_b = FaultProxy(addr["b"])  # what a dials for b
         to_a = FaultProxy(addr["a"])
-        via = {"a": {"a": addr["a"], "b": await to_b.start()},
-               "b": {"a": await to_a.start(), "b": addr["b"]}}
+        via = {
+            "a": {"a": addr["a"], "b": await to_b.start()},
+            "b": {"a": await to_a.start(), "b": addr["b"]},
+        }
         tenant = _tenant_owned_by("b", ["a", "b"])
-        policy = dict(POLICY, tenant_id=tenant, target_rate=RATE, global_burst=BURST,
-                      local_burst_cap=LOCAL_B)
-        cfg = {m: {"member_id": m, "listen": addr[m], "shutdown_drain_ms": 200,
-                   "membership": {"source": "static", "members": via[m]},
-                   "policies": {"inline": [policy]}} for m in ("a", "b")}
+        policy = dict(
+            POLICY, tenant_id=tenant, target_rate=RATE, global_burst=BURST, local_burst_cap=LOCAL_B
+        )
+        cfg = {
+            m: {
+                "member_id": m,
+                "listen": addr[m],
+                "shutdown_drain_ms": 200,
+                "membership": {"source": "static", "members": via[m]},
+                "policies": {"inline": [policy]},
+            }
+            for m in ("a", "b")
+        }
         async with Mesh(cfg["a"]) as a, Mesh(cfg["b"]) as b:
             counts = {"admitted": 0}
             stop = asyncio.Event()
 
             async def load() -> None:  # a offers 2x the limit on b's key
                 while not stop.is_set():
-                    counts["admitted"] += sum(a.try_admit(tenant, "read_iops").allowed
-                                              for _ in range(2))
+                    counts["admitted"] += sum(
+                        a.try_admit(tenant, "read_iops").allowed for _ in range(2)
+                    )
                     await asyncio.sleep(0.001)
 
             task = asyncio.get_running_loop().create_task(load())
@@ -65,8 +79,14 @@ def test_delay_drops_and_partition_between_members() -> None:
 
             to_b.partition()
             at_partition = counts["admitted"]
-            await until(lambda: a.try_admit(tenant, "read_iops").suspended in (
-                Suspension.SNAPSHOT_STALE, Suspension.OWNER_UNREACHABLE), 5, "view stale")
+            await until(
+                lambda: (
+                    a.try_admit(tenant, "read_iops").suspended
+                    in (Suspension.SNAPSHOT_STALE, Suspension.OWNER_UNREACHABLE)
+                ),
+                5,
+                "view stale",
+            )
             await asyncio.sleep(0.3)
             during = counts["admitted"] - at_partition
             assert during <= LOCAL_B, f"admitted {during} while partitioned (b={LOCAL_B})"

@@ -31,33 +31,52 @@ from mesh.peer._wire import SCHEMA
 
 MAX_BYTES = 8192
 KEY = RateKey("acme", Metric.READ_IOPS, 1)
-POLICY = {"tenant_id": "acme", "metric": "read_iops", "generation": 1, "target_rate": 1000,
-          "global_burst": 100, "local_burst_cap": 20}
+POLICY = {
+    "tenant_id": "acme",
+    "metric": "read_iops",
+    "generation": 1,
+    "target_rate": 1000,
+    "global_burst": 100,
+    "local_burst_cap": 20,
+}
 
 
 def _good(sender: str = "peer", epoch: int = 7, seq: int = 1) -> bytes:
-    return encode(ReportBatch.of(sender, 1, (UsageReport(KEY, sender, epoch, seq, iops_delta=1,
-                                                       unacked_from=seq),)))
+    return encode(
+        ReportBatch.of(
+            sender, 1, (UsageReport(KEY, sender, epoch, seq, iops_delta=1, unacked_from=seq),)
+        )
+    )
 
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[Mesh]:
     addr = f"127.0.0.1:{free_port()}"
-    mesh = Mesh({"member_id": "n", "listen": addr, "max_message_bytes": MAX_BYTES,
-                 "membership": {"source": "static", "members": {"n": addr}},
-                 "policies": {"inline": [POLICY]}}).start()
+    mesh = Mesh(
+        {
+            "member_id": "n",
+            "listen": addr,
+            "max_message_bytes": MAX_BYTES,
+            "membership": {"source": "static", "members": {"n": addr}},
+            "policies": {"inline": [POLICY]},
+        }
+    ).start()
     try:
         yield mesh
     finally:
         mesh.stop()
 
 
-def _exchange(addr: str, payloads: list[bytes], md: dict[str, str] | None = None,
-              ) -> tuple[grpc.StatusCode, str, list[bytes]]:
+def _exchange(
+    addr: str,
+    payloads: list[bytes],
+    md: dict[str, str] | None = None,
+) -> tuple[grpc.StatusCode, str, list[bytes]]:
     metadata = md if md is not None else {MEMBER_MD: "peer", SCHEMA_MD: SCHEMA, EPOCH_MD: "7"}
     with grpc.insecure_channel(addr) as ch:
-        call = ch.stream_stream(EXCHANGE)(iter(payloads), metadata=tuple(metadata.items()),
-                                          timeout=2)
+        call = ch.stream_stream(EXCHANGE)(
+            iter(payloads), metadata=tuple(metadata.items()), timeout=2
+        )
         replies: list[bytes] = []
         try:
             for r in call:
@@ -77,31 +96,69 @@ def _owner_state(node: Mesh) -> tuple[int, int]:
 
 CASES: list[tuple[str, list[bytes], dict[str, str] | None, grpc.StatusCode, str]] = [
     ("no metadata", [_good()], {}, grpc.StatusCode.FAILED_PRECONDITION, "schema"),
-    ("wrong schema", [_good()], {MEMBER_MD: "peer", SCHEMA_MD: "1", EPOCH_MD: "7"},
-     grpc.StatusCode.FAILED_PRECONDITION, "schema"),
-    ("no member", [_good()], {SCHEMA_MD: SCHEMA, EPOCH_MD: "7"},
-     grpc.StatusCode.INVALID_ARGUMENT, MEMBER_MD),
+    (
+        "wrong schema",
+        [_good()],
+        {MEMBER_MD: "peer", SCHEMA_MD: "1", EPOCH_MD: "7"},
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "schema",
+    ),
+    (
+        "no member",
+        [_good()],
+        {SCHEMA_MD: SCHEMA, EPOCH_MD: "7"},
+        grpc.StatusCode.INVALID_ARGUMENT,
+        MEMBER_MD,
+    ),
     ("garbage", [b"\xc1\xff\x00garbage"], None, grpc.StatusCode.INVALID_ARGUMENT, "msgpack"),
-    ("not an array", [msgpack.packb({"a": 1})], None, grpc.StatusCode.INVALID_ARGUMENT,
-     "message"),
-    ("bad field", [msgpack.packb([SCHEMA_VERSION, "reports", "peer", 1, 7,
-                                  [["acme", "read_iops", 0]], *[pack_column([1])] * 4])],
-     None, grpc.StatusCode.INVALID_ARGUMENT, "policy_generation"),
-    ("other sender", [_good(sender="mallory")], None, grpc.StatusCode.INVALID_ARGUMENT,
-     "sender"),
-    ("wrong worker_epoch", [_good(epoch=8)], None, grpc.StatusCode.FAILED_PRECONDITION,
-     "worker_epoch"),
-    ("snapshot kind", [encode(SnapshotBatch("peer", 1))], None,
-     grpc.StatusCode.INVALID_ARGUMENT, "kind"),
+    ("not an array", [msgpack.packb({"a": 1})], None, grpc.StatusCode.INVALID_ARGUMENT, "message"),
+    (
+        "bad field",
+        [
+            msgpack.packb(
+                [
+                    SCHEMA_VERSION,
+                    "reports",
+                    "peer",
+                    1,
+                    7,
+                    [["acme", "read_iops", 0]],
+                    *[pack_column([1])] * 4,
+                ]
+            )
+        ],
+        None,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "policy_generation",
+    ),
+    ("other sender", [_good(sender="mallory")], None, grpc.StatusCode.INVALID_ARGUMENT, "sender"),
+    (
+        "wrong worker_epoch",
+        [_good(epoch=8)],
+        None,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "worker_epoch",
+    ),
+    (
+        "snapshot kind",
+        [encode(SnapshotBatch("peer", 1))],
+        None,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "kind",
+    ),
     ("oversized", [b"\x00" * (MAX_BYTES * 2)], None, grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
 ]
 
 
-@pytest.mark.parametrize("name, payloads, md, code, mentions", CASES,
-                         ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name, payloads, md, code, mentions", CASES, ids=[c[0] for c in CASES])
 def test_bad_message_gets_a_clear_status_and_changes_nothing(
-        node: Mesh, name: str, payloads: list[bytes], md: dict[str, str] | None,
-        code: grpc.StatusCode, mentions: str) -> None:
+    node: Mesh,
+    name: str,
+    payloads: list[bytes],
+    md: dict[str, str] | None,
+    code: grpc.StatusCode,
+    mentions: str,
+) -> None:
     before = _owner_state(node)
     got, details, _ = _exchange(node.address, payloads, md)
     assert got == code, f"{name}: {got} {details}"
@@ -125,11 +182,21 @@ def test_a_good_peer_is_served_after_hostile_ones(node: Mesh) -> None:
     assert _owner_state(node)[0] == applied + 1
 
 
-_leaf = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**63),
-                                                        max_value=2**64 - 1),
-                  st.floats(allow_nan=True), st.text(max_size=8), st.binary(max_size=8))
-_tree = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=6)
-                     | st.dictionaries(st.text(max_size=4), kids, max_size=4), max_leaves=30)
+_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+)
+_tree = st.recursive(
+    _leaf,
+    lambda kids: (
+        st.lists(kids, max_size=6) | st.dictionaries(st.text(max_size=4), kids, max_size=4)
+    ),
+    max_leaves=30,
+)
 
 
 def _mutate(wire: Any, path: list[int], value: Any) -> Any:
@@ -163,8 +230,7 @@ def test_codec_mutated_messages_only_message_error(path: list[int], value: Any) 
 @pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=10), max_size=5), _tree)
-def test_mutated_messages_over_a_real_channel(node: Mesh, path: list[int], value: Any
-                                              ) -> None:
+def test_mutated_messages_over_a_real_channel(node: Mesh, path: list[int], value: Any) -> None:
     wire = to_wire(ReportBatch.of("peer", 1, (UsageReport(KEY, "peer", 7, 1, iops_delta=1),)))
     payload = msgpack.packb(_mutate(wire, path, value), use_bin_type=True)
     try:
@@ -175,10 +241,14 @@ def test_mutated_messages_over_a_real_channel(node: Mesh, path: list[int], value
     before = _owner_state(node)
     code, details, _ = _exchange(node.address, [payload])
     if valid:
-        assert code in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT,
-                        grpc.StatusCode.FAILED_PRECONDITION), details
+        assert code in (
+            grpc.StatusCode.OK,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.FAILED_PRECONDITION,
+        ), details
     else:
-        assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED
-                        ), f"{code}: {details}"
+        assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED), (
+            f"{code}: {details}"
+        )
         assert _owner_state(node) == before
     assert node.health()["status"] == "serving"

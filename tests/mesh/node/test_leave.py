@@ -24,17 +24,30 @@ def test_graceful_leave_flushes_leaves_and_moves_keys(etcd: EtcdServer) -> None:
     ids = ["a", "b", "c"]
     ring = Ring(ids, 1)
     tenants = [f"t{i}" for i in range(200)]
-    by_owner = {m: [t for t in tenants if ring.owner_of(RateKey(t, Metric.READ_IOPS, 1)) == m]
-                for m in ids}
+    by_owner = {
+        m: [t for t in tenants if ring.owner_of(RateKey(t, Metric.READ_IOPS, 1)) == m] for m in ids
+    }
     leaver = "c"
     other = "a"  # an owner whose keys the leaver uses
 
     async def main() -> None:
-        meshes = {m: Mesh({
-            "member_id": m, "listen": f"127.0.0.1:{free_port()}", "shutdown_drain_ms": 1000,
-            "membership": {"source": "etcd", "endpoints": [etcd.url], "prefix": "/leave/",
-                           "lease_ttl_s": LEASE_TTL_S},
-            "policies": {"inline": [dict(POLICY, tenant_id="*")]}}) for m in ids}
+        meshes = {
+            m: Mesh(
+                {
+                    "member_id": m,
+                    "listen": f"127.0.0.1:{free_port()}",
+                    "shutdown_drain_ms": 1000,
+                    "membership": {
+                        "source": "etcd",
+                        "endpoints": [etcd.url],
+                        "prefix": "/leave/",
+                        "lease_ttl_s": LEASE_TTL_S,
+                    },
+                    "policies": {"inline": [dict(POLICY, tenant_id="*")]},
+                }
+            )
+            for m in ids
+        }
         for mesh in meshes.values():
             await mesh.astart()
         await until(lambda: all(len(m.ring) == 3 for m in meshes.values()), 10, "joined")
@@ -47,8 +60,11 @@ def test_graceful_leave_flushes_leaves_and_moves_keys(etcd: EtcdServer) -> None:
         owner = meshes[other]
         assert owner.health()["owner"]["applied_units"] >= admitted, "reports not flushed"
         survivors = [meshes[m] for m in ids if m != leaver]
-        await until(lambda: all(m.ring.members == ("a", "b") for m in survivors), 10,
-                    "the leaver's key is gone (a lapsed lease would take 60 s)")
+        await until(
+            lambda: all(m.ring.members == ("a", "b") for m in survivors),
+            10,
+            "the leaver's key is gone (a lapsed lease would take 60 s)",
+        )
         assert len({m.ring.epoch for m in survivors}) == 1 and survivors[0].ring.epoch > epoch
         moved = by_owner[leaver][0]  # a key the leaver owned now has a new owner
         new_owner = survivors[0].ring.owner_of(RateKey(moved, Metric.READ_IOPS, 1))
@@ -67,20 +83,28 @@ def test_etcd_outage_keeps_the_ring_and_share_limits_disclose_it(etcd: EtcdServe
     share = dict(POLICY, tenant_id="s", mode="share")
 
     async def main() -> None:
-        cfg = {"member_id": "a", "listen": f"127.0.0.1:{free_port()}",
-               "membership": {"source": "etcd", "endpoints": [etcd.url], "prefix": "/out/",
-                              "lease_ttl_s": 30, "poll_ms": 50},
-               "policies": {"inline": [share]}}
+        cfg = {
+            "member_id": "a",
+            "listen": f"127.0.0.1:{free_port()}",
+            "membership": {
+                "source": "etcd",
+                "endpoints": [etcd.url],
+                "prefix": "/out/",
+                "lease_ttl_s": 30,
+                "poll_ms": 50,
+            },
+            "policies": {"inline": [share]},
+        }
         async with Mesh(cfg) as mesh:
-            await until(lambda: mesh.ring.members == ("a",) and mesh.ring.epoch > 0, 10,
-                        "joined")
+            await until(lambda: mesh.ring.members == ("a",) and mesh.ring.epoch > 0, 10, "joined")
             epoch = mesh.ring.epoch
             assert mesh.try_admit("s", "read_iops").suspended is None
             etcd.stop()
             await until(lambda: mesh.health()["membership"]["stale"], 10, "stale")
             v = mesh.try_admit("s", "read_iops")
             assert v.suspended is Suspension.MEMBERSHIP_STALE and v.bound.startswith(
-                "membership_stale")
+                "membership_stale"
+            )
             assert mesh.ring.epoch == epoch and mesh.ring.members == ("a",)
             etcd.start()
             await until(lambda: not mesh.health()["membership"]["stale"], 15, "fresh again")
@@ -98,8 +122,11 @@ def test_graceful_leave_hands_keys_over_so_the_new_owner_continues(etcd: EtcdSer
     R, B, b = 100, 100, 20  # 1 s from empty to full
     slow = dict(POLICY, tenant_id="*", target_rate=R, global_burst=B, local_burst_cap=b)
     ring, after = Ring(ids, 1), Ring(["a", "b"], 2)  # placement depends on members only
-    owned_by_c = [t for t in (f"h{i}" for i in range(500))
-                  if ring.owner_of(RateKey(t, Metric.READ_IOPS, 1)) == "c"]
+    owned_by_c = [
+        t
+        for t in (f"h{i}" for i in range(500))
+        if ring.owner_of(RateKey(t, Metric.READ_IOPS, 1)) == "c"
+    ]
     drained, full = owned_by_c[:2]
     key, full_key = (RateKey(t, Metric.READ_IOPS, 1) for t in (drained, full))
     new_owner = after.owner_of(key)
@@ -107,11 +134,23 @@ def test_graceful_leave_hands_keys_over_so_the_new_owner_continues(etcd: EtcdSer
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        meshes = {m: Mesh({
-            "member_id": m, "listen": f"127.0.0.1:{free_port()}", "shutdown_drain_ms": 1000,
-            "membership": {"source": "etcd", "endpoints": [etcd.url], "prefix": "/handover/",
-                           "lease_ttl_s": LEASE_TTL_S},
-            "policies": {"inline": [slow]}}) for m in ids}
+        meshes = {
+            m: Mesh(
+                {
+                    "member_id": m,
+                    "listen": f"127.0.0.1:{free_port()}",
+                    "shutdown_drain_ms": 1000,
+                    "membership": {
+                        "source": "etcd",
+                        "endpoints": [etcd.url],
+                        "prefix": "/handover/",
+                        "lease_ttl_s": LEASE_TTL_S,
+                    },
+                    "policies": {"inline": [slow]},
+                }
+            )
+            for m in ids
+        }
         for mesh in meshes.values():
             await mesh.astart()
         await until(lambda: all(len(m.ring) == 3 for m in meshes.values()), 10, "joined")
@@ -129,8 +168,9 @@ def test_graceful_leave_hands_keys_over_so_the_new_owner_continues(etcd: EtcdSer
         spent_at = loop.time()
         await meshes["c"].aclose()
         survivors = [meshes[m] for m in ("a", "b")]
-        await until(lambda: all(m.ring.members == ("a", "b") for m in survivors), 10,
-                    "c left the ring")
+        await until(
+            lambda: all(m.ring.members == ("a", "b") for m in survivors), 10, "c left the ring"
+        )
         target = meshes[new_owner]
         assert target.ring.owner_of(key) == new_owner
         assert target.health()["owner"]["handovers"]["pending"] >= 1, target.health()["owner"]
@@ -138,8 +178,11 @@ def test_graceful_leave_hands_keys_over_so_the_new_owner_continues(etcd: EtcdSer
         moved_at = loop.time()
         for t in (drained, full):
             admitted += meshes[user].try_admit(t, "read_iops").allowed
-        await until(lambda: all(k in views and views[k].had_snapshot for k in (key, full_key)),
-                    5, "the new owner's first snapshots")
+        await until(
+            lambda: all(k in views and views[k].had_snapshot for k in (key, full_key)),
+            5,
+            "the new owner's first snapshots",
+        )
         elapsed = loop.time() - spent_at
         got = views[key].snap_remaining
         # c left B - used (plus what refilled since); a conservative restart would show ~0.

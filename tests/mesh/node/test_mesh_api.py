@@ -10,17 +10,44 @@ import mesh.telemetry
 
 
 def test_public_names() -> None:
-    assert sorted(mesh.node.__all__) == ["Mesh", "NodeDriver", "TransportFactory",
-                                         "new_event_loop", "tune_gc"]
+    assert sorted(mesh.node.__all__) == [
+        "Mesh",
+        "NodeDriver",
+        "TransportFactory",
+        "new_event_loop",
+        "tune_gc",
+    ]
     assert sorted(mesh.membership.__all__) == [
-        "DnsMembership", "EtcdClient", "EtcdMembership", "MembershipSource", "MembershipView",
-        "Publish", "StaticMembership"]
-    assert sorted(mesh.coordinator.__all__) == ["PolicyFeed", "PolicySnapshot",
-                                                "PolicySource", "PolicyStore"]
-    assert sorted(mesh.telemetry.__all__) == ["HttpEndpoint", "NodeStats", "TENANTS_MAX",
-                                              "Telemetry", "excess_over_windows"]
-    assert {"Transport", "MemoryTransport", "GrpcTransport", "CoordinatorClient",
-            "CoordinatorServer", "fetch_status", "PeerHandler"} <= set(mesh.peer.__all__)
+        "DnsMembership",
+        "EtcdClient",
+        "EtcdMembership",
+        "MembershipSource",
+        "MembershipView",
+        "Publish",
+        "StaticMembership",
+    ]
+    assert sorted(mesh.coordinator.__all__) == [
+        "PolicyFeed",
+        "PolicySnapshot",
+        "PolicySource",
+        "PolicyStore",
+    ]
+    assert sorted(mesh.telemetry.__all__) == [
+        "HttpEndpoint",
+        "NodeStats",
+        "TENANTS_MAX",
+        "Telemetry",
+        "excess_over_windows",
+    ]
+    assert {
+        "Transport",
+        "MemoryTransport",
+        "GrpcTransport",
+        "CoordinatorClient",
+        "CoordinatorServer",
+        "fetch_status",
+        "PeerHandler",
+    } <= set(mesh.peer.__all__)
     for mod in (mesh.node, mesh.membership, mesh.coordinator, mesh.telemetry, mesh.peer):
         for name in mod.__all__:
             assert hasattr(mod, name), f"{mod.__name__}.{name}"
@@ -29,5 +56,17 @@ def test_public_names() -> None:
 def test_mesh_methods() -> None:
     """The embedding API: hot path, the two waiting forms, both lifecycles, introspection."""
     public = sorted(n for n in dir(mesh.node.Mesh) if not n.startswith("_"))
-    assert public == ["aclose", "admit", "admit_blocking", "astart", "charge", "health",
-                      "member_id", "refund", "ring", "start", "stop", "try_admit"]
+    assert public == [
+        "aclose",
+        "admit",
+        "admit_blocking",
+        "astart",
+        "charge",
+        "health",
+        "member_id",
+        "refund",
+        "ring",
+        "start",
+        "stop",
+        "try_admit",
+    ]

@@ -44,7 +44,8 @@ def netns() -> Iterator[tuple[str, dict[str, str], dict[str, str]]]:
     names = {"a": f"rmA{tag}", "b": f"rmB{tag}"}
     addrs = {"a": SUBNET.format(third, 1), "b": SUBNET.format(third, 2)}
     cmds = [
-        ["netns", "add", names["a"]], ["netns", "add", names["b"]],
+        ["netns", "add", names["a"]],
+        ["netns", "add", names["b"]],
         ["link", "add", f"va{tag}", "type", "veth", "peer", "name", f"vb{tag}"],
         ["link", "set", f"va{tag}", "netns", names["a"]],
         ["link", "set", f"vb{tag}", "netns", names["b"]],
@@ -65,8 +66,9 @@ def netns() -> Iterator[tuple[str, dict[str, str], dict[str, str]]]:
 
 
 def _iptables() -> str:
-    path = shutil.which("iptables") or ("/usr/sbin/iptables"
-                                        if os.path.exists("/usr/sbin/iptables") else None)
+    path = shutil.which("iptables") or (
+        "/usr/sbin/iptables" if os.path.exists("/usr/sbin/iptables") else None
+    )
     if path is None:
         if os.environ.get("CI") == "true":
             pytest.fail("iptables is needed for the namespace test (.ci/run installs it)")
@@ -78,30 +80,65 @@ def _drop(ip: str, ns: str, peer: str, on: bool) -> None:
     """Drop every packet to and from `peer` inside namespace `ns` (or stop dropping)."""
     op = "-A" if on else "-D"
     for chain, flag in (("INPUT", "-s"), ("OUTPUT", "-d")):
-        subprocess.run([ip, "netns", "exec", ns, _iptables(), op, chain, flag, f"{peer}/32",
-                        "-j", "DROP"], check=True, capture_output=True, timeout=30)
+        subprocess.run(
+            [ip, "netns", "exec", ns, _iptables(), op, chain, flag, f"{peer}/32", "-j", "DROP"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
 
 
-def test_partition_between_namespaces(tmp_path: Path,
-                                      netns: tuple[str, dict[str, str], dict[str, str]]
-                                      ) -> None:
+def test_partition_between_namespaces(
+    tmp_path: Path, netns: tuple[str, dict[str, str], dict[str, str]]
+) -> None:
     ip, names, addrs = netns
     _iptables()
     members = {m: f"{addrs[m]}:7700" for m in ("a", "b")}
-    cfg = write_config(tmp_path / "c.yaml", {
-        "allow_plaintext": True, "shutdown_drain_ms": 300,
-        "membership": {"source": "static", "members": members},
-        "policies": {"inline": [HOT]}})
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        {
+            "allow_plaintext": True,
+            "shutdown_drain_ms": 300,
+            "membership": {"source": "static", "members": members},
+            "policies": {"inline": [HOT]},
+        },
+    )
     owner = Ring(["a", "b"], 1).owner_of(RateKey("hot", Metric.READ_IOPS, 1))
     worker = "b" if owner == "a" else "a"
     seconds = 10.0
     files = {m: str(tmp_path / f"buckets-{m}.bin") for m in members}
-    procs = {m: subprocess.Popen(
-        [ip, "netns", "exec", names[m], sys.executable, "-m", "bench.cluster", "worker",
-         "--config", str(cfg), "--member-id", m, "--start-at", "0",
-         "--seconds", str(seconds), "--hot-rate", str(2 * R), "--buckets-file", files[m]],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, PYTHONHASHSEED="0")) for m in members}
+    procs = {
+        m: subprocess.Popen(
+            [
+                ip,
+                "netns",
+                "exec",
+                names[m],
+                sys.executable,
+                "-m",
+                "bench.cluster",
+                "worker",
+                "--config",
+                str(cfg),
+                "--member-id",
+                m,
+                "--start-at",
+                "0",
+                "--seconds",
+                str(seconds),
+                "--hot-rate",
+                str(2 * R),
+                "--buckets-file",
+                files[m],
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONHASHSEED="0"),
+        )
+        for m in members
+    }
     try:
         for p in procs.values():
             read_ready(p)
@@ -121,8 +158,8 @@ def test_partition_between_namespaces(tmp_path: Path,
             stop(p, kill=True)
     got = read_buckets(files[worker])
     before = sum(got[: int(cut_at / BUCKET_S)])
-    during = sum(got[int(cut_at / BUCKET_S): int(heal_at / BUCKET_S)])
-    after = sum(got[int((seconds - 2.0) / BUCKET_S):])
+    during = sum(got[int(cut_at / BUCKET_S) : int(heal_at / BUCKET_S)])
+    after = sum(got[int((seconds - 2.0) / BUCKET_S) :])
     assert before > 0.2 * R, f"the worker admitted only {before} before the cut"
     assert during <= b, f"the worker admitted {during} while cut off from its owner (b={b})"
     assert after > 0.2 * R, f"the worker admitted only {after} after healing"

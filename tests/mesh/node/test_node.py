@@ -33,14 +33,17 @@ def test_asyncio_embedding_over_grpc() -> None:
             admitted = 0
             for _ in range(300):  # 0.3 s of 2x the limit, split over both members
                 for m in (a, b):
-                    admitted += sum(m.try_admit("acme", "read_iops").allowed
-                                    for _ in range(1))
+                    admitted += sum(m.try_admit("acme", "read_iops").allowed for _ in range(1))
                 await asyncio.sleep(0.001)
             owner = a if a.ring.owner_of(KEY) == "a" else b
-            await until(lambda: owner.health()["owner"]["applied_units"] == admitted, 2,
-                        "the owner applied every admission")
+            await until(
+                lambda: owner.health()["owner"]["applied_units"] == admitted,
+                2,
+                "the owner applied every admission",
+            )
             v = await a.admit("acme", "read_iops", timeout_s=0.5)
             assert v.allowed or v.reason is Reason.DEADLINE_EXCEEDED
+
     asyncio.run(main())
 
 
@@ -55,8 +58,11 @@ def test_threaded_embedding_stop_flushes_pending_reports() -> None:
     finally:
         worker.stop()  # must flush before it goes
     try:
-        wait_for(lambda: owner.health()["owner"]["applied_units"] == 10, 2,
-                 "the stopped worker's usage reached its owner")
+        wait_for(
+            lambda: owner.health()["owner"]["applied_units"] == 10,
+            2,
+            "the stopped worker's usage reached its owner",
+        )
     finally:
         owner.stop()
 
@@ -69,10 +75,14 @@ def test_memory_transport_fleet_enforces_the_limit() -> None:
     async def main() -> None:
         net = MemoryNetwork()
         ids = ["a", "b", "c"]
-        meshes = [Mesh({"member_id": m, "policies": {"inline": [POLICY]}},
-                       transport=lambda mid, epoch, h: MemoryTransport(net, mid, h.deliver),
-                       membership=StaticMembership({i: f"memory:{i}" for i in ids}))
-                  for m in ids]
+        meshes = [
+            Mesh(
+                {"member_id": m, "policies": {"inline": [POLICY]}},
+                transport=lambda mid, epoch, h: MemoryTransport(net, mid, h.deliver),
+                membership=StaticMembership({i: f"memory:{i}" for i in ids}),
+            )
+            for m in ids
+        ]
         for mesh in meshes:
             await mesh.astart()
         await until(lambda: all(len(m.ring) == 3 for m in meshes), 2, "rings")
@@ -93,6 +103,7 @@ def test_memory_transport_fleet_enforces_the_limit() -> None:
         assert admitted <= ideal + bound, (admitted, ideal)
         assert admitted >= 0.9 * ideal, (admitted, ideal)
         assert sent > 0
+
     asyncio.run(main())
 
 
@@ -119,11 +130,11 @@ def test_share_mode_discloses_stale_membership_and_health_shows_it() -> None:
 
     async def main() -> None:
         src = _Controlled()
-        async with Mesh({"member_id": "a", "telemetry_listen": "127.0.0.1:0",
-                         "policies": {"inline": [share]}},
-                        membership=src,
-                        transport=lambda mid, epoch, h: MemoryTransport(MemoryNetwork(), mid,
-                                                                        h.deliver)) as mesh:
+        async with Mesh(
+            {"member_id": "a", "telemetry_listen": "127.0.0.1:0", "policies": {"inline": [share]}},
+            membership=src,
+            transport=lambda mid, epoch, h: MemoryTransport(MemoryNetwork(), mid, h.deliver),
+        ) as mesh:
             await until(lambda: src.publish is not None, 2, "membership running")
             v = mesh.try_admit("s", "read_iops")
             assert v.allowed and v.suspended is None and v.bound == "fleet<=N*ceil(limit/N_live)"
@@ -132,13 +143,19 @@ def test_share_mode_discloses_stale_membership_and_health_shows_it() -> None:
             assert v.suspended is Suspension.MEMBERSHIP_STALE
             h = await asyncio.to_thread(http_get, mesh.telemetry_address, "/health")
             health = h.json()
-            assert health["membership"] == {"N": 3, "epoch": 5, "stale": True,
-                                            "members": ["a", "b", "c"]}
+            assert health["membership"] == {
+                "N": 3,
+                "epoch": 5,
+                "stale": True,
+                "members": ["a", "b", "c"],
+            }
             (limit,) = health["limits"]
             assert limit["mode"] == "share" and limit["suspended"] == "membership_stale"
             assert limit["bound"].startswith("membership_stale")
-            assert {"tenant": "s", "metric": "read_iops", "reason": "membership_stale"} in \
-                health["suspended"]
+            assert {"tenant": "s", "metric": "read_iops", "reason": "membership_stale"} in health[
+                "suspended"
+            ]
+
     asyncio.run(main())
 
 
@@ -152,21 +169,30 @@ def test_metrics_endpoint_labels(tmp_path: Path) -> None:
             b.try_admit("acme", "read_iops")
         a.try_admit("nobody", "read_iops")
         owner, worker = (a, b) if a.ring.owner_of(KEY) == "a" else (b, a)
-        wait_for(lambda: "ratemesh_report_delay_seconds_count" in
-                 http_get(worker.telemetry_address, "/metrics").text, 3, "a report was timed")
+        wait_for(
+            lambda: (
+                "ratemesh_report_delay_seconds_count"
+                in http_get(worker.telemetry_address, "/metrics").text
+            ),
+            3,
+            "a report was timed",
+        )
         text = http_get(owner.telemetry_address, "/metrics").text
     finally:
         a.stop()
         b.stop()
-    assert 'ratemesh_admitted_total{metric="read_iops",mode="global",reason="admitted",' \
-           'tenant="acme"}' in text
+    assert (
+        'ratemesh_admitted_total{metric="read_iops",mode="global",reason="admitted",'
+        'tenant="acme"}' in text
+    )
     assert 'reason="policy_unknown"' in text or owner is b
     assert 'ratemesh_owner_applied_total{metric="read_iops",tenant="acme"}' in text
     assert "ratemesh_excess_bound" in text and "ratemesh_active_reporters" in text
     for line in text.splitlines():
         if line.startswith("ratemesh") and "{" in line:
-            labels = {kv.split("=")[0] for kv in line[line.index("{") + 1:
-                                                        line.index("}")].split(",")}
+            labels = {
+                kv.split("=")[0] for kv in line[line.index("{") + 1 : line.index("}")].split(",")
+            }
             assert labels <= {"tenant", "metric", "mode", "reason", "le"}, line
 
 
@@ -178,9 +204,12 @@ def test_cli_node_and_status(tmp_path: Path) -> None:
     proc = spawn(["-m", "mesh.cli", "node", "--config", str(path)])
     try:
         ready = read_ready(proc)
-        out = subprocess.run([sys.executable, "-m", "mesh.cli", "status", "--addr",
-                              ready["address"], "--json"], capture_output=True, text=True,
-                             timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "mesh.cli", "status", "--addr", ready["address"], "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         status = json.loads(out.stdout)
         assert status["member_id"] == "solo" and status["membership"]["N"] == 1
@@ -189,17 +218,33 @@ def test_cli_node_and_status(tmp_path: Path) -> None:
         assert proc.wait(10) == 0  # SIGTERM: a graceful leave, exit 0
     finally:
         stop(proc)
-    out = subprocess.run([sys.executable, "-m", "mesh.cli", "status", "--addr",
-                          ready["address"], "--timeout", "0.5"], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mesh.cli",
+            "status",
+            "--addr",
+            ready["address"],
+            "--timeout",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1 and "status" in out.stderr
 
 
 @pytest.mark.slow
 def test_the_demo_runs_three_members_on_loopback_within_its_bound() -> None:
     """`mesh demo` as the README's first line runs it: no flags."""
-    out = subprocess.run([sys.executable, "-m", "mesh.cli", "demo", "--seconds", "2", "--json"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "mesh.cli", "demo", "--seconds", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     assert res["workers"] == 3 and res["transport"] == "grpc"
@@ -254,4 +299,5 @@ def test_a_busy_listen_address_is_a_config_error() -> None:
                     raise AssertionError("started on a busy port")
             except ConfigError as exc:
                 assert exc.field == "listen" and addr in str(exc)
+
     asyncio.run(main())

@@ -25,10 +25,18 @@ SLACK_S = 0.4  # what a loaded 2-core CI adds to a deadline before the thread wa
 
 
 def _node(rate: int, burst: int, **core: Any) -> Mesh:
-    policy = {"tenant_id": "acme", "metric": "read_iops", "generation": 1, "mode": "local",
-              "target_rate": rate, "global_burst": burst, "local_burst_cap": burst}
-    return Mesh({"member_id": "a", "policies": {"inline": [policy]},
-                 "shutdown_drain_ms": 200, "core": core}).start()
+    policy = {
+        "tenant_id": "acme",
+        "metric": "read_iops",
+        "generation": 1,
+        "mode": "local",
+        "target_rate": rate,
+        "global_burst": burst,
+        "local_burst_cap": burst,
+    }
+    return Mesh(
+        {"member_id": "a", "policies": {"inline": [policy]}, "shutdown_drain_ms": 200, "core": core}
+    ).start()
 
 
 def _parked(mesh: Mesh) -> int:
@@ -161,8 +169,9 @@ def test_awaiting_admit_from_another_loop_in_threaded_mode() -> None:
     mesh = _node(RATE, BURST)
 
     async def main() -> Counter[Reason]:
-        vs = await asyncio.gather(*(mesh.admit("acme", "read_iops", timeout_s=0.3)
-                                    for _ in range(BURST + 10)))
+        vs = await asyncio.gather(
+            *(mesh.admit("acme", "read_iops", timeout_s=0.3) for _ in range(BURST + 10))
+        )
         return Counter(v.reason for v in vs)
 
     try:
@@ -175,13 +184,27 @@ def test_awaiting_admit_from_another_loop_in_threaded_mode() -> None:
 
 def test_asyncio_mode_admit_blocking_from_a_worker_thread_and_release_on_close() -> None:
     async def main() -> None:
-        async with Mesh({"member_id": "a", "policies": {"inline": [{
-                "tenant_id": "acme", "metric": "read_iops", "generation": 1, "mode": "local",
-                "target_rate": 1, "global_burst": 1, "local_burst_cap": 1}]}}) as mesh:
+        async with Mesh(
+            {
+                "member_id": "a",
+                "policies": {
+                    "inline": [
+                        {
+                            "tenant_id": "acme",
+                            "metric": "read_iops",
+                            "generation": 1,
+                            "mode": "local",
+                            "target_rate": 1,
+                            "global_burst": 1,
+                            "local_burst_cap": 1,
+                        }
+                    ]
+                },
+            }
+        ) as mesh:
             with pytest.raises(ConfigError, match="would deadlock"):
                 mesh.admit_blocking("acme", "read_iops", timeout_s=1)
-            v = await asyncio.to_thread(mesh.admit_blocking, "acme", "read_iops",
-                                        timeout_s=1)
+            v = await asyncio.to_thread(mesh.admit_blocking, "acme", "read_iops", timeout_s=1)
             assert v.allowed
             waiter = asyncio.ensure_future(mesh.admit("acme", "read_iops", timeout_s=30))
             await asyncio.sleep(0.05)

@@ -26,8 +26,9 @@ class Net(TypedDict, total=False):
 
 
 def fleet(seed: int, n: int = 6, **net: Unpack[Net]) -> MemoryFleet:
-    f = MemoryFleet([f"w{i}" for i in range(n)], cache(policy("t", rate=R, burst=B, b=b)),
-                    seed=seed, **net)
+    f = MemoryFleet(
+        [f"w{i}" for i in range(n)], cache(policy("t", rate=R, burst=B, b=b)), seed=seed, **net
+    )
     f.run_until(NS_PER_S // 5)  # owners past their conservative start
     return f
 
@@ -89,8 +90,7 @@ def test_a_partitioned_worker_goes_stale_and_recovers_after_healing(seed: int) -
 @pytest.mark.parametrize("seed", SEEDS[:5])
 def test_cold_start_spends_about_b_not_n_times_the_burst(seed: int) -> None:
     f = fleet(seed, n=10)
-    got = sum(f.try_admit(w, "t", "read_iops").allowed for w in sorted(f.members)
-              for _ in range(B))
+    got = sum(f.try_admit(w, "t", "read_iops").allowed for w in sorted(f.members) for _ in range(B))
     assert got <= b + 10  # ceil(b / N) each, before any snapshot
 
 
@@ -131,9 +131,11 @@ def test_keys_far_from_their_limit_cost_their_owners_replies_only(seed: int) -> 
     Before owners vouched, each reporter got a snapshot of each key every 15 ms: about 3.4
     snapshots per report here."""
     tenants = [f"t{i}" for i in range(40)]
-    f = MemoryFleet([f"w{i}" for i in range(6)],
-                    cache(*(policy(t, rate=10_000, burst=10_000, b=500) for t in tenants)),
-                    seed=seed)
+    f = MemoryFleet(
+        [f"w{i}" for i in range(6)],
+        cache(*(policy(t, rate=10_000, burst=10_000, b=500) for t in tenants)),
+        seed=seed,
+    )
     f.run_until(NS_PER_S // 5)
     demand = [Offered(t, 300) for t in tenants]
     # Owners open keys exhausted (they were never seen): let the buckets fill, at R.
@@ -146,6 +148,10 @@ def test_keys_far_from_their_limit_cost_their_owners_replies_only(seed: int) -> 
     rows = sum(m.reporter.snapshots_taken for m in members) - rows0
     assert reports > 0 and rows <= 1.05 * reports, (seed, rows, reports)
     assert all(d.admitted == d.offered for d in demand), (seed, [d.report() for d in demand])
-    booted = [k for m in members for k, v in m.reporter.gates.items()
-              if v.state is not SnapshotState.FRESH]
+    booted = [
+        k
+        for m in members
+        for k, v in m.reporter.gates.items()
+        if v.state is not SnapshotState.FRESH
+    ]
     assert not booted, (seed, booted)
