@@ -104,29 +104,29 @@ def _one_run(
     cfg = write_config(tmp / "cluster.yaml", cluster_config(members))
     return run_window(
         [
-            [
-                "-m",
-                "bench.cluster",
-                "worker",
-                "--config",
-                str(cfg),
-                "--member-id",
+            worker_args(
+                cfg,
                 m,
-                "--start-at",
-                "0",
-                "--seconds",
-                str(seconds),
-                "--hot-rate",
-                str(hot_rate / workers),
+                seconds,
+                hot_rate / workers,
                 "--key-rate",
                 str(key_rate / workers),
                 "--keys",
                 str(keys),
                 "--probe",
-            ]
+            )
             for m in ids
         ]
     )
+
+
+def worker_args(cfg: Path, member: str, seconds: float, hot_rate: float, *extra: str) -> list[str]:
+    """The arguments (after the interpreter) of one `bench.cluster worker` process, which
+    waits for `go` and then offers `hot_rate`/s of the hot key for `seconds`."""
+    return [
+        "-m", "bench.cluster", "worker", "--config", str(cfg), "--member-id", member,
+        "--start-at", "0", "--seconds", str(seconds), "--hot-rate", str(hot_rate), *extra,
+    ]  # fmt: skip
 
 
 def _summary(results: list[dict[str, Any]], workers: int, seconds: float) -> dict[str, Any]:

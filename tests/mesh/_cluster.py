@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._procs import HOT, cluster_config, free_port, go, read_ready, spawn, stop, write_config
-from bench.cluster import excess_over_windows, read_buckets
+from bench.cluster import excess_over_windows, read_buckets, worker_args
 
 __all__ = ["Run", "start_workers", "Envelope"]
 
@@ -53,25 +53,16 @@ class Run:
         self.procs: dict[str, subprocess.Popen[str]] = {}
         for m in ids:
             self.procs[m] = spawn(
-                [
-                    "-m",
-                    "bench.cluster",
-                    "worker",
-                    "--config",
-                    str(cfg),
-                    "--member-id",
+                worker_args(
+                    cfg,
                     m,
+                    seconds,
+                    hot_total / len(ids),
                     "--listen",
                     self.addrs[m],
-                    "--start-at",
-                    "0",
-                    "--seconds",
-                    str(seconds),
-                    "--hot-rate",
-                    str(hot_total / len(ids)),
                     "--buckets-file",
                     self.files[m],
-                ]
+                )  # fmt: skip
             )
         for p in self.procs.values():
             read_ready(p)

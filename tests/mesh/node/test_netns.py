@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench._procs import HOT, go, read_ready, stop, write_config
-from bench.cluster import BUCKET_S, read_buckets
+from bench.cluster import BUCKET_S, read_buckets, worker_args
 from mesh.core.policy import Metric, RateKey
 from mesh.core.ring import Ring
 
@@ -115,21 +115,7 @@ def test_partition_between_namespaces(
                 "exec",
                 names[m],
                 sys.executable,
-                "-m",
-                "bench.cluster",
-                "worker",
-                "--config",
-                str(cfg),
-                "--member-id",
-                m,
-                "--start-at",
-                "0",
-                "--seconds",
-                str(seconds),
-                "--hot-rate",
-                str(2 * R),
-                "--buckets-file",
-                files[m],
+                *worker_args(cfg, m, seconds, 2 * R, "--buckets-file", files[m]),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
