@@ -7,6 +7,7 @@ Shape (every key optional except where said)::
     listen: 127.0.0.1:7001       # the peer service (gRPC); port 0: any free port
     advertise: 10.0.0.5:7001     # what other members dial (default: listen, bound port)
     telemetry_listen: 127.0.0.1:9101   # /metrics and /health (omit: off); port 0: any free
+    telemetry_top_k: 50          # tenants with their own series; the rest are tenant="other"
     allow_plaintext: false       # needed for a non-loopback address without tls
     tls: {cert: f, key: f, ca: f, require_client_cert: true}
     max_message_bytes: 4194304
@@ -123,6 +124,7 @@ class NodeConfig:
     listen: str = "127.0.0.1:0"
     advertise: str | None = None
     telemetry_listen: str | None = None
+    telemetry_top_k: int = 50  # per-tenant series: the top K by denials and excess
     allow_plaintext: bool = False
     tls: TlsConfig | None = None
     max_message_bytes: int = MAX_MESSAGE_BYTES
@@ -197,6 +199,7 @@ _TOP = {
     "listen",
     "advertise",
     "telemetry_listen",
+    "telemetry_top_k",
     "allow_plaintext",
     "tls",
     "max_message_bytes",
@@ -228,6 +231,10 @@ def parse_config(data: Any, *, base: Path | None = None) -> NodeConfig:
         if name in kw:
             # Port 0 is "any free port" only where this node binds and reports the result.
             _address(name, kw[name], allow_zero=name != "advertise")
+    if "telemetry_top_k" in data:
+        kw["telemetry_top_k"] = check_int(
+            "telemetry_top_k", data["telemetry_top_k"], minimum=1, maximum=10_000
+        )
     if "allow_plaintext" in data:
         kw["allow_plaintext"] = check_bool("allow_plaintext", data["allow_plaintext"])
     if "max_message_bytes" in data:
