@@ -43,6 +43,11 @@ from mesh.errors import ConfigTypeError
 __all__ = ["Owner"]
 
 SWEEP_NS = 1_000_000_000  # upkeep of every retained key, once a second
+# Telemetry of forgotten keys (`Owner._applied_retired`): this many scopes keep a total of
+# their own; the rest are summed per metric under OTHER_TENANT, so the map does not grow
+# with every tenant ever seen. Tenant ids are non-empty, so OTHER_TENANT names none.
+RETIRED_SCOPES_MAX = 50
+OTHER_TENANT = ""
 
 
 Row = tuple[RateKey, int, int, int, int, int, int, int]  # one snapshot's columns
@@ -131,7 +136,8 @@ class Owner:
         self.applied_units = 0  # telemetry: usage applied, in the keys' own units
         # Telemetry: usage applied by keys this owner no longer holds, per (tenant, metric),
         # so that the per-scope counter (`applied_by_scope`) never goes down when a key is
-        # forgotten or moves. One entry per scope, not per key or generation.
+        # forgotten or moves. One entry per scope, not per key or generation; beyond
+        # RETIRED_SCOPES_MAX scopes the smallest are summed per metric (`_fold_retired`).
         self._applied_retired: dict[tuple[str, str], int] = {}
         self.duplicates = 0
         self.handovers = Handovers()  # graceful leave: parked keys, departed members
@@ -166,7 +172,10 @@ class Owner:
         ks = self.keys.pop(key)
         if ks.applied:
             scope = (key.tenant_id, key.metric.value)
-            self._applied_retired[scope] = self._applied_retired.get(scope, 0) + ks.applied
+            retired = self._applied_retired
+            retired[scope] = retired.get(scope, 0) + ks.applied
+            if len(retired) > 2 * RETIRED_SCOPES_MAX + 8:  # amortised: fold now and then
+                _fold_retired(retired, RETIRED_SCOPES_MAX)
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -581,3 +590,12 @@ def _look(ks: KeyState, basis: ShareBasis, remaining: int, floor: int) -> None:
         else -1
     )
     ks.looked_floor = floor
+
+
+def _fold_retired(retired: dict[tuple[str, str], int], keep: int) -> None:
+    """Keep the `keep` largest per-scope totals; add the rest to their metric's
+    (OTHER_TENANT, metric) total. Every unit stays counted once, so the sum never drops."""
+    ranked = sorted((s for s in retired if s[0] != OTHER_TENANT), key=lambda s: (-retired[s], s))
+    for scope in ranked[keep:]:
+        other = (OTHER_TENANT, scope[1])
+        retired[other] = retired.get(other, 0) + retired.pop(scope)
