@@ -2,7 +2,7 @@
 
 Shape (every key optional except where said)::
 
-    member_id: a                 # identity: this, else $member_id_env, else hostname, else nonce
+    member_id: a                 # identity: this, else $member_id_env, else hostname-pid-nonce
     member_id_env: POD_NAME
     listen: 127.0.0.1:7001       # the peer service (gRPC); port 0: any free port
     advertise: 10.0.0.5:7001     # what other members dial (default: listen, bound port)
@@ -113,8 +113,8 @@ class Identity:
     """Who this replica is, where the name came from, and whether it survives a restart."""
 
     member_id: str
-    source: str  # config | env | hostname | nonce
-    stable: bool
+    source: str  # config | env | hostname (hostname-pid-nonce) | nonce (member-pid-nonce)
+    stable: bool  # only config and env ids survive a restart
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,15 +171,32 @@ class NodeConfig:
         if self.membership is not None and self.membership.source == "dns":
             out += _dns_warnings(self, ident.member_id)
         if not ident.stable:
-            out.append(
-                "member_id: none configured and no hostname; a random nonce is used, "
-                "so a restart joins as a new member"
-            )
+            out.append(_unstable_warning(self, ident))
         return out
 
 
+def _unstable_warning(cfg: NodeConfig, ident: Identity) -> str:
+    why = (
+        f"member_id not set and ${cfg.member_id_env} (member_id_env) is unset"
+        if cfg.member_id_env
+        else "member_id not set"
+    )
+    return (
+        f"member_id: {why}; each process names itself "
+        f"{'hostname' if ident.source == 'hostname' else 'member'}-pid-nonce "
+        f"(e.g. {ident.member_id!r}), unique but not stable: a restart joins as a new "
+        "member; pin it with member_id or member_id_env"
+    )
+
+
 def resolve_identity(cfg: NodeConfig, environ: dict[str, str] | None = None) -> Identity:
-    """config, then the environment variable named in config, then hostname, then a nonce."""
+    """config, then the environment variable named in config (both stable), else an id of
+    this process: hostname-pid-nonce (or member-pid-nonce without a hostname), not stable.
+
+    Why not the bare hostname: processes sharing a host and a config took the same id, the
+    ring saw one member and each enforced the whole limit (issue 12). The pid tells apart
+    processes on one host; the nonce, processes in pid namespaces that share a hostname.
+    """
     env = os.environ if environ is None else environ
     if cfg.member_id:
         return Identity(cfg.member_id, "config", True)
@@ -187,8 +204,20 @@ def resolve_identity(cfg: NodeConfig, environ: dict[str, str] | None = None) -> 
         return Identity(env[cfg.member_id_env], "env", True)
     host = socket.gethostname()
     if host:
-        return Identity(host, "hostname", True)
-    return Identity(f"member-{secrets.token_hex(6)}", "nonce", False)
+        return Identity(f"{host}-{_process_tag()}", "hostname", False)
+    return Identity(f"member-{_process_tag()}", "nonce", False)
+
+
+_TAG: list[tuple[int, str]] = []  # (pid, "pid-nonce"): one per process, renewed after fork
+
+
+def _process_tag() -> str:
+    """`pid-nonce`, the same for every call in this process (config warnings and the node
+    must name the same id), a new one in a forked child."""
+    pid = os.getpid()
+    if not _TAG or _TAG[0][0] != pid:
+        _TAG[:] = [(pid, f"{pid}-{secrets.token_hex(3)}")]
+    return _TAG[0][1]
 
 
 # -- parsing ----------------------------------------------------------------------------------

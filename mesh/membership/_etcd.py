@@ -6,6 +6,16 @@ mod_revision of the keys present, then the revision of every later event (a put,
 delete when a member leaves or its lease lapses). Every member sees the same events in
 the same order, so every member computes the same epoch. A member that loses etcd keeps
 its last view, marked stale, and rejoins (a new lease if the old one lapsed) when it can.
+
+One id, one member (issue 12): the key is written only in a transaction that finds it
+absent or held by our own lease. At start (`join`, before the node serves) a key held by
+another lease is waited on for that lease's remaining TTL plus a margin: a crashed
+incarnation's lease lapses by then and the restart proceeds, while a live member renews
+its lease every TTL/3 and keeps the key, so the second process refuses to start with
+ConfigError naming member_id. A member whose own lease lapsed and finds its id taken when
+it rejoins does not take it back: it logs that and keeps its last view, marked stale.
+If etcd cannot be reached at start, nothing is checked then; `run` claims the key the same
+way when etcd comes back.
 """
 
 from __future__ import annotations
@@ -14,13 +24,15 @@ import asyncio
 import json
 import logging
 
-from mesh.errors import MeshError
+from mesh.errors import ConfigError, MeshError, PeerError
 from mesh.membership._etcd_client import EtcdClient, WatchEvent
 from mesh.membership._source import MembershipView, Publish
 
 __all__ = ["EtcdMembership"]
 
 log = logging.getLogger("mesh.membership")
+# Past a holder's remaining TTL: etcd expires leases on its own timer (about every 0.5 s).
+CLAIM_MARGIN_S = 1.5
 
 
 class EtcdMembership:
@@ -50,6 +62,52 @@ class EtcdMembership:
     def key(self) -> str:
         return f"{self.prefix}{self.member_id}"
 
+    async def join(self) -> None:
+        """Claim our key before the node serves; ConfigError if a live member holds it.
+
+        Bounded by the holder's remaining lease TTL plus CLAIM_MARGIN_S. etcd unreachable:
+        returns, and `run` joins (and claims) when it can.
+        """
+        loop = asyncio.get_running_loop()
+        value = json.dumps({"addr": self.addr})
+        try:
+            self.lease = await self.client.grant(self.lease_ttl_s)
+            deadline = None
+            while True:
+                holder = await self.client.claim(self.key, value, lease=self.lease)
+                if holder == 0:
+                    return
+                if deadline is None:
+                    ttl = await self.client.lease_ttl(holder) if holder > 0 else 0
+                    deadline = loop.time() + max(ttl, 0) + CLAIM_MARGIN_S
+                if holder < 0 or loop.time() >= deadline:
+                    break
+                await asyncio.sleep(min(0.25, self.lease_ttl_s / 4))
+                if await self.client.keepalive(self.lease) <= 0:  # ours, while we wait
+                    self.lease = await self.client.grant(self.lease_ttl_s)
+        except PeerError as exc:
+            self.last_error = str(exc)
+            log.warning("etcd membership: %s; joining when etcd answers", exc)
+            return
+        await self._give_up_lease()
+        raise self._taken(holder)
+
+    def _taken(self, holder: int) -> ConfigError:
+        return ConfigError(
+            "member_id",
+            f"{self.member_id!r} is already held in etcd ({self.key}) by another live "
+            f"member (lease {holder:x}); give each process its own member_id "
+            "(or member_id_env, or leave both unset for a per-process id)",
+        )
+
+    async def _give_up_lease(self) -> None:
+        lease, self.lease = self.lease, 0
+        if lease:
+            try:
+                await self.client.revoke(lease)
+            except PeerError:
+                pass  # it lapses on its own
+
     async def run(self, publish: Publish) -> None:
         self._publish = publish
         while True:
@@ -77,10 +135,13 @@ class EtcdMembership:
             fresh = True
         value = json.dumps({"addr": self.addr})
         _, kvs = await self.client.range_prefix(self.prefix)
-        if fresh or not any(kv.key == self.key and kv.value == value for kv in kvs):
+        mine = (self.key, value, self.lease)
+        if fresh or not any((kv.key, kv.value, kv.lease) == mine for kv in kvs):
             # Join (or re-join). Reconnecting with our key still there (an etcd restart,
             # a brief partition) writes nothing, so the ring and its epoch stay as they were.
-            await self.client.put(self.key, value, lease=self.lease)
+            holder = await self.client.claim(self.key, value, lease=self.lease)
+            if holder:
+                raise self._taken(holder)  # logged by run(); our view stays, marked stale
             _, kvs = await self.client.range_prefix(self.prefix)
         members = {kv.key[len(self.prefix) :]: _addr(kv.value) for kv in kvs}
         epoch = max((kv.mod_revision for kv in kvs), default=0)

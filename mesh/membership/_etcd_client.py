@@ -40,6 +40,7 @@ class KeyValue:
     key: str
     value: str
     mod_revision: int
+    lease: int = 0  # the lease that holds the key (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +94,31 @@ class EtcdClient:
         out = await self._post("/v3/kv/put", body)
         return int(out["header"]["revision"])
 
+    async def claim(self, key: str, value: str, *, lease: int) -> int:
+        """Put `key` under `lease` only if the key is absent or already held by `lease`,
+        in one transaction each; returns 0 when written, else the lease holding it."""
+        put = {"request_put": {"key": _b64(key), "value": _b64(value), "lease": str(lease)}}
+        get = {"request_range": {"key": _b64(key)}}
+        absent = {"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": "0"}
+        ours = {"key": _b64(key), "result": "EQUAL", "target": "LEASE", "lease": str(lease)}
+        for _ in range(3):  # the key may come or go between the two transactions
+            for compare in (absent, ours):
+                out = await self._post(
+                    "/v3/kv/txn", {"compare": [compare], "success": [put], "failure": [get]}
+                )
+                if out.get("succeeded"):
+                    return 0
+                kvs = out.get("responses", [{}])[0].get("response_range", {}).get("kvs", [])
+                holder = _kv(kvs[0]).lease if kvs else 0
+                if kvs and holder != lease:
+                    return holder or -1  # -1: held with no lease, by hand
+        raise PeerUnavailable("etcd/v3/kv/txn", f"{key} kept changing while claimed")
+
+    async def lease_ttl(self, lease: int) -> int:
+        """Seconds left on a lease; -1 when etcd no longer knows it."""
+        out = await self._post("/v3/lease/timetolive", {"ID": str(lease)})
+        return int(out.get("TTL", -1))
+
     async def delete(self, key: str) -> None:
         await self._post("/v3/kv/deleterange", {"key": _b64(key)})
 
@@ -139,4 +165,9 @@ class EtcdClient:
 
 
 def _kv(kv: dict[str, Any]) -> KeyValue:
-    return KeyValue(_unb64(kv["key"]), _unb64(kv.get("value", "")), int(kv.get("mod_revision", 0)))
+    return KeyValue(
+        _unb64(kv["key"]),
+        _unb64(kv.get("value", "")),
+        int(kv.get("mod_revision", 0)),
+        int(kv.get("lease", 0)),
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mesh.config import NodeConfig
 from mesh.coordinator import PolicySource
-from mesh.errors import ConfigError
+from mesh.errors import ConfigError, PeerError
 from mesh.membership import (
     DnsMembership,
     EtcdClient,
@@ -12,9 +12,11 @@ from mesh.membership import (
     MembershipSource,
     StaticMembership,
 )
-from mesh.peer import CoordinatorClient, GrpcTransport, PeerHandler, Transport
+from mesh.peer import CoordinatorClient, GrpcTransport, PeerHandler, Transport, fetch_status
 
-__all__ = ["build_transport", "build_membership", "build_policy_source"]
+__all__ = ["build_transport", "build_membership", "build_policy_source", "claim_static_id"]
+
+STATIC_PROBE_S = 2.0  # how long the static identity check waits for our listed address
 
 
 def build_transport(
@@ -39,7 +41,9 @@ def build_membership(cfg: NodeConfig, member_id: str, address: str) -> Membershi
         if member_id not in m.members:
             raise ConfigError(
                 "membership.members",
-                f"does not list this member {member_id!r}; known: " + ", ".join(sorted(m.members)),
+                f"does not list this member {member_id!r}; known: "
+                + ", ".join(sorted(m.members))
+                + " (set member_id or member_id_env to one of them)",
             )
         return StaticMembership(m.members)
     if m.source == "dns":
@@ -66,3 +70,24 @@ def build_policy_source(cfg: NodeConfig) -> PolicySource | None:
     if cfg.coordinator is None:
         return None
     return CoordinatorClient(cfg.coordinator.addr, tls=cfg.tls)
+
+
+async def claim_static_id(cfg: NodeConfig, member_id: str) -> None:
+    """Static membership: ask the address the list gives for our id who serves there,
+    before this node has a driver (so our own server answers with an empty status). An
+    answer naming our id is another incarnation: ConfigError naming member_id. Nothing
+    answering, or another id, is not a collision this check can see."""
+    m = cfg.membership
+    addr = m.members.get(member_id) if m is not None and m.source == "static" else None
+    if not addr:
+        return
+    try:
+        status = await fetch_status(addr, tls=cfg.tls, timeout_s=STATIC_PROBE_S)
+    except PeerError:
+        return
+    if status.get("member_id") == member_id:
+        raise ConfigError(
+            "member_id",
+            f"{member_id!r} is already served at {addr} by another live member "
+            f"(worker_epoch {status.get('worker_epoch')}); give each process its own member_id",
+        )

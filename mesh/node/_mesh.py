@@ -36,8 +36,13 @@ from mesh.core.policy import PolicyCache
 from mesh.core.ring import Ring
 from mesh.core.verdict import Verdict, verdict
 from mesh.errors import ConfigError
-from mesh.membership import MembershipSource
-from mesh.node._build import build_membership, build_policy_source, build_transport
+from mesh.membership import EtcdMembership, MembershipSource
+from mesh.node._build import (
+    build_membership,
+    build_policy_source,
+    build_transport,
+    claim_static_id,
+)
 from mesh.node._driver import NodeDriver
 from mesh.node._health import health, node_stats
 from mesh.peer import PeerHandler, Transport
@@ -281,10 +286,14 @@ class Mesh:
         make = self._transport_arg or partial(build_transport, cfg)
         transport = make(self.member_id, worker_epoch, handler)
         self.address = await transport.start()
+        membership: MembershipSource | None = None
         try:
             membership = self._membership_arg or build_membership(cfg, self.member_id, self.address)
+            await self._claim_identity(membership)
             source = self._source_arg or build_policy_source(cfg)
         except BaseException:
+            if membership is not None and membership is not self._membership_arg:
+                await membership.close()
             await transport.close(0)
             raise
         feed = None
@@ -319,6 +328,17 @@ class Mesh:
             self.identity.stable,
             self.address,
         )
+
+    async def _claim_identity(self, membership: MembershipSource) -> None:
+        """One id, one member: before serving, refuse to start (ConfigError naming
+        member_id) if a live member already holds our id. etcd: our key held by another
+        lease. static: the address listed for our id answers as our id; while we have no
+        driver our own server's status is empty, so such an answer is another process.
+        dns has nothing to check: records name addresses, and one address is one bind."""
+        if isinstance(membership, EtcdMembership):
+            await membership.join()
+        elif self._membership_arg is None and self._transport_arg is None:
+            await claim_static_id(self.config, self.member_id)
 
     async def aclose(self) -> None:
         self._release_waiters()

@@ -4,6 +4,8 @@ it came from."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mesh.config import NodeConfig, load_config, parse_config, resolve_identity
+from mesh.config import Identity, NodeConfig, load_config, parse_config, resolve_identity
 from mesh.errors import ConfigError
 
 POLICY = {
@@ -76,12 +78,43 @@ def test_share_without_membership_warns() -> None:
 
 
 def test_identity_order() -> None:
-    assert resolve_identity(NodeConfig(member_id="x"), {}).source == "config"
+    assert resolve_identity(NodeConfig(member_id="x"), {}) == Identity("x", "config", True)
     ident = resolve_identity(NodeConfig(member_id_env="POD"), {"POD": "pod-1"})
     assert (ident.member_id, ident.source, ident.stable) == ("pod-1", "env", True)
-    ident = resolve_identity(NodeConfig(member_id_env="POD"), {})
-    assert ident.source in ("hostname", "nonce")
-    assert ident.stable is (ident.source == "hostname")
+    ident = resolve_identity(NodeConfig(member_id="x", member_id_env="POD"), {"POD": "pod-1"})
+    assert ident == Identity("x", "config", True)  # config first
+
+
+def test_default_identity_is_this_process_and_not_stable() -> None:
+    ident = resolve_identity(NodeConfig(member_id_env="POD"), {})  # the variable is unset
+    host = socket.gethostname()
+    assert ident.source == ("hostname" if host else "nonce") and ident.stable is False
+    prefix = f"{host or 'member'}-{os.getpid()}-"
+    assert ident.member_id.startswith(prefix) and len(ident.member_id) > len(prefix)
+    # The same id for every call in this process: warnings and the node must agree.
+    assert resolve_identity(NodeConfig(), {}) == ident
+    assert resolve_identity(NodeConfig(member_id_env="POD"), {"POD": ""}) == ident
+
+
+@pytest.mark.slow
+def test_processes_on_one_host_get_distinct_ids() -> None:
+    code = "from mesh.config import NodeConfig; print(NodeConfig().identity({}).member_id)"
+    ids = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+        ).stdout.strip()
+        for _ in range(2)
+    } | {NodeConfig().identity({}).member_id}
+    assert len(ids) == 3, ids
+
+
+def test_an_unstable_identity_warns_and_says_how_to_pin_it() -> None:
+    (w,) = [w for w in NodeConfig().warnings() if w.startswith("member_id:")]
+    assert "not stable" in w and "member_id or member_id_env" in w
+    assert NodeConfig().identity().member_id in w
+    (w,) = [w for w in NodeConfig(member_id_env="RATEMESH_T_UNSET").warnings() if "member_id" in w]
+    assert "$RATEMESH_T_UNSET (member_id_env) is unset" in w
+    assert not [w for w in NodeConfig(member_id="a").warnings() if w.startswith("member_id")]
 
 
 def test_policy_file_is_resolved_beside_the_config(tmp_path: Path) -> None:
@@ -247,3 +280,24 @@ def test_listen_99999_is_refused_by_mesh_validate(tmp_path: Path) -> None:
     )
     assert out.returncode == 2, out.stderr
     assert json.loads(out.stdout)["field"] == "listen"
+
+
+@pytest.mark.slow
+def test_mesh_validate_says_a_default_identity_is_not_stable(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text(
+        "membership: {source: etcd, endpoints: [http://127.0.0.1:2379]}\n"
+        f"policies: {{inline: [{json.dumps(POLICY)}]}}\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "mesh.cli", "validate", "--config", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["identity"]["stable"] is False and res["identity"]["source"] != "config"
+    (w,) = [w for w in res["warnings"] if w.startswith("member_id:")]
+    assert "member_id or member_id_env" in w
+    assert f"warning: {w}" in out.stderr.splitlines()
