@@ -43,6 +43,11 @@ class CoreConfig:
     report_retry_max_ms: int = 15
     report_batch_max: int = 1000  # reports per message to one owner
     views_max: int = 1_000_000  # (tenant, metric) views per worker; idle ones go beyond it
+    # A view that holds nothing (a full local bucket; a global view with all usage
+    # acknowledged and its snapshot expired) is forgotten by the next sweep: one starts
+    # every views_idle_ms and visits VIEWS_SWEEP_SLICE views a tick, so an idle view is gone
+    # within about twice this (Admission.tick). Rebuilding one on its next use loses nothing.
+    views_idle_ms: int = 10_000
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -72,6 +77,10 @@ class CoreConfig:
     @property
     def sync_interval_ns(self) -> int:
         return self.sync_interval_ms * MS
+
+    @property
+    def views_idle_ns(self) -> int:
+        return self.views_idle_ms * MS
 
     @property
     def snapshot_ttl_ns(self) -> int:

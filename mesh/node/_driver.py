@@ -26,13 +26,16 @@ from mesh.core.policy import RateKey
 from mesh.core.ring import Ring
 from mesh.membership import MembershipSource, MembershipView
 from mesh.peer import Transport
-from mesh.telemetry import Telemetry
+from mesh.telemetry import DECISIONS_IDLE_S, Telemetry
 
 __all__ = ["NodeDriver", "DELAY_TRACK_MAX"]
 
 log = logging.getLogger("mesh.node")
 CLOSE_STEP_S = 2.0  # the longest one step of a graceful leave may take past its drain
 DELAY_TRACK_MAX = 100_000  # keys whose report delay is being timed; cleared when full
+# Per-key and per-tenant maps of the node (delay timing, telemetry's decision counts) drop
+# what was untouched for this long, once per this long: an idle tenant is gone within 2x.
+FORGET_IDLE_NS = int(DECISIONS_IDLE_S * 1_000_000_000)
 DELAYS_KEPT = 512  # recent report delays, for d in the envelope estimate
 NS = 1_000_000_000
 
@@ -76,6 +79,8 @@ class NodeDriver:
         self.recent_delays_ns: deque[int] = deque(maxlen=DELAYS_KEPT)
         self._report_children: dict[str, Any] = {}
         self._snapshot_children: dict[str, Any] = {}
+        self._forget_at_ns = self.started_ns + FORGET_IDLE_NS
+        telemetry.top_k = config.telemetry_top_k
         self.member.reporter.wake = self._wake
 
     @property
@@ -158,6 +163,8 @@ class NodeDriver:
                 effects = self.member.tick(now)
             self.ticks += 1
             self._carry(now, effects)
+            if now >= self._forget_at_ns:
+                self.forget_idle(now)
             next_t += interval_s
             delay = next_t - loop.time()
             if -delay > self.tick_lag_max_s:
@@ -183,6 +190,16 @@ class NodeDriver:
         with self.lock:
             effects = self.member.flush(now)
         self._carry(now, effects)
+
+    def forget_idle(self, now: int) -> None:
+        """Drop what idle keys and tenants left in the node's own maps: decision counts
+        unchanged since the last call (kept as per-series totals), delay timings older than
+        FORGET_IDLE_NS. The core forgets its idle keys itself (views, reporter, owner)."""
+        self._forget_at_ns = now + FORGET_IDLE_NS
+        self.telemetry.forget_idle()
+        old = now - FORGET_IDLE_NS
+        self._report_sent = {k: t for k, t in self._report_sent.items() if t[1] > old}
+        self._last_snapshot = {k: t for k, t in self._last_snapshot.items() if t > old}
 
     # -- messages -------------------------------------------------------------------------
 

@@ -1,14 +1,31 @@
 """Counters the node keeps cheaply (plain dicts on the hot path) and exports at scrape.
 
 `try_admit` must stay cheap, so decisions are counted in a dict keyed by (tenant, metric,
-mode, reason, suspension) and turned into Prometheus families only when scraped. Delays
-are real Histograms: they are observed once per acknowledged report, not per request.
+id(verdict)) and turned into Prometheus families only when scraped. Delays are real
+Histograms: they are observed once per acknowledged report, not per request.
+
+Bounded labels (issue 12): only the top `top_k` tenants by denials, then excess estimate,
+then admissions get series of their own; the rest are summed under tenant="other", and a
+tenant with no known policy is never a label value (its decisions count under "other",
+reason="policy_unknown"). Which tenants are labelled may change between scrapes. Counters
+stay monotonic per label while the set of labels changes: a tenant entering the top-K
+starts a series at 0 (what it had before stays in "other"); one leaving it hands its total
+to "other", which takes its later increments too. Prometheus tolerates series appearing
+and disappearing; summed over labels, a counter never decreases. A tenant named "other"
+has no series of its own (it would collide with the sum).
+
+Forgetting: `forget_idle` (the node calls it every `DECISIONS_IDLE_S`) drops the decision
+counts of tenants that did not change since the previous call, keeping their totals per
+series, so the hot path's dict holds recently active tenants only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import heapq
+import threading
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -16,13 +33,17 @@ from prometheus_client.registry import Collector
 
 from mesh.core.verdict import Reason, Verdict
 
-__all__ = ["Telemetry", "NodeStats", "TENANTS_MAX", "DecisionKey"]
+__all__ = ["Telemetry", "NodeStats", "TOP_K", "OTHER", "DECISIONS_IDLE_S", "DecisionKey"]
 
-TENANTS_MAX = 1000  # distinct tenant label values; beyond it they count as "_other"
+TOP_K = 50  # tenants with series of their own (node config: telemetry_top_k)
+OTHER = "other"  # the label the remaining tenants are summed under
+DECISIONS_IDLE_S = 30.0  # decision counts unchanged this long are folded and forgotten
 _STALE = {Reason.SNAPSHOT_STALE.value, Reason.OWNER_UNREACHABLE.value}
 DELAY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 DecisionKey = tuple[str, str, int]  # tenant, metric, id() of an interned Verdict
+Series = tuple[str, str, str, str]  # metric, mode, reason, suspension ("" if none)
+S = TypeVar("S", bound=Hashable)
 
 
 @dataclass(slots=True)
@@ -39,11 +60,16 @@ class NodeStats:
 
 
 class Telemetry:
-    def __init__(self, stats: Callable[[], NodeStats]) -> None:
+    def __init__(self, stats: Callable[[], NodeStats], *, top_k: int = TOP_K) -> None:
         self.registry = CollectorRegistry()
+        self.top_k = top_k
         self.decisions: dict[DecisionKey, int] = {}
         self.verdicts: dict[int, Verdict] = {}  # keeps each counted verdict (and its id) alive
-        self._tenants: set[str] = set()
+        self._lock = threading.Lock()  # scrapes and forget_idle; never the hot path
+        self._seen: dict[DecisionKey, int] = {}  # decisions at the last forget_idle
+        self._forgotten: dict[Series, int] = {}  # totals of forgotten decision counts
+        self._decided: _Labelled[Series] = _Labelled()
+        self._applied: _Labelled[str] = _Labelled()
         self.report_delay = Histogram(
             "ratemesh_report_delay_seconds",
             "From sending a usage report to the owner's snapshot acknowledging it (d)",
@@ -61,16 +87,81 @@ class Telemetry:
         )
         self.registry.register(_Collector(self, stats))
 
-    def tenant_label(self, tenant: str) -> str:
-        if tenant in self._tenants:
-            return tenant
-        if len(self._tenants) < TENANTS_MAX:
-            self._tenants.add(tenant)
-            return tenant
-        return "_other"
-
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def forget_idle(self) -> int:
+        """Fold the decision counts that did not change since the last call into their
+        series' totals and drop them. Returns how many were dropped.
+
+        The hot path increments without a lock; an entry dropped while a thread is between
+        reading and writing it comes back with its old count plus one, and that old count
+        is counted twice. Only a tenant idle for a whole period and used again at that
+        instant can hit this, and it can only add, never subtract.
+        """
+        with self._lock:
+            d, dropped = self.decisions, 0
+            for k, n in self._seen.items():
+                if d.get(k) == n:
+                    del d[k]
+                    s = self._series(k[1], k[2])
+                    self._forgotten[s] = self._forgotten.get(s, 0) + n
+                    dropped += 1
+            self._seen = dict(d)
+            return dropped
+
+    def _series(self, metric: str, vid: int) -> Series:
+        v = self.verdicts[vid]
+        return (
+            metric,
+            v.mode.value if v.mode else "none",
+            v.reason.value,
+            v.suspended.value if v.suspended else "",
+        )
+
+
+class _Labelled(Generic[S]):
+    """Counters by (tenant label, series) where the labelled tenants change between scrapes
+    (module docstring): monotonic per label, and their sum is the source's total."""
+
+    def __init__(self) -> None:
+        self._top: set[str] = set()
+        self._base: dict[tuple[str, S], int] = {}  # the source's count at the last update
+        self._out: dict[tuple[str, S], int] = {}  # exported, labelled tenants only
+        self._other: dict[S, int] = {}
+
+    def update(
+        self, top: set[str], per_tenant: dict[tuple[str, S], int], totals: dict[S, int]
+    ) -> list[tuple[str, S, int]]:
+        base: dict[tuple[str, S], int] = {}
+        out: dict[tuple[str, S], int] = {}
+        for k, n in per_tenant.items():
+            if k[0] not in top:
+                continue
+            prev = self._base.get(k)
+            if prev is None:  # new to the top: its past stays in "other"
+                prev = 0 if k[0] in self._top else n
+            out[k] = self._out.get(k, 0) + max(0, n - prev)
+            base[k] = n
+        for k, got in self._out.items():
+            if k[0] in top and k not in out:  # its source count was forgotten meanwhile
+                out[k], base[k] = got, 0
+        self._top, self._base, self._out = set(top), base, out
+        labelled: dict[S, int] = {}
+        for (_, s), got in out.items():
+            labelled[s] = labelled.get(s, 0) + got
+        rows = [(t, s, n) for (t, s), n in out.items()]
+        for s, total in totals.items():
+            other = max(self._other.get(s, 0), total - labelled.get(s, 0))
+            if other:
+                self._other[s] = other
+        rows.extend((OTHER, s, n) for s, n in self._other.items())
+        return rows
+
+
+def _top(k: int, score: dict[str, tuple[int, float, int]]) -> set[str]:
+    best = heapq.nsmallest(k, score, key=lambda t: (-score[t][0], -score[t][1], -score[t][2], t))
+    return set(best)
 
 
 class _Collector(Collector):
@@ -79,62 +170,26 @@ class _Collector(Collector):
         self.stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        lab = ["tenant", "metric", "mode", "reason"]
-        admitted = CounterMetricFamily(
-            "ratemesh_admitted", "Local decisions that admitted", labels=lab
-        )
-        denied = CounterMetricFamily("ratemesh_denied", "Local decisions that denied", labels=lab)
-        stale = CounterMetricFamily(
-            "ratemesh_stale_view_rejections",
-            "Denials because the owner's view was stale or unreachable",
-            labels=lab,
-        )
-        suspended = CounterMetricFamily(
-            "ratemesh_suspended_verdicts",
-            "Verdicts given while degraded, by suspension reason",
-            labels=lab,
-        )
-        folded: dict[tuple[str, str, str, str, str], int] = {}
-        for (tenant, metric, vid), n in list(self.tel.decisions.items()):
-            v = self.tel.verdicts[vid]
-            t = self.tel.tenant_label(tenant)
-            k = (
-                t,
-                metric,
-                v.mode.value if v.mode else "none",
-                v.reason.value,
-                v.suspended.value if v.suspended else "",
-            )
-            folded[k] = folded.get(k, 0) + n
-        susp_sum: dict[tuple[str, str, str, str], int] = {}
-        for (t, metric, mode, reason, susp), n in sorted(folded.items()):
-            fam = admitted if reason == Reason.ADMITTED.value else denied
-            fam.add_metric([t, metric, mode, reason], n)
-            if reason in _STALE:
-                stale.add_metric([t, metric, mode, reason], n)
-            if susp:
-                sk = (t, metric, mode, susp)
-                susp_sum[sk] = susp_sum.get(sk, 0) + n
-        for sk, n in sorted(susp_sum.items()):
-            suspended.add_metric(list(sk), n)
-        yield from (admitted, denied, stale, suspended)
-
         s = self.stats()
-        applied = CounterMetricFamily(
+        with self.tel._lock:
+            decided, applied = self._rank(s)
+        yield from _decision_families(decided)
+        fam = CounterMetricFamily(
             "ratemesh_owner_applied",
             "Usage applied by this member as owner (units or bytes)",
             labels=["tenant", "metric"],
         )
-        for (t, m), n in sorted(s.applied.items()):
-            applied.add_metric([self.tel.tenant_label(t), m], n)
-        yield applied
+        for t, m, n in sorted(applied):
+            fam.add_metric([t, m], n)
+        yield fam
+        top = self.tel._applied._top
         active = GaugeMetricFamily(
             "ratemesh_active_reporters",
             "Active reporters of keys this member owns",
             labels=["tenant", "metric"],
         )
-        for (t, m), n in sorted(s.active_reporters.items()):
-            active.add_metric([self.tel.tenant_label(t), m], n)
+        for (t, m), r in sorted(_fold(top, s.active_reporters).items()):
+            active.add_metric([t, m], int(r))
         yield active
         est = GaugeMetricFamily(
             "ratemesh_excess_estimate",
@@ -144,9 +199,11 @@ class _Collector(Collector):
         bound = GaugeMetricFamily(
             "ratemesh_excess_bound", "The envelope N*b + R*d (units)", labels=["tenant", "metric"]
         )
-        for (t, m), (e, b) in sorted(s.excess.items()):
-            est.add_metric([self.tel.tenant_label(t), m], e)
-            bound.add_metric([self.tel.tenant_label(t), m], b)
+        ests = _fold(top, {k: e for k, (e, _) in s.excess.items()})
+        bounds = _fold(top, {k: b for k, (_, b) in s.excess.items()})
+        for k in sorted(ests):
+            est.add_metric(list(k), round(ests[k], 3))
+            bound.add_metric(list(k), round(bounds[k], 3))
         yield est
         yield bound
         yield GaugeMetricFamily("ratemesh_members", "Live members in the ring", value=s.members)
@@ -157,3 +214,77 @@ class _Collector(Collector):
         yield CounterMetricFamily(
             "ratemesh_peer_messages_sent", "Peer messages sent", value=s.messages_sent
         )
+
+    def _rank(
+        self, s: NodeStats
+    ) -> tuple[list[tuple[str, Series, int]], list[tuple[str, str, int]]]:
+        """Pick the top-K tenants and update both labelled counters (under the lock)."""
+        tel = self.tel
+        score: dict[str, tuple[int, float, int]] = {}  # denied, excess, admitted
+        per_tenant: dict[tuple[str, Series], int] = {}
+        totals = dict(tel._forgotten)
+        for (tenant, metric, vid), n in list(tel.decisions.items()):
+            series = tel._series(metric, vid)
+            totals[series] = totals.get(series, 0) + n
+            if series[2] == Reason.POLICY_UNKNOWN.value or tenant == OTHER:
+                continue  # no known policy: never a label value
+            k = (tenant, series)
+            per_tenant[k] = per_tenant.get(k, 0) + n
+            d, e, a = score.get(tenant, (0, 0.0, 0))
+            if series[2] == Reason.ADMITTED.value:
+                score[tenant] = (d, e, a + n)
+            else:
+                score[tenant] = (d + n, e, a)
+        for (tenant, _), (est, _) in s.excess.items():
+            d, e, a = score.get(tenant, (0, 0.0, 0))
+            score[tenant] = (d, e + est, a)
+        for tenant, _ in (*s.applied, *s.active_reporters):
+            if tenant and tenant != OTHER and tenant not in score:
+                score[tenant] = (0, 0.0, 0)
+        top = _top(tel.top_k, score)
+        decided = tel._decided.update(top, per_tenant, totals)
+        by_metric: dict[str, int] = {}
+        mine: dict[tuple[str, str], int] = {}
+        for (tenant, metric), n in s.applied.items():
+            by_metric[metric] = by_metric.get(metric, 0) + n
+            if tenant:  # "" is the owner's sum of folded scopes
+                mine[(tenant, metric)] = n
+        applied = [(t, m, n) for t, m, n in tel._applied.update(top, mine, by_metric)]
+        return decided, applied
+
+
+def _fold(top: set[str], values: Mapping[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    """Gauges: the labelled tenants' own, the rest summed per metric under "other"."""
+    out: dict[tuple[str, str], float] = {}
+    for (tenant, metric), v in values.items():
+        k = (tenant if tenant in top else OTHER, metric)
+        out[k] = out.get(k, 0) + v
+    return out
+
+
+def _decision_families(rows: list[tuple[str, Series, int]]) -> Iterator[Metric]:
+    lab = ["tenant", "metric", "mode", "reason"]
+    admitted = CounterMetricFamily("ratemesh_admitted", "Local decisions that admitted", labels=lab)
+    denied = CounterMetricFamily("ratemesh_denied", "Local decisions that denied", labels=lab)
+    stale = CounterMetricFamily(
+        "ratemesh_stale_view_rejections",
+        "Denials because the owner's view was stale or unreachable",
+        labels=lab,
+    )
+    suspended = CounterMetricFamily(
+        "ratemesh_suspended_verdicts",
+        "Verdicts given while degraded, by suspension reason",
+        labels=lab,
+    )
+    susp_sum: dict[tuple[str, str, str, str], int] = {}
+    for t, (metric, mode, reason, susp), n in sorted(rows):
+        fam = admitted if reason == Reason.ADMITTED.value else denied
+        fam.add_metric([t, metric, mode, reason], n)
+        if reason in _STALE:
+            stale.add_metric([t, metric, mode, reason], n)
+        if susp:
+            sk = (t, metric, mode, susp)
+            susp_sum[sk] = susp_sum.get(sk, 0) + n
+    for sk, n in sorted(susp_sum.items()):
+        suspended.add_metric(list(sk), n)
+    yield from (admitted, denied, stale, suspended)

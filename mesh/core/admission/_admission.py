@@ -22,6 +22,9 @@ from mesh.errors import ConfigError, ConfigTypeError
 __all__ = ["Admission", "UNKNOWN", "QUEUE_FULL", "DEADLINE"]
 
 _METRICS = {m.value: m for m in Metric}
+# Views the idle sweep visits per tick: with a 5 ms tick, ~400,000 a second, and a slice
+# holds the lock for well under a millisecond (the hot path waits on it in threaded apps).
+VIEWS_SWEEP_SLICE = 2048
 UNKNOWN = unknown_verdict()
 QUEUE_FULL = Verdict(False, Reason.QUEUE_FULL, None, "tenant_queue_bound")
 DEADLINE = Verdict(False, Reason.DEADLINE_EXCEEDED, None, "deadline")
@@ -54,10 +57,14 @@ class Admission:
         self._now_ns = now_ns
         self._gates: dict[str, dict[str, Gate]] = {m.value: {} for m in Metric}
         self._settle: set[LocalGate] = set()  # local/share views to settle at the next tick
-        self._shares: list[LocalGate] = []
+        self._shares: dict[LocalGate, None] = {}  # share views, in order (a set with order)
         self._policy_version = policies.version
         self.queues = TenantQueues(self.config.tenant_queue_max)
         self.gate_count = 0
+        # The idle sweep: the (metric, tenants) still to visit in this pass, and when the
+        # next pass starts.
+        self._sweep_left: list[tuple[str, list[str]]] = []
+        self._sweep_at_ns = now_ns + self.config.views_idle_ns
 
     # -- the hot path ---------------------------------------------------------------------
 
@@ -148,7 +155,7 @@ class Admission:
         n = 1 if mode is Mode.LOCAL else self.n_live
         v = LocalGate(policy, self._mark_local, self._now_ns, n)
         if mode is Mode.SHARE:
-            self._shares.append(v)
+            self._shares[v] = None
             v.resize(self.n_live, self.membership_stale, self._now_ns)
         else:
             v.set_verdicts(BOUNDS["local"])
@@ -161,24 +168,52 @@ class Admission:
         self._settle.add(v)
 
     def evict_idle(self) -> int:
-        """Forget views that hold nothing: a global view with everything acknowledged and
-        no fresh snapshot, a local view whose bucket is full. They are rebuilt on next use
-        exactly as they would be now, so forgetting them loses nothing."""
+        """Forget every view that holds nothing (`_holds_nothing`). They are rebuilt on next
+        use exactly as they would be now, so forgetting them loses nothing."""
         evicted = 0
         for by_tenant in self._gates.values():
             for tenant in list(by_tenant):
-                v = by_tenant[tenant]
-                idle = (
-                    isinstance(v, GlobalGate)
-                    and self.reporter is not None
-                    and self.reporter.forget_if_idle(v.key)
-                )
-                idle |= isinstance(v, LocalGate) and not v.marked and v not in self._shares
-                if idle:
-                    del by_tenant[tenant]
+                if self._holds_nothing(by_tenant[tenant]):
+                    self._evict(by_tenant, tenant)
                     evicted += 1
-        self.gate_count -= evicted
         return evicted
+
+    def _holds_nothing(self, v: Gate) -> bool:
+        """A global view with everything acknowledged and no fresh snapshot (the reporter
+        drops it too), a local or share view whose bucket is full, a fixed verdict."""
+        if isinstance(v, GlobalGate):
+            return self.reporter is not None and self.reporter.forget_if_idle(v.key)
+        if isinstance(v, LocalGate):
+            return not v.marked
+        return isinstance(v, FixedGate)
+
+    def _evict(self, by_tenant: dict[str, Gate], tenant: str) -> None:
+        v = by_tenant.pop(tenant)
+        if isinstance(v, LocalGate):
+            self._shares.pop(v, None)
+            self._settle.discard(v)
+        self.gate_count -= 1
+
+    def _sweep(self, now_ns: int) -> None:
+        """Part of the idle sweep: forget up to VIEWS_SWEEP_SLICE idle views, resuming
+        where the last tick stopped; a new pass starts every views_idle_ms."""
+        if not self._sweep_left:
+            if now_ns < self._sweep_at_ns:
+                return
+            self._sweep_at_ns = now_ns + self.config.views_idle_ns
+            self._sweep_left = [(m, list(by)) for m, by in self._gates.items() if by]
+        budget = VIEWS_SWEEP_SLICE
+        while self._sweep_left and budget > 0:
+            metric, tenants = self._sweep_left[-1]
+            by_tenant = self._gates[metric]
+            while tenants and budget > 0:
+                tenant = tenants.pop()
+                budget -= 1
+                v = by_tenant.get(tenant)
+                if v is not None and self._holds_nothing(v):
+                    self._evict(by_tenant, tenant)
+            if not tenants:
+                self._sweep_left.pop()
 
     def gate(self, tenant: str, metric: str) -> Gate | None:
         return self._gates.get(_metric(metric).value, {}).get(tenant)
@@ -204,6 +239,8 @@ class Admission:
                 v.flush_at = 1 << 62
         if self.reporter is not None:
             self.reporter.tick(now_ns)
+        if self._sweep_left or now_ns >= self._sweep_at_ns:
+            self._sweep(now_ns)
         return self.service(now_ns)
 
     def service(self, now_ns: int) -> int:
@@ -244,8 +281,7 @@ class Admission:
                     self.reporter.retire(old.key)
                 if isinstance(old, LocalGate):
                     self._settle.discard(old)
-                    if old in self._shares:
-                        self._shares.remove(old)
+                    self._shares.pop(old, None)
                 if new is None:
                     del by_tenant[tenant]
                     self.gate_count -= 1

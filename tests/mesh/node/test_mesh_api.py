@@ -33,9 +33,11 @@ def test_public_names() -> None:
         "PolicyStore",
     ]
     assert sorted(mesh.telemetry.__all__) == [
+        "DECISIONS_IDLE_S",
         "HttpEndpoint",
         "NodeStats",
-        "TENANTS_MAX",
+        "OTHER",
+        "TOP_K",
         "Telemetry",
         "excess_over_windows",
     ]
