@@ -34,6 +34,7 @@ COMMANDS: dict[tuple[str, ...], Handler] = {
     ("bench", "hotpath"): _bench.hotpath,
     ("bench", "owner"): _bench.owner,
     ("bench", "cluster"): _bench.cluster,
+    ("bench", "churn"): _bench.churn,
 }
 
 
@@ -135,6 +136,11 @@ def _parser() -> argparse.ArgumentParser:
     cluster.add_argument("--seconds", type=float, default=5.0)
     cluster.add_argument("--keys", type=int, default=10_000)
     _output_flags(cluster)
+    churn = bsub.add_parser("churn", help="new tenants touched once, then idle: RSS, /metrics")
+    churn.add_argument("--tenants", type=int, default=250_000)
+    churn.add_argument("--idle-seconds", dest="idle_seconds", type=float, default=3.0)
+    churn.add_argument("--top-k", dest="top_k", type=int, default=50)
+    _output_flags(churn)
     return p
 
 

@@ -1,4 +1,5 @@
-"""`mesh bench hotpath`, `owner` and `cluster`: benchmarks of the real code, JSON on stdout."""
+"""`mesh bench hotpath`, `owner`, `cluster` and `churn`: benchmarks of the real code, JSON
+on stdout."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from ratemesh.checks import check_int
 
 from ._output import emit, positive_s
 
-__all__ = ["cluster", "hotpath", "owner"]
+__all__ = ["churn", "cluster", "hotpath", "owner"]
 
 
 def hotpath(args: argparse.Namespace) -> int:
@@ -47,6 +48,20 @@ def cluster(args: argparse.Namespace) -> int:
             workers=check_int("--workers", args.workers, minimum=1),
             seconds=positive_s("--seconds", args.seconds),
             keys=check_int("--keys", args.keys, minimum=1),
+        ),
+        args,
+    )
+    return 0
+
+
+def churn(args: argparse.Namespace) -> int:
+    from bench.churn import run
+
+    emit(
+        run(
+            tenants=check_int("--tenants", args.tenants, minimum=1),
+            idle_s=positive_s("--idle-seconds", args.idle_seconds),
+            top_k=check_int("--top-k", args.top_k, minimum=1, maximum=10_000),
         ),
         args,
     )

@@ -107,6 +107,13 @@ class Telemetry:
                     s = self._series(k[1], k[2])
                     self._forgotten[s] = self._forgotten.get(s, 0) + n
                     dropped += 1
+            if dropped > max(len(d), 1024):
+                # A dict keeps its largest table through deletions: rebuild it in place
+                # (the hot path holds it). A count made between the copy and the update
+                # may be lost; the exported counters never go down for it (_Labelled).
+                keep = dict(d)
+                d.clear()
+                d.update(keep)
             self._seen = dict(d)
             return dropped
 

@@ -45,3 +45,23 @@ def test_bench_cluster_keys() -> None:
     ):
         assert key in res, key
     assert res["within_bound"] is True
+
+
+def test_bench_churn_keys() -> None:
+    res = _run("churn", "--tenants", "3000", "--idle-seconds", "3")
+    for key in (
+        "tenants",
+        "rss_growth_mb",
+        "rss_peak_growth_mb",
+        "metrics_bytes",
+        "metrics_tenant_labels",
+    ):
+        assert key in res, key
+    # What is left after the idle phase: counts, never RSS (that varies by machine).
+    assert [res[k] for k in ("views", "reporter_gates", "owner_keys", "decision_entries")] == [
+        0,
+        0,
+        0,
+        0,
+    ]
+    assert isinstance(res["metrics_tenant_labels"], int) and res["metrics_tenant_labels"] <= 51

@@ -64,6 +64,7 @@ class Admission:
         # The idle sweep: the (metric, tenants) still to visit in this pass, and when the
         # next pass starts.
         self._sweep_left: list[tuple[str, list[str]]] = []
+        self._swept = 0  # views this pass forgot
         self._sweep_at_ns = now_ns + self.config.views_idle_ns
 
     # -- the hot path ---------------------------------------------------------------------
@@ -202,6 +203,7 @@ class Admission:
                 return
             self._sweep_at_ns = now_ns + self.config.views_idle_ns
             self._sweep_left = [(m, list(by)) for m, by in self._gates.items() if by]
+            self._swept = 0
         budget = VIEWS_SWEEP_SLICE
         while self._sweep_left and budget > 0:
             metric, tenants = self._sweep_left[-1]
@@ -212,8 +214,16 @@ class Admission:
                 v = by_tenant.get(tenant)
                 if v is not None and self._holds_nothing(v):
                     self._evict(by_tenant, tenant)
+                    self._swept += 1
             if not tenants:
                 self._sweep_left.pop()
+        if not self._sweep_left and self._swept > max(self.gate_count, VIEWS_SWEEP_SLICE):
+            # The pass forgot more than it kept: give the maps' tables back (a dict keeps
+            # its largest table through deletions).
+            self._gates = {m: dict(by) for m, by in self._gates.items()}
+            if self.reporter is not None:
+                self.reporter.compact()
+            self._swept = 0
 
     def gate(self, tenant: str, metric: str) -> Gate | None:
         return self._gates.get(_metric(metric).value, {}).get(tenant)

@@ -433,6 +433,14 @@ class Reporter:
         self._drop(key)
         return True
 
+    def compact(self) -> None:
+        """Give back the tables of the per-key maps after many views were dropped: a dict
+        keeps its table at its largest size through deletions (`Admission`'s idle sweep
+        calls this when a pass forgot more views than it kept)."""
+        self.gates = dict(self.gates)
+        self._live = dict(self._live)
+        self._unacked = dict(self._unacked)
+
     def _drop(self, key: RateKey) -> None:
         self.gates.pop(key, None)
         self._live.pop(key, None)
