@@ -38,6 +38,7 @@ DELAY_TRACK_MAX = 100_000  # keys whose report delay is being timed; cleared whe
 FORGET_IDLE_NS = int(DECISIONS_IDLE_S * 1_000_000_000)
 DELAYS_KEPT = 512  # recent report delays, for d in the envelope estimate
 NS = 1_000_000_000
+REFUSED_LOG_NS = NS  # peers' refused reports: one warning per this long, the rest at debug
 
 
 class NodeDriver:
@@ -81,6 +82,7 @@ class NodeDriver:
         self._snapshot_children: dict[str, Any] = {}
         self._forget_at_ns = self.started_ns + FORGET_IDLE_NS
         telemetry.top_k = config.telemetry_top_k
+        self._refused_logged_ns = -REFUSED_LOG_NS
         self.member.reporter.wake = self._wake
 
     @property
@@ -211,11 +213,32 @@ class NodeDriver:
     def deliver(self, message: Message) -> None:
         """A validated message from a peer (the transport's callback)."""
         now = self.clock_ns()
+        owner = self.member.owner
         with self.lock:
+            before = owner.refused_n
             effects = self.member.deliver(now, message)
+            refused = owner.refused_n - before
+        if refused:
+            self._log_refused(now, message, refused)
         if isinstance(message, SnapshotBatch):
             self._observe(now, message)
         self._carry(now, effects)
+
+    def _log_refused(self, now: int, message: Message, n: int) -> None:
+        """The owner refused `n` of a peer's reports (or its hand-over): say who sent them,
+        at most once per `REFUSED_LOG_NS` as a warning, so a flood cannot flood the log."""
+        level = logging.DEBUG
+        if now - self._refused_logged_ns >= REFUSED_LOG_NS:
+            self._refused_logged_ns = now
+            level = logging.WARNING
+        log.log(
+            level,
+            "refused %d from peer %r (%s); refused so far: %s",
+            n,
+            message.sender,
+            type(message).__name__,
+            self.member.owner.refused,
+        )
 
     def _carry(self, now: int, effects: list[Effect]) -> None:
         for e in effects:

@@ -127,6 +127,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             "applied_units": m.owner.applied_units,
             "duplicates": m.owner.duplicates,
             "handovers": m.owner.handovers.stats(),
+            "refused": dict(m.owner.refused),  # peers' reports refused, by reason (issue 12)
         },
         "reporter": {
             "views": len(m.reporter.gates),

@@ -25,9 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from mesh.core._validate import INT_MAX
 from mesh.core.effects import Effect, Send
 from mesh.core.gcra import Gcra
 from mesh.core.messages import HANDOVER_WATERMARKS_MAX, Handover, KeyHandover, ReporterWatermark
+from mesh.core.owner._plausible import ORDER_MAX, Refusal
 from mesh.core.owner._state import KeyState, ReporterState
 from mesh.core.policy import RateKey
 from mesh.core.ring import Ring
@@ -150,11 +152,11 @@ def export(owner: Owner, now_ns: int, ring: Ring) -> list[Effect]:
             if rs.watermark > 0
         )
         by_owner.setdefault(to, []).append(
-            KeyHandover(
+            KeyHandover(  # saturated: no state a peer induced may make leaving fail
                 key,
-                ks.meter.ahead_ns(now_ns),
-                ks.owner_epoch,
-                ks.version,
+                min(ks.meter.ahead_ns(now_ns), INT_MAX),
+                min(ks.owner_epoch, INT_MAX),
+                min(ks.version, INT_MAX),
                 marks[:HANDOVER_WATERMARKS_MAX],
             )
         )
@@ -189,6 +191,7 @@ def install(owner: Owner, now_ns: int, msg: Handover) -> None:
         with_, without = Ring((*ring.members, sender), ring.epoch, vnodes=ring.vnodes), ring
     else:
         h.ignored["sender"] += len(msg.keys)
+        owner.refuse(Refusal.NOT_MEMBER)
         return
     for item in msg.keys:
         key = item.rate_key
@@ -224,8 +227,8 @@ def _tighten(now_ns: int, ks: KeyState, item: KeyHandover, reporters_max: int) -
 
 def _continue_order(ks: KeyState, item: KeyHandover) -> None:
     """Snapshots of the key go on ordering after the leaver's (workers never step back)."""
-    ks.owner_epoch = max(ks.owner_epoch, item.owner_epoch)
-    ks.version = max(ks.version, item.version)
+    ks.owner_epoch = max(ks.owner_epoch, min(item.owner_epoch, ORDER_MAX))
+    ks.version = max(ks.version, min(item.version, ORDER_MAX))
 
 
 def _adopt_watermarks(
@@ -263,7 +266,7 @@ def _stricter(a: _Parked, b: _Parked) -> KeyHandover:
     item = first.item
     return KeyHandover(
         item.rate_key,
-        first.received_ns + item.ahead_ns - b.received_ns,
+        max(0, min(first.received_ns + item.ahead_ns - b.received_ns, INT_MAX)),
         max(a.item.owner_epoch, b.item.owner_epoch),
         max(a.item.version, b.item.version),
         marks,

@@ -22,7 +22,8 @@ from mesh.core.config import MS, CoreConfig
 from mesh.core.effects import Effect, FetchPolicy, Send
 from mesh.core.gcra import NS_PER_S, RECOVERED_PART, Gcra, recovered
 from mesh.core.messages import Handover, Rejection, RejectReason, ReportBatch, SnapshotBatch
-from mesh.core.owner._handover import Handovers, export, install
+from mesh.core.owner._handover import DEPARTED_GRACE_NS, Handovers, export, install
+from mesh.core.owner._plausible import Refusal, claim, claim_tolerance
 from mesh.core.owner._state import Applied, KeyState, ReporterState
 from mesh.core.policy import PolicyCache, RateKey
 from mesh.core.ring import Ring
@@ -112,6 +113,7 @@ class Owner:
         *,
         incarnation: int = 0,
         config: CoreConfig | None = None,
+        strangers_report: bool = False,
     ) -> None:
         self.member_id = check_str("member_id", member_id)
         if not isinstance(ring, Ring):
@@ -125,6 +127,10 @@ class Owner:
         self.policies = policies
         self.incarnation = check_int("incarnation", incarnation)
         self.config = config or CoreConfig()
+        # Take reports from senders outside the ring: only for tests of an owner alone, whose
+        # reporters are not modelled as members. The node, the fleet and the simulator never
+        # set it: there every reporter is a member (`_plausible`, NOT_MEMBER).
+        self.strangers_report = strangers_report
         self.keys: dict[RateKey, KeyState] = {}
         self._owned_since_ns = now_ns
         self._fetching: set[RateKey] = set()
@@ -140,6 +146,10 @@ class Owner:
         # RETIRED_SCOPES_MAX scopes the smallest are summed per metric (`_fold_retired`).
         self._applied_retired: dict[tuple[str, str], int] = {}
         self.duplicates = 0
+        # Peers' reports and hand-overs refused, by `Refusal` (`_plausible` says when and
+        # how they are counted), and their total, which a driver watches to log them.
+        self.refused: dict[str, int] = {r.value: 0 for r in Refusal}
+        self.refused_n = 0
         self.handovers = Handovers()  # graceful leave: parked keys, departed members
         self._leases: dict[str, int] = {}  # worker -> its latest reporter lease, any key
         # worker -> the last batch_seq sent to it, and when that batch was built. A worker
@@ -177,6 +187,19 @@ class Owner:
             if len(retired) > 2 * RETIRED_SCOPES_MAX + 8:  # amortised: fold now and then
                 _fold_retired(retired, RETIRED_SCOPES_MAX)
 
+    def is_member(self, now_ns: int, sender: str) -> bool:
+        """Whether `sender` may report or hand over to us: us, a member of our ring, or
+        one that left it within `DEPARTED_GRACE_NS` (moves in flight; `_plausible`)."""
+        if sender == self.member_id or sender in self.ring or self.strangers_report:
+            return True
+        left_ns = self.handovers.departed.get(sender)
+        return left_ns is not None and now_ns - left_ns <= DEPARTED_GRACE_NS
+
+    def refuse(self, reason: Refusal, n: int = 1) -> None:
+        """Count `n` refusals of a peer's input for `reason`."""
+        self.refused[reason] += n
+        self.refused_n += n
+
     # -- inputs ---------------------------------------------------------------------------
 
     def receive(self, now_ns: int, batch: ReportBatch) -> list[Effect]:
@@ -194,6 +217,9 @@ class Owner:
             for key in dict.fromkeys(batch.keys):
                 out.reject(sender, Rejection(key, RejectReason.STALE_EPOCH, ring.epoch))
             return out.drain()
+        if not self.is_member(now_ns, sender):  # refused whole: no record, lease or reply
+            self.refuse(Refusal.NOT_MEMBER)
+            return []
         keys = self.keys
         me = self.member_id
         reorder = cfg.reorder_window
@@ -243,11 +269,15 @@ class Owner:
                 rs.window = window
             rs.lease_until_ns = lease_until_ns
             if outcome == Applied.NEW:
-                ks.meter.apply(now_ns, delta)
-                ks.last_used_ns = now_ns
-                rs.demand_cur += (delta if delta > 0 else 0) + denied
-                units += delta
-                ks.applied += delta
+                why = claim(rs, ks, now_ns, delta) if delta else None
+                if why is None:
+                    ks.meter.apply(now_ns, delta)
+                    ks.last_used_ns = now_ns
+                    rs.demand_cur += (delta if delta > 0 else 0) + denied
+                    units += delta
+                    ks.applied += delta
+                else:  # implausible: seen and acknowledged, nothing applied (`_plausible`)
+                    self.refuse(why)
             elif outcome == Applied.DUPLICATE:
                 dups += 1
             replied[key] = ks
@@ -426,6 +456,7 @@ class Owner:
         exhausted = now_ns - self._owned_since_ns < refill_ns
         meter = Gcra(policy.target_rate, policy.global_burst, now_ns, exhausted=exhausted)
         ks = self.keys[key] = KeyState(policy, meter, self.ring.epoch, now_ns)
+        ks.claim_tol = claim_tolerance(policy, self.config)
         self.handovers.opened(now_ns, ks, self.config.reporters_per_key_max)  # a handed state
         return ks
 

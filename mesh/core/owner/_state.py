@@ -37,6 +37,8 @@ class ReporterState:
         "sent_allowance_ppm",
         "sent_floor",
         "window",
+        "claim_tat",
+        "net",
     )
 
     def __init__(self, worker_epoch: int, unacked_from: int, now_ns: int) -> None:
@@ -59,6 +61,12 @@ class ReporterState:
         # would change (or its TTL runs out without a batch to vouch for it).
         self.sent_allowance_ppm = -1
         self.sent_floor = -1
+        # Plausibility (`mesh.core.owner._plausible`): what this sender has claimed, as the
+        # TAT of a meter at the key's rate (ns * rate, like `Gcra`; 0: nothing claimed, the
+        # whole tolerance free), and the net usage from it that this owner applied (refunds are
+        # bounded by it).
+        self.claim_tat = 0
+        self.net = 0
 
     def roll(self, window: int) -> None:
         """Move the demand windows on to number `window`."""
@@ -113,6 +121,7 @@ class KeyState:
         "looked_floor",
         "live_n",
         "live_until_ns",
+        "claim_tol",
     )
 
     def __init__(self, policy: TenantRatePolicy, meter: Gcra, owner_epoch: int, now_ns: int):
@@ -136,3 +145,6 @@ class KeyState:
         self.looked_n = 0
         self.looked_allowance_ppm = -1
         self.looked_floor = 0
+        # How far one sender's claims may run ahead of the key's rate, scaled like a TAT
+        # (`_plausible.claim_tolerance`).
+        self.claim_tol = 0

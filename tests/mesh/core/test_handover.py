@@ -100,11 +100,11 @@ def remaining(effects: list[Any], key: RateKey) -> int:
 
 
 def leaver(p: TenantRatePolicy = SLOW) -> Owner:
-    return Owner("c", RING3, cache(p), 0)
+    return Owner("c", RING3, cache(p), 0, strangers_report=True)
 
 
 def receiver(p: TenantRatePolicy = SLOW, ring: Ring = RING3) -> Owner:
-    return Owner("a", ring, cache(p), 0)
+    return Owner("a", ring, cache(p), 0, strangers_report=True)
 
 
 def handover_to(c: Owner, to: str, now_ns: int = C_NOW) -> Handover:
@@ -190,7 +190,7 @@ def test_member_leave_hands_over_then_routes_without_itself() -> None:
     from mesh.core.member import Member
 
     c = Member("c", 7, RING3, cache(SLOW), 0)
-    c.deliver(C_NOW, report(K, "w", 1, 50))
+    c.deliver(C_NOW, report(K, "a", 1, 50))  # from a member: a stranger's is refused
     effects = c.leave(C_NOW)
     assert [(e.to, type(e.message)) for e in effects if isinstance(e, Send)] == [("a", Handover)]
     assert "c" not in c.ring and c.ring.epoch == RING3.epoch and not c.owner.keys

@@ -120,7 +120,14 @@ def _owner_at(s: State) -> tuple[Owner, RateKey, KeyState]:
     """An owner whose key has `s.n` live reporters w0.. with the drawn demands, and a meter
     with exactly `s.remaining` left at NOW (R = 1/s: 5 ms later, still exactly that)."""
     p = policy("t", rate=1, burst=s.burst, b=s.b)
-    o = Owner("o", Ring(["o"], 1), cache(p), 0, config=CoreConfig(share_floor_ppm=s.floor_ppm))
+    o = Owner(
+        "o",
+        Ring(["o"], 1),
+        cache(p),
+        0,
+        config=CoreConfig(share_floor_ppm=s.floor_ppm),
+        strangers_report=True,
+    )
     key = p.rate_key
     for i, d in enumerate(s.demands):
         o.receive(

@@ -1,9 +1,13 @@
 """Malformed and hostile messages, on the codec and over a real channel: a clear status,
-no state change, no crash; the member keeps serving good peers afterwards."""
+no state change, no crash; the member keeps serving good peers afterwards. Forged usage
+(issue 12): a stranger's reports and hand-overs, a member's implausible claims and refund
+floods change nothing, and the node still leaves cleanly."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -13,8 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench._procs import free_port
+from mesh.core._validate import INT_MAX
 from mesh.core.messages import (
     SCHEMA_VERSION,
+    Handover,
+    KeyHandover,
     ReportBatch,
     SnapshotBatch,
     UsageReport,
@@ -30,9 +37,11 @@ from mesh.peer import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA_MD
 from mesh.peer._wire import SCHEMA
 
 MAX_BYTES = 8192
-KEY = RateKey("acme", Metric.READ_IOPS, 1)
+# The ring is {n, good}; `good` is a member that never runs (its address is closed), so
+# hostile input can come from a member. n owns these tenants' keys in that ring.
+KEY = RateKey("carol", Metric.READ_IOPS, 1)
 POLICY = {
-    "tenant_id": "acme",
+    "tenant_id": "carol",
     "metric": "read_iops",
     "generation": 1,
     "target_rate": 1000,
@@ -49,18 +58,36 @@ def _good(sender: str = "peer", epoch: int = 7, seq: int = 1) -> bytes:
     )
 
 
-@pytest.fixture(scope="module")
-def node() -> Iterator[Mesh]:
+VICTIM_RATE, VICTIM_BURST, VICTIM_B = 100, 10, 5  # the issue's refund-flood victim: 100/s
+VICTIM = {
+    "tenant_id": "erin",
+    "metric": "read_iops",
+    "generation": 1,
+    "target_rate": VICTIM_RATE,
+    "global_burst": VICTIM_BURST,
+    "local_burst_cap": VICTIM_B,
+}
+
+
+def _start() -> Mesh:
     addr = f"127.0.0.1:{free_port()}"
-    mesh = Mesh(
+    return Mesh(
         {
             "member_id": "n",
             "listen": addr,
             "max_message_bytes": MAX_BYTES,
-            "membership": {"source": "static", "members": {"n": addr}},
-            "policies": {"inline": [POLICY]},
+            "membership": {
+                "source": "static",
+                "members": {"n": addr, "good": f"127.0.0.1:{free_port()}"},
+            },
+            "policies": {"inline": [POLICY, VICTIM]},
         }
     ).start()
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[Mesh]:
+    mesh = _start()
     try:
         yield mesh
     finally:
@@ -252,3 +279,102 @@ def test_mutated_messages_over_a_real_channel(node: Mesh, path: list[int], value
         )
         assert _owner_state(node) == before
     assert node.health()["status"] == "serving"
+
+
+# -- forged usage (issue 12) -----------------------------------------------------------------
+
+
+def _md(member: str, epoch: int) -> dict[str, str]:
+    return {MEMBER_MD: member, SCHEMA_MD: SCHEMA, EPOCH_MD: str(epoch)}
+
+
+def _report(sender: str, epoch: int, seq: int, delta: int, key: RateKey = KEY) -> bytes:
+    return encode(
+        ReportBatch.of(
+            sender, 1, (UsageReport(key, sender, epoch, seq, iops_delta=delta, unacked_from=seq),)
+        )
+    )
+
+
+def _stream(addr: str, payloads: Iterable[bytes], md: dict[str, str]) -> grpc.StatusCode:
+    """Send every payload on one stream, reading replies; we end it (CANCELLED) once the
+    last was sent and answered. Any other status is the server's."""
+    calls: list[Any] = []
+
+    def requests() -> Iterator[bytes]:
+        yield from payloads
+        time.sleep(0.3)  # the replies to the last ones
+        calls[0].cancel()
+
+    with grpc.insecure_channel(addr) as ch:
+        calls.append(ch.stream_stream(EXCHANGE)(requests(), metadata=tuple(md.items()), timeout=10))
+        try:
+            for _ in calls[0]:
+                pass
+        except grpc.RpcError as exc:
+            return grpc.StatusCode.OK if exc.code() == grpc.StatusCode.CANCELLED else exc.code()
+        return grpc.StatusCode.OK
+
+
+def _admit_for(node: Mesh, tenant: str, seconds: float) -> tuple[int, float]:
+    """Offer the tenant far more than its limit for `seconds`; (admitted, elapsed s)."""
+    admitted, start = 0, time.monotonic()
+    while (elapsed := time.monotonic() - start) < seconds:
+        for _ in range(20):
+            admitted += node.try_admit(tenant, "read_iops").allowed
+        time.sleep(0.0005)
+    return admitted, elapsed
+
+
+@pytest.mark.slow
+def test_forged_usage_from_a_stranger_or_a_member_changes_nothing() -> None:
+    """The issue's attack: `mallory`, in no ring, claims 2^63-1 units of a tenant's key and
+    hands over a key whose bucket it says is 292 years in debt; `good`, a member, claims
+    2^63-1 too. The tenant keeps admitting at its rate and the node leaves cleanly."""
+    node = _start()
+    try:
+        _admit_for(node, "carol", 0.1)  # the key is open and reported
+        applied = node.health()["owner"]["applied_units"]
+        forged = KeyHandover(KEY, INT_MAX, INT_MAX, INT_MAX)
+        payloads = [_report("mallory", 1, 1, INT_MAX), encode(Handover("mallory", 1, (forged,)))]
+        assert _stream(node.address, payloads, _md("mallory", 1)) == grpc.StatusCode.OK
+        assert _stream(node.address, [_report("good", 5, 1, INT_MAX)], _md("good", 5)) == (
+            grpc.StatusCode.OK
+        )
+        owner = node.health()["owner"]
+        assert owner["refused"] == {"not_member": 2, "over_claim": 1, "over_refund": 0}
+        assert owner["applied_units"] >= applied  # only n's own usage since
+        admitted, elapsed = _admit_for(node, "carol", 1.0)
+        assert admitted >= 0.8 * 1000 * elapsed, (admitted, elapsed)  # carol: 1000/s
+    finally:
+        node.stop()  # a poisoned owner raised MessageError here: ahead_ns > INT_MAX
+
+
+@pytest.mark.slow
+def test_a_refund_flood_from_a_member_does_not_raise_a_tenant_over_its_limit() -> None:
+    """`good` reports 5 units of `erin`, then refunds 10^6 units every 5 ms for a second
+    while the node offers erin far more than its 100/s: admissions stay within the limit."""
+    node = _start()
+    key = RateKey("erin", Metric.READ_IOPS, 1)
+
+    def flood() -> Iterator[bytes]:
+        yield _report("good", 9, 1, 5, key)
+        for seq in range(2, 202):
+            time.sleep(0.005)
+            yield _report("good", 9, seq, -1_000_000, key)
+
+    try:
+        _admit_for(node, "erin", 0.3)  # drain the bucket: the limit binds from here
+        codes: list[grpc.StatusCode] = []
+        t = threading.Thread(
+            target=lambda: codes.append(_stream(node.address, flood(), _md("good", 9)))
+        )
+        t.start()
+        admitted, elapsed = _admit_for(node, "erin", 1.0)
+        t.join(10)
+        assert codes == [grpc.StatusCode.OK]
+        limit = VICTIM_RATE * elapsed + VICTIM_BURST + 2 * VICTIM_B
+        assert admitted <= limit, (admitted, limit)
+        assert node.health()["owner"]["refused"]["over_refund"] >= 190
+    finally:
+        node.stop()
