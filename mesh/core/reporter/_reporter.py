@@ -434,12 +434,13 @@ class Reporter:
         return True
 
     def compact(self) -> None:
-        """Give back the tables of the per-key maps after many views were dropped: a dict
-        keeps its table at its largest size through deletions (`Admission`'s idle sweep
-        calls this when a pass forgot more views than it kept)."""
+        """Give back the tables of the per-key maps after many views were dropped (a dict
+        keeps its table at its largest size through deletions) and the ring's memoised
+        lookups; `Admission`'s idle sweep calls this when a pass forgot more than it kept."""
         self.gates = dict(self.gates)
         self._live = dict(self._live)
         self._unacked = dict(self._unacked)
+        self.ring.forget_lookups()  # the ring's memo holds the keys forgotten too
 
     def _drop(self, key: RateKey) -> None:
         self.gates.pop(key, None)

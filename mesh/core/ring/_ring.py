@@ -43,6 +43,11 @@ class Ring:
     def __contains__(self, member: object) -> bool:
         return member in self.members
 
+    def forget_lookups(self) -> None:
+        """Drop the memoised lookups (they hold their keys): after many keys went idle, so
+        the memo does not keep them and what they pin in memory alive (issue 12)."""
+        self._memo = {}
+
     def owner_of(self, key: RateKey) -> str:
         """The member that owns `key` in this ring."""
         owner = self._memo.get(key)
