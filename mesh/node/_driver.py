@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import threading
 import time
@@ -36,6 +37,7 @@ DELAY_TRACK_MAX = 100_000  # keys whose report delay is being timed; cleared whe
 # Per-key and per-tenant maps of the node (delay timing, telemetry's decision counts) drop
 # what was untouched for this long, once per this long: an idle tenant is gone within 2x.
 FORGET_IDLE_NS = int(DECISIONS_IDLE_S * 1_000_000_000)
+TRIM_AFTER = 10_000  # a forget pass that dropped this many tenants gives the heap back too
 DELAYS_KEPT = 512  # recent report delays, for d in the envelope estimate
 NS = 1_000_000_000
 REFUSED_LOG_NS = NS  # peers' refused reports: one warning per this long, the rest at debug
@@ -198,10 +200,12 @@ class NodeDriver:
         unchanged since the last call (kept as per-series totals), delay timings older than
         FORGET_IDLE_NS. The core forgets its idle keys itself (views, reporter, owner)."""
         self._forget_at_ns = now + FORGET_IDLE_NS
-        self.telemetry.forget_idle()
+        dropped = self.telemetry.forget_idle()
         old = now - FORGET_IDLE_NS
         self._report_sent = {k: t for k, t in self._report_sent.items() if t[1] > old}
         self._last_snapshot = {k: t for k, t in self._last_snapshot.items() if t > old}
+        if dropped >= TRIM_AFTER:
+            _trim_heap()
 
     # -- messages -------------------------------------------------------------------------
 
@@ -327,6 +331,17 @@ class NodeDriver:
         log.info(
             "ring epoch %d: %s%s", epoch, ",".join(new.members), " (stale)" if view.stale else ""
         )
+
+
+def _trim_heap() -> None:
+    """Return the C heap's free pages to the OS (glibc's malloc_trim): after many tenants
+    went idle their memory is free but the allocator keeps it (issue 12). Elsewhere, nothing."""
+    try:
+        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # this process's symbols
+    except OSError:
+        return
+    if trim is not None:
+        trim(0)
 
 
 def _report_crash(task: asyncio.Task[Any]) -> None:

@@ -402,6 +402,7 @@ class Owner:
             if now_ns - at > retention_ns and w not in self._leases
         ]:
             del self._out_at[worker], self._out_seq[worker]
+        held = len(self.keys)
         for key in list(self.keys):
             ks = self.keys[key]
             for worker, rs in list(ks.reporters.items()):
@@ -414,6 +415,8 @@ class Owner:
                 and ks.meter.remaining(now_ns) >= ks.meter.burst
             ):
                 self._forget(key)  # idle and full: forgetting it loses nothing
+        if held - len(self.keys) > max(len(self.keys), 4096):
+            self.keys = dict(self.keys)  # forgot more than it kept: a smaller table (issue 12)
 
     def ring_changed(self, now_ns: int, ring: Ring) -> None:
         """Adopt a new ring; keys that moved away are dropped (their new owner starts them)."""
