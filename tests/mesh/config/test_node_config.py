@@ -27,6 +27,16 @@ POLICY = {
 }
 
 
+def mesh_validate(config: Path) -> subprocess.CompletedProcess[str]:
+    """`mesh validate --config F --json` as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "mesh.cli", "validate", "--config", str(config), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.mark.parametrize(
     "data, field",
     [
@@ -131,24 +141,14 @@ def test_mesh_validate_cli(tmp_path: Path) -> None:
         "member_id: a\nlisten: 10.0.0.1:7000\nallow_plaintext: true\n"
         f"policies: {{inline: [{json.dumps(POLICY)}]}}\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-m", "mesh.cli", "validate", "--config", str(good), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = mesh_validate(good)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     assert res["ok"] and res["identity"] == {"member_id": "a", "source": "config", "stable": True}
     assert any("without tls" in w for w in res["warnings"])
     bad = tmp_path / "bad.yaml"
     bad.write_text("membership: {source: static}\n")
-    out = subprocess.run(
-        [sys.executable, "-m", "mesh.cli", "validate", "--config", str(bad), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = mesh_validate(bad)
     assert out.returncode == 2
     assert json.loads(out.stdout)["field"] == "membership.members"
 
@@ -272,12 +272,7 @@ def test_a_bad_policy_file_names_the_setting_and_the_file(tmp_path: Path) -> Non
 def test_listen_99999_is_refused_by_mesh_validate(tmp_path: Path) -> None:
     path = tmp_path / "node.yaml"
     path.write_text("member_id: a\nlisten: 127.0.0.1:99999\n")
-    out = subprocess.run(
-        [sys.executable, "-m", "mesh.cli", "validate", "--config", str(path), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = mesh_validate(path)
     assert out.returncode == 2, out.stderr
     assert json.loads(out.stdout)["field"] == "listen"
 
@@ -289,12 +284,7 @@ def test_mesh_validate_says_a_default_identity_is_not_stable(tmp_path: Path) -> 
         "membership: {source: etcd, endpoints: [http://127.0.0.1:2379]}\n"
         f"policies: {{inline: [{json.dumps(POLICY)}]}}\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-m", "mesh.cli", "validate", "--config", str(path), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = mesh_validate(path)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     assert res["identity"]["stable"] is False and res["identity"]["source"] != "config"
