@@ -36,12 +36,16 @@ def run(
 
     with tempfile.TemporaryDirectory() as tmp:
         addr = f"127.0.0.1:{free_port()}"
+        # The feeders are ring members (an owner refuses reports from anyone else); they
+        # serve nothing, so their addresses are only placeholders, and each feeds only the
+        # keys the ring gives the owner.
+        members = {"owner": addr} | {f"f{i}": f"127.0.0.1:{free_port()}" for i in range(feeders)}
         cfg = write_config(
             Path(tmp) / "owner.yaml",
             {
                 "member_id": "owner",
                 "listen": addr,
-                "membership": {"source": "static", "members": {"owner": addr}},
+                "membership": {"source": "static", "members": members},
                 "policies": {
                     "inline": [
                         {
@@ -71,6 +75,8 @@ def run(
                         addr,
                         "--id",
                         f"f{i}",
+                        "--feeders",
+                        str(feeders),
                         "--keys",
                         str(keys),
                         "--batch",
@@ -106,6 +112,21 @@ def run(
     }
 
 
+def _owned_keys(n: int, members: list[str]) -> list[list[Any]]:
+    """The first `n` keys (as wire rows) that the ring over `members` gives the owner."""
+    from mesh.core.policy import Metric, RateKey
+    from mesh.core.ring import Ring
+
+    ring = Ring(members, 1)
+    out: list[list[Any]] = []
+    k = 0
+    while len(out) < n:
+        if ring.owner_of(RateKey(f"t{k}", Metric.READ_IOPS, 1)) == "owner":
+            out.append([f"t{k}", "read_iops", 1])
+        k += 1
+    return out
+
+
 async def _feed(a: argparse.Namespace) -> dict[str, Any]:
     from mesh.core.messages import SCHEMA_VERSION
     from mesh.core.messages._columns import pack_column
@@ -129,7 +150,7 @@ async def _feed(a: argparse.Namespace) -> dict[str, Any]:
     while time.time() < a.start_at:
         await asyncio.sleep(0.01)
     seq: list[int] = [0] * a.keys
-    keys = [[f"t{k}", "read_iops", 1] for k in range(a.keys)]
+    keys = _owned_keys(a.keys, ["owner", *(f"f{i}" for i in range(a.feeders))])
     ones, zeros = pack_column([1] * a.batch), pack_column([0] * a.batch)
     cursor = 0
     inflight = 0
@@ -183,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--batch", type=int, required=True)
     f.add_argument("--start-at", type=float, required=True)
     f.add_argument("--seconds", type=float, required=True)
+    f.add_argument("--feeders", type=int, required=True)
     a = p.parse_args(argv)
     from mesh.node import new_event_loop, tune_gc
 
