@@ -3,9 +3,11 @@
 
 A file is refused, never half-read, when it cannot be read (missing, no permission, a
 directory), is larger than `YAML_BYTES_MAX`, is not UTF-8 (the byte offset is named), is not
-valid YAML (line and column), or nests deeper than `YAML_DEPTH_MAX` (counting what aliases
-expand to). Depth is checked on the event stream, which PyYAML parses without recursion,
-before anything recursive (composing, constructing, our own validators) sees the document.
+valid YAML (line and column), nests deeper than `YAML_DEPTH_MAX`, or expands to more than
+`YAML_NODES_MAX` values (both counting what aliases expand to: a "billion laughs" file of a
+few lines is a tree of billions of values to anything that walks it). Depth is checked on
+the event stream, which PyYAML parses without recursion, before anything recursive
+(composing, constructing, our own validators) sees the document.
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ import yaml
 
 from ratemesh.errors import ConfigError, RatemeshError
 
-__all__ = ["YAML_BYTES_MAX", "YAML_DEPTH_MAX", "load_yaml"]
+__all__ = ["YAML_BYTES_MAX", "YAML_DEPTH_MAX", "YAML_NODES_MAX", "load_yaml"]
 
 # A config or scenario file is a few KiB; a larger one is a mistake (or a log file).
 YAML_BYTES_MAX = 4 * 1024 * 1024
 # Our deepest legitimate shape (a tenant's defaults' children) is under 10 levels.
 YAML_DEPTH_MAX = 64
+# Values in the document as its readers see it, aliases expanded: 4 MiB of plain YAML holds
+# well under a million; past that, only aliases of aliases get there.
+YAML_NODES_MAX = 1_000_000
 
 _OS_PROBLEMS: tuple[tuple[type[OSError], str], ...] = (
     (FileNotFoundError, "no such file"),
@@ -56,6 +61,7 @@ def _load(p: Path, field: str) -> Any:
         if node is None:
             return None
         _check_node_depth(node, p, field)
+        _check_expanded_size(node, p, field)
         return loader.construct_document(node)
     except ConfigError:
         raise
@@ -122,6 +128,39 @@ def _check_node_depth(root: yaml.Node, p: Path, field: str) -> None:
         else:
             for key, value in node.value:
                 stack.extend(((key, depth), (value, depth)))
+
+
+def _check_expanded_size(root: yaml.Node, p: Path, field: str) -> None:
+    """How many values the document has with every alias expanded, counted on the node
+    graph (each node once, bottom up; aliases make it a DAG, and the depth check has
+    already refused cycles deeper than YAML_DEPTH_MAX), without expanding anything."""
+    size: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in size:
+            continue
+        children = _children(node)
+        if not done:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in size)
+            continue
+        total = 1 + sum(size.get(id(c), 0) for c in children)
+        if total > YAML_NODES_MAX:
+            raise ConfigError(
+                field,
+                f"{p} expands to more than {YAML_NODES_MAX} values through its aliases "
+                f"(line {node.start_mark.line + 1})",
+            )
+        size[id(node)] = total
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
 
 
 def _too_deep(p: Path) -> str:

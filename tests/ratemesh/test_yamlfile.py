@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ratemesh.errors import ConfigError, RatemeshError
-from ratemesh.yamlfile import YAML_BYTES_MAX, YAML_DEPTH_MAX, load_yaml
+from ratemesh.yamlfile import YAML_BYTES_MAX, YAML_DEPTH_MAX, YAML_NODES_MAX, load_yaml
 
 
 class OtherConfigError(ConfigError):
@@ -121,15 +121,27 @@ def test_aliases_count_for_depth_and_may_not_recurse(tmp_path: Path) -> None:
     _refused(p, f"deeper than {YAML_DEPTH_MAX} levels")
 
 
-def test_shared_aliases_are_walked_once(tmp_path: Path) -> None:
-    # "billion laughs": 10**8 leaves as written out, a few dozen nodes as stored
-    p = tmp_path / "laughs.yaml"
+def _laughs(p: Path, levels: int) -> None:
+    """10**levels leaves as written out, a few dozen nodes as stored."""
     lines = ["a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
-    for prev, cur in zip("abcdefgh", "bcdefghi", strict=True):
+    names = "abcdefghijklmnop"[: levels + 1]
+    for prev, cur in zip(names, names[1:], strict=False):
         lines.append(f"{cur}: &{cur} [" + ", ".join([f"*{prev}"] * 10) + "]")
     p.write_text("\n".join(lines) + "\n")
+
+
+def test_billion_laughs_is_refused_without_expanding(tmp_path: Path) -> None:
+    # 10**9 values to anything that walks the document (a validator, json.dumps)
+    p = tmp_path / "laughs.yaml"
+    _laughs(p, 8)
+    _refused(p, f"more than {YAML_NODES_MAX} values", "aliases")
+
+
+def test_shared_aliases_under_the_bound_load_shared(tmp_path: Path) -> None:
+    p = tmp_path / "laughs.yaml"
+    _laughs(p, 4)  # 10**5 leaves expanded
     data = load_yaml(p)
-    assert data["i"][0] is data["h"]
+    assert data["e"][0] is data["d"]
 
 
 def test_oversized_file_is_refused_before_parsing(tmp_path: Path) -> None:
