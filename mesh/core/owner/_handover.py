@@ -14,6 +14,11 @@ of the conservative start; past the TTL the key starts conservatively, as before
 already open keeps the stricter of its own state and the handed state plus everything it
 applied since it opened (reports both owners saw count twice: safe, and rare).
 
+A hand-over is input from a peer, so its debt is believed only up to what an honest owner's
+meter can hold (`ahead_max_ns`): a full bucket's worth, the fleet's local bursts and one
+claim window of the rate (the envelope `B + N*b + R*d`, in time). A member leaving with a
+forged debt of centuries can starve the key for that long and no longer (issue 12).
+
 Reporters' watermarks come along: a report the leaver applied whose ack was lost is then a
 duplicate at the new owner rather than usage counted twice. Only the contiguous watermark
 is carried (sequences applied past a gap are counted again if resent: safe). A killed
@@ -27,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from mesh.core._validate import INT_MAX
 from mesh.core.effects import Effect, Send
-from mesh.core.gcra import Gcra
+from mesh.core.gcra import NS_PER_S, Gcra
 from mesh.core.messages import HANDOVER_WATERMARKS_MAX, Handover, KeyHandover, ReporterWatermark
 from mesh.core.owner._plausible import ORDER_MAX, Refusal
 from mesh.core.owner._state import KeyState, ReporterState
@@ -46,6 +51,7 @@ __all__ = [
     "DEPARTED_GRACE_NS",
     "DEPARTED_MAX",
     "ROWS_PER_MESSAGE",
+    "ahead_max_ns",
 ]
 
 PENDING_MAX = 65_536  # handed-over keys parked until they open; the oldest go first
@@ -102,8 +108,9 @@ class Handovers:
             del self.pending[next(iter(self.pending))]
             self.expired += 1
 
-    def opened(self, now_ns: int, ks: KeyState, reporters_max: int) -> None:
-        """`Owner._open` made `ks`: resume it from a parked hand-over, if one is fresh."""
+    def opened(self, now_ns: int, ks: KeyState, reporters_max: int, members: int) -> None:
+        """`Owner._open` made `ks`: resume it from a parked hand-over, if one is fresh.
+        `members`: how many members the key's ring has, the sender put back."""
         parked = self.pending.pop(ks.policy.rate_key, None)
         if parked is None:
             return
@@ -112,7 +119,7 @@ class Handovers:
             return
         p = ks.policy
         meter = Gcra(p.target_rate, p.global_burst, now_ns)  # full, then the handed debt
-        meter.hold(parked.received_ns, parked.item.ahead_ns)
+        meter.hold(parked.received_ns, min(parked.item.ahead_ns, ahead_max_ns(ks, members)))
         ks.meter = meter
         ks.exhausted = meter.remaining(now_ns) == 0
         _continue_order(ks, parked.item)
@@ -202,17 +209,27 @@ def install(owner: Owner, now_ns: int, msg: Handover) -> None:
         if ks is None:
             h.park(now_ns, item)
             continue
-        if _tighten(now_ns, ks, item, owner.config.reporters_per_key_max):
+        if _tighten(now_ns, ks, item, owner.config.reporters_per_key_max, len(with_)):
             h.tightened += 1
         owner.wake(ks)  # its reporters hear at the next tick
 
 
-def _tighten(now_ns: int, ks: KeyState, item: KeyHandover, reporters_max: int) -> bool:
-    """An open key: the handed debt plus what this owner applied since opening, if that is
-    stricter than the key's own state. Returns whether the meter tightened."""
+def ahead_max_ns(ks: KeyState, members: int) -> int:
+    """The most debt an honest owner's meter of this key can hand over, in ns: B + N*b + R*d
+    over R, where `claim_tol` (`_plausible.claim_tolerance`) is (B + b) x 1e9 + R x d."""
+    p = ks.policy
+    return (ks.claim_tol + max(0, members - 1) * p.local_burst_cap * NS_PER_S) // p.target_rate
+
+
+def _tighten(
+    now_ns: int, ks: KeyState, item: KeyHandover, reporters_max: int, members: int
+) -> bool:
+    """An open key: the handed debt (believed up to `ahead_max_ns`) plus what this owner
+    applied since opening, if that is stricter than the key's own state. Returns whether
+    the meter tightened."""
     p = ks.policy
     candidate = Gcra(p.target_rate, p.global_burst, now_ns)
-    candidate.hold(now_ns, item.ahead_ns)
+    candidate.hold(now_ns, min(item.ahead_ns, ahead_max_ns(ks, members)))
     candidate.apply(now_ns, ks.applied)  # what this owner applied since the key opened
     before = ks.meter.ahead_ns(now_ns)
     ks.meter.hold(now_ns, candidate.ahead_ns(now_ns))

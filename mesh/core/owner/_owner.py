@@ -460,7 +460,9 @@ class Owner:
         meter = Gcra(policy.target_rate, policy.global_burst, now_ns, exhausted=exhausted)
         ks = self.keys[key] = KeyState(policy, meter, self.ring.epoch, now_ns)
         ks.claim_tol = claim_tolerance(policy, self.config)
-        self.handovers.opened(now_ns, ks, self.config.reporters_per_key_max)  # a handed state
+        self.handovers.opened(  # a handed state; its sender has left our ring
+            now_ns, ks, self.config.reporters_per_key_max, len(self.ring) + 1
+        )
         return ks
 
     def _forget_oldest_reporter(self, ks: KeyState) -> None:

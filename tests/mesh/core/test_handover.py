@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mesh.core._validate import INT_MAX
 from mesh.core.config import MS
 from mesh.core.effects import Send
 from mesh.core.gcra import NS_PER_S
@@ -31,7 +32,8 @@ from mesh.core.messages import (
     to_wire,
 )
 from mesh.core.owner import Owner
-from mesh.core.owner._handover import DEPARTED_GRACE_NS, PENDING_TTL_NS
+from mesh.core.owner._handover import DEPARTED_GRACE_NS, PENDING_TTL_NS, ahead_max_ns
+from mesh.core.owner._plausible import ORDER_MAX, claim_tolerance
 from mesh.core.policy import Metric, RateKey, TenantRatePolicy
 from mesh.core.ring import Ring
 from mesh.errors import MessageError, MessageTypeError
@@ -312,8 +314,10 @@ def test_every_accepted_handover_bounds_the_key_from_below(
     steps: list[tuple[int, bool, int]],
 ) -> None:
     """Whatever the order of hand-overs (any debt, duplicated, late) and first reports, the
-    key's TAT never falls below any accepted hand-over's: received + ahead, at rate R."""
+    key's TAT never falls below any accepted hand-over's: received + ahead (believed up to
+    `ahead_max_ns`), at rate R."""
     a = receiver()
+    cap = (claim_tolerance(SLOW, a.config) + 2 * SLOW.local_burst_cap * NS_PER_S) // 10
     a.ring_changed(A_NOW, RING2)
     now, floor, seq = A_NOW, 0, 0
     for dt_ms, is_handover, ahead_ms in steps:
@@ -322,7 +326,7 @@ def test_every_accepted_handover_bounds_the_key_from_below(
             ignored = a.handovers.stats()["ignored_sender"]
             a.take_handover(now, Handover("c", 1, (KeyHandover(K, ahead_ms * MS, 1, 1),)))
             if a.handovers.stats()["ignored_sender"] == ignored:  # c left within the grace
-                floor = max(floor, now + ahead_ms * MS)
+                floor = max(floor, now + min(ahead_ms * MS, cap))
         else:
             seq += 1
             a.receive(now, report(K, "x", seq, 1, ring_epoch=RING2.epoch, unacked_from=1))
@@ -457,3 +461,34 @@ def test_size_limits_and_types() -> None:
         KeyHandover(("t", "read_iops", 1), 0, 1, 1)  # type: ignore[arg-type]
     with pytest.raises(MessageError):
         from_wire([SCHEMA_VERSION, "handover", "c", 1])  # too few fields
+
+
+# -- a member's forged debt (issue 12) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("opened_first", [False, True])
+def test_a_forged_debt_is_believed_only_up_to_an_honest_owners(opened_first: bool) -> None:
+    """c is a member and owns K: its hand-over is taken, but a debt of centuries starves
+    the key only for as long as an honest meter could be behind (B + N*b + R*d over R)."""
+    fast = policy("*", rate=1000, burst=100, b=20)
+    a = receiver(fast)
+    a.ring_changed(A_NOW, RING2)
+    forged = Handover("c", RING2.epoch, (KeyHandover(K, INT_MAX, INT_MAX, INT_MAX),))
+    t = A_NOW + 200 * MS  # past a full refill: a key opened now opens full
+    if opened_first:
+        a.receive(t, report(K, "x", 1, 1, ring_epoch=RING2.epoch))
+        a.take_handover(t, forged)
+    else:
+        a.take_handover(t, forged)
+        a.receive(t, report(K, "x", 1, 1, ring_epoch=RING2.epoch))
+    ks = a.keys[K]
+    cap = ahead_max_ns(ks, len(RING3))
+    # (B + N*b)/R = (100 + 3*20)/1000 s, and one claim window of the rate
+    window_ns = a.config.snapshot_ttl_ns + a.config.report_retry_max_ms * MS
+    window_ns += 2 * a.config.sync_interval_ns
+    assert cap == 160 * MS + window_ns
+    assert ks.meter.remaining(t) == 0
+    assert ks.meter.ahead_ns(t) <= cap + NS_PER_S // 1000  # + the report of 1 unit
+    later = t + cap + NS_PER_S // 1000
+    assert ks.meter.remaining(later) > 0  # refilling again, not in 292 years
+    assert ks.owner_epoch <= ORDER_MAX and ks.version <= ORDER_MAX + 1  # + its snapshot
