@@ -1,0 +1,96 @@
+"""The fleet secret in a node config: from a file or an environment variable, never the
+config text; each mistake is one ConfigError naming the field, and a node with neither a
+secret nor client certificates is legal but warned about (`mesh validate` exits 0)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mesh.config import FLEET_SECRET_MIN_BYTES, parse_config
+from mesh.errors import ConfigError
+from tests.mesh.config.test_node_config import mesh_validate
+
+SECRET = b"0123456789abcdef-fleet-secret"
+NO_PROOF = "fleet_secret_file: no fleet secret and no client certificates"
+
+
+def _cfg(**extra: Any) -> dict[str, Any]:
+    return {"member_id": "a", "policies": {"inline": []}, **extra}
+
+
+def _write(tmp_path: Path, data: bytes, mode: int = 0o600) -> str:
+    path = tmp_path / "secret"
+    path.write_bytes(data)
+    path.chmod(mode)
+    return str(path)
+
+
+def test_the_secret_comes_from_a_file_or_a_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = parse_config(_cfg(fleet_secret_file=_write(tmp_path, SECRET + b"\n")))
+    assert cfg.fleet_secret == SECRET  # the file's trailing newline is not part of it
+    assert SECRET.decode() not in repr(cfg)
+    assert not [w for w in cfg.warnings() if w.startswith("fleet_secret")]
+    monkeypatch.setenv("RATEMESH_T_SECRET", SECRET.decode())
+    cfg = parse_config(_cfg(fleet_secret_env="RATEMESH_T_SECRET"))
+    assert cfg.fleet_secret == SECRET
+    assert cfg.fleet_secret_from == "fleet_secret_env: RATEMESH_T_SECRET"
+
+
+@pytest.mark.parametrize(
+    "extra, field, says",
+    [
+        ({"fleet_secret_file": "/nonexistent/secret"}, "fleet_secret_file", "does not exist"),
+        ({"fleet_secret_file": "EMPTY"}, "fleet_secret_file", "is empty"),
+        ({"fleet_secret_file": "SHORT"}, "fleet_secret_file", f"at least {FLEET_SECRET_MIN_BYTES}"),
+        ({"fleet_secret_env": "RATEMESH_T_SECRET_UNSET"}, "fleet_secret_env", "is not set"),
+        ({"fleet_secret_env": "RATEMESH_T_SHORT"}, "fleet_secret_env", "holds 5 bytes"),
+        ({"fleet_secret_env": 7}, "fleet_secret_env", ""),
+        (
+            {"fleet_secret_file": "SHORT", "fleet_secret_env": "RATEMESH_T_SHORT"},
+            "fleet_secret_env",
+            "not both",
+        ),
+    ],
+)
+def test_secret_mistakes_name_the_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: dict[str, Any], field: str, says: str
+) -> None:
+    monkeypatch.delenv("RATEMESH_T_SECRET_UNSET", raising=False)
+    monkeypatch.setenv("RATEMESH_T_SHORT", "short")
+    (tmp_path / "EMPTY").write_bytes(b"\n")
+    (tmp_path / "SHORT").write_bytes(b"short")
+    with pytest.raises(ConfigError) as err:
+        parse_config(_cfg(**extra), base=tmp_path)
+    assert err.value.field == field
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_neither_tls_nor_a_secret_warns(tmp_path: Path) -> None:
+    assert any(w.startswith(NO_PROOF) for w in parse_config(_cfg()).warnings())
+    loose = parse_config(_cfg(fleet_secret_file=_write(tmp_path, SECRET, 0o644)))
+    assert any("readable by group or others" in w for w in loose.warnings())
+
+
+@pytest.mark.slow
+def test_mesh_validate_warns_without_a_secret_and_exits_0(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text(json.dumps(_cfg()))
+    out = mesh_validate(path)
+    assert out.returncode == 0, out.stderr
+    (line,) = [ln for ln in out.stderr.splitlines() if "fleet_secret" in ln]
+    assert line.startswith(f"warning: {NO_PROOF}")
+    assert any(w.startswith(NO_PROOF) for w in json.loads(out.stdout)["warnings"])
+    path.write_text(json.dumps(_cfg(fleet_secret_file=_write(tmp_path, SECRET))))
+    out = mesh_validate(path)
+    assert out.returncode == 0 and "fleet_secret" not in out.stderr, out.stderr
+    path.write_text(json.dumps(_cfg(fleet_secret_file="missing")))
+    out = mesh_validate(path)
+    assert out.returncode == 2
+    (line,) = out.stderr.splitlines()
+    assert "fleet_secret_file" in line and "does not exist" in line
