@@ -59,6 +59,10 @@ STREAM_QUEUE_MAX = 1024  # snapshot batches waiting for one receiver's stream; t
 # N members can hold at most 4 x N of them.
 STREAMS_PER_PEER_MAX = 4
 STREAMS_MAX = 1024
+# Calls grpc runs at once, admitted or not: the streams above plus Status calls and opens
+# being decided (a decision never awaits, so these pass quickly); past it grpc itself
+# answers RESOURCE_EXHAUSTED before our handler runs.
+CALLS_MAX = STREAMS_MAX + 64
 
 # Answers whether a member id may open a stream: None while the node has no ring yet.
 IsMember = Callable[[str], bool | None]
@@ -125,7 +129,7 @@ class PeerServer:
         # grpc sets SO_REUSEPORT by default: a second node on this port would bind beside
         # the first and take half its peers' streams; refused, it fails with `listen`
         options = [*channel_options(self.max_message_bytes), ("grpc.so_reuseport", 0)]
-        server = aio.server(options=options)
+        server = aio.server(options=options, maximum_concurrent_rpcs=CALLS_MAX)
         rpc: dict[str, grpc.RpcMethodHandler] = {
             "Exchange": grpc.stream_stream_rpc_method_handler(self._exchange),
             "Status": grpc.unary_unary_rpc_method_handler(self._status),
