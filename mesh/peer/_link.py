@@ -102,18 +102,19 @@ class PeerLink:
             call = self._channel.stream_stream(EXCHANGE)(metadata=self._metadata())
             writer = asyncio.get_running_loop().create_task(self._write(call))
             try:
-                await call.wait_for_connection()
-                self.connected = True
-                if broken and self.on_reset is not None:
-                    self.resets += 1
-                    self.on_reset(self.peer_id)  # what the old stream carried may be lost
-                broken = False
-                backoff = BACKOFF_MIN_S
-                while True:
-                    data = await call.read()
-                    if data is aio.EOF:
-                        break
-                    self._take(data)
+                # the peer's headers: it admitted the stream (they come at once), or refused it
+                await call.initial_metadata()
+                if call.done():  # refused at open: reading raises the peer's status
+                    await call.read()
+                else:
+                    self.connected = True
+                    if broken and self.on_reset is not None:
+                        self.resets += 1
+                        self.on_reset(self.peer_id)  # what the old stream carried may be lost
+                    broken = False
+                    backoff = BACKOFF_MIN_S
+                    while (data := await call.read()) is not aio.EOF:
+                        self._take(data)
             except grpc.RpcError as exc:
                 err = translate_error(exc, f"peer {self.peer_id}")
                 if isinstance(err, PeerRefused):  # warned once per distinct refusal

@@ -300,9 +300,13 @@ class PeerServer:
         self._open_by_member[member] = self._open_by_member.get(member, 0) + 1
         queue: asyncio.Queue[bytes] = asyncio.Queue(STREAM_QUEUE_MAX)
         self._streams[member] = queue  # the newest stream of a member takes its snapshots
-        writer = asyncio.get_running_loop().create_task(_write(queue, context.write))
+        writer: asyncio.Task[None] | None = None
         refused: _Refused | None = None
         try:
+            # tells the opener its stream was admitted (its wait_for_connection returns),
+            # before any reply: a refused one sees only the status
+            await context.send_initial_metadata(())
+            writer = asyncio.get_running_loop().create_task(_write(queue, context.write))
             async for data in requests:
                 try:
                     msg = self._check(data, member, epoch)
@@ -312,7 +316,8 @@ class PeerServer:
                 self.received += 1
                 self.handler.deliver(msg)
         finally:
-            writer.cancel()
+            if writer is not None:
+                writer.cancel()
             if self._streams.get(member) is queue:
                 del self._streams[member]
             self.open_streams -= 1

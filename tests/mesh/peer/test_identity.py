@@ -55,11 +55,11 @@ class Stream:
 
     async def exchange(self, payload: bytes) -> tuple[grpc.StatusCode, str]:
         """OK once a snapshot batch answers `payload`; else the server's status."""
-        try:  # a write racing the server's refusal may fail on its own: the status decides
-            await self.call.write(payload)
-            reply = await self.call.read()
-        except aio.AioRpcError:
-            reply = aio.EOF
+        await self.call.initial_metadata()  # admitted (headers) or refused (a status)
+        if self.call.done():
+            return await self.call.code(), await self.call.details()
+        await self.call.write(payload)
+        reply = await self.call.read()
         if reply is aio.EOF:
             return await self.call.code(), await self.call.details()
         assert isinstance(decode(reply), SnapshotBatch)
@@ -262,9 +262,11 @@ def test_streams_are_bounded_per_member_and_in_all() -> None:
                     s = Stream(ch, _md("good"))
                     assert await s.exchange(_report("good", 7, seq)) == (grpc.StatusCode.OK, "")
                     held.append(s)
-                extra = 20
-                for _ in range(extra):
-                    code, details = await _once(node.address, _md("good"), _report("good", 7, 1))
+                extra = 100  # at once, each on its own connection
+                got = await asyncio.gather(
+                    *(_once(node.address, _md("good"), _report("good", 7, 1)) for _ in range(extra))
+                )
+                for code, details in got:
                     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
                     assert "STREAMS_PER_PEER_MAX" in details
                 assert server.open_streams == STREAMS_PER_PEER_MAX

@@ -5,11 +5,16 @@ secret nor client certificates is legal but warned about (`mesh validate` exits 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench._procs import free_port, read_ready, spawn, stop
 from mesh.config import FLEET_SECRET_MIN_BYTES, parse_config
 from mesh.errors import ConfigError
 from tests.mesh.config.test_node_config import mesh_validate
@@ -94,3 +99,41 @@ def test_mesh_validate_warns_without_a_secret_and_exits_0(tmp_path: Path) -> Non
     assert out.returncode == 2
     (line,) = out.stderr.splitlines()
     assert "fleet_secret_file" in line and "does not exist" in line
+
+
+@pytest.mark.slow
+def test_mesh_node_logs_the_warning_and_reads_the_secret_from_its_environment(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text(json.dumps(_cfg(listen=f"127.0.0.1:{free_port()}")))
+    plain = spawn(["-m", "mesh.cli", "node", "--config", str(path)])
+    try:
+        assert read_ready(plain)["member_id"] == "a"
+        plain.send_signal(signal.SIGTERM)
+        plain.wait(10)
+        assert plain.stderr is not None
+        assert f"WARNING config: {NO_PROOF}" in plain.stderr.read()
+    finally:
+        stop(plain)
+    path.write_text(
+        json.dumps(_cfg(listen=f"127.0.0.1:{free_port()}", fleet_secret_env="RATEMESH_T_FS"))
+    )
+    keyed = spawn(
+        ["-m", "mesh.cli", "node", "--config", str(path)], env={"RATEMESH_T_FS": "s" * 32}
+    )
+    try:
+        assert read_ready(keyed)["member_id"] == "a"
+    finally:
+        stop(keyed)
+    unset = subprocess.run(
+        [sys.executable, "-m", "mesh.cli", "node", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env={k: v for k, v in os.environ.items() if k != "RATEMESH_T_FS"},
+    )
+    assert unset.returncode == 2, unset.stderr
+    (line,) = unset.stderr.splitlines()
+    assert "fleet_secret_env" in line and "$RATEMESH_T_FS is not set" in line
