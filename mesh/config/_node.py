@@ -10,7 +10,8 @@ Shape (every key optional except where said)::
     telemetry_top_k: 50          # tenants with their own series; the rest are tenant="other"
     allow_plaintext: false       # needed for a non-loopback address without tls
     tls: {cert: f, key: f, ca: f, require_client_cert: true}
-    fleet_secret_file: secret   # or fleet_secret_env: RATEMESH_FLEET_SECRET (one of them)
+    fleet_secret_file: secret   # or fleet_secret_env: RATEMESH_FLEET_SECRET (one of them);
+                                # one secret a line, the first signs, all are accepted
     max_message_bytes: 4194304
     shutdown_drain_ms: 500
     membership:
@@ -66,7 +67,8 @@ from ratemesh.yamlfile import load_yaml
 # reconnect at once and otherwise only as a safety net: a slow owner is not sent more work.
 NODE_RETRY_MAX_MS = 1000
 FLEET_SECRET_MIN_BYTES = 16  # shorter is guessable; HMAC-SHA256 keys need no more than 64
-FLEET_SECRET_MAX_BYTES = 4096  # a secret file is a line, not a document
+FLEET_SECRET_MAX_BYTES = 4096  # a secret file is a few lines, not a document
+FLEET_SECRETS_MAX = 3  # secrets accepted at once (a rotation needs two)
 
 __all__ = [
     "FLEET_SECRET_MIN_BYTES",
@@ -136,7 +138,8 @@ class NodeConfig:
     allow_plaintext: bool = False
     tls: TlsConfig | None = None
     # proves membership to peers (mesh/peer/_identity.py); never printed (repr=False)
-    fleet_secret: bytes | None = field(default=None, repr=False)
+    fleet_secret: bytes | None = field(default=None, repr=False)  # signs our streams
+    fleet_secrets_accepted: tuple[bytes, ...] = field(default=(), repr=False)  # verify theirs
     fleet_secret_from: str | None = None  # fleet_secret_file: PATH | fleet_secret_env: NAME
     max_message_bytes: int = MAX_MESSAGE_BYTES
     shutdown_drain_ms: int = 500
@@ -369,8 +372,11 @@ def _tls(data: Any, base: Path | None) -> TlsConfig:
 
 
 def _fleet_secret(data: dict[str, Any], base: Path | None) -> dict[str, Any]:
-    """The secret's bytes from the file or variable the config names (never the config
-    text itself), trailing whitespace removed; every mistake names the field."""
+    """The secret from the file or variable the config names (never the config text
+    itself); every mistake names the field. One secret a line: the first signs, every line
+    is accepted (at most FLEET_SECRETS_MAX), so a fleet rotates one node at a time with no
+    moment two members refuse each other: add the new secret as a second line on every node,
+    then move it first, then drop the old line."""
     path, env = data.get("fleet_secret_file"), data.get("fleet_secret_env")
     if path is not None and env is not None:
         raise ConfigError("fleet_secret_env", "set fleet_secret_file or fleet_secret_env, not both")
@@ -378,7 +384,7 @@ def _fleet_secret(data: dict[str, Any], base: Path | None) -> dict[str, Any]:
         where, name = "fleet_secret_file", _file("fleet_secret_file", path, base)
         try:
             with open(name, "rb") as f:
-                secret = f.read(FLEET_SECRET_MAX_BYTES + 1).rstrip()
+                raw = f.read(FLEET_SECRET_MAX_BYTES + 1)
         except OSError as exc:
             raise ConfigError(where, f"cannot read {name}: {exc.strerror or exc}") from exc
         what = f"file {name}"
@@ -387,20 +393,31 @@ def _fleet_secret(data: dict[str, Any], base: Path | None) -> dict[str, Any]:
         value = os.environ.get(name)
         if value is None:
             raise ConfigError(where, f"${name} is not set (it should hold the fleet secret)")
-        secret, what = value.encode().rstrip(), f"${name}"
+        raw, what = value.encode(), f"${name}"
     else:
         return {}
-    if not secret:
-        raise ConfigError(where, f"{what} is empty")
-    if len(secret) < FLEET_SECRET_MIN_BYTES:
-        raise ConfigError(
-            where,
-            f"{what} holds {len(secret)} bytes; a fleet secret needs at least "
-            f"{FLEET_SECRET_MIN_BYTES} (e.g. openssl rand -hex 32)",
-        )
-    if len(secret) > FLEET_SECRET_MAX_BYTES:
+    if len(raw) > FLEET_SECRET_MAX_BYTES:
         raise ConfigError(where, f"{what} is longer than {FLEET_SECRET_MAX_BYTES} bytes")
-    return {"fleet_secret": secret, "fleet_secret_from": f"{where}: {name}"}
+    secrets_ = [line.strip() for line in raw.splitlines() if line.strip()]
+    if not secrets_:
+        raise ConfigError(where, f"{what} is empty")
+    if len(secrets_) > FLEET_SECRETS_MAX:
+        raise ConfigError(
+            where, f"{what} holds {len(secrets_)} secrets; at most {FLEET_SECRETS_MAX} (one a line)"
+        )
+    for i, secret in enumerate(secrets_):
+        if len(secret) < FLEET_SECRET_MIN_BYTES:
+            line = f" (line {i + 1})" if len(secrets_) > 1 else ""
+            raise ConfigError(
+                where,
+                f"{what}{line} holds {len(secret)} bytes; a fleet secret needs at least "
+                f"{FLEET_SECRET_MIN_BYTES} (e.g. openssl rand -hex 32)",
+            )
+    return {
+        "fleet_secret": secrets_[0],
+        "fleet_secrets_accepted": tuple(secrets_),
+        "fleet_secret_from": f"{where}: {name}",
+    }
 
 
 def _membership(data: Any) -> MembershipConfig:

@@ -33,6 +33,7 @@ def build_transport(
         tls=cfg.tls,
         max_message_bytes=cfg.max_message_bytes,
         fleet_secret=cfg.fleet_secret,
+        fleet_secrets_accepted=cfg.fleet_secrets_accepted,
         is_member=ring_member(handler),
     )
 

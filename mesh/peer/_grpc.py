@@ -37,6 +37,7 @@ class GrpcTransport:
         max_message_bytes: int,
         extra_handlers: tuple[grpc.GenericRpcHandler, ...] = (),
         fleet_secret: bytes | None = None,
+        fleet_secrets_accepted: tuple[bytes, ...] = (),
         is_member: IsMember | None = None,
     ) -> None:
         self.handler = handler
@@ -54,7 +55,7 @@ class GrpcTransport:
             max_message_bytes=max_message_bytes,
             extra_handlers=extra_handlers,
             member_id=member_id,
-            fleet_secret=fleet_secret,
+            fleet_secrets=fleet_secrets_accepted or ((fleet_secret,) if fleet_secret else ()),
             is_member=is_member,
         )
         self.links: dict[str, PeerLink] = {}

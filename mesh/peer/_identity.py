@@ -6,7 +6,8 @@ Two proofs, each required when configured (docs/architecture.md, "Peer identity"
   certificate's subject alternative names of type DNS, URI or IP (an IP for DNS membership,
   where members are named by address), or else its subject CN. Exact, case-sensitive match.
 * **Fleet secret** (`fleet_secret_file` / `fleet_secret_env`): metadata `ratemesh-auth` is
-  `v1:<unix seconds>:<nonce hex>:<hmac-sha256 hex>` over the claimed id, worker_epoch,
+  `v1:<unix seconds>:<nonce hex>:<hmac-sha256 hex>` under any of the fleet's current
+  secrets (one signs; more are accepted during a rotation) over the claimed id, worker_epoch,
   schema, the member dialled, the time and the nonce. The time must be within
   `AUTH_SKEW_S` of ours, and a (time, nonce) seen before is refused, so a captured header
   cannot be replayed to another member, nor later than the window, nor twice while we
@@ -83,7 +84,7 @@ class NonceMemory:
 
 
 def check_mac(
-    secret: bytes,
+    secrets_: Sequence[bytes],
     proof: str | None,
     *,
     member: str,
@@ -102,8 +103,8 @@ def check_mac(
     _, ts, nonce, mac = parts
     if len(ts) > 12 or len(nonce) != 2 * _NONCE_BYTES or len(mac) != 64:
         return f"{AUTH_MD}: not a {_VERSION}:<unix seconds>:<nonce>:<hmac> proof"
-    want = _mac(secret, member, epoch, schema, target, ts, nonce)
-    if not hmac.compare_digest(want.encode(), mac.encode()):
+    wants = [_mac(s, member, epoch, schema, target, ts, nonce).encode() for s in secrets_]
+    if not any([hmac.compare_digest(want, mac.encode()) for want in wants]):  # all compared
         return f"{AUTH_MD}: wrong fleet secret for member {member!r}"
     skew = int(ts) - now_s
     if abs(skew) > AUTH_SKEW_S:

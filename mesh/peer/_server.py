@@ -96,7 +96,7 @@ class PeerServer:
         max_message_bytes: int,
         extra_handlers: tuple[grpc.GenericRpcHandler, ...] = (),
         member_id: str = "",
-        fleet_secret: bytes | None = None,
+        fleet_secrets: tuple[bytes, ...] = (),
         is_member: IsMember | None = None,
     ) -> None:
         self.handler = handler
@@ -104,7 +104,7 @@ class PeerServer:
         self.tls = tls
         self.max_message_bytes = max_message_bytes
         self.member_id = member_id  # what a fleet-secret proof must name as its target
-        self.fleet_secret = fleet_secret
+        self.fleet_secrets = fleet_secrets  # any of them proves membership; () none needed
         self.is_member = is_member  # None: no ring check (a bare server in a test or bench)
         self._extra = extra_handlers
         self._server: aio.Server | None = None
@@ -210,10 +210,10 @@ class PeerServer:
             why = check_certificate(context.auth_context(), member)
             if why is not None:
                 raise _Refused(grpc.StatusCode.PERMISSION_DENIED, why, "bad_certificate")
-        if self.fleet_secret is not None:
+        if self.fleet_secrets:
             proof = md.get(AUTH_MD)
             why = check_mac(
-                self.fleet_secret,
+                self.fleet_secrets,
                 proof if isinstance(proof, str) else None,
                 member=member,
                 epoch=epoch,

@@ -303,3 +303,25 @@ def test_refusals_are_logged_at_most_once_a_second(caplog: pytest.LogCaptureFixt
         "ipv4:127.0.0.1:1" in warnings[0].getMessage() and "'mallory'" in warnings[0].getMessage()
     )
     assert "9 more at debug" in warnings[1].getMessage()
+
+
+@pytest.mark.slow
+def test_during_a_rotation_every_listed_secret_is_accepted(tmp_path: Path) -> None:
+    new = b"the-next-fleet-secret-0123456789"
+    path = tmp_path / "rotating"
+    path.write_bytes(SECRET + b"\n" + new + b"\n")
+
+    async def main() -> None:
+        async with Mesh(_node(["good"], fleet_secret_file=str(path))) as node:
+            await until(lambda: len(node.ring) == 2, 2, "ring")
+            key = _owned(node)
+            for seq, secret in enumerate((SECRET, new), start=1):
+                md = _md("good", proof=_proof("good", secret=secret))
+                code, details = await _once(node.address, md, _report("good", 7, seq, key))
+                assert code == grpc.StatusCode.OK, details
+            md = _md("good", proof=_proof("good", secret=b"a-retired-secret-0123456789"))
+            code, details = await _once(node.address, md, _report("good", 7, 3, key))
+            assert code == grpc.StatusCode.PERMISSION_DENIED and "wrong fleet secret" in details
+            assert _refused(node)["bad_secret"] == 1
+
+    asyncio.run(main())

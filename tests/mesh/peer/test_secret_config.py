@@ -39,6 +39,9 @@ def test_the_secret_comes_from_a_file_or_a_variable(
 ) -> None:
     cfg = parse_config(_cfg(fleet_secret_file=_write(tmp_path, SECRET + b"\n")))
     assert cfg.fleet_secret == SECRET  # the file's trailing newline is not part of it
+    assert cfg.fleet_secrets_accepted == (SECRET,)
+    two = parse_config(_cfg(fleet_secret_file=_write(tmp_path, b"x" * 16 + b"\n\n" + SECRET)))
+    assert two.fleet_secret == b"x" * 16 and two.fleet_secrets_accepted == (b"x" * 16, SECRET)
     assert SECRET.decode() not in repr(cfg)
     assert not [w for w in cfg.warnings() if w.startswith("fleet_secret")]
     monkeypatch.setenv("RATEMESH_T_SECRET", SECRET.decode())
@@ -56,6 +59,8 @@ def test_the_secret_comes_from_a_file_or_a_variable(
         ({"fleet_secret_env": "RATEMESH_T_SECRET_UNSET"}, "fleet_secret_env", "is not set"),
         ({"fleet_secret_env": "RATEMESH_T_SHORT"}, "fleet_secret_env", "holds 5 bytes"),
         ({"fleet_secret_env": 7}, "fleet_secret_env", ""),
+        ({"fleet_secret_file": "SHORT2"}, "fleet_secret_file", "(line 2) holds 5 bytes"),
+        ({"fleet_secret_file": "FOUR"}, "fleet_secret_file", "holds 4 secrets; at most 3"),
         (
             {"fleet_secret_file": "SHORT", "fleet_secret_env": "RATEMESH_T_SHORT"},
             "fleet_secret_env",
@@ -70,6 +75,8 @@ def test_secret_mistakes_name_the_field(
     monkeypatch.setenv("RATEMESH_T_SHORT", "short")
     (tmp_path / "EMPTY").write_bytes(b"\n")
     (tmp_path / "SHORT").write_bytes(b"short")
+    (tmp_path / "SHORT2").write_bytes(SECRET + b"\nshort\n")
+    (tmp_path / "FOUR").write_bytes(b"\n".join([SECRET] * 4))
     with pytest.raises(ConfigError) as err:
         parse_config(_cfg(**extra), base=tmp_path)
     assert err.value.field == field
