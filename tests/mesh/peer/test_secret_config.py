@@ -97,10 +97,13 @@ def test_mesh_validate_warns_without_a_secret_and_exits_0(tmp_path: Path) -> Non
     assert out.returncode == 0, out.stderr
     (line,) = [ln for ln in out.stderr.splitlines() if "fleet_secret" in ln]
     assert line.startswith(f"warning: {NO_PROOF}")
-    assert any(w.startswith(NO_PROOF) for w in json.loads(out.stdout)["warnings"])
+    summary = json.loads(out.stdout)
+    assert any(w.startswith(NO_PROOF) for w in summary["warnings"])
+    assert summary["peer_identity"] == []
     path.write_text(json.dumps(_cfg(fleet_secret_file=_write(tmp_path, SECRET))))
     out = mesh_validate(path)
     assert out.returncode == 0 and "fleet_secret" not in out.stderr, out.stderr
+    assert json.loads(out.stdout)["peer_identity"] == ["fleet_secret"]
     path.write_text(json.dumps(_cfg(fleet_secret_file="missing")))
     out = mesh_validate(path)
     assert out.returncode == 2
