@@ -303,8 +303,8 @@ class PeerServer:
         writer: asyncio.Task[None] | None = None
         refused: _Refused | None = None
         try:
-            # tells the opener its stream was admitted (its wait_for_connection returns),
-            # before any reply: a refused one sees only the status
+            # headers at once tell the opener its stream was admitted (PeerLink awaits
+            # them before it counts itself connected); a refused one gets only a status
             await context.send_initial_metadata(())
             writer = asyncio.get_running_loop().create_task(_write(queue, context.write))
             async for data in requests:
