@@ -69,13 +69,13 @@ class NonceMemory:
 
     def add(self, ts: int, nonce: str, now_s: int) -> bool:
         """Remember a proof; False if it was seen already (a replay)."""
+        if (ts, nonce) in self._seen:
+            return False
         while self._seen:
             oldest = next(iter(self._seen))
             if oldest[0] >= now_s - AUTH_SKEW_S and len(self._seen) < self.limit:
                 break
-            self._seen.popitem(last=False)  # out of the window: its time refuses it anyway
-        if (ts, nonce) in self._seen:
-            return False
+            self._seen.popitem(last=False)  # out of the window (its time refuses it), or full
         self._seen[(ts, nonce)] = None
         return True
 

@@ -21,7 +21,7 @@ from mesh.core.messages import ReportBatch, SnapshotBatch, UsageReport, decode, 
 from mesh.core.policy import Metric, RateKey
 from mesh.node import Mesh
 from mesh.peer import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA_MD
-from mesh.peer._identity import AUTH_MD, AUTH_SKEW_S, RefusalLog, sign
+from mesh.peer._identity import AUTH_MD, AUTH_SKEW_S, NonceMemory, RefusalLog, sign
 from mesh.peer._server import STREAMS_PER_PEER_MAX
 from mesh.peer._wire import SCHEMA
 from tests.mesh._util import POLICY, http_get, static_nodes, until
@@ -325,3 +325,12 @@ def test_during_a_rotation_every_listed_secret_is_accepted(tmp_path: Path) -> No
             assert _refused(node)["bad_secret"] == 1
 
     asyncio.run(main())
+
+
+def test_the_replay_memory_is_bounded_and_forgets_what_time_refuses() -> None:
+    seen = NonceMemory(limit=3)
+    assert seen.add(100, "a", 100) and not seen.add(100, "a", 100)
+    assert seen.add(100, "b", 100) and seen.add(100, "c", 100)
+    assert seen.add(100, "d", 100) and len(seen) == 3  # full: the oldest ("a") went
+    assert not seen.add(100, "d", 100)
+    assert seen.add(200, "e", 100 + AUTH_SKEW_S + 1) and len(seen) == 1  # the rest expired
