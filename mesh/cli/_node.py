@@ -48,6 +48,11 @@ def validate(args: argparse.Namespace) -> int:
                 "stable": ident.stable,
             },
             "membership": cfg.membership.source if cfg.membership else None,
+            # what proves a peer's member id (docs/architecture.md): [] is a warning
+            "peer_identity": [
+                *(["mtls"] if cfg.tls is not None and cfg.tls.require_client_cert else []),
+                *(["fleet_secret"] if cfg.fleet_secret is not None else []),
+            ],
         },
         args,
     )

@@ -10,6 +10,8 @@ Shape (every key optional except where said)::
     telemetry_top_k: 50          # tenants with their own series; the rest are tenant="other"
     allow_plaintext: false       # needed for a non-loopback address without tls
     tls: {cert: f, key: f, ca: f, require_client_cert: true}
+    fleet_secret_file: secret   # or fleet_secret_env: RATEMESH_FLEET_SECRET (one of them);
+                                # one secret a line, the first signs, all are accepted
     max_message_bytes: 4194304
     shutdown_drain_ms: 500
     membership:
@@ -33,6 +35,10 @@ Shape (every key optional except where said)::
 Ports are 1..65535. Only `listen` and `telemetry_listen` also take 0, "any free port": the
 node reads the bound port back and reports it (`Mesh.address`, `Mesh.telemetry_address`),
 and what other members dial is that address. An IPv6 host goes in brackets: `[::1]:7001`.
+
+Peer identity (docs/architecture.md): with `tls.require_client_cert` a peer's member id must
+match its certificate; with a fleet secret (>= 16 bytes, read from the file or the variable
+at load, never written in the config) it must prove it with an HMAC. Neither is a warning.
 
 Loading does no I/O beyond reading the files it names; `warnings()` lists what is legal but
 probably a mistake (`mesh validate` prints them).
@@ -60,8 +66,12 @@ from ratemesh.yamlfile import load_yaml
 # A node's peer streams are reliable and report reconnections, so a report is resent on a
 # reconnect at once and otherwise only as a safety net: a slow owner is not sent more work.
 NODE_RETRY_MAX_MS = 1000
+FLEET_SECRET_MIN_BYTES = 16  # shorter is guessable; HMAC-SHA256 keys need no more than 64
+FLEET_SECRET_MAX_BYTES = 4096  # a secret file is a few lines, not a document
+FLEET_SECRETS_MAX = 3  # secrets accepted at once (a rotation needs two)
 
 __all__ = [
+    "FLEET_SECRET_MIN_BYTES",
     "NodeConfig",
     "TlsConfig",
     "MembershipConfig",
@@ -127,6 +137,10 @@ class NodeConfig:
     telemetry_top_k: int = 50  # per-tenant series: the top K by denials and excess
     allow_plaintext: bool = False
     tls: TlsConfig | None = None
+    # proves membership to peers (mesh/peer/_identity.py); never printed (repr=False)
+    fleet_secret: bytes | None = field(default=None, repr=False)  # signs our streams
+    fleet_secrets_accepted: tuple[bytes, ...] = field(default=(), repr=False)  # verify theirs
+    fleet_secret_from: str | None = None  # fleet_secret_file: PATH | fleet_secret_env: NAME
     max_message_bytes: int = MAX_MESSAGE_BYTES
     shutdown_drain_ms: int = 500
     membership: MembershipConfig | None = None
@@ -154,6 +168,17 @@ class NodeConfig:
                     out.append(f"{where}: peer address {addr} without tls (plaintext)")
         elif self.tls.ca is None:
             out.append("tls.ca: not set; peers' certificates are not verified against a CA")
+        if self.fleet_secret is None and (self.tls is None or not self.tls.require_client_cert):
+            out.append(
+                "fleet_secret_file: no fleet secret and no client certificates "
+                "(tls.require_client_cert): any process that can reach this member's port "
+                "can claim to be any member; set fleet_secret_file or fleet_secret_env"
+            )
+        secret_file = (self.fleet_secret_from or "").partition("fleet_secret_file: ")[2]
+        if secret_file and _readable_by_others(secret_file):
+            out.append(
+                f"fleet_secret_file: {secret_file} is readable by group or others (chmod 600)"
+            )
         if any(p.mode is Mode.SHARE for p in self.policies) and (
             self.membership is None
             or (self.membership.source == "static" and len(self.membership.members) <= 1)
@@ -173,6 +198,13 @@ class NodeConfig:
         if not ident.stable:
             out.append(_unstable_warning(self, ident))
         return out
+
+
+def _readable_by_others(path: str) -> bool:
+    try:
+        return bool(os.stat(path).st_mode & 0o077)
+    except OSError:
+        return False
 
 
 def _unstable_warning(cfg: NodeConfig, ident: Identity) -> str:
@@ -231,6 +263,8 @@ _TOP = {
     "telemetry_top_k",
     "allow_plaintext",
     "tls",
+    "fleet_secret_file",
+    "fleet_secret_env",
     "max_message_bytes",
     "shutdown_drain_ms",
     "membership",
@@ -276,6 +310,7 @@ def parse_config(data: Any, *, base: Path | None = None) -> NodeConfig:
         )
     if data.get("tls") is not None:
         kw["tls"] = _tls(data["tls"], base)
+    kw.update(_fleet_secret(data, base))
     if data.get("membership") is not None:
         kw["membership"] = _membership(data["membership"])
     if data.get("policies") is not None:
@@ -334,6 +369,55 @@ def _tls(data: Any, base: Path | None) -> TlsConfig:
         require,
         check_str("tls.server_name", name) if name else None,
     )
+
+
+def _fleet_secret(data: dict[str, Any], base: Path | None) -> dict[str, Any]:
+    """The secret from the file or variable the config names (never the config text
+    itself); every mistake names the field. One secret a line: the first signs, every line
+    is accepted (at most FLEET_SECRETS_MAX), so a fleet rotates one node at a time with no
+    moment two members refuse each other: add the new secret as a second line on every node,
+    then move it first, then drop the old line."""
+    path, env = data.get("fleet_secret_file"), data.get("fleet_secret_env")
+    if path is not None and env is not None:
+        raise ConfigError("fleet_secret_env", "set fleet_secret_file or fleet_secret_env, not both")
+    if path is not None:
+        where, name = "fleet_secret_file", _file("fleet_secret_file", path, base)
+        try:
+            with open(name, "rb") as f:
+                raw = f.read(FLEET_SECRET_MAX_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(where, f"cannot read {name}: {exc.strerror or exc}") from exc
+        what = f"file {name}"
+    elif env is not None:
+        where, name = "fleet_secret_env", check_str("fleet_secret_env", env, max_len=256)
+        value = os.environ.get(name)
+        if value is None:
+            raise ConfigError(where, f"${name} is not set (it should hold the fleet secret)")
+        raw, what = value.encode(), f"${name}"
+    else:
+        return {}
+    if len(raw) > FLEET_SECRET_MAX_BYTES:
+        raise ConfigError(where, f"{what} is longer than {FLEET_SECRET_MAX_BYTES} bytes")
+    secrets_ = [line.strip() for line in raw.splitlines() if line.strip()]
+    if not secrets_:
+        raise ConfigError(where, f"{what} is empty")
+    if len(secrets_) > FLEET_SECRETS_MAX:
+        raise ConfigError(
+            where, f"{what} holds {len(secrets_)} secrets; at most {FLEET_SECRETS_MAX} (one a line)"
+        )
+    for i, secret in enumerate(secrets_):
+        if len(secret) < FLEET_SECRET_MIN_BYTES:
+            line = f" (line {i + 1})" if len(secrets_) > 1 else ""
+            raise ConfigError(
+                where,
+                f"{what}{line} holds {len(secret)} bytes; a fleet secret needs at least "
+                f"{FLEET_SECRET_MIN_BYTES} (e.g. openssl rand -hex 32)",
+            )
+    return {
+        "fleet_secret": secrets_[0],
+        "fleet_secrets_accepted": tuple(secrets_),
+        "fleet_secret_from": f"{where}: {name}",
+    }
 
 
 def _membership(data: Any) -> MembershipConfig:

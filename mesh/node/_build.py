@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mesh.config import NodeConfig
 from mesh.coordinator import PolicySource
 from mesh.errors import ConfigError, PeerError
@@ -30,7 +32,25 @@ def build_transport(
         advertise=cfg.advertise,
         tls=cfg.tls,
         max_message_bytes=cfg.max_message_bytes,
+        fleet_secret=cfg.fleet_secret,
+        fleet_secrets_accepted=cfg.fleet_secrets_accepted,
+        is_member=ring_member(handler),
     )
+
+
+def ring_member(handler: PeerHandler) -> Callable[[str], bool | None]:
+    """Whether a member id may open a peer stream to us: the owner's own test (our ring, or
+    departed from it within its grace: `Owner.is_member`). None until the node's driver has
+    a first membership view, so a peer that dials a starting node retries, uncounted."""
+
+    def is_member(member: str) -> bool | None:
+        driver = getattr(handler, "driver", None)  # mesh.node._mesh._Handler, once started
+        if driver is None or driver.membership_view.epoch == 0:
+            return None
+        with driver.lock:
+            return bool(driver.member.owner.is_member(driver.clock_ns(), member))
+
+    return is_member
 
 
 def build_membership(cfg: NodeConfig, member_id: str, address: str) -> MembershipSource:

@@ -31,6 +31,7 @@ def node_stats(driver: NodeDriver) -> NodeStats:
         ring_epoch=m.ring.epoch,
         membership_stale=driver.membership_view.stale,
         messages_sent=driver.messages_sent,
+        peer_refused=dict(driver.transport.stats().get("refused", {})),
     )
     with driver.lock:
         s.applied = m.owner.applied_by_scope()  # per tenant/metric, across generations

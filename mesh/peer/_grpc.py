@@ -17,7 +17,7 @@ import grpc
 from mesh.config import TlsConfig
 from mesh.core.messages import Handover, Message, ReportBatch, encode
 from mesh.peer._link import PeerLink
-from mesh.peer._server import PeerHandler, PeerServer
+from mesh.peer._server import IsMember, PeerHandler, PeerServer
 
 __all__ = ["GrpcTransport"]
 
@@ -36,6 +36,9 @@ class GrpcTransport:
         tls: TlsConfig | None,
         max_message_bytes: int,
         extra_handlers: tuple[grpc.GenericRpcHandler, ...] = (),
+        fleet_secret: bytes | None = None,
+        fleet_secrets_accepted: tuple[bytes, ...] = (),
+        is_member: IsMember | None = None,
     ) -> None:
         self.handler = handler
         self.member_id = member_id
@@ -44,12 +47,16 @@ class GrpcTransport:
         self.advertise = advertise
         self.tls = tls
         self.max_message_bytes = max_message_bytes
+        self.fleet_secret = fleet_secret
         self.server = PeerServer(
             handler,
             listen,
             tls=tls,
             max_message_bytes=max_message_bytes,
             extra_handlers=extra_handlers,
+            member_id=member_id,
+            fleet_secrets=fleet_secrets_accepted or ((fleet_secret,) if fleet_secret else ()),
+            is_member=is_member,
         )
         self.links: dict[str, PeerLink] = {}
         self._addresses: dict[str, str] = {}
@@ -88,6 +95,7 @@ class GrpcTransport:
                     tls=self.tls,
                     max_message_bytes=self.max_message_bytes,
                     on_reset=self.handler.link_reset,
+                    fleet_secret=self.fleet_secret,
                 )
             ok = link.send(data)
         else:
@@ -127,6 +135,8 @@ class GrpcTransport:
             "dropped": self.dropped + sum(lk.dropped for lk in self.links.values()),
             "received": self.server.received,
             "refused_streams": self.server.refused,
+            "refused": dict(self.server.refused_by),  # ratemesh_peer_refused_total{reason}
+            "open_streams": self.server.open_streams,
             "snapshots_dropped_no_stream": self.server.snapshots_dropped,
             "links": {
                 p: {"addr": lk.addr, "connected": lk.connected, "last_error": lk.last_error}

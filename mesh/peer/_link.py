@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 import grpc
@@ -17,6 +18,7 @@ from grpc import aio
 from mesh.config import TlsConfig
 from mesh.core.messages import Message, SnapshotBatch, decode
 from mesh.errors import MessageError, PeerRefused
+from mesh.peer._identity import AUTH_MD, sign
 from mesh.peer._tls import channel_credentials
 from mesh.peer._wire import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA, SCHEMA_MD, channel_options
 from mesh.peer._wire import translate as translate_error
@@ -50,6 +52,7 @@ class PeerLink:
         tls: TlsConfig | None,
         max_message_bytes: int,
         on_reset: Callable[[str], None] | None = None,
+        fleet_secret: bytes | None = None,
     ) -> None:
         self.member_id = member_id
         self.worker_epoch = worker_epoch
@@ -60,6 +63,7 @@ class PeerLink:
         self.resets = 0
         self.tls = tls
         self.max_message_bytes = max_message_bytes
+        self.fleet_secret = fleet_secret  # proves membership to the peer (module _identity)
         self.queue: asyncio.Queue[bytes] = asyncio.Queue(LINK_QUEUE_MAX)
         self.connected = False
         self.sent = 0
@@ -94,32 +98,30 @@ class PeerLink:
     async def _run(self) -> None:
         backoff = BACKOFF_MIN_S
         broken = False  # a stream failed or ended since the last one opened
-        metadata = (
-            (MEMBER_MD, self.member_id),
-            (SCHEMA_MD, SCHEMA),
-            (EPOCH_MD, str(self.worker_epoch)),
-        )
         while True:
-            call = self._channel.stream_stream(EXCHANGE)(metadata=metadata)
+            call = self._channel.stream_stream(EXCHANGE)(metadata=self._metadata())
             writer = asyncio.get_running_loop().create_task(self._write(call))
             try:
-                await call.wait_for_connection()
-                self.connected = True
-                if broken and self.on_reset is not None:
-                    self.resets += 1
-                    self.on_reset(self.peer_id)  # what the old stream carried may be lost
-                broken = False
-                backoff = BACKOFF_MIN_S
-                while True:
-                    data = await call.read()
-                    if data is aio.EOF:
-                        break
-                    self._take(data)
+                # the peer's headers: it admitted the stream (they come at once), or refused it
+                await call.initial_metadata()
+                if call.done():  # refused at open: reading raises the peer's status
+                    await call.read()
+                else:
+                    self.connected = True
+                    if broken and self.on_reset is not None:
+                        self.resets += 1
+                        self.on_reset(self.peer_id)  # what the old stream carried may be lost
+                    broken = False
+                    backoff = BACKOFF_MIN_S
+                    while (data := await call.read()) is not aio.EOF:
+                        self._take(data)
             except grpc.RpcError as exc:
                 err = translate_error(exc, f"peer {self.peer_id}")
+                if isinstance(err, PeerRefused):  # warned once per distinct refusal
+                    log.log(
+                        logging.DEBUG if str(err) == self.last_error else logging.WARNING, "%s", err
+                    )
                 self.last_error = str(err)
-                if isinstance(err, PeerRefused):
-                    log.warning("%s", err)
             except Exception as exc:  # a bug must not end the link for good: log, retry
                 self.last_error = repr(exc)
                 log.exception("peer %s: link failed", self.peer_id)
@@ -130,6 +132,26 @@ class PeerLink:
                 call.cancel()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        """The stream's metadata; a fresh fleet-secret proof for every attempt (a proof is
+        good once, within the skew window)."""
+        md = (
+            (MEMBER_MD, self.member_id),
+            (SCHEMA_MD, SCHEMA),
+            (EPOCH_MD, str(self.worker_epoch)),
+        )
+        if self.fleet_secret is None:
+            return md
+        proof = sign(
+            self.fleet_secret,
+            member=self.member_id,
+            epoch=str(self.worker_epoch),
+            schema=SCHEMA,
+            target=self.peer_id,
+            now_s=int(time.time()),
+        )
+        return (*md, (AUTH_MD, proof))
 
     def _take(self, data: bytes) -> None:
         try:

@@ -1,16 +1,25 @@
 """The peer service every worker runs: reports arrive on long-lived streams, snapshots go
 back on the stream their receiver opened (so they reach active reporters only).
 
+A stream is admitted at open, before any message is read, in this order: its metadata
+(schema, member id, worker_epoch), the member's proof of identity (client certificate and/or
+fleet secret, `_identity.py`), ring membership (the node's `is_member`: its ring, or departed
+from it within the owner's grace), then the stream bounds (`STREAMS_PER_PEER_MAX`,
+`STREAMS_MAX`). Membership is checked at open only: a member that leaves the ring keeps its
+open stream, and the owner refuses its reports (`not_member`) once its grace has passed.
+
 Every request is decoded and validated before anything sees it. A malformed message, one
 from a different sender than the stream's, or one of another schema or worker_epoch ends
 the stream with a clear status (INVALID_ARGUMENT / FAILED_PRECONDITION) and changes
-nothing; an oversized one is refused by grpc itself (RESOURCE_EXHAUSTED).
+nothing; an oversized one is refused by grpc itself (RESOURCE_EXHAUSTED). Refusals are
+counted per reason (`_identity.REASONS`) and logged at most once a second as warnings.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -20,6 +29,14 @@ from grpc import aio
 from mesh.config import TlsConfig
 from mesh.core.messages import Handover, Message, ReportBatch, decode
 from mesh.errors import ConfigError, MessageError
+from mesh.peer._identity import (
+    AUTH_MD,
+    REASONS,
+    NonceMemory,
+    RefusalLog,
+    check_certificate,
+    check_mac,
+)
 from mesh.peer._tls import server_credentials
 from mesh.peer._wire import (
     EPOCH_MD,
@@ -32,10 +49,23 @@ from mesh.peer._wire import (
 )
 from ratemesh.operator import probe_bind
 
-__all__ = ["PeerHandler", "PeerServer", "STREAM_QUEUE_MAX"]
+__all__ = ["PeerHandler", "PeerServer", "STREAM_QUEUE_MAX", "STREAMS_MAX", "STREAMS_PER_PEER_MAX"]
 
 log = logging.getLogger("mesh.peer")
 STREAM_QUEUE_MAX = 1024  # snapshot batches waiting for one receiver's stream; then dropped
+# Concurrent inbound Exchange streams. A member needs one (its reconnect's new stream takes
+# the snapshots; the old one ends when grpc sees its connection gone, keepalive <= 15 s), so
+# four leave room for reconnects; in all, counted after identity and membership, so a ring of
+# N members can hold at most 4 x N of them.
+STREAMS_PER_PEER_MAX = 4
+STREAMS_MAX = 1024
+# Calls grpc runs at once, admitted or not: the streams above plus Status calls and opens
+# being decided (a decision never awaits, so these pass quickly); past it grpc itself
+# answers RESOURCE_EXHAUSTED before our handler runs.
+CALLS_MAX = STREAMS_MAX + 64
+
+# Answers whether a member id may open a stream: None while the node has no ring yet.
+IsMember = Callable[[str], bool | None]
 
 
 class PeerHandler(Protocol):
@@ -47,10 +77,11 @@ class PeerHandler(Protocol):
 
 
 class _Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, reason: str | None = None) -> None:
         super().__init__(details)
         self.code = code
         self.details = details
+        self.reason = reason  # one of REASONS; None: not counted (shutting down, starting)
 
 
 class PeerServer:
@@ -64,24 +95,41 @@ class PeerServer:
         tls: TlsConfig | None,
         max_message_bytes: int,
         extra_handlers: tuple[grpc.GenericRpcHandler, ...] = (),
+        member_id: str = "",
+        fleet_secrets: tuple[bytes, ...] = (),
+        is_member: IsMember | None = None,
     ) -> None:
         self.handler = handler
         self.listen = listen
         self.tls = tls
         self.max_message_bytes = max_message_bytes
+        self.member_id = member_id  # what a fleet-secret proof must name as its target
+        self.fleet_secrets = fleet_secrets  # any of them proves membership; () none needed
+        self.is_member = is_member  # None: no ring check (a bare server in a test or bench)
         self._extra = extra_handlers
         self._server: aio.Server | None = None
         self._streams: dict[str, asyncio.Queue[bytes]] = {}
+        self._open_by_member: dict[str, int] = {}  # at most STREAMS_MAX entries
+        self.open_streams = 0
+        self.streams_max = STREAMS_MAX
+        self.streams_per_peer_max = STREAMS_PER_PEER_MAX
+        self._nonces = NonceMemory()
+        self._log = RefusalLog(log)
         self.accepting = True
-        self.refused = 0  # streams ended for a bad message
+        self.refused_by = dict.fromkeys(REASONS, 0)
         self.received = 0
         self.snapshots_dropped = 0
+
+    @property
+    def refused(self) -> int:
+        """Streams refused or ended by this server, all reasons."""
+        return sum(self.refused_by.values())
 
     async def start(self) -> int:
         # grpc sets SO_REUSEPORT by default: a second node on this port would bind beside
         # the first and take half its peers' streams; refused, it fails with `listen`
         options = [*channel_options(self.max_message_bytes), ("grpc.so_reuseport", 0)]
-        server = aio.server(options=options)
+        server = aio.server(options=options, maximum_concurrent_rpcs=CALLS_MAX)
         rpc: dict[str, grpc.RpcMethodHandler] = {
             "Exchange": grpc.stream_stream_rpc_method_handler(self._exchange),
             "Status": grpc.unary_unary_rpc_method_handler(self._status),
@@ -134,6 +182,7 @@ class PeerServer:
         return pack(self.handler.status())
 
     def _open(self, context: aio.ServicerContext[bytes, bytes]) -> tuple[str, int]:
+        """Admit a stream (module docstring) or raise _Refused; no await, nothing kept."""
         if not self.accepting:
             raise _Refused(grpc.StatusCode.UNAVAILABLE, "member is shutting down")
         md = {k: v for k, v in (context.invocation_metadata() or ())}
@@ -142,19 +191,71 @@ class PeerServer:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"schema: unsupported schema version {md.get(SCHEMA_MD)!r}; "
                 f"this peer speaks {SCHEMA}",
+                "bad_message",
             )
         member, epoch = md.get(MEMBER_MD), md.get(EPOCH_MD)
         if not isinstance(member, str) or not member or len(member) > 256:
             raise _Refused(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"{MEMBER_MD}: metadata is required (the sending member's id)",
+                "bad_message",
             )
-        if not isinstance(epoch, str) or not epoch.isdigit():
+        if not isinstance(epoch, str) or not epoch.isdigit() or len(epoch) > 20:
             raise _Refused(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"{EPOCH_MD}: metadata is required (the sender's worker_epoch)",
+                "bad_message",
+            )
+        if self.tls is not None and self.tls.require_client_cert:
+            why = check_certificate(context.auth_context(), member)
+            if why is not None:
+                raise _Refused(grpc.StatusCode.PERMISSION_DENIED, why, "bad_certificate")
+        if self.fleet_secrets:
+            proof = md.get(AUTH_MD)
+            why = check_mac(
+                self.fleet_secrets,
+                proof if isinstance(proof, str) else None,
+                member=member,
+                epoch=epoch,
+                schema=SCHEMA,
+                target=self.member_id,
+                now_s=int(time.time()),
+                seen=self._nonces,
+            )
+            if why is not None:
+                raise _Refused(grpc.StatusCode.PERMISSION_DENIED, why, "bad_secret")
+        if self.is_member is not None:
+            known = self.is_member(member)
+            if known is None:
+                raise _Refused(grpc.StatusCode.UNAVAILABLE, "member is starting (no ring yet)")
+            if not known:
+                raise _Refused(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"{MEMBER_MD}: {member!r} is not a member of this member's ring",
+                    "not_member",
+                )
+        held = self._open_by_member.get(member, 0)
+        if held >= self.streams_per_peer_max:
+            raise _Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{member!r} already has {held} open streams to this member "
+                f"(STREAMS_PER_PEER_MAX {self.streams_per_peer_max})",
+                "stream_limit",
+            )
+        if self.open_streams >= self.streams_max:
+            raise _Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this member has {self.open_streams} open peer streams "
+                f"(STREAMS_MAX {self.streams_max})",
+                "stream_limit",
             )
         return member, int(epoch)
+
+    def _refuse(self, exc: _Refused, peer: str, member: str) -> None:
+        if exc.reason is None:
+            return
+        self.refused_by[exc.reason] += 1
+        self._log.refused(time.monotonic(), exc.reason, peer, member, exc.details)
 
     def _check(self, data: bytes, member: str, epoch: int) -> Message:
         try:
@@ -191,13 +292,21 @@ class PeerServer:
         try:
             member, epoch = self._open(context)
         except _Refused as exc:
+            claimed = dict(context.invocation_metadata() or ()).get(MEMBER_MD)
+            self._refuse(exc, context.peer(), str(claimed)[:256])
             await context.abort(exc.code, exc.details)
             return
+        self.open_streams += 1
+        self._open_by_member[member] = self._open_by_member.get(member, 0) + 1
         queue: asyncio.Queue[bytes] = asyncio.Queue(STREAM_QUEUE_MAX)
-        self._streams[member] = queue
-        writer = asyncio.get_running_loop().create_task(_write(queue, context.write))
+        self._streams[member] = queue  # the newest stream of a member takes its snapshots
+        writer: asyncio.Task[None] | None = None
         refused: _Refused | None = None
         try:
+            # headers at once tell the opener its stream was admitted (PeerLink awaits
+            # them before it counts itself connected); a refused one gets only a status
+            await context.send_initial_metadata(())
+            writer = asyncio.get_running_loop().create_task(_write(queue, context.write))
             async for data in requests:
                 try:
                     msg = self._check(data, member, epoch)
@@ -207,12 +316,19 @@ class PeerServer:
                 self.received += 1
                 self.handler.deliver(msg)
         finally:
-            writer.cancel()
+            if writer is not None:
+                writer.cancel()
             if self._streams.get(member) is queue:
                 del self._streams[member]
+            self.open_streams -= 1
+            left = self._open_by_member[member] - 1
+            if left:
+                self._open_by_member[member] = left
+            else:
+                del self._open_by_member[member]
         if refused is not None:
-            self.refused += 1
-            log.warning("peer %s refused: %s", member, refused.details)
+            refused.reason = "bad_message"
+            self._refuse(refused, context.peer(), member)
             await context.abort(refused.code, refused.details)
 
 

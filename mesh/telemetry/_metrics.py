@@ -57,6 +57,8 @@ class NodeStats:
     ring_epoch: int = 0
     membership_stale: bool = False
     messages_sent: int = 0
+    # peer streams refused, by reason (mesh.peer: a fixed set of reasons, never a peer id)
+    peer_refused: dict[str, int] = field(default_factory=dict)
 
 
 class Telemetry:
@@ -221,6 +223,14 @@ class _Collector(Collector):
         yield CounterMetricFamily(
             "ratemesh_peer_messages_sent", "Peer messages sent", value=s.messages_sent
         )
+        refused = CounterMetricFamily(
+            "ratemesh_peer_refused",
+            "Peer streams refused or ended by this member, by reason",
+            labels=["reason"],
+        )
+        for reason, n in sorted(s.peer_refused.items()):
+            refused.add_metric([reason], n)
+        yield refused
 
     def _rank(
         self, s: NodeStats

@@ -50,7 +50,7 @@ POLICY = {
 }
 
 
-def _good(sender: str = "peer", epoch: int = 7, seq: int = 1) -> bytes:
+def _good(sender: str = "good", epoch: int = 7, seq: int = 1) -> bytes:
     return encode(
         ReportBatch.of(
             sender, 1, (UsageReport(KEY, sender, epoch, seq, iops_delta=1, unacked_from=seq),)
@@ -99,7 +99,7 @@ def _exchange(
     payloads: list[bytes],
     md: dict[str, str] | None = None,
 ) -> tuple[grpc.StatusCode, str, list[bytes]]:
-    metadata = md if md is not None else {MEMBER_MD: "peer", SCHEMA_MD: SCHEMA, EPOCH_MD: "7"}
+    metadata = md if md is not None else {MEMBER_MD: "good", SCHEMA_MD: SCHEMA, EPOCH_MD: "7"}
     with grpc.insecure_channel(addr) as ch:
         call = ch.stream_stream(EXCHANGE)(
             iter(payloads), metadata=tuple(metadata.items()), timeout=2
@@ -126,7 +126,7 @@ CASES: list[tuple[str, list[bytes], dict[str, str] | None, grpc.StatusCode, str]
     (
         "wrong schema",
         [_good()],
-        {MEMBER_MD: "peer", SCHEMA_MD: "1", EPOCH_MD: "7"},
+        {MEMBER_MD: "good", SCHEMA_MD: "1", EPOCH_MD: "7"},
         grpc.StatusCode.FAILED_PRECONDITION,
         "schema",
     ),
@@ -168,7 +168,7 @@ CASES: list[tuple[str, list[bytes], dict[str, str] | None, grpc.StatusCode, str]
     ),
     (
         "snapshot kind",
-        [encode(SnapshotBatch("peer", 1))],
+        [encode(SnapshotBatch("good", 1))],
         None,
         grpc.StatusCode.INVALID_ARGUMENT,
         "kind",
@@ -258,7 +258,7 @@ def test_codec_mutated_messages_only_message_error(path: list[int], value: Any) 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=10), max_size=5), _tree)
 def test_mutated_messages_over_a_real_channel(node: Mesh, path: list[int], value: Any) -> None:
-    wire = to_wire(ReportBatch.of("peer", 1, (UsageReport(KEY, "peer", 7, 1, iops_delta=1),)))
+    wire = to_wire(ReportBatch.of("good", 1, (UsageReport(KEY, "good", 7, 1, iops_delta=1),)))
     payload = msgpack.packb(_mutate(wire, path, value), use_bin_type=True)
     try:
         decode(payload, max_bytes=MAX_BYTES)
@@ -337,12 +337,16 @@ def test_forged_usage_from_a_stranger_or_a_member_changes_nothing() -> None:
         applied = node.health()["owner"]["applied_units"]
         forged = KeyHandover(KEY, INT_MAX, INT_MAX, INT_MAX)
         payloads = [_report("mallory", 1, 1, INT_MAX), encode(Handover("mallory", 1, (forged,)))]
-        assert _stream(node.address, payloads, _md("mallory", 1)) == grpc.StatusCode.OK
+        # mallory is refused at the stream's open, before a message is read (mesh.peer)
+        assert _stream(node.address, payloads, _md("mallory", 1)) == (
+            grpc.StatusCode.PERMISSION_DENIED
+        )
+        assert node.health()["peer"]["refused"]["not_member"] == 1
         assert _stream(node.address, [_report("good", 5, 1, INT_MAX)], _md("good", 5)) == (
             grpc.StatusCode.OK
         )
         owner = node.health()["owner"]
-        assert owner["refused"] == {"not_member": 2, "over_claim": 1, "over_refund": 0}
+        assert owner["refused"] == {"not_member": 0, "over_claim": 1, "over_refund": 0}
         assert owner["applied_units"] >= applied  # only n's own usage since
         admitted, elapsed = _admit_for(node, "carol", 1.0)
         assert admitted >= 0.8 * 1000 * elapsed, (admitted, elapsed)  # carol: 1000/s

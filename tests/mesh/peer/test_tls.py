@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 from pathlib import Path
 
 import grpc
@@ -14,98 +12,16 @@ from mesh.core.policy import Metric, RateKey
 from mesh.node import Mesh
 from mesh.peer import EXCHANGE
 from tests.mesh._util import POLICY, static_nodes, until
+from tests.mesh.peer._certs import tls_for
 
 pytestmark = pytest.mark.slow  # openssl makes the certificates; seconds
 
 KEY = RateKey("acme", Metric.READ_IOPS, 1)
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("openssl") is None:
-        pytest.fail("openssl is needed to make test certificates")
-    d = tmp_path_factory.mktemp("certs")
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=ratemesh-test-ca",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        cwd=d,
-    )
-    (d / "san.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    for name in ("peer", "stranger"):
-        _openssl(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            f"/CN={name}",
-            "-keyout",
-            f"{name}.key",
-            "-out",
-            f"{name}.csr",
-            cwd=d,
-        )
-        if name == "peer":
-            _openssl(
-                "x509",
-                "-req",
-                "-in",
-                "peer.csr",
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                "san.cnf",
-                "-out",
-                "peer.pem",
-                cwd=d,
-            )
-        else:  # self-signed: not from our CA
-            _openssl(
-                "x509",
-                "-req",
-                "-in",
-                "stranger.csr",
-                "-signkey",
-                "stranger.key",
-                "-days",
-                "2",
-                "-out",
-                "stranger.pem",
-                cwd=d,
-            )
-    return d
-
-
 def test_mutual_tls_between_members(certs: Path) -> None:
-    tls = {
-        "cert": str(certs / "peer.pem"),
-        "key": str(certs / "peer.key"),
-        "ca": str(certs / "ca.pem"),
-        "require_client_cert": True,
-    }
-
     async def main() -> None:
-        cfgs = static_nodes(["a", "b"], tls=tls)
+        cfgs = [dict(c, tls=tls_for(certs, c["member_id"])) for c in static_nodes(["a", "b"])]
         async with Mesh(cfgs[0]) as a, Mesh(cfgs[1]) as b:
             await until(lambda: len(a.ring) == 2 and len(b.ring) == 2, 2, "rings")
             owner, worker = (a, b) if a.ring.owner_of(KEY) == "a" else (b, a)
@@ -154,8 +70,8 @@ def test_policy_with_tls_needs_ca_for_client_certs(certs: Path) -> None:
         parse_config(
             {
                 "tls": {
-                    "cert": str(certs / "peer.pem"),
-                    "key": str(certs / "peer.key"),
+                    "cert": str(certs / "a.pem"),
+                    "key": str(certs / "a.key"),
                     "require_client_cert": True,
                 }
             }
@@ -166,11 +82,11 @@ def test_policy_with_tls_needs_ca_for_client_certs(certs: Path) -> None:
             "member_id": "a",
             "listen": "10.0.0.1:7000",
             "tls": {
-                "cert": str(certs / "peer.pem"),
-                "key": str(certs / "peer.key"),
+                "cert": str(certs / "a.pem"),
+                "key": str(certs / "a.key"),
                 "ca": str(certs / "ca.pem"),
             },
             "policies": {"inline": [POLICY]},
         }
     )
-    assert not [w for w in cfg.warnings() if "tls" in w]
+    assert not [w for w in cfg.warnings() if w.startswith("tls")]
