@@ -23,6 +23,7 @@ from mesh.coordinator import PolicyFeed
 from mesh.core.effects import Effect, FetchPolicy, Send
 from mesh.core.member import Member
 from mesh.core.messages import Message, ReportBatch, SnapshotBatch
+from mesh.core.owner._owner import FETCHING_MAX
 from mesh.core.policy import RateKey
 from mesh.core.ring import Ring
 from mesh.membership import MembershipSource, MembershipView
@@ -41,6 +42,15 @@ TRIM_AFTER = 10_000  # a forget pass that dropped this many tenants gives the he
 DELAYS_KEPT = 512  # recent report delays, for d in the envelope estimate
 NS = 1_000_000_000
 REFUSED_LOG_NS = NS  # peers' refused reports: one warning per this long, the rest at debug
+# Policy fetches (issue 12): the owner's FetchPolicy effects queue here (deduplicated) for
+# one fetcher task, which answers every queued key with one coordinator poll. The owner asks
+# for at most FETCHING_MAX keys at once, so the queue holds no more; a key still unknown
+# after its poll (or with no coordinator to ask) is held back for a retry delay before the
+# owner may ask again, in a deque bounded by the same number.
+FETCH_QUEUE_MAX = FETCHING_MAX
+FETCH_TIMEOUT_S = 5.0  # one coordinator poll on behalf of the queued keys
+FETCH_GAP_S = 0.1  # between two such polls: a flood of unknown keys is not a poll storm
+NO_COORDINATOR_RETRY_S = 1.0  # nothing to ask: refuse the key this long, then let it ask
 
 
 class NodeDriver:
@@ -86,6 +96,14 @@ class NodeDriver:
         telemetry.top_k = config.telemetry_top_k
         self._refused_logged_ns = -REFUSED_LOG_NS
         self.member.reporter.wake = self._wake
+        # Keys the owner asked to fetch (FetchPolicy), in order, each once; the fetcher's
+        # event; keys held back after a failed fetch, as (release ns, key), oldest first.
+        self._fetch_queue: dict[RateKey, None] = {}
+        self._fetch_wake = asyncio.Event()
+        self._fetch_held: deque[tuple[int, RateKey]] = deque()
+        retry_s = feed.poll_ttl_s if feed is not None else NO_COORDINATOR_RETRY_S
+        self._fetch_retry_ns = int(retry_s * NS)
+        self.fetch_polls = 0  # coordinator polls made for the owner's unknown keys
 
     @property
     def member_id(self) -> str:
@@ -100,6 +118,7 @@ class NodeDriver:
         if self.feed is not None:
             await self.feed.poll()  # best effort: start with the coordinator's policies
             self._spawn(self.feed.run(), "mesh-policy-feed")
+            self._spawn(self._fetcher(self.feed), "mesh-policy-fetch")
 
     def _spawn(self, coro: Any, name: str) -> None:
         assert self.loop is not None
@@ -132,6 +151,7 @@ class NodeDriver:
             asyncio.gather(*self._tasks, return_exceptions=True), CLOSE_STEP_S, "node tasks"
         )  # their crashes were logged
         self._tasks.clear()
+        self._release_fetches(None)  # the fetcher is gone: nothing stays asked for
         await _bounded(self.membership.close(), CLOSE_STEP_S, "membership source")
         if self.feed is not None:
             await _bounded(self.feed.source.close(), CLOSE_STEP_S, "policy source")
@@ -167,6 +187,9 @@ class NodeDriver:
                 effects = self.member.tick(now)
             self.ticks += 1
             self._carry(now, effects)
+            held = self._fetch_held
+            if held and held[0][0] <= now:
+                self._release_fetches(now)
             if now >= self._forget_at_ns:
                 self.forget_idle(now)
             next_t += interval_s
@@ -256,19 +279,77 @@ class NodeDriver:
                 self.messages_sent += 1
                 self.transport.send(e.to, e.message)
             elif isinstance(e, FetchPolicy):
-                assert self.loop is not None
-                self.loop.create_task(self._fetch(e.rate_key))
+                self._want_policy(now, e.rate_key)
 
-    async def _fetch(self, key: RateKey) -> None:
-        """An owner lacks a generation: ask the coordinator, then let it ask again later."""
-        if self.feed is not None:
-            await self.feed.fetch(key)
-            if self.member.policies.get(key) is None:
-                await asyncio.sleep(self.feed.poll_ttl_s)
+    # -- policy fetches -------------------------------------------------------------------
+
+    def _want_policy(self, now: int, key: RateKey) -> None:
+        """The owner lacks `key`'s generation: queue it for the fetcher (once), or hold it
+        back for a retry delay when there is no coordinator to ask or the node is closing.
+        A key that fits nowhere is answered at once: the owner may ask again later."""
+        queue = self._fetch_queue
+        if key in queue:
+            return  # coalesced: the queued fetch answers this one too
+        if self.feed is not None and not self.closing and len(queue) < FETCH_QUEUE_MAX:
+            queue[key] = None
+            self._fetch_wake.set()
+        elif len(self._fetch_held) < FETCH_QUEUE_MAX:
+            self._fetch_held.append((now + self._fetch_retry_ns, key))
         else:
-            await asyncio.sleep(1.0)  # nothing to ask; do not spin on it
-        with self.lock:
-            self.member.owner.policy_learned(key)
+            self._learned([key])
+
+    async def _fetcher(self, feed: PolicyFeed) -> None:
+        """The one fetch task: answer every queued key with one coordinator poll (bounded
+        by FETCH_TIMEOUT_S, at most one per FETCH_GAP_S). Whatever the outcome (learned,
+        unknown, failed, timed out, cancelled) every key taken is answered: learned ones at
+        once, the rest after the retry delay (`_release_fetches`)."""
+        queue = self._fetch_queue
+        while True:
+            await self._fetch_wake.wait()
+            self._fetch_wake.clear()
+            while queue:
+                keys = list(queue)  # arriving meanwhile: left queued, for the next poll
+                try:
+                    if any(self.member.policies.get(k) is None for k in keys):
+                        self.fetch_polls += 1
+                        await asyncio.wait_for(feed.poll(), FETCH_TIMEOUT_S)
+                except Exception as exc:  # noqa: BLE001 - any failure is "still unknown"
+                    log.warning("policy fetch for %d keys failed: %r", len(keys), exc)
+                finally:
+                    self._answer_fetched(keys)
+                await asyncio.sleep(FETCH_GAP_S)
+
+    def _answer_fetched(self, keys: list[RateKey]) -> None:
+        """A poll on behalf of `keys` ended: those now known may be asked for again at
+        once; the rest are held back for the retry delay."""
+        now = self.clock_ns()
+        policies, held = self.member.policies, self._fetch_held
+        known: list[RateKey] = []
+        for key in keys:
+            self._fetch_queue.pop(key, None)
+            if policies.get(key) is not None or len(held) >= FETCH_QUEUE_MAX:
+                known.append(key)
+            else:
+                held.append((now + self._fetch_retry_ns, key))
+        self._learned(known)
+
+    def _release_fetches(self, now: int | None) -> None:
+        """Answer the held keys whose retry delay ran out (all of them, and the queued
+        ones too, with `now` None: the node is closing)."""
+        held = self._fetch_held
+        keys: list[RateKey] = []
+        while held and (now is None or held[0][0] <= now):
+            keys.append(held.popleft()[1])
+        if now is None:
+            keys.extend(self._fetch_queue)
+            self._fetch_queue.clear()
+        self._learned(keys)
+
+    def _learned(self, keys: list[RateKey]) -> None:
+        if keys:
+            with self.lock:
+                for key in keys:
+                    self.member.owner.policy_learned(key)
 
     def _time_reports(self, now: int, batch: ReportBatch) -> None:
         sent = self._report_sent

@@ -49,6 +49,10 @@ SWEEP_NS = 1_000_000_000  # upkeep of every retained key, once a second
 # with every tenant ever seen. Tenant ids are non-empty, so OTHER_TENANT names none.
 RETIRED_SCOPES_MAX = 50
 OTHER_TENANT = ""
+# Generations being fetched at once (`_fetching`): one FetchPolicy per key until the driver
+# answers `policy_learned`. Past it a key without its policy is refused POLICY_UNKNOWN and
+# not fetched, so one batch of 65,536 unknown keys asks for at most this many (issue 12).
+FETCHING_MAX = 1024
 
 
 Row = tuple[RateKey, int, int, int, int, int, int, int]  # one snapshot's columns
@@ -448,8 +452,9 @@ class Owner:
     def _open(self, now_ns: int, key: RateKey, out: _Outbox) -> KeyState | None:
         policy = self.policies.get(key)
         if policy is None:
-            if key not in self._fetching:
-                self._fetching.add(key)
+            fetching = self._fetching
+            if key not in fetching and len(fetching) < FETCHING_MAX:
+                fetching.add(key)
                 out.effects.append(FetchPolicy(key))
             return None
         # Start conservatively (exhausted, refilling at R) unless this owner has held its

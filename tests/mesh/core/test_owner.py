@@ -14,7 +14,7 @@ from mesh.core.effects import Effect, FetchPolicy, Send
 from mesh.core.gcra import Gcra
 from mesh.core.messages import RejectReason, ReportBatch, SnapshotBatch, UsageReport
 from mesh.core.owner import Owner
-from mesh.core.owner._owner import RETIRED_SCOPES_MAX
+from mesh.core.owner._owner import FETCHING_MAX, RETIRED_SCOPES_MAX
 from mesh.core.policy import PolicyCache, RateKey, TenantRatePolicy
 from mesh.core.ring import Ring
 from tests.mesh._helpers import MS, cache, policy
@@ -369,3 +369,25 @@ def test_per_key_applied_shrinks_with_the_keys_the_owner_forgets() -> None:
     retired = {s for s in by_scope if s[0] not in {k.tenant_id for k in stays}}
     assert len(retired) <= 2 * RETIRED_SCOPES_MAX + 8 + 1
     assert len(by_scope) < 2000
+
+
+def test_fetches_in_flight_are_bounded_and_the_rest_refused_without_one() -> None:
+    """Issue 12: one batch of many unknown keys asks for at most FETCHING_MAX generations;
+    every unknown key is refused POLICY_UNKNOWN; an answered fetch frees its place."""
+    o = owner(policies=PolicyCache())
+    keys = [RateKey(f"u{i}", P.metric, 1) for i in range(FETCHING_MAX + 100)]
+    n = len(keys)
+    b = ReportBatch("w", 1, 1, tuple(keys), (1,) * n, (1,) * n, (0,) * n, (1,) * n)
+    effects = o.receive(NOW, b)
+    fetched = [e.rate_key for e in effects if isinstance(e, FetchPolicy)]
+    assert fetched == keys[:FETCHING_MAX]
+    rejected = [r for s in snapshot_batches(effects, "w") for r in s.rejections]
+    assert len(rejected) == n
+    assert {r.reason for r in rejected} == {RejectReason.POLICY_UNKNOWN}
+    assert not [e for e in o.receive(NOW, b) if isinstance(e, FetchPolicy)]  # all in flight
+    o.policy_learned(keys[0])
+    again = [e.rate_key for e in o.receive(NOW, b) if isinstance(e, FetchPolicy)]
+    assert again == [keys[0]] and len(o._fetching) == FETCHING_MAX
+    for k in keys:
+        o.policy_learned(k)
+    assert not o._fetching and not o.keys
