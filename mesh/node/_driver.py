@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import logging
 import threading
 import time
@@ -22,7 +23,7 @@ from mesh.config import Identity, NodeConfig
 from mesh.coordinator import PolicyFeed
 from mesh.core.effects import Effect, FetchPolicy, Send
 from mesh.core.member import Member
-from mesh.core.messages import Message, ReportBatch, SnapshotBatch
+from mesh.core.messages import MAX_ITEMS, Message, ReportBatch, SnapshotBatch
 from mesh.core.owner._owner import FETCHING_MAX
 from mesh.core.policy import RateKey
 from mesh.core.ring import Ring
@@ -51,6 +52,31 @@ FETCH_QUEUE_MAX = FETCHING_MAX
 FETCH_TIMEOUT_S = 5.0  # one coordinator poll on behalf of the queued keys
 FETCH_GAP_S = 0.1  # between two such polls: a flood of unknown keys is not a poll storm
 NO_COORDINATOR_RETRY_S = 1.0  # nothing to ask: refuse the key this long, then let it ask
+# Reports are applied in slices (issue 12): a batch of more than REPORT_SLICE_ROWS rows is
+# applied as sub-batches of that many rows, one per loop callback, so that a batch of the
+# largest legal size (MAX_ITEMS rows) holds the loop, and in threaded mode the lock, for
+# about a millisecond at a time (the owner takes 2-8 us a row) instead of a quarter second.
+REPORT_SLICE_ROWS = 128
+# Rows of one sender's batches waiting for their slices: the batch in progress plus about one
+# more of the largest size. Past it the sender's next batch is shed (counted in
+# `reports_shed`): its reports are resent until acknowledged, so shedding delays, loses nothing.
+BACKLOG_ROWS_MAX = 2 * MAX_ITEMS
+BACKLOG_SENDERS_MAX = 1024  # senders with a backlog at once; each is a peer stream's member
+# Memory of refused messages (issue 12): a stream refused for a bad message leaves the message
+# in reference cycles (exceptions' tracebacks hold the frames that hold the bytes), and the
+# raised GC thresholds of a node (`tune_gc`) collect young objects only after 50,000
+# allocations, which an idle node takes long to make: 600 refused 1 MiB messages held 1.2 GB.
+# Every REFUSED_CHECK_S a task reads the transport's count of refused streams; when it grew,
+# it collects generation 0, lets the loop turn REFUSED_FINALIZE_TURNS times and collects
+# generation 1. The first collection runs the garbage's finalizers, and those of the
+# streams' unfinished async generators schedule their `aclose()` on the loop, which keeps
+# the garbage alive (moved up to generation 1) until it ran; the second frees it there.
+# Their cost is bounded by the thresholds (young objects), not by the keys held, as a full
+# collection's would be (0.3 s at 125,000 owned keys). Then, at most once per
+# REFUSED_TRIM_NS, the freed heap goes back to the OS (`_trim_heap`).
+REFUSED_CHECK_S = 0.02
+REFUSED_FINALIZE_TURNS = 4
+REFUSED_TRIM_NS = NS
 
 
 class NodeDriver:
@@ -104,6 +130,16 @@ class NodeDriver:
         retry_s = feed.poll_ttl_s if feed is not None else NO_COORDINATOR_RETRY_S
         self._fetch_retry_ns = int(retry_s * NS)
         self.fetch_polls = 0  # coordinator polls made for the owner's unknown keys
+        # Report batches waiting to be applied in slices, per sender, served in turn.
+        self._backlog: dict[str, _Backlog] = {}
+        self._slicing = False  # a slice is scheduled on the loop
+        self.reports_sliced = 0  # batches applied in slices
+        self.reports_shed = 0  # batches dropped because their sender's backlog was full
+        self.deliver_hold_max_ns = 0  # the longest one message (or slice) held the Member
+        self._refused_seen = 0  # the transport's refused streams, when last looked at
+        self._trim_at_ns = self.started_ns  # the next heap trim after refusals, not sooner
+        self._trim_owed = False
+        self.refused_collections = 0  # collections run because streams were refused
 
     @property
     def member_id(self) -> str:
@@ -115,6 +151,7 @@ class NodeDriver:
         self.loop = asyncio.get_running_loop()
         self._spawn(self._ticker(), "mesh-tick")
         self._spawn(self._run_membership(), "mesh-membership")
+        self._spawn(self._collect_refused(), "mesh-refused-gc")
         if self.feed is not None:
             await self.feed.poll()  # best effort: start with the coordinator's policies
             self._spawn(self.feed.run(), "mesh-policy-feed")
@@ -164,6 +201,8 @@ class NodeDriver:
         so the new owners have it before the ring change sends them the keys' reports."""
         self._flush()
         await asyncio.sleep(0)  # reports to ourselves are delivered by the loop: apply them
+        while self._backlog:  # and what waits for its slices, so that it is handed over too
+            self._next_slice()
         now = self.clock_ns()
         with self.lock:
             effects = self.member.leave(now)
@@ -230,6 +269,25 @@ class NodeDriver:
         if dropped >= TRIM_AFTER:
             _trim_heap()
 
+    async def _collect_refused(self) -> None:
+        """Collect what refused streams left in cycles (REFUSED_CHECK_S says how)."""
+        while True:
+            await asyncio.sleep(REFUSED_CHECK_S)
+            refused = self.transport.stats().get("refused_streams", 0)
+            if refused != self._refused_seen:
+                self._refused_seen = refused
+                gc.collect(0)
+                for _ in range(REFUSED_FINALIZE_TURNS):
+                    await asyncio.sleep(0)
+                gc.collect(1)
+                self.refused_collections += 1
+                self._trim_owed = True
+            now = self.clock_ns()
+            if self._trim_owed and now >= self._trim_at_ns:
+                self._trim_owed = False
+                self._trim_at_ns = now + REFUSED_TRIM_NS
+                _trim_heap()
+
     # -- messages -------------------------------------------------------------------------
 
     def link_reset(self, peer: str) -> None:
@@ -238,13 +296,88 @@ class NodeDriver:
             self.member.reporter.link_reset(peer)
 
     def deliver(self, message: Message) -> None:
-        """A validated message from a peer (the transport's callback)."""
+        """A validated message from a peer (the transport's callback). A large report
+        batch, and any behind it from the same sender, is applied in slices."""
+        if isinstance(message, ReportBatch) and (
+            len(message.keys) > REPORT_SLICE_ROWS or message.sender in self._backlog
+        ):
+            self._queue_reports(message)
+            return
+        self._apply(message)
+
+    def _queue_reports(self, batch: ReportBatch) -> None:
+        """Queue `batch` behind its sender's backlog (order within a sender is kept), or
+        shed it if that is full; make sure a slice is scheduled."""
+        sender = batch.sender
+        backlog = self._backlog.get(sender)
+        if backlog is None:
+            if len(self._backlog) >= BACKLOG_SENDERS_MAX:
+                self.reports_shed += 1
+                return
+            backlog = self._backlog[sender] = _Backlog()
+        if backlog.rows + len(batch.keys) > BACKLOG_ROWS_MAX:
+            self.reports_shed += 1
+            return
+        backlog.batches.append(batch)
+        backlog.rows += len(batch.keys)
+        self.reports_sliced += 1
+        if not self._slicing:
+            self._slicing = True
+            assert self.loop is not None
+            self.loop.call_soon(self._slice)
+
+    def _slice(self) -> None:
+        """The loop's callback: one slice, then the next one is scheduled, so that the
+        loop serves timers and other peers in between."""
+        self._slicing = False
+        self._next_slice()
+        if self._backlog and not self._slicing:
+            self._slicing = True
+            assert self.loop is not None
+            self.loop.call_soon(self._slice)
+
+    def _next_slice(self) -> None:
+        """Apply the next REPORT_SLICE_ROWS rows of the first sender's backlog and send
+        that sender to the back (senders take turns). A slice is a batch of its own: the
+        same sender, worker_epoch and ring epoch, its rows in order; the owner replies to
+        each (sequences are per key, so no report spans two slices)."""
+        backlog = self._backlog
+        if not backlog:
+            return
+        sender = next(iter(backlog))
+        work = backlog.pop(sender)
+        batch, i = work.batches[0], work.offset
+        j = i + REPORT_SLICE_ROWS
+        if j >= len(batch.keys):
+            work.batches.popleft()
+            work.offset = 0
+        else:
+            work.offset = j
+        part = ReportBatch.trusted(  # a batch already decoded and validated, cut
+            sender,
+            batch.ring_epoch,
+            batch.worker_epoch,
+            batch.keys[i:j],
+            batch.sequences[i:j],
+            batch.deltas[i:j],
+            batch.denied[i:j],
+            batch.unacked_from[i:j],
+        )
+        work.rows -= len(part.keys)
+        if work.batches:
+            backlog[sender] = work
+        self._apply(part)
+
+    def _apply(self, message: Message) -> None:
         now = self.clock_ns()
         owner = self.member.owner
         with self.lock:
             before = owner.refused_n
             effects = self.member.deliver(now, message)
             refused = owner.refused_n - before
+        held = self.clock_ns() - now
+        if held > self.deliver_hold_max_ns:
+            self.deliver_hold_max_ns = held
         if refused:
             self._log_refused(now, message, refused)
         if isinstance(message, SnapshotBatch):
@@ -412,6 +545,18 @@ class NodeDriver:
         log.info(
             "ring epoch %d: %s%s", epoch, ",".join(new.members), " (stale)" if view.stale else ""
         )
+
+
+class _Backlog:
+    """One sender's report batches waiting for their slices; `offset`: the next row of
+    the first; `rows`: the rows not yet applied."""
+
+    __slots__ = ("batches", "offset", "rows")
+
+    def __init__(self) -> None:
+        self.batches: deque[ReportBatch] = deque()
+        self.offset = 0
+        self.rows = 0
 
 
 def _trim_heap() -> None:

@@ -12,12 +12,12 @@ from grpc import aio
 
 from bench._procs import free_port
 from mesh.coordinator import PolicySnapshot, PolicyStore
-from mesh.core.messages import ReportBatch, encode
+from mesh.core.messages import MAX_ITEMS, ReportBatch, SnapshotBatch, decode, encode
 from mesh.core.owner._owner import FETCHING_MAX
 from mesh.core.policy import Metric, RateKey
 from mesh.errors import PeerError
 from mesh.node import Mesh
-from mesh.node._driver import NodeDriver
+from mesh.node._driver import BACKLOG_ROWS_MAX, REPORT_SLICE_ROWS, NodeDriver
 from mesh.peer import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA_MD
 from mesh.peer._wire import SCHEMA
 from tests.mesh._util import POLICY, until
@@ -28,7 +28,17 @@ EPOCH = 7  # the hostile member's worker_epoch
 TASKS_ADDED_MAX = 12
 
 
-def _config(**extra: Any) -> dict[str, Any]:
+# Every tenant, at a rate no test reaches: a flood of known keys.
+ANY_TENANT = {
+    **POLICY,
+    "tenant_id": "*",
+    "target_rate": 10**9,
+    "global_burst": 10**9,
+    "local_burst_cap": 10**6,
+}
+
+
+def _config(policies: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
     """A node `n` in the static ring {n, good}; `good` never runs (its port is closed), so
     this test can send as a member."""
     addr = f"127.0.0.1:{free_port()}"
@@ -41,7 +51,7 @@ def _config(**extra: Any) -> dict[str, Any]:
                 "source": "static",
                 "members": {"n": addr, "good": f"127.0.0.1:{free_port()}"},
             },
-            "policies": {"inline": [POLICY]},
+            "policies": {"inline": [POLICY] if policies is None else policies},
         },
         **extra,
     )
@@ -60,13 +70,16 @@ def owned_keys(node: Mesh, n: int, prefix: str = "u") -> list[RateKey]:
     return keys
 
 
-def report_batch(node: Mesh, keys: list[RateKey], seq: int = 1) -> bytes:
+def reports(node: Mesh, keys: list[RateKey], seq: int = 1, sender: str = "good") -> ReportBatch:
+    """One unit of each key, at sequence `seq`."""
     n = len(keys)
-    return encode(
-        ReportBatch(
-            "good", node.ring.epoch, EPOCH, tuple(keys), (seq,) * n, (1,) * n, (0,) * n, (1,) * n
-        )
+    return ReportBatch(
+        sender, node.ring.epoch, EPOCH, tuple(keys), (seq,) * n, (1,) * n, (0,) * n, (1,) * n
     )
+
+
+def report_batch(node: Mesh, keys: list[RateKey], seq: int = 1) -> bytes:
+    return encode(reports(node, keys, seq))
 
 
 async def joined(node: Mesh) -> Mesh:
@@ -75,21 +88,25 @@ async def joined(node: Mesh) -> Mesh:
     return node
 
 
-async def send(addr: str, payloads: list[bytes], replies_min: int = 1) -> int:
-    """Send `payloads` on one stream as member `good`; read replies until `replies_min`
-    came (or the stream went quiet for a second). Returns the replies read."""
+async def send(addr: str, payloads: list[bytes], rows_min: int = 1) -> list[SnapshotBatch]:
+    """Send `payloads` on one stream as member `good`; read replies until they carry
+    `rows_min` rows (snapshots or rejections), or the stream went quiet for a second."""
     md = ((MEMBER_MD, "good"), (SCHEMA_MD, SCHEMA), (EPOCH_MD, str(EPOCH)))
-    got = 0
+    got: list[SnapshotBatch] = []
+    rows = 0
     async with aio.insecure_channel(addr) as ch:
-        call = ch.stream_stream(EXCHANGE)(metadata=md, timeout=30)
+        call = ch.stream_stream(EXCHANGE)(metadata=md, timeout=60)
         for p in payloads:
             await call.write(p)
         try:
-            while got < replies_min:
+            while rows < rows_min:
                 reply = await asyncio.wait_for(call.read(), 1.0)
                 if reply is aio.EOF:
                     break
-                got += 1
+                batch = decode(reply)
+                assert isinstance(batch, SnapshotBatch)
+                got.append(batch)
+                rows += len(batch.keys) + len(batch.rejections)
         except TimeoutError:
             pass
         call.cancel()
@@ -111,11 +128,11 @@ async def _flood_and_settle(node: Mesh, keys: list[RateKey]) -> tuple[int, int, 
     peak, fetching = [base], [0]
     watcher = asyncio.create_task(_watch_tasks(peak, fetching, driver))
     try:
-        replies = await send(node.address, [report_batch(node, keys)])
+        replies = await send(node.address, [report_batch(node, keys)], len(keys))
         await until(lambda: not driver.member.owner._fetching, 10, "every fetch answered")
     finally:
         watcher.cancel()
-    return peak[0] - base, fetching[0], replies
+    return peak[0] - base, fetching[0], sum(len(r.rejections) for r in replies)
 
 
 class CountingStore(PolicyStore):
@@ -145,7 +162,7 @@ def test_unknown_keys_without_a_coordinator_start_no_task_and_are_all_answered()
         async with Mesh(_config()) as node:
             keys = owned_keys(await joined(node), 20_000)
             added, fetching, replies = await _flood_and_settle(node, keys)
-            assert replies >= 1
+            assert replies == len(keys)  # every key refused, POLICY_UNKNOWN
             assert added <= TASKS_ADDED_MAX, added
             assert fetching == FETCHING_MAX
             assert node._require().fetch_polls == 0
@@ -201,5 +218,70 @@ def test_fetches_queued_or_held_when_the_node_closes_are_answered() -> None:
         await node.aclose()
         assert not driver.member.owner._fetching
         assert not driver._fetch_queue and not driver._fetch_held
+
+    asyncio.run(main())
+
+
+# -- slices -----------------------------------------------------------------------------------
+
+
+def test_a_batch_of_the_largest_size_is_applied_in_slices_with_the_loop_served_between() -> None:
+    """Every row applied once and acknowledged (one reply per slice); between two slices
+    the loop runs other callbacks (here a watcher that counts its turns)."""
+
+    async def main() -> None:
+        async with Mesh(_config([POLICY, ANY_TENANT])) as node:
+            driver = node._require()
+            keys = owned_keys(await joined(node), MAX_ITEMS)
+            turns = [0]
+
+            async def watch() -> None:
+                while True:
+                    if driver._backlog:
+                        turns[0] += 1
+                    await asyncio.sleep(0)
+
+            watcher = asyncio.create_task(watch())
+            replies = await send(node.address, [report_batch(node, keys)], MAX_ITEMS)
+            watcher.cancel()
+            acked = [k for r in replies for k, a in zip(r.keys, r.acks, strict=True) if a == 1]
+            assert sorted(acked) == sorted(keys)
+            assert all(len(r.keys) <= REPORT_SLICE_ROWS for r in replies)
+            assert driver.member.owner.applied_units == MAX_ITEMS
+            assert driver.reports_sliced == 1 and driver.reports_shed == 0
+            assert turns[0] >= MAX_ITEMS // REPORT_SLICE_ROWS - 2, turns
+            assert not driver._backlog
+
+    asyncio.run(main())
+
+
+def test_slices_keep_a_senders_order_take_turns_and_a_full_backlog_sheds() -> None:
+    async def main() -> None:
+        async with Mesh(_config([POLICY, ANY_TENANT])) as node:
+            driver = node._require()
+            owner = driver.member.owner
+            keys = owned_keys(await joined(node), MAX_ITEMS)
+            # A large batch and, behind it, a small one with the next sequence of two of its
+            # keys: the small one waits for the large one's slices, so both apply in order.
+            driver.deliver(reports(node, keys, seq=1))
+            driver.deliver(reports(node, keys[-2:], seq=2))
+            assert driver._backlog["good"].rows == MAX_ITEMS + 2
+            # The backlog is full at BACKLOG_ROWS_MAX rows: the next batch is shed.
+            driver.deliver(reports(node, keys, seq=3))
+            assert BACKLOG_ROWS_MAX < 2 * MAX_ITEMS + 2 and driver.reports_shed == 1
+            # Another sender's backlog takes turns with good's, a slice each.
+            driver.deliver(reports(node, keys[:1000], sender="n"))
+            before = {s: b.rows for s, b in driver._backlog.items()}
+            driver._next_slice()
+            driver._next_slice()
+            after = {s: b.rows for s, b in driver._backlog.items()}
+            assert {s: before[s] - after[s] for s in before} == {
+                "good": REPORT_SLICE_ROWS,
+                "n": REPORT_SLICE_ROWS,
+            }
+            await until(lambda: not driver._backlog, 60, "the backlog applied")
+            good = [ks.reporters["good"].watermark for ks in owner.keys.values()]
+            assert sorted(good)[-2:] == [2, 2] and good.count(1) == MAX_ITEMS - 2
+            assert owner.duplicates == 0
 
     asyncio.run(main())
