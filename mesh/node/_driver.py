@@ -71,11 +71,15 @@ BACKLOG_SENDERS_MAX = 1024  # senders with a backlog at once; each is a peer str
 # generation 1. The first collection runs the garbage's finalizers, and those of the
 # streams' unfinished async generators schedule their `aclose()` on the loop, which keeps
 # the garbage alive (moved up to generation 1) until it ran; the second frees it there.
-# Their cost is bounded by the thresholds (young objects), not by the keys held, as a full
-# collection's would be (0.3 s at 125,000 owned keys). Then, at most once per
-# REFUSED_TRIM_NS, the freed heap goes back to the OS (`_trim_heap`).
-REFUSED_CHECK_S = 0.02
+# Their cost is bounded by the thresholds (young objects), not by the keys held. A stream
+# still finishing during a collection is moved up instead, and may reach the oldest
+# generation: once refusals stop for REFUSED_QUIET_S, one full collection frees it, at most
+# once per REFUSED_FULL_NS (its cost grows with the keys held: 0.3 s at 125,000 owned keys).
+# Then, at most once per REFUSED_TRIM_NS, the freed heap goes back to the OS (`_trim_heap`).
+REFUSED_CHECK_S = 0.25
 REFUSED_FINALIZE_TURNS = 4
+REFUSED_QUIET_S = 1.0
+REFUSED_FULL_NS = 30 * NS
 REFUSED_TRIM_NS = NS
 
 
@@ -139,7 +143,11 @@ class NodeDriver:
         self._refused_seen = 0  # the transport's refused streams, when last looked at
         self._trim_at_ns = self.started_ns  # the next heap trim after refusals, not sooner
         self._trim_owed = False
-        self.refused_collections = 0  # collections run because streams were refused
+        self._full_owed = False  # refusals since the last full collection
+        self._full_at_ns = self.started_ns  # the next full collection, not sooner
+        self._refused_at_ns = 0  # when the refused count last grew
+        self.refused_collections = 0  # young collections run because streams were refused
+        self.refused_full_collections = 0
 
     @property
     def member_id(self) -> str:
@@ -273,16 +281,28 @@ class NodeDriver:
         """Collect what refused streams left in cycles (REFUSED_CHECK_S says how)."""
         while True:
             await asyncio.sleep(REFUSED_CHECK_S)
+            now = self.clock_ns()
             refused = self.transport.stats().get("refused_streams", 0)
             if refused != self._refused_seen:
                 self._refused_seen = refused
-                gc.collect(0)
+                self._refused_at_ns = now
+                await _collect_young()
+                self.refused_collections += 1
+                self._trim_owed = self._full_owed = True
+            elif (
+                self._full_owed
+                and now - self._refused_at_ns >= REFUSED_QUIET_S * NS
+                and now >= self._full_at_ns
+            ):
+                self._full_owed = False
+                self._full_at_ns = now + REFUSED_FULL_NS
+                await _collect_young()
+                gc.collect()
                 for _ in range(REFUSED_FINALIZE_TURNS):
                     await asyncio.sleep(0)
-                gc.collect(1)
-                self.refused_collections += 1
+                gc.collect()
+                self.refused_full_collections += 1
                 self._trim_owed = True
-            now = self.clock_ns()
             if self._trim_owed and now >= self._trim_at_ns:
                 self._trim_owed = False
                 self._trim_at_ns = now + REFUSED_TRIM_NS
@@ -545,6 +565,17 @@ class NodeDriver:
         log.info(
             "ring epoch %d: %s%s", epoch, ",".join(new.members), " (stale)" if view.stale else ""
         )
+
+
+async def _collect_young() -> None:
+    """Collect generations 0 and 1, letting the loop run the finalizers' `aclose()`s
+    in between (REFUSED_CHECK_S says why)."""
+    gc.collect(0)
+    for _ in range(REFUSED_FINALIZE_TURNS):
+        await asyncio.sleep(0)
+    gc.collect(1)
+    for _ in range(REFUSED_FINALIZE_TURNS):
+        await asyncio.sleep(0)
 
 
 class _Backlog:

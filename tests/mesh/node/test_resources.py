@@ -5,12 +5,16 @@ memory of refused messages is collected."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import grpc
+import pytest
 from grpc import aio
 
-from bench._procs import free_port
+from bench._procs import free_port, read_ready, spawn, stop, write_config
 from mesh.coordinator import PolicySnapshot, PolicyStore
 from mesh.core.messages import MAX_ITEMS, ReportBatch, SnapshotBatch, decode, encode
 from mesh.core.owner._owner import FETCHING_MAX
@@ -285,3 +289,57 @@ def test_slices_keep_a_senders_order_take_turns_and_a_full_backlog_sheds() -> No
             assert owner.duplicates == 0
 
     asyncio.run(main())
+
+
+# -- memory after refused messages ------------------------------------------------------------
+
+REFUSED_MESSAGES = 600  # the issue's count, of 1 MiB each: they held 1.1-1.2 GB
+RSS_RETURN_MB = 20  # the issue's target: back within this of the start
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.slow
+def test_memory_returns_after_600_refused_1mib_messages_on_a_standalone_node(
+    tmp_path: Path,
+) -> None:
+    """A real `mesh node` process (raised GC thresholds) refuses 600 messages of 1 MiB that
+    are not msgpack (INVALID_ARGUMENT); its RSS returns to within 20 MB of its start."""
+    addr = f"127.0.0.1:{free_port()}"
+    cfg = _config(listen=addr)
+    cfg["membership"]["members"]["n"] = addr
+    path = write_config(tmp_path / "n.yaml", cfg)
+    proc = spawn(["-m", "mesh.cli", "node", "--log-level", "error", "--config", str(path)])
+    try:
+        read_ready(proc)
+        time.sleep(1.0)  # settled: the ring adopted, the first ticks run
+        start = _rss_mb(proc.pid)
+        md = ((MEMBER_MD, "good"), (SCHEMA_MD, SCHEMA), (EPOCH_MD, str(EPOCH)))
+        payload = b"\x00" * (1 << 20)
+        codes: dict[grpc.StatusCode, int] = {}
+        peak = start
+        opts = [("grpc.max_send_message_length", 2 << 20)]
+        with grpc.insecure_channel(addr, options=opts) as ch:
+            for i in range(REFUSED_MESSAGES):
+                call = ch.stream_stream(EXCHANGE)(iter([payload]), metadata=md, timeout=10)
+                try:
+                    for _ in call:
+                        pass
+                except grpc.RpcError as exc:
+                    codes[exc.code()] = codes.get(exc.code(), 0) + 1
+                if i % 50 == 0:
+                    peak = max(peak, _rss_mb(proc.pid))
+        assert codes == {grpc.StatusCode.INVALID_ARGUMENT: REFUSED_MESSAGES}
+        deadline = time.monotonic() + 10
+        while (rss := _rss_mb(proc.pid)) > start + RSS_RETURN_MB and time.monotonic() < deadline:
+            time.sleep(0.25)
+        print(f"rss start {start:.1f} MB, peak {peak:.1f} MB, after {rss:.1f} MB")
+        assert rss <= start + RSS_RETURN_MB, (start, peak, rss)
+    finally:
+        stop(proc)
