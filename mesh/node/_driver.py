@@ -325,6 +325,12 @@ class NodeDriver:
             return
         self._apply(message)
 
+    def busy(self, sender: str) -> bool:
+        """Whether `sender`'s reports wait for their slices: a transport may hold off
+        reading its stream (flow control) rather than decode batches that would be shed."""
+        backlog = self._backlog.get(sender)
+        return backlog is not None and backlog.rows + MAX_ITEMS > BACKLOG_ROWS_MAX
+
     def _queue_reports(self, batch: ReportBatch) -> None:
         """Queue `batch` behind its sender's backlog (order within a sender is kept), or
         shed it if that is full; make sure a slice is scheduled."""

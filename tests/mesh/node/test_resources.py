@@ -270,6 +270,7 @@ def test_slices_keep_a_senders_order_take_turns_and_a_full_backlog_sheds() -> No
             driver.deliver(reports(node, keys, seq=1))
             driver.deliver(reports(node, keys[-2:], seq=2))
             assert driver._backlog["good"].rows == MAX_ITEMS + 2
+            assert driver.busy("good") and not driver.busy("n")
             # The backlog is full at BACKLOG_ROWS_MAX rows: the next batch is shed.
             driver.deliver(reports(node, keys, seq=3))
             assert BACKLOG_ROWS_MAX < 2 * MAX_ITEMS + 2 and driver.reports_shed == 1
