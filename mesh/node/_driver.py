@@ -53,10 +53,14 @@ FETCH_TIMEOUT_S = 5.0  # one coordinator poll on behalf of the queued keys
 FETCH_GAP_S = 0.1  # between two such polls: a flood of unknown keys is not a poll storm
 NO_COORDINATOR_RETRY_S = 1.0  # nothing to ask: refuse the key this long, then let it ask
 # Reports are applied in slices (issue 12): a batch of more than REPORT_SLICE_ROWS rows is
-# applied as sub-batches of that many rows, one per loop callback, so that a batch of the
-# largest legal size (MAX_ITEMS rows) holds the loop, and in threaded mode the lock, for
-# about a millisecond at a time (the owner takes 2-8 us a row) instead of a quarter second.
+# applied as sub-batches, one per loop callback, so that a batch of the largest legal size
+# (MAX_ITEMS rows) holds the loop, and in threaded mode the lock, for about SLICE_TARGET_NS
+# at a time instead of a quarter second or more. A row costs the owner 2-25 us (opening a
+# new key costs most), so each slice's row count follows the last slice's time, between
+# SLICE_ROWS_MIN and REPORT_SLICE_ROWS.
 REPORT_SLICE_ROWS = 128
+SLICE_ROWS_MIN = 16
+SLICE_TARGET_NS = 500_000
 # Rows of one sender's batches waiting for their slices: the batch in progress plus about one
 # more of the largest size. Past it the sender's next batch is shed (counted in
 # `reports_shed`): its reports are resent until acknowledged, so shedding delays, loses nothing.
@@ -137,6 +141,7 @@ class NodeDriver:
         # Report batches waiting to be applied in slices, per sender, served in turn.
         self._backlog: dict[str, _Backlog] = {}
         self._slicing = False  # a slice is scheduled on the loop
+        self._slice_rows = REPORT_SLICE_ROWS  # rows in the next slice (SLICE_TARGET_NS)
         self.reports_sliced = 0  # batches applied in slices
         self.reports_shed = 0  # batches dropped because their sender's backlog was full
         self.deliver_hold_max_ns = 0  # the longest one message (or slice) held the Member
@@ -373,7 +378,7 @@ class NodeDriver:
         sender = next(iter(backlog))
         work = backlog.pop(sender)
         batch, i = work.batches[0], work.offset
-        j = i + REPORT_SLICE_ROWS
+        j = i + self._slice_rows
         if j >= len(batch.keys):
             work.batches.popleft()
             work.offset = 0
@@ -392,7 +397,12 @@ class NodeDriver:
         work.rows -= len(part.keys)
         if work.batches:
             backlog[sender] = work
+        began = self.clock_ns()
         self._apply(part)
+        took = self.clock_ns() - began
+        if took > 0:  # the next slice's rows, for SLICE_TARGET_NS at this slice's pace
+            rows = len(part.keys) * SLICE_TARGET_NS // took
+            self._slice_rows = max(SLICE_ROWS_MIN, min(REPORT_SLICE_ROWS, rows))
 
     def _apply(self, message: Message) -> None:
         now = self.clock_ns()
