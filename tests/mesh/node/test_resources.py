@@ -92,9 +92,11 @@ async def joined(node: Mesh) -> Mesh:
     return node
 
 
-async def send(addr: str, payloads: list[bytes], rows_min: int = 1) -> list[SnapshotBatch]:
+async def send(
+    addr: str, payloads: list[bytes], rows_min: int = 1, quiet_s: float = 3.0
+) -> list[SnapshotBatch]:
     """Send `payloads` on one stream as member `good`; read replies until they carry
-    `rows_min` rows (snapshots or rejections), or the stream went quiet for a second."""
+    `rows_min` rows (snapshots or rejections), or the stream went quiet for `quiet_s`."""
     md = ((MEMBER_MD, "good"), (SCHEMA_MD, SCHEMA), (EPOCH_MD, str(EPOCH)))
     got: list[SnapshotBatch] = []
     rows = 0
@@ -104,7 +106,7 @@ async def send(addr: str, payloads: list[bytes], rows_min: int = 1) -> list[Snap
             await call.write(p)
         try:
             while rows < rows_min:
-                reply = await asyncio.wait_for(call.read(), 1.0)
+                reply = await asyncio.wait_for(call.read(), quiet_s)
                 if reply is aio.EOF:
                     break
                 batch = decode(reply)
@@ -249,7 +251,12 @@ def test_a_batch_of_the_largest_size_is_applied_in_slices_with_the_loop_served_b
             replies = await send(node.address, [report_batch(node, keys)], MAX_ITEMS)
             watcher.cancel()
             acked = [k for r in replies for k, a in zip(r.keys, r.acks, strict=True) if a == 1]
-            assert sorted(acked) == sorted(keys)
+            assert len(set(acked)) == len(acked) and set(acked) <= set(keys)
+            # Replies are best effort: a reply that finds the stream's queue full is dropped
+            # (the worker would resend its reports); every other one acknowledges its slice.
+            dropped = driver.transport.stats()["snapshots_dropped_no_stream"]
+            assert len(acked) >= MAX_ITEMS - dropped * REPORT_SLICE_ROWS
+            assert dropped or len(acked) == MAX_ITEMS
             assert all(len(r.keys) <= REPORT_SLICE_ROWS for r in replies)
             assert driver.member.owner.applied_units == MAX_ITEMS
             assert driver.reports_sliced == 1 and driver.reports_shed == 0
