@@ -57,9 +57,11 @@ NO_COORDINATOR_RETRY_S = 1.0  # nothing to ask: refuse the key this long, then l
 # (MAX_ITEMS rows) holds the loop, and in threaded mode the lock, for about SLICE_TARGET_NS
 # at a time instead of a quarter second or more. A row costs the owner 2-25 us (opening a
 # new key costs most), so each slice's row count follows the last slice's time, between
-# SLICE_ROWS_MIN and REPORT_SLICE_ROWS.
+# SLICE_ROWS_MIN and REPORT_SLICE_ROWS. The owner replies to every slice: at SLICE_ROWS_MIN
+# rows a batch of MAX_ITEMS rows gets 1024 replies, what a peer stream's queue holds
+# (mesh.peer's STREAM_QUEUE_MAX; a reply that finds it full is dropped).
 REPORT_SLICE_ROWS = 128
-SLICE_ROWS_MIN = 16
+SLICE_ROWS_MIN = 64
 SLICE_TARGET_NS = 500_000
 # Rows of one sender's batches waiting for their slices: the batch in progress plus about one
 # more of the largest size. Past it the sender's next batch is shed (counted in
