@@ -35,6 +35,7 @@ COMMANDS: dict[tuple[str, ...], Handler] = {
     ("bench", "owner"): _bench.owner,
     ("bench", "cluster"): _bench.cluster,
     ("bench", "churn"): _bench.churn,
+    ("bench", "flood"): _bench.flood,
 }
 
 
@@ -141,6 +142,12 @@ def _parser() -> argparse.ArgumentParser:
     churn.add_argument("--idle-seconds", dest="idle_seconds", type=float, default=3.0)
     churn.add_argument("--top-k", dest="top_k", type=int, default=50)
     _output_flags(churn)
+    flood = bsub.add_parser(
+        "flood", help="try_admit latency while a ring member sends the largest batches"
+    )
+    flood.add_argument("--seconds", type=float, default=3.0)
+    flood.add_argument("--batch-keys", dest="batch_keys", type=int, default=65_536)
+    _output_flags(flood)
     return p
 
 

@@ -1,4 +1,4 @@
-"""`mesh bench hotpath`, `owner`, `cluster` and `churn`: benchmarks of the real code, JSON
+"""`mesh bench hotpath`, `owner`, `cluster`, `churn` and `flood`: benchmarks of the real code, JSON
 on stdout."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from ratemesh.checks import check_int
 
 from ._output import emit, positive_s
 
-__all__ = ["churn", "cluster", "hotpath", "owner"]
+__all__ = ["churn", "cluster", "flood", "hotpath", "owner"]
 
 
 def hotpath(args: argparse.Namespace) -> int:
@@ -62,6 +62,19 @@ def churn(args: argparse.Namespace) -> int:
             tenants=check_int("--tenants", args.tenants, minimum=1),
             idle_s=positive_s("--idle-seconds", args.idle_seconds),
             top_k=check_int("--top-k", args.top_k, minimum=1, maximum=10_000),
+        ),
+        args,
+    )
+    return 0
+
+
+def flood(args: argparse.Namespace) -> int:
+    from bench.flood import run
+
+    emit(
+        run(
+            seconds=positive_s("--seconds", args.seconds),
+            batch_keys=check_int("--batch-keys", args.batch_keys, minimum=1, maximum=65_536),
         ),
         args,
     )

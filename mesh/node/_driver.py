@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import logging
 import threading
 import time
@@ -22,7 +23,8 @@ from mesh.config import Identity, NodeConfig
 from mesh.coordinator import PolicyFeed
 from mesh.core.effects import Effect, FetchPolicy, Send
 from mesh.core.member import Member
-from mesh.core.messages import Message, ReportBatch, SnapshotBatch
+from mesh.core.messages import MAX_ITEMS, Message, ReportBatch, SnapshotBatch
+from mesh.core.owner._owner import FETCHING_MAX
 from mesh.core.policy import RateKey
 from mesh.core.ring import Ring
 from mesh.membership import MembershipSource, MembershipView
@@ -41,6 +43,50 @@ TRIM_AFTER = 10_000  # a forget pass that dropped this many tenants gives the he
 DELAYS_KEPT = 512  # recent report delays, for d in the envelope estimate
 NS = 1_000_000_000
 REFUSED_LOG_NS = NS  # peers' refused reports: one warning per this long, the rest at debug
+# Policy fetches (issue 12): the owner's FetchPolicy effects queue here (deduplicated) for
+# one fetcher task, which answers every queued key with one coordinator poll. The owner asks
+# for at most FETCHING_MAX keys at once, so the queue holds no more; a key still unknown
+# after its poll (or with no coordinator to ask) is held back for a retry delay before the
+# owner may ask again, in a deque bounded by the same number.
+FETCH_QUEUE_MAX = FETCHING_MAX
+FETCH_TIMEOUT_S = 5.0  # one coordinator poll on behalf of the queued keys
+FETCH_GAP_S = 0.1  # between two such polls: a flood of unknown keys is not a poll storm
+NO_COORDINATOR_RETRY_S = 1.0  # nothing to ask: refuse the key this long, then let it ask
+# Reports are applied in slices (issue 12): a batch of more than REPORT_SLICE_ROWS rows is
+# applied as sub-batches, one per loop callback, so that a batch of the largest legal size
+# (MAX_ITEMS rows) holds the loop, and in threaded mode the lock, for about SLICE_TARGET_NS
+# at a time instead of a quarter second or more. A row costs the owner 2-25 us (opening a
+# new key costs most), so each slice's row count follows the last slice's time, between
+# SLICE_ROWS_MIN and REPORT_SLICE_ROWS. The owner replies to every slice: at SLICE_ROWS_MIN
+# rows a batch of MAX_ITEMS rows gets 1024 replies, what a peer stream's queue holds
+# (mesh.peer's STREAM_QUEUE_MAX; a reply that finds it full is dropped).
+REPORT_SLICE_ROWS = 128
+SLICE_ROWS_MIN = 64
+SLICE_TARGET_NS = 500_000
+# Rows of one sender's batches waiting for their slices: the batch in progress plus about one
+# more of the largest size. Past it the sender's next batch is shed (counted in
+# `reports_shed`): its reports are resent until acknowledged, so shedding delays, loses nothing.
+BACKLOG_ROWS_MAX = 2 * MAX_ITEMS
+BACKLOG_SENDERS_MAX = 1024  # senders with a backlog at once; each is a peer stream's member
+# Memory of refused messages (issue 12): a stream refused for a bad message leaves the message
+# in reference cycles (exceptions' tracebacks hold the frames that hold the bytes), and the
+# raised GC thresholds of a node (`tune_gc`) collect young objects only after 50,000
+# allocations, which an idle node takes long to make: 600 refused 1 MiB messages held 1.2 GB.
+# Every REFUSED_CHECK_S a task reads the transport's count of refused streams; when it grew,
+# it collects generation 0, lets the loop turn REFUSED_FINALIZE_TURNS times and collects
+# generation 1. The first collection runs the garbage's finalizers, and those of the
+# streams' unfinished async generators schedule their `aclose()` on the loop, which keeps
+# the garbage alive (moved up to generation 1) until it ran; the second frees it there.
+# Their cost is bounded by the thresholds (young objects), not by the keys held. A stream
+# still finishing during a collection is moved up instead, and may reach the oldest
+# generation: once refusals stop for REFUSED_QUIET_S, one full collection frees it, at most
+# once per REFUSED_FULL_NS (its cost grows with the keys held: 0.3 s at 125,000 owned keys).
+# Then, at most once per REFUSED_TRIM_NS, the freed heap goes back to the OS (`_trim_heap`).
+REFUSED_CHECK_S = 0.25
+REFUSED_FINALIZE_TURNS = 4
+REFUSED_QUIET_S = 1.0
+REFUSED_FULL_NS = 30 * NS
+REFUSED_TRIM_NS = NS
 
 
 class NodeDriver:
@@ -86,6 +132,29 @@ class NodeDriver:
         telemetry.top_k = config.telemetry_top_k
         self._refused_logged_ns = -REFUSED_LOG_NS
         self.member.reporter.wake = self._wake
+        # Keys the owner asked to fetch (FetchPolicy), in order, each once; the fetcher's
+        # event; keys held back after a failed fetch, as (release ns, key), oldest first.
+        self._fetch_queue: dict[RateKey, None] = {}
+        self._fetch_wake = asyncio.Event()
+        self._fetch_held: deque[tuple[int, RateKey]] = deque()
+        retry_s = feed.poll_ttl_s if feed is not None else NO_COORDINATOR_RETRY_S
+        self._fetch_retry_ns = int(retry_s * NS)
+        self.fetch_polls = 0  # coordinator polls made for the owner's unknown keys
+        # Report batches waiting to be applied in slices, per sender, served in turn.
+        self._backlog: dict[str, _Backlog] = {}
+        self._slicing = False  # a slice is scheduled on the loop
+        self._slice_rows = REPORT_SLICE_ROWS  # rows in the next slice (SLICE_TARGET_NS)
+        self.reports_sliced = 0  # batches applied in slices
+        self.reports_shed = 0  # batches dropped because their sender's backlog was full
+        self.deliver_hold_max_ns = 0  # the longest one message (or slice) held the Member
+        self._refused_seen = 0  # the transport's refused streams, when last looked at
+        self._trim_at_ns = self.started_ns  # the next heap trim after refusals, not sooner
+        self._trim_owed = False
+        self._full_owed = False  # refusals since the last full collection
+        self._full_at_ns = self.started_ns  # the next full collection, not sooner
+        self._refused_at_ns = 0  # when the refused count last grew
+        self.refused_collections = 0  # young collections run because streams were refused
+        self.refused_full_collections = 0
 
     @property
     def member_id(self) -> str:
@@ -97,9 +166,11 @@ class NodeDriver:
         self.loop = asyncio.get_running_loop()
         self._spawn(self._ticker(), "mesh-tick")
         self._spawn(self._run_membership(), "mesh-membership")
+        self._spawn(self._collect_refused(), "mesh-refused-gc")
         if self.feed is not None:
             await self.feed.poll()  # best effort: start with the coordinator's policies
             self._spawn(self.feed.run(), "mesh-policy-feed")
+            self._spawn(self._fetcher(self.feed), "mesh-policy-fetch")
 
     def _spawn(self, coro: Any, name: str) -> None:
         assert self.loop is not None
@@ -132,6 +203,7 @@ class NodeDriver:
             asyncio.gather(*self._tasks, return_exceptions=True), CLOSE_STEP_S, "node tasks"
         )  # their crashes were logged
         self._tasks.clear()
+        self._release_fetches(None)  # the fetcher is gone: nothing stays asked for
         await _bounded(self.membership.close(), CLOSE_STEP_S, "membership source")
         if self.feed is not None:
             await _bounded(self.feed.source.close(), CLOSE_STEP_S, "policy source")
@@ -144,6 +216,8 @@ class NodeDriver:
         so the new owners have it before the ring change sends them the keys' reports."""
         self._flush()
         await asyncio.sleep(0)  # reports to ourselves are delivered by the loop: apply them
+        while self._backlog:  # and what waits for its slices, so that it is handed over too
+            self._next_slice()
         now = self.clock_ns()
         with self.lock:
             effects = self.member.leave(now)
@@ -167,6 +241,9 @@ class NodeDriver:
                 effects = self.member.tick(now)
             self.ticks += 1
             self._carry(now, effects)
+            held = self._fetch_held
+            if held and held[0][0] <= now:
+                self._release_fetches(now)
             if now >= self._forget_at_ns:
                 self.forget_idle(now)
             next_t += interval_s
@@ -207,6 +284,37 @@ class NodeDriver:
         if dropped >= TRIM_AFTER:
             _trim_heap()
 
+    async def _collect_refused(self) -> None:
+        """Collect what refused streams left in cycles (REFUSED_CHECK_S says how)."""
+        while True:
+            await asyncio.sleep(REFUSED_CHECK_S)
+            now = self.clock_ns()
+            refused = self.transport.stats().get("refused_streams", 0)
+            if refused != self._refused_seen:
+                self._refused_seen = refused
+                self._refused_at_ns = now
+                await _collect_young()
+                self.refused_collections += 1
+                self._trim_owed = self._full_owed = True
+            elif (
+                self._full_owed
+                and now - self._refused_at_ns >= REFUSED_QUIET_S * NS
+                and now >= self._full_at_ns
+            ):
+                self._full_owed = False
+                self._full_at_ns = now + REFUSED_FULL_NS
+                await _collect_young()
+                gc.collect()
+                for _ in range(REFUSED_FINALIZE_TURNS):
+                    await asyncio.sleep(0)
+                gc.collect()
+                self.refused_full_collections += 1
+                self._trim_owed = True
+            if self._trim_owed and now >= self._trim_at_ns:
+                self._trim_owed = False
+                self._trim_at_ns = now + REFUSED_TRIM_NS
+                _trim_heap()
+
     # -- messages -------------------------------------------------------------------------
 
     def link_reset(self, peer: str) -> None:
@@ -215,13 +323,99 @@ class NodeDriver:
             self.member.reporter.link_reset(peer)
 
     def deliver(self, message: Message) -> None:
-        """A validated message from a peer (the transport's callback)."""
+        """A validated message from a peer (the transport's callback). A large report
+        batch, and any behind it from the same sender, is applied in slices."""
+        if isinstance(message, ReportBatch) and (
+            len(message.keys) > REPORT_SLICE_ROWS or message.sender in self._backlog
+        ):
+            self._queue_reports(message)
+            return
+        self._apply(message)
+
+    def busy(self, sender: str) -> bool:
+        """Whether `sender`'s reports wait for their slices: a transport may hold off
+        reading its stream (flow control) rather than decode batches that would be shed."""
+        backlog = self._backlog.get(sender)
+        return backlog is not None and backlog.rows + MAX_ITEMS > BACKLOG_ROWS_MAX
+
+    def _queue_reports(self, batch: ReportBatch) -> None:
+        """Queue `batch` behind its sender's backlog (order within a sender is kept), or
+        shed it if that is full; make sure a slice is scheduled."""
+        sender = batch.sender
+        backlog = self._backlog.get(sender)
+        if backlog is None:
+            if len(self._backlog) >= BACKLOG_SENDERS_MAX:
+                self.reports_shed += 1
+                return
+            backlog = self._backlog[sender] = _Backlog()
+        if backlog.rows + len(batch.keys) > BACKLOG_ROWS_MAX:
+            self.reports_shed += 1
+            return
+        backlog.batches.append(batch)
+        backlog.rows += len(batch.keys)
+        self.reports_sliced += 1
+        if not self._slicing:
+            self._slicing = True
+            assert self.loop is not None
+            self.loop.call_soon(self._slice)
+
+    def _slice(self) -> None:
+        """The loop's callback: one slice, then the next one is scheduled, so that the
+        loop serves timers and other peers in between."""
+        self._slicing = False
+        self._next_slice()
+        if self._backlog and not self._slicing:
+            self._slicing = True
+            assert self.loop is not None
+            self.loop.call_soon(self._slice)
+
+    def _next_slice(self) -> None:
+        """Apply the next REPORT_SLICE_ROWS rows of the first sender's backlog and send
+        that sender to the back (senders take turns). A slice is a batch of its own: the
+        same sender, worker_epoch and ring epoch, its rows in order; the owner replies to
+        each (sequences are per key, so no report spans two slices)."""
+        backlog = self._backlog
+        if not backlog:
+            return
+        sender = next(iter(backlog))
+        work = backlog.pop(sender)
+        batch, i = work.batches[0], work.offset
+        j = i + self._slice_rows
+        if j >= len(batch.keys):
+            work.batches.popleft()
+            work.offset = 0
+        else:
+            work.offset = j
+        part = ReportBatch.trusted(  # a batch already decoded and validated, cut
+            sender,
+            batch.ring_epoch,
+            batch.worker_epoch,
+            batch.keys[i:j],
+            batch.sequences[i:j],
+            batch.deltas[i:j],
+            batch.denied[i:j],
+            batch.unacked_from[i:j],
+        )
+        work.rows -= len(part.keys)
+        if work.batches:
+            backlog[sender] = work
+        began = self.clock_ns()
+        self._apply(part)
+        took = self.clock_ns() - began
+        if took > 0:  # the next slice's rows, for SLICE_TARGET_NS at this slice's pace
+            rows = len(part.keys) * SLICE_TARGET_NS // took
+            self._slice_rows = max(SLICE_ROWS_MIN, min(REPORT_SLICE_ROWS, rows))
+
+    def _apply(self, message: Message) -> None:
         now = self.clock_ns()
         owner = self.member.owner
         with self.lock:
             before = owner.refused_n
             effects = self.member.deliver(now, message)
             refused = owner.refused_n - before
+        held = self.clock_ns() - now
+        if held > self.deliver_hold_max_ns:
+            self.deliver_hold_max_ns = held
         if refused:
             self._log_refused(now, message, refused)
         if isinstance(message, SnapshotBatch):
@@ -256,19 +450,77 @@ class NodeDriver:
                 self.messages_sent += 1
                 self.transport.send(e.to, e.message)
             elif isinstance(e, FetchPolicy):
-                assert self.loop is not None
-                self.loop.create_task(self._fetch(e.rate_key))
+                self._want_policy(now, e.rate_key)
 
-    async def _fetch(self, key: RateKey) -> None:
-        """An owner lacks a generation: ask the coordinator, then let it ask again later."""
-        if self.feed is not None:
-            await self.feed.fetch(key)
-            if self.member.policies.get(key) is None:
-                await asyncio.sleep(self.feed.poll_ttl_s)
+    # -- policy fetches -------------------------------------------------------------------
+
+    def _want_policy(self, now: int, key: RateKey) -> None:
+        """The owner lacks `key`'s generation: queue it for the fetcher (once), or hold it
+        back for a retry delay when there is no coordinator to ask or the node is closing.
+        A key that fits nowhere is answered at once: the owner may ask again later."""
+        queue = self._fetch_queue
+        if key in queue:
+            return  # coalesced: the queued fetch answers this one too
+        if self.feed is not None and not self.closing and len(queue) < FETCH_QUEUE_MAX:
+            queue[key] = None
+            self._fetch_wake.set()
+        elif len(self._fetch_held) < FETCH_QUEUE_MAX:
+            self._fetch_held.append((now + self._fetch_retry_ns, key))
         else:
-            await asyncio.sleep(1.0)  # nothing to ask; do not spin on it
-        with self.lock:
-            self.member.owner.policy_learned(key)
+            self._learned([key])
+
+    async def _fetcher(self, feed: PolicyFeed) -> None:
+        """The one fetch task: answer every queued key with one coordinator poll (bounded
+        by FETCH_TIMEOUT_S, at most one per FETCH_GAP_S). Whatever the outcome (learned,
+        unknown, failed, timed out, cancelled) every key taken is answered: learned ones at
+        once, the rest after the retry delay (`_release_fetches`)."""
+        queue = self._fetch_queue
+        while True:
+            await self._fetch_wake.wait()
+            self._fetch_wake.clear()
+            while queue:
+                keys = list(queue)  # arriving meanwhile: left queued, for the next poll
+                try:
+                    if any(self.member.policies.get(k) is None for k in keys):
+                        self.fetch_polls += 1
+                        await asyncio.wait_for(feed.poll(), FETCH_TIMEOUT_S)
+                except Exception as exc:  # noqa: BLE001 - any failure is "still unknown"
+                    log.warning("policy fetch for %d keys failed: %r", len(keys), exc)
+                finally:
+                    self._answer_fetched(keys)
+                await asyncio.sleep(FETCH_GAP_S)
+
+    def _answer_fetched(self, keys: list[RateKey]) -> None:
+        """A poll on behalf of `keys` ended: those now known may be asked for again at
+        once; the rest are held back for the retry delay."""
+        now = self.clock_ns()
+        policies, held = self.member.policies, self._fetch_held
+        known: list[RateKey] = []
+        for key in keys:
+            self._fetch_queue.pop(key, None)
+            if policies.get(key) is not None or len(held) >= FETCH_QUEUE_MAX:
+                known.append(key)
+            else:
+                held.append((now + self._fetch_retry_ns, key))
+        self._learned(known)
+
+    def _release_fetches(self, now: int | None) -> None:
+        """Answer the held keys whose retry delay ran out (all of them, and the queued
+        ones too, with `now` None: the node is closing)."""
+        held = self._fetch_held
+        keys: list[RateKey] = []
+        while held and (now is None or held[0][0] <= now):
+            keys.append(held.popleft()[1])
+        if now is None:
+            keys.extend(self._fetch_queue)
+            self._fetch_queue.clear()
+        self._learned(keys)
+
+    def _learned(self, keys: list[RateKey]) -> None:
+        if keys:
+            with self.lock:
+                for key in keys:
+                    self.member.owner.policy_learned(key)
 
     def _time_reports(self, now: int, batch: ReportBatch) -> None:
         sent = self._report_sent
@@ -331,6 +583,29 @@ class NodeDriver:
         log.info(
             "ring epoch %d: %s%s", epoch, ",".join(new.members), " (stale)" if view.stale else ""
         )
+
+
+async def _collect_young() -> None:
+    """Collect generations 0 and 1, letting the loop run the finalizers' `aclose()`s
+    in between (REFUSED_CHECK_S says why)."""
+    gc.collect(0)
+    for _ in range(REFUSED_FINALIZE_TURNS):
+        await asyncio.sleep(0)
+    gc.collect(1)
+    for _ in range(REFUSED_FINALIZE_TURNS):
+        await asyncio.sleep(0)
+
+
+class _Backlog:
+    """One sender's report batches waiting for their slices; `offset`: the next row of
+    the first; `rows`: the rows not yet applied."""
+
+    __slots__ = ("batches", "offset", "rows")
+
+    def __init__(self) -> None:
+        self.batches: deque[ReportBatch] = deque()
+        self.offset = 0
+        self.rows = 0
 
 
 def _trim_heap() -> None:

@@ -136,6 +136,13 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             "snapshots_taken": m.reporter.snapshots_taken,
         },
         "peer": driver.transport.stats(),
+        "bounds": {  # issue 12: what the named bounds on the node's work did
+            "reports_sliced": driver.reports_sliced,
+            "reports_shed": driver.reports_shed,
+            "deliver_hold_max_ms": round(driver.deliver_hold_max_ns / 1e6, 3),
+            "policy_fetches": len(m.owner._fetching),
+            "fetch_polls": driver.fetch_polls,
+        },
     }
 
 

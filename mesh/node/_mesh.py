@@ -426,5 +426,9 @@ class _Handler:
         if self.driver is not None:
             self.driver.link_reset(peer)
 
+    def busy(self, sender: str) -> bool:
+        """Flow control for a stream: `NodeDriver.busy` (issue 12)."""
+        return self.driver is not None and self.driver.busy(sender)
+
     def status(self) -> dict[str, Any]:
         return {} if self.driver is None else health(self.driver)

@@ -65,3 +65,24 @@ def test_bench_churn_keys() -> None:
         0,
     ]
     assert isinstance(res["metrics_tenant_labels"], int) and res["metrics_tenant_labels"] <= 51
+
+
+def test_bench_flood_keys() -> None:
+    res = _run("flood", "--seconds", "0.5", "--batch-keys", "2000")
+    for phase in ("baseline", "flood"):
+        phase_res = res[phase]
+        assert isinstance(phase_res, dict)
+        for key in ("p50_us", "p99_us", "p999_us", "max_us", "calls_per_s"):
+            assert key in phase_res, (phase, key)
+    for key in (
+        "target_p99_us",
+        "within_target",
+        "batches_received",
+        "reports_sliced",
+        "reports_shed",
+        "deliver_hold_max_ms",
+        "policy_fetches_max",
+    ):
+        assert key in res, key
+    assert isinstance(res["batches_received"], int) and res["batches_received"] >= 1
+    assert isinstance(res["policy_fetches_max"], int) and res["policy_fetches_max"] <= 1024

@@ -14,6 +14,7 @@ skipped batch number ends the vouching).
 
 from __future__ import annotations
 
+from collections import deque
 from heapq import heappop, heappush
 from typing import Any
 
@@ -43,12 +44,19 @@ from mesh.errors import ConfigTypeError
 
 __all__ = ["Owner"]
 
-SWEEP_NS = 1_000_000_000  # upkeep of every retained key, once a second
+SWEEP_NS = 1_000_000_000  # upkeep of every retained key: a pass starts at most once a second
+# Keys one tick's part of that upkeep visits: a pass over 250,000 keys is spread over ticks
+# instead of stalling one (issue 12): about 1 ms of a tick; at 5 ms ticks, 200,000 keys a second.
+SWEEP_SLICE = 1024
 # Telemetry of forgotten keys (`Owner._applied_retired`): this many scopes keep a total of
 # their own; the rest are summed per metric under OTHER_TENANT, so the map does not grow
 # with every tenant ever seen. Tenant ids are non-empty, so OTHER_TENANT names none.
 RETIRED_SCOPES_MAX = 50
 OTHER_TENANT = ""
+# Generations being fetched at once (`_fetching`): one FetchPolicy per key until the driver
+# answers `policy_learned`. Past it a key without its policy is refused POLICY_UNKNOWN and
+# not fetched, so one batch of 65,536 unknown keys asks for at most this many (issue 12).
+FETCHING_MAX = 1024
 
 
 Row = tuple[RateKey, int, int, int, int, int, int, int]  # one snapshot's columns
@@ -139,6 +147,13 @@ class Owner:
         self._due: list[tuple[int, int, RateKey]] = []
         self._due_n = 0
         self._swept_ns = now_ns
+        # The upkeep's round: every retained key's state, in the order `_sweep` visits them
+        # (a key's state is appended when it opens and again after each visit), and how
+        # many the current pass has yet to visit. A forgotten or moved key's entry is
+        # dropped at its next visit, so this holds at most the keys of one pass.
+        self._sweep_order: deque[KeyState] = deque()
+        self._sweep_left = 0
+        self._sweep_forgot = 0
         self.applied_units = 0  # telemetry: usage applied, in the keys' own units
         # Telemetry: usage applied by keys this owner no longer holds, per (tenant, metric),
         # so that the per-scope counter (`applied_by_scope`) never goes down when a key is
@@ -374,7 +389,7 @@ class Owner:
                 ks.exhausted = False
             self._broadcast(now_ns, ks, out, sync_ns=sync_ns)
         self._vouch(now_ns, out)
-        if now_ns - self._swept_ns >= SWEEP_NS:
+        if self._sweep_left or now_ns - self._swept_ns >= SWEEP_NS:
             self._sweep(now_ns)
         return out.drain()
 
@@ -392,19 +407,29 @@ class Owner:
                 out.beat(worker)
 
     def _sweep(self, now_ns: int) -> None:
-        """Forget idempotency records past retention, keys that are idle and full, and the
-        batch numbers of workers we have not written to for as long."""
-        self._swept_ns = now_ns
+        """Part of the upkeep: forget idempotency records past retention and keys that are
+        idle and full, visiting at most SWEEP_SLICE keys and resuming where the last tick
+        stopped; a pass (which also forgets the batch numbers of workers we have not
+        written to for as long) starts at most once per SWEEP_NS."""
         retention_ns = self.config.idempotency_retention_ms * MS
-        for worker in [
-            w
-            for w, at in self._out_at.items()
-            if now_ns - at > retention_ns and w not in self._leases
-        ]:
-            del self._out_at[worker], self._out_seq[worker]
-        held = len(self.keys)
-        for key in list(self.keys):
-            ks = self.keys[key]
+        order, keys = self._sweep_order, self.keys
+        if not self._sweep_left:  # a new pass
+            self._swept_ns = now_ns
+            for worker in [
+                w
+                for w, at in self._out_at.items()
+                if now_ns - at > retention_ns and w not in self._leases
+            ]:
+                del self._out_at[worker], self._out_seq[worker]
+            self._sweep_left = len(order)
+            self._sweep_forgot = 0
+        n = min(SWEEP_SLICE, self._sweep_left)
+        self._sweep_left -= n
+        for _ in range(n):
+            ks = order.popleft()
+            key = ks.policy.rate_key
+            if keys.get(key) is not ks:
+                continue  # forgotten or moved since; its entry ends here
             for worker, rs in list(ks.reporters.items()):
                 if now_ns - rs.last_seen_ns > retention_ns:
                     del ks.reporters[worker]
@@ -415,8 +440,12 @@ class Owner:
                 and ks.meter.remaining(now_ns) >= ks.meter.burst
             ):
                 self._forget(key)  # idle and full: forgetting it loses nothing
-        if held - len(self.keys) > max(len(self.keys), 4096):
+                self._sweep_forgot += 1
+            else:
+                order.append(ks)
+        if not self._sweep_left and self._sweep_forgot > max(len(self.keys), 4096):
             self.keys = dict(self.keys)  # forgot more than it kept: a smaller table (issue 12)
+            self._sweep_forgot = 0
 
     def ring_changed(self, now_ns: int, ring: Ring) -> None:
         """Adopt a new ring; keys that moved away are dropped (their new owner starts them)."""
@@ -448,8 +477,9 @@ class Owner:
     def _open(self, now_ns: int, key: RateKey, out: _Outbox) -> KeyState | None:
         policy = self.policies.get(key)
         if policy is None:
-            if key not in self._fetching:
-                self._fetching.add(key)
+            fetching = self._fetching
+            if key not in fetching and len(fetching) < FETCHING_MAX:
+                fetching.add(key)
                 out.effects.append(FetchPolicy(key))
             return None
         # Start conservatively (exhausted, refilling at R) unless this owner has held its
@@ -459,6 +489,7 @@ class Owner:
         exhausted = now_ns - self._owned_since_ns < refill_ns
         meter = Gcra(policy.target_rate, policy.global_burst, now_ns, exhausted=exhausted)
         ks = self.keys[key] = KeyState(policy, meter, self.ring.epoch, now_ns)
+        self._sweep_order.append(ks)
         ks.claim_tol = claim_tolerance(policy, self.config)
         self.handovers.opened(  # a handed state; its sender has left our ring
             now_ns, ks, self.config.reporters_per_key_max, len(self.ring) + 1

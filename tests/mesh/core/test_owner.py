@@ -14,7 +14,7 @@ from mesh.core.effects import Effect, FetchPolicy, Send
 from mesh.core.gcra import Gcra
 from mesh.core.messages import RejectReason, ReportBatch, SnapshotBatch, UsageReport
 from mesh.core.owner import Owner
-from mesh.core.owner._owner import RETIRED_SCOPES_MAX
+from mesh.core.owner._owner import FETCHING_MAX, RETIRED_SCOPES_MAX, SWEEP_SLICE
 from mesh.core.policy import PolicyCache, RateKey, TenantRatePolicy
 from mesh.core.ring import Ring
 from tests.mesh._helpers import MS, cache, policy
@@ -349,7 +349,7 @@ def test_per_key_applied_shrinks_with_the_keys_the_owner_forgets() -> None:
     touch(NOW, 1)
     assert len(o.applied) == len(o.keys) == 2000
     assert set(o.applied.values()) == {3} and o.applied_units == 6000
-    o.tick(NOW + 1100 * MS)  # idle past retention, buckets full: the upkeep forgets them
+    sweep_pass(o, NOW + 1100 * MS)  # idle past retention, buckets full: the upkeep forgets them
     assert not o.keys and not o.applied
     assert o.applied_units == 6000  # the owner's total stays
     # The per-scope telemetry counter never goes down: forgotten keys are folded into it.
@@ -369,3 +369,77 @@ def test_per_key_applied_shrinks_with_the_keys_the_owner_forgets() -> None:
     retired = {s for s in by_scope if s[0] not in {k.tenant_id for k in stays}}
     assert len(retired) <= 2 * RETIRED_SCOPES_MAX + 8 + 1
     assert len(by_scope) < 2000
+
+
+def test_fetches_in_flight_are_bounded_and_the_rest_refused_without_one() -> None:
+    """Issue 12: one batch of many unknown keys asks for at most FETCHING_MAX generations;
+    every unknown key is refused POLICY_UNKNOWN; an answered fetch frees its place."""
+    o = owner(policies=PolicyCache())
+    keys = [RateKey(f"u{i}", P.metric, 1) for i in range(FETCHING_MAX + 100)]
+    n = len(keys)
+    b = ReportBatch("w", 1, 1, tuple(keys), (1,) * n, (1,) * n, (0,) * n, (1,) * n)
+    effects = o.receive(NOW, b)
+    fetched = [e.rate_key for e in effects if isinstance(e, FetchPolicy)]
+    assert fetched == keys[:FETCHING_MAX]
+    rejected = [r for s in snapshot_batches(effects, "w") for r in s.rejections]
+    assert len(rejected) == n
+    assert {r.reason for r in rejected} == {RejectReason.POLICY_UNKNOWN}
+    assert not [e for e in o.receive(NOW, b) if isinstance(e, FetchPolicy)]  # all in flight
+    o.policy_learned(keys[0])
+    again = [e.rate_key for e in o.receive(NOW, b) if isinstance(e, FetchPolicy)]
+    assert again == [keys[0]] and len(o._fetching) == FETCHING_MAX
+    for k in keys:
+        o.policy_learned(k)
+    assert not o._fetching and not o.keys
+
+
+def test_the_upkeep_visits_at_most_a_slice_of_keys_per_tick_and_resumes() -> None:
+    """Issue 12: an owner holding many keys spreads a pass of its upkeep over ticks,
+    SWEEP_SLICE keys a tick, resuming where it stopped; keys opened meanwhile, kept keys
+    and keys that moved away are each handled once per pass."""
+    cfg = CoreConfig(idempotency_retention_ms=100)
+    n = 3 * SWEEP_SLICE + 5
+    pols = [policy(f"t{i}") for i in range(n + 10)]
+    o = Owner("o", Ring(["o"], 1), cache(*pols), 0, config=cfg, strangers_report=True)
+    for i in range(0, n, 1000):
+        o.receive(
+            NOW, ReportBatch.of("w", 1, [rep_of(p, "w", 1) for p in pols[i : min(i + 1000, n)]])
+        )
+    assert len(o.keys) == n
+    t = NOW + 1100 * MS  # idle past retention and full: every key may go
+    late = pols[n]
+    o.tick(t)
+    assert len(o.keys) == n - SWEEP_SLICE
+    o.receive(t, ReportBatch.of("v", 1, [rep_of(late, "v", 1)]))  # opened during the pass
+    for k in range(2, 5):
+        o.tick(t + k * MS)
+        assert len(o.keys) == max(n - k * SWEEP_SLICE, 0) + 1
+    assert list(o.keys) == [late.rate_key] and len(o._sweep_order) == 1
+    o.tick(t + 10 * MS)  # the pass is over: nothing visited until the next one
+    assert list(o.keys) == [late.rate_key]
+    o.tick(t + 1200 * MS)  # the next pass: v's record is past retention too
+    assert not o.keys and not o._sweep_order
+
+
+def test_a_pass_of_the_upkeep_drops_the_entries_of_keys_that_moved() -> None:
+    pols = [policy(f"t{i}") for i in range(200)]
+    o = owner(policies=cache(*pols))
+    o.receive(NOW, ReportBatch.of("w", 1, [rep_of(p, "w", 1) for p in pols]))
+    o.ring_changed(NOW, Ring(["o", "x"], 2))
+    kept = len(o.keys)
+    assert 0 < kept < 200 and len(o._sweep_order) == 200
+    o.tick(NOW + 1100 * MS)  # reporters within retention: the kept keys stay
+    assert len(o._sweep_order) == len(o.keys) == kept
+
+
+def sweep_pass(o: Owner, now_ns: int) -> int:
+    """Tick every sync interval from `now_ns` until a pass of the upkeep is over."""
+    o.tick(now_ns)
+    while o._sweep_left:
+        now_ns += o.config.sync_interval_ms * MS
+        o.tick(now_ns)
+    return now_ns
+
+
+def rep_of(p: TenantRatePolicy, worker: str, seq: int) -> UsageReport:
+    return UsageReport(p.rate_key, worker, 1, seq, iops_delta=1)
