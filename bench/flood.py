@@ -2,7 +2,7 @@
 
 One real node (`Mesh`, threaded: the app calls `try_admit` from its own thread, the node's
 loop runs in another) is in a static ring with `hostile`, a member that is a child process.
-The child sends report batches of the largest legal size (`MAX_ITEMS` rows) of keys the node
+The child sends report batches of the largest legal size (`REPORT_ROWS_MAX` rows) of keys the node
 owns and holds no policy for, over real gRPC, as fast as the node takes them; distinct keys
 in every batch, so nothing is cached. The app thread calls `try_admit` back to back on a
 known key and times each call, first without the flood (the in-run baseline), then under it.
@@ -42,7 +42,7 @@ HOT = {
 }
 
 
-def run(*, seconds: float = 3.0, batch_keys: int = 65_536, calls: int = 0) -> dict[str, Any]:
+def run(*, seconds: float = 3.0, batch_keys: int = 256, calls: int = 0) -> dict[str, Any]:
     """Each phase lasts `seconds` (or `calls` calls, when given)."""
     from mesh.node import Mesh
 
@@ -166,8 +166,8 @@ def _child(addr: str, batch_keys: int, seconds: float) -> None:
     from mesh.peer import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA_MD
     from mesh.peer._wire import SCHEMA
 
-    # Four batches of distinct keys: more keys than the codec's cache of wire keys.
-    payloads = _batches(batch_keys, 4)
+    # Batches of distinct keys, more keys in all than the codec's cache of wire keys holds.
+    payloads = _batches(batch_keys, -(-300_000 // batch_keys))
     print(json.dumps({"ready": True}), flush=True)
     end = time.monotonic() + seconds
     md = ((MEMBER_MD, HOSTILE), (SCHEMA_MD, SCHEMA), (EPOCH_MD, str(EPOCH)))

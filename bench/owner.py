@@ -30,7 +30,7 @@ WINDOW = 4  # batches in flight per feeder
 
 
 def run(
-    *, seconds: float = 5.0, feeders: int = 2, keys: int = 10_000, batch: int = 1000
+    *, seconds: float = 5.0, feeders: int = 2, keys: int = 10_000, batch: int = 256
 ) -> dict[str, Any]:
     from mesh.peer import fetch_status
 

@@ -130,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     owner.add_argument("--seconds", type=float, default=5.0)
     owner.add_argument("--feeders", type=int, default=2)
     owner.add_argument("--keys", type=int, default=10_000)
-    owner.add_argument("--batch", type=int, default=1000)
+    owner.add_argument("--batch", type=int, default=256)
     _output_flags(owner)
     cluster = bsub.add_parser("cluster", help="a real cluster on loopback: d, excess")
     cluster.add_argument("--workers", type=int, default=4)
@@ -146,7 +146,7 @@ def _parser() -> argparse.ArgumentParser:
         "flood", help="try_admit latency while a ring member sends the largest batches"
     )
     flood.add_argument("--seconds", type=float, default=3.0)
-    flood.add_argument("--batch-keys", dest="batch_keys", type=int, default=65_536)
+    flood.add_argument("--batch-keys", dest="batch_keys", type=int, default=256)
     _output_flags(flood)
     return p
 

@@ -70,11 +70,14 @@ def churn(args: argparse.Namespace) -> int:
 
 def flood(args: argparse.Namespace) -> int:
     from bench.flood import run
+    from mesh.core.messages import REPORT_ROWS_MAX
 
     emit(
         run(
             seconds=positive_s("--seconds", args.seconds),
-            batch_keys=check_int("--batch-keys", args.batch_keys, minimum=1, maximum=65_536),
+            batch_keys=check_int(
+                "--batch-keys", args.batch_keys, minimum=1, maximum=REPORT_ROWS_MAX
+            ),
         ),
         args,
     )

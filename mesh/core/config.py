@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from mesh.core._validate import check_int, rename
+from mesh.core.messages import REPORT_ROWS_MAX
 from mesh.errors import ConfigError
 
 __all__ = ["CoreConfig", "MS"]
@@ -41,7 +42,7 @@ class CoreConfig:
     # messages are lost one by one (the simulator), resend soon; a node's peer streams are
     # reliable and say when they reconnect (Reporter.link_reset), so its default is longer.
     report_retry_max_ms: int = 15
-    report_batch_max: int = 1000  # reports per message to one owner
+    report_batch_max: int = REPORT_ROWS_MAX  # reports per message to one owner, at most that
     views_max: int = 1_000_000  # (tenant, metric) views per worker; idle ones go beyond it
     # A view that holds nothing (a full local bucket; a global view with all usage
     # acknowledged and its snapshot expired) is forgotten by the next sweep: one starts
@@ -56,6 +57,11 @@ class CoreConfig:
             raise ConfigError("snapshot_ttl_ms", "must be at least sync_interval_ms")
         if self.report_retry_max_ms < self.report_retry_ms:
             raise ConfigError("report_retry_max_ms", "must be at least report_retry_ms")
+        if self.report_batch_max > REPORT_ROWS_MAX:
+            raise ConfigError(
+                "report_batch_max",
+                f"must be <= {REPORT_ROWS_MAX} (the most reports a peer takes in one batch)",
+            )
         if self.share_floor_ppm > 1_000_000:
             raise ConfigError("share_floor_ppm", "must be <= 1000000")
 

@@ -23,7 +23,7 @@ from mesh.config import Identity, NodeConfig
 from mesh.coordinator import PolicyFeed
 from mesh.core.effects import Effect, FetchPolicy, Send
 from mesh.core.member import Member
-from mesh.core.messages import MAX_ITEMS, Message, ReportBatch, SnapshotBatch
+from mesh.core.messages import REPORT_ROWS_MAX, Message, ReportBatch, SnapshotBatch
 from mesh.core.owner._owner import FETCHING_MAX
 from mesh.core.policy import RateKey
 from mesh.core.ring import Ring
@@ -54,19 +54,20 @@ FETCH_GAP_S = 0.1  # between two such polls: a flood of unknown keys is not a po
 NO_COORDINATOR_RETRY_S = 1.0  # nothing to ask: refuse the key this long, then let it ask
 # Reports are applied in slices (issue 12): a batch of more than REPORT_SLICE_ROWS rows is
 # applied as sub-batches, one per loop callback, so that a batch of the largest legal size
-# (MAX_ITEMS rows) holds the loop, and in threaded mode the lock, for about SLICE_TARGET_NS
-# at a time instead of a quarter second or more. A row costs the owner 2-25 us (opening a
-# new key costs most), so each slice's row count follows the last slice's time, between
-# SLICE_ROWS_MIN and REPORT_SLICE_ROWS. The owner replies to every slice: at SLICE_ROWS_MIN
-# rows a batch of MAX_ITEMS rows gets 1024 replies, what a peer stream's queue holds
-# (mesh.peer's STREAM_QUEUE_MAX; a reply that finds it full is dropped).
+# (REPORT_ROWS_MAX rows), and a burst of them from one sender, holds the loop, and in
+# threaded mode the lock, for about SLICE_TARGET_NS at a time. A row costs the owner 2-25 us
+# (opening a new key costs most), so each slice's row count follows the last slice's time,
+# between SLICE_ROWS_MIN and REPORT_SLICE_ROWS. The owner replies to every slice: at
+# SLICE_ROWS_MIN rows 65,536 rows get 1024 replies, what a peer stream's queue holds
+# (mesh.peer's STREAM_QUEUE_MAX; a reply that finds it full is dropped, its reports resent).
 REPORT_SLICE_ROWS = 128
 SLICE_ROWS_MIN = 64
 SLICE_TARGET_NS = 500_000
-# Rows of one sender's batches waiting for their slices: the batch in progress plus about one
-# more of the largest size. Past it the sender's next batch is shed (counted in
-# `reports_shed`): its reports are resent until acknowledged, so shedding delays, loses nothing.
-BACKLOG_ROWS_MAX = 2 * MAX_ITEMS
+# Rows of one sender's batches waiting for their slices: an honest worker's burst (its
+# reports to us over a few sync intervals, at most REPORT_ROWS_MAX a batch) fits many times.
+# Past it the sender's next batch is shed (counted in `reports_shed`): its reports are resent
+# until acknowledged, so shedding delays, loses nothing.
+BACKLOG_ROWS_MAX = 131_072
 BACKLOG_SENDERS_MAX = 1024  # senders with a backlog at once; each is a peer stream's member
 # Memory of refused messages (issue 12): a stream refused for a bad message leaves the message
 # in reference cycles (exceptions' tracebacks hold the frames that hold the bytes), and the
@@ -144,6 +145,7 @@ class NodeDriver:
         self._backlog: dict[str, _Backlog] = {}
         self._slicing = False  # a slice is scheduled on the loop
         self._slice_rows = REPORT_SLICE_ROWS  # rows in the next slice (SLICE_TARGET_NS)
+        self.backlog_rows_max = BACKLOG_ROWS_MAX  # per sender; an attribute for tests
         self.reports_sliced = 0  # batches applied in slices
         self.reports_shed = 0  # batches dropped because their sender's backlog was full
         self.deliver_hold_max_ns = 0  # the longest one message (or slice) held the Member
@@ -336,7 +338,7 @@ class NodeDriver:
         """Whether `sender`'s reports wait for their slices: a transport may hold off
         reading its stream (flow control) rather than decode batches that would be shed."""
         backlog = self._backlog.get(sender)
-        return backlog is not None and backlog.rows + MAX_ITEMS > BACKLOG_ROWS_MAX
+        return backlog is not None and backlog.rows + REPORT_ROWS_MAX > self.backlog_rows_max
 
     def _queue_reports(self, batch: ReportBatch) -> None:
         """Queue `batch` behind its sender's backlog (order within a sender is kept), or
@@ -348,7 +350,7 @@ class NodeDriver:
                 self.reports_shed += 1
                 return
             backlog = self._backlog[sender] = _Backlog()
-        if backlog.rows + len(batch.keys) > BACKLOG_ROWS_MAX:
+        if backlog.rows + len(batch.keys) > self.backlog_rows_max:
             self.reports_shed += 1
             return
         backlog.batches.append(batch)

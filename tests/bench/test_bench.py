@@ -68,7 +68,7 @@ def test_bench_churn_keys() -> None:
 
 
 def test_bench_flood_keys() -> None:
-    res = _run("flood", "--seconds", "0.5", "--batch-keys", "2000")
+    res = _run("flood", "--seconds", "0.5", "--batch-keys", "256")
     for phase in ("baseline", "flood"):
         phase_res = res[phase]
         assert isinstance(phase_res, dict)

@@ -6,7 +6,7 @@ leaving owner sends a `Handover`. Every message is a frozen, slotted dataclass; 
 `decode` are the only way one crosses the wire (docs/mesh-wire.md).
 
 Private modules, each importing only those above it in this list:
-    _keys       rate keys on the wire and their checks; MAX_ITEMS
+    _keys       rate keys on the wire and their checks; MAX_ITEMS, REPORT_ROWS_MAX
     _columns    integer columns, the batches' packed numbers
     _usage      UsageReport, RejectReason, Rejection, ReportBatch
     _snapshot   RateSnapshot, SnapshotBatch
@@ -17,6 +17,7 @@ Private modules, each importing only those above it in this list:
 # `X as X`: importable, as before, but outside __all__ (plain-value codec halves, bounds).
 from mesh.core.messages._codec import MAX_ITEMS as MAX_ITEMS
 from mesh.core.messages._codec import MAX_MESSAGE_BYTES, SCHEMA_VERSION, Message, decode, encode
+from mesh.core.messages._codec import REPORT_ROWS_MAX as REPORT_ROWS_MAX
 from mesh.core.messages._codec import from_wire as from_wire
 from mesh.core.messages._codec import to_wire as to_wire
 from mesh.core.messages._handover import HANDOVER_WATERMARKS_MAX as HANDOVER_WATERMARKS_MAX

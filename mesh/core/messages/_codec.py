@@ -22,7 +22,7 @@ from mesh.core.messages._handover import (
     KeyHandover,
     ReporterWatermark,
 )
-from mesh.core.messages._keys import MAX_ITEMS, key_from_wire, key_to_wire
+from mesh.core.messages._keys import MAX_ITEMS, REPORT_ROWS_MAX, key_from_wire, key_to_wire
 from mesh.core.messages._snapshot import SnapshotBatch
 from mesh.core.messages._usage import Rejection, RejectReason, ReportBatch
 from mesh.core.policy import RateKey
@@ -32,6 +32,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "MAX_MESSAGE_BYTES",
     "MAX_ITEMS",
+    "REPORT_ROWS_MAX",
     "Message",
     "to_wire",
     "from_wire",
@@ -157,13 +158,14 @@ def _watermarks(value: Any) -> tuple[ReporterWatermark, ...]:
     return tuple(marks)
 
 
-def _keys_from_wire(field: str, items: Any) -> tuple[RateKey, ...]:
-    """Wire keys to RateKeys. Keys seen before come from a cache of validated ones (a
-    batch repeats the same keys every sync interval); others are checked one by one."""
+def _keys_from_wire(field: str, items: Any, limit: int = MAX_ITEMS) -> tuple[RateKey, ...]:
+    """Wire keys to RateKeys (at most `limit`, checked before any is). Keys seen before come
+    from a cache of validated ones (a batch repeats the same keys every sync interval);
+    others are checked one by one."""
     if not isinstance(items, (list, tuple)):
         raise MessageTypeError(field, "must be an array of [tenant_id, metric, policy_generation]")
-    if len(items) > MAX_ITEMS:
-        raise MessageError(field, f"at most {MAX_ITEMS} items, got {len(items)}")
+    if len(items) > limit:
+        raise MessageError(field, f"at most {limit} items, got {len(items)}")
     cache = _KEY_CACHE
     try:
         keys = tuple(map(cache.get, items))
@@ -217,7 +219,7 @@ def from_wire(obj: Any) -> Message:
         )
     if kind == "reports" and len(obj) == 10:
         _, _, sender, ring_epoch, worker_epoch, items, *cols = obj
-        keys = _keys_from_wire("keys", items)
+        keys = _keys_from_wire("keys", items, REPORT_ROWS_MAX)
         n = len(keys)
         return ReportBatch(
             sender,

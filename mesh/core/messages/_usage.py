@@ -14,7 +14,7 @@ from operator import le
 
 from mesh.core._validate import INT_MAX, STR_MAX, check_int, check_str
 from mesh.core.messages._columns import check_column, unchecked
-from mesh.core.messages._keys import BYTE_METRICS, check_keys
+from mesh.core.messages._keys import BYTE_METRICS, REPORT_ROWS_MAX, check_keys
 from mesh.core.policy import RateKey, Unit
 from mesh.errors import MeshError, MessageError, MessageTypeError
 
@@ -136,6 +136,8 @@ class ReportBatch:
         check_int("ring_epoch", self.ring_epoch, error=MessageError)
         check_int("worker_epoch", self.worker_epoch, error=MessageError)
         n = check_keys("keys", self.keys)
+        if n > REPORT_ROWS_MAX:
+            raise MessageError("keys", f"at most {REPORT_ROWS_MAX} reports per batch, got {n}")
         check_column("sequences", self.sequences, n, minimum=1)
         check_column("deltas", self.deltas, n, minimum=-INT_MAX)
         check_column("denied", self.denied, n)

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mesh.core.config import CoreConfig
 from mesh.core.gcra import NS_PER_S
 from mesh.core.messages import (
-    MAX_ITEMS,
+    REPORT_ROWS_MAX,
     SCHEMA_VERSION,
     Handover,
     KeyHandover,
@@ -31,7 +32,7 @@ from mesh.core.messages import (
 )
 from mesh.core.messages._columns import pack_column
 from mesh.core.policy import Metric, RateKey
-from mesh.errors import MessageError, MessageTypeError
+from mesh.errors import ConfigError, MessageError, MessageTypeError
 from mesh.testing.fleet import MemoryFleet, Offered, drive
 from tests.mesh._helpers import cache, policy
 
@@ -222,11 +223,17 @@ def test_size_limits() -> None:
     data = encode(reports())
     with pytest.raises(MessageError, match="exceeds"):
         decode(data, max_bytes=len(data) - 1)
-    n = MAX_ITEMS + 1
-    with pytest.raises(MessageError, match="at most"):
+    n = REPORT_ROWS_MAX + 1  # the most reports a peer may send in one batch (issue 12)
+    with pytest.raises(MessageError, match=f"at most {REPORT_ROWS_MAX}"):
         from_wire(
             [SCHEMA_VERSION, "reports", "w", 0, 0, [["t", "read_iops", 1]] * n, *[col(1) * n] * 4]
         )
+    rows = [UsageReport(RateKey(f"t{i}", Metric.READ_IOPS, 1), "w", 1, 1, 1) for i in range(n)]
+    with pytest.raises(MessageError, match="keys: at most 256 reports per batch"):
+        ReportBatch.of("w", 0, rows)
+    assert len(decode(encode(ReportBatch.of("w", 0, rows[:-1])))) == REPORT_ROWS_MAX
+    with pytest.raises(ConfigError, match=f"report_batch_max: must be <= {REPORT_ROWS_MAX}"):
+        CoreConfig(report_batch_max=REPORT_ROWS_MAX + 1)
 
 
 def test_types_are_type_errors() -> None:

@@ -16,7 +16,7 @@ from grpc import aio
 
 from bench._procs import free_port, read_ready, spawn, stop, write_config
 from mesh.coordinator import PolicySnapshot, PolicyStore
-from mesh.core.messages import MAX_ITEMS, ReportBatch, SnapshotBatch, decode, encode
+from mesh.core.messages import REPORT_ROWS_MAX, ReportBatch, SnapshotBatch, decode, encode
 from mesh.core.owner._owner import FETCHING_MAX
 from mesh.core.policy import Metric, RateKey
 from mesh.errors import PeerError
@@ -82,8 +82,14 @@ def reports(node: Mesh, keys: list[RateKey], seq: int = 1, sender: str = "good")
     )
 
 
-def report_batch(node: Mesh, keys: list[RateKey], seq: int = 1) -> bytes:
-    return encode(reports(node, keys, seq))
+def report_batches(node: Mesh, keys: list[RateKey], seq: int = 1) -> list[bytes]:
+    """The keys' reports as batches of the largest legal size (REPORT_ROWS_MAX rows)."""
+    step = REPORT_ROWS_MAX
+    return [encode(reports(node, keys[i : i + step], seq)) for i in range(0, len(keys), step)]
+
+
+BURST = 64  # batches of the largest size, one after another on one stream: 16,384 rows
+ROWS = BURST * REPORT_ROWS_MAX
 
 
 async def joined(node: Mesh) -> Mesh:
@@ -127,14 +133,14 @@ async def _watch_tasks(peak: list[int], fetching: list[int], driver: NodeDriver)
 
 
 async def _flood_and_settle(node: Mesh, keys: list[RateKey]) -> tuple[int, int, int]:
-    """Send one batch of `keys`, watching the loop's task count and the owner's fetch set;
-    (tasks added at most, largest fetch set, replies)."""
+    """Send `keys` in batches of the largest size, watching the loop's task count and the
+    owner's fetch set; (tasks added at most, largest fetch set, replies)."""
     driver = node._require()
     base = len(asyncio.all_tasks())
     peak, fetching = [base], [0]
     watcher = asyncio.create_task(_watch_tasks(peak, fetching, driver))
     try:
-        replies = await send(node.address, [report_batch(node, keys)], len(keys))
+        replies = await send(node.address, report_batches(node, keys), len(keys))
         await until(lambda: not driver.member.owner._fetching, 10, "every fetch answered")
     finally:
         watcher.cancel()
@@ -191,7 +197,7 @@ def test_unknown_keys_are_fetched_with_one_poll_and_learned_ones_apply() -> None
             driver = node._require()
             assert 1 <= driver.fetch_polls <= 3 and store.lists - lists == driver.fetch_polls
             assert all(node._require().member.policies.get(k) is not None for k in learn)
-            await send(node.address, [report_batch(node, learn, seq=2)])
+            await send(node.address, report_batches(node, learn, seq=2))
             owner = driver.member.owner
             await until(lambda: all(k in owner.keys for k in learn), 5, "learned keys open")
 
@@ -218,7 +224,7 @@ def test_fetches_queued_or_held_when_the_node_closes_are_answered() -> None:
         node = Mesh(_config(), policy_source=store)
         await node.astart()
         driver = node._require()
-        await send(node.address, [report_batch(node, owned_keys(await joined(node), 3000))])
+        await send(node.address, report_batches(node, owned_keys(await joined(node), 3000)))
         await until(lambda: driver.fetch_polls >= 1, 5, "a fetch poll")
         assert driver.member.owner._fetching  # held for the retry delay
         await node.aclose()
@@ -231,14 +237,15 @@ def test_fetches_queued_or_held_when_the_node_closes_are_answered() -> None:
 # -- slices -----------------------------------------------------------------------------------
 
 
-def test_a_batch_of_the_largest_size_is_applied_in_slices_with_the_loop_served_between() -> None:
+def test_a_burst_of_the_largest_batches_is_applied_in_slices_with_the_loop_served_between() -> None:
     """Every row applied once and acknowledged (one reply per slice); between two slices
-    the loop runs other callbacks (here a watcher that counts its turns)."""
+    the loop runs other callbacks (here a watcher that counts its turns). A batch larger
+    than REPORT_ROWS_MAX is refused by the codec (tests/mesh/core/test_messages.py)."""
 
     async def main() -> None:
         async with Mesh(_config([POLICY, ANY_TENANT])) as node:
             driver = node._require()
-            keys = owned_keys(await joined(node), MAX_ITEMS)
+            keys = owned_keys(await joined(node), ROWS)
             turns = [0]
 
             async def watch() -> None:
@@ -248,19 +255,19 @@ def test_a_batch_of_the_largest_size_is_applied_in_slices_with_the_loop_served_b
                     await asyncio.sleep(0)
 
             watcher = asyncio.create_task(watch())
-            replies = await send(node.address, [report_batch(node, keys)], MAX_ITEMS)
+            replies = await send(node.address, report_batches(node, keys), ROWS)
             watcher.cancel()
             acked = [k for r in replies for k, a in zip(r.keys, r.acks, strict=True) if a == 1]
             assert len(set(acked)) == len(acked) and set(acked) <= set(keys)
             # Replies are best effort: a reply that finds the stream's queue full is dropped
             # (the worker would resend its reports); every other one acknowledges its slice.
             dropped = driver.transport.stats()["snapshots_dropped_no_stream"]
-            assert len(acked) >= MAX_ITEMS - dropped * REPORT_SLICE_ROWS
-            assert dropped or len(acked) == MAX_ITEMS
+            assert len(acked) >= ROWS - dropped * REPORT_SLICE_ROWS
+            assert dropped or len(acked) == ROWS
             assert all(len(r.keys) <= REPORT_SLICE_ROWS for r in replies)
-            assert driver.member.owner.applied_units == MAX_ITEMS
-            assert driver.reports_sliced == 1 and driver.reports_shed == 0
-            assert turns[0] >= MAX_ITEMS // REPORT_SLICE_ROWS - 2, turns
+            assert driver.member.owner.applied_units == ROWS
+            assert driver.reports_sliced == BURST and driver.reports_shed == 0
+            assert turns[0] >= ROWS // REPORT_SLICE_ROWS - 2, turns
             assert not driver._backlog
 
     asyncio.run(main())
@@ -271,18 +278,19 @@ def test_slices_keep_a_senders_order_take_turns_and_a_full_backlog_sheds() -> No
         async with Mesh(_config([POLICY, ANY_TENANT])) as node:
             driver = node._require()
             owner = driver.member.owner
-            keys = owned_keys(await joined(node), MAX_ITEMS)
+            keys = owned_keys(await joined(node), REPORT_ROWS_MAX)
+            driver.backlog_rows_max = 2 * REPORT_ROWS_MAX + 1  # a small backlog, to fill
             # A large batch and, behind it, a small one with the next sequence of two of its
             # keys: the small one waits for the large one's slices, so both apply in order.
             driver.deliver(reports(node, keys, seq=1))
             driver.deliver(reports(node, keys[-2:], seq=2))
-            assert driver._backlog["good"].rows == MAX_ITEMS + 2
+            assert driver._backlog["good"].rows == REPORT_ROWS_MAX + 2
             assert driver.busy("good") and not driver.busy("n")
-            # The backlog is full at BACKLOG_ROWS_MAX rows: the next batch is shed.
+            # The backlog is full at backlog_rows_max rows: the next batch is shed.
             driver.deliver(reports(node, keys, seq=3))
-            assert BACKLOG_ROWS_MAX < 2 * MAX_ITEMS + 2 and driver.reports_shed == 1
+            assert driver.reports_shed == 1
             # Another sender's backlog takes turns with good's, a slice each.
-            driver.deliver(reports(node, keys[:1000], sender="n"))
+            driver.deliver(reports(node, keys, sender="n"))
             before = {s: b.rows for s, b in driver._backlog.items()}
             driver._next_slice()
             driver._next_slice()
@@ -293,8 +301,9 @@ def test_slices_keep_a_senders_order_take_turns_and_a_full_backlog_sheds() -> No
             assert SLICE_ROWS_MIN <= before["n"] - after["n"] <= REPORT_SLICE_ROWS
             await until(lambda: not driver._backlog, 60, "the backlog applied")
             good = [ks.reporters["good"].watermark for ks in owner.keys.values()]
-            assert sorted(good)[-2:] == [2, 2] and good.count(1) == MAX_ITEMS - 2
+            assert sorted(good)[-2:] == [2, 2] and good.count(1) == REPORT_ROWS_MAX - 2
             assert owner.duplicates == 0
+            assert BACKLOG_ROWS_MAX >= 512 * REPORT_ROWS_MAX  # an honest burst fits many times
 
     asyncio.run(main())
 
