@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mesh.core._validate import INT_MAX
 from mesh.core.gcra import Gcra
 from mesh.core.policy import TenantRatePolicy
+
+if TYPE_CHECKING:
+    from mesh.core.owner._escrow import Escrow
 
 __all__ = ["ReporterState", "KeyState", "Applied"]
 
@@ -122,6 +127,7 @@ class KeyState:
         "live_n",
         "live_until_ns",
         "claim_tol",
+        "escrow",
     )
 
     def __init__(self, policy: TenantRatePolicy, meter: Gcra, owner_epoch: int, now_ns: int):
@@ -148,3 +154,6 @@ class KeyState:
         # How far one sender's claims may run ahead of the key's rate, scaled like a TAT
         # (`_plausible.claim_tolerance`).
         self.claim_tol = 0
+        # Escrow charged for silent reporters' floors, by worker (`_escrow`); None while
+        # there is none, so the reply path pays one attribute read for it.
+        self.escrow: dict[str, Escrow] | None = None

@@ -30,13 +30,13 @@ from mesh.core._validate import check_int, check_str
 from mesh.core.config import MS, CoreConfig
 from mesh.core.effects import Effect, Send
 from mesh.core.gate import NEVER, Gate
-from mesh.core.gcra import NS_PER_S
+from mesh.core.gcra import NS_PER_S, Gcra
 from mesh.core.messages import RejectReason, ReportBatch, SnapshotBatch
 from mesh.core.policy import BOUNDS, RateKey, TenantRatePolicy, Unit
 from mesh.core.reporter._gate import GlobalGate, Inflight, SnapshotState
 from mesh.core.reporter._rto import RetryTimer
 from mesh.core.ring import Ring
-from mesh.core.shares import PPM, share_round
+from mesh.core.shares import PPM, floor_burst, share_round
 from mesh.core.verdict import Reason, Suspension
 from mesh.errors import ConfigTypeError
 
@@ -91,6 +91,9 @@ class Reporter:
         self.snapshots_taken = 0
         self.resent = 0  # reports sent more than once (telemetry)
         self._vouch: dict[str, _Vouching] = {}  # per owner; dropped when it leaves the ring
+        # When a batch from each owner last arrived (any batch): a view's floor opens a while
+        # after its owner's last word (`_serve_floor`). Per owner; dropped when it leaves.
+        self._heard: dict[str, int] = {}
         self.retry = RetryTimer(
             self.config.report_retry_ms * MS, self.config.report_retry_max_ms * MS
         )
@@ -136,6 +139,7 @@ class Reporter:
         view idles.
         """
         v.state = SnapshotState.BOOT
+        v.floor = None
         b = v.policy.local_burst_cap
         budget = b
         if v.had_snapshot:
@@ -279,6 +283,7 @@ class Reporter:
         views = self.gates
         owner, sample, on_ack = batch.sender, self.retry.sample, self.on_ack
         seq = batch.batch_seq
+        self._heard[owner] = now_ns
         if seq:
             self._vouched_by(owner, inc, seq, now_ns + ttl_ns)
         for key, owner_epoch, version, remaining, ack, receiver_epoch, share, active in zip(
@@ -339,6 +344,8 @@ class Reporter:
             if v.state is not SnapshotState.STALE:
                 v.state = SnapshotState.STALE
                 v.recompute()
+            if self._serve_floor(v, now_ns):
+                continue
             oldest = v.inflight[0].sent_at_ns if v.inflight else now_ns
             waited = now_ns - (v.fresh_until_ns - self.config.snapshot_ttl_ns)
             if (oldest >= 0 and now_ns - oldest > unreachable_ns) or waited > unreachable_ns:
@@ -352,6 +359,52 @@ class Reporter:
                 v.set_verdicts(
                     BOUNDS["global_stale"], Suspension.SNAPSHOT_STALE, Reason.SNAPSHOT_STALE
                 )
+
+    def _serve_floor(self, v: GlobalGate, now_ns: int) -> bool:
+        """Serve a stale view from its floor while its owner is unreachable; say whether it
+        does. The floor (R / ring members per second, `shares.floor_units`) opens once the
+        owner has been silent for `floor_wait_ns` (by then the owner's lease on us lapsed
+        and it escrows the floor), and lasts `partition_floor_ms`. Only a view whose row came
+        from the key's owner in the ring, from its current incarnation and shortly before
+        its last word, has one: the owner escrows exactly those (`mesh.core.owner._escrow`).
+        """
+        cfg = self.config
+        owner = v.snap_from
+        heard = self._heard.get(owner, -1)
+        opens = heard + cfg.floor_wait_ns
+        st = self._vouch.get(owner)
+        if not (
+            cfg.partition_floor_ms > 0
+            and heard >= 0
+            and opens <= now_ns < opens + cfg.floor_ns
+            and v.snap_at_ns >= heard - cfg.floor_recent_ns
+            and st is not None
+            and st.incarnation == v.snap_incarnation
+            and len(self.ring)
+            and self.ring.owner_of(v.key) == owner
+        ):
+            if v.floor is not None:  # the span ran out, or the key moved: no floor now
+                v.floor = None
+                v.recompute()
+                v.set_verdicts(
+                    BOUNDS["global_stale"], Suspension.SNAPSHOT_STALE, Reason.SNAPSHOT_STALE
+                )
+            return False
+        if v.floor is None:
+            policy = v.policy
+            members = len(self.ring)
+            burst = floor_burst(
+                policy.target_rate,
+                members,
+                cfg.reporter_lease_ms * MS,
+                policy.local_burst_cap,
+            )
+            v.floor_members = members
+            v.floor = Gcra(policy.target_rate, burst, max(0, now_ns) // members)
+            v.floor_mark = v.unacked
+            v.set_verdicts(BOUNDS["global_floor"], Suspension.OWNER_UNREACHABLE)
+        v.settle_floor(now_ns)
+        return True
 
     def _vouched_by(self, owner: str, incarnation: int, seq: int, until_ns: int) -> None:
         """Note a batch numbered `seq` from `owner`: in order, it vouches for the views its
@@ -390,6 +443,8 @@ class Reporter:
         self.ring = ring
         for owner in [o for o in self._vouch if o not in ring]:
             del self._vouch[owner]  # it owns nothing of ours now
+        for owner in [o for o in self._heard if o not in ring]:
+            del self._heard[owner]
         self.ring_behind = max(self.ring_behind, ring.epoch)
         if not moved:
             return  # same members, same placement: every report is where it should be
