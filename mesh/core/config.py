@@ -120,6 +120,14 @@ class CoreConfig:
         return self.floor_recent_ns + (self.snapshot_ttl_ms + self.sync_interval_ms) * MS
 
     @property
+    def share_window_ns(self) -> int:
+        """The owner remembers the largest share it sent each reporter per window this long,
+        and for the window before (`_escrow.note_share`): two windows cover every row a
+        worker may floor on (sent from `escrow_recent_ns` before its silence to its lease's
+        end)."""
+        return self.escrow_recent_ns + self.reporter_lease_ms * MS
+
+    @property
     def escrow_span_ns(self) -> int:
         """How long after it last heard from a silent worker the owner charges its escrow:
         the worker's floor ends `floor_wait_ns + floor_ns` after its own last word from the

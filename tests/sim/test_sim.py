@@ -25,6 +25,8 @@ SHORT = {  # scenario -> duration for the sweep (faults happen inside it)
     "lb-skew": 1.0,
     "policy-change": 2.4,
     "egress-bytes": 0.6,
+    "half-partition": 2.2,
+    "flash-crowd": 0.8,
 }
 
 

@@ -1,7 +1,8 @@
 """Escrow for silent reporters: the owner's half of serving through partitions (issue 12).
 
-A worker cut off from a key's owner keeps admitting from its floor, R / members per second
-(`shares.floor_units`), for at most `partition_floor_ms` (`mesh.core.reporter`). The owner
+A worker cut off from a key's owner keeps admitting from its floor (`shares.floor_ppm` of R
+per second: its share in the owner's last row, at most 1 / ring members) for at most
+`partition_floor_ms` (`mesh.core.reporter`). The owner
 cannot hear that usage, so it charges the key's meter for it in advance: when a member it
 sent a row of the key to recently (`CoreConfig.escrow_recent_ns`) has been silent for a
 whole reporter lease, the owner charges the floor's rate from the moment it last heard from
@@ -21,7 +22,7 @@ from __future__ import annotations
 from mesh.core.config import CoreConfig
 from mesh.core.owner._state import KeyState, ReporterState
 from mesh.core.ring import Ring
-from mesh.core.shares import floor_units
+from mesh.core.shares import floor_ppm, floor_units
 
 __all__ = ["Escrow", "Escrows", "HEARD_MAX"]
 
@@ -34,19 +35,19 @@ HEARD_MAX = 65_536
 class Escrow:
     """What an owner charged one key for one silent reporter's floor."""
 
-    __slots__ = ("from_ns", "until_ns", "members", "charged", "netted", "back_ns")
+    __slots__ = ("from_ns", "until_ns", "part_ppm", "charged", "netted", "back_ns")
 
-    def __init__(self, from_ns: int, until_ns: int, members: int) -> None:
+    def __init__(self, from_ns: int, until_ns: int, part_ppm: int) -> None:
         self.from_ns = from_ns  # when the owner last heard from the worker
         self.until_ns = until_ns  # charging stops here (`CoreConfig.escrow_span_ns`)
-        self.members = members  # the floor's divisor: R / members per second
+        self.part_ppm = part_ppm  # the floor escrowed: this part (ppm) of R per second
         self.charged = 0  # units charged to the key's meter so far
         self.netted = 0  # units of the worker's reports absorbed by `charged`
         self.back_ns = -1  # when the worker was heard again (-1: still silent)
 
     def __repr__(self) -> str:
         return (
-            f"Escrow(from_ns={self.from_ns}, until_ns={self.until_ns}, members={self.members}, "
+            f"Escrow(from_ns={self.from_ns}, until_ns={self.until_ns}, part_ppm={self.part_ppm}, "
             f"charged={self.charged}, netted={self.netted}, back_ns={self.back_ns})"
         )
 
@@ -58,8 +59,8 @@ class Escrows:
     def __init__(self, config: CoreConfig, members: int) -> None:
         self.config = config
         self.heard: dict[str, int] = {}  # worker -> when its last batch arrived
-        # The floor's divisor: the smaller of the ring's size now and before its last change,
-        # so a worker that has not yet seen a join (a smaller ring, a larger floor) is covered.
+        # The floor's cap is R / members: the smaller of the ring's size now and before its
+        # last change, so a worker that has not yet seen a join (a larger cap) is covered.
         self.members = max(1, members)
         self.charged_units = 0  # telemetry: escrow charged, all keys
         self.netted_units = 0  # telemetry: reported usage absorbed by it
@@ -97,8 +98,23 @@ class Escrows:
             escrows = ks.escrow = {}
         e = escrows.get(worker)
         if e is None or e.from_ns != heard:
-            escrows[worker] = Escrow(heard, heard + cfg.escrow_span_ns, self.members)
+            # The largest share sent to it lately: whichever row it holds, its floor is no more.
+            share = rs.share_cur if rs.share_cur > rs.share_prev else rs.share_prev
+            part = floor_ppm(share, self.members)
+            if part > 0:
+                escrows[worker] = Escrow(heard, heard + cfg.escrow_span_ns, part)
         return -1
+
+    def note_share(self, rs: ReporterState, share_ppm: int, now_ns: int) -> None:
+        """Remember a share sent to a reporter: the largest per window of `share_window_ns`,
+        for this window and the one before, which cover every row a worker may floor on."""
+        win = now_ns // self.config.share_window_ns
+        if win != rs.share_win:
+            rs.share_prev = rs.share_cur if win == rs.share_win + 1 else 0
+            rs.share_cur = 0
+            rs.share_win = win
+        if share_ppm > rs.share_cur:
+            rs.share_cur = share_ppm
 
     def settle(self, now_ns: int, ks: KeyState, ring: Ring) -> None:
         """Charge the key's meter what its escrows owe up to now; stop charging a worker
@@ -121,7 +137,7 @@ class Escrows:
             end = now_ns if now_ns < e.until_ns else e.until_ns
             if 0 <= e.back_ns < end:
                 end = e.back_ns
-            owed = floor_units(rate, end - e.from_ns, e.members) - e.charged
+            owed = floor_units(rate, end - e.from_ns, e.part_ppm) - e.charged
             if owed > 0:
                 ks.meter.apply(now_ns, owed)
                 e.charged += owed

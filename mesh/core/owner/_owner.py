@@ -302,6 +302,8 @@ class Owner:
         for key, reason in refused.items():
             out.reject(sender, Rejection(key, reason, ring.epoch))
         rows: list[Row] = []
+        share_win = now_ns // cfg.share_window_ns
+        note_share = self.escrows.note_share
         for key, ks in replied.items():  # _send_snapshot, inlined: once per report
             rs = ks.reporters[sender]
             n = ks.live_n if now_ns <= ks.live_until_ns else self._count_live(now_ns, ks)
@@ -354,6 +356,8 @@ class Owner:
             ks.version += 1
             rs.sent_at_ns = now_ns
             rs.seen_changes = ks.changes
+            if rs.share_win != share_win or share > rs.share_cur:  # a floor escrow may use it
+                note_share(rs, share, now_ns)
             rows.append(
                 (
                     key,
@@ -561,6 +565,7 @@ class Owner:
             rs.sent_at_ns = now_ns
             rs.sent_allowance_ppm = allowance
             rs.sent_floor = floor
+            self.escrows.note_share(rs, share, now_ns)
             snapshot(
                 worker,
                 (
@@ -639,8 +644,6 @@ class Owner:
                 seq,
             ),
         )
-
-
 
 
 def _look(ks: KeyState, basis: ShareBasis, remaining: int, floor: int) -> None:

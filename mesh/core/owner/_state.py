@@ -44,6 +44,9 @@ class ReporterState:
         "window",
         "claim_tat",
         "net",
+        "share_cur",
+        "share_prev",
+        "share_win",
     )
 
     def __init__(self, worker_epoch: int, unacked_from: int, now_ns: int) -> None:
@@ -72,6 +75,11 @@ class ReporterState:
         # bounded by it).
         self.claim_tat = 0
         self.net = 0
+        # The largest share (ppm) sent to this reporter in escrow window `share_win` and the
+        # one before (`_escrow.note_share`): a silent reporter's floor is escrowed at that.
+        self.share_cur = 0
+        self.share_prev = 0
+        self.share_win = 0
 
     def roll(self, window: int) -> None:
         """Move the demand windows on to number `window`."""

@@ -8,7 +8,7 @@ from enum import Enum
 from mesh.core.gate import Gate
 from mesh.core.gcra import Gcra
 from mesh.core.policy import RateKey, TenantRatePolicy
-from mesh.core.shares import share_round, snapshot_allowance_ppm
+from mesh.core.shares import PPM, share_round, snapshot_allowance_ppm
 
 __all__ = ["GlobalGate", "SnapshotState", "Inflight"]
 
@@ -64,8 +64,9 @@ class GlobalGate(Gate):
         "snap_incarnation",
         "snap_batch",
         "reported_at_ns",
+        "snap_share_ppm",
         "floor",
-        "floor_members",
+        "floor_ppm",
         "floor_mark",
         "floor_left",
     )
@@ -94,11 +95,12 @@ class GlobalGate(Gate):
         self.snap_incarnation = -1
         self.snap_batch = 0
         self.reported_at_ns = -1  # when a report of this key last went out (the owner's lease)
-        # Serving through a partition (`Reporter._serve_floor`): a GCRA at R over time divided
-        # by `floor_members` (R / members per second), what it had left at its last settle,
+        # Serving through a partition (`Reporter._serve_floor`): a GCRA at R x `floor_ppm` over
+        # time divided by 1e6 (floor_ppm of R per second), what it had left at its last settle,
         # and `unacked` then (what was admitted since is `unacked - floor_mark`).
+        self.snap_share_ppm = 0  # the share (ppm) in the row held: what its floor follows
         self.floor: Gcra | None = None
-        self.floor_members = 1
+        self.floor_ppm = 0
         self.floor_mark = 0
         self.floor_left = 0
 
@@ -125,7 +127,7 @@ class GlobalGate(Gate):
         only ever tightens it) and take what it has left."""
         floor = self.floor
         assert floor is not None
-        at = now_ns // self.floor_members
+        at = now_ns // PPM
         used = self.unacked - self.floor_mark
         if used > 0:
             floor.apply(at, used)
@@ -169,6 +171,7 @@ class GlobalGate(Gate):
         acked = self.ack(ack)
         self.snap_order = order
         self.snap_remaining = remaining
+        self.snap_share_ppm = share_ppm
         self.snap_at_ns = now_ns
         self.allowance = share_round(
             snapshot_allowance_ppm(

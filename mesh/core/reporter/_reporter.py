@@ -36,7 +36,7 @@ from mesh.core.policy import BOUNDS, RateKey, TenantRatePolicy, Unit
 from mesh.core.reporter._gate import GlobalGate, Inflight, SnapshotState
 from mesh.core.reporter._rto import RetryTimer
 from mesh.core.ring import Ring
-from mesh.core.shares import PPM, floor_burst, share_round
+from mesh.core.shares import PPM, floor_burst, floor_ppm, share_round
 from mesh.core.verdict import Reason, Suspension
 from mesh.errors import ConfigTypeError
 
@@ -362,7 +362,8 @@ class Reporter:
 
     def _serve_floor(self, v: GlobalGate, now_ns: int) -> bool:
         """Serve a stale view from its floor while its owner is unreachable; say whether it
-        does. The floor (R / ring members per second, `shares.floor_units`) opens once the
+        does. The floor (`shares.floor_ppm` of R per second: the share in the row held, at
+        most 1 / ring members) opens once the
         owner has been silent for `floor_wait_ns` (by then the owner's lease on us lapsed
         and it escrows the floor), and lasts `partition_floor_ms`. Only a view whose row came
         from the key's owner in the ring, from its current incarnation and shortly before
@@ -392,15 +393,14 @@ class Reporter:
             return False
         if v.floor is None:
             policy = v.policy
-            members = len(self.ring)
+            part = floor_ppm(v.snap_share_ppm, len(self.ring))
+            if part <= 0:
+                return False
             burst = floor_burst(
-                policy.target_rate,
-                members,
-                cfg.reporter_lease_ms * MS,
-                policy.local_burst_cap,
+                policy.target_rate, part, cfg.reporter_lease_ms * MS, policy.local_burst_cap
             )
-            v.floor_members = members
-            v.floor = Gcra(policy.target_rate, burst, max(0, now_ns) // members)
+            v.floor_ppm = part
+            v.floor = Gcra(policy.target_rate * part, burst, max(0, now_ns) // PPM)
             v.floor_mark = v.unacked
             v.set_verdicts(BOUNDS["global_floor"], Suspension.OWNER_UNREACHABLE)
         v.settle_floor(now_ns)
