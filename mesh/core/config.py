@@ -101,11 +101,18 @@ class CoreConfig:
         return self.partition_floor_ms * MS
 
     @property
+    def escrow_after_ns(self) -> int:
+        """How long a member must be silent (no batch at all) before its owner escrows its
+        floors: its reporter lease, after which the owner no longer counts it as live
+        (docs/partitions.md)."""
+        return self.reporter_lease_ms * MS
+
+    @property
     def floor_wait_ns(self) -> int:
         """How long after its owner's last word a worker waits before its floor opens: the
-        owner's lease on it (after which the owner escrows), a TTL for the trip and the reply
-        lost in the cut, and the owner's tick (docs/partitions.md)."""
-        return (self.reporter_lease_ms + self.snapshot_ttl_ms + self.sync_interval_ms) * MS
+        owner's silence threshold (`escrow_after_ns`, after which it escrows), then a TTL,
+        which covers the reply lost in the cut (a sync interval) and the trips."""
+        return self.escrow_after_ns + self.snapshot_ttl_ns
 
     @property
     def floor_recent_ns(self) -> int:

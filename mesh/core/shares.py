@@ -13,8 +13,8 @@ that is a `ShareBasis` (once per key per round); `share_ppm` finishes one report
 
 A worker cut off from a key's owner spends its floor: its share from the owner's last row,
 capped at the ring's even share (`floor_ppm`, so the floors of all members sum to at most R),
-of R per second, with a burst of at most one reporter lease of it; the owner charges the
-same rate as escrow (`floor_units`, docs/partitions.md).
+of R per second, with a burst of a lease of it (`floor_burst`); the owner charges the same
+rate as escrow (`floor_units`, docs/partitions.md).
 
 The owner's reply path (`Owner.receive`) runs for every report and inlines `share_basis`,
 `share_step`, `shares_even`, `share_ppm` and `near` for speed (a `ShareBasis` per report
@@ -174,8 +174,9 @@ def floor_units(rate: int, elapsed_ns: int, part_ppm: int) -> int:
 
 
 def floor_burst(rate: int, part_ppm: int, lease_ns: int, local_burst_cap: int) -> int:
-    """The burst of a worker's floor: what it earns over one reporter lease, at most b and
-    at least one unit. The owner's escrow starts at least a lease before the worker's floor
-    opens, so it has charged this much before the worker can spend it."""
+    """The burst of a worker's floor: what it earns over one reporter lease, at most b and at
+    least one unit. The owner's escrow runs from when it last heard from the worker, at least
+    a lease before the worker's floor opens (`CoreConfig.floor_wait_ns`), so it has charged
+    this much before the worker can spend it."""
     burst = floor_units(rate, lease_ns, part_ppm)
     return max(1, min(local_burst_cap, burst))

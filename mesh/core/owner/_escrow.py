@@ -4,8 +4,8 @@ A worker cut off from a key's owner keeps admitting from its floor (`shares.floo
 per second: its share in the owner's last row, at most 1 / ring members) for at most
 `partition_floor_ms` (`mesh.core.reporter`). The owner
 cannot hear that usage, so it charges the key's meter for it in advance: when a member it
-sent a row of the key to recently (`CoreConfig.escrow_recent_ns`) has been silent for a
-whole reporter lease, the owner charges the floor's rate from the moment it last heard from
+sent a row of the key to recently (`CoreConfig.escrow_recent_ns`) has been silent for
+`escrow_after_ns`, the owner charges the floor's rate from the moment it last heard from
 that member, for `escrow_span_ns`, which ends after the worker's floor can. What the
 worker reports when it is heard again is netted against what was charged: only the usage
 beyond the escrow is applied. docs/partitions.md states why the envelope still holds.
@@ -81,18 +81,18 @@ class Escrows:
             del self.heard[w]
 
     def check(self, now_ns: int, ks: KeyState, worker: str, rs: ReporterState) -> int:
-        """A reporter of `ks` whose lease lapsed: open its escrow if its member went silent
-        (no batch for a whole lease) and was sent a row of the key recently. Returns when to
-        look again (the member's own lease end, if it may still go silent), or -1."""
+        """A reporter of `ks`: open its escrow if its member went silent (no batch for
+        `escrow_after_ns`) and was sent a row of the key recently. Returns when to look
+        again (when the member would have been silent that long), or -1."""
         heard = self.heard.get(worker)
-        if heard is None or not self.on():
+        if heard is None:
             return -1
         cfg = self.config
         if rs.sent_at_ns < heard - cfg.escrow_recent_ns:
             return -1  # it held no recent row of this key: it floors nothing of it
-        lease_end = heard + cfg.reporter_lease_ms * 1_000_000
-        if lease_end >= now_ns:
-            return lease_end + 1  # still heard on other keys: look again when that lapses
+        silent_at = heard + cfg.escrow_after_ns
+        if silent_at >= now_ns:
+            return silent_at + 1  # heard lately: look again when it would be silent
         escrows = ks.escrow
         if escrows is None:
             escrows = ks.escrow = {}

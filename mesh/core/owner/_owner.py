@@ -603,17 +603,18 @@ class Owner:
         return active, total
 
     def _count_live(self, now_ns: int, ks: KeyState) -> int:
-        """Reporters with a live lease on the key; the count holds until the first lapses.
-        A lapsed one whose member went silent gets an escrow (`_escrow`); one whose member
-        may still go silent has the key counted again when that member's lease ends."""
+        """Reporters with a live lease on the key; the count holds until the first lapses,
+        or until a reporter's member may have gone silent: one that did gets an escrow for
+        its floor (`_escrow`)."""
         n, until = 0, INT_MAX
-        check = self.escrows.check
+        escrows = self.escrows
+        check = escrows.check if escrows.on() else None
         for worker, rs in ks.reporters.items():
             if rs.lease_until_ns >= now_ns:
                 n += 1
                 if rs.lease_until_ns < until:
                     until = rs.lease_until_ns
-            else:
+            if check is not None:
                 again = check(now_ns, ks, worker, rs)
                 if 0 <= again < until:
                     until = again
