@@ -14,8 +14,9 @@ MS = 1_000_000  # ns per ms
 _MAY_BE_ZERO = frozenset({"partition_floor_ms"})  # 0 turns the feature off
 # A worker floors a key only on a snapshot row received at most this many reporter leases
 # before its owner's last word; the owner escrows the keys it sent a row of within this (and
-# the slack of `floor_window_ns`) before it last heard from the worker.
-FLOOR_RECENT_LEASES = 10
+# the slack of `escrow_recent_ns`) before it last heard from the worker. Short, so that the
+# share escrowed is a recent one (the largest sent over about twice this, `share_window_ns`).
+FLOOR_RECENT_LEASES = 2
 
 
 @dataclass(frozen=True, slots=True)
