@@ -142,7 +142,6 @@ class Escrows:
                 ks.meter.apply(now_ns, owed)
                 e.charged += owed
                 self.charged_units += owed
-                ks.changes += 1
             closes = (
                 e.back_ns + cfg.escrow_netting_ns
                 if e.back_ns >= 0
