@@ -56,8 +56,9 @@ class Escrows:
     """The owner's escrow bookkeeping: when it last heard from each worker, and the rules
     that open, charge, net and close a key's escrows."""
 
-    def __init__(self, config: CoreConfig, members: int) -> None:
+    def __init__(self, config: CoreConfig, members: int, me: str) -> None:
         self.config = config
+        self.me = me  # this member reports to itself over no network: it is never cut off
         self.heard: dict[str, int] = {}  # worker -> when its last batch arrived
         # The floor's cap is R / members: the smaller of the ring's size now and before its
         # last change, so a worker that has not yet seen a join (a larger cap) is covered.
@@ -85,7 +86,7 @@ class Escrows:
         `escrow_after_ns`) and was sent a row of the key recently. Returns when to look
         again (when the member would have been silent that long), or -1."""
         heard = self.heard.get(worker)
-        if heard is None:
+        if heard is None or worker == self.me:
             return -1
         cfg = self.config
         if rs.sent_at_ns < heard - cfg.escrow_recent_ns:

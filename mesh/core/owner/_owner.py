@@ -159,7 +159,7 @@ class Owner:
         self._out_seq: dict[str, int] = {}
         self._out_at: dict[str, int] = {}
         # Silent reporters' floors, charged to their keys in advance (`_escrow`).
-        self.escrows = Escrows(self.config, len(ring))
+        self.escrows = Escrows(self.config, len(ring), self.member_id)
 
     @property
     def applied(self) -> dict[RateKey, int]:
