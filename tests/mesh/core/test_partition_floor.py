@@ -124,7 +124,8 @@ def test_no_escrow_for_a_member_that_left_the_ring() -> None:
     o = f.members[owner].owner
     cut_off(f, victim)
     drive(f, [Offered("t", R)], f.now_ns + CFG.floor_wait_ns + 50 * MS)
-    assert o.keys[KEY].escrow and victim in o.keys[KEY].escrow
+    escrow = o.keys[KEY].escrow
+    assert escrow is not None and victim in escrow
     f.set_ring([m for m in f.ring.members if m != victim])
     if f.ring.owner_of(KEY) != owner:
         pytest.skip("the key moved with the ring change")  # pragma: no cover

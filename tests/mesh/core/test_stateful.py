@@ -133,7 +133,7 @@ class MeshMachine(RuleBasedStateMachine):
     def admit(self, w: str, n: int) -> None:
         before = self.gate(w)
         stale = before is not None and before.state is SnapshotState.STALE
-        floor_left = before.avail if stale and before.floor is not None else 0
+        floor_left = before.avail if before is not None and stale and before.floor else 0
         got = sum(self.members[w].admission.try_admit("t", "read_iops").allowed for _ in range(n))
         if stale:
             assert got <= floor_left, f"a stale view admitted {got}, its floor had {floor_left}"
