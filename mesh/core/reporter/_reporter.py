@@ -283,13 +283,8 @@ class Reporter:
         views = self.gates
         owner, sample, on_ack = batch.sender, self.retry.sample, self.on_ack
         seq = batch.batch_seq
-        last = self._heard.get(owner, now_ns)
+        back = now_ns - self._heard.get(owner, now_ns) > self.config.escrow_after_ns
         self._heard[owner] = now_ns
-        if now_ns - last > self.config.escrow_after_ns:
-            # Back from a cut: what it never acknowledged (a floor's usage among it) goes
-            # again at the next flush, not after backed-off retries; until it is applied
-            # the view subtracts it from what it may spend.
-            self.link_reset(owner)
         if seq:
             self._vouched_by(owner, inc, seq, now_ns + ttl_ns)
         for key, owner_epoch, version, remaining, ack, receiver_epoch, share, active in zip(
@@ -330,6 +325,11 @@ class Reporter:
                 self.ring_behind = rej.ring_epoch
             if v is not None and rej.reason is RejectReason.NOT_OWNER:
                 v.owner_ring_epoch = -1  # route again by whatever ring we hold at the retry
+        if back:
+            # Back from a cut: what this batch did not acknowledge (a floor's usage among
+            # it) goes again at the next flush, not after backed-off retries; until it is
+            # applied the view subtracts it from what it may spend.
+            self.link_reset(owner)
         return changed
 
     def tick(self, now_ns: int) -> None:
@@ -369,13 +369,11 @@ class Reporter:
     def _serve_floor(self, v: GlobalGate, now_ns: int) -> bool:
         """Serve a stale view from its floor while its owner is unreachable; say whether it
         does. The floor (`shares.floor_ppm` of R per second: the share in the row held, at
-        most 1 / ring members) opens once the
-        owner has been silent for `floor_wait_ns` (by then it has found us silent for
-        `escrow_after_ns` and escrows the floor), and lasts `partition_floor_ms`. Only a
-        view whose row came from the key's owner in the ring, from its current incarnation
-        and shortly before its last word, has one: the owner escrows exactly those
-        (`mesh.core.owner._escrow`).
-        """
+        most 1 / ring members) opens once the owner has been silent for `floor_wait_ns` (by
+        then it has found us silent for `escrow_after_ns` and escrows the floor), and lasts
+        `partition_floor_ms`. Only a view whose row came from the key's owner in the ring,
+        from its current incarnation and shortly before its last word, has one: the owner
+        escrows exactly those (`mesh.core.owner._escrow`)."""
         cfg = self.config
         owner = v.snap_from
         heard = self._heard.get(owner, -1)
