@@ -13,6 +13,7 @@ from mesh.core.policy import BOUNDS, RateKey
 from mesh.core.reporter import GlobalGate, SnapshotState
 from mesh.core.shares import PPM, floor_burst, floor_ppm, floor_units
 from mesh.core.verdict import Suspension
+from mesh.errors import ConfigError
 from mesh.testing.fleet import MemoryFleet, Offered, drive
 from tests.mesh._helpers import cache, policy
 
@@ -150,3 +151,28 @@ def test_no_floor_when_turned_off() -> None:
     v = f.try_admit(victim, "t", "read_iops")
     assert not v.allowed and v.suspended is Suspension.OWNER_UNREACHABLE, v
     assert f.members[owner].owner.escrows.charged_units == 0
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"partition_floor_ms": -1}, "core.partition_floor_ms"),
+        ({"partition_floor_ms": "2s"}, "core.partition_floor_ms"),
+        ({"partition_floor_ms": True}, "core.partition_floor_ms"),
+    ],
+)
+def test_a_bad_partition_floor_names_the_field(data: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        CoreConfig.from_dict(data)
+    assert err.value.field == field, err.value
+
+
+def test_the_floor_formulas() -> None:
+    assert floor_ppm(PPM, 8) == PPM // 8  # capped at the ring's even share
+    assert floor_ppm(1000, 8) == 1000  # a small share is its own floor
+    assert floor_units(1000, NS_PER_S, PPM // 8) == 125
+    assert floor_units(1000, -5, PPM) == 0
+    lease = CFG.reporter_lease_ms * MS
+    assert floor_burst(1000, PPM // 8, lease, 32) == 6  # 125/s over 50 ms
+    assert floor_burst(1000, 10, lease, 32) == 1  # never below one unit
+    assert floor_burst(10**6, PPM, lease, 32) == 32  # never above b
