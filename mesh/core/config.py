@@ -55,9 +55,11 @@ class CoreConfig:
     # within about twice this (Admission.tick). Rebuilding one on its next use loses nothing.
     views_idle_ms: int = 10_000
     # Serving through partitions (docs/partitions.md): a worker cut off from a key's owner
-    # spends its floor (R / ring members, `shares.floor_units`) for at most this long, and
-    # the owner charges the key an escrow for it. 0: no floor, a cut-off view admits nothing.
-    partition_floor_ms: int = 2000
+    # spends its floor (its share, at most R / ring members) for at most this long, and the
+    # owner charges the key an escrow for it. 0 (the default): no floor, a cut-off view
+    # admits nothing. Off by default: an owner cannot tell a cut-off member from one that
+    # paused, and escrows for pauses cost saturated keys with sparse reporters capacity.
+    partition_floor_ms: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -104,9 +106,9 @@ class CoreConfig:
     @property
     def escrow_after_ns(self) -> int:
         """How long a member must be silent (no batch at all) before its owner escrows its
-        floors: its reporter lease, after which the owner no longer counts it as live
-        (docs/partitions.md)."""
-        return self.reporter_lease_ms * MS
+        floors: longer than a busy member's pause between batches (one per sync interval),
+        by a TTL for the trips and a lost batch (docs/partitions.md)."""
+        return (self.snapshot_ttl_ms + 2 * self.sync_interval_ms) * MS
 
     @property
     def floor_wait_ns(self) -> int:
@@ -114,6 +116,12 @@ class CoreConfig:
         owner's silence threshold (`escrow_after_ns`, after which it escrows), then a TTL,
         which covers the reply lost in the cut (a sync interval) and the trips."""
         return self.escrow_after_ns + self.snapshot_ttl_ns
+
+    @property
+    def idle_mark_ns(self) -> int:
+        """A worker that sent an owner no report for this long tells it it went idle (an
+        empty batch, `Reporter._mark_idles`): two leases, so a sparse reporter rarely does."""
+        return 2 * self.reporter_lease_ms * MS
 
     @property
     def floor_recent_ns(self) -> int:

@@ -176,7 +176,7 @@ def floor_units(rate: int, elapsed_ns: int, part_ppm: int) -> int:
 def floor_burst(rate: int, part_ppm: int, lease_ns: int, local_burst_cap: int) -> int:
     """The burst of a worker's floor: what it earns over one reporter lease, at most b and at
     least one unit. The owner's escrow runs from when it last heard from the worker, at least
-    a lease before the worker's floor opens (`CoreConfig.floor_wait_ns`), so it has charged
-    this much before the worker can spend it."""
+    `CoreConfig.escrow_after_ns` before the worker's floor opens, and charges at once what
+    the burst exceeds that lead, so it has charged the burst before the worker can spend it."""
     burst = floor_units(rate, lease_ns, part_ppm)
     return max(1, min(local_burst_cap, burst))

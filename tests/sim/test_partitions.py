@@ -27,7 +27,7 @@ def random_partitions(seed: int) -> dict[str, object]:
         "description": "random partitions",
         "duration_s": round(at + 0.3, 3),
         "warmup_s": 0.3,
-        "fleet": {"workers": 8},
+        "fleet": {"workers": 8, "partition_floor_ms": 2000},
         "policy": {"rate": 2000, "burst": 200, "local_burst_cap": 40},
         "tenants": [
             {"name": "busy", "offered": 6000},

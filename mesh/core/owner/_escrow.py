@@ -19,10 +19,10 @@ its span ran out long ago, or its member left the ring.
 
 from __future__ import annotations
 
-from mesh.core.config import CoreConfig
+from mesh.core.config import MS, CoreConfig
 from mesh.core.owner._state import KeyState, ReporterState
 from mesh.core.ring import Ring
-from mesh.core.shares import floor_ppm, floor_units
+from mesh.core.shares import floor_burst, floor_ppm, floor_units
 
 __all__ = ["Escrow", "Escrows", "HEARD_MAX"]
 
@@ -35,12 +35,14 @@ HEARD_MAX = 65_536
 class Escrow:
     """What an owner charged one key for one silent reporter's floor."""
 
-    __slots__ = ("from_ns", "until_ns", "part_ppm", "charged", "netted", "back_ns")
+    __slots__ = ("from_ns", "until_ns", "part_ppm", "extra", "charged", "netted", "back_ns")
 
-    def __init__(self, from_ns: int, until_ns: int, part_ppm: int) -> None:
+    def __init__(self, from_ns: int, until_ns: int, part_ppm: int, extra: int) -> None:
         self.from_ns = from_ns  # when the owner last heard from the worker
         self.until_ns = until_ns  # charging stops here (`CoreConfig.escrow_span_ns`)
         self.part_ppm = part_ppm  # the floor escrowed: this part (ppm) of R per second
+        # Charged at once: what the floor's burst exceeds the rate's lead (`check`).
+        self.extra = extra
         self.charged = 0  # units charged to the key's meter so far
         self.netted = 0  # units of the worker's reports absorbed by `charged`
         self.back_ns = -1  # when the worker was heard again (-1: still silent)
@@ -60,6 +62,10 @@ class Escrows:
         self.config = config
         self.me = me  # this member reports to itself over no network: it is never cut off
         self.heard: dict[str, int] = {}  # worker -> when its last batch arrived
+        # Workers whose last word was an idle mark (`idle_mark`): they floor nothing until a
+        # later report of theirs is acknowledged, so they get no escrow.
+        self.idle: set[str] = set()
+        self._reported: dict[str, int] = {}  # worker -> when its last report batch arrived
         # The floor's cap is R / members: the smaller of the ring's size now and before its
         # last change, so a worker that has not yet seen a join (a larger cap) is covered.
         self.members = max(1, members)
@@ -70,23 +76,42 @@ class Escrows:
         return self.config.partition_floor_ms > 0
 
     def heard_from(self, worker: str, now_ns: int) -> None:
+        """A report batch from `worker` arrived."""
         heard = self.heard
         if worker not in heard and len(heard) >= HEARD_MAX:
             for w in sorted(heard, key=lambda w: (heard[w], w))[: HEARD_MAX // 2]:
-                del heard[w]
+                self._drop(w)
         heard[worker] = now_ns
+        self._reported[worker] = now_ns
+        if worker in self.idle:
+            self.idle.discard(worker)
+
+    def idle_mark(self, worker: str, now_ns: int) -> None:
+        """`worker` says it went idle (it sent no report for `idle_mark_ns`). Ignored within
+        a TTL of its last report: a mark overtaken by a later report (reordering) must not
+        turn off an escrow its sender counts on."""
+        last = self._reported.get(worker)
+        if last is None or now_ns - last <= self.config.snapshot_ttl_ns:
+            return
+        self.heard[worker] = now_ns  # alive: a running escrow stops charging
+        self.idle.add(worker)
+
+    def _drop(self, worker: str) -> None:
+        self.heard.pop(worker, None)
+        self._reported.pop(worker, None)
+        self.idle.discard(worker)
 
     def ring_changed(self, old: Ring, new: Ring) -> None:
         self.members = max(1, min(len(old), len(new)))
         for w in [w for w in self.heard if w not in new]:
-            del self.heard[w]
+            self._drop(w)
 
     def check(self, now_ns: int, ks: KeyState, worker: str, rs: ReporterState) -> int:
         """A reporter of `ks`: open its escrow if its member went silent (no batch for
         `escrow_after_ns`) and was sent a row of the key recently. Returns when to look
         again (when the member would have been silent that long), or -1."""
         heard = self.heard.get(worker)
-        if heard is None or worker == self.me:
+        if heard is None or worker == self.me or worker in self.idle:
             return -1
         cfg = self.config
         if rs.sent_at_ns < heard - cfg.escrow_recent_ns:
@@ -103,7 +128,16 @@ class Escrows:
             share = rs.share_cur if rs.share_cur > rs.share_prev else rs.share_prev
             part = floor_ppm(share, self.members)
             if part > 0:
-                escrows[worker] = Escrow(heard, heard + cfg.escrow_span_ns, part)
+                # The floor opens at least escrow_after_ns after `heard`; its burst is what
+                # it earns over a lease; the part of it the rate has not charged by the time
+                # the floor opens is charged at once.
+                policy = ks.policy
+                burst = floor_burst(
+                    policy.target_rate, part, cfg.reporter_lease_ms * MS, policy.local_burst_cap
+                )
+                lead = floor_units(policy.target_rate, cfg.escrow_after_ns, part)
+                extra = burst - lead if burst > lead else 0
+                escrows[worker] = Escrow(heard, heard + cfg.escrow_span_ns, part, extra)
         return -1
 
     def note_share(self, rs: ReporterState, share_ppm: int, now_ns: int) -> None:
@@ -138,7 +172,7 @@ class Escrows:
             end = now_ns if now_ns < e.until_ns else e.until_ns
             if 0 <= e.back_ns < end:
                 end = e.back_ns
-            owed = floor_units(rate, end - e.from_ns, e.part_ppm) - e.charged
+            owed = e.extra + floor_units(rate, end - e.from_ns, e.part_ppm) - e.charged
             if owed > 0:
                 ks.meter.apply(now_ns, owed)
                 e.charged += owed

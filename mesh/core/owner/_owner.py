@@ -228,6 +228,9 @@ class Owner:
         reorder = cfg.reorder_window
         lease_until_ns = now_ns + cfg.reporter_lease_ms * MS
         window = now_ns // (cfg.demand_window_ms * MS)
+        if not batch.keys:  # an idle mark (`Reporter._mark_idles`): nothing to apply or answer
+            self.escrows.idle_mark(sender, now_ns)
+            return []
         self._leases[sender] = lease_until_ns
         self.escrows.heard_from(sender, now_ns)
         share_floor = cfg.share_floor_ppm

@@ -94,6 +94,13 @@ class Reporter:
         # When a batch from each owner last arrived (any batch): a view's floor opens a while
         # after its owner's last word (`_serve_floor`). Per owner; dropped when it leaves.
         self._heard: dict[str, int] = {}
+        # Idle marks (`_mark_idles`), per owner: when we last sent it a report, when we last
+        # told it we went idle, and the latest send time of a report it acknowledged. A view
+        # floors only while the last is later than the second: the owner's last word from us
+        # was then a report, and it escrows. Per owner; dropped when it leaves the ring.
+        self._reported_to: dict[str, int] = {}
+        self._idle_at: dict[str, int] = {}
+        self._acked_sent_at: dict[str, int] = {}
         self.retry = RetryTimer(
             self.config.report_retry_ms * MS, self.config.report_retry_max_ms * MS
         )
@@ -253,6 +260,7 @@ class Reporter:
             self._schedule(v, next_ns)
         out: list[Effect] = []
         for owner in sorted(by_owner):
+            self._reported_to[owner] = now_ns
             rows = by_owner[owner]
             for i in range(0, len(rows), cfg.report_batch_max):
                 chunk = rows[i : i + cfg.report_batch_max]
@@ -273,7 +281,31 @@ class Reporter:
                     )
                 )
                 self.reports_sent += len(chunk)
+        if self._reported_to and cfg.partition_floor_ms > 0:
+            self._mark_idles(now_ns, out)
         return out
+
+    def _mark_idles(self, now_ns: int, out: list[Effect]) -> None:
+        """An empty batch to each owner we sent no report for `idle_mark_ns`, once per such
+        pause: we went idle, not silent. An owner escrows a floor for a member silent for a
+        lease (`mesh.core.owner._escrow`); an idle one tells it not to (and so has no floor
+        until a later report of it is acknowledged). Marking idle only ever turns floors and
+        escrows off, so a mark sent while reports are in flight is safe, merely early."""
+        for owner, at in list(self._reported_to.items()):
+            if now_ns - at < self.config.idle_mark_ns or self._idle_at.get(owner, -1) > at:
+                continue
+            if owner not in self.ring:
+                del self._reported_to[owner]
+                continue
+            self._idle_at[owner] = now_ns
+            out.append(
+                Send(
+                    owner,
+                    ReportBatch.trusted(
+                        self.worker_id, self.ring.epoch, self.worker_epoch, (), (), (), (), ()
+                    ),
+                )
+            )
 
     def receive(self, now_ns: int, batch: SnapshotBatch) -> int:
         """Take an owner's snapshots and rejections. Returns how many views changed."""
@@ -283,7 +315,10 @@ class Reporter:
         views = self.gates
         owner, sample, on_ack = batch.sender, self.retry.sample, self.on_ack
         seq = batch.batch_seq
-        back = now_ns - self._heard.get(owner, now_ns) > self.config.escrow_after_ns
+        back = (
+            now_ns - self._heard.get(owner, now_ns) > self.config.escrow_after_ns
+            and self.config.partition_floor_ms > 0
+        )
         self._heard[owner] = now_ns
         if seq:
             self._vouched_by(owner, inc, seq, now_ns + ttl_ns)
@@ -311,6 +346,8 @@ class Reporter:
             v.snap_incarnation = inc
             v.snap_batch = seq
             for r in acked:
+                if r.sent_at_ns > self._acked_sent_at.get(owner, -1):
+                    self._acked_sent_at[owner] = r.sent_at_ns
                 if r.sends == 1:  # Karn: a resent report's ack could answer either send
                     sample(owner, now_ns - r.sent_at_ns)
                 if on_ack is not None:
@@ -386,6 +423,7 @@ class Reporter:
             and v.snap_at_ns >= heard - cfg.floor_recent_ns
             and st is not None
             and st.incarnation == v.snap_incarnation
+            and self._idle_at.get(owner, -1) < self._acked_sent_at.get(owner, -1)
             and len(self.ring)
             and self.ring.owner_of(v.key) == owner
         ):
@@ -450,6 +488,11 @@ class Reporter:
             del self._vouch[owner]  # it owns nothing of ours now
         for owner in [o for o in self._heard if o not in ring]:
             del self._heard[owner]
+        for owner in [o for o in self._reported_to if o not in ring]:
+            del self._reported_to[owner]
+        for owner in [o for o in self._acked_sent_at if o not in ring]:
+            del self._acked_sent_at[owner]
+            self._idle_at.pop(owner, None)
         self.ring_behind = max(self.ring_behind, ring.epoch)
         if not moved:
             return  # same members, same placement: every report is where it should be

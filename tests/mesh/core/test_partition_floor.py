@@ -19,13 +19,16 @@ from tests.mesh._helpers import cache, policy
 
 R, B, b = 2000, 200, 40
 N = 4
-CFG = CoreConfig()
+CFG = CoreConfig(partition_floor_ms=2000)
 KEY: RateKey = policy("t", rate=R, burst=B, b=b).rate_key
 
 
 def fleet(seed: int = 1) -> MemoryFleet:
     f = MemoryFleet(
-        [f"w{i}" for i in range(N)], cache(policy("t", rate=R, burst=B, b=b)), seed=seed
+        [f"w{i}" for i in range(N)],
+        cache(policy("t", rate=R, burst=B, b=b)),
+        seed=seed,
+        config=CFG,
     )
     f.run_until(NS_PER_S // 5)  # owners past their conservative start
     return f
@@ -101,8 +104,9 @@ def test_the_owner_escrows_a_silent_members_floor_and_nets_it_on_return() -> Non
     assert ks.escrow is not None and victim in ks.escrow, ks.escrow
     e = ks.escrow[victim]
     # Charged at the floor from when the owner last heard from the victim, up to its last
-    # look at the key (this millisecond or the one before).
-    owed = floor_units(R, f.local_ns(owner) - e.from_ns, e.part_ppm)
+    # look at the key (this millisecond or the one before), and the part of the floor's
+    # burst that rate had not covered when the floor could open, at once.
+    owed = e.extra + floor_units(R, f.local_ns(owner) - e.from_ns, e.part_ppm)
     assert owed - floor_units(R, 2 * MS, e.part_ppm) - 1 <= e.charged <= owed, (e, owed)
     assert e.charged >= served, (e, served)  # the escrow covers what the victim spent
     charged = o.escrows.charged_units

@@ -37,9 +37,11 @@ START = 10 * NS_PER_S  # owners have held their ring positions for a while
 
 
 class MeshMachine(RuleBasedStateMachine):
+    CONFIG = CoreConfig()
+
     def __init__(self) -> None:
         super().__init__()
-        self.cfg = CoreConfig()
+        self.cfg = self.CONFIG
         self.policy = TenantRatePolicy("t", Metric.READ_IOPS, 1, R, B, b)
         ring = Ring(WORKERS, 1)
         policies = PolicyCache([self.policy])

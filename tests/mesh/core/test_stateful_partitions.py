@@ -10,13 +10,15 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
-from mesh.core.config import MS
+from mesh.core.config import MS, CoreConfig
 from tests.mesh.core.test_stateful import WORKERS, MeshMachine
 
 pytestmark = pytest.mark.slow  # hypothesis state machine: tens of seconds
 
 
 class FloorMachine(MeshMachine):
+    CONFIG = CoreConfig(partition_floor_ms=2000)
+
     @rule(w=st.sampled_from(WORKERS), ms=st.integers(60, 400), per_ms=st.integers(0, 3))
     def long_cut(self, w: str, ms: int, per_ms: int) -> None:
         """Cut a worker off for `ms` (past its floor's wait when long enough), offering it
