@@ -414,7 +414,13 @@ class Reporter:
         cfg = self.config
         owner = v.snap_from
         heard = self._heard.get(owner, -1)
-        opens = heard + cfg.floor_wait_ns
+        # From our last word from the owner, or from our oldest unacknowledged report if it
+        # is newer: a lone report after a pause may have reached the owner (and renewed
+        # its count of our silence) just as its answer was cut.
+        since = heard
+        if v.inflight and v.inflight[0].created_ns > since:
+            since = v.inflight[0].created_ns
+        opens = since + cfg.floor_wait_ns
         st = self._vouch.get(owner)
         if not (
             cfg.partition_floor_ms > 0
