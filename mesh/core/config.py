@@ -120,8 +120,9 @@ class CoreConfig:
     @property
     def idle_mark_ns(self) -> int:
         """A worker that sent an owner no report for this long tells it it went idle (an
-        empty batch, `Reporter._mark_idles`): two leases, so a sparse reporter rarely does."""
-        return 2 * self.reporter_lease_ms * MS
+        empty batch, `Reporter._mark_idles`): four leases, so a sparse reporter hardly ever
+        does, nor does one whose owner was just cut off."""
+        return 4 * self.reporter_lease_ms * MS
 
     @property
     def floor_recent_ns(self) -> int:
