@@ -232,7 +232,9 @@ class Owner:
             self.escrows.idle_mark(sender, now_ns)
             return []
         self._leases[sender] = lease_until_ns
-        self.escrows.heard_from(sender, now_ns)
+        floors = self.escrows.on()  # serving through partitions: off unless configured
+        if floors:
+            self.escrows.heard_from(sender, now_ns)
         share_floor = cfg.share_floor_ppm
         exhausted_now: list[KeyState] = []
         replied: dict[RateKey, KeyState] = {}
@@ -359,8 +361,8 @@ class Owner:
             ks.version += 1
             rs.sent_at_ns = now_ns
             rs.seen_changes = ks.changes
-            if rs.share_win != share_win or share > rs.share_cur:  # a floor escrow may use it
-                note_share(rs, share, now_ns)
+            if floors and (rs.share_win != share_win or share > rs.share_cur):
+                note_share(rs, share, now_ns)  # a floor's escrow may use it
             rows.append(
                 (
                     key,
@@ -568,7 +570,8 @@ class Owner:
             rs.sent_at_ns = now_ns
             rs.sent_allowance_ppm = allowance
             rs.sent_floor = floor
-            self.escrows.note_share(rs, share, now_ns)
+            if self.escrows.on():
+                self.escrows.note_share(rs, share, now_ns)
             snapshot(
                 worker,
                 (
