@@ -125,6 +125,7 @@ class Fleet:
     sync_interval_ms: int = 5
     snapshot_ttl_ms: int = 20
     lb_skew: float = 0.0  # worker i gets load in proportion to (i+1) ** -lb_skew
+    partition_floor_ms: int = 0  # CoreConfig.partition_floor_ms (docs/partitions.md)
 
 
 @dataclass(frozen=True)
@@ -298,6 +299,9 @@ def parse(data: Any, *, where: str = "") -> Scenario:
         sync_interval_ms=ff.num("sync_interval_ms", 5, minimum=1, maximum=1000, integer=True),
         snapshot_ttl_ms=ff.num("snapshot_ttl_ms", 20, minimum=1, maximum=60_000, integer=True),
         lb_skew=ff.num("lb_skew", 0.0, maximum=10),
+        partition_floor_ms=ff.num(
+            "partition_floor_ms", 0, minimum=0, maximum=600_000, integer=True
+        ),
     )
     ff.done()
     if fleet.snapshot_ttl_ms < fleet.sync_interval_ms:

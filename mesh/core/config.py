@@ -12,6 +12,12 @@ from mesh.errors import ConfigError
 __all__ = ["CoreConfig", "MS"]
 
 MS = 1_000_000  # ns per ms
+_MAY_BE_ZERO = frozenset({"partition_floor_ms"})  # 0 turns the feature off
+# A worker floors a key only on a snapshot row received at most this many reporter leases
+# before its owner's last word; the owner escrows the keys it sent a row of within this (and
+# the slack of `escrow_recent_ns`) before it last heard from the worker. Short, so that the
+# share escrowed is a recent one (the largest sent over about twice this, `share_window_ns`).
+FLOOR_RECENT_LEASES = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +55,16 @@ class CoreConfig:
     # every views_idle_ms and visits VIEWS_SWEEP_SLICE views a tick, so an idle view is gone
     # within about twice this (Admission.tick). Rebuilding one on its next use loses nothing.
     views_idle_ms: int = 10_000
+    # Serving through partitions (docs/partitions.md): a worker cut off from a key's owner
+    # spends its floor (its share, at most R / ring members) for at most this long, and the
+    # owner charges the key an escrow for it. 0 (the default): no floor, a cut-off view
+    # admits nothing. Off by default: an owner cannot tell a cut-off member from one that
+    # paused, and escrows for pauses cost saturated keys with sparse reporters capacity.
+    partition_floor_ms: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            check_int(f.name, getattr(self, f.name), minimum=1)
+            check_int(f.name, getattr(self, f.name), minimum=0 if f.name in _MAY_BE_ZERO else 1)
         if self.snapshot_ttl_ms < self.sync_interval_ms:
             raise ConfigError("snapshot_ttl_ms", "must be at least sync_interval_ms")
         if self.report_retry_max_ms < self.report_retry_ms:
@@ -91,3 +103,68 @@ class CoreConfig:
     @property
     def snapshot_ttl_ns(self) -> int:
         return self.snapshot_ttl_ms * MS
+
+    @property
+    def floor_ns(self) -> int:
+        """How long a cut-off worker may spend its floor (`partition_floor_ms`)."""
+        return self.partition_floor_ms * MS
+
+    @property
+    def escrow_after_ns(self) -> int:
+        """How long a member must be silent (no batch at all) before its owner escrows its
+        floors: longer than a busy member's pause between batches (one per sync interval),
+        by a TTL for the trips and a lost batch (docs/partitions.md)."""
+        return (self.snapshot_ttl_ms + 2 * self.sync_interval_ms) * MS
+
+    @property
+    def floor_wait_ns(self) -> int:
+        """How long after its owner's last word a worker waits before its floor opens: the
+        owner's silence threshold (`escrow_after_ns`, after which it escrows), then a TTL,
+        which covers the reply lost in the cut (a sync interval) and the trips."""
+        return self.escrow_after_ns + self.snapshot_ttl_ns
+
+    @property
+    def idle_mark_ns(self) -> int:
+        """A worker that sent an owner no report for this long tells it it went idle (an
+        empty batch, `Reporter._mark_idles`): four leases, so a sparse reporter hardly ever
+        does, nor does one whose owner was just cut off."""
+        return 4 * self.reporter_lease_ms * MS
+
+    @property
+    def floor_recent_ns(self) -> int:
+        """A worker floors only a view whose snapshot came this recently before its owner's
+        last word (the owner escrows those keys, `escrow_recent_ns`)."""
+        return FLOOR_RECENT_LEASES * self.reporter_lease_ms * MS
+
+    @property
+    def escrow_recent_ns(self) -> int:
+        """The owner escrows a silent worker's keys it sent a row of this recently before it
+        last heard from the worker: `floor_recent_ns` plus the trip, a lost reply and a tick."""
+        return self.floor_recent_ns + (self.snapshot_ttl_ms + self.sync_interval_ms) * MS
+
+    @property
+    def share_window_ns(self) -> int:
+        """The owner remembers the largest share it sent each reporter per window this long,
+        and for the window before (`_escrow.note_share`): two windows cover every row a
+        worker may floor on (sent from `escrow_recent_ns` before its silence to its lease's
+        end)."""
+        return self.escrow_recent_ns + self.reporter_lease_ms * MS
+
+    @property
+    def escrow_span_ns(self) -> int:
+        """How long after it last heard from a silent worker the owner charges its escrow:
+        the worker's floor ends `floor_wait_ns + floor_ns` after its own last word from the
+        owner, which can come up to a lease (the owner's batches while its lease runs) and a
+        trip (a TTL) after the owner last heard from it."""
+        return (
+            self.floor_ns
+            + self.floor_wait_ns
+            + (self.reporter_lease_ms + self.snapshot_ttl_ms) * MS
+        )
+
+    @property
+    def escrow_netting_ns(self) -> int:
+        """How long after a silent worker is heard again its reports are netted against the
+        escrow: its resends (report_retry_max) and the flush of what it held (a sync
+        interval), with a TTL of slack for the trip."""
+        return (self.report_retry_max_ms + 2 * self.sync_interval_ms + self.snapshot_ttl_ms) * MS

@@ -11,6 +11,11 @@ even part. A full bucket is plenty for everyone, so an even split lets any worke
 once; a nearly empty one is scarce, so it goes where the requests are. The per-key half of
 that is a `ShareBasis` (once per key per round); `share_ppm` finishes one reporter's share.
 
+A worker cut off from a key's owner spends its floor: its share from the owner's last row,
+capped at the ring's even share (`floor_ppm`, so the floors of all members sum to at most R),
+of R per second, with a burst of a lease of it (`floor_burst`); the owner charges the same
+rate as escrow (`floor_units`, docs/partitions.md).
+
 The owner's reply path (`Owner.receive`) runs for every report and inlines `share_basis`,
 `share_step`, `shares_even`, `share_ppm` and `near` for speed (a `ShareBasis` per report
 costs more than the arithmetic); tests/mesh/core/test_shares.py pins each inlined copy to the
@@ -33,6 +38,9 @@ __all__ = [
     "shares_even",
     "share_ppm",
     "near",
+    "floor_ppm",
+    "floor_units",
+    "floor_burst",
 ]
 
 PPM = 1_000_000
@@ -148,3 +156,27 @@ def near(now: int, then: int) -> bool:
     """Whether `now` is within 1/2**NEAR_BITS of `then` (never, while `then` is unset: -1)."""
     d = now - then
     return (d if d >= 0 else -d) << NEAR_BITS <= then
+
+
+def floor_ppm(share_ppm: int, members: int) -> int:
+    """A member's floor as a part (ppm) of R: its share from the owner's last row, never
+    above the ring's even share 1/members, so the floors of all members sum to at most R
+    whatever rows they hold."""
+    even = PPM // max(1, members)
+    return share_ppm if share_ppm < even else even
+
+
+def floor_units(rate: int, elapsed_ns: int, part_ppm: int) -> int:
+    """Whole units of a floor (`part_ppm` of R per second) over `elapsed_ns`: what a cut-off
+    worker may spend from it over that time, and the escrow its owner charges for it
+    (rounded down; the floor's burst covers the fraction, `floor_burst`)."""
+    return rate * part_ppm * elapsed_ns // (PPM * 1_000_000_000) if elapsed_ns > 0 else 0
+
+
+def floor_burst(rate: int, part_ppm: int, lease_ns: int, local_burst_cap: int) -> int:
+    """The burst of a worker's floor: what it earns over one reporter lease, at most b and at
+    least one unit. The owner's escrow runs from when it last heard from the worker, at least
+    `CoreConfig.escrow_after_ns` before the worker's floor opens, and charges at once what
+    the burst exceeds that lead, so it has charged the burst before the worker can spend it."""
+    burst = floor_units(rate, lease_ns, part_ppm)
+    return max(1, min(local_burst_cap, burst))

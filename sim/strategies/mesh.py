@@ -22,7 +22,9 @@ class MeshStrategy(Strategy):
         super().__init__(ctx)
         fl = ctx.scenario.fleet
         self.config = CoreConfig(
-            sync_interval_ms=fl.sync_interval_ms, snapshot_ttl_ms=fl.snapshot_ttl_ms
+            sync_interval_ms=fl.sync_interval_ms,
+            snapshot_ttl_ms=fl.snapshot_ttl_ms,
+            partition_floor_ms=fl.partition_floor_ms,
         )
         self.policies = policies_for(ctx, Mode.GLOBAL)
         self.ack_delays: list[int] = []

@@ -25,6 +25,8 @@ SHORT = {  # scenario -> duration for the sweep (faults happen inside it)
     "lb-skew": 1.0,
     "policy-change": 2.4,
     "egress-bytes": 0.6,
+    "half-partition": 2.2,
+    "flash-crowd": 0.8,
 }
 
 
@@ -137,6 +139,8 @@ GOOD: dict[str, Any] = {
         ({"fleet": {"workers": 0}}, "fleet.workers"),
         ({"fleet": {"workers": 4, "sync_interval": 5}}, "fleet.sync_interval"),
         ({"fleet": {"workers": 4.5}}, "fleet.workers"),
+        ({"fleet": {"workers": 4, "partition_floor_ms": -1}}, "fleet.partition_floor_ms"),
+        ({"fleet": {"workers": 4, "partition_floor_ms": 0.5}}, "fleet.partition_floor_ms"),
         ({"policy": {"rate": -1, "burst": 10, "local_burst_cap": 5}}, "policy.rate"),
         (
             {"policy": {"rate": 1, "burst": 10, "local_burst_cap": 5, "metric": "iops"}},

@@ -23,6 +23,7 @@ from mesh.core.config import MS, CoreConfig
 from mesh.core.effects import Effect, FetchPolicy, Send
 from mesh.core.gcra import NS_PER_S, RECOVERED_PART, Gcra, recovered
 from mesh.core.messages import Handover, Rejection, RejectReason, ReportBatch, SnapshotBatch
+from mesh.core.owner._escrow import Escrows
 from mesh.core.owner._handover import DEPARTED_GRACE_NS, Handovers, export, install
 from mesh.core.owner._plausible import Refusal, claim, claim_tolerance
 from mesh.core.owner._state import Applied, KeyState, ReporterState
@@ -172,6 +173,8 @@ class Owner:
         # any number it had from us before, so what it holds from then is not vouched for.
         self._out_seq: dict[str, int] = {}
         self._out_at: dict[str, int] = {}
+        # Silent reporters' floors, charged to their keys in advance (`_escrow`).
+        self.escrows = Escrows(self.config, len(ring), self.member_id)
 
     @property
     def applied(self) -> dict[RateKey, int]:
@@ -240,7 +243,13 @@ class Owner:
         reorder = cfg.reorder_window
         lease_until_ns = now_ns + cfg.reporter_lease_ms * MS
         window = now_ns // (cfg.demand_window_ms * MS)
+        if not batch.keys:  # an idle mark (`Reporter._mark_idles`): nothing to apply or answer
+            self.escrows.idle_mark(sender, now_ns)
+            return []
         self._leases[sender] = lease_until_ns
+        floors = self.escrows.on()  # serving through partitions: off unless configured
+        if floors:
+            self.escrows.heard_from(sender, now_ns)
         share_floor = cfg.share_floor_ppm
         exhausted_now: list[KeyState] = []
         replied: dict[RateKey, KeyState] = {}
@@ -284,9 +293,21 @@ class Owner:
                 rs.window = window
             rs.lease_until_ns = lease_until_ns
             if outcome == Applied.NEW:
-                why = claim(rs, ks, now_ns, delta) if delta else None
+                # Usage that the escrow for this sender's floor already charged is netted,
+                # not applied again; the rest goes through the claim meter (`_escrow`).
+                netted = 0
+                if ks.escrow is not None and delta > 0:
+                    netted = self.escrows.room(now_ns, ks, sender, ring)
+                    if netted > delta:
+                        netted = delta
+                rest = delta - netted
+                why = claim(rs, ks, now_ns, rest) if rest else None
                 if why is None:
-                    ks.meter.apply(now_ns, delta)
+                    if netted:
+                        self.escrows.absorb(ks, sender, netted)
+                        rs.net += netted
+                    if rest:
+                        ks.meter.apply(now_ns, rest)
                     ks.last_used_ns = now_ns
                     rs.demand_cur += (delta if delta > 0 else 0) + denied
                     units += delta
@@ -301,8 +322,13 @@ class Owner:
         for key, reason in refused.items():
             out.reject(sender, Rejection(key, reason, ring.epoch))
         rows: list[Row] = []
+        share_win = now_ns // cfg.share_window_ns
+        note_share = self.escrows.note_share
         for key, ks in replied.items():  # _send_snapshot, inlined: once per report
             rs = ks.reporters[sender]
+            n = ks.live_n if now_ns <= ks.live_until_ns else self._count_live(now_ns, ks)
+            if ks.escrow is not None:
+                self.escrows.settle(now_ns, ks, ring)
             remaining = ks.meter.remaining(now_ns)
             if remaining == 0:
                 if not ks.exhausted:
@@ -313,7 +339,6 @@ class Owner:
                 ks.exhausted = False
             b = ks.policy.local_burst_cap
             floor = remaining if remaining < b else b
-            n = ks.live_n if now_ns <= ks.live_until_ns else _count_live(now_ns, ks)
             if n == 1:  # the only live reporter: the whole budget is its share
                 share = PPM
                 # snapshot_allowance_ppm(remaining, PPM, 1, b), inlined
@@ -351,6 +376,8 @@ class Owner:
             ks.version += 1
             rs.sent_at_ns = now_ns
             rs.seen_changes = ks.changes
+            if floors and (rs.share_win != share_win or share > rs.share_cur):
+                note_share(rs, share, now_ns)  # a floor's escrow may use it
             rows.append(
                 (
                     key,
@@ -385,6 +412,10 @@ class Owner:
             if ks is None or ks.tick_at_ns != at:
                 continue  # forgotten, or due at another time since
             ks.tick_at_ns = INT_MAX
+            if now_ns > ks.live_until_ns:
+                self._count_live(now_ns, ks)  # opens escrows for reporters gone silent
+            if ks.escrow is not None:
+                self.escrows.settle(now_ns, ks, self.ring)
             if ks.exhausted and recovered(ks.meter.remaining(now_ns), ks.meter.burst):
                 ks.exhausted = False
             self._broadcast(now_ns, ks, out, sync_ns=sync_ns)
@@ -450,6 +481,7 @@ class Owner:
     def ring_changed(self, now_ns: int, ring: Ring) -> None:
         """Adopt a new ring; keys that moved away are dropped (their new owner starts them)."""
         self.handovers.ring_changed(now_ns, self.ring, ring, self.member_id)
+        self.escrows.ring_changed(self.ring, ring)
         self.ring = ring
         # Even with the same members: rings between the two may have placed keys elsewhere
         # (a coalesced watch), so a key opened now may have been metered there meanwhile.
@@ -553,6 +585,10 @@ class Owner:
                         next_ns = due_at
                     continue
             if basis is None:  # once per key, not per receiver
+                if now_ns > ks.live_until_ns:
+                    self._count_live(now_ns, ks)  # opens escrows for reporters gone silent
+                if ks.escrow is not None:
+                    self.escrows.settle(now_ns, ks, self.ring)
                 remaining = ks.meter.remaining(now_ns)
                 basis = self._share_basis(now_ns, ks, remaining)
                 floor = remaining if remaining < b else b
@@ -567,6 +603,8 @@ class Owner:
             rs.sent_at_ns = now_ns
             rs.sent_allowance_ppm = allowance
             rs.sent_floor = floor
+            if self.escrows.on():
+                self.escrows.note_share(rs, share, now_ns)
             snapshot(
                 worker,
                 (
@@ -603,6 +641,25 @@ class Owner:
                 total += rs.demand_cur + rs.demand_prev
         return active, total
 
+    def _count_live(self, now_ns: int, ks: KeyState) -> int:
+        """Reporters with a live lease on the key; the count holds until the first lapses,
+        or until a reporter's member may have gone silent: one that did gets an escrow for
+        its floor (`_escrow`)."""
+        n, until = 0, INT_MAX
+        escrows = self.escrows
+        check = escrows.check if escrows.on() else None
+        for worker, rs in ks.reporters.items():
+            if rs.lease_until_ns >= now_ns:
+                n += 1
+                if rs.lease_until_ns < until:
+                    until = rs.lease_until_ns
+            if check is not None:
+                again = check(now_ns, ks, worker, rs)
+                if 0 <= again < until:
+                    until = again
+        ks.live_n, ks.live_until_ns = n, until
+        return n
+
     def _message(self, to: str, now_ns: int, rows: list[Row], rejects: list[Rejection]) -> Send:
         columns: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * 8
         keys, owner_epochs, versions, remaining, acks, receiver_epochs, shares, active = columns
@@ -627,18 +684,6 @@ class Owner:
                 seq,
             ),
         )
-
-
-def _count_live(now_ns: int, ks: KeyState) -> int:
-    """Reporters with a live lease on the key; the count holds until the first lapses."""
-    n, until = 0, INT_MAX
-    for rs in ks.reporters.values():
-        if rs.lease_until_ns >= now_ns:
-            n += 1
-            if rs.lease_until_ns < until:
-                until = rs.lease_until_ns
-    ks.live_n, ks.live_until_ns = n, until
-    return n
 
 
 def _look(ks: KeyState, basis: ShareBasis, remaining: int, floor: int) -> None:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mesh.core._validate import INT_MAX
 from mesh.core.gcra import Gcra
 from mesh.core.policy import TenantRatePolicy
+
+if TYPE_CHECKING:
+    from mesh.core.owner._escrow import Escrow
 
 __all__ = ["ReporterState", "KeyState", "Applied"]
 
@@ -39,6 +44,9 @@ class ReporterState:
         "window",
         "claim_tat",
         "net",
+        "share_cur",
+        "share_prev",
+        "share_win",
     )
 
     def __init__(self, worker_epoch: int, unacked_from: int, now_ns: int) -> None:
@@ -67,6 +75,11 @@ class ReporterState:
         # bounded by it).
         self.claim_tat = 0
         self.net = 0
+        # The largest share (ppm) sent to this reporter in escrow window `share_win` and the
+        # one before (`_escrow.note_share`): a silent reporter's floor is escrowed at that.
+        self.share_cur = 0
+        self.share_prev = 0
+        self.share_win = 0
 
     def roll(self, window: int) -> None:
         """Move the demand windows on to number `window`."""
@@ -122,6 +135,7 @@ class KeyState:
         "live_n",
         "live_until_ns",
         "claim_tol",
+        "escrow",
     )
 
     def __init__(self, policy: TenantRatePolicy, meter: Gcra, owner_epoch: int, now_ns: int):
@@ -148,3 +162,6 @@ class KeyState:
         # How far one sender's claims may run ahead of the key's rate, scaled like a TAT
         # (`_plausible.claim_tolerance`).
         self.claim_tol = 0
+        # Escrow charged for silent reporters' floors, by worker (`_escrow`); None while
+        # there is none, so the reply path pays one attribute read for it.
+        self.escrow: dict[str, Escrow] | None = None

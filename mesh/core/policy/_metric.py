@@ -46,6 +46,9 @@ BOUNDS: dict[str, str] = {
     "share_stale": "membership_stale:N=1;fleet<=N*limit",
     "global": "excess<=N*b+R*d",
     "global_stale": "excess<=N*b+R*d;stale_view_restricted",
+    # Cut off from the owner: the view spends only its floor, R/members for a bounded span,
+    # escrowed by the owner (docs/partitions.md).
+    "global_floor": "excess<=N*b+R*d;owner_unreachable=>floor_R/N_escrowed",
     "strict": "never_exceeds;unreachable=>fail_closed",
     "disabled": "unlimited:policy_disabled",
     "unknown": "policy_unknown:fail_closed",

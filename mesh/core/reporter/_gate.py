@@ -6,8 +6,9 @@ from collections.abc import Callable
 from enum import Enum
 
 from mesh.core.gate import Gate
+from mesh.core.gcra import Gcra
 from mesh.core.policy import RateKey, TenantRatePolicy
-from mesh.core.shares import share_round, snapshot_allowance_ppm
+from mesh.core.shares import PPM, share_round, snapshot_allowance_ppm
 
 __all__ = ["GlobalGate", "SnapshotState", "Inflight"]
 
@@ -15,7 +16,8 @@ __all__ = ["GlobalGate", "SnapshotState", "Inflight"]
 class SnapshotState(Enum):
     BOOT = "boot"  # no fresh snapshot and nothing unacknowledged: a small allowance
     FRESH = "fresh"  # a snapshot younger than the TTL
-    STALE = "stale"  # the snapshot expired with usage unacknowledged: admit nothing new
+    STALE = "stale"  # the snapshot expired with usage unacknowledged: admit nothing new,
+    # or, cut off from the owner, only from the view's floor (`GlobalGate.floor`)
 
 
 class Inflight:
@@ -62,6 +64,11 @@ class GlobalGate(Gate):
         "snap_incarnation",
         "snap_batch",
         "reported_at_ns",
+        "snap_share_ppm",
+        "floor",
+        "floor_ppm",
+        "floor_mark",
+        "floor_left",
     )
 
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[Gate], None]) -> None:
@@ -88,6 +95,14 @@ class GlobalGate(Gate):
         self.snap_incarnation = -1
         self.snap_batch = 0
         self.reported_at_ns = -1  # when a report of this key last went out (the owner's lease)
+        # Serving through a partition (`Reporter._serve_floor`): a GCRA at R x `floor_ppm` over
+        # time divided by 1e6 (floor_ppm of R per second), what it had left at its last settle,
+        # and `unacked` then (what was admitted since is `unacked - floor_mark`).
+        self.snap_share_ppm = 0  # the share (ppm) in the row held: what its floor follows
+        self.floor: Gcra | None = None
+        self.floor_ppm = 0
+        self.floor_mark = 0
+        self.floor_left = 0
 
     @property
     def had_snapshot(self) -> bool:
@@ -98,8 +113,27 @@ class GlobalGate(Gate):
         return self.inflight_sum + self.pending
 
     def recompute(self) -> None:
-        """avail from allowance and what is unacknowledged; 0 whenever stale."""
-        self.avail = 0 if self.state is SnapshotState.STALE else self.allowance - self.unacked
+        """avail from allowance and what is unacknowledged; when stale, what the floor has
+        left (0 without one)."""
+        if self.state is not SnapshotState.STALE:
+            self.avail = self.allowance - self.unacked
+        elif self.floor is None:
+            self.avail = 0
+        else:
+            self.avail = self.floor_left - (self.unacked - self.floor_mark)
+
+    def settle_floor(self, now_ns: int) -> None:
+        """Charge the floor with what was admitted since its last settle (as of now: that
+        only ever tightens it) and take what it has left."""
+        floor = self.floor
+        assert floor is not None
+        at = now_ns // PPM
+        used = self.unacked - self.floor_mark
+        if used > 0:
+            floor.apply(at, used)
+        self.floor_mark = self.unacked
+        self.floor_left = floor.remaining(at)
+        self.recompute()
 
     def ack(self, sequence: int) -> list[Inflight]:
         """Drop reports the owner has applied (contiguously) up to `sequence`."""
@@ -137,6 +171,7 @@ class GlobalGate(Gate):
         acked = self.ack(ack)
         self.snap_order = order
         self.snap_remaining = remaining
+        self.snap_share_ppm = share_ppm
         self.snap_at_ns = now_ns
         self.allowance = share_round(
             snapshot_allowance_ppm(
@@ -146,5 +181,6 @@ class GlobalGate(Gate):
         )
         self.fresh_until_ns = now_ns + ttl_ns
         self.state = SnapshotState.FRESH
+        self.floor = None  # the owner answers again: no floor
         self.recompute()
         return acked

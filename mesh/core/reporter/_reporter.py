@@ -30,13 +30,13 @@ from mesh.core._validate import check_int, check_str
 from mesh.core.config import MS, CoreConfig
 from mesh.core.effects import Effect, Send
 from mesh.core.gate import NEVER, Gate
-from mesh.core.gcra import NS_PER_S
+from mesh.core.gcra import NS_PER_S, Gcra
 from mesh.core.messages import RejectReason, ReportBatch, SnapshotBatch
 from mesh.core.policy import BOUNDS, RateKey, TenantRatePolicy, Unit
 from mesh.core.reporter._gate import GlobalGate, Inflight, SnapshotState
 from mesh.core.reporter._rto import RetryTimer
 from mesh.core.ring import Ring
-from mesh.core.shares import PPM, share_round
+from mesh.core.shares import PPM, floor_burst, floor_ppm, share_round
 from mesh.core.verdict import Reason, Suspension
 from mesh.errors import ConfigTypeError
 
@@ -91,6 +91,16 @@ class Reporter:
         self.snapshots_taken = 0
         self.resent = 0  # reports sent more than once (telemetry)
         self._vouch: dict[str, _Vouching] = {}  # per owner; dropped when it leaves the ring
+        # When a batch from each owner last arrived (any batch): a view's floor opens a while
+        # after its owner's last word (`_serve_floor`). Per owner; dropped when it leaves.
+        self._heard: dict[str, int] = {}
+        # Idle marks (`_mark_idles`), per owner: when we last sent it a report, when we last
+        # told it we went idle, and the latest send time of a report it acknowledged. A view
+        # floors only while the last is later than the second: the owner's last word from us
+        # was then a report, and it escrows. Per owner; dropped when it leaves the ring.
+        self._reported_to: dict[str, int] = {}
+        self._idle_at: dict[str, int] = {}
+        self._acked_sent_at: dict[str, int] = {}
         self.retry = RetryTimer(
             self.config.report_retry_ms * MS, self.config.report_retry_max_ms * MS
         )
@@ -136,6 +146,7 @@ class Reporter:
         view idles.
         """
         v.state = SnapshotState.BOOT
+        v.floor = None
         b = v.policy.local_burst_cap
         budget = b
         if v.had_snapshot:
@@ -249,6 +260,7 @@ class Reporter:
             self._schedule(v, next_ns)
         out: list[Effect] = []
         for owner in sorted(by_owner):
+            self._reported_to[owner] = now_ns
             rows = by_owner[owner]
             for i in range(0, len(rows), cfg.report_batch_max):
                 chunk = rows[i : i + cfg.report_batch_max]
@@ -269,7 +281,31 @@ class Reporter:
                     )
                 )
                 self.reports_sent += len(chunk)
+        if self._reported_to and cfg.partition_floor_ms > 0:
+            self._mark_idles(now_ns, out)
         return out
+
+    def _mark_idles(self, now_ns: int, out: list[Effect]) -> None:
+        """An empty batch to each owner we sent no report for `idle_mark_ns`, once per such
+        pause: we went idle, not silent. An owner escrows a floor for a member silent for a
+        lease (`mesh.core.owner._escrow`); an idle one tells it not to (and so has no floor
+        until a later report of it is acknowledged). Marking idle only ever turns floors and
+        escrows off, so a mark sent while reports are in flight is safe, merely early."""
+        for owner, at in list(self._reported_to.items()):
+            if now_ns - at < self.config.idle_mark_ns or self._idle_at.get(owner, -1) > at:
+                continue
+            if owner not in self.ring:
+                del self._reported_to[owner]
+                continue
+            self._idle_at[owner] = now_ns
+            out.append(
+                Send(
+                    owner,
+                    ReportBatch.trusted(
+                        self.worker_id, self.ring.epoch, self.worker_epoch, (), (), (), (), ()
+                    ),
+                )
+            )
 
     def receive(self, now_ns: int, batch: SnapshotBatch) -> int:
         """Take an owner's snapshots and rejections. Returns how many views changed."""
@@ -279,6 +315,11 @@ class Reporter:
         views = self.gates
         owner, sample, on_ack = batch.sender, self.retry.sample, self.on_ack
         seq = batch.batch_seq
+        back = (
+            now_ns - self._heard.get(owner, now_ns) > self.config.escrow_after_ns
+            and self.config.partition_floor_ms > 0
+        )
+        self._heard[owner] = now_ns
         if seq:
             self._vouched_by(owner, inc, seq, now_ns + ttl_ns)
         for key, owner_epoch, version, remaining, ack, receiver_epoch, share, active in zip(
@@ -305,6 +346,8 @@ class Reporter:
             v.snap_incarnation = inc
             v.snap_batch = seq
             for r in acked:
+                if r.sent_at_ns > self._acked_sent_at.get(owner, -1):
+                    self._acked_sent_at[owner] = r.sent_at_ns
                 if r.sends == 1:  # Karn: a resent report's ack could answer either send
                     sample(owner, now_ns - r.sent_at_ns)
                 if on_ack is not None:
@@ -319,6 +362,11 @@ class Reporter:
                 self.ring_behind = rej.ring_epoch
             if v is not None and rej.reason is RejectReason.NOT_OWNER:
                 v.owner_ring_epoch = -1  # route again by whatever ring we hold at the retry
+        if back:
+            # Back from a cut: what this batch did not acknowledge (a floor's usage among
+            # it) goes again at the next flush, not after backed-off retries; until it is
+            # applied the view subtracts it from what it may spend.
+            self.link_reset(owner)
         return changed
 
     def tick(self, now_ns: int) -> None:
@@ -339,6 +387,8 @@ class Reporter:
             if v.state is not SnapshotState.STALE:
                 v.state = SnapshotState.STALE
                 v.recompute()
+            if self._serve_floor(v, now_ns):
+                continue
             oldest = v.inflight[0].sent_at_ns if v.inflight else now_ns
             waited = now_ns - (v.fresh_until_ns - self.config.snapshot_ttl_ns)
             if (oldest >= 0 and now_ns - oldest > unreachable_ns) or waited > unreachable_ns:
@@ -352,6 +402,58 @@ class Reporter:
                 v.set_verdicts(
                     BOUNDS["global_stale"], Suspension.SNAPSHOT_STALE, Reason.SNAPSHOT_STALE
                 )
+
+    def _serve_floor(self, v: GlobalGate, now_ns: int) -> bool:
+        """Serve a stale view from its floor while its owner is unreachable; say whether it
+        does. The floor (`shares.floor_ppm` of R per second: the share in the row held, at
+        most 1 / ring members) opens once the owner has been silent for `floor_wait_ns` (by
+        then it has found us silent for `escrow_after_ns` and escrows the floor), and lasts
+        `partition_floor_ms`. Only a view whose row came from the key's owner in the ring,
+        from its current incarnation and shortly before its last word, has one: the owner
+        escrows exactly those (`mesh.core.owner._escrow`)."""
+        cfg = self.config
+        owner = v.snap_from
+        heard = self._heard.get(owner, -1)
+        # From our last word from the owner, or from our oldest unacknowledged report if it
+        # is newer: a lone report after a pause may have reached the owner (and renewed
+        # its count of our silence) just as its answer was cut.
+        since = heard
+        if v.inflight and v.inflight[0].created_ns > since:
+            since = v.inflight[0].created_ns
+        opens = since + cfg.floor_wait_ns
+        st = self._vouch.get(owner)
+        if not (
+            cfg.partition_floor_ms > 0
+            and heard >= 0
+            and opens <= now_ns < opens + cfg.floor_ns
+            and v.snap_at_ns >= heard - cfg.floor_recent_ns
+            and st is not None
+            and st.incarnation == v.snap_incarnation
+            and self._idle_at.get(owner, -1) < self._acked_sent_at.get(owner, -1)
+            and len(self.ring)
+            and self.ring.owner_of(v.key) == owner
+        ):
+            if v.floor is not None:  # the span ran out, or the key moved: no floor now
+                v.floor = None
+                v.recompute()
+                v.set_verdicts(
+                    BOUNDS["global_stale"], Suspension.SNAPSHOT_STALE, Reason.SNAPSHOT_STALE
+                )
+            return False
+        if v.floor is None:
+            policy = v.policy
+            part = floor_ppm(v.snap_share_ppm, len(self.ring))
+            if part <= 0:
+                return False
+            burst = floor_burst(
+                policy.target_rate, part, cfg.reporter_lease_ms * MS, policy.local_burst_cap
+            )
+            v.floor_ppm = part
+            v.floor = Gcra(policy.target_rate * part, burst, max(0, now_ns) // PPM)
+            v.floor_mark = v.unacked
+            v.set_verdicts(BOUNDS["global_floor"], Suspension.OWNER_UNREACHABLE)
+        v.settle_floor(now_ns)
+        return True
 
     def _vouched_by(self, owner: str, incarnation: int, seq: int, until_ns: int) -> None:
         """Note a batch numbered `seq` from `owner`: in order, it vouches for the views its
@@ -390,6 +492,13 @@ class Reporter:
         self.ring = ring
         for owner in [o for o in self._vouch if o not in ring]:
             del self._vouch[owner]  # it owns nothing of ours now
+        for owner in [o for o in self._heard if o not in ring]:
+            del self._heard[owner]
+        for owner in [o for o in self._reported_to if o not in ring]:
+            del self._reported_to[owner]
+        for owner in [o for o in self._acked_sent_at if o not in ring]:
+            del self._acked_sent_at[owner]
+            self._idle_at.pop(owner, None)
         self.ring_behind = max(self.ring_behind, ring.epoch)
         if not moved:
             return  # same members, same placement: every report is where it should be

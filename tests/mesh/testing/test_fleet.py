@@ -8,7 +8,7 @@ import pytest
 
 from mesh.core.config import MS
 from mesh.core.gcra import NS_PER_S
-from mesh.core.policy import PolicyCache
+from mesh.core.policy import BOUNDS, PolicyCache
 from mesh.core.reporter import SnapshotState
 from mesh.testing.fleet import MemoryFleet, Offered, drive
 from tests.mesh._helpers import cache, policy
@@ -81,7 +81,10 @@ def test_a_partitioned_worker_goes_stale_and_recovers_after_healing(seed: int) -
     f.cut.add(frozenset((victim, owner)))
     drive(f, [Offered("t", R)], f.now_ns + 100 * MS)
     stale = f.try_admit(victim, "t", "read_iops")
-    assert not stale.allowed and stale.suspended is not None, stale
+    # Cut off: it admits nothing, or (once the owner escrows it) only from its floor, and
+    # says so either way (docs/partitions.md).
+    assert stale.suspended is not None, stale
+    assert not stale.allowed or stale.bound == BOUNDS["global_floor"], stale
     f.cut.clear()
     drive(f, [Offered("t", R // 2)], f.now_ns + 100 * MS)
     assert f.try_admit(victim, "t", "read_iops").allowed
