@@ -231,7 +231,8 @@ def test_size_limits() -> None:
     rows = [UsageReport(RateKey(f"t{i}", Metric.READ_IOPS, 1), "w", 1, 1, 1) for i in range(n)]
     with pytest.raises(MessageError, match="keys: at most 256 reports per batch"):
         ReportBatch.of("w", 0, rows)
-    assert len(decode(encode(ReportBatch.of("w", 0, rows[:-1])))) == REPORT_ROWS_MAX
+    batch = decode(encode(ReportBatch.of("w", 0, rows[:-1])))
+    assert isinstance(batch, ReportBatch) and len(batch) == REPORT_ROWS_MAX
     with pytest.raises(ConfigError, match=f"report_batch_max: must be <= {REPORT_ROWS_MAX}"):
         CoreConfig(report_batch_max=REPORT_ROWS_MAX + 1)
 
