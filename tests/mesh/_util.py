@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +16,15 @@ import pytest
 
 from bench._procs import free_port
 
-__all__ = ["until", "wait_for", "static_nodes", "POLICY", "http_get", "require_binary"]
+__all__ = [
+    "until",
+    "wait_for",
+    "static_nodes",
+    "POLICY",
+    "http_get",
+    "require_binary",
+    "run_mesh",
+]
 
 POLICY: dict[str, Any] = {
     "tenant_id": "acme",
@@ -73,3 +83,15 @@ def require_binary(name: str, package: str) -> str:
             pytest.fail(f"{name} is not installed (CI installs Debian's {package})")
         pytest.skip(f"{name} is not installed (apt-get install {package})")
     return path
+
+
+def run_mesh(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`mesh ARGS...` in a child process to its end (stdin closed), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "mesh.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )

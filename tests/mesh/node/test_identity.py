@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ from mesh.errors import ConfigError
 from mesh.membership import EtcdClient
 from mesh.node import Mesh
 from tests.mesh._etcd import EtcdServer
-from tests.mesh._util import POLICY, static_nodes, until
+from tests.mesh._util import POLICY, run_mesh, static_nodes, until
 
 pytestmark = pytest.mark.slow  # real etcd, real gRPC, processes
 
@@ -103,13 +101,7 @@ def test_mesh_node_twice_with_the_same_id_on_etcd_the_second_exits_2_in_one_line
     first = spawn(["-m", "mesh.cli", "node", "--config", str(path)])
     try:
         assert read_ready(first)["member_id"] == "solo"
-        out = subprocess.run(
-            [sys.executable, "-m", "mesh.cli", "node", "--config", str(path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-        )
+        out = run_mesh("node", "--config", str(path))
         assert out.returncode == 2, (out.returncode, out.stderr)
         assert "Traceback" not in out.stderr, out.stderr
         lines = [ln for ln in out.stderr.splitlines() if " WARNING config: " not in ln]

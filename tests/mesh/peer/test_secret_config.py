@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import pytest
 from bench._procs import free_port, read_ready, spawn, stop
 from mesh.config import FLEET_SECRET_MIN_BYTES, parse_config
 from mesh.errors import ConfigError
+from tests.mesh._util import run_mesh
 from tests.mesh.config.test_node_config import mesh_validate
 
 SECRET = b"0123456789abcdef-fleet-secret"
@@ -136,12 +135,10 @@ def test_mesh_node_logs_the_warning_and_reads_the_secret_from_its_environment(
         assert read_ready(keyed)["member_id"] == "a"
     finally:
         stop(keyed)
-    unset = subprocess.run(
-        [sys.executable, "-m", "mesh.cli", "node", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
+    unset = run_mesh(
+        "node",
+        "--config",
+        str(path),
         env={k: v for k, v in os.environ.items() if k != "RATEMESH_T_FS"},
     )
     assert unset.returncode == 2, unset.stderr
