@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 from mesh.core.config import CoreConfig
 from mesh.core.effects import Effect, FetchPolicy, Send
 from mesh.core.gcra import Gcra
-from mesh.core.messages import RejectReason, ReportBatch, SnapshotBatch, UsageReport
+from mesh.core.messages import (
+    REPORT_ROWS_MAX,
+    RejectReason,
+    ReportBatch,
+    SnapshotBatch,
+    UsageReport,
+)
 from mesh.core.owner import Owner
 from mesh.core.owner._owner import FETCHING_MAX, RETIRED_SCOPES_MAX, SWEEP_SLICE
 from mesh.core.policy import PolicyCache, RateKey, TenantRatePolicy
@@ -336,13 +342,13 @@ def test_per_key_applied_shrinks_with_the_keys_the_owner_forgets() -> None:
     o = Owner("o", Ring(["o"], 1), cache(*pols), 0, config=cfg, strangers_report=True)
 
     def touch(now_ns: int, seq: int) -> None:
-        for i in range(0, len(pols), 500):
+        for i in range(0, len(pols), 250):
             o.receive(
                 now_ns,
                 ReportBatch.of(
                     "w",
                     1,
-                    [UsageReport(p.rate_key, "w", 1, seq, iops_delta=3) for p in pols[i : i + 500]],
+                    [UsageReport(p.rate_key, "w", 1, seq, iops_delta=3) for p in pols[i : i + 250]],
                 ),
             )
 
@@ -377,16 +383,27 @@ def test_fetches_in_flight_are_bounded_and_the_rest_refused_without_one() -> Non
     o = owner(policies=PolicyCache())
     keys = [RateKey(f"u{i}", P.metric, 1) for i in range(FETCHING_MAX + 100)]
     n = len(keys)
-    b = ReportBatch("w", 1, 1, tuple(keys), (1,) * n, (1,) * n, (0,) * n, (1,) * n)
-    effects = o.receive(NOW, b)
+
+    def receive() -> list[Effect]:
+        """The keys' reports, in batches of the largest size."""
+        out: list[Effect] = []
+        for i in range(0, n, REPORT_ROWS_MAX):
+            ks = tuple(keys[i : i + REPORT_ROWS_MAX])
+            m = len(ks)
+            out += o.receive(
+                NOW, ReportBatch("w", 1, 1, ks, (1,) * m, (1,) * m, (0,) * m, (1,) * m)
+            )
+        return out
+
+    effects = receive()
     fetched = [e.rate_key for e in effects if isinstance(e, FetchPolicy)]
     assert fetched == keys[:FETCHING_MAX]
     rejected = [r for s in snapshot_batches(effects, "w") for r in s.rejections]
     assert len(rejected) == n
     assert {r.reason for r in rejected} == {RejectReason.POLICY_UNKNOWN}
-    assert not [e for e in o.receive(NOW, b) if isinstance(e, FetchPolicy)]  # all in flight
+    assert not [e for e in receive() if isinstance(e, FetchPolicy)]  # all in flight
     o.policy_learned(keys[0])
-    again = [e.rate_key for e in o.receive(NOW, b) if isinstance(e, FetchPolicy)]
+    again = [e.rate_key for e in receive() if isinstance(e, FetchPolicy)]
     assert again == [keys[0]] and len(o._fetching) == FETCHING_MAX
     for k in keys:
         o.policy_learned(k)
@@ -401,10 +418,9 @@ def test_the_upkeep_visits_at_most_a_slice_of_keys_per_tick_and_resumes() -> Non
     n = 3 * SWEEP_SLICE + 5
     pols = [policy(f"t{i}") for i in range(n + 10)]
     o = Owner("o", Ring(["o"], 1), cache(*pols), 0, config=cfg, strangers_report=True)
-    for i in range(0, n, 1000):
-        o.receive(
-            NOW, ReportBatch.of("w", 1, [rep_of(p, "w", 1) for p in pols[i : min(i + 1000, n)]])
-        )
+    for i in range(0, n, REPORT_ROWS_MAX):
+        rows = [rep_of(p, "w", 1) for p in pols[i : min(i + REPORT_ROWS_MAX, n)]]
+        o.receive(NOW, ReportBatch.of("w", 1, rows))
     assert len(o.keys) == n
     t = NOW + 1100 * MS  # idle past retention and full: every key may go
     late = pols[n]
