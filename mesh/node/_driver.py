@@ -444,8 +444,12 @@ class NodeDriver:
         for e in effects:
             if isinstance(e, Send):
                 if e.to == self.member_id:  # our own keys: a local call, not a message
+                    # Applied whole, not in slices: our own reports come from our own flush
+                    # (as long a hold as the flush was), and held in a backlog behind
+                    # slices they went unacknowledged past report_retry_ms, were resent,
+                    # and their resends filled the backlog (issue 12, `mesh bench churn`).
                     assert self.loop is not None
-                    self.loop.call_soon(self.deliver, e.message)
+                    self.loop.call_soon(self._apply, e.message)
                     continue
                 if isinstance(e.message, ReportBatch):
                     self._time_reports(now, e.message)

@@ -360,3 +360,31 @@ def test_memory_returns_after_600_refused_1mib_messages_on_a_standalone_node(
         assert rss <= start + RSS_RETURN_MB, (start, peak, rss)
     finally:
         stop(proc)
+
+
+def test_a_node_applies_its_own_many_reports_whole_and_forgets_the_idle_tenants() -> None:
+    """A node that owns its keys reports to itself: 40,000 tenants touched once each are
+    all applied and acknowledged, none shed, and then forgotten. Its own reports are
+    applied whole, not in slices: behind slices they were resent before their turn and
+    the resends filled the backlog (every view stayed unacknowledged, never forgotten)."""
+    tenants = 40_000
+    policy = dict(POLICY, tenant_id="*")
+    cfg = {
+        "member_id": "solo",
+        "policies": {"inline": [policy]},
+        "core": {"views_idle_ms": 200, "idempotency_retention_ms": 500},
+    }
+
+    async def main() -> None:
+        async with Mesh(cfg) as node:
+            driver = node._require()
+            for i in range(tenants):
+                node.try_admit(f"tenant-{i}", "read_iops")
+                if i % 1000 == 999:
+                    await asyncio.sleep(0)  # the node ticks, reports and acknowledges
+            owner, reporter = driver.member.owner, driver.member.reporter
+            await until(lambda: owner.applied_units == tenants, 30, "every report applied")
+            await until(lambda: not reporter.gates, 30, "every idle view forgotten")
+            assert driver.reports_shed == 0 and not driver._backlog
+
+    asyncio.run(main())
