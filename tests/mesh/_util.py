@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,6 +25,7 @@ __all__ = [
     "http_get",
     "require_binary",
     "run_mesh",
+    "mesh_validate",
 ]
 
 POLICY: dict[str, Any] = {
@@ -95,3 +97,8 @@ def run_mesh(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
         stdin=subprocess.DEVNULL,
         env=env,
     )
+
+
+def mesh_validate(config: Path) -> subprocess.CompletedProcess[str]:
+    """`mesh validate --config F --json` as an operator runs it."""
+    return run_mesh("validate", "--config", str(config), "--json")

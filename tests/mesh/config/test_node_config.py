@@ -16,6 +16,7 @@ import yaml
 
 from mesh.config import Identity, NodeConfig, load_config, parse_config, resolve_identity
 from mesh.errors import ConfigError
+from tests.mesh._util import mesh_validate
 
 POLICY = {
     "tenant_id": "acme",
@@ -25,16 +26,6 @@ POLICY = {
     "global_burst": 5,
     "local_burst_cap": 2,
 }
-
-
-def mesh_validate(config: Path) -> subprocess.CompletedProcess[str]:
-    """`mesh validate --config F --json` as an operator runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "mesh.cli", "validate", "--config", str(config), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 @pytest.mark.parametrize(

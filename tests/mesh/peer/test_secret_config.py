@@ -15,8 +15,7 @@ import pytest
 from bench._procs import free_port, read_ready, spawn, stop
 from mesh.config import FLEET_SECRET_MIN_BYTES, parse_config
 from mesh.errors import ConfigError
-from tests.mesh._util import run_mesh
-from tests.mesh.config.test_node_config import mesh_validate
+from tests.mesh._util import mesh_validate, run_mesh
 
 SECRET = b"0123456789abcdef-fleet-secret"
 NO_PROOF = "fleet_secret_file: no fleet secret and no client certificates"
