@@ -27,13 +27,14 @@ def hotpath(args: argparse.Namespace) -> int:
 
 def owner(args: argparse.Namespace) -> int:
     from bench.owner import run
+    from mesh.core.messages import REPORT_ROWS_MAX
 
     emit(
         run(
             seconds=positive_s("--seconds", args.seconds),
             feeders=check_int("--feeders", args.feeders, minimum=1),
             keys=check_int("--keys", args.keys, minimum=1),
-            batch=check_int("--batch", args.batch, minimum=1),
+            batch=check_int("--batch", args.batch, minimum=1, maximum=REPORT_ROWS_MAX),
         ),
         args,
     )
