@@ -52,14 +52,17 @@ FETCH_QUEUE_MAX = FETCHING_MAX
 FETCH_TIMEOUT_S = 5.0  # one coordinator poll on behalf of the queued keys
 FETCH_GAP_S = 0.1  # between two such polls: a flood of unknown keys is not a poll storm
 NO_COORDINATOR_RETRY_S = 1.0  # nothing to ask: refuse the key this long, then let it ask
-# Reports are applied in slices (issue 12): a batch of more than REPORT_SLICE_ROWS rows is
-# applied as sub-batches, one per loop callback, so that a batch of the largest legal size
-# (REPORT_ROWS_MAX rows), and a burst of them from one sender, holds the loop, and in
-# threaded mode the lock, for about SLICE_TARGET_NS at a time. A row costs the owner 2-25 us
-# (opening a new key costs most), so each slice's row count follows the last slice's time,
-# between SLICE_ROWS_MIN and REPORT_SLICE_ROWS. The owner replies to every slice: at
-# SLICE_ROWS_MIN rows 65,536 rows get 1024 replies, what a peer stream's queue holds
-# (mesh.peer's STREAM_QUEUE_MAX; a reply that finds it full is dropped, its reports resent).
+# Reports are applied in slices (issue 12): a batch of more rows than the owner applies in
+# SLICE_TARGET_NS at its recent pace is applied as sub-batches, one per loop callback, so that
+# a batch of the largest legal size (REPORT_ROWS_MAX rows), and a burst of them from one
+# sender, holds the loop, and in threaded mode the lock, for about SLICE_TARGET_NS at a time.
+# A row costs the owner 1-25 us (opening a new key costs most), so the pace follows the last
+# report batch or slice applied: at 2 us a row (known keys) a legal batch is applied whole,
+# with one reply; a flood of new keys is cut into slices of SLICE_ROWS_MIN rows or more. The
+# first batch of a node, before any pace is known, is cut at REPORT_SLICE_ROWS. The owner
+# replies to every slice: at SLICE_ROWS_MIN rows 65,536 rows get 1024 replies, what a peer
+# stream's queue holds (mesh.peer's STREAM_QUEUE_MAX; a reply that finds it full is dropped,
+# its reports resent).
 REPORT_SLICE_ROWS = 128
 SLICE_ROWS_MIN = 64
 SLICE_TARGET_NS = 500_000
@@ -327,10 +330,11 @@ class NodeDriver:
     def deliver(self, message: Message) -> None:
         """A validated message from a peer (the transport's callback). A large report
         batch, and any behind it from the same sender, is applied in slices."""
-        if isinstance(message, ReportBatch) and (
-            len(message.keys) > REPORT_SLICE_ROWS or message.sender in self._backlog
-        ):
-            self._queue_reports(message)
+        if isinstance(message, ReportBatch):
+            if len(message.keys) > self._slice_rows or message.sender in self._backlog:
+                self._queue_reports(message)
+            else:
+                self._apply_reports(message)
             return
         self._apply(message)
 
@@ -372,7 +376,7 @@ class NodeDriver:
             self.loop.call_soon(self._slice)
 
     def _next_slice(self) -> None:
-        """Apply the next REPORT_SLICE_ROWS rows of the first sender's backlog and send
+        """Apply the next slice (`_slice_rows` rows) of the first sender's backlog and send
         that sender to the back (senders take turns). A slice is a batch of its own: the
         same sender, worker_epoch and ring epoch, its rows in order; the owner replies to
         each (sequences are per key, so no report spans two slices)."""
@@ -401,12 +405,17 @@ class NodeDriver:
         work.rows -= len(part.keys)
         if work.batches:
             backlog[sender] = work
+        self._apply_reports(part)
+
+    def _apply_reports(self, batch: ReportBatch) -> None:
+        """Apply a report batch (whole or a slice) and set the next slice's rows to what
+        this one's pace applies in SLICE_TARGET_NS, within [SLICE_ROWS_MIN, REPORT_ROWS_MAX]."""
         began = self.clock_ns()
-        self._apply(part)
+        self._apply(batch)
         took = self.clock_ns() - began
-        if took > 0:  # the next slice's rows, for SLICE_TARGET_NS at this slice's pace
-            rows = len(part.keys) * SLICE_TARGET_NS // took
-            self._slice_rows = max(SLICE_ROWS_MIN, min(REPORT_SLICE_ROWS, rows))
+        if took > 0 and batch.keys:
+            rows = len(batch.keys) * SLICE_TARGET_NS // took
+            self._slice_rows = max(SLICE_ROWS_MIN, min(REPORT_ROWS_MAX, rows))
 
     def _apply(self, message: Message) -> None:
         now = self.clock_ns()

@@ -262,12 +262,12 @@ def test_a_burst_of_the_largest_batches_is_applied_in_slices_with_the_loop_serve
             # Replies are best effort: a reply that finds the stream's queue full is dropped
             # (the worker would resend its reports); every other one acknowledges its slice.
             dropped = driver.transport.stats()["snapshots_dropped_no_stream"]
-            assert len(acked) >= ROWS - dropped * REPORT_SLICE_ROWS
+            assert len(acked) >= ROWS - dropped * REPORT_ROWS_MAX
             assert dropped or len(acked) == ROWS
-            assert all(len(r.keys) <= REPORT_SLICE_ROWS for r in replies)
+            assert all(len(r.keys) <= REPORT_ROWS_MAX for r in replies)
             assert driver.member.owner.applied_units == ROWS
-            assert driver.reports_sliced == BURST and driver.reports_shed == 0
-            assert turns[0] >= ROWS // REPORT_SLICE_ROWS - 2, turns
+            assert 1 <= driver.reports_sliced <= BURST and driver.reports_shed == 0
+            assert turns[0] >= ROWS // REPORT_ROWS_MAX - 2, turns
             assert not driver._backlog
 
     asyncio.run(main())
@@ -295,15 +295,55 @@ def test_slices_keep_a_senders_order_take_turns_and_a_full_backlog_sheds() -> No
             driver._next_slice()
             driver._next_slice()
             after = {s: b.rows for s, b in driver._backlog.items()}
-            # The first slice has REPORT_SLICE_ROWS rows; the next ones as many as the last
-            # one's pace allows in SLICE_TARGET_NS, within [SLICE_ROWS_MIN, REPORT_SLICE_ROWS].
+            # The first slice has REPORT_SLICE_ROWS rows (no pace known yet); the next ones as
+            # many as the last one's pace allows in SLICE_TARGET_NS, within
+            # [SLICE_ROWS_MIN, REPORT_ROWS_MAX].
             assert before["good"] - after["good"] == REPORT_SLICE_ROWS
-            assert SLICE_ROWS_MIN <= before["n"] - after["n"] <= REPORT_SLICE_ROWS
+            assert SLICE_ROWS_MIN <= before["n"] - after["n"] <= REPORT_ROWS_MAX
             await until(lambda: not driver._backlog, 60, "the backlog applied")
             good = [ks.reporters["good"].watermark for ks in owner.keys.values()]
             assert sorted(good)[-2:] == [2, 2] and good.count(1) == REPORT_ROWS_MAX - 2
             assert owner.duplicates == 0
             assert BACKLOG_ROWS_MAX >= 512 * REPORT_ROWS_MAX  # an honest burst fits many times
+
+    asyncio.run(main())
+
+
+def test_the_owners_pace_decides_whether_a_legal_batch_is_applied_whole_or_in_slices() -> None:
+    """At a fast pace (known keys) a batch of REPORT_ROWS_MAX rows is applied whole, with one
+    reply; when an apply was slow (opening keys, a pause), the next batch is cut into slices of
+    at least SLICE_ROWS_MIN rows, and a fast slice brings the whole batch back."""
+
+    async def main() -> None:
+        async with Mesh(_config([POLICY, ANY_TENANT])) as node:
+            driver = node._require()
+            owner = driver.member.owner
+            keys = owned_keys(await joined(node), REPORT_ROWS_MAX)
+            driver._slice_rows = REPORT_ROWS_MAX  # as a fast pace leaves it
+            driver.deliver(reports(node, keys, seq=1))
+            assert not driver._backlog and driver.reports_sliced == 0
+            assert owner.applied_units == REPORT_ROWS_MAX
+            # A slow apply (2 ms for a batch) sets the next slice to SLICE_ROWS_MIN rows.
+            fast = driver._apply
+
+            def slow(message: Any) -> None:
+                time.sleep(0.002)
+                fast(message)
+
+            driver._apply = slow  # type: ignore[method-assign]
+            driver._slice_rows = REPORT_ROWS_MAX  # opening the keys above was slower
+            driver.deliver(reports(node, keys[:REPORT_SLICE_ROWS], seq=2))
+            assert driver._slice_rows == SLICE_ROWS_MIN
+            driver._apply = fast  # type: ignore[method-assign]
+            driver.deliver(reports(node, keys, seq=3))
+            assert driver.reports_sliced == 1 and driver._backlog["good"].rows == REPORT_ROWS_MAX
+            driver._next_slice()
+            assert driver._backlog["good"].rows == REPORT_ROWS_MAX - SLICE_ROWS_MIN
+            await until(lambda: not driver._backlog, 10, "the backlog applied")
+            assert owner.applied_units == 3 * REPORT_ROWS_MAX - (
+                REPORT_ROWS_MAX - REPORT_SLICE_ROWS
+            )
+            assert owner.duplicates == 0
 
     asyncio.run(main())
 
