@@ -77,6 +77,7 @@ async def _run(tenants: int, idle_s: float, top_k: int) -> dict[str, Any]:
         await asyncio.sleep(idle_s)
         driver.forget_idle(driver.clock_ns() + FORGET_IDLE_NS)
         driver.forget_idle(driver.clock_ns() + 2 * FORGET_IDLE_NS)
+        driver.telemetry.render()  # a scrape, as Prometheus makes every 15 s
         m = driver.member
         left = {
             "views": m.admission.gate_count,

@@ -25,7 +25,7 @@ from mesh.core.effects import Effect, FetchPolicy, Send
 from mesh.core.member import Member
 from mesh.core.messages import REPORT_ROWS_MAX, Message, ReportBatch, SnapshotBatch
 from mesh.core.owner._owner import FETCHING_MAX
-from mesh.core.policy import RateKey
+from mesh.core.policy import Metric, RateKey
 from mesh.core.ring import Ring
 from mesh.membership import MembershipSource, MembershipView
 from mesh.peer import Transport
@@ -132,6 +132,9 @@ class NodeDriver:
         self.recent_delays_ns: deque[int] = deque(maxlen=DELAYS_KEPT)
         self._report_children: dict[str, Any] = {}
         self._snapshot_children: dict[str, Any] = {}
+        for metric in Metric:  # made now, not among the first keys' (they would pin memory)
+            self._histogram(self._report_children, metric.value, True)
+            self._histogram(self._snapshot_children, metric.value, False)
         self._forget_at_ns = self.started_ns + FORGET_IDLE_NS
         telemetry.top_k = config.telemetry_top_k
         self._refused_logged_ns = -REFUSED_LOG_NS
@@ -280,8 +283,13 @@ class NodeDriver:
     def forget_idle(self, now: int) -> None:
         """Drop what idle keys and tenants left in the node's own maps: decision counts
         unchanged since the last call (kept as per-series totals), delay timings older than
-        FORGET_IDLE_NS. The core forgets its idle keys itself (views, reporter, owner)."""
+        FORGET_IDLE_NS. The core forgets its idle keys itself (views, reporter, owner), but
+        the ring's memoised lookups (up to 65,536 keys, each pinning its tenant's name) are
+        refilled by whichever side looks a key up after the core compacted: dropped here too,
+        so that active keys are looked up again once a period and idle ones are let go."""
         self._forget_at_ns = now + FORGET_IDLE_NS
+        with self.lock:
+            self.member.ring.forget_lookups()
         dropped = self.telemetry.forget_idle()
         old = now - FORGET_IDLE_NS
         self._report_sent = {k: t for k, t in self._report_sent.items() if t[1] > old}

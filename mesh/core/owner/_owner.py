@@ -476,6 +476,7 @@ class Owner:
                 order.append(ks)
         if not self._sweep_left and self._sweep_forgot > max(len(self.keys), 4096):
             self.keys = dict(self.keys)  # forgot more than it kept: a smaller table (issue 12)
+            self._applied_retired = _rehomed(self._applied_retired)
             self._sweep_forgot = 0
 
     def ring_changed(self, now_ns: int, ring: Ring) -> None:
@@ -702,6 +703,14 @@ def _look(ks: KeyState, basis: ShareBasis, remaining: int, floor: int) -> None:
         else -1
     )
     ks.looked_floor = floor
+
+
+def _rehomed(retired: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """The same totals under freshly allocated keys. The kept scopes' tenant names were
+    allocated among the many keys now forgotten; each would keep its 1 MiB allocator arena
+    mapped (CPython frees an arena only when all of it is free), so copies made now, when
+    the allocator fills its fullest arenas first, let those arenas go (issue 12)."""
+    return {(tenant.encode().decode(), metric): n for (tenant, metric), n in retired.items()}
 
 
 def _fold_retired(retired: dict[tuple[str, str], int], keep: int) -> None:
