@@ -103,17 +103,26 @@ class Mesh:
         d = self._driver
         if d is None:
             raise ConfigError("mesh", "not started: use `async with Mesh(...)` or .start()")
-        if self._lock is None:
-            v = d.member.admission.try_admit(tenant, metric, amount)
-        else:
-            with self._lock:
+        if self._lock is not None:
+            with self._lock:  # the count too: `+=` on a shared dict is not atomic everywhere
                 v = d.member.admission.try_admit(tenant, metric, amount)
+                if self.count_decisions:
+                    self._count(tenant, metric, v)
+            return v
+        v = d.member.admission.try_admit(tenant, metric, amount)
         if self.count_decisions:
             try:  # count by the verdict's identity: verdicts are interned, shared values
                 self.decisions[(tenant, metric, id(v))] += 1
             except KeyError:
                 self._count_first(tenant, metric, v)
         return v
+
+    def _count(self, tenant: str, metric: str, v: Verdict) -> None:
+        """The unthreaded path's count, inlined there (a call costs the hot path)."""
+        try:
+            self.decisions[(tenant, metric, id(v))] += 1
+        except KeyError:
+            self._count_first(tenant, metric, v)
 
     def _count_first(self, tenant: str, metric: str, v: Verdict) -> None:
         shared = verdict(v.allowed, v.reason, v.mode, v.bound, v.suspended)

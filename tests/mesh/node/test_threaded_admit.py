@@ -213,3 +213,26 @@ def test_asyncio_mode_admit_blocking_from_a_worker_thread_and_release_on_close()
             await asyncio.wait_for(waiter, 2)
 
     asyncio.run(main())
+
+
+def test_decisions_made_by_many_threads_are_all_counted() -> None:
+    """The /metrics count of decisions is made under the same lock as the decision: no
+    thread's increment overwrites another's (on a free-threaded build it would)."""
+    mesh = _node(RATE, BURST)
+    threads_n, calls = 8, 5000
+    start = threading.Barrier(threads_n)
+
+    def worker() -> None:
+        start.wait()
+        for _ in range(calls):
+            mesh.try_admit("acme", "read_iops")
+
+    try:
+        threads = [threading.Thread(target=worker) for _ in range(threads_n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sum(mesh.decisions.values()) == threads_n * calls
+    finally:
+        mesh.stop()
