@@ -5,7 +5,7 @@ worker's id (this process is the worker; its id is a target label, set by the sc
 Tenant label values are the top-K tenants (node config `telemetry_top_k`) and "other".
 """
 
-from mesh.telemetry._envelope import excess_over_windows
+from mesh.telemetry._envelope import excess_over_times, excess_over_windows
 from mesh.telemetry._http import HttpEndpoint
 from mesh.telemetry._metrics import DECISIONS_IDLE_S, OTHER, TOP_K, NodeStats, Telemetry
 
@@ -16,5 +16,6 @@ __all__ = [
     "OTHER",
     "TOP_K",
     "Telemetry",
+    "excess_over_times",
     "excess_over_windows",
 ]

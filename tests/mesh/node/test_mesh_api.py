@@ -39,6 +39,7 @@ def test_public_names() -> None:
         "OTHER",
         "TOP_K",
         "Telemetry",
+        "excess_over_times",
         "excess_over_windows",
     ]
     assert {
