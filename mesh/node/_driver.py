@@ -83,6 +83,9 @@ BACKLOG_SENDERS_MAX = 1024  # senders with a backlog at once; each is a peer str
 # generation: once refusals stop for REFUSED_QUIET_S, one full collection frees it, at most
 # once per REFUSED_FULL_NS (its cost grows with the keys held: 0.3 s at 125,000 owned keys).
 # Then, at most once per REFUSED_TRIM_NS, the freed heap goes back to the OS (`_trim_heap`).
+# Hand-over messages queued at once on a graceful leave (`_hand_over`): half a link's queue
+# (mesh.peer's LINK_QUEUE_MAX, 1024), so reports queued beside them still fit.
+HANDOVER_ROUND = 512
 REFUSED_CHECK_S = 0.25
 REFUSED_FINALIZE_TURNS = 4
 REFUSED_QUIET_S = 1.0
@@ -224,8 +227,14 @@ class NodeDriver:
         with self.lock:
             effects = self.member.leave(now)
         self.handed_over = True
-        self._carry(now, effects)
-        await self.transport.flush(timeout_s)
+        # In rounds of HANDOVER_ROUND messages, each written before the next is queued: a
+        # hand-over of many keys is many messages (HANDOVER_ROWS_MAX rows each), more than
+        # a link's queue holds at once (LINK_QUEUE_MAX; what finds it full is dropped).
+        assert self.loop is not None
+        until = self.loop.time() + timeout_s
+        for i in range(0, len(effects), HANDOVER_ROUND):
+            self._carry(now, effects[i : i + HANDOVER_ROUND])
+            await self.transport.flush(max(0.0, until - self.loop.time()))
 
     def _unacked(self) -> bool:
         with self.lock:

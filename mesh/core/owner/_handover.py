@@ -33,7 +33,13 @@ from typing import TYPE_CHECKING
 from mesh.core._validate import INT_MAX
 from mesh.core.effects import Effect, Send
 from mesh.core.gcra import NS_PER_S, Gcra
-from mesh.core.messages import HANDOVER_WATERMARKS_MAX, Handover, KeyHandover, ReporterWatermark
+from mesh.core.messages import (
+    HANDOVER_ROWS_MAX,
+    HANDOVER_WATERMARKS_MAX,
+    Handover,
+    KeyHandover,
+    ReporterWatermark,
+)
 from mesh.core.owner._plausible import ORDER_MAX, Refusal
 from mesh.core.owner._state import KeyState, ReporterState
 from mesh.core.policy import RateKey
@@ -58,7 +64,9 @@ PENDING_MAX = 65_536  # handed-over keys parked until they open; the oldest go f
 PENDING_TTL_NS = 30_000_000_000  # a parked key unopened this long starts conservatively
 DEPARTED_GRACE_NS = 10_000_000_000  # a member that left the ring may hand over this long
 DEPARTED_MAX = 1024  # members remembered as just departed
-ROWS_PER_MESSAGE = 16_384  # keys + watermarks per Handover message (well under 4 MiB)
+# Keys + watermarks per Handover message: what a receiver takes (HANDOVER_ROWS_MAX, so that
+# one message holds its loop well under 1 ms); a leaver with more sends more messages.
+ROWS_PER_MESSAGE = HANDOVER_ROWS_MAX
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +86,10 @@ class Handovers:
         self.tightened = 0  # open keys made stricter by a hand-over
         self.expired = 0
         self.ignored: dict[str, int] = {"sender": 0, "not_owner": 0}
+        # The rings with and without the last sender, for the ring they were built from: a
+        # leaver's hand-over comes as many messages, and building a ring costs more than
+        # placing a message's keys (one entry, replaced).
+        self._placed: tuple[str, Ring, Ring, Ring] | None = None
 
     def stats(self) -> dict[str, int]:
         return {
@@ -93,7 +105,9 @@ class Handovers:
     def park(self, now_ns: int, item: KeyHandover) -> None:
         """Keep a key's handed state until the key opens; a second one for the same key
         keeps the stricter debt and the lower watermarks (fewer duplicates suppressed)."""
-        old = self.pending.get(item.rate_key)
+        # Taken out and put back at the end: the dict stays in order of arrival, so
+        # `_evict` finds the oldest first, at the cost of what it evicts.
+        old = self.pending.pop(item.rate_key, None)
         if old is not None and now_ns - old.received_ns <= PENDING_TTL_NS:
             item = _stricter(old, _Parked(now_ns, item))
         elif len(self.pending) >= PENDING_MAX:
@@ -101,11 +115,15 @@ class Handovers:
         self.pending[item.rate_key] = _Parked(now_ns, item)
 
     def _evict(self, now_ns: int) -> None:
-        for key in [k for k, p in self.pending.items() if now_ns - p.received_ns > PENDING_TTL_NS]:
-            del self.pending[key]
-            self.expired += 1
-        if len(self.pending) >= PENDING_MAX:  # all fresh: the oldest goes (dicts keep order)
-            del self.pending[next(iter(self.pending))]
+        """Make room for one: drop the expired from the front (the oldest), or else the
+        oldest. Not a scan of every parked key: past PENDING_MAX that ran per key parked,
+        5 ms each, and a large hand-over stalled the loop for minutes (issue 12)."""
+        pending = self.pending
+        while pending:
+            key, oldest = next(iter(pending.items()))
+            if now_ns - oldest.received_ns <= PENDING_TTL_NS and len(pending) < PENDING_MAX:
+                break
+            del pending[key]
             self.expired += 1
 
     def opened(self, now_ns: int, ks: KeyState, reporters_max: int, members: int) -> None:
@@ -153,10 +171,14 @@ def export(owner: Owner, now_ns: int, ring: Ring) -> list[Effect]:
         if to == owner.member_id:
             continue
         ks = owner.keys[key]
+        # The most recently heard reporters' records, as many as fit one message with the
+        # key; the rest resend to the new owner and count again (the safe side).
+        recent = sorted((rs.last_seen_ns, w) for w, rs in ks.reporters.items() if rs.watermark > 0)[
+            -HANDOVER_WATERMARKS_MAX:
+        ]
         marks = tuple(
-            ReporterWatermark(w, rs.worker_epoch, rs.watermark)
-            for w, rs in sorted(ks.reporters.items())
-            if rs.watermark > 0
+            ReporterWatermark(w, ks.reporters[w].worker_epoch, ks.reporters[w].watermark)
+            for w in sorted(w for _, w in recent)
         )
         by_owner.setdefault(to, []).append(
             KeyHandover(  # saturated: no state a peer induced may make leaving fail
@@ -164,7 +186,7 @@ def export(owner: Owner, now_ns: int, ring: Ring) -> list[Effect]:
                 min(ks.meter.ahead_ns(now_ns), INT_MAX),
                 min(ks.owner_epoch, INT_MAX),
                 min(ks.version, INT_MAX),
-                marks[:HANDOVER_WATERMARKS_MAX],
+                marks,
             )
         )
     out: list[Effect] = []
@@ -187,15 +209,22 @@ def install(owner: Owner, now_ns: int, msg: Handover) -> None:
     h = owner.handovers
     me, ring, sender = owner.member_id, owner.ring, msg.sender
     left_ns = None if sender == me else h.departed.get(sender)
-    if sender != me and sender in ring:
+    in_ring = sender != me and sender in ring
+    departed = left_ns is not None and now_ns - left_ns <= DEPARTED_GRACE_NS
+    placed = h._placed
+    if (in_ring or departed) and placed is not None and placed[:2] == (sender, ring):
+        with_, without = placed[2], placed[3]
+    elif in_ring:
         with_, without = (
             ring,
             Ring((m for m in ring.members if m != sender), ring.epoch, vnodes=ring.vnodes),
         )
-    elif left_ns is not None and now_ns - left_ns <= DEPARTED_GRACE_NS:
+        h._placed = (sender, ring, with_, without)
+    elif departed:
         # It left our ring just now; placement is a pure function of the members, so the
         # ring it owned the keys in is ours with it put back.
         with_, without = Ring((*ring.members, sender), ring.epoch, vnodes=ring.vnodes), ring
+        h._placed = (sender, ring, with_, without)
     else:
         h.ignored["sender"] += len(msg.keys)
         owner.refuse(Refusal.NOT_MEMBER)

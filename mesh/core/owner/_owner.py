@@ -103,10 +103,19 @@ class _Outbox:
         self.beats.add(to)
 
     def drain(self) -> list[Effect]:
+        """What is left per receiver, rows and rejections together at most
+        `snapshot_batch_max` a message (the receiver refuses more, SNAPSHOT_ROWS_MAX)."""
+        step = self._owner.config.snapshot_batch_max
+        message = self._owner._message
         for to in sorted(set(self.rows) | set(self.rejects) | self.beats):
             rows, rejects = self.rows.get(to, []), self.rejects.get(to, [])
-            if rows or rejects or to in self.beats:
-                self.effects.append(self._owner._message(to, self._now_ns, rows, rejects))
+            if not (rows or rejects or to in self.beats):
+                continue
+            while len(rows) + len(rejects) > step:
+                room = step - min(len(rows), step)
+                self.effects.append(message(to, self._now_ns, rows[:step], rejects[:room]))
+                rows, rejects = rows[step:], rejects[room:]
+            self.effects.append(message(to, self._now_ns, rows, rejects))
         return self.effects
 
 
