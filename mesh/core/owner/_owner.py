@@ -284,11 +284,18 @@ class Owner:
                     self._forget_oldest_reporter(ks)
                 rs = ks.reporters[sender] = ReporterState(worker_epoch, floor, now_ns)
             if (
-                seq == rs.watermark + 1 and rs.worker_epoch == worker_epoch and not rs.above
+                seq == rs.watermark + 1
+                and rs.worker_epoch == worker_epoch
+                and not rs.above
+                and not rs.handed_until_ns
             ):  # floor <= seq: validated
                 rs.watermark = seq  # the common case of ReporterState.offer
                 outcome = Applied.NEW
             else:
+                if rs.handed_until_ns and not rs.confirm(
+                    now_ns, worker_epoch, floor, cfg.inflight_reports_max
+                ):
+                    self.refuse(Refusal.BAD_WATERMARK)  # a leaver's record, not believed
                 outcome = rs.offer(worker_epoch, seq, floor, reorder)
             rs.last_seen_ns = now_ns
             if rs.lease_until_ns < now_ns:  # back after a lapse: old demand says nothing now
@@ -533,7 +540,7 @@ class Owner:
         self._sweep_order.append(ks)
         ks.claim_tol = claim_tolerance(policy, self.config)
         self.handovers.opened(  # a handed state; its sender has left our ring
-            now_ns, ks, self.config.reporters_per_key_max, len(self.ring) + 1
+            now_ns, ks, self.config.reporters_per_key_max, len(self.ring) + 1, self.is_member
         )
         return ks
 
