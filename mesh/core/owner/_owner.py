@@ -131,7 +131,6 @@ class Owner:
         *,
         incarnation: int = 0,
         config: CoreConfig | None = None,
-        strangers_report: bool = False,
     ) -> None:
         self.member_id = check_str("member_id", member_id)
         if not isinstance(ring, Ring):
@@ -145,10 +144,6 @@ class Owner:
         self.policies = policies
         self.incarnation = check_int("incarnation", incarnation)
         self.config = config or CoreConfig()
-        # Take reports from senders outside the ring: only for tests of an owner alone, whose
-        # reporters are not modelled as members. The node, the fleet and the simulator never
-        # set it: there every reporter is a member (`_plausible`, NOT_MEMBER).
-        self.strangers_report = strangers_report
         self.keys: dict[RateKey, KeyState] = {}
         self._owned_since_ns = now_ns
         self._fetching: set[RateKey] = set()
@@ -217,7 +212,7 @@ class Owner:
     def is_member(self, now_ns: int, sender: str) -> bool:
         """Whether `sender` may report or hand over to us: us, a member of our ring, or
         one that left it within `DEPARTED_GRACE_NS` (moves in flight; `_plausible`)."""
-        if sender == self.member_id or sender in self.ring or self.strangers_report:
+        if sender == self.member_id or sender in self.ring:
             return True
         left_ns = self.handovers.departed.get(sender)
         return left_ns is not None and now_ns - left_ns <= DEPARTED_GRACE_NS

@@ -102,6 +102,21 @@ def test_a_strangers_batch_is_refused_whole_and_changes_nothing() -> None:
     assert leave(o, NOW + 2 * MS)  # leaving still works
 
 
+def test_no_switch_turns_the_membership_check_off() -> None:
+    """The owner takes reports from members only, with no constructor flag to take them
+    from anyone (tests build rings holding their workers instead)."""
+    import inspect
+
+    assert list(inspect.signature(Owner).parameters) == [
+        "member_id",
+        "ring",
+        "policies",
+        "now_ns",
+        "incarnation",
+        "config",
+    ]
+
+
 def test_a_member_that_left_may_report_within_the_grace_then_not() -> None:
     o = owner()
     o.ring_changed(NOW, Ring(["o"], 2))  # w left
