@@ -364,6 +364,10 @@ class PeerServer:
                     break
                 self.received += 1
                 self.handler.deliver(msg)
+                # Let the loop turn between two messages: messages grpc holds already are
+                # read without a pause, so a burst of them (each within its bound) would
+                # otherwise hold the loop, timers and other peers for all of them.
+                await asyncio.sleep(0)
         finally:
             if writer is not None:
                 writer.cancel()

@@ -36,9 +36,10 @@ REPORT_ROWS_MAX = 256
 # An owner sends more as more batches (`snapshot_batch_max`).
 SNAPSHOT_ROWS_MAX = 256
 # Keys plus reporters' watermarks in one hand-over (issue 12): a hand-over is decoded and
-# installed whole on the receiver's loop, 3-5 us a key, 1-2 us a watermark; 128 rows take
-# 0.4-0.8 ms. A leaving owner sends more as more hand-overs.
-HANDOVER_ROWS_MAX = 128
+# installed whole on the receiver's loop, 4-6 us a key (parked or tightened), 1 us a
+# watermark: 64 rows take 0.26-0.44 ms (128 took 0.5-0.87 ms), plus 0.3 ms for the first
+# message of a leaver (its rings). A leaving owner sends more as more hand-overs.
+HANDOVER_ROWS_MAX = 64
 
 _METRICS = {m.value: m for m in Metric}
 BYTE_METRICS = frozenset(m for m in Metric if m.unit is Unit.BYTES)
