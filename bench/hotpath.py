@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mesh.core.admission import Admission
-from mesh.core.messages import RateSnapshot, SnapshotBatch
+from mesh.core.messages import SNAPSHOT_ROWS_MAX, RateSnapshot, SnapshotBatch
 from mesh.core.policy import Metric, PolicyCache, TenantRatePolicy
 from mesh.core.reporter import Reporter
 from mesh.core.ring import Ring
@@ -23,7 +23,7 @@ BIG = 10**15
 
 
 def _fleet_admission(tenants: list[str]) -> Admission:
-    """A worker whose global views are fed a huge snapshot: every call takes the allow path
+    """A worker whose global views are fed snapshots: every call takes the allow path
     of the real mesh hot path (the deny path is the same length)."""
     policies = PolicyCache(TenantRatePolicy(t, Metric.READ_IOPS, 1, BIG, BIG, BIG) for t in tenants)
     ring = Ring(["w1"], 1)
@@ -34,7 +34,9 @@ def _fleet_admission(tenants: list[str]) -> Admission:
         adm.try_admit(t, "read_iops")
         key = policies.current(t, Metric.READ_IOPS).rate_key  # type: ignore[union-attr]
         snaps.append(RateSnapshot(key, 1, 1, BIG, 0, 0, receiver_epoch=1))
-    reporter.receive(0, SnapshotBatch.of("w1", 1, snaps))
+    step = SNAPSHOT_ROWS_MAX  # as an owner sends them: at most this many a batch
+    for i in range(0, len(snaps), step):
+        reporter.receive(0, SnapshotBatch.of("w1", 1, snaps[i : i + step]))
     return adm
 
 

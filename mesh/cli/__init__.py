@@ -93,7 +93,16 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--log-level", default="WARNING")
 
     status = sub.add_parser("status", help="print a member's view (JSON)")
-    status.add_argument("--addr", required=True, help="the member's peer address host:port")
+    status.add_argument(
+        "--addr", help="the member's peer address host:port (default: the --config's)"
+    )
+    status.add_argument(
+        "--config",
+        help="the member's node config: its address, TLS and fleet secret prove the caller",
+    )
+    status.add_argument(
+        "--fleet-secret-file", help="prove the caller with this fleet secret (one a line)"
+    )
     status.add_argument("--timeout", type=float, default=5.0)
     _output_flags(status)
 

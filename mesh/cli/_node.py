@@ -66,12 +66,40 @@ def _in_file(path: str, exc: ConfigError) -> str:
 
 
 def status(args: argparse.Namespace) -> int:
+    """A member's view over its Status call. The caller proves itself as a member's streams
+    do: with the TLS and fleet secret of the node config it is pointed at (`--config`), or
+    a fleet secret file (`--fleet-secret-file`); a dev mesh with neither needs no proof."""
+    from mesh.config import load_config, read_fleet_secret
     from mesh.errors import PeerError
     from mesh.peer import fetch_status
+    from mesh.peer._identity import STATUS_ANY_TARGET
 
     timeout_s = positive_s("--timeout", args.timeout)
+    addr, tls, secret, target = args.addr, None, None, STATUS_ANY_TARGET
+    if args.config:
+        try:
+            cfg = load_config(args.config)
+        except ConfigError as exc:
+            print(f"mesh status: {_in_file(args.config, exc)}", file=sys.stderr)
+            return 2
+        addr = addr or cfg.advertise or cfg.listen
+        tls, secret = cfg.tls, cfg.fleet_secret
+        target = cfg.member_id or target
+    if args.fleet_secret_file:
+        try:
+            secret = read_fleet_secret(args.fleet_secret_file)
+        except ConfigError as exc:
+            raise ConfigError("--fleet-secret-file", str(exc)) from exc
+    if not addr:
+        raise ConfigError("--addr", "required (or --config, the member's node config)")
+    addr = check_address("--addr", addr)
     try:
-        emit(asyncio.run(fetch_status(args.addr, timeout_s=timeout_s)), args)
+        emit(
+            asyncio.run(
+                fetch_status(addr, tls=tls, timeout_s=timeout_s, fleet_secret=secret, target=target)
+            ),
+            args,
+        )
     except PeerError as exc:  # the member's absence, not the operator's mistake
         print(f"mesh status: {one_line(str(exc))}", file=sys.stderr)
         return 1

@@ -16,6 +16,7 @@ from mesh.config._node import (
     load_config,
     load_policy_file,
     parse_config,
+    read_fleet_secret,
     resolve_identity,
 )
 
@@ -31,5 +32,6 @@ __all__ = [
     "load_config",
     "load_policy_file",
     "parse_config",
+    "read_fleet_secret",
     "resolve_identity",
 ]

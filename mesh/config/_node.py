@@ -371,6 +371,14 @@ def _tls(data: Any, base: Path | None) -> TlsConfig:
     )
 
 
+def read_fleet_secret(path: str) -> bytes:
+    """The signing secret in a fleet secret file (its first line), checked as a node's
+    `fleet_secret_file` is: for a caller outside the mesh (`mesh status --fleet-secret-file`).
+    A mistake is a ConfigError naming `fleet_secret_file`."""
+    secret: bytes = _fleet_secret({"fleet_secret_file": path}, None)["fleet_secret"]
+    return secret
+
+
 def _fleet_secret(data: dict[str, Any], base: Path | None) -> dict[str, Any]:
     """The secret from the file or variable the config names (never the config text
     itself); every mistake names the field. One secret a line: the first signs, every line

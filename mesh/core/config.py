@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from mesh.core._validate import check_int, rename
-from mesh.core.messages import REPORT_ROWS_MAX
+from mesh.core.messages import REPORT_ROWS_MAX, SNAPSHOT_ROWS_MAX
 from mesh.errors import ConfigError
 
 __all__ = ["CoreConfig", "MS"]
@@ -36,7 +36,9 @@ class CoreConfig:
     tenant_queue_max: int = 1024
     inflight_reports_max: int = 8  # per key; beyond it usage accumulates into the next report
     reorder_window: int = 64  # owner applies out-of-order sequences this far past the ack
-    snapshot_batch_max: int = 1000  # snapshots per message; a full batch is sent at once
+    # Snapshots (and rejections) per message; a full batch is sent at once. At most
+    # SNAPSHOT_ROWS_MAX, the most a peer takes in one batch.
+    snapshot_batch_max: int = SNAPSHOT_ROWS_MAX
     reporters_per_key_max: int = 4096
     idempotency_retention_ms: int = 60_000  # tombstones: owner remembers (epoch, seq) this long
     demand_window_ms: int = 20  # owner shares `remaining` by demand seen over ~this long
@@ -73,6 +75,11 @@ class CoreConfig:
             raise ConfigError(
                 "report_batch_max",
                 f"must be <= {REPORT_ROWS_MAX} (the most reports a peer takes in one batch)",
+            )
+        if self.snapshot_batch_max > SNAPSHOT_ROWS_MAX:
+            raise ConfigError(
+                "snapshot_batch_max",
+                f"must be <= {SNAPSHOT_ROWS_MAX} (the most snapshots a peer takes in one batch)",
             )
         if self.share_floor_ppm > 1_000_000:
             raise ConfigError("share_floor_ppm", "must be <= 1000000")

@@ -102,7 +102,13 @@ async def claim_static_id(cfg: NodeConfig, member_id: str) -> None:
     if not addr:
         return
     try:
-        status = await fetch_status(addr, tls=cfg.tls, timeout_s=STATIC_PROBE_S)
+        status = await fetch_status(  # proved as our streams are: the member may need it
+            addr,
+            tls=cfg.tls,
+            timeout_s=STATIC_PROBE_S,
+            fleet_secret=cfg.fleet_secret,
+            target=member_id,
+        )
     except PeerError:
         return
     if status.get("member_id") == member_id:

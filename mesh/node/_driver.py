@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from itertools import repeat
 from typing import Any
 
 from mesh.config import Identity, NodeConfig
@@ -72,6 +73,10 @@ SLICE_TARGET_NS = 500_000
 # until acknowledged, so shedding delays, loses nothing.
 BACKLOG_ROWS_MAX = 131_072
 BACKLOG_SENDERS_MAX = 1024  # senders with a backlog at once; each is a peer stream's member
+# A sender's resends (its reports unacknowledged past report_retry_ms, as those waiting here
+# are) must not refill its backlog: rows already queued, by (worker_epoch, key, sequence),
+# are dropped from a batch on arrival, and a batch left with none is not queued at all
+# (`reports_deduplicated`). The set holds the rows queued, so BACKLOG_ROWS_MAX bounds it.
 # Memory of refused messages (issue 12): a stream refused for a bad message leaves the message
 # in reference cycles (exceptions' tracebacks hold the frames that hold the bytes), and the
 # raised GC thresholds of a node (`tune_gc`) collect young objects only after 50,000
@@ -86,6 +91,9 @@ BACKLOG_SENDERS_MAX = 1024  # senders with a backlog at once; each is a peer str
 # generation: once refusals stop for REFUSED_QUIET_S, one full collection frees it, at most
 # once per REFUSED_FULL_NS (its cost grows with the keys held: 0.3 s at 125,000 owned keys).
 # Then, at most once per REFUSED_TRIM_NS, the freed heap goes back to the OS (`_trim_heap`).
+# Hand-over messages queued at once on a graceful leave (`_hand_over`): half a link's queue
+# (mesh.peer's LINK_QUEUE_MAX, 1024), so reports queued beside them still fit.
+HANDOVER_ROUND = 512
 REFUSED_CHECK_S = 0.25
 REFUSED_FINALIZE_TURNS = 4
 REFUSED_QUIET_S = 1.0
@@ -154,6 +162,8 @@ class NodeDriver:
         self.backlog_rows_max = BACKLOG_ROWS_MAX  # per sender; an attribute for tests
         self.reports_sliced = 0  # batches applied in slices
         self.reports_shed = 0  # batches dropped because their sender's backlog was full
+        self.reports_deduplicated = 0  # batches whose every row was queued already
+        self.rows_deduplicated = 0  # rows dropped because they were queued already
         self.deliver_hold_max_ns = 0  # the longest one message (or slice) held the Member
         self._refused_seen = 0  # the transport's refused streams, when last looked at
         self._trim_at_ns = self.started_ns  # the next heap trim after refusals, not sooner
@@ -230,8 +240,14 @@ class NodeDriver:
         with self.lock:
             effects = self.member.leave(now)
         self.handed_over = True
-        self._carry(now, effects)
-        await self.transport.flush(timeout_s)
+        # In rounds of HANDOVER_ROUND messages, each written before the next is queued: a
+        # hand-over of many keys is many messages (HANDOVER_ROWS_MAX rows each), more than
+        # a link's queue holds at once (LINK_QUEUE_MAX; what finds it full is dropped).
+        assert self.loop is not None
+        until = self.loop.time() + timeout_s
+        for i in range(0, len(effects), HANDOVER_ROUND):
+            self._carry(now, effects[i : i + HANDOVER_ROUND])
+            await self.transport.flush(max(0.0, until - self.loop.time()))
 
     def _unacked(self) -> bool:
         with self.lock:
@@ -362,16 +378,44 @@ class NodeDriver:
                 self.reports_shed += 1
                 return
             backlog = self._backlog[sender] = _Backlog()
+        elif backlog.queued:
+            batch = self._unqueued(backlog, batch)
+            if not batch.keys:
+                self.reports_deduplicated += 1
+                return
         if backlog.rows + len(batch.keys) > self.backlog_rows_max:
             self.reports_shed += 1
             return
         backlog.batches.append(batch)
         backlog.rows += len(batch.keys)
+        backlog.queued.update(zip(repeat(batch.worker_epoch), batch.keys, batch.sequences))
         self.reports_sliced += 1
         if not self._slicing:
             self._slicing = True
             assert self.loop is not None
             self.loop.call_soon(self._slice)
+
+    def _unqueued(self, backlog: _Backlog, batch: ReportBatch) -> ReportBatch:
+        """`batch` without the rows its sender's backlog holds already (resends)."""
+        queued, epoch = backlog.queued, batch.worker_epoch
+        keep = [
+            i
+            for i, (k, s) in enumerate(zip(batch.keys, batch.sequences, strict=True))
+            if (epoch, k, s) not in queued
+        ]
+        if len(keep) == len(batch.keys):
+            return batch
+        self.rows_deduplicated += len(batch.keys) - len(keep)
+        return ReportBatch.trusted(  # validated already; a subset of its rows, in order
+            batch.sender,
+            batch.ring_epoch,
+            epoch,
+            tuple(batch.keys[i] for i in keep),
+            tuple(batch.sequences[i] for i in keep),
+            tuple(batch.deltas[i] for i in keep),
+            tuple(batch.denied[i] for i in keep),
+            tuple(batch.unacked_from[i] for i in keep),
+        )
 
     def _slice(self) -> None:
         """The loop's callback: one slice, then the next one is scheduled, so that the
@@ -411,6 +455,7 @@ class NodeDriver:
             batch.unacked_from[i:j],
         )
         work.rows -= len(part.keys)
+        work.queued.difference_update(zip(repeat(part.worker_epoch), part.keys, part.sequences))
         if work.batches:
             backlog[sender] = work
         self._apply_reports(part)
@@ -621,14 +666,16 @@ async def _collect_young() -> None:
 
 class _Backlog:
     """One sender's report batches waiting for their slices; `offset`: the next row of
-    the first; `rows`: the rows not yet applied."""
+    the first; `rows`: the rows not yet applied; `queued`: those rows, by (worker_epoch,
+    key, sequence), so that a resend of one is not queued twice."""
 
-    __slots__ = ("batches", "offset", "rows")
+    __slots__ = ("batches", "offset", "rows", "queued")
 
     def __init__(self) -> None:
         self.batches: deque[ReportBatch] = deque()
         self.offset = 0
         self.rows = 0
+        self.queued: set[tuple[int, RateKey, int]] = set()
 
 
 def _trim_heap() -> None:

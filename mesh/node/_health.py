@@ -139,6 +139,8 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         "bounds": {  # issue 12: what the named bounds on the node's work did
             "reports_sliced": driver.reports_sliced,
             "reports_shed": driver.reports_shed,
+            "reports_deduplicated": driver.reports_deduplicated,  # resends already queued
+            "rows_deduplicated": driver.rows_deduplicated,
             "deliver_hold_max_ms": round(driver.deliver_hold_max_ns / 1e6, 3),
             "policy_fetches": len(m.owner._fetching),
             "fetch_polls": driver.fetch_polls,

@@ -115,6 +115,7 @@ class PeerLink:
                     backoff = BACKOFF_MIN_S
                     while (data := await call.read()) is not aio.EOF:
                         self._take(data)
+                        await asyncio.sleep(0)  # a turn of the loop between two batches
             except grpc.RpcError as exc:
                 err = translate_error(exc, f"peer {self.peer_id}")
                 if isinstance(err, PeerRefused):  # warned once per distinct refusal

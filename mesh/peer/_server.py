@@ -32,8 +32,11 @@ from mesh.errors import ConfigError, MessageError
 from mesh.peer._identity import (
     AUTH_MD,
     REASONS,
+    STATUS_ANY_TARGET,
+    STATUS_EPOCH,
     NonceMemory,
     RefusalLog,
+    certificate_names,
     check_certificate,
     check_mac,
 )
@@ -179,7 +182,50 @@ class PeerServer:
     # -- handlers -------------------------------------------------------------------------
 
     async def _status(self, request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
+        """The member's view, for a caller proved as streams are (`_identity`)."""
+        try:
+            self._status_caller(context)
+        except _Refused as exc:
+            claimed = dict(context.invocation_metadata() or ()).get(MEMBER_MD)
+            self._refuse(exc, context.peer(), str(claimed)[:256])
+            await context.abort(exc.code, exc.details)
         return pack(self.handler.status())
+
+    def _status_caller(self, context: aio.ServicerContext[bytes, bytes]) -> None:
+        """Raise _Refused unless the Status caller proves itself: a client certificate
+        where mTLS is required (the handshake checked its CA; any fleet certificate may
+        ask), a fleet-secret proof where the mesh has a secret. With neither configured (a
+        dev mesh) anyone may ask, as anyone may open a stream."""
+        if self.tls is not None and self.tls.require_client_cert:
+            sans, cn = certificate_names(context.auth_context())
+            if not sans and cn is None:
+                raise _Refused(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "status: the caller presented no client certificate",
+                    "bad_certificate",
+                )
+        if not self.fleet_secrets:
+            return
+        md = {k: v for k, v in (context.invocation_metadata() or ())}
+        caller, proof = md.get(MEMBER_MD), md.get(AUTH_MD)
+        if not isinstance(caller, str) or not caller or len(caller) > 256:
+            caller = ""
+        why = None
+        for target in (self.member_id, STATUS_ANY_TARGET):
+            why = check_mac(
+                self.fleet_secrets,
+                proof if isinstance(proof, str) else None,
+                member=caller,
+                epoch=STATUS_EPOCH,
+                schema=SCHEMA,
+                target=target,
+                now_s=int(time.time()),
+                seen=self._nonces,
+            )
+            if why is None or "wrong fleet secret" not in why:
+                break  # proved, or refused for a reason the target does not change
+        if why is not None:
+            raise _Refused(grpc.StatusCode.PERMISSION_DENIED, f"status: {why}", "bad_secret")
 
     def _open(self, context: aio.ServicerContext[bytes, bytes]) -> tuple[str, int]:
         """Admit a stream (module docstring) or raise _Refused; no await, nothing kept."""
@@ -318,6 +364,10 @@ class PeerServer:
                     break
                 self.received += 1
                 self.handler.deliver(msg)
+                # Let the loop turn between two messages: messages grpc holds already are
+                # read without a pause, so a burst of them (each within its bound) would
+                # otherwise hold the loop, timers and other peers for all of them.
+                await asyncio.sleep(0)
         finally:
             if writer is not None:
                 writer.cancel()

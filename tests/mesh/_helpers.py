@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from mesh.core.config import MS
 from mesh.core.policy import Metric, PolicyCache, TenantRatePolicy
+from mesh.core.ring import Ring
 
-__all__ = ["MS", "policy", "cache"]
+__all__ = ["MS", "policy", "cache", "owned_policies"]
 
 
 def policy(
@@ -24,3 +27,18 @@ def policy(
 
 def cache(*policies: TenantRatePolicy) -> PolicyCache:
     return PolicyCache(policies)
+
+
+def owned_policies(
+    ring: Ring, member: str, n: int, prefix: str = "t", **kw: Any
+) -> list[TenantRatePolicy]:
+    """`n` policies (tenants `prefix0`, `prefix1`, ... that `member` owns in `ring`), so
+    an owner's tests can report from workers that are members of its ring."""
+    out: list[TenantRatePolicy] = []
+    i = 0
+    while len(out) < n:
+        p = policy(f"{prefix}{i}", **kw)
+        if ring.owner_of(p.rate_key) == member:
+            out.append(p)
+        i += 1
+    return out

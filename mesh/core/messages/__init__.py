@@ -6,7 +6,7 @@ leaving owner sends a `Handover`. Every message is a frozen, slotted dataclass; 
 `decode` are the only way one crosses the wire (docs/mesh-wire.md).
 
 Private modules, each importing only those above it in this list:
-    _keys       rate keys on the wire and their checks; MAX_ITEMS, REPORT_ROWS_MAX
+    _keys       rate keys on the wire and their checks; the per-message row bounds
     _columns    integer columns, the batches' packed numbers
     _usage      UsageReport, RejectReason, Rejection, ReportBatch
     _snapshot   RateSnapshot, SnapshotBatch
@@ -22,6 +22,8 @@ from mesh.core.messages._codec import from_wire as from_wire
 from mesh.core.messages._codec import to_wire as to_wire
 from mesh.core.messages._handover import HANDOVER_WATERMARKS_MAX as HANDOVER_WATERMARKS_MAX
 from mesh.core.messages._handover import Handover, KeyHandover, ReporterWatermark
+from mesh.core.messages._keys import HANDOVER_ROWS_MAX as HANDOVER_ROWS_MAX
+from mesh.core.messages._keys import SNAPSHOT_ROWS_MAX as SNAPSHOT_ROWS_MAX
 from mesh.core.messages._snapshot import RateSnapshot, SnapshotBatch
 from mesh.core.messages._usage import Rejection, RejectReason, ReportBatch, UsageReport
 

@@ -22,7 +22,14 @@ from mesh.core.messages._handover import (
     KeyHandover,
     ReporterWatermark,
 )
-from mesh.core.messages._keys import MAX_ITEMS, REPORT_ROWS_MAX, key_from_wire, key_to_wire
+from mesh.core.messages._keys import (
+    HANDOVER_ROWS_MAX,
+    MAX_ITEMS,
+    REPORT_ROWS_MAX,
+    SNAPSHOT_ROWS_MAX,
+    key_from_wire,
+    key_to_wire,
+)
 from mesh.core.messages._snapshot import SnapshotBatch
 from mesh.core.messages._usage import Rejection, RejectReason, ReportBatch
 from mesh.core.policy import RateKey
@@ -139,7 +146,15 @@ def _array(field: str, value: Any, limit: int, width: int) -> Any:
 def _handover_from_wire(obj: Any) -> Handover:
     _, _, sender, ring_epoch, items = obj
     keys = []
-    for i, it in enumerate(_array("keys", items, MAX_ITEMS, 5)):
+    rows = 0
+    for i, it in enumerate(_array("keys", items, HANDOVER_ROWS_MAX, 5)):
+        # Counted before a key's watermarks are built: a message over the bound is refused
+        # for the cost of counting, not of decoding it.
+        rows += 1 + (len(it[4]) if isinstance(it[4], (list, tuple)) else 0)
+        if rows > HANDOVER_ROWS_MAX:
+            raise MessageError(
+                "keys", f"at most {HANDOVER_ROWS_MAX} keys and watermarks per message"
+            )
         try:
             key = key_from_wire("rate_key", list(it[0]) if type(it[0]) is tuple else it[0])
             keys.append(KeyHandover(key, it[1], it[2], it[3], _watermarks(it[4])))
@@ -192,8 +207,8 @@ def _third(item: Any) -> Any:
 def _rejections(items: Any) -> tuple[Rejection, ...]:
     if not isinstance(items, (list, tuple)):
         raise MessageTypeError("rejections", "must be an array")
-    if len(items) > MAX_ITEMS:
-        raise MessageError("rejections", f"at most {MAX_ITEMS} items, got {len(items)}")
+    if len(items) > SNAPSHOT_ROWS_MAX:
+        raise MessageError("rejections", f"at most {SNAPSHOT_ROWS_MAX} items, got {len(items)}")
     out = []
     for i, it in enumerate(items):
         if not isinstance(it, (list, tuple)) or len(it) != 3:
@@ -230,7 +245,7 @@ def from_wire(obj: Any) -> Message:
         )
     if kind == "snapshots" and len(obj) == 16:
         _, _, sender, ring_epoch, inc, at, items, *cols, rejs, batch_seq = obj
-        keys = _keys_from_wire("keys", items)
+        keys = _keys_from_wire("keys", items, SNAPSHOT_ROWS_MAX)
         n = len(keys)
         c = [unpack_column(name, col, n) for name, col in zip(_SNAPSHOT_COLUMNS, cols, strict=True)]
         return SnapshotBatch(

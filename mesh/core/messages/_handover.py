@@ -10,13 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mesh.core._validate import check_int, check_str
-from mesh.core.messages._keys import MAX_ITEMS
+from mesh.core.messages._keys import HANDOVER_ROWS_MAX
 from mesh.core.policy import RateKey
 from mesh.errors import MessageError, MessageTypeError
 
 __all__ = ["HANDOVER_WATERMARKS_MAX", "ReporterWatermark", "KeyHandover", "Handover"]
 
-HANDOVER_WATERMARKS_MAX = 4096  # reporters' records per handed-over key (more: resends recount)
+# Reporters' records per handed-over key: a key and its records fit one hand-over
+# (HANDOVER_ROWS_MAX rows). A leaver carries its most recent reporters'; the others' resends
+# count again at the new owner, which is the safe side.
+HANDOVER_WATERMARKS_MAX = HANDOVER_ROWS_MAX - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +89,20 @@ class Handover:
         check_int("ring_epoch", self.ring_epoch, error=MessageError)
         if type(self.keys) is not tuple:
             raise MessageTypeError("keys", "must be a tuple of KeyHandover")
-        if len(self.keys) > MAX_ITEMS:
-            raise MessageError("keys", f"at most {MAX_ITEMS} per message, got {len(self.keys)}")
+        if len(self.keys) > HANDOVER_ROWS_MAX:
+            raise MessageError(
+                "keys", f"at most {HANDOVER_ROWS_MAX} per message, got {len(self.keys)}"
+            )
         seen: set[RateKey] = set()
+        rows = 0
         for i, k in enumerate(self.keys):
             if not isinstance(k, KeyHandover):
                 raise MessageTypeError(f"keys[{i}]", "must be a KeyHandover")
             if k.rate_key in seen:
                 raise MessageError(f"keys[{i}].rate_key", "repeated in this hand-over")
             seen.add(k.rate_key)
+            rows += 1 + len(k.watermarks)
+        if rows > HANDOVER_ROWS_MAX:
+            raise MessageError(
+                "keys", f"at most {HANDOVER_ROWS_MAX} keys and watermarks per message, got {rows}"
+            )

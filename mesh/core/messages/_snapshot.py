@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from mesh.core._validate import INT_MAX, check_int, check_str
 from mesh.core.messages._columns import check_column, unchecked
-from mesh.core.messages._keys import MAX_ITEMS, check_keys
+from mesh.core.messages._keys import SNAPSHOT_ROWS_MAX, check_keys
 from mesh.core.messages._usage import Rejection
 from mesh.core.policy import RateKey
 from mesh.core.shares import PPM
@@ -127,8 +127,12 @@ class SnapshotBatch:
         check_column("active_reporters", self.active_reporters, n, minimum=1)
         if type(self.rejections) is not tuple:
             raise MessageTypeError("rejections", "must be a tuple of Rejection")
-        if n + len(self.rejections) > MAX_ITEMS:
-            raise MessageError("keys", f"at most {MAX_ITEMS} items per batch")
+        if n + len(self.rejections) > SNAPSHOT_ROWS_MAX:
+            raise MessageError(
+                "keys",
+                f"at most {SNAPSHOT_ROWS_MAX} snapshots and rejections per batch, "
+                f"got {n + len(self.rejections)}",
+            )
         for i, j in enumerate(self.rejections):
             if not isinstance(j, Rejection):
                 raise MessageTypeError(f"rejections[{i}]", "must be a Rejection")

@@ -23,17 +23,46 @@ Reporters' watermarks come along: a report the leaver applied whose ack was lost
 duplicate at the new owner rather than usage counted twice. Only the contiguous watermark
 is carried (sequences applied past a gap are counted again if resent: safe). A killed
 member hands nothing over; its keys move by membership and start conservatively.
+
+A watermark is believed no further than the leaver could know it (issue 12): a leaver that
+set one too high would have the reporter's next reports taken as duplicates, usage never
+counted. So a handed watermark
+
+* names a member (of the ring, or departed within `DEPARTED_GRACE_NS`), else it is dropped;
+* for a reporter the new owner already has a record of (same incarnation), raises it at
+  most to the highest sequence that record has seen: the reporter sent every sequence below
+  that one before, to the leaver or here;
+* for a reporter new here, makes a record that the reporter's own first report must bear
+  out (`ReporterState.confirm`): the same incarnation, and a watermark no higher than
+  `unacked_from - 1 + inflight_reports_max`, the most sequences the reporter can have sent,
+  as it holds at most that many unacknowledged reports of a key. Otherwise the record
+  starts from the reporter's word and the hand-over's is counted refused (`bad_watermark`);
+* lasts `HANDED_MARK_TTL_NS`: it is for resends of reports in flight at the leave, which
+  come at once (their retry timers, or the reporter's link to the leaver failing); a record
+  first reported to later starts from the reporter's word.
+
+A lying leaver can therefore have at most a key's in-flight reports of each reporter taken
+as duplicates: usage that was sent to it, which it could as well have dropped while it owned
+the key. The meter's debt is believed up to `ahead_max_ns` (above); epochs and versions
+saturate at `ORDER_MAX`, so no handed value can make a later snapshot, hand-over or leave fail.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mesh.core._validate import INT_MAX
 from mesh.core.effects import Effect, Send
 from mesh.core.gcra import NS_PER_S, Gcra
-from mesh.core.messages import HANDOVER_WATERMARKS_MAX, Handover, KeyHandover, ReporterWatermark
+from mesh.core.messages import (
+    HANDOVER_ROWS_MAX,
+    HANDOVER_WATERMARKS_MAX,
+    Handover,
+    KeyHandover,
+    ReporterWatermark,
+)
 from mesh.core.owner._plausible import ORDER_MAX, Refusal
 from mesh.core.owner._state import KeyState, ReporterState
 from mesh.core.policy import RateKey
@@ -50,15 +79,23 @@ __all__ = [
     "PENDING_TTL_NS",
     "DEPARTED_GRACE_NS",
     "DEPARTED_MAX",
+    "HANDED_MARK_TTL_NS",
     "ROWS_PER_MESSAGE",
     "ahead_max_ns",
 ]
+
+IsMember = Callable[[int, str], bool]  # (now_ns, member id): `Owner.is_member`
 
 PENDING_MAX = 65_536  # handed-over keys parked until they open; the oldest go first
 PENDING_TTL_NS = 30_000_000_000  # a parked key unopened this long starts conservatively
 DEPARTED_GRACE_NS = 10_000_000_000  # a member that left the ring may hand over this long
 DEPARTED_MAX = 1024  # members remembered as just departed
-ROWS_PER_MESSAGE = 16_384  # keys + watermarks per Handover message (well under 4 MiB)
+# A handed watermark suppresses resends for this long after it is taken (module docstring):
+# the departed grace, the longest a leaver's own messages are taken.
+HANDED_MARK_TTL_NS = DEPARTED_GRACE_NS
+# Keys + watermarks per Handover message: what a receiver takes (HANDOVER_ROWS_MAX, so that
+# one message holds its loop well under 1 ms); a leaver with more sends more messages.
+ROWS_PER_MESSAGE = HANDOVER_ROWS_MAX
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +115,10 @@ class Handovers:
         self.tightened = 0  # open keys made stricter by a hand-over
         self.expired = 0
         self.ignored: dict[str, int] = {"sender": 0, "not_owner": 0}
+        # The rings with and without the last sender, for the ring they were built from: a
+        # leaver's hand-over comes as many messages, and building a ring costs more than
+        # placing a message's keys (one entry, replaced).
+        self._placed: tuple[str, Ring, Ring, Ring] | None = None
 
     def stats(self) -> dict[str, int]:
         return {
@@ -93,7 +134,9 @@ class Handovers:
     def park(self, now_ns: int, item: KeyHandover) -> None:
         """Keep a key's handed state until the key opens; a second one for the same key
         keeps the stricter debt and the lower watermarks (fewer duplicates suppressed)."""
-        old = self.pending.get(item.rate_key)
+        # Taken out and put back at the end: the dict stays in order of arrival, so
+        # `_evict` finds the oldest first, at the cost of what it evicts.
+        old = self.pending.pop(item.rate_key, None)
         if old is not None and now_ns - old.received_ns <= PENDING_TTL_NS:
             item = _stricter(old, _Parked(now_ns, item))
         elif len(self.pending) >= PENDING_MAX:
@@ -101,14 +144,20 @@ class Handovers:
         self.pending[item.rate_key] = _Parked(now_ns, item)
 
     def _evict(self, now_ns: int) -> None:
-        for key in [k for k, p in self.pending.items() if now_ns - p.received_ns > PENDING_TTL_NS]:
-            del self.pending[key]
-            self.expired += 1
-        if len(self.pending) >= PENDING_MAX:  # all fresh: the oldest goes (dicts keep order)
-            del self.pending[next(iter(self.pending))]
+        """Make room for one: drop the expired from the front (the oldest), or else the
+        oldest. Not a scan of every parked key: past PENDING_MAX that ran per key parked,
+        5 ms each, and a large hand-over stalled the loop for minutes (issue 12)."""
+        pending = self.pending
+        while pending:
+            key, oldest = next(iter(pending.items()))
+            if now_ns - oldest.received_ns <= PENDING_TTL_NS and len(pending) < PENDING_MAX:
+                break
+            del pending[key]
             self.expired += 1
 
-    def opened(self, now_ns: int, ks: KeyState, reporters_max: int, members: int) -> None:
+    def opened(
+        self, now_ns: int, ks: KeyState, reporters_max: int, members: int, is_member: IsMember
+    ) -> None:
         """`Owner._open` made `ks`: resume it from a parked hand-over, if one is fresh.
         `members`: how many members the key's ring has, the sender put back."""
         parked = self.pending.pop(ks.policy.rate_key, None)
@@ -123,7 +172,9 @@ class Handovers:
         ks.meter = meter
         ks.exhausted = meter.remaining(now_ns) == 0
         _continue_order(ks, parked.item)
-        _adopt_watermarks(now_ns, ks, parked.item.watermarks, reporters_max)
+        _adopt_watermarks(
+            now_ns, parked.received_ns, ks, parked.item.watermarks, reporters_max, is_member
+        )
         self.resumed += 1
 
     def ring_changed(self, now_ns: int, old: Ring, new: Ring, member_id: str) -> None:
@@ -153,10 +204,14 @@ def export(owner: Owner, now_ns: int, ring: Ring) -> list[Effect]:
         if to == owner.member_id:
             continue
         ks = owner.keys[key]
+        # The most recently heard reporters' records, as many as fit one message with the
+        # key; the rest resend to the new owner and count again (the safe side).
+        recent = sorted((rs.last_seen_ns, w) for w, rs in ks.reporters.items() if rs.watermark > 0)[
+            -HANDOVER_WATERMARKS_MAX:
+        ]
         marks = tuple(
-            ReporterWatermark(w, rs.worker_epoch, rs.watermark)
-            for w, rs in sorted(ks.reporters.items())
-            if rs.watermark > 0
+            ReporterWatermark(w, ks.reporters[w].worker_epoch, ks.reporters[w].watermark)
+            for w in sorted(w for _, w in recent)
         )
         by_owner.setdefault(to, []).append(
             KeyHandover(  # saturated: no state a peer induced may make leaving fail
@@ -164,7 +219,7 @@ def export(owner: Owner, now_ns: int, ring: Ring) -> list[Effect]:
                 min(ks.meter.ahead_ns(now_ns), INT_MAX),
                 min(ks.owner_epoch, INT_MAX),
                 min(ks.version, INT_MAX),
-                marks[:HANDOVER_WATERMARKS_MAX],
+                marks,
             )
         )
     out: list[Effect] = []
@@ -187,15 +242,22 @@ def install(owner: Owner, now_ns: int, msg: Handover) -> None:
     h = owner.handovers
     me, ring, sender = owner.member_id, owner.ring, msg.sender
     left_ns = None if sender == me else h.departed.get(sender)
-    if sender != me and sender in ring:
+    in_ring = sender != me and sender in ring
+    departed = left_ns is not None and now_ns - left_ns <= DEPARTED_GRACE_NS
+    placed = h._placed
+    if (in_ring or departed) and placed is not None and placed[:2] == (sender, ring):
+        with_, without = placed[2], placed[3]
+    elif in_ring:
         with_, without = (
             ring,
             Ring((m for m in ring.members if m != sender), ring.epoch, vnodes=ring.vnodes),
         )
-    elif left_ns is not None and now_ns - left_ns <= DEPARTED_GRACE_NS:
+        h._placed = (sender, ring, with_, without)
+    elif departed:
         # It left our ring just now; placement is a pure function of the members, so the
         # ring it owned the keys in is ours with it put back.
         with_, without = Ring((*ring.members, sender), ring.epoch, vnodes=ring.vnodes), ring
+        h._placed = (sender, ring, with_, without)
     else:
         h.ignored["sender"] += len(msg.keys)
         owner.refuse(Refusal.NOT_MEMBER)
@@ -209,7 +271,9 @@ def install(owner: Owner, now_ns: int, msg: Handover) -> None:
         if ks is None:
             h.park(now_ns, item)
             continue
-        if _tighten(now_ns, ks, item, owner.config.reporters_per_key_max, len(with_)):
+        if _tighten(
+            now_ns, ks, item, owner.config.reporters_per_key_max, len(with_), owner.is_member
+        ):
             h.tightened += 1
         owner.wake(ks)  # its reporters hear at the next tick
 
@@ -222,7 +286,12 @@ def ahead_max_ns(ks: KeyState, members: int) -> int:
 
 
 def _tighten(
-    now_ns: int, ks: KeyState, item: KeyHandover, reporters_max: int, members: int
+    now_ns: int,
+    ks: KeyState,
+    item: KeyHandover,
+    reporters_max: int,
+    members: int,
+    is_member: IsMember,
 ) -> bool:
     """An open key: the handed debt (believed up to `ahead_max_ns`) plus what this owner
     applied since opening, if that is stricter than the key's own state. Returns whether
@@ -238,7 +307,7 @@ def _tighten(
         ks.exhausted = True
     _continue_order(ks, item)
     # The handed watermarks may be raised to: the meter now covers the handed state whole.
-    _adopt_watermarks(now_ns, ks, item.watermarks, reporters_max)
+    _adopt_watermarks(now_ns, now_ns, ks, item.watermarks, reporters_max, is_member)
     return ks.meter.ahead_ns(now_ns) > before
 
 
@@ -249,22 +318,39 @@ def _continue_order(ks: KeyState, item: KeyHandover) -> None:
 
 
 def _adopt_watermarks(
-    now_ns: int, ks: KeyState, marks: tuple[ReporterWatermark, ...], reporters_max: int
+    now_ns: int,
+    taken_ns: int,
+    ks: KeyState,
+    marks: tuple[ReporterWatermark, ...],
+    reporters_max: int,
+    is_member: IsMember,
 ) -> None:
     """Sequences up to a handed watermark are in the handed state: treat resends of them
-    as duplicates. A record of a newer worker incarnation is left alone."""
+    as duplicates, believed as far as the module docstring says (for HANDED_MARK_TTL_NS
+    from `taken_ns`, when the hand-over came). A record of another worker incarnation is
+    left alone."""
+    until_ns = taken_ns + HANDED_MARK_TTL_NS
+    if until_ns < now_ns:
+        return
     for m in marks:
+        if not is_member(now_ns, m.worker_id):
+            continue  # only members report: a record for anyone else is the leaver's fiction
         rs = ks.reporters.get(m.worker_id)
         if rs is None:
             if len(ks.reporters) >= reporters_max:
                 continue  # no room: its resends count again (safe)
             rs = ks.reporters[m.worker_id] = ReporterState(m.worker_epoch, m.watermark + 1, now_ns)
-        elif rs.worker_epoch == m.worker_epoch and m.watermark > rs.watermark:
-            rs.watermark = m.watermark
-            rs.above = {s for s in rs.above if s > rs.watermark}
-            while rs.watermark + 1 in rs.above:
-                rs.watermark += 1
-                rs.above.discard(rs.watermark)
+            rs.handed_until_ns = until_ns  # and until its own report confirms it
+        elif rs.worker_epoch == m.worker_epoch:
+            # Up to the highest sequence seen here: it was sent after every one below it.
+            seen = max(rs.above) if rs.above else rs.watermark
+            mark = m.watermark if m.watermark < seen else seen
+            if mark > rs.watermark:
+                rs.watermark = mark
+                rs.above = {s for s in rs.above if s > rs.watermark}
+                while rs.watermark + 1 in rs.above:
+                    rs.watermark += 1
+                    rs.above.discard(rs.watermark)
 
 
 def _stricter(a: _Parked, b: _Parked) -> KeyHandover:

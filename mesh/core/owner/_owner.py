@@ -103,10 +103,19 @@ class _Outbox:
         self.beats.add(to)
 
     def drain(self) -> list[Effect]:
+        """What is left per receiver, rows and rejections together at most
+        `snapshot_batch_max` a message (the receiver refuses more, SNAPSHOT_ROWS_MAX)."""
+        step = self._owner.config.snapshot_batch_max
+        message = self._owner._message
         for to in sorted(set(self.rows) | set(self.rejects) | self.beats):
             rows, rejects = self.rows.get(to, []), self.rejects.get(to, [])
-            if rows or rejects or to in self.beats:
-                self.effects.append(self._owner._message(to, self._now_ns, rows, rejects))
+            if not (rows or rejects or to in self.beats):
+                continue
+            while len(rows) + len(rejects) > step:
+                room = step - min(len(rows), step)
+                self.effects.append(message(to, self._now_ns, rows[:step], rejects[:room]))
+                rows, rejects = rows[step:], rejects[room:]
+            self.effects.append(message(to, self._now_ns, rows, rejects))
         return self.effects
 
 
@@ -122,7 +131,6 @@ class Owner:
         *,
         incarnation: int = 0,
         config: CoreConfig | None = None,
-        strangers_report: bool = False,
     ) -> None:
         self.member_id = check_str("member_id", member_id)
         if not isinstance(ring, Ring):
@@ -136,10 +144,6 @@ class Owner:
         self.policies = policies
         self.incarnation = check_int("incarnation", incarnation)
         self.config = config or CoreConfig()
-        # Take reports from senders outside the ring: only for tests of an owner alone, whose
-        # reporters are not modelled as members. The node, the fleet and the simulator never
-        # set it: there every reporter is a member (`_plausible`, NOT_MEMBER).
-        self.strangers_report = strangers_report
         self.keys: dict[RateKey, KeyState] = {}
         self._owned_since_ns = now_ns
         self._fetching: set[RateKey] = set()
@@ -208,7 +212,7 @@ class Owner:
     def is_member(self, now_ns: int, sender: str) -> bool:
         """Whether `sender` may report or hand over to us: us, a member of our ring, or
         one that left it within `DEPARTED_GRACE_NS` (moves in flight; `_plausible`)."""
-        if sender == self.member_id or sender in self.ring or self.strangers_report:
+        if sender == self.member_id or sender in self.ring:
             return True
         left_ns = self.handovers.departed.get(sender)
         return left_ns is not None and now_ns - left_ns <= DEPARTED_GRACE_NS
@@ -275,11 +279,18 @@ class Owner:
                     self._forget_oldest_reporter(ks)
                 rs = ks.reporters[sender] = ReporterState(worker_epoch, floor, now_ns)
             if (
-                seq == rs.watermark + 1 and rs.worker_epoch == worker_epoch and not rs.above
+                seq == rs.watermark + 1
+                and rs.worker_epoch == worker_epoch
+                and not rs.above
+                and not rs.handed_until_ns
             ):  # floor <= seq: validated
                 rs.watermark = seq  # the common case of ReporterState.offer
                 outcome = Applied.NEW
             else:
+                if rs.handed_until_ns and not rs.confirm(
+                    now_ns, worker_epoch, floor, cfg.inflight_reports_max
+                ):
+                    self.refuse(Refusal.BAD_WATERMARK)  # a leaver's record, not believed
                 outcome = rs.offer(worker_epoch, seq, floor, reorder)
             rs.last_seen_ns = now_ns
             if rs.lease_until_ns < now_ns:  # back after a lapse: old demand says nothing now
@@ -525,7 +536,7 @@ class Owner:
         self._sweep_order.append(ks)
         ks.claim_tol = claim_tolerance(policy, self.config)
         self.handovers.opened(  # a handed state; its sender has left our ring
-            now_ns, ks, self.config.reporters_per_key_max, len(self.ring) + 1
+            now_ns, ks, self.config.reporters_per_key_max, len(self.ring) + 1, self.is_member
         )
         return ks
 

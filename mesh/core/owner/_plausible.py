@@ -28,6 +28,12 @@ numbers. An owner refuses:
   owner applied for the key. A refund after the key moved (or after the owner forgot the
   sender) is therefore refused: the new owner keeps the usage, which is the safe side.
 
+* `BAD_WATERMARK`: a reporter's watermark a leaving owner handed over (`_handover`) that the
+  reporter's own first report here does not bear out: of another incarnation than the
+  reporter's, or past the most sequences it can have sent (`ReporterState.confirm`). The
+  record then starts from the reporter's own word, as if the hand-over had not carried it.
+  Counted per record.
+
 Refused rows, not batches, for a member: a batch carries up to `report_batch_max` keys of one
 worker, and its other keys' usage must still count (dropping it would let the fleet overshoot).
 A refused row changes nothing the key's meter or anyone's share depends on (meter, applied
@@ -60,6 +66,7 @@ class Refusal(StrEnum):
     NOT_MEMBER = "not_member"
     OVER_CLAIM = "over_claim"
     OVER_REFUND = "over_refund"
+    BAD_WATERMARK = "bad_watermark"
 
 
 def claim_tolerance(policy: TenantRatePolicy, config: CoreConfig) -> int:

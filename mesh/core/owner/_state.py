@@ -47,6 +47,7 @@ class ReporterState:
         "share_cur",
         "share_prev",
         "share_win",
+        "handed_until_ns",
     )
 
     def __init__(self, worker_epoch: int, unacked_from: int, now_ns: int) -> None:
@@ -80,6 +81,28 @@ class ReporterState:
         self.share_cur = 0
         self.share_prev = 0
         self.share_win = 0
+        # A record a hand-over made (`_handover._adopt_watermarks`), not yet confirmed by the
+        # worker's own report here, and when its handed watermark expires; 0: not handed.
+        self.handed_until_ns = 0
+
+    def confirm(self, now_ns: int, worker_epoch: int, unacked_from: int, inflight_max: int) -> bool:
+        """The worker's first report to a record a hand-over made: keep the handed watermark
+        only if that report makes it plausible (its incarnation, and no sequence past the
+        most the worker can have sent: `unacked_from - 1 + inflight_max`, as it holds at most
+        `inflight_max` unacknowledged reports of a key), and only until `handed_until_ns`.
+        Otherwise the record starts from the worker's own word, as if the report made it.
+        Returns False when the handed record was implausible (the caller counts it)."""
+        until, self.handed_until_ns = self.handed_until_ns, 0
+        if worker_epoch > self.worker_epoch:
+            return True  # the worker restarted since: `offer` starts its new incarnation
+        sent_max = unacked_from - 1 + inflight_max
+        plausible = worker_epoch == self.worker_epoch and self.watermark <= sent_max
+        if plausible and now_ns <= until:
+            return True
+        self.worker_epoch = worker_epoch
+        self.watermark = unacked_from - 1
+        self.above.clear()
+        return plausible
 
     def roll(self, window: int) -> None:
         """Move the demand windows on to number `window`."""

@@ -41,8 +41,9 @@ from mesh.testing.fleet import MemoryFleet, Offered, drive
 from tests.mesh._helpers import cache, policy
 
 SLOW = policy("*", rate=10, burst=100, b=20)  # 10 s from empty to full: drains are tiny
-RING3 = Ring(["a", "b", "c"], 1)
-RING2 = RING3.with_members(["a", "b"])  # c has left
+WORKERS = ("w", "x")  # they report; members, as every reporter is
+RING3 = Ring(["a", "b", "c", *WORKERS], 1)
+RING2 = RING3.with_members(["a", "b", *WORKERS])  # c has left
 C_NOW = 100 * NS_PER_S  # the leaver's clock
 A_NOW = 5_000 * NS_PER_S  # the receiver's clock
 
@@ -102,11 +103,11 @@ def remaining(effects: list[Any], key: RateKey) -> int:
 
 
 def leaver(p: TenantRatePolicy = SLOW) -> Owner:
-    return Owner("c", RING3, cache(p), 0, strangers_report=True)
+    return Owner("c", RING3, cache(p), 0)
 
 
 def receiver(p: TenantRatePolicy = SLOW, ring: Ring = RING3) -> Owner:
-    return Owner("a", ring, cache(p), 0, strangers_report=True)
+    return Owner("a", ring, cache(p), 0)
 
 
 def handover_to(c: Owner, to: str, now_ns: int = C_NOW) -> Handover:
@@ -254,7 +255,7 @@ def test_a_parked_key_expires_or_moves_on() -> None:
     assert first_use(a, K, A_NOW + PENDING_TTL_NS + 1) == 0  # too old: conservative start
     b = receiver()
     b.take_handover(A_NOW, msg)
-    b.ring_changed(A_NOW, RING3.with_members(["b", "c"]))  # no longer a's to hold
+    b.ring_changed(A_NOW, RING3.with_members(["b", "c", *WORKERS]))  # no longer a's to hold
     assert not b.handovers.pending
 
 
@@ -483,10 +484,10 @@ def test_a_forged_debt_is_believed_only_up_to_an_honest_owners(opened_first: boo
         a.receive(t, report(K, "x", 1, 1, ring_epoch=RING2.epoch))
     ks = a.keys[K]
     cap = ahead_max_ns(ks, len(RING3))
-    # (B + N*b)/R = (100 + 3*20)/1000 s, and one claim window of the rate
+    # (B + N*b)/R = (100 + 5*20)/1000 s (N: the five members), and one claim window of the rate
     window_ns = a.config.snapshot_ttl_ns + a.config.report_retry_max_ms * MS
     window_ns += 2 * a.config.sync_interval_ns
-    assert cap == 160 * MS + window_ns
+    assert len(RING3) == 5 and cap == 200 * MS + window_ns
     assert ks.meter.remaining(t) == 0
     assert ks.meter.ahead_ns(t) <= cap + NS_PER_S // 1000  # + the report of 1 unit
     later = t + cap + NS_PER_S // 1000

@@ -23,9 +23,27 @@ from mesh.core.owner import Owner
 from mesh.core.owner._owner import FETCHING_MAX, RETIRED_SCOPES_MAX, SWEEP_SLICE
 from mesh.core.policy import PolicyCache, RateKey, TenantRatePolicy
 from mesh.core.ring import Ring
-from tests.mesh._helpers import MS, cache, policy
+from tests.mesh._helpers import MS, cache, owned_policies, policy
 
-P = policy("t", rate=1000, burst=100, b=20)
+# Every worker these tests report from, with the owner "o", in its ring: an owner takes
+# reports from members only. Keys are chosen among those "o" holds there.
+WORKERS = ("a", "b", "v", "w", "w0", "w1", "w2")
+
+
+def ring_with(*more: str, epoch: int = 1) -> Ring:
+    """The owner, every worker, and `more` members."""
+    return Ring(["o", *WORKERS, *more], epoch)
+
+
+RING = ring_with()
+
+
+def mine(n: int, prefix: str = "t") -> list[TenantRatePolicy]:
+    """`n` policies of keys the owner holds in RING."""
+    return owned_policies(RING, "o", n, prefix)
+
+
+P = policy(mine(1)[0].tenant_id, rate=1000, burst=100, b=20)
 KEY = P.rate_key
 LONG_AGO = 0
 NOW = 10_000 * MS  # the owner has held its position for 10 s: keys may start full
@@ -36,11 +54,10 @@ def owner(
 ) -> Owner:
     return Owner(
         "o",
-        ring or Ring(["o"], 1),
+        ring or RING,
         cache(P) if policies is None else policies,
         LONG_AGO,
         config=config,
-        strangers_report=True,  # the workers here are not modelled as ring members
     )
 
 
@@ -146,7 +163,7 @@ def test_beyond_the_reorder_window_is_not_applied_nor_acked() -> None:
 
 def test_new_owner_starts_exhausted_and_refilling() -> None:
     # just took its ring position
-    o = Owner("o", Ring(["o"], 1), cache(P), NOW, strangers_report=True)
+    o = Owner("o", RING, cache(P), NOW)
     s = snaps(o.receive(NOW, batch("w", rep("w", 1, 0))), "w").snapshots[0]
     assert s.remaining == 0 and s.owner_epoch == 1
     later = snaps(o.receive(NOW + 50 * MS, batch("w", rep("w", 2, 0))), "w").snapshots[0]
@@ -161,8 +178,8 @@ def test_owner_that_held_its_position_long_enough_starts_full() -> None:
 
 
 def test_ring_change_restarts_the_conservative_window() -> None:
-    o = owner(ring=Ring(["o"], 1))
-    o.ring_changed(NOW, Ring(["o"], 2))
+    o = owner(ring=RING)
+    o.ring_changed(NOW, ring_with(epoch=2))
     s = snaps(o.receive(NOW, batch("w", rep("w", 1, 0), epoch=2)), "w").snapshots[0]
     assert s.remaining == 0 and s.owner_epoch == 2
 
@@ -183,16 +200,16 @@ def test_without_the_policy_the_owner_rejects_and_fetches_once() -> None:
 
 
 def test_reports_for_keys_it_does_not_own_or_from_a_newer_ring_are_refused() -> None:
-    ring = Ring(["o", "p"], 3)
+    ring = ring_with("p", epoch=3)
     me = ring.owner_of(KEY)
     other = "p" if me == "o" else "o"
-    o = Owner(other, ring, cache(P), 0, strangers_report=True)
+    o = Owner(other, ring, cache(P), 0)
     rej = snaps(o.receive(NOW, batch("w", rep("w", 1, 3), epoch=3)), "w").rejections
     assert [(r.reason, r.ring_epoch) for r in rej] == [(RejectReason.NOT_OWNER, 3)]
-    mine = Owner(me, ring, cache(P), 0, strangers_report=True)
-    rej = snaps(mine.receive(NOW, batch("w", rep("w", 1, 3), epoch=4)), "w").rejections
+    owns = Owner(me, ring, cache(P), 0)
+    rej = snaps(owns.receive(NOW, batch("w", rep("w", 1, 3), epoch=4)), "w").rejections
     assert [r.reason for r in rej] == [RejectReason.STALE_EPOCH]
-    assert o.applied_units == mine.applied_units == 0
+    assert o.applied_units == owns.applied_units == 0
 
 
 # -- snapshots ------------------------------------------------------------------------------
@@ -233,8 +250,8 @@ def test_exhaustion_is_published_at_once_to_every_active_reporter() -> None:
 
 def test_full_batches_are_sent_at_once() -> None:
     cfg = CoreConfig(snapshot_batch_max=2)
-    pols = [policy(f"t{i}") for i in range(5)]
-    o = Owner("o", Ring(["o"], 1), cache(*pols), 0, config=cfg, strangers_report=True)
+    pols = mine(5)
+    o = Owner("o", RING, cache(*pols), 0, config=cfg)
     reports = [UsageReport(p.rate_key, "w", 1, 1, iops_delta=1) for p in pols]
     effects = o.receive(NOW, ReportBatch.of("w", 1, reports))
     sizes = [len(m.snapshots) for m in snapshot_batches(effects)]
@@ -276,7 +293,7 @@ def test_meter_matches_a_plain_gcra(delta: int) -> None:
         assert o.keys[KEY].meter.remaining(t) == g.remaining(t)
 
 
-def big(tenant: str = "t") -> TenantRatePolicy:
+def big(tenant: str = P.tenant_id) -> TenantRatePolicy:
     return policy(tenant, rate=1_000_000, burst=1_000_000, b=1000)
 
 
@@ -285,7 +302,7 @@ def test_a_refresh_goes_only_where_it_changes_what_a_reporter_may_spend() -> Non
     they hear only empty batches, once per TTL; a draining bucket reaches them again."""
     cfg = CoreConfig()
     p = big()
-    o = Owner("o", Ring(["o"], 1), cache(p), 0, config=cfg, strangers_report=True)
+    o = Owner("o", RING, cache(p), 0, config=cfg)
     key = p.rate_key
     t = NOW
     o.receive(t, ReportBatch.of("a", 1, [UsageReport(key, "a", 1, 1, iops_delta=1)]))
@@ -307,11 +324,11 @@ def test_a_refresh_goes_only_where_it_changes_what_a_reporter_may_spend() -> Non
 
 
 def test_batches_to_a_worker_are_numbered_and_moved_keys_skip_a_number() -> None:
-    ring = Ring(["o", "x"], 2)
-    pols = [policy(f"t{i}") for i in range(50)]
+    ring = ring_with("x", epoch=2)
+    pols = mine(50)
     stays = next(p for p in pols if ring.owner_of(p.rate_key) == "o")
     moves = next(p for p in pols if ring.owner_of(p.rate_key) == "x")
-    o = Owner("o", Ring(["o"], 1), cache(stays, moves), 0, strangers_report=True)
+    o = Owner("o", RING, cache(stays, moves), 0)
     first, second = (
         snaps(o.receive(NOW, batch_of("a", p.rate_key, 1)), "a").batch_seq for p in (stays, moves)
     )
@@ -338,8 +355,8 @@ def test_per_key_applied_shrinks_with_the_keys_the_owner_forgets() -> None:
     """A soak of many distinct keys: the per-key telemetry (`Owner.applied`, which a
     hand-over also reads) follows the keys the owner holds, not every key it ever metered."""
     cfg = CoreConfig(idempotency_retention_ms=100)
-    pols = [policy(f"t{i}") for i in range(2000)]
-    o = Owner("o", Ring(["o"], 1), cache(*pols), 0, config=cfg, strangers_report=True)
+    pols = mine(2000)
+    o = Owner("o", RING, cache(*pols), 0, config=cfg)
 
     def touch(now_ns: int, seq: int) -> None:
         for i in range(0, len(pols), 250):
@@ -363,7 +380,7 @@ def test_per_key_applied_shrinks_with_the_keys_the_owner_forgets() -> None:
     # Touched again, then half the keys move away with a ring change.
     touch(NOW + 1200 * MS, 2)
     assert set(o.applied.values()) == {3}  # counted from the key's (re)opening
-    ring = Ring(["o", "x"], 2)
+    ring = ring_with("x", epoch=2)
     o.ring_changed(NOW + 1200 * MS, ring)
     stays = {p.rate_key for p in pols if ring.owner_of(p.rate_key) == "o"}
     assert 0 < len(stays) < 2000
@@ -381,7 +398,7 @@ def test_fetches_in_flight_are_bounded_and_the_rest_refused_without_one() -> Non
     """Issue 12: one batch of many unknown keys asks for at most FETCHING_MAX generations;
     every unknown key is refused POLICY_UNKNOWN; an answered fetch frees its place."""
     o = owner(policies=PolicyCache())
-    keys = [RateKey(f"u{i}", P.metric, 1) for i in range(FETCHING_MAX + 100)]
+    keys = [p.rate_key for p in mine(FETCHING_MAX + 100, prefix="u")]
     n = len(keys)
 
     def receive() -> list[Effect]:
@@ -416,8 +433,8 @@ def test_the_upkeep_visits_at_most_a_slice_of_keys_per_tick_and_resumes() -> Non
     and keys that moved away are each handled once per pass."""
     cfg = CoreConfig(idempotency_retention_ms=100)
     n = 3 * SWEEP_SLICE + 5
-    pols = [policy(f"t{i}") for i in range(n + 10)]
-    o = Owner("o", Ring(["o"], 1), cache(*pols), 0, config=cfg, strangers_report=True)
+    pols = mine(n + 10)
+    o = Owner("o", RING, cache(*pols), 0, config=cfg)
     for i in range(0, n, REPORT_ROWS_MAX):
         rows = [rep_of(p, "w", 1) for p in pols[i : min(i + REPORT_ROWS_MAX, n)]]
         o.receive(NOW, ReportBatch.of("w", 1, rows))
@@ -438,10 +455,10 @@ def test_the_upkeep_visits_at_most_a_slice_of_keys_per_tick_and_resumes() -> Non
 
 
 def test_a_pass_of_the_upkeep_drops_the_entries_of_keys_that_moved() -> None:
-    pols = [policy(f"t{i}") for i in range(200)]
+    pols = mine(200)
     o = owner(policies=cache(*pols))
     o.receive(NOW, ReportBatch.of("w", 1, [rep_of(p, "w", 1) for p in pols]))
-    o.ring_changed(NOW, Ring(["o", "x"], 2))
+    o.ring_changed(NOW, ring_with("x", epoch=2))
     kept = len(o.keys)
     assert 0 < kept < 200 and len(o._sweep_order) == 200
     o.tick(NOW + 1100 * MS)  # reporters within retention: the kept keys stay

@@ -97,9 +97,24 @@ def test_a_strangers_batch_is_refused_whole_and_changes_nothing() -> None:
     assert effects == []  # no reply, no rejection: nothing for a stranger
     assert (o.applied_units, o.keys[KEY].meter.tat_scaled, dict(o._leases)) == before
     assert "mallory" not in o.keys[KEY].reporters
-    assert o.refused == {"not_member": 1, "over_claim": 0, "over_refund": 0}
+    assert o.refused == {"not_member": 1, "over_claim": 0, "over_refund": 0, "bad_watermark": 0}
     assert o.refused_n == 1
     assert leave(o, NOW + 2 * MS)  # leaving still works
+
+
+def test_no_switch_turns_the_membership_check_off() -> None:
+    """The owner takes reports from members only, with no constructor flag to take them
+    from anyone (tests build rings holding their workers instead)."""
+    import inspect
+
+    assert list(inspect.signature(Owner).parameters) == [
+        "member_id",
+        "ring",
+        "policies",
+        "now_ns",
+        "incarnation",
+        "config",
+    ]
 
 
 def test_a_member_that_left_may_report_within_the_grace_then_not() -> None:

@@ -35,9 +35,13 @@ from mesh.core.shares import (
     shares_even,
     snapshot_allowance_ppm,
 )
-from tests.mesh._helpers import MS, cache, policy
+from tests.mesh._helpers import MS, cache, owned_policies, policy
 
 NOW = 10_000 * MS  # the owner has held its position long enough for keys to start full
+# The owner and every reporter the drawn states have (w0..w5), all members of its ring, and a
+# tenant the owner holds there.
+RING = Ring(["o", *(f"w{i}" for i in range(6))], 1)
+TENANT = owned_policies(RING, "o", 1)[0].tenant_id
 
 
 # -- the owner's inlined copies, pinned to the helpers -------------------------------------
@@ -119,15 +123,8 @@ def states(draw: st.DrawFn) -> State:
 def _owner_at(s: State) -> tuple[Owner, RateKey, KeyState]:
     """An owner whose key has `s.n` live reporters w0.. with the drawn demands, and a meter
     with exactly `s.remaining` left at NOW (R = 1/s: 5 ms later, still exactly that)."""
-    p = policy("t", rate=1, burst=s.burst, b=s.b)
-    o = Owner(
-        "o",
-        Ring(["o"], 1),
-        cache(p),
-        0,
-        config=CoreConfig(share_floor_ppm=s.floor_ppm),
-        strangers_report=True,
-    )
+    p = policy(TENANT, rate=1, burst=s.burst, b=s.b)
+    o = Owner("o", RING, cache(p), 0, config=CoreConfig(share_floor_ppm=s.floor_ppm))
     key = p.rate_key
     for i, d in enumerate(s.demands):
         o.receive(

@@ -346,7 +346,12 @@ def test_forged_usage_from_a_stranger_or_a_member_changes_nothing() -> None:
             grpc.StatusCode.OK
         )
         owner = node.health()["owner"]
-        assert owner["refused"] == {"not_member": 0, "over_claim": 1, "over_refund": 0}
+        assert owner["refused"] == {
+            "not_member": 0,
+            "over_claim": 1,
+            "over_refund": 0,
+            "bad_watermark": 0,
+        }
         assert owner["applied_units"] >= applied  # only n's own usage since
         admitted, elapsed = _admit_for(node, "carol", 1.0)
         assert admitted >= 0.8 * 1000 * elapsed, (admitted, elapsed)  # carol: 1000/s
