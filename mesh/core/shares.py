@@ -7,19 +7,24 @@ to rounding.
 A key's owner splits what remains in two: an even part, as large as the bucket is full and
 never below the configured floor, shared equally by the reporters with a live lease, and the
 rest (the spread), shared by recent demand (used + denied) in steps of 1/64 of a reporter's
-even part. A full bucket is plenty for everyone, so an even split lets any worker start at
-once; a nearly empty one is scarce, so it goes where the requests are. The per-key half of
-that is a `ShareBasis` (once per key per round); `share_ppm` finishes one reporter's share.
+even part. A full bucket that recent demand leaves mostly untouched is plenty for everyone,
+so an even split lets any worker start at once; a nearly empty one is scarce, so it goes
+where the requests are. So is a full one that recent demand is draining (`plenty`): a flash
+crowd on a cold key comes through a skewed load balancer, and an even split would hand its
+busiest worker b / N while the others hold shares they do not use (issue 12). The per-key
+half of that is a `ShareBasis` (once per key per round); `share_ppm` finishes one
+reporter's share.
 
 A worker cut off from a key's owner spends its floor: its share from the owner's last row,
 capped at the ring's even share (`floor_ppm`, so the floors of all members sum to at most R),
 of R per second, with a burst of a lease of it (`floor_burst`); the owner charges the same
 rate as escrow (`floor_units`, docs/partitions.md).
 
-The owner's reply path (`Owner.receive`) runs for every report and inlines `share_basis`,
-`share_step`, `shares_even`, `share_ppm` and `near` for speed (a `ShareBasis` per report
-costs more than the arithmetic); tests/mesh/core/test_shares.py pins each inlined copy to the
-function here on random inputs, so a change here that is not made there too fails a test.
+The owner's reply path (`Owner.receive`) runs for every report and inlines `share_basis`
+(calling `plenty` and `even_part_ppm`), `share_step`, `shares_even`, `share_ppm` and `near`
+for speed (a `ShareBasis` per report costs more than the arithmetic);
+tests/mesh/core/test_shares.py and test_cold_start.py pin each inlined copy to the function
+here on random inputs, so a change here that is not made there too fails a test.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ __all__ = [
     "share_round",
     "snapshot_allowance_ppm",
     "even_part_ppm",
+    "plenty",
+    "DEMAND_PART",
     "share_step",
     "share_basis",
     "shares_even",
@@ -55,6 +62,13 @@ GRAIN_BITS = 6
 # and of a bucket that refills between two reports, which would otherwise send every key of
 # a busy owner every interval.
 NEAR_BITS = 16
+# A bucket is plenty for its reporters (`plenty`) while their recent demand (used + denied
+# over the current and previous demand window: 20 to 40 ms by default) stays below
+# 1/DEMAND_PART of what remains. Measured on the flash-crowd scenario (sim/scenarios): 1 and
+# 2 react only once the burst is half spent; 4 and more catch a crowd from its first reports.
+# A quiet key (noisy-neighbour's, lb-skew's light tenant) stays below it, and keeps its even
+# split and the few refreshes that go with it.
+DEMAND_PART = 4
 
 
 class ShareBasis:
@@ -119,6 +133,14 @@ def even_part_ppm(remaining: int, burst: int, floor_ppm: int) -> int:
     return even if even > floor_ppm else floor_ppm
 
 
+def plenty(remaining: int, demand: int) -> bool:
+    """Whether what remains is plenty for the reporters' recent `demand` (summed), so that
+    the bucket's fill, not demand, decides how much of it is split evenly (`share_basis`).
+    Not when demand reaches 1/DEMAND_PART of it: the bucket is being drained, and its even
+    part is only the floor."""
+    return demand * DEMAND_PART < remaining
+
+
 def share_step(even_ppm: int) -> int:
     """The step of the demand-driven part of a share: 1/2**GRAIN_BITS of the even part each
     reporter gets (at least 1 ppm)."""
@@ -127,8 +149,9 @@ def share_step(even_ppm: int) -> int:
 
 def share_basis(remaining: int, burst: int, floor_ppm: int, active: int, demand: int) -> ShareBasis:
     """The per-key half of the shares, from the bucket (`remaining` of `burst`), the
-    configured floor of the even part, and the `active` reporters' summed `demand`."""
-    even = even_part_ppm(remaining, burst, floor_ppm)
+    configured floor of the even part, and the `active` reporters' summed `demand`: the
+    even part follows the bucket's fill while that is `plenty`, and is the floor when not."""
+    even = even_part_ppm(remaining if plenty(remaining, demand) else 0, burst, floor_ppm)
     return ShareBasis(active, demand, PPM - even, even // active)
 
 

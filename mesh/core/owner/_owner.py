@@ -36,6 +36,7 @@ from mesh.core.shares import (
     ShareBasis,
     even_part_ppm,
     near,
+    plenty,
     share_basis,
     share_ppm,
     shares_even,
@@ -346,7 +347,10 @@ class Owner:
             else:
                 # shares.share_basis and shares_even, inlined: shares are even (the same for
                 # every reporter, whatever its demand) when the spread is below one step.
-                even = even_part_ppm(remaining, ks.meter.burst, share_floor)
+                _, total = self._live_demand(now_ns, ks)
+                even = even_part_ppm(
+                    remaining if plenty(remaining, total) else 0, ks.meter.burst, share_floor
+                )
                 even_each = even // n
                 if PPM - even < ((even_each >> GRAIN_BITS) or 1):  # shares.share_step, inlined
                     share = even_each
@@ -360,7 +364,6 @@ class Owner:
                         and (df if df >= 0 else -df) << NEAR_BITS <= looked_floor
                     )
                 else:  # shares.share_ppm, inlined: a ShareBasis per report costs more
-                    _, total = self._live_demand(now_ns, ks)
                     if total:
                         by_demand = (PPM - even) * (rs.demand_cur + rs.demand_prev) // total
                         share = by_demand - by_demand % ((even_each >> GRAIN_BITS) or 1) + even_each
