@@ -310,7 +310,11 @@ class Owner:
                     if rest:
                         ks.meter.apply(now_ns, rest)
                     ks.last_used_ns = now_ns
-                    rs.demand_cur += (delta if delta > 0 else 0) + denied
+                    wanted = (delta if delta > 0 else 0) + denied
+                    rs.demand_cur += wanted
+                    if ks.demand_window != window:
+                        ks.roll_demand(window)
+                    ks.demand_all_cur += wanted
                     units += delta
                     ks.applied += delta
                 else:  # implausible: seen and acknowledged, nothing applied (`_plausible`)
@@ -347,9 +351,15 @@ class Owner:
             else:
                 # shares.share_basis and shares_even, inlined: shares are even (the same for
                 # every reporter, whatever its demand) when the spread is below one step.
-                _, total = self._live_demand(now_ns, ks)
+                # `plenty` of the live reporters' demand; summed only when the bound on it
+                # (every report's) is not plenty: most keys' buckets are far from drained.
+                total = -1
+                if not plenty(remaining, ks.demand_bound(window)):
+                    _, total = self._live_demand(now_ns, ks)
                 even = even_part_ppm(
-                    remaining if plenty(remaining, total) else 0, ks.meter.burst, share_floor
+                    remaining if total < 0 or plenty(remaining, total) else 0,
+                    ks.meter.burst,
+                    share_floor,
                 )
                 even_each = even // n
                 if PPM - even < ((even_each >> GRAIN_BITS) or 1):  # shares.share_step, inlined
@@ -364,6 +374,8 @@ class Owner:
                         and (df if df >= 0 else -df) << NEAR_BITS <= looked_floor
                     )
                 else:  # shares.share_ppm, inlined: a ShareBasis per report costs more
+                    if total < 0:
+                        _, total = self._live_demand(now_ns, ks)
                     if total:
                         by_demand = (PPM - even) * (rs.demand_cur + rs.demand_prev) // total
                         share = by_demand - by_demand % ((even_each >> GRAIN_BITS) or 1) + even_each
