@@ -39,7 +39,9 @@ __all__ = [
     "snapshot_allowance_ppm",
     "even_part_ppm",
     "plenty",
+    "refill_units",
     "DEMAND_PART",
+    "OVERLOAD",
     "share_step",
     "share_basis",
     "shares_even",
@@ -64,11 +66,16 @@ GRAIN_BITS = 6
 NEAR_BITS = 16
 # A bucket is plenty for its reporters (`plenty`) while their recent demand (used + denied
 # over the current and previous demand window: 20 to 40 ms by default) stays below
-# 1/DEMAND_PART of what remains. Measured on the flash-crowd scenario (sim/scenarios): 1 and
-# 2 react only once the burst is half spent; 4 and more catch a crowd from its first reports.
-# A quiet key (noisy-neighbour's, lb-skew's light tenant) stays below it, and keeps its even
-# split and the few refreshes that go with it.
+# 1/DEMAND_PART of what remains, or below OVERLOAD times what the rate refills over the span
+# that demand covers. The first catches a crowd on a full bucket from its first reports
+# (measured on flash-crowd: 1 and 2 react only once the burst is half spent, 4 and more from
+# the start); the second keeps a key that demand does not drain (a quiet tenant below its
+# rate, whose demand comes in lumps beside a small bucket: noisy-neighbour's) on its even
+# split, so an idle worker's next request finds an even share ready, not the floor's
+# sliver of one. OVERLOAD 2 held the crowd back until its reports caught up (flash-crowd
+# 0.001 lower); 1 kept noisy-neighbour's quiet share as 2 did.
 DEMAND_PART = 4
+OVERLOAD = 1
 
 
 class ShareBasis:
@@ -133,12 +140,19 @@ def even_part_ppm(remaining: int, burst: int, floor_ppm: int) -> int:
     return even if even > floor_ppm else floor_ppm
 
 
-def plenty(remaining: int, demand: int) -> bool:
+def plenty(remaining: int, demand: int, refill: int = 0) -> bool:
     """Whether what remains is plenty for the reporters' recent `demand` (summed), so that
     the bucket's fill, not demand, decides how much of it is split evenly (`share_basis`).
-    Not when demand reaches 1/DEMAND_PART of it: the bucket is being drained, and its even
-    part is only the floor."""
-    return demand * DEMAND_PART < remaining
+    Not when demand reaches 1/DEMAND_PART of it and OVERLOAD times the `refill` over the
+    span it covers (`refill_units`): the bucket is being drained, and its even part is only
+    the floor. Monotone in `demand`, so a bound on it that is plenty means plenty."""
+    return demand * DEMAND_PART < remaining or demand < OVERLOAD * refill
+
+
+def refill_units(rate: int, span_ns: int) -> int:
+    """Whole units a key's rate refills over `span_ns` (rounded down): what `plenty` holds
+    recent demand against, over the span that demand covers."""
+    return rate * span_ns // 1_000_000_000 if span_ns > 0 else 0
 
 
 def share_step(even_ppm: int) -> int:
@@ -147,11 +161,14 @@ def share_step(even_ppm: int) -> int:
     return (even_ppm >> GRAIN_BITS) or 1
 
 
-def share_basis(remaining: int, burst: int, floor_ppm: int, active: int, demand: int) -> ShareBasis:
+def share_basis(
+    remaining: int, burst: int, floor_ppm: int, active: int, demand: int, refill: int = 0
+) -> ShareBasis:
     """The per-key half of the shares, from the bucket (`remaining` of `burst`), the
-    configured floor of the even part, and the `active` reporters' summed `demand`: the
-    even part follows the bucket's fill while that is `plenty`, and is the floor when not."""
-    even = even_part_ppm(remaining if plenty(remaining, demand) else 0, burst, floor_ppm)
+    configured floor of the even part, the `active` reporters' summed `demand` and what the
+    rate refills over the span it covers: the even part follows the bucket's fill while
+    that is `plenty`, and is the floor when not."""
+    even = even_part_ppm(remaining if plenty(remaining, demand, refill) else 0, burst, floor_ppm)
     return ShareBasis(active, demand, PPM - even, even // active)
 
 

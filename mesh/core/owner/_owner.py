@@ -37,6 +37,7 @@ from mesh.core.shares import (
     even_part_ppm,
     near,
     plenty,
+    refill_units,
     share_basis,
     share_ppm,
     shares_even,
@@ -243,7 +244,8 @@ class Owner:
         me = self.member_id
         reorder = cfg.reorder_window
         lease_until_ns = now_ns + cfg.reporter_lease_ms * MS
-        window = now_ns // (cfg.demand_window_ms * MS)
+        window_ns = cfg.demand_window_ms * MS
+        window = now_ns // window_ns
         if not batch.keys:  # an idle mark (`Reporter._mark_idles`): nothing to apply or answer
             self.escrows.idle_mark(sender, now_ns)
             return []
@@ -354,10 +356,11 @@ class Owner:
                 # `plenty` of the live reporters' demand; summed only when the bound on it
                 # (every report's) is not plenty: most keys' buckets are far from drained.
                 total = -1
-                if not plenty(remaining, ks.demand_bound(window)):
+                refill = refill_units(ks.meter.rate, ks.demand_span_ns(now_ns, window_ns))
+                if not plenty(remaining, ks.demand_bound(window), refill):
                     _, total = self._live_demand(now_ns, ks)
                 even = even_part_ppm(
-                    remaining if total < 0 or plenty(remaining, total) else 0,
+                    remaining if total < 0 or plenty(remaining, total, refill) else 0,
                     ks.meter.burst,
                     share_floor,
                 )
@@ -641,7 +644,11 @@ class Owner:
         once per key per round. Callers ask only while some reporter's lease is live, so
         `active` is at least 1."""
         active, total = self._live_demand(now_ns, ks)
-        return share_basis(remaining, ks.meter.burst, self.config.share_floor_ppm, active, total)
+        span_ns = ks.demand_span_ns(now_ns, self.config.demand_window_ms * MS)
+        refill = refill_units(ks.meter.rate, span_ns)
+        return share_basis(
+            remaining, ks.meter.burst, self.config.share_floor_ppm, active, total, refill
+        )
 
     def _live_demand(self, now_ns: int, ks: KeyState) -> tuple[int, int]:
         """(reporters with a live lease, their summed demand in the current and previous

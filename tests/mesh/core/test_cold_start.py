@@ -22,8 +22,10 @@ from mesh.core.reporter import GlobalGate, Reporter, SnapshotState
 from mesh.core.ring import Ring
 from mesh.core.shares import (
     DEMAND_PART,
+    OVERLOAD,
     PPM,
     plenty,
+    refill_units,
     share_basis,
     share_ppm,
     shares_even,
@@ -44,6 +46,17 @@ def test_a_full_bucket_is_plenty_until_demand_reaches_a_part_of_it() -> None:
     assert plenty(100, 0) and plenty(100, (100 - 1) // DEMAND_PART)
     assert not plenty(100, 100 // DEMAND_PART) and not plenty(100, 10_000)
     assert not plenty(0, 0)  # an empty bucket is never plenty (its even part is the floor)
+
+
+def test_demand_below_the_rate_leaves_a_full_bucket_plenty() -> None:
+    """noisy-neighbour's quiet tenant: rate 500, burst 50, demand in lumps. Thirteen units
+    over a 30 ms span reach a quarter of the bucket but not what the rate refills over the
+    span (15): the bucket is not being drained, and the split stays even."""
+    refill = refill_units(500, 30 * MS)
+    assert refill == 15
+    assert plenty(50, 13, refill) and not plenty(50, 13)
+    assert not plenty(50, OVERLOAD * refill, refill)  # at the rate and a quarter: drained
+    assert refill_units(500, 0) == refill_units(500, -MS) == 0
 
 
 def test_a_drained_full_bucket_goes_where_the_requests_are() -> None:
@@ -119,20 +132,24 @@ def test_the_reply_and_the_tick_share_as_the_helpers_say(seed: int) -> None:
     o, key = _owner()
     n = rng.randint(2, 12)
     workers = [f"w{i}" for i in range(n)]
-    for seq, w in enumerate(workers, 1):
-        used = rng.randint(0, 4)
-        _report(o, NOW, key, w, 1, used, rng.randint(0, 15))
-        del seq
+    start = NOW - rng.choice([0, 3, 30, 300]) * MS  # the key's age: the demand's span
+    _report(o, start, key, "w0", 1, 0, 0)
+    for w in workers:
+        _report(o, NOW, key, w, 1 + (w == "w0"), rng.randint(0, 4), rng.randint(0, 15))
     ks = o.keys[key]
 
     def expect(worker: str, now_ns: int) -> int:
         active, total = o._live_demand(now_ns, ks)
-        basis = share_basis(ks.meter.remaining(now_ns), ks.meter.burst, FLOOR, active, total)
+        span_ns = ks.demand_span_ns(now_ns, CoreConfig().demand_window_ms * MS)
+        refill = refill_units(ks.meter.rate, span_ns)
+        remaining = ks.meter.remaining(now_ns)
+        basis = share_basis(remaining, ks.meter.burst, FLOOR, active, total, refill)
         rs = ks.reporters[worker]
         return share_ppm(basis, rs.demand_cur + rs.demand_prev)
 
     sender = rng.choice(workers)
-    effects = _report(o, NOW + MS, key, sender, 2, rng.randint(0, 3), rng.randint(0, 30))
+    seq = 3 if sender == "w0" else 2
+    effects = _report(o, NOW + MS, key, sender, seq, rng.randint(0, 3), rng.randint(0, 30))
     [(_, row)] = _rows(effects, sender)
     assert row.share_ppm == expect(sender, NOW + MS), seed
     later = NOW + 7 * MS
