@@ -7,19 +7,24 @@ to rounding.
 A key's owner splits what remains in two: an even part, as large as the bucket is full and
 never below the configured floor, shared equally by the reporters with a live lease, and the
 rest (the spread), shared by recent demand (used + denied) in steps of 1/64 of a reporter's
-even part. A full bucket is plenty for everyone, so an even split lets any worker start at
-once; a nearly empty one is scarce, so it goes where the requests are. The per-key half of
-that is a `ShareBasis` (once per key per round); `share_ppm` finishes one reporter's share.
+even part. A full bucket that recent demand leaves mostly untouched is plenty for everyone,
+so an even split lets any worker start at once; a nearly empty one is scarce, so it goes
+where the requests are. So is a full one that recent demand is draining (`plenty`): a flash
+crowd on a cold key comes through a skewed load balancer, and an even split would hand its
+busiest worker b / N while the others hold shares they do not use (issue 12). The per-key
+half of that is a `ShareBasis` (once per key per round); `share_ppm` finishes one
+reporter's share.
 
 A worker cut off from a key's owner spends its floor: its share from the owner's last row,
 capped at the ring's even share (`floor_ppm`, so the floors of all members sum to at most R),
 of R per second, with a burst of a lease of it (`floor_burst`); the owner charges the same
 rate as escrow (`floor_units`, docs/partitions.md).
 
-The owner's reply path (`Owner.receive`) runs for every report and inlines `share_basis`,
-`share_step`, `shares_even`, `share_ppm` and `near` for speed (a `ShareBasis` per report
-costs more than the arithmetic); tests/mesh/core/test_shares.py pins each inlined copy to the
-function here on random inputs, so a change here that is not made there too fails a test.
+The owner's reply path (`Owner.receive`) runs for every report and inlines `share_basis`
+(calling `plenty` and `even_part_ppm`), `share_step`, `shares_even`, `share_ppm` and `near`
+for speed (a `ShareBasis` per report costs more than the arithmetic);
+tests/mesh/core/test_shares.py and test_cold_start.py pin each inlined copy to the function
+here on random inputs, so a change here that is not made there too fails a test.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ __all__ = [
     "share_round",
     "snapshot_allowance_ppm",
     "even_part_ppm",
+    "plenty",
+    "refill_units",
+    "DEMAND_PART",
+    "OVERLOAD",
     "share_step",
     "share_basis",
     "shares_even",
@@ -55,6 +64,18 @@ GRAIN_BITS = 6
 # and of a bucket that refills between two reports, which would otherwise send every key of
 # a busy owner every interval.
 NEAR_BITS = 16
+# A bucket is plenty for its reporters (`plenty`) while their recent demand (used + denied
+# over the current and previous demand window: 20 to 40 ms by default) stays below
+# 1/DEMAND_PART of what remains, or below OVERLOAD times what the rate refills over the span
+# that demand covers. The first catches a crowd on a full bucket from its first reports
+# (measured on flash-crowd: 1 and 2 react only once the burst is half spent, 4 and more from
+# the start); the second keeps a key that demand does not drain (a quiet tenant below its
+# rate, whose demand comes in lumps beside a small bucket: noisy-neighbour's) on its even
+# split, so an idle worker's next request finds an even share ready, not the floor's
+# sliver of one. OVERLOAD 2 held the crowd back until its reports caught up (flash-crowd
+# 0.001 lower); 1 kept noisy-neighbour's quiet share as 2 did.
+DEMAND_PART = 4
+OVERLOAD = 1
 
 
 class ShareBasis:
@@ -119,16 +140,35 @@ def even_part_ppm(remaining: int, burst: int, floor_ppm: int) -> int:
     return even if even > floor_ppm else floor_ppm
 
 
+def plenty(remaining: int, demand: int, refill: int = 0) -> bool:
+    """Whether what remains is plenty for the reporters' recent `demand` (summed), so that
+    the bucket's fill, not demand, decides how much of it is split evenly (`share_basis`).
+    Not when demand reaches 1/DEMAND_PART of it and OVERLOAD times the `refill` over the
+    span it covers (`refill_units`): the bucket is being drained, and its even part is only
+    the floor. Monotone in `demand`, so a bound on it that is plenty means plenty."""
+    return demand * DEMAND_PART < remaining or demand < OVERLOAD * refill
+
+
+def refill_units(rate: int, span_ns: int) -> int:
+    """Whole units a key's rate refills over `span_ns` (rounded down): what `plenty` holds
+    recent demand against, over the span that demand covers."""
+    return rate * span_ns // 1_000_000_000 if span_ns > 0 else 0
+
+
 def share_step(even_ppm: int) -> int:
     """The step of the demand-driven part of a share: 1/2**GRAIN_BITS of the even part each
     reporter gets (at least 1 ppm)."""
     return (even_ppm >> GRAIN_BITS) or 1
 
 
-def share_basis(remaining: int, burst: int, floor_ppm: int, active: int, demand: int) -> ShareBasis:
+def share_basis(
+    remaining: int, burst: int, floor_ppm: int, active: int, demand: int, refill: int = 0
+) -> ShareBasis:
     """The per-key half of the shares, from the bucket (`remaining` of `burst`), the
-    configured floor of the even part, and the `active` reporters' summed `demand`."""
-    even = even_part_ppm(remaining, burst, floor_ppm)
+    configured floor of the even part, the `active` reporters' summed `demand` and what the
+    rate refills over the span it covers: the even part follows the bucket's fill while
+    that is `plenty`, and is the floor when not."""
+    even = even_part_ppm(remaining if plenty(remaining, demand, refill) else 0, burst, floor_ppm)
     return ShareBasis(active, demand, PPM - even, even // active)
 
 

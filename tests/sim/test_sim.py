@@ -82,7 +82,10 @@ def test_mesh_stays_within_its_envelope_at_scale() -> None:
 @pytest.mark.slow
 def test_peer_messages_do_not_grow_with_the_request_rate() -> None:
     sc = load("steady")
-    base = dataclasses.replace(sc, duration_s=1.0, tenants=sc.tenants[:1])
+    # Two seconds, not one: a cold key's start costs each worker a message or two whatever
+    # the rate (its first report goes once the bootstrap allowance is spent, issue 12), and
+    # over one second that one-off alone took 0.3% of the 10% this allows (1.099 before it).
+    base = dataclasses.replace(sc, duration_s=2.0, tenants=sc.tenants[:1])
     tenfold = dataclasses.replace(
         base, tenants=(dataclasses.replace(base.tenants[0], offered=base.tenants[0].offered * 10),)
     )

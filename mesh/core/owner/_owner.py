@@ -36,6 +36,8 @@ from mesh.core.shares import (
     ShareBasis,
     even_part_ppm,
     near,
+    plenty,
+    refill_units,
     share_basis,
     share_ppm,
     shares_even,
@@ -246,7 +248,8 @@ class Owner:
         me = self.member_id
         reorder = cfg.reorder_window
         lease_until_ns = now_ns + cfg.reporter_lease_ms * MS
-        window = now_ns // (cfg.demand_window_ms * MS)
+        window_ns = cfg.demand_window_ms * MS
+        window = now_ns // window_ns
         if not batch.keys:  # an idle mark (`Reporter._mark_idles`): nothing to apply or answer
             self.escrows.idle_mark(sender, now_ns)
             return []
@@ -320,7 +323,11 @@ class Owner:
                     if rest:
                         ks.meter.apply(now_ns, rest)
                     ks.last_used_ns = now_ns
-                    rs.demand_cur += (delta if delta > 0 else 0) + denied
+                    wanted = (delta if delta > 0 else 0) + denied
+                    rs.demand_cur += wanted
+                    if ks.demand_window != window:
+                        ks.roll_demand(window)
+                    ks.demand_all_cur += wanted
                     units += delta
                     ks.applied += delta
                 else:  # implausible: seen and acknowledged, nothing applied (`_plausible`)
@@ -357,7 +364,17 @@ class Owner:
             else:
                 # shares.share_basis and shares_even, inlined: shares are even (the same for
                 # every reporter, whatever its demand) when the spread is below one step.
-                even = even_part_ppm(remaining, ks.meter.burst, share_floor)
+                # `plenty` of the live reporters' demand; summed only when the bound on it
+                # (every report's) is not plenty: most keys' buckets are far from drained.
+                total = -1
+                refill = refill_units(ks.meter.rate, ks.demand_span_ns(now_ns, window_ns))
+                if not plenty(remaining, ks.demand_bound(window), refill):
+                    _, total = self._live_demand(now_ns, ks)
+                even = even_part_ppm(
+                    remaining if total < 0 or plenty(remaining, total, refill) else 0,
+                    ks.meter.burst,
+                    share_floor,
+                )
                 even_each = even // n
                 if PPM - even < ((even_each >> GRAIN_BITS) or 1):  # shares.share_step, inlined
                     share = even_each
@@ -371,7 +388,8 @@ class Owner:
                         and (df if df >= 0 else -df) << NEAR_BITS <= looked_floor
                     )
                 else:  # shares.share_ppm, inlined: a ShareBasis per report costs more
-                    _, total = self._live_demand(now_ns, ks)
+                    if total < 0:
+                        _, total = self._live_demand(now_ns, ks)
                     if total:
                         by_demand = (PPM - even) * (rs.demand_cur + rs.demand_prev) // total
                         share = by_demand - by_demand % ((even_each >> GRAIN_BITS) or 1) + even_each
@@ -638,7 +656,11 @@ class Owner:
         once per key per round. Callers ask only while some reporter's lease is live, so
         `active` is at least 1."""
         active, total = self._live_demand(now_ns, ks)
-        return share_basis(remaining, ks.meter.burst, self.config.share_floor_ppm, active, total)
+        span_ns = ks.demand_span_ns(now_ns, self.config.demand_window_ms * MS)
+        refill = refill_units(ks.meter.rate, span_ns)
+        return share_basis(
+            remaining, ks.meter.burst, self.config.share_floor_ppm, active, total, refill
+        )
 
     def _live_demand(self, now_ns: int, ks: KeyState) -> tuple[int, int]:
         """(reporters with a live lease, their summed demand in the current and previous

@@ -159,6 +159,10 @@ class KeyState:
         "live_until_ns",
         "claim_tol",
         "escrow",
+        "demand_window",
+        "demand_all_cur",
+        "demand_all_prev",
+        "opened_ns",
     )
 
     def __init__(self, policy: TenantRatePolicy, meter: Gcra, owner_epoch: int, now_ns: int):
@@ -188,3 +192,31 @@ class KeyState:
         # Escrow charged for silent reporters' floors, by worker (`_escrow`); None while
         # there is none, so the reply path pays one attribute read for it.
         self.escrow: dict[str, Escrow] | None = None
+        # Demand (used + denied) reported for the key in demand window `demand_window` and
+        # the one before, by any reporter: a bound on its live reporters' (`demand_bound`).
+        self.demand_window = 0
+        self.demand_all_cur = 0
+        self.demand_all_prev = 0
+        self.opened_ns = now_ns
+
+    def roll_demand(self, window: int) -> None:
+        """Move the key's demand windows on to number `window` (`ReporterState.roll`'s rule)."""
+        self.demand_all_prev = self.demand_all_cur if self.demand_window == window - 1 else 0
+        self.demand_all_cur = 0
+        self.demand_window = window
+
+    def demand_span_ns(self, now_ns: int, window_ns: int) -> int:
+        """How long the current and previous demand windows have covered at `now_ns`: from
+        the previous window's start, and not before the key opened here."""
+        span = window_ns + now_ns % window_ns
+        age = now_ns - self.opened_ns
+        return span if span < age else age
+
+    def demand_bound(self, window: int) -> int:
+        """All demand reported for the key in demand window `window` and the one before. It
+        is at least what its live reporters' windows hold (`Owner._live_demand`: a subset of
+        the same reports), so a bucket `plenty` for it is plenty for them, and the reply
+        path need not sum them (issue 12)."""
+        if self.demand_window != window:
+            self.roll_demand(window)
+        return self.demand_all_cur + self.demand_all_prev

@@ -178,6 +178,11 @@ class Reporter:
                 if unit is Unit.BYTES
                 else self.config.report_threshold_units
             )
+            if v.state is SnapshotState.BOOT and not v.inflight and v.allowance < v.flush_at:
+                # It admits nothing past its bootstrap allowance until its owner answers its
+                # first report: that goes once the allowance is spent, not at the next tick
+                # (a flash crowd on a cold key, issue 12).
+                v.flush_at = v.allowance if v.allowance > 0 else 1
             if v.pending < v.flush_at:
                 return
         v.flush_at = NEVER
