@@ -31,7 +31,7 @@ from mesh.core.shares import (
     shares_even,
     snapshot_allowance_ppm,
 )
-from tests.mesh._helpers import MS, cache, policy
+from tests.mesh._helpers import MS, cache, owned_policies, policy
 
 NOW = 10_000 * MS  # the owner has held its position long enough for keys to start full
 FLOOR = CoreConfig().share_floor_ppm
@@ -101,9 +101,14 @@ def test_shares_sum_to_at_most_one_on_both_sides_of_plenty(seed: int) -> None:
 # -- the owner: its reply and its tick both use it -----------------------------------------
 
 
+WORKERS_MAX = 12  # the most workers a test here reports from
+
+
 def _owner(b: int = 50, burst: int = 100) -> tuple[Owner, RateKey]:
-    p = policy("t", rate=10 * burst, burst=burst, b=b)  # refills in 100 ms: starts full
-    o = Owner("o", Ring(["o"], 1), cache(p), 0, strangers_report=True)
+    # The owner's ring holds the workers that report to it (it refuses anyone else).
+    ring = Ring(["o", *(f"w{i}" for i in range(WORKERS_MAX))], 1)
+    [p] = owned_policies(ring, "o", 1, rate=10 * burst, burst=burst, b=b)  # refills in 100 ms
+    o = Owner("o", ring, cache(p), 0)
     return o, p.rate_key
 
 
