@@ -1,11 +1,13 @@
 """Escrow for silent reporters: the owner's half of serving through partitions (issue 12).
 
 A worker cut off from a key's owner keeps admitting from its floor (`shares.floor_ppm` of R
-per second: its share in the owner's last row, at most 1 / ring members) for at most
-`partition_floor_ms` (`mesh.core.reporter`). The owner
-cannot hear that usage, so it charges the key's meter for it in advance: when a member it
-sent a row of the key to recently (`CoreConfig.escrow_recent_ns`) has been silent for
-`escrow_after_ns`, the owner charges the floor's rate from the moment it last heard from
+per second: the least of its share in the owner's last row, 1 / ring members and twice the
+usage it knows this owner applied from it lately) for at most `partition_floor_ms`
+(`mesh.core.reporter`). The owner cannot hear that usage, so it charges the key's meter for
+it in advance: when a member it sent a row of the key to recently
+(`CoreConfig.escrow_recent_ns`) has been silent for `escrow_after_ns`, the owner charges
+the least of the largest share it sent it lately, 1 / ring members and twice the usage it
+applied from it over `floor_window_ns` (`note_used`), from the moment it last heard from
 that member, for `escrow_span_ns`, which ends after the worker's floor can. What the
 worker reports when it is heard again is netted against what was charged: only the usage
 beyond the escrow is applied. docs/partitions.md states why the envelope still holds.
@@ -22,7 +24,7 @@ from __future__ import annotations
 from mesh.core.config import MS, CoreConfig
 from mesh.core.owner._state import KeyState, ReporterState
 from mesh.core.ring import Ring
-from mesh.core.shares import floor_burst, floor_ppm, floor_units
+from mesh.core.shares import UsageWindow, floor_demand_ppm, floor_ppm, floor_units
 
 __all__ = ["Escrow", "Escrows", "HEARD_MAX"]
 
@@ -35,14 +37,12 @@ HEARD_MAX = 65_536
 class Escrow:
     """What an owner charged one key for one silent reporter's floor."""
 
-    __slots__ = ("from_ns", "until_ns", "part_ppm", "extra", "charged", "netted", "back_ns")
+    __slots__ = ("from_ns", "until_ns", "part_ppm", "charged", "netted", "back_ns")
 
-    def __init__(self, from_ns: int, until_ns: int, part_ppm: int, extra: int) -> None:
+    def __init__(self, from_ns: int, until_ns: int, part_ppm: int) -> None:
         self.from_ns = from_ns  # when the owner last heard from the worker
         self.until_ns = until_ns  # charging stops here (`CoreConfig.escrow_span_ns`)
         self.part_ppm = part_ppm  # the floor escrowed: this part (ppm) of R per second
-        # Charged at once: what the floor's burst exceeds the rate's lead (`check`).
-        self.extra = extra
         self.charged = 0  # units charged to the key's meter so far
         self.netted = 0  # units of the worker's reports absorbed by `charged`
         self.back_ns = -1  # when the worker was heard again (-1: still silent)
@@ -124,21 +124,26 @@ class Escrows:
             escrows = ks.escrow = {}
         e = escrows.get(worker)
         if e is None or e.from_ns != heard:
-            # The largest share sent to it lately: whichever row it holds, its floor is no more.
+            # Whichever row it holds, its floor is no more than the largest share sent to it
+            # lately, and its demand part no more than twice what we applied from it over
+            # the window before `heard` (it counts only reports we acknowledged).
             share = rs.share_cur if rs.share_cur > rs.share_prev else rs.share_prev
-            part = floor_ppm(share, self.members)
+            used = rs.floor_used
+            window = cfg.floor_window_ns
+            units = 0 if used is None else used.since((heard - window) // cfg.floor_grain_ns)
+            demand = floor_demand_ppm(ks.policy.target_rate, units, window)
+            part = floor_ppm(share, self.members, demand)
             if part > 0:
-                # The floor opens at least escrow_after_ns after `heard`; its burst is what
-                # it earns over a lease; the part of it the rate has not charged by the time
-                # the floor opens is charged at once.
-                policy = ks.policy
-                burst = floor_burst(
-                    policy.target_rate, part, cfg.reporter_lease_ms * MS, policy.local_burst_cap
-                )
-                lead = floor_units(policy.target_rate, cfg.escrow_after_ns, part)
-                extra = burst - lead if burst > lead else 0
-                escrows[worker] = Escrow(heard, heard + cfg.escrow_span_ns, part, extra)
+                escrows[worker] = Escrow(heard, heard + cfg.escrow_span_ns, part)
         return -1
+
+    def note_used(self, rs: ReporterState, units: int, now_ns: int) -> None:
+        """A report of `units` from this reporter was applied (or found implausible: it is
+        acknowledged all the same, so its sender counts it too) at `now_ns`."""
+        used = rs.floor_used
+        if used is None:
+            used = rs.floor_used = UsageWindow(self.config.floor_grains)
+        used.note(now_ns // self.config.floor_grain_ns, units)
 
     def note_share(self, rs: ReporterState, share_ppm: int, now_ns: int) -> None:
         """Remember a share sent to a reporter: the largest per window of `share_window_ns`,
@@ -172,7 +177,7 @@ class Escrows:
             end = now_ns if now_ns < e.until_ns else e.until_ns
             if 0 <= e.back_ns < end:
                 end = e.back_ns
-            owed = e.extra + floor_units(rate, end - e.from_ns, e.part_ppm) - e.charged
+            owed = floor_units(rate, end - e.from_ns, e.part_ppm) - e.charged
             if owed > 0:
                 ks.meter.apply(now_ns, owed)
                 e.charged += owed

@@ -10,6 +10,7 @@ from mesh.core.policy import TenantRatePolicy
 
 if TYPE_CHECKING:
     from mesh.core.owner._escrow import Escrow
+    from mesh.core.shares import UsageWindow
 
 __all__ = ["ReporterState", "KeyState", "Applied"]
 
@@ -47,6 +48,7 @@ class ReporterState:
         "share_cur",
         "share_prev",
         "share_win",
+        "floor_used",
     )
 
     def __init__(self, worker_epoch: int, unacked_from: int, now_ns: int) -> None:
@@ -80,6 +82,9 @@ class ReporterState:
         self.share_cur = 0
         self.share_prev = 0
         self.share_win = 0
+        # The usage of each report applied, by arrival (`_escrow.note_used`): a silent
+        # reporter's floor is escrowed at twice that rate at most. None until it reports.
+        self.floor_used: UsageWindow | None = None
 
     def roll(self, window: int) -> None:
         """Move the demand windows on to number `window`."""

@@ -36,7 +36,15 @@ from mesh.core.policy import BOUNDS, RateKey, TenantRatePolicy, Unit
 from mesh.core.reporter._gate import GlobalGate, Inflight, SnapshotState
 from mesh.core.reporter._rto import RetryTimer
 from mesh.core.ring import Ring
-from mesh.core.shares import PPM, floor_burst, floor_ppm, share_round
+from mesh.core.shares import (
+    PPM,
+    UsageWindow,
+    floor_burst,
+    floor_demand_ppm,
+    floor_ppm,
+    floor_start,
+    share_round,
+)
 from mesh.core.verdict import Reason, Suspension
 from mesh.errors import ConfigTypeError
 
@@ -315,10 +323,8 @@ class Reporter:
         views = self.gates
         owner, sample, on_ack = batch.sender, self.retry.sample, self.on_ack
         seq = batch.batch_seq
-        back = (
-            now_ns - self._heard.get(owner, now_ns) > self.config.escrow_after_ns
-            and self.config.partition_floor_ms > 0
-        )
+        floors = self.config.partition_floor_ms > 0
+        back = floors and now_ns - self._heard.get(owner, now_ns) > self.config.escrow_after_ns
         self._heard[owner] = now_ns
         if seq:
             self._vouched_by(owner, inc, seq, now_ns + ttl_ns)
@@ -342,6 +348,8 @@ class Reporter:
             acked = v.take_snapshot(
                 order, remaining, ack, share, active, now_ns, ttl_ns, self._coin(key, version)
             )
+            if floors:
+                self._note_acked(v, owner, inc, acked)
             v.snap_from = owner
             v.snap_incarnation = inc
             v.snap_batch = seq
@@ -368,6 +376,22 @@ class Reporter:
             # applied the view subtracts it from what it may spend.
             self.link_reset(owner)
         return changed
+
+    def _note_acked(self, v: GlobalGate, owner: str, inc: int, acked: list[Inflight]) -> None:
+        """Count the usage of reports `owner` acknowledged, at when each was made: it
+        applied them after that. A row from another owner or incarnation than the last may
+        acknowledge what only its predecessor applied (a hand-over), so the count restarts
+        and those are left out: a floor counts only what the owner of its row counted."""
+        if v.snap_from != owner or v.snap_incarnation != inc:
+            v.acked_used = None
+            return
+        grain = self.config.floor_grain_ns
+        for r in acked:
+            if r.delta > 0:
+                used = v.acked_used
+                if used is None:
+                    used = v.acked_used = UsageWindow(self.config.floor_grains)
+                used.note(r.created_ns // grain, r.delta)
 
     def tick(self, now_ns: int) -> None:
         """Expire views whose snapshot (or bootstrap) is older than the TTL."""
@@ -442,14 +466,24 @@ class Reporter:
             return False
         if v.floor is None:
             policy = v.policy
-            part = floor_ppm(v.snap_share_ppm, len(self.ring))
+            rate = policy.target_rate
+            # Usage the owner applied from us in its window before it last heard from us:
+            # it heard us last no later than a TTL after `since` (the wait above relies on
+            # that too), and each report counted here was made, so arrived, after that
+            # window began. Whole grains only, so never more than the owner counts.
+            window, grain = cfg.floor_window_ns, cfg.floor_grain_ns
+            start = since + cfg.snapshot_ttl_ns - window
+            used = v.acked_used
+            units = 0 if used is None else used.since(-(-start // grain))
+            part = floor_ppm(v.snap_share_ppm, len(self.ring), floor_demand_ppm(rate, units, window))
             if part <= 0:
                 return False
-            burst = floor_burst(
-                policy.target_rate, part, cfg.reporter_lease_ms * MS, policy.local_burst_cap
-            )
+            burst = floor_burst(rate, part, cfg.reporter_lease_ms * MS, policy.local_burst_cap)
+            at = max(0, now_ns) // PPM
             v.floor_ppm = part
-            v.floor = Gcra(policy.target_rate * part, burst, max(0, now_ns) // PPM)
+            v.floor = Gcra(rate * part, burst, at)
+            # It holds what the escrow charged before it opened, no more (`floor_start`).
+            v.floor.apply(at, burst - floor_start(rate, part, cfg.escrow_after_ns, burst))
             v.floor_mark = v.unacked
             v.set_verdicts(BOUNDS["global_floor"], Suspension.OWNER_UNREACHABLE)
         v.settle_floor(now_ns)
