@@ -193,3 +193,11 @@ class CoreConfig:
     def floor_grains(self) -> int:
         """Grains a `UsageWindow` keeps: those a window can touch, one more than it spans."""
         return FLOOR_GRAINS + 1
+
+    @property
+    def floor_denied_grains(self) -> int:
+        """Grains a worker keeps of the denials its owner acknowledged, by when it heard the
+        acknowledgement: from the start of the owner's window (a grain before it, a lease
+        and a trip before the worker's last word) to that last word, and one more."""
+        span = self.floor_window_ns + self.floor_grain_ns + self.reporter_lease_ms * MS
+        return -(-(span + self.snapshot_ttl_ns) // self.floor_grain_ns) + 2

@@ -181,13 +181,16 @@ def floor_ppm(share_ppm: int, members: int, demand_ppm: int = PPM) -> int:
 FLOOR_HEADROOM = 2
 
 
-def floor_demand_ppm(rate: int, units: int, window_ns: int) -> int:
-    """FLOOR_HEADROOM times `units` used over `window_ns`, as a part (ppm) of `rate` per
-    second (at most PPM). Monotone in `units`: the worker's count, never above the owner's,
-    gives a part never above the owner's (docs/partitions.md)."""
-    if units <= 0:
+def floor_demand_ppm(rate: int, used: int, denied: int, window_ns: int) -> int:
+    """FLOOR_HEADROOM times `used` over `window_ns`, as a part (ppm) of `rate` per second
+    (at most PPM); 0 when the member was refused at least as much as it admitted (`denied`):
+    the key is saturated for it, others take up what it does not spend, and a floor for it
+    would only hold back capacity whenever it pauses. Never larger for fewer units used or
+    more denied: the worker's counts, at most the owner's used and at least its denied, give
+    a part never above the owner's (docs/partitions.md)."""
+    if used <= 0 or denied >= used:
         return 0
-    part = FLOOR_HEADROOM * units * PPM * 1_000_000_000 // (window_ns * rate)
+    part = FLOOR_HEADROOM * used * PPM * 1_000_000_000 // (window_ns * rate)
     return part if part < PPM else PPM
 
 
@@ -240,6 +243,10 @@ class UsageWindow:
         elif grain <= self.newest - n:
             return
         counts[grain % n] += units
+
+    def covers(self, first: int) -> bool:
+        """Whether every grain from `first` on is still kept (none was dropped)."""
+        return first > self.newest - len(self.counts)
 
     def since(self, first: int) -> int:
         """Units counted in grains `first` to the newest (those still kept)."""

@@ -128,22 +128,32 @@ class Escrows:
             # lately, and its demand part no more than twice what we applied from it over
             # the window before `heard` (it counts only reports we acknowledged).
             share = rs.share_cur if rs.share_cur > rs.share_prev else rs.share_prev
-            used = rs.floor_used
             window = cfg.floor_window_ns
-            units = 0 if used is None else used.since((heard - window) // cfg.floor_grain_ns)
-            demand = floor_demand_ppm(ks.policy.target_rate, units, window)
+            first = (heard - window) // cfg.floor_grain_ns
+            used, denied = rs.floor_used, rs.floor_denied
+            units = 0 if used is None else used.since(first)
+            refused = 0 if denied is None else denied.since(first)
+            demand = floor_demand_ppm(ks.policy.target_rate, units, refused, window)
             part = floor_ppm(share, self.members, demand)
             if part > 0:
                 escrows[worker] = Escrow(heard, heard + cfg.escrow_span_ns, part)
         return -1
 
-    def note_used(self, rs: ReporterState, units: int, now_ns: int) -> None:
-        """A report of `units` from this reporter was applied (or found implausible: it is
-        acknowledged all the same, so its sender counts it too) at `now_ns`."""
-        used = rs.floor_used
-        if used is None:
-            used = rs.floor_used = UsageWindow(self.config.floor_grains)
-        used.note(now_ns // self.config.floor_grain_ns, units)
+    def note_used(self, rs: ReporterState, units: int, denied: int, now_ns: int) -> None:
+        """A report of `units` used and `denied` refused from this reporter was applied (or
+        found implausible: it is acknowledged all the same, so its sender counts it too)."""
+        cfg = self.config
+        grain = now_ns // cfg.floor_grain_ns
+        if units > 0:
+            used = rs.floor_used
+            if used is None:
+                used = rs.floor_used = UsageWindow(cfg.floor_grains)
+            used.note(grain, units)
+        if denied > 0:
+            refused = rs.floor_denied
+            if refused is None:
+                refused = rs.floor_denied = UsageWindow(cfg.floor_grains)
+            refused.note(grain, denied)
 
     def note_share(self, rs: ReporterState, share_ppm: int, now_ns: int) -> None:
         """Remember a share sent to a reporter: the largest per window of `share_window_ns`,

@@ -293,8 +293,8 @@ class Owner:
                 rs.window = window
             rs.lease_until_ns = lease_until_ns
             if outcome == Applied.NEW:
-                if floors and delta > 0:
-                    self.escrows.note_used(rs, delta, now_ns)  # what a floor follows
+                if floors and (delta > 0 or denied):
+                    self.escrows.note_used(rs, delta, denied, now_ns)  # what a floor follows
                 # Usage that the escrow for this sender's floor already charged is netted,
                 # not applied again; the rest goes through the claim meter (`_escrow`).
                 netted = 0

@@ -49,6 +49,7 @@ class ReporterState:
         "share_prev",
         "share_win",
         "floor_used",
+        "floor_denied",
     )
 
     def __init__(self, worker_epoch: int, unacked_from: int, now_ns: int) -> None:
@@ -82,9 +83,11 @@ class ReporterState:
         self.share_cur = 0
         self.share_prev = 0
         self.share_win = 0
-        # The usage of each report applied, by arrival (`_escrow.note_used`): a silent
-        # reporter's floor is escrowed at twice that rate at most. None until it reports.
+        # The usage and the denials of each report applied, by arrival (`_escrow.note_used`):
+        # a silent reporter's floor is escrowed at twice that usage's rate at most, and not
+        # at all if it was denied as much. None until it reports either.
         self.floor_used: UsageWindow | None = None
+        self.floor_denied: UsageWindow | None = None
 
     def roll(self, window: int) -> None:
         """Move the demand windows on to number `window`."""

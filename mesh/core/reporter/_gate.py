@@ -70,6 +70,7 @@ class GlobalGate(Gate):
         "floor_mark",
         "floor_left",
         "acked_used",
+        "acked_denied",
     )
 
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[Gate], None]) -> None:
@@ -108,6 +109,9 @@ class GlobalGate(Gate):
         # when each report was made (`Reporter.receive`): its floor follows it. None until
         # then; dropped when another owner (or incarnation) answers for the key.
         self.acked_used: UsageWindow | None = None
+        # The denials in reports acknowledged (by any owner), by when the acknowledgement
+        # came: what its owner may have counted against the floor, and more.
+        self.acked_denied: UsageWindow | None = None
 
     @property
     def had_snapshot(self) -> bool:

@@ -349,7 +349,7 @@ class Reporter:
                 order, remaining, ack, share, active, now_ns, ttl_ns, self._coin(key, version)
             )
             if floors:
-                self._note_acked(v, owner, inc, acked)
+                self._note_acked(v, owner, inc, acked, now_ns)
             v.snap_from = owner
             v.snap_incarnation = inc
             v.snap_batch = seq
@@ -377,21 +377,30 @@ class Reporter:
             self.link_reset(owner)
         return changed
 
-    def _note_acked(self, v: GlobalGate, owner: str, inc: int, acked: list[Inflight]) -> None:
-        """Count the usage of reports `owner` acknowledged, at when each was made: it
-        applied them after that. A row from another owner or incarnation than the last may
-        acknowledge what only its predecessor applied (a hand-over), so the count restarts
-        and those are left out: a floor counts only what the owner of its row counted."""
-        if v.snap_from != owner or v.snap_incarnation != inc:
+    def _note_acked(
+        self, v: GlobalGate, owner: str, inc: int, acked: list[Inflight], now_ns: int
+    ) -> None:
+        """Count the usage of reports `owner` acknowledged, at when each was made (it
+        applied them after that), and their denials, at now (it applied them before). A row
+        from another owner or incarnation than the last may acknowledge what only its
+        predecessor applied (a hand-over), so the usage count restarts and leaves those
+        out: a floor counts only usage the owner of its row counted, and all denials."""
+        cfg = self.config
+        grain = cfg.floor_grain_ns
+        same = v.snap_from == owner and v.snap_incarnation == inc
+        if not same:
             v.acked_used = None
-            return
-        grain = self.config.floor_grain_ns
         for r in acked:
-            if r.delta > 0:
+            if r.delta > 0 and same:
                 used = v.acked_used
                 if used is None:
-                    used = v.acked_used = UsageWindow(self.config.floor_grains)
+                    used = v.acked_used = UsageWindow(cfg.floor_grains)
                 used.note(r.created_ns // grain, r.delta)
+            if r.denied > 0:
+                denied = v.acked_denied
+                if denied is None:
+                    denied = v.acked_denied = UsageWindow(cfg.floor_denied_grains)
+                denied.note(now_ns // grain, r.denied)
 
     def tick(self, now_ns: int) -> None:
         """Expire views whose snapshot (or bootstrap) is older than the TTL."""
@@ -467,15 +476,7 @@ class Reporter:
         if v.floor is None:
             policy = v.policy
             rate = policy.target_rate
-            # Usage the owner applied from us in its window before it last heard from us:
-            # it heard us last no later than a TTL after `since` (the wait above relies on
-            # that too), and each report counted here was made, so arrived, after that
-            # window began. Whole grains only, so never more than the owner counts.
-            window, grain = cfg.floor_window_ns, cfg.floor_grain_ns
-            start = since + cfg.snapshot_ttl_ns - window
-            used = v.acked_used
-            units = 0 if used is None else used.since(-(-start // grain))
-            part = floor_ppm(v.snap_share_ppm, len(self.ring), floor_demand_ppm(rate, units, window))
+            part = floor_ppm(v.snap_share_ppm, len(self.ring), self._floor_demand(v, since, heard))
             if part <= 0:
                 return False
             burst = floor_burst(rate, part, cfg.reporter_lease_ms * MS, policy.local_burst_cap)
@@ -488,6 +489,28 @@ class Reporter:
             v.set_verdicts(BOUNDS["global_floor"], Suspension.OWNER_UNREACHABLE)
         v.settle_floor(now_ns)
         return True
+
+    def _floor_demand(self, v: GlobalGate, since: int, heard: int) -> int:
+        """The demand part of a view's floor (`shares.floor_demand_ppm`) from what we know
+        the owner counted in its window before it last heard from us, `h`: no more usage,
+        no fewer denials (docs/partitions.md). It heard us last no later than a TTL after
+        `since` (the floor's wait relies on that too), so a report made after that less
+        the window arrived in it; and it sends us batches only while our lease runs, so `h`
+        is no earlier than a lease and a trip before `heard`, our last word from it, and a
+        report it counted was acknowledged after that less the window and a grain, or is
+        unacknowledged still."""
+        cfg = self.config
+        window, grain = cfg.floor_window_ns, cfg.floor_grain_ns
+        used, denied = v.acked_used, v.acked_denied
+        start = since + cfg.snapshot_ttl_ns - window
+        units = 0 if used is None else used.since(-(-start // grain))
+        first = (heard - cfg.reporter_lease_ms * MS - cfg.snapshot_ttl_ns - window) // grain - 1
+        refused = sum(r.denied for r in v.inflight)
+        if denied is not None:
+            if not denied.covers(first):
+                return 0  # denials it may have counted are no longer known: no floor
+            refused += denied.since(first)
+        return floor_demand_ppm(v.policy.target_rate, units, refused, window)
 
     def _vouched_by(self, owner: str, incarnation: int, seq: int, until_ns: int) -> None:
         """Note a batch numbered `seq` from `owner`: in order, it vouches for the views its
