@@ -178,7 +178,7 @@ def floor_ppm(share_ppm: int, members: int, demand_ppm: int = PPM) -> int:
 
 # A floor follows twice the usage a member reported lately: room for a quiet tenant's
 # arrivals to vary, and for the worker's window being a little shorter than the owner's.
-FLOOR_HEADROOM = 2
+FLOOR_HEADROOM = 4
 
 
 def floor_demand_ppm(rate: int, used: int, denied: int, window_ns: int) -> int:
