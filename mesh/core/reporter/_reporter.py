@@ -498,14 +498,17 @@ class Reporter:
         the window arrived in it; and it sends us batches only while our lease runs, so `h`
         is no earlier than a lease and a trip before `heard`, our last word from it, and a
         report it counted was acknowledged after that less the window and a grain, or is
-        unacknowledged still."""
+        unacknowledged still and was made before it last heard from us. (Denials made since,
+        while the view is stale and refuses everything, are not counted: it never saw
+        them, and counting them would end every floor of a busy view before it opened.)"""
         cfg = self.config
         window, grain = cfg.floor_window_ns, cfg.floor_grain_ns
         used, denied = v.acked_used, v.acked_denied
-        start = since + cfg.snapshot_ttl_ns - window
+        last = since + cfg.snapshot_ttl_ns  # no later than the owner last heard from us
+        start = last - window
         units = 0 if used is None else used.since(-(-start // grain))
         first = (heard - cfg.reporter_lease_ms * MS - cfg.snapshot_ttl_ns - window) // grain - 1
-        refused = sum(r.denied for r in v.inflight)
+        refused = sum(r.denied for r in v.inflight if r.created_ns <= last)
         if denied is not None:
             if not denied.covers(first):
                 return 0  # denials it may have counted are no longer known: no floor
