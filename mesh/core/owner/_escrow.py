@@ -21,7 +21,7 @@ its span ran out long ago, or its member left the ring.
 
 from __future__ import annotations
 
-from mesh.core.config import MS, CoreConfig
+from mesh.core.config import CoreConfig
 from mesh.core.owner._state import KeyState, ReporterState
 from mesh.core.ring import Ring
 from mesh.core.shares import UsageWindow, floor_demand_ppm, floor_ppm, floor_units

@@ -128,8 +128,8 @@ def test_the_owner_escrows_a_silent_members_floor_and_nets_it_on_return() -> Non
     # look at the key (this millisecond or the one before); nothing at once.
     owed = floor_units(R, f.local_ns(owner) - e.from_ns, e.part_ppm)
     assert owed - floor_units(R, 2 * MS, e.part_ppm) - 1 <= e.charged <= owed, (e, owed)
-    v = f.members[victim].admission.gate("t", "read_iops")
-    assert isinstance(v, GlobalGate) and v.floor_ppm <= e.part_ppm, (v.floor_ppm, e)
+    g = f.members[victim].admission.gate("t", "read_iops")
+    assert isinstance(g, GlobalGate) and 0 < g.floor_ppm <= e.part_ppm, (g, e)
     assert e.charged >= served, (e, served)  # the escrow covers what the victim spent
     charged = o.escrows.charged_units
     applied = o.applied_units
