@@ -236,6 +236,9 @@ class UsageWindow:
         """Count `units` in grain number `grain` (grains older than the window are lost)."""
         counts = self.counts
         n = len(counts)
+        if grain == self.newest:  # the common case: another report in the same grain
+            counts[grain % n] += units
+            return
         if grain > self.newest:
             for g in range(max(self.newest + 1, grain - n + 1), grain + 1):
                 counts[g % n] = 0

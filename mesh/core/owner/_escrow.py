@@ -69,6 +69,8 @@ class Escrows:
         # The floor's cap is R / members: the smaller of the ring's size now and before its
         # last change, so a worker that has not yet seen a join (a larger cap) is covered.
         self.members = max(1, members)
+        self._grain_ns = config.floor_grain_ns  # of the usage windows (`note_used`)
+        self._grains = config.floor_grains
         self.charged_units = 0  # telemetry: escrow charged, all keys
         self.netted_units = 0  # telemetry: reported usage absorbed by it
 
@@ -139,20 +141,27 @@ class Escrows:
                 escrows[worker] = Escrow(heard, heard + cfg.escrow_span_ns, part)
         return -1
 
-    def note_used(self, rs: ReporterState, units: int, denied: int, now_ns: int) -> None:
-        """A report of `units` used and `denied` refused from this reporter was applied (or
-        found implausible: it is acknowledged all the same, so its sender counts it too)."""
-        cfg = self.config
-        grain = now_ns // cfg.floor_grain_ns
+    def grain(self, now_ns: int) -> int:
+        """The usage windows' grain (`CoreConfig.floor_grain_ns`) holding `now_ns`."""
+        return now_ns // self._grain_ns
+
+    def note_used(self, rs: ReporterState, units: int, denied: int, grain: int) -> None:
+        """A report of `units` used and `denied` refused from this reporter was applied,
+        arriving in `grain` (of a report found implausible, only its denials: its claim
+        makes no floor, docs/partitions.md). On the reply path of every report: the common
+        case (usage only, in the grain of the reporter's last report) adds in place."""
         if units > 0:
             used = rs.floor_used
             if used is None:
-                used = rs.floor_used = UsageWindow(cfg.floor_grains)
-            used.note(grain, units)
+                used = rs.floor_used = UsageWindow(self._grains)
+            if used.newest == grain:
+                used.counts[grain % self._grains] += units
+            else:
+                used.note(grain, units)
         if denied > 0:
             refused = rs.floor_denied
             if refused is None:
-                refused = rs.floor_denied = UsageWindow(cfg.floor_grains)
+                refused = rs.floor_denied = UsageWindow(self._grains)
             refused.note(grain, denied)
 
     def note_share(self, rs: ReporterState, share_ppm: int, now_ns: int) -> None:
