@@ -65,7 +65,7 @@ class CoreConfig:
     # within about twice this (Admission.tick). Rebuilding one on its next use loses nothing.
     views_idle_ms: int = 10_000
     # Serving through partitions (docs/partitions.md): a worker cut off from a key's owner
-    # spends its floor (the least of its share, R / ring members and twice its recent usage)
+    # spends its floor (the least of its share, R / ring members and 4x its recent usage)
     # for at most this long, and the owner charges the key an escrow for it. 0: no floor, a
     # cut-off view admits nothing.
     partition_floor_ms: int = PARTITION_FLOOR_MS
@@ -179,9 +179,9 @@ class CoreConfig:
 
     @property
     def floor_window_ns(self) -> int:
-        """The owner escrows a silent member's floor at twice its usage over this long
-        before it last heard from it (`shares.floor_demand_ppm`), and the worker floors at
-        twice what it knows the owner counted in it."""
+        """The owner escrows a silent member's floor at FLOOR_HEADROOM times its usage
+        over this long before it last heard from it (`shares.floor_demand_ppm`), and the
+        worker floors at that many times what it knows the owner counted in it."""
         return FLOOR_WINDOW_LEASES * self.reporter_lease_ms * MS
 
     @property

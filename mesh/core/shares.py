@@ -12,9 +12,10 @@ once; a nearly empty one is scarce, so it goes where the requests are. The per-k
 that is a `ShareBasis` (once per key per round); `share_ppm` finishes one reporter's share.
 
 A worker cut off from a key's owner spends its floor: the least of its share from the owner's
-last row, the ring's even share (so the floors of all members sum to at most R) and twice
-its recent usage of the key (`floor_demand_ppm`, from a `UsageWindow` both sides keep of the
-reports the owner applied), of R per second (`floor_ppm`), with a burst of a lease of it
+last row, the ring's even share (so the floors of all members sum to at most R) and
+FLOOR_HEADROOM times its recent usage of the key, none if it was refused as much
+(`floor_demand_ppm`, from the `UsageWindow`s both sides keep of the reports the owner
+applied), of R per second (`floor_ppm`), with a burst of a lease of it
 (`floor_burst`) of which it holds only what the owner's escrow has already charged when the
 floor opens (`floor_start`); the owner charges at least that rate as escrow (`floor_units`,
 docs/partitions.md).
@@ -176,8 +177,10 @@ def floor_ppm(share_ppm: int, members: int, demand_ppm: int = PPM) -> int:
     return demand_ppm if demand_ppm < part else part
 
 
-# A floor follows twice the usage a member reported lately: room for a quiet tenant's
-# arrivals to vary, and for the worker's window being a little shorter than the owner's.
+# A floor follows four times the usage a member reported lately: room for a quiet tenant's
+# arrivals to vary, and for the worker's count, over a window some grains shorter than the
+# owner's and without the reports a cut left unacknowledged (at 2, quiet tenants kept
+# 0.973-0.980 of their ideal through a cut; at 4, more than 0.99: docs/partitions.md).
 FLOOR_HEADROOM = 4
 
 

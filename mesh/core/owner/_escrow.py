@@ -1,16 +1,17 @@
 """Escrow for silent reporters: the owner's half of serving through partitions (issue 12).
 
 A worker cut off from a key's owner keeps admitting from its floor (`shares.floor_ppm` of R
-per second: the least of its share in the owner's last row, 1 / ring members and twice the
-usage it knows this owner applied from it lately) for at most `partition_floor_ms`
-(`mesh.core.reporter`). The owner cannot hear that usage, so it charges the key's meter for
-it in advance: when a member it sent a row of the key to recently
-(`CoreConfig.escrow_recent_ns`) has been silent for `escrow_after_ns`, the owner charges
-the least of the largest share it sent it lately, 1 / ring members and twice the usage it
-applied from it over `floor_window_ns` (`note_used`), from the moment it last heard from
-that member, for `escrow_span_ns`, which ends after the worker's floor can. What the
-worker reports when it is heard again is netted against what was charged: only the usage
-beyond the escrow is applied. docs/partitions.md states why the envelope still holds.
+per second: the least of its share in the owner's last row, 1 / ring members and
+`shares.FLOOR_HEADROOM` times the usage it knows this owner applied from it lately, none if
+it was refused as much) for at most `partition_floor_ms` (`mesh.core.reporter`). The owner
+cannot hear that usage, so it charges the key's meter for it in advance: when a member it
+sent a row of the key to recently (`CoreConfig.escrow_recent_ns`) has been silent for
+`escrow_after_ns`, the owner charges the least of the largest share it sent it lately,
+1 / ring members and the same demand part of what it applied from it over
+`floor_window_ns` (`note_used`), from the moment it last heard from that member, for
+`escrow_span_ns`, which ends after the worker's floor can. What the worker reports when it
+is heard again is netted against what was charged: only the usage beyond the escrow is
+applied. docs/partitions.md states why the envelope still holds.
 
 Escrows are settled lazily, when something reads the key's meter (`settle`): the owner
 charges what is owed up to now before it tells anyone what remains, which is the same as
@@ -127,8 +128,8 @@ class Escrows:
         e = escrows.get(worker)
         if e is None or e.from_ns != heard:
             # Whichever row it holds, its floor is no more than the largest share sent to it
-            # lately, and its demand part no more than twice what we applied from it over
-            # the window before `heard` (it counts only reports we acknowledged).
+            # lately, and its demand part no more than ours: it counts no more usage than we
+            # applied from it over the window before `heard`, and no fewer denials.
             share = rs.share_cur if rs.share_cur > rs.share_prev else rs.share_prev
             window = cfg.floor_window_ns
             first = (heard - window) // cfg.floor_grain_ns

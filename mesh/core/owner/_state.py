@@ -84,8 +84,8 @@ class ReporterState:
         self.share_prev = 0
         self.share_win = 0
         # The usage and the denials of each report applied, by arrival (`_escrow.note_used`):
-        # a silent reporter's floor is escrowed at twice that usage's rate at most, and not
-        # at all if it was denied as much. None until it reports either.
+        # a silent reporter's floor is escrowed at FLOOR_HEADROOM times that usage's rate at
+        # most, and not at all if it was denied as much. None until it reports either.
         self.floor_used: UsageWindow | None = None
         self.floor_denied: UsageWindow | None = None
 
