@@ -9,7 +9,7 @@ from mesh.core._validate import check_int, rename
 from mesh.core.messages import REPORT_ROWS_MAX, SNAPSHOT_ROWS_MAX
 from mesh.errors import ConfigError
 
-__all__ = ["CoreConfig", "MS"]
+__all__ = ["CoreConfig", "MS", "PARTITION_FLOOR_MS"]
 
 MS = 1_000_000  # ns per ms
 _MAY_BE_ZERO = frozenset({"partition_floor_ms"})  # 0 turns the feature off
@@ -18,6 +18,15 @@ _MAY_BE_ZERO = frozenset({"partition_floor_ms"})  # 0 turns the feature off
 # the slack of `escrow_recent_ns`) before it last heard from the worker. Short, so that the
 # share escrowed is a recent one (the largest sent over about twice this, `share_window_ns`).
 FLOOR_RECENT_LEASES = 2
+# A floor follows the usage a member reported over this many reporter leases (the owner's
+# window, `floor_window_ns`), counted in grains of a quarter of it: long enough to see a
+# sparse reporter's rate, short enough that an old burst of use is soon not escrowed.
+FLOOR_WINDOW_LEASES = 8
+FLOOR_GRAINS = 4
+# The default span of a cut-off worker's floor: below membership's failure detection (the
+# etcd lease, 5 s by default), so the floor has ended before the ring can drop the member
+# and its owner stop escrowing it (docs/partitions.md).
+PARTITION_FLOOR_MS = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +67,10 @@ class CoreConfig:
     # within about twice this (Admission.tick). Rebuilding one on its next use loses nothing.
     views_idle_ms: int = 10_000
     # Serving through partitions (docs/partitions.md): a worker cut off from a key's owner
-    # spends its floor (its share, at most R / ring members) for at most this long, and the
-    # owner charges the key an escrow for it. 0 (the default): no floor, a cut-off view
-    # admits nothing. Off by default: an owner cannot tell a cut-off member from one that
-    # paused, and escrows for pauses cost saturated keys with sparse reporters capacity.
-    partition_floor_ms: int = 0
+    # spends its floor (the least of its share, R / ring members and 4x its recent usage)
+    # for at most this long, and the owner charges the key an escrow for it. 0: no floor, a
+    # cut-off view admits nothing.
+    partition_floor_ms: int = PARTITION_FLOOR_MS
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -175,3 +183,28 @@ class CoreConfig:
         escrow: its resends (report_retry_max) and the flush of what it held (a sync
         interval), with a TTL of slack for the trip."""
         return (self.report_retry_max_ms + 2 * self.sync_interval_ms + self.snapshot_ttl_ms) * MS
+
+    @property
+    def floor_window_ns(self) -> int:
+        """The owner escrows a silent member's floor at FLOOR_HEADROOM times its usage
+        over this long before it last heard from it (`shares.floor_demand_ppm`), and the
+        worker floors at that many times what it knows the owner counted in it."""
+        return FLOOR_WINDOW_LEASES * self.reporter_lease_ms * MS
+
+    @property
+    def floor_grain_ns(self) -> int:
+        """The grain of both sides' `shares.UsageWindow`: a quarter of the window."""
+        return self.floor_window_ns // FLOOR_GRAINS
+
+    @property
+    def floor_grains(self) -> int:
+        """Grains a `UsageWindow` keeps: those a window can touch, one more than it spans."""
+        return FLOOR_GRAINS + 1
+
+    @property
+    def floor_denied_grains(self) -> int:
+        """Grains a worker keeps of the denials its owner acknowledged, by when it heard the
+        acknowledgement: from the start of the owner's window (a grain before it, a lease
+        and a trip before the worker's last word) to that last word, and one more."""
+        span = self.floor_window_ns + self.floor_grain_ns + self.reporter_lease_ms * MS
+        return -(-(span + self.snapshot_ttl_ns) // self.floor_grain_ns) + 2

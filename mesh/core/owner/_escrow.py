@@ -1,14 +1,17 @@
 """Escrow for silent reporters: the owner's half of serving through partitions (issue 12).
 
 A worker cut off from a key's owner keeps admitting from its floor (`shares.floor_ppm` of R
-per second: its share in the owner's last row, at most 1 / ring members) for at most
-`partition_floor_ms` (`mesh.core.reporter`). The owner
+per second: the least of its share in the owner's last row, 1 / ring members and
+`shares.FLOOR_HEADROOM` times the usage it knows this owner applied from it lately, none if
+it was refused as much) for at most `partition_floor_ms` (`mesh.core.reporter`). The owner
 cannot hear that usage, so it charges the key's meter for it in advance: when a member it
 sent a row of the key to recently (`CoreConfig.escrow_recent_ns`) has been silent for
-`escrow_after_ns`, the owner charges the floor's rate from the moment it last heard from
-that member, for `escrow_span_ns`, which ends after the worker's floor can. What the
-worker reports when it is heard again is netted against what was charged: only the usage
-beyond the escrow is applied. docs/partitions.md states why the envelope still holds.
+`escrow_after_ns`, the owner charges the least of the largest share it sent it lately,
+1 / ring members and the same demand part of what it applied from it over
+`floor_window_ns` (`note_used`), from the moment it last heard from that member, for
+`escrow_span_ns`, which ends after the worker's floor can. What the worker reports when it
+is heard again is netted against what was charged: only the usage beyond the escrow is
+applied. docs/partitions.md states why the envelope still holds.
 
 Escrows are settled lazily, when something reads the key's meter (`settle`): the owner
 charges what is owed up to now before it tells anyone what remains, which is the same as
@@ -19,10 +22,10 @@ its span ran out long ago, or its member left the ring.
 
 from __future__ import annotations
 
-from mesh.core.config import MS, CoreConfig
+from mesh.core.config import CoreConfig
 from mesh.core.owner._state import KeyState, ReporterState
 from mesh.core.ring import Ring
-from mesh.core.shares import floor_burst, floor_ppm, floor_units
+from mesh.core.shares import UsageWindow, floor_demand_ppm, floor_ppm, floor_units
 
 __all__ = ["Escrow", "Escrows", "HEARD_MAX"]
 
@@ -35,14 +38,12 @@ HEARD_MAX = 65_536
 class Escrow:
     """What an owner charged one key for one silent reporter's floor."""
 
-    __slots__ = ("from_ns", "until_ns", "part_ppm", "extra", "charged", "netted", "back_ns")
+    __slots__ = ("from_ns", "until_ns", "part_ppm", "charged", "netted", "back_ns")
 
-    def __init__(self, from_ns: int, until_ns: int, part_ppm: int, extra: int) -> None:
+    def __init__(self, from_ns: int, until_ns: int, part_ppm: int) -> None:
         self.from_ns = from_ns  # when the owner last heard from the worker
         self.until_ns = until_ns  # charging stops here (`CoreConfig.escrow_span_ns`)
         self.part_ppm = part_ppm  # the floor escrowed: this part (ppm) of R per second
-        # Charged at once: what the floor's burst exceeds the rate's lead (`check`).
-        self.extra = extra
         self.charged = 0  # units charged to the key's meter so far
         self.netted = 0  # units of the worker's reports absorbed by `charged`
         self.back_ns = -1  # when the worker was heard again (-1: still silent)
@@ -69,6 +70,8 @@ class Escrows:
         # The floor's cap is R / members: the smaller of the ring's size now and before its
         # last change, so a worker that has not yet seen a join (a larger cap) is covered.
         self.members = max(1, members)
+        self._grain_ns = config.floor_grain_ns  # of the usage windows (`note_used`)
+        self._grains = config.floor_grains
         self.charged_units = 0  # telemetry: escrow charged, all keys
         self.netted_units = 0  # telemetry: reported usage absorbed by it
 
@@ -124,21 +127,43 @@ class Escrows:
             escrows = ks.escrow = {}
         e = escrows.get(worker)
         if e is None or e.from_ns != heard:
-            # The largest share sent to it lately: whichever row it holds, its floor is no more.
+            # Whichever row it holds, its floor is no more than the largest share sent to it
+            # lately, and its demand part no more than ours: it counts no more usage than we
+            # applied from it over the window before `heard`, and no fewer denials.
             share = rs.share_cur if rs.share_cur > rs.share_prev else rs.share_prev
-            part = floor_ppm(share, self.members)
+            window = cfg.floor_window_ns
+            first = (heard - window) // cfg.floor_grain_ns
+            used, denied = rs.floor_used, rs.floor_denied
+            units = 0 if used is None else used.since(first)
+            refused = 0 if denied is None else denied.since(first)
+            demand = floor_demand_ppm(ks.policy.target_rate, units, refused, window)
+            part = floor_ppm(share, self.members, demand)
             if part > 0:
-                # The floor opens at least escrow_after_ns after `heard`; its burst is what
-                # it earns over a lease; the part of it the rate has not charged by the time
-                # the floor opens is charged at once.
-                policy = ks.policy
-                burst = floor_burst(
-                    policy.target_rate, part, cfg.reporter_lease_ms * MS, policy.local_burst_cap
-                )
-                lead = floor_units(policy.target_rate, cfg.escrow_after_ns, part)
-                extra = burst - lead if burst > lead else 0
-                escrows[worker] = Escrow(heard, heard + cfg.escrow_span_ns, part, extra)
+                escrows[worker] = Escrow(heard, heard + cfg.escrow_span_ns, part)
         return -1
+
+    def grain(self, now_ns: int) -> int:
+        """The usage windows' grain (`CoreConfig.floor_grain_ns`) holding `now_ns`."""
+        return now_ns // self._grain_ns
+
+    def note_used(self, rs: ReporterState, units: int, denied: int, grain: int) -> None:
+        """A report of `units` used and `denied` refused from this reporter was applied,
+        arriving in `grain` (of a report found implausible, only its denials: its claim
+        makes no floor, docs/partitions.md). On the reply path of every report: the common
+        case (usage only, in the grain of the reporter's last report) adds in place."""
+        if units > 0:
+            used = rs.floor_used
+            if used is None:
+                used = rs.floor_used = UsageWindow(self._grains)
+            if used.newest == grain:
+                used.counts[grain % self._grains] += units
+            else:
+                used.note(grain, units)
+        if denied > 0:
+            refused = rs.floor_denied
+            if refused is None:
+                refused = rs.floor_denied = UsageWindow(self._grains)
+            refused.note(grain, denied)
 
     def note_share(self, rs: ReporterState, share_ppm: int, now_ns: int) -> None:
         """Remember a share sent to a reporter: the largest per window of `share_window_ns`,
@@ -172,7 +197,7 @@ class Escrows:
             end = now_ns if now_ns < e.until_ns else e.until_ns
             if 0 <= e.back_ns < end:
                 end = e.back_ns
-            owed = e.extra + floor_units(rate, end - e.from_ns, e.part_ppm) - e.charged
+            owed = floor_units(rate, end - e.from_ns, e.part_ppm) - e.charged
             if owed > 0:
                 ks.meter.apply(now_ns, owed)
                 e.charged += owed

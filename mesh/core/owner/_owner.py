@@ -254,9 +254,11 @@ class Owner:
             self.escrows.idle_mark(sender, now_ns)
             return []
         self._leases[sender] = lease_until_ns
-        floors = self.escrows.on()  # serving through partitions: off unless configured
+        floors = self.escrows.on()  # serving through partitions: on unless turned off
         if floors:
             self.escrows.heard_from(sender, now_ns)
+            note_used = self.escrows.note_used
+            grain = self.escrows.grain(now_ns)  # one arrival time for the whole batch
         share_floor = cfg.share_floor_ppm
         exhausted_now: list[KeyState] = []
         replied: dict[RateKey, KeyState] = {}
@@ -330,8 +332,12 @@ class Owner:
                     ks.demand_all_cur += wanted
                     units += delta
                     ks.applied += delta
+                    if floors and (delta > 0 or denied):
+                        note_used(rs, delta, denied, grain)  # what a floor follows
                 else:  # implausible: seen and acknowledged, nothing applied (`_plausible`)
                     self.refuse(why)
+                    if floors and denied:
+                        note_used(rs, 0, denied, grain)  # its usage makes no floor
             elif outcome == Applied.DUPLICATE:
                 dups += 1
             replied[key] = ks

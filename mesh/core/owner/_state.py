@@ -10,6 +10,7 @@ from mesh.core.policy import TenantRatePolicy
 
 if TYPE_CHECKING:
     from mesh.core.owner._escrow import Escrow
+    from mesh.core.shares import UsageWindow
 
 __all__ = ["ReporterState", "KeyState", "Applied"]
 
@@ -48,6 +49,8 @@ class ReporterState:
         "share_prev",
         "share_win",
         "handed_until_ns",
+        "floor_used",
+        "floor_denied",
     )
 
     def __init__(self, worker_epoch: int, unacked_from: int, now_ns: int) -> None:
@@ -84,6 +87,11 @@ class ReporterState:
         # A record a hand-over made (`_handover._adopt_watermarks`), not yet confirmed by the
         # worker's own report here, and when its handed watermark expires; 0: not handed.
         self.handed_until_ns = 0
+        # The usage and the denials of each report applied, by arrival (`_escrow.note_used`):
+        # a silent reporter's floor is escrowed at FLOOR_HEADROOM times that usage's rate at
+        # most, and not at all if it was denied as much. None until it reports either.
+        self.floor_used: UsageWindow | None = None
+        self.floor_denied: UsageWindow | None = None
 
     def confirm(self, now_ns: int, worker_epoch: int, unacked_from: int, inflight_max: int) -> bool:
         """The worker's first report to a record a hand-over made: keep the handed watermark

@@ -8,7 +8,7 @@ from enum import Enum
 from mesh.core.gate import Gate
 from mesh.core.gcra import Gcra
 from mesh.core.policy import RateKey, TenantRatePolicy
-from mesh.core.shares import PPM, share_round, snapshot_allowance_ppm
+from mesh.core.shares import PPM, UsageWindow, share_round, snapshot_allowance_ppm
 
 __all__ = ["GlobalGate", "SnapshotState", "Inflight"]
 
@@ -69,6 +69,8 @@ class GlobalGate(Gate):
         "floor_ppm",
         "floor_mark",
         "floor_left",
+        "acked_used",
+        "acked_denied",
     )
 
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[Gate], None]) -> None:
@@ -103,6 +105,13 @@ class GlobalGate(Gate):
         self.floor_ppm = 0
         self.floor_mark = 0
         self.floor_left = 0
+        # The usage of this view's reports acknowledged by the owner of the row held, by
+        # when each report was made (`Reporter.receive`): its floor follows it. None until
+        # then; dropped when another owner (or incarnation) answers for the key.
+        self.acked_used: UsageWindow | None = None
+        # The denials in reports acknowledged (by any owner), by when the acknowledgement
+        # came: what its owner may have counted against the floor, and more.
+        self.acked_denied: UsageWindow | None = None
 
     @property
     def had_snapshot(self) -> bool:

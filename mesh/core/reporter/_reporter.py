@@ -36,7 +36,15 @@ from mesh.core.policy import BOUNDS, RateKey, TenantRatePolicy, Unit
 from mesh.core.reporter._gate import GlobalGate, Inflight, SnapshotState
 from mesh.core.reporter._rto import RetryTimer
 from mesh.core.ring import Ring
-from mesh.core.shares import PPM, floor_burst, floor_ppm, share_round
+from mesh.core.shares import (
+    PPM,
+    UsageWindow,
+    floor_burst,
+    floor_demand_ppm,
+    floor_ppm,
+    floor_start,
+    share_round,
+)
 from mesh.core.verdict import Reason, Suspension
 from mesh.errors import ConfigTypeError
 
@@ -320,10 +328,8 @@ class Reporter:
         views = self.gates
         owner, sample, on_ack = batch.sender, self.retry.sample, self.on_ack
         seq = batch.batch_seq
-        back = (
-            now_ns - self._heard.get(owner, now_ns) > self.config.escrow_after_ns
-            and self.config.partition_floor_ms > 0
-        )
+        floors = self.config.partition_floor_ms > 0
+        back = floors and now_ns - self._heard.get(owner, now_ns) > self.config.escrow_after_ns
         self._heard[owner] = now_ns
         if seq:
             self._vouched_by(owner, inc, seq, now_ns + ttl_ns)
@@ -347,6 +353,8 @@ class Reporter:
             acked = v.take_snapshot(
                 order, remaining, ack, share, active, now_ns, ttl_ns, self._coin(key, version)
             )
+            if floors:
+                self._note_acked(v, owner, inc, acked, now_ns)
             v.snap_from = owner
             v.snap_incarnation = inc
             v.snap_batch = seq
@@ -373,6 +381,31 @@ class Reporter:
             # applied the view subtracts it from what it may spend.
             self.link_reset(owner)
         return changed
+
+    def _note_acked(
+        self, v: GlobalGate, owner: str, inc: int, acked: list[Inflight], now_ns: int
+    ) -> None:
+        """Count the usage of reports `owner` acknowledged, at when each was made (it
+        applied them after that), and their denials, at now (it applied them before). A row
+        from another owner or incarnation than the last may acknowledge what only its
+        predecessor applied (a hand-over), so the usage count restarts and leaves those
+        out: a floor counts only usage the owner of its row counted, and all denials."""
+        cfg = self.config
+        grain = cfg.floor_grain_ns
+        same = v.snap_from == owner and v.snap_incarnation == inc
+        if not same:
+            v.acked_used = None
+        for r in acked:
+            if r.delta > 0 and same:
+                used = v.acked_used
+                if used is None:
+                    used = v.acked_used = UsageWindow(cfg.floor_grains)
+                used.note(r.created_ns // grain, r.delta)
+            if r.denied > 0:
+                denied = v.acked_denied
+                if denied is None:
+                    denied = v.acked_denied = UsageWindow(cfg.floor_denied_grains)
+                denied.note(now_ns // grain, r.denied)
 
     def tick(self, now_ns: int) -> None:
         """Expire views whose snapshot (or bootstrap) is older than the TTL."""
@@ -447,18 +480,45 @@ class Reporter:
             return False
         if v.floor is None:
             policy = v.policy
-            part = floor_ppm(v.snap_share_ppm, len(self.ring))
+            rate = policy.target_rate
+            part = floor_ppm(v.snap_share_ppm, len(self.ring), self._floor_demand(v, since, heard))
             if part <= 0:
                 return False
-            burst = floor_burst(
-                policy.target_rate, part, cfg.reporter_lease_ms * MS, policy.local_burst_cap
-            )
+            burst = floor_burst(rate, part, cfg.reporter_lease_ms * MS, policy.local_burst_cap)
+            at = max(0, now_ns) // PPM
             v.floor_ppm = part
-            v.floor = Gcra(policy.target_rate * part, burst, max(0, now_ns) // PPM)
+            v.floor = Gcra(rate * part, burst, at)
+            # It holds what the escrow charged before it opened, no more (`floor_start`).
+            v.floor.apply(at, burst - floor_start(rate, part, cfg.escrow_after_ns, burst))
             v.floor_mark = v.unacked
             v.set_verdicts(BOUNDS["global_floor"], Suspension.OWNER_UNREACHABLE)
         v.settle_floor(now_ns)
         return True
+
+    def _floor_demand(self, v: GlobalGate, since: int, heard: int) -> int:
+        """The demand part of a view's floor (`shares.floor_demand_ppm`) from what we know
+        the owner counted in its window before it last heard from us, `h`: no more usage,
+        no fewer denials (docs/partitions.md). It heard us last no later than a TTL after
+        `since` (the floor's wait relies on that too), so a report made after that less
+        the window arrived in it; and it sends us batches only while our lease runs, so `h`
+        is no earlier than a lease and a trip before `heard`, our last word from it, and a
+        report it counted was acknowledged after that less the window and a grain, or is
+        unacknowledged still and was made before it last heard from us. (Denials made since,
+        while the view is stale and refuses everything, are not counted: it never saw
+        them, and counting them would end every floor of a busy view before it opened.)"""
+        cfg = self.config
+        window, grain = cfg.floor_window_ns, cfg.floor_grain_ns
+        used, denied = v.acked_used, v.acked_denied
+        last = since + cfg.snapshot_ttl_ns  # no later than the owner last heard from us
+        start = last - window
+        units = 0 if used is None else used.since(-(-start // grain))
+        first = (heard - cfg.reporter_lease_ms * MS - cfg.snapshot_ttl_ns - window) // grain - 1
+        refused = sum(r.denied for r in v.inflight if r.created_ns <= last)
+        if denied is not None:
+            if not denied.covers(first):
+                return 0  # denials it may have counted are no longer known: no floor
+            refused += denied.since(first)
+        return floor_demand_ppm(v.policy.target_rate, units, refused, window)
 
     def _vouched_by(self, owner: str, incarnation: int, seq: int, until_ns: int) -> None:
         """Note a batch numbered `seq` from `owner`: in order, it vouches for the views its
