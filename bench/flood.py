@@ -11,12 +11,15 @@ Keys: `baseline` and `flood`, each with `p50_us`, `p99_us`, `p999_us`, `max_us` 
 `calls_per_s`; `target_p99_us` (50, the issue's) and `within_target` (flood p99 under it);
 `batches_received` and `batch_keys` (the flood as the node saw it); the node's named bounds
 at work: `reports_sliced`, `reports_shed`, `deliver_hold_max_ms` (the longest one slice held
-the node), `fetch_polls`, `policy_fetches_max` (`Owner._fetching` at its largest: FETCHING_MAX).
+the node), `fetch_polls`, `policy_fetches_max` (`Owner._fetching` at its largest: FETCHING_MAX);
+`gc_pause_max_ms` and `gc_collections` (the process's garbage collections during the flood:
+the app embeds the node with CPython's default thresholds unless it calls `tune_gc`).
 Latencies include waiting for the GIL, which the node's loop holds while it decodes a batch.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
@@ -73,7 +76,9 @@ def run(*, seconds: float = 3.0, batch_keys: int = 256, calls: int = 0) -> dict[
             target=_watch_fetching, args=(driver, fetching_max, watching), daemon=True
         )
         watcher.start()
-        flood = _phase(node, seconds, calls)
+        pauses = _GcPauses()
+        with pauses:
+            flood = _phase(node, seconds, calls)
         watching.set()
         received = driver.transport.stats()["received"] - start
         health = node.health()
@@ -95,7 +100,33 @@ def run(*, seconds: float = 3.0, batch_keys: int = 256, calls: int = 0) -> dict[
         "deliver_hold_max_ms": bounds["deliver_hold_max_ms"],
         "fetch_polls": bounds["fetch_polls"],
         "policy_fetches_max": fetching_max[0],
+        "gc_pause_max_ms": round(pauses.max_ns / 1e6, 2),
+        "gc_collections": pauses.count,
     }
+
+
+class _GcPauses:
+    """The longest garbage collection, and how many ran, while in the `with` block: a
+    collection holds the GIL (and whatever lock the collecting thread holds) throughout."""
+
+    def __init__(self) -> None:
+        self.max_ns = 0
+        self.count = 0
+        self._began = 0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter_ns()
+        else:
+            self.count += 1
+            self.max_ns = max(self.max_ns, time.perf_counter_ns() - self._began)
+
+    def __enter__(self) -> _GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 def _phase(node: Any, seconds: float, calls: int) -> dict[str, float]:

@@ -82,6 +82,8 @@ def test_bench_flood_keys() -> None:
         "reports_shed",
         "deliver_hold_max_ms",
         "policy_fetches_max",
+        "gc_pause_max_ms",
+        "gc_collections",
     ):
         assert key in res, key
     assert isinstance(res["batches_received"], int) and res["batches_received"] >= 1
