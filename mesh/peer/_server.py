@@ -212,20 +212,25 @@ class PeerServer:
             caller = ""
         why = None
         for target in (self.member_id, STATUS_ANY_TARGET):
-            why = check_mac(
-                self.fleet_secrets,
-                proof if isinstance(proof, str) else None,
-                member=caller,
-                epoch=STATUS_EPOCH,
-                schema=SCHEMA,
-                target=target,
-                now_s=int(time.time()),
-                seen=self._nonces,
-            )
+            why = self._check_proof(proof, caller, STATUS_EPOCH, target)
             if why is None or "wrong fleet secret" not in why:
                 break  # proved, or refused for a reason the target does not change
         if why is not None:
             raise _Refused(grpc.StatusCode.PERMISSION_DENIED, f"status: {why}", "bad_secret")
+
+    def _check_proof(self, proof: object, member: str, epoch: str, target: str) -> str | None:
+        """Why the fleet-secret `proof` (metadata, untrusted) does not prove `member` at
+        `epoch` to `target` now, or None; a proof is good once (the nonces remembered)."""
+        return check_mac(
+            self.fleet_secrets,
+            proof if isinstance(proof, str) else None,
+            member=member,
+            epoch=epoch,
+            schema=SCHEMA,
+            target=target,
+            now_s=int(time.time()),
+            seen=self._nonces,
+        )
 
     def _open(self, context: aio.ServicerContext[bytes, bytes]) -> tuple[str, int]:
         """Admit a stream (module docstring) or raise _Refused; no await, nothing kept."""
@@ -258,16 +263,7 @@ class PeerServer:
                 raise _Refused(grpc.StatusCode.PERMISSION_DENIED, why, "bad_certificate")
         if self.fleet_secrets:
             proof = md.get(AUTH_MD)
-            why = check_mac(
-                self.fleet_secrets,
-                proof if isinstance(proof, str) else None,
-                member=member,
-                epoch=epoch,
-                schema=SCHEMA,
-                target=self.member_id,
-                now_s=int(time.time()),
-                seen=self._nonces,
-            )
+            why = self._check_proof(proof, member, epoch, self.member_id)
             if why is not None:
                 raise _Refused(grpc.StatusCode.PERMISSION_DENIED, why, "bad_secret")
         if self.is_member is not None:

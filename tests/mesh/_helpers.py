@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from mesh.core.config import MS
-from mesh.core.policy import Metric, PolicyCache, TenantRatePolicy
+from mesh.core.policy import Metric, PolicyCache, RateKey, TenantRatePolicy
 from mesh.core.ring import Ring
 
-__all__ = ["MS", "policy", "cache", "owned_policies"]
+__all__ = ["MS", "policy", "cache", "owned_keys", "owned_policies"]
 
 
 def policy(
@@ -40,5 +40,18 @@ def owned_policies(
         p = policy(f"{prefix}{i}", **kw)
         if ring.owner_of(p.rate_key) == member:
             out.append(p)
+        i += 1
+    return out
+
+
+def owned_keys(ring: Ring, member: str, n: int, prefix: str = "k") -> list[RateKey]:
+    """`n` read_iops keys (tenants `prefix0`, `prefix1`, ... of generation 1) that `member`
+    owns in `ring`."""
+    out: list[RateKey] = []
+    i = 0
+    while len(out) < n:
+        key = RateKey(f"{prefix}{i}", Metric.READ_IOPS, 1)
+        if ring.owner_of(key) == member:
+            out.append(key)
         i += 1
     return out

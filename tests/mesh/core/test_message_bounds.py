@@ -32,7 +32,7 @@ from mesh.core.owner._handover import PENDING_MAX
 from mesh.core.policy import Metric, RateKey
 from mesh.core.ring import Ring
 from mesh.errors import ConfigError, MessageError
-from tests.mesh._helpers import MS, cache, policy
+from tests.mesh._helpers import MS, cache, owned_keys, policy
 
 ANY = policy("*", rate=10**6, burst=10**6, b=10**3)
 RING = Ring(["o", "w", "w2"], 1)  # the owner and its two reporters, all members
@@ -40,14 +40,7 @@ NOW = 10_000 * MS
 
 
 def keys_of(ring: Ring, member: str, n: int, prefix: str = "k") -> list[RateKey]:
-    out: list[RateKey] = []
-    i = 0
-    while len(out) < n:
-        key = RateKey(f"{prefix}{i}", Metric.READ_IOPS, 1)
-        if ring.owner_of(key) == member:
-            out.append(key)
-        i += 1
-    return out
+    return owned_keys(ring, member, n, prefix)
 
 
 def reports(sender: str, keys: list[RateKey], seq: int = 1) -> ReportBatch:

@@ -24,11 +24,12 @@ from mesh.core.messages import (
     decode,
     encode,
 )
-from mesh.core.policy import Metric, RateKey
+from mesh.core.policy import RateKey
 from mesh.core.ring import Ring
 from mesh.node import Mesh
 from mesh.peer import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA_MD
 from mesh.peer._wire import PEER_SERVICE, SCHEMA
+from tests.mesh._helpers import owned_keys
 from tests.mesh._util import POLICY, until
 
 STALL_MAX_S = 0.020  # generous; the figures measured are a few ms at most (printed)
@@ -56,14 +57,8 @@ def _config(good_addr: str) -> dict[str, Any]:
 
 
 def keys_of(ring: Ring, member: str, n: int) -> list[RateKey]:
-    out: list[RateKey] = []
-    i = 0
-    while len(out) < n:
-        key = RateKey(f"{LONG}{i}", Metric.READ_IOPS, 1)
-        if ring.owner_of(key) == member:
-            out.append(key)
-        i += 1
-    return out
+    """Keys of the largest tenant ids that `member` owns in `ring`."""
+    return owned_keys(ring, member, n, LONG)
 
 
 class Stalls:
