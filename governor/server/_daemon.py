@@ -147,6 +147,10 @@ async def serve(
             ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
             ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
             ("grpc.so_reuseport", 0),  # a second governord on the port fails, not shares it
+            # Clients that keep idle connections alive (a mesh node's policy watch pings every
+            # 10 s) are not sent GOAWAY `too_many_pings` (gRPC's default allows one in 5 min).
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ]
     )
     try:

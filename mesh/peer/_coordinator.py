@@ -15,7 +15,7 @@ from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.core.policy import TenantRatePolicy
 from mesh.errors import ConfigError, MessageError
 from mesh.peer._link import open_channel
-from mesh.peer._wire import channel_options, pack, translate, unpack
+from mesh.peer._wire import pack, server_options, translate, unpack
 
 __all__ = ["COORDINATOR_SERVICE", "coordinator_handler", "CoordinatorClient", "CoordinatorServer"]
 
@@ -74,7 +74,7 @@ class CoordinatorServer:
         self.addr = ""
 
     async def start(self) -> str:
-        self._server = aio.server(options=channel_options(MAX_MESSAGE_BYTES))
+        self._server = aio.server(options=server_options(MAX_MESSAGE_BYTES))
         self._server.add_generic_rpc_handlers((coordinator_handler(self.store),))
         port = self._server.add_insecure_port(self.listen)
         await self._server.start()

@@ -47,8 +47,8 @@ from mesh.peer._wire import (
     PEER_SERVICE,
     SCHEMA,
     SCHEMA_MD,
-    channel_options,
     pack,
+    server_options,
 )
 from ratemesh.operator import probe_bind
 
@@ -131,7 +131,7 @@ class PeerServer:
     async def start(self) -> int:
         # grpc sets SO_REUSEPORT by default: a second node on this port would bind beside
         # the first and take half its peers' streams; refused, it fails with `listen`
-        options = [*channel_options(self.max_message_bytes), ("grpc.so_reuseport", 0)]
+        options = [*server_options(self.max_message_bytes), ("grpc.so_reuseport", 0)]
         server = aio.server(options=options, maximum_concurrent_rpcs=CALLS_MAX)
         rpc: dict[str, grpc.RpcMethodHandler] = {
             "Exchange": grpc.stream_stream_rpc_method_handler(self._exchange),

@@ -20,6 +20,8 @@ __all__ = [
     "pack",
     "unpack",
     "channel_options",
+    "server_options",
+    "KEEPALIVE_MS",
 ]
 
 PEER_SERVICE = "ratemesh.mesh.v1.Peer"
@@ -59,15 +61,42 @@ def unpack(data: bytes, what: str) -> Any:
         raise MessageError(what, f"not valid msgpack: {exc}") from exc
 
 
-def channel_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+# Keepalive: a client pings an idle connection every KEEPALIVE_MS (and gives it up after
+# KEEPALIVE_TIMEOUT_MS without an answer), so a dead peer's stream ends within 15 s. A server
+# must accept those pings: gRPC's default lets a client ping without data only every 5 min and
+# answers faster pings with GOAWAY `too_many_pings`, which ended every idle stream (a peer link
+# with no reports, a coordinator watch between changes) after its third ping. Servers built with
+# `server_options` accept a ping every KEEPALIVE_MS / 2.
+KEEPALIVE_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 5_000
+
+
+def channel_options(
+    max_message_bytes: int, keepalive_ms: int = KEEPALIVE_MS
+) -> list[tuple[str, Any]]:
+    """A client channel's options (peer links, the coordinator client)."""
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.keepalive_time_ms", 10_000),
-        ("grpc.keepalive_timeout_ms", 5_000),
+        ("grpc.keepalive_time_ms", keepalive_ms),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.initial_reconnect_backoff_ms", 50),
         ("grpc.min_reconnect_backoff_ms", 50),
         ("grpc.max_reconnect_backoff_ms", 1000),
+    ]
+
+
+def server_options(
+    max_message_bytes: int, keepalive_ms: int = KEEPALIVE_MS
+) -> list[tuple[str, Any]]:
+    """A server's options: its own keepalive, and room for the clients' pings (above)."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", keepalive_ms),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", keepalive_ms // 2),
     ]
