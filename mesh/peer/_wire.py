@@ -71,17 +71,24 @@ KEEPALIVE_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 5_000
 
 
-def channel_options(
-    max_message_bytes: int, keepalive_ms: int = KEEPALIVE_MS
-) -> list[tuple[str, Any]]:
-    """A client channel's options (peer links, the coordinator client)."""
+def _common_options(max_message_bytes: int, keepalive_ms: int) -> list[tuple[str, Any]]:
+    """What clients and servers both set: message sizes and their own keepalive."""
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.keepalive_time_ms", keepalive_ms),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
-        ("grpc.http2.max_pings_without_data", 0),
         ("grpc.keepalive_permit_without_calls", 1),
+    ]
+
+
+def channel_options(
+    max_message_bytes: int, keepalive_ms: int = KEEPALIVE_MS
+) -> list[tuple[str, Any]]:
+    """A client channel's options (peer links, the coordinator client)."""
+    return [
+        *_common_options(max_message_bytes, keepalive_ms),
+        ("grpc.http2.max_pings_without_data", 0),
         ("grpc.initial_reconnect_backoff_ms", 50),
         ("grpc.min_reconnect_backoff_ms", 50),
         ("grpc.max_reconnect_backoff_ms", 1000),
@@ -93,10 +100,6 @@ def server_options(
 ) -> list[tuple[str, Any]]:
     """A server's options: its own keepalive, and room for the clients' pings (above)."""
     return [
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.keepalive_time_ms", keepalive_ms),
-        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
-        ("grpc.keepalive_permit_without_calls", 1),
+        *_common_options(max_message_bytes, keepalive_ms),
         ("grpc.http2.min_ping_interval_without_data_ms", keepalive_ms // 2),
     ]

@@ -14,8 +14,8 @@ from grpc import aio
 
 from mesh.peer._wire import KEEPALIVE_MS, channel_options, server_options
 
-PING_MS = 500  # the client pings an idle connection this often here (KEEPALIVE_MS in use)
-IDLE_S = 4.0  # eight pings: the default server sent GOAWAY at the third
+PING_MS = 1000  # the client pings an idle connection this often here (KEEPALIVE_MS in use)
+IDLE_S = 8.0  # eight pings: the default server sent GOAWAY at the third
 
 
 async def _echo(requests: AsyncIterator[bytes], context: object) -> AsyncIterator[bytes]:
