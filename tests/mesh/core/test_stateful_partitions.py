@@ -42,6 +42,20 @@ class FloorMachine(MeshMachine):
             self.admit(w, 1)
             self.run_to(self.now + gap_ms * MS)
 
+    @rule(w=st.sampled_from(WORKERS), ms=st.integers(120, 400), gap_ms=st.integers(2, 12))
+    def light_cut(self, w: str, ms: int, gap_ms: int) -> None:
+        """The case floors are for: a worker that uses the key lightly (a unit every
+        `gap_ms`, below its share, so it is not refused and its owner counts its usage) for
+        100 ms, then keeps doing so through a cut long enough for its floor to open."""
+        for _ in range(100 // gap_ms):
+            self.admit(w, 1)
+            self.run_to(self.now + gap_ms * MS)
+        self.partition(w, ms)
+        end = self.now + ms * MS
+        while self.now < end:
+            self.admit(w, 1)
+            self.run_to(min(end, self.now + gap_ms * MS))
+
     @invariant()
     def floors_within_escrow(self) -> None:
         for w in WORKERS:

@@ -354,7 +354,9 @@ def test_forged_usage_from_a_stranger_or_a_member_changes_nothing() -> None:
         }
         assert owner["applied_units"] >= applied  # only n's own usage since
         admitted, elapsed = _admit_for(node, "carol", 1.0)
-        assert admitted >= 0.8 * 1000 * elapsed, (admitted, elapsed)  # carol: 1000/s
+        # carol: 1000/s. The attack took her to 3/s; half her rate is far from that and
+        # holds while a loaded CI machine slows the node's ticks (0.78 was seen under load).
+        assert admitted >= 0.5 * 1000 * elapsed, (admitted, elapsed)
     finally:
         node.stop()  # a poisoned owner raised MessageError here: ahead_ns > INT_MAX
 
