@@ -80,7 +80,7 @@ NEAR_BITS = 16
 # the start); the second keeps a key that demand does not drain (a quiet tenant below its
 # rate, whose demand comes in lumps beside a small bucket: noisy-neighbour's) on its even
 # split, so an idle worker's next request finds an even share ready, not the floor's
-# sliver of one. With partition floors on (the default), OVERLOAD 1 let the denials that
+# sliver of one. With partition floors on (half-partition), OVERLOAD 1 let the denials that
 # a healed partition's workers report at once count as a drain: half-partition's quiet
 # tenant fell to 0.989 (20 seeds, min); at 2 it gets 0.990, flash-crowd 0.965 (0.968 at 1),
 # and noisy-neighbour and the rest measure the same as at 1.

@@ -34,7 +34,7 @@ from tests.mesh._helpers import cache, policy
 
 R, B, b = 2000, 200, 40
 N = 4
-CFG = CoreConfig()  # floors are on by default
+CFG = CoreConfig(partition_floor_ms=PARTITION_FLOOR_MS)  # floors on (off by default)
 KEY: RateKey = policy("t", rate=R, burst=B, b=b).rate_key
 
 
@@ -217,10 +217,11 @@ def test_the_floor_follows_recent_usage_and_never_exceeds_the_escrow(seed: int) 
     assert 0 < v.floor_ppm <= e.part_ppm, (seed, v.floor_ppm, e)
 
 
-def test_the_floor_is_on_by_default() -> None:
-    assert CoreConfig().partition_floor_ms == PARTITION_FLOOR_MS > 0
-    # ... and shorter than the node's default membership failure detection (etcd lease).
-    assert PARTITION_FLOOR_MS < 5_000
+def test_the_floor_is_off_by_default_and_its_span_is_below_failure_detection() -> None:
+    """Off until the floor <= escrow gap the stateful test found is closed (issue 12's note);
+    the span to set is shorter than the node's default membership failure detection."""
+    assert CoreConfig().partition_floor_ms == 0
+    assert 0 < PARTITION_FLOOR_MS < 5_000
 
 
 def test_no_floor_when_turned_off() -> None:
