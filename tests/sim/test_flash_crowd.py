@@ -4,8 +4,8 @@ each); `mesh sim sweep --scenarios flash-crowd` runs twenty.
 
 The issue's target is 0.97 of the ideal; this code reaches 0.965-0.975 over seeds (0.954
 before the issue), so the test guards UTILISATION_MIN, what it shows on every seed, not the
-target (issue 12's note says what is left: the partition floors' escrows of sparse reporters
-cost about 0.0015 here, and the owner's bucket stays full for a one-way delay at the start)."""
+target (issue 12's note says what is left: mostly the first 100 ms, while the owner's bucket
+stays full for a flush and a one-way delay, and the 10 ms jitter between windows)."""
 
 from __future__ import annotations
 
