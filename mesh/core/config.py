@@ -27,8 +27,8 @@ FLOOR_GRAINS = 4
 # membership's failure detection (the etcd lease, 5 s by default), so the floor has ended
 # before the ring can drop the member and its owner stop escrowing it (docs/partitions.md).
 # Floors are off by default (partition_floor_ms 0): the stateful test found a floor above
-# its escrow after a cut that followed a healed one (issue 12's note), so the argument of
-# docs/partitions.md does not hold as built until that is fixed.
+# its escrow after a cut that followed a healed one ("Known gap" in docs/partitions.md), so
+# the argument there does not hold as built until that is fixed.
 PARTITION_FLOOR_MS = 2000
 
 

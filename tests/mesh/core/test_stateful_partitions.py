@@ -88,9 +88,10 @@ TestFloorEnvelope = FloorMachine.TestCase
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="issue 12, docs/partitions.md 'Known gap': after a healed cut the worker's count of "
-    "denials leaves out those it made while stale, the owner's counts them, so a second cut "
-    "soon after opens a floor above its escrow; floors stay off by default until it is fixed",
+    reason="issue 12, docs/partitions.md 'Known gap': after a healed cut the owner hears the "
+    "worker's resend but no answer reaches the worker before a second cut, so the worker floors "
+    "from its older last word and window, above what the owner escrows from its later one; "
+    "floors stay off by default until it is fixed",
 )
 @pytest.mark.parametrize("example", ["after-long-cut", "after-light-cut"])
 def test_a_second_cut_soon_after_a_healed_one_keeps_the_floor_within_its_escrow(
