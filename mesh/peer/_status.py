@@ -18,6 +18,20 @@ __all__ = ["fetch_status", "STATUS_CALLER"]
 STATUS_CALLER = "mesh-status"  # the id a Status caller claims (it proves the secret, no more)
 
 
+def status_proof(fleet_secret: bytes, target: str = STATUS_ANY_TARGET) -> str:
+    """A Status caller's fleet-secret proof, made now, for `target` (a member's id, or
+    STATUS_ANY_TARGET): over the word `status` in the worker_epoch's place, so that it
+    cannot open a stream nor a stream's proof a Status call."""
+    return sign(
+        fleet_secret,
+        member=STATUS_CALLER,
+        epoch=STATUS_EPOCH,
+        schema=SCHEMA,
+        target=target,
+        now_s=int(time.time()),
+    )
+
+
 async def fetch_status(
     addr: str,
     *,
@@ -31,15 +45,7 @@ async def fetch_status(
     known (a proof for STATUS_ANY_TARGET is good at any member of the fleet)."""
     md: tuple[tuple[str, str], ...] = ((MEMBER_MD, STATUS_CALLER),)
     if fleet_secret is not None:
-        proof = sign(
-            fleet_secret,
-            member=STATUS_CALLER,
-            epoch=STATUS_EPOCH,
-            schema=SCHEMA,
-            target=target,
-            now_s=int(time.time()),
-        )
-        md = (*md, (AUTH_MD, proof))
+        md = (*md, (AUTH_MD, status_proof(fleet_secret, target)))
     async with open_channel(addr, tls, MAX_MESSAGE_BYTES) as channel:
         try:
             call = channel.unary_unary(STATUS)

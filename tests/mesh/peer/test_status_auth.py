@@ -6,7 +6,6 @@ mesh with neither answers anyone. All over real gRPC; the CLI answers in one lin
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +19,16 @@ from mesh.config import TlsConfig
 from mesh.errors import PeerRefused
 from mesh.node import Mesh
 from mesh.peer import MEMBER_MD, fetch_status
-from mesh.peer._identity import AUTH_MD, STATUS_EPOCH, sign
-from mesh.peer._status import STATUS_CALLER
-from mesh.peer._wire import SCHEMA, STATUS, pack
+from mesh.peer._identity import AUTH_MD
+from mesh.peer._status import STATUS_CALLER, status_proof
+from mesh.peer._wire import STATUS, pack
 from tests.mesh._util import http_get, until
 from tests.mesh.peer._certs import tls_for
 from tests.mesh.peer.test_identity import SECRET, _md, _node, _proof, _refused, _secret_file
 
 
 def _status_proof(*, secret: bytes = SECRET, target: str = "n") -> str:
-    return sign(
-        secret,
-        member=STATUS_CALLER,
-        epoch=STATUS_EPOCH,
-        schema=SCHEMA,
-        target=target,
-        now_s=int(time.time()),
-    )
+    return status_proof(secret, target)
 
 
 async def _raw(addr: str, md: tuple[tuple[str, str], ...]) -> grpc.StatusCode:
