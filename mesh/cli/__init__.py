@@ -86,7 +86,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     _output_flags(demo)
 
-    node = sub.add_parser("node", help="run a standalone mesh peer (sidecar, tests)")
+    node = sub.add_parser(
+        "node", help="run a standalone mesh peer (sidecar, tests); SIGHUP reloads its policy file"
+    )
     node.add_argument("--config", required=True, help="the node's YAML config")
     node.add_argument("--member-id", help="override member_id from the config")
     node.add_argument("--listen", help="override listen from the config")
