@@ -94,7 +94,16 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--listen", help="override listen from the config")
     node.add_argument("--log-level", default="WARNING")
 
-    status = sub.add_parser("status", help="print a member's view (JSON)")
+    status = sub.add_parser(
+        "status",
+        help="print a member's view (JSON); --fleet: every member's policy generations",
+        description="A member's view over its Status call. With --fleet, ask that member "
+        "for the ring and then every member in parallel (all within --timeout) which "
+        "generation of each limit it enforces; print member, limit, generation and flag "
+        "divergence. Exit status: 0 when all answered and agree, 1 when members enforce "
+        "different generations of a limit, a member did not answer or the member asked "
+        "did not answer, 2 for a mistake in a flag or file.",
+    )
     status.add_argument(
         "--addr", help="the member's peer address host:port (default: the --config's)"
     )
@@ -105,7 +114,14 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--fleet-secret-file", help="prove the caller with this fleet secret (one a line)"
     )
-    status.add_argument("--timeout", type=float, default=5.0)
+    status.add_argument(
+        "--fleet",
+        action="store_true",
+        help="every ring member's enforced generation per limit; exit 1 if they diverge",
+    )
+    status.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds (with --fleet: for the whole fleet)"
+    )
     _output_flags(status)
 
     val = sub.add_parser("validate", help="check a node config; print warnings")

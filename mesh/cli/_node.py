@@ -93,6 +93,10 @@ def status(args: argparse.Namespace) -> int:
     if not addr:
         raise ConfigError("--addr", "required (or --config, the member's node config)")
     addr = check_address("--addr", addr)
+    if args.fleet:
+        from ._fleet import fleet_status
+
+        return fleet_status(args, addr, tls=tls, secret=secret, target=target, timeout_s=timeout_s)
     try:
         emit(
             asyncio.run(

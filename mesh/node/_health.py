@@ -13,7 +13,7 @@ from mesh.core.reporter._gate import GlobalGate
 from mesh.node._driver import NodeDriver
 from mesh.telemetry import NodeStats
 
-__all__ = ["health", "node_stats", "d_estimate_ns", "enforced", "ENFORCED_SHOWN_MAX"]
+__all__ = ["health", "status", "node_stats", "d_estimate_ns", "enforced", "ENFORCED_SHOWN_MAX"]
 
 # Limits listed in `policies.enforced` (and so in a Status answer, which `mesh status --fleet`
 # compares across members); past it the rest are counted in `enforced_omitted`.
@@ -168,6 +168,14 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             "fetch_polls": driver.fetch_polls,
         },
     }
+
+
+def status(driver: NodeDriver) -> dict[str, Any]:
+    """The Status call's answer: /health plus the ring members' addresses, which
+    `mesh status --fleet` dials (not on /health: the telemetry port asks for no proof)."""
+    out = health(driver)
+    out["membership"]["addresses"] = dict(sorted(driver.membership_view.members.items()))
+    return out
 
 
 def _first(item: tuple[Any, Any]) -> Any:

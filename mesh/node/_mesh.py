@@ -44,7 +44,7 @@ from mesh.node._build import (
     claim_static_id,
 )
 from mesh.node._driver import NodeDriver
-from mesh.node._health import health, node_stats
+from mesh.node._health import health, node_stats, status
 from mesh.node._reload import PolicyReloader
 from mesh.peer import PeerHandler, Transport
 from mesh.telemetry import HttpEndpoint, Telemetry
@@ -463,4 +463,4 @@ class _Handler:
         return self.driver is not None and self.driver.busy(sender)
 
     def status(self) -> dict[str, Any]:
-        return {} if self.driver is None else health(self.driver)
+        return {} if self.driver is None else status(self.driver)
