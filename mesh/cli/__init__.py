@@ -36,6 +36,7 @@ COMMANDS: dict[tuple[str, ...], Handler] = {
     ("bench", "cluster"): _bench.cluster,
     ("bench", "churn"): _bench.churn,
     ("bench", "flood"): _bench.flood,
+    ("bench", "policy"): _bench.policy,
 }
 
 
@@ -175,6 +176,12 @@ def _parser() -> argparse.ArgumentParser:
     flood.add_argument("--seconds", type=float, default=3.0)
     flood.add_argument("--batch-keys", dest="batch_keys", type=int, default=256)
     _output_flags(flood)
+    pol = bsub.add_parser(
+        "policy", help="push policy generations to real nodes: time until all enforce them"
+    )
+    pol.add_argument("--nodes", type=int, default=4)
+    pol.add_argument("--pushes", type=int, default=100)
+    _output_flags(pol)
     return p
 
 
