@@ -26,6 +26,7 @@ from typing import Any
 from mesh.config import load_policy_file
 from mesh.core.policy import PolicyCache
 from mesh.errors import ConfigError
+from ratemesh.yamlfile import YAML_BYTES_MAX
 
 __all__ = ["PolicyReloader", "ReloadStats", "REFUSED_REASONS"]
 
@@ -34,7 +35,7 @@ REFUSED_REASONS = ("invalid", "conflict")  # the fixed label values of refused r
 HASH_CHUNK_BYTES = 1 << 16
 # A policy file is read whole by the YAML loader, which refuses more than YAML_BYTES_MAX;
 # the hash reads no further either (a larger file is refused by the parse that follows).
-HASH_BYTES_MAX = 4 * 1024 * 1024 + 1
+HASH_BYTES_MAX = YAML_BYTES_MAX + 1
 
 Stat = tuple[int, int, int]  # mtime_ns, size, inode
 

@@ -144,3 +144,22 @@ def test_an_unreachable_member_is_flagged(
             assert report["limits"][0]["generations"] == {"a": 1}
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["status", "--fleet", "--addr", "nope"], "--addr"),
+        (["status", "--fleet"], "--addr"),
+        (["status", "--fleet", "--addr", "127.0.0.1:1", "--timeout", "nan"], "--timeout"),
+        (["bench", "policy", "--nodes", "0"], "--nodes"),
+        (["bench", "policy", "--pushes", "0"], "--pushes"),
+    ],
+)
+def test_a_mistake_is_one_line_naming_the_flag(
+    argv: list[str], names: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert mesh_main(argv) == 2
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert out.out == "" and len(lines) == 1 and names in lines[0], out.err
