@@ -6,9 +6,12 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ._output import one_line
+
+if TYPE_CHECKING:
+    from mesh.config import TlsConfig
 
 __all__ = ["fleet_status"]
 
@@ -17,7 +20,7 @@ def fleet_status(
     args: argparse.Namespace,
     addr: str,
     *,
-    tls: Any,
+    tls: TlsConfig | None,
     secret: bytes | None,
     target: str,
     timeout_s: float,

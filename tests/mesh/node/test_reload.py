@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +199,23 @@ def test_the_generation_gauge_labels_at_most_top_k_tenants_and_other() -> None:
             assert len(_enforced(mesh)) == 10  # /health lists every limit
 
     asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_sighup_to_a_node_without_a_policy_file_is_logged_and_ignored(tmp_path: Path) -> None:
+    (cfg,) = static_nodes(["solo"])
+    cfg_path = tmp_path / "node.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    proc = spawn(["-m", "mesh.cli", "node", "--config", str(cfg_path)])
+    try:
+        read_ready(proc)
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)  # let the loop handle it before SIGTERM (signals may coalesce)
+        assert proc.poll() is None  # still serving
+        proc.terminate()
+        assert proc.wait(10) == 0  # a graceful leave, not the signal's default
+        assert proc.stderr is not None
+        lines = [ln for ln in proc.stderr.read().splitlines() if "SIGHUP" in ln]
+        assert len(lines) == 1 and "policies.file" in lines[0], lines
+    finally:
+        stop(proc)
