@@ -277,6 +277,18 @@ class Mesh:
         reloader = self._require().reloader
         if reloader is None:
             raise ConfigError("policies.file", "not set: this node has no policy file to reload")
+        loop = self._loop
+        if (
+            self._lock is not None
+            and loop is not None
+            and loop.is_running()
+            and threading.current_thread() is not self._thread
+        ):  # on the node's loop, as its file watch reloads: one reload at a time
+
+            async def on_loop() -> bool:
+                return reloader.reload(trigger)
+
+            return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(10)
         return reloader.reload(trigger)
 
     def _require(self) -> NodeDriver:

@@ -219,3 +219,16 @@ def test_sighup_to_a_node_without_a_policy_file_is_logged_and_ignored(tmp_path: 
         assert len(lines) == 1 and "policies.file" in lines[0], lines
     finally:
         stop(proc)
+
+
+def test_a_threaded_node_reloads_from_the_app_thread(tmp_path: Path) -> None:
+    path = tmp_path / "policies.yaml"
+    _write(path, POLICY)
+    mesh = _memory({"member_id": "a", "policies": {"file": str(path), "watch_ms": 0}}).start()
+    try:
+        _write(path, POLICY, dict(POLICY, generation=2))
+        assert mesh.reload_policies() is True
+        assert _enforced(mesh) == {("acme", "read_iops"): 2}
+        wait_for(lambda: mesh.try_admit("acme", "read_iops").allowed, 2, "admits under gen 2")
+    finally:
+        mesh.stop()
