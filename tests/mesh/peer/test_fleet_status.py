@@ -7,17 +7,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from bench._procs import read_ready, spawn, stop
 from mesh.cli import main as mesh_main
 from mesh.errors import MessageError
 from mesh.node import Mesh
 from mesh.telemetry import MemberAnswer, enforced_of, fleet_report, fleet_table
-from tests.mesh._util import POLICY, static_nodes, until
+from tests.mesh._util import POLICY, run_mesh, static_nodes, until, wait_for
 
 SECRET = b"0123456789abcdef-fleet-secret"
 
@@ -163,3 +165,35 @@ def test_a_mistake_is_one_line_naming_the_flag(
     out = capsys.readouterr()
     lines = out.err.strip().splitlines()
     assert out.out == "" and len(lines) == 1 and names in lines[0], out.err
+
+
+@pytest.mark.slow
+def test_fleet_status_of_real_node_processes(tmp_path: Path) -> None:
+    """Two `mesh node` processes with their own policy files; `mesh status --fleet` run as
+    an operator runs it, before and after one of them is told (SIGHUP) of generation 2."""
+    ids = ["a", "b"]
+    cfgs = static_nodes(ids)
+    files = {m: tmp_path / f"policies-{m}.yaml" for m in ids}
+    procs = []
+    try:
+        for m, cfg in zip(ids, cfgs, strict=True):
+            cfg["policies"] = {"file": _policy_file(files[m], 1), "watch_ms": 0}
+            (tmp_path / f"{m}.yaml").write_text(yaml.safe_dump(cfg))
+            procs.append(spawn(["-m", "mesh.cli", "node", "--config", str(tmp_path / f"{m}.yaml")]))
+        addr = [read_ready(p)["address"] for p in procs][0]
+
+        def fleet() -> tuple[int, dict[str, Any]]:
+            out = run_mesh("status", "--fleet", "--addr", addr, "--json")
+            assert "Traceback" not in out.stderr
+            return out.returncode, json.loads(out.stdout)
+
+        wait_for(lambda: fleet()[0] == 0, 10, "both members answer and agree")
+        _policy_file(files["b"], 1, 2)
+        procs[1].send_signal(signal.SIGHUP)
+        wait_for(lambda: fleet()[0] == 1, 10, "the divergence is seen")
+        rc, report = fleet()
+        assert report["limits"][0]["generations"] == {"a": 1, "b": 2}
+        assert report["diverged_limits"] == 1 and report["unreachable"] == []
+    finally:
+        for p in procs:
+            stop(p)
