@@ -36,6 +36,7 @@ COMMANDS: dict[tuple[str, ...], Handler] = {
     ("bench", "cluster"): _bench.cluster,
     ("bench", "churn"): _bench.churn,
     ("bench", "flood"): _bench.flood,
+    ("bench", "policy"): _bench.policy,
 }
 
 
@@ -86,13 +87,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     _output_flags(demo)
 
-    node = sub.add_parser("node", help="run a standalone mesh peer (sidecar, tests)")
+    node = sub.add_parser(
+        "node", help="run a standalone mesh peer (sidecar, tests); SIGHUP reloads its policy file"
+    )
     node.add_argument("--config", required=True, help="the node's YAML config")
     node.add_argument("--member-id", help="override member_id from the config")
     node.add_argument("--listen", help="override listen from the config")
     node.add_argument("--log-level", default="WARNING")
 
-    status = sub.add_parser("status", help="print a member's view (JSON)")
+    status = sub.add_parser(
+        "status",
+        help="print a member's view (JSON); --fleet: every member's policy generations",
+        description="A member's view over its Status call. With --fleet, ask that member "
+        "for the ring and then every member in parallel (all within --timeout) which "
+        "generation of each limit it enforces; print member, limit, generation and flag "
+        "divergence. Exit status: 0 when all answered and agree, 1 when members enforce "
+        "different generations of a limit, a member did not answer or the member asked "
+        "did not answer, 2 for a mistake in a flag or file.",
+    )
     status.add_argument(
         "--addr", help="the member's peer address host:port (default: the --config's)"
     )
@@ -103,7 +115,14 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--fleet-secret-file", help="prove the caller with this fleet secret (one a line)"
     )
-    status.add_argument("--timeout", type=float, default=5.0)
+    status.add_argument(
+        "--fleet",
+        action="store_true",
+        help="every ring member's enforced generation per limit; exit 1 if they diverge",
+    )
+    status.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds (with --fleet: for the whole fleet)"
+    )
     _output_flags(status)
 
     val = sub.add_parser("validate", help="check a node config; print warnings")
@@ -157,6 +176,12 @@ def _parser() -> argparse.ArgumentParser:
     flood.add_argument("--seconds", type=float, default=3.0)
     flood.add_argument("--batch-keys", dest="batch_keys", type=int, default=256)
     _output_flags(flood)
+    pol = bsub.add_parser(
+        "policy", help="push policy generations to real nodes: time until all enforce them"
+    )
+    pol.add_argument("--nodes", type=int, default=4)
+    pol.add_argument("--pushes", type=int, default=100)
+    _output_flags(pol)
     return p
 
 

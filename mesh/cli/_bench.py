@@ -1,5 +1,5 @@
-"""`mesh bench hotpath`, `owner`, `cluster`, `churn` and `flood`: benchmarks of the real code, JSON
-on stdout."""
+"""`mesh bench hotpath`, `owner`, `cluster`, `churn`, `flood` and `policy`: benchmarks of the
+real code, JSON on stdout."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ratemesh.checks import check_int
 
 from ._output import emit, positive_s
 
-__all__ = ["churn", "cluster", "flood", "hotpath", "owner"]
+__all__ = ["churn", "cluster", "flood", "hotpath", "owner", "policy"]
 
 
 def hotpath(args: argparse.Namespace) -> int:
@@ -79,6 +79,19 @@ def flood(args: argparse.Namespace) -> int:
             batch_keys=check_int(
                 "--batch-keys", args.batch_keys, minimum=1, maximum=REPORT_ROWS_MAX
             ),
+        ),
+        args,
+    )
+    return 0
+
+
+def policy(args: argparse.Namespace) -> int:
+    from bench.policy import run
+
+    emit(
+        run(
+            nodes=check_int("--nodes", args.nodes, minimum=1, maximum=64),
+            pushes=check_int("--pushes", args.pushes, minimum=1, maximum=100_000),
         ),
         args,
     )

@@ -93,6 +93,10 @@ def status(args: argparse.Namespace) -> int:
     if not addr:
         raise ConfigError("--addr", "required (or --config, the member's node config)")
     addr = check_address("--addr", addr)
+    if args.fleet:
+        from ._fleet import fleet_status
+
+        return fleet_status(args, addr, tls=tls, secret=secret, target=target, timeout_s=timeout_s)
     try:
         emit(
             asyncio.run(
@@ -107,7 +111,8 @@ def status(args: argparse.Namespace) -> int:
 
 
 def node(args: argparse.Namespace) -> int:
-    """Run one member until SIGTERM or SIGINT; its address as one JSON line on stdout."""
+    """Run one member until SIGTERM or SIGINT (SIGHUP reloads its policy file); its
+    address as one JSON line on stdout."""
     from mesh.config import load_config
     from mesh.node import Mesh, new_event_loop, tune_gc
 
@@ -134,6 +139,14 @@ def node(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         mesh = Mesh(cfg)
+
+        def reload() -> None:  # SIGHUP: re-read the policy file; a refusal is logged
+            try:
+                mesh.reload_policies("sighup")
+            except ConfigError as exc:
+                logging.getLogger("mesh.policy").warning("SIGHUP: %s; nothing reloaded", exc)
+
+        loop.add_signal_handler(signal.SIGHUP, reload)
         try:
             await mesh.astart()
         except OSError as exc:  # the peer port is translated by the transport; this is the

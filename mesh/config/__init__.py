@@ -7,6 +7,7 @@ Below the node and the peer layer (both read it) and above the core (it builds t
 from mesh.config._node import (
     FLEET_SECRET_MIN_BYTES,
     NODE_RETRY_MAX_MS,
+    POLICY_WATCH_MS,
     CoordinatorConfig,
     Identity,
     MembershipConfig,
@@ -23,6 +24,7 @@ from mesh.config._node import (
 __all__ = [
     "FLEET_SECRET_MIN_BYTES",
     "NODE_RETRY_MAX_MS",
+    "POLICY_WATCH_MS",
     "CoordinatorConfig",
     "Identity",
     "MembershipConfig",

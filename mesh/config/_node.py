@@ -27,7 +27,8 @@ Shape (every key optional except where said)::
       interval_ms: 1000          # dns: re-resolve period
       epoch_slot_ms: 30000       # dns: see mesh/membership/_dns.py
     policies:
-      file: policies.yaml
+      file: policies.yaml        # reloaded on SIGHUP and when it changes (mesh/node/_reload.py)
+      watch_ms: 1000             # how often the file is checked for a change; 0: SIGHUP only
       inline: [{tenant_id: acme, metric: read_iops, generation: 1, ...}]
       coordinator: {addr: 127.0.0.1:7100, poll_ttl_ms: 1000}
     core: {sync_interval_ms: 5, snapshot_ttl_ms: 20}
@@ -69,9 +70,13 @@ NODE_RETRY_MAX_MS = 1000
 FLEET_SECRET_MIN_BYTES = 16  # shorter is guessable; HMAC-SHA256 keys need no more than 64
 FLEET_SECRET_MAX_BYTES = 4096  # a secret file is a few lines, not a document
 FLEET_SECRETS_MAX = 3  # secrets accepted at once (a rotation needs two)
+# How often a node compares its policy file's stat (and, when that moved, its hash) with what
+# it last loaded: a second is quick for an operator's edit and costs one stat() a second.
+POLICY_WATCH_MS = 1000
 
 __all__ = [
     "FLEET_SECRET_MIN_BYTES",
+    "POLICY_WATCH_MS",
     "NodeConfig",
     "TlsConfig",
     "MembershipConfig",
@@ -146,6 +151,7 @@ class NodeConfig:
     membership: MembershipConfig | None = None
     policies: tuple[TenantRatePolicy, ...] = ()
     policy_file: str | None = None
+    policy_watch_ms: int = POLICY_WATCH_MS  # 0: reload the file on SIGHUP only
     coordinator: CoordinatorConfig | None = None
     core: CoreConfig = field(
         default_factory=lambda: CoreConfig(report_retry_max_ms=NODE_RETRY_MAX_MS)
@@ -586,12 +592,19 @@ def _dns_warnings(cfg: NodeConfig, member_id: str) -> list[str]:
 def _policies(data: Any, base: Path | None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigTypeError("policies", f"must be a mapping, got {type(data).__name__}")
-    _no_unknown("policies", data, {"file", "inline", "coordinator"})
+    _no_unknown("policies", data, {"file", "watch_ms", "inline", "coordinator"})
     out: dict[str, Any] = {}
     found: list[TenantRatePolicy] = []
     if data.get("file") is not None:
         out["policy_file"] = _file("policies.file", data["file"], base)
         found += load_policy_file(out["policy_file"], where="policies.file")
+    if data.get("watch_ms") is not None:
+        if "policy_file" not in out:
+            raise ConfigError("policies.watch_ms", "is only used with policies.file")
+        watch_ms = check_int("policies.watch_ms", data["watch_ms"], maximum=3_600_000)
+        if 0 < watch_ms < 10:
+            raise ConfigError("policies.watch_ms", f"must be 0 (off) or >= 10, got {watch_ms}")
+        out["policy_watch_ms"] = watch_ms
     inline = data.get("inline", [])
     if not isinstance(inline, list):
         raise ConfigTypeError("policies.inline", "must be a list of policies")

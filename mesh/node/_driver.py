@@ -29,6 +29,7 @@ from mesh.core.owner._owner import FETCHING_MAX
 from mesh.core.policy import Metric, RateKey
 from mesh.core.ring import Ring
 from mesh.membership import MembershipSource, MembershipView
+from mesh.node._reload import PolicyReloader
 from mesh.peer import Transport
 from mesh.telemetry import DECISIONS_IDLE_S, Telemetry
 
@@ -114,6 +115,7 @@ class NodeDriver:
         *,
         lock: threading.Lock | None,
         clock_ns: Callable[[], int] = time.monotonic_ns,
+        reloader: PolicyReloader | None = None,
     ) -> None:
         self.config = config
         self.identity = identity
@@ -122,6 +124,7 @@ class NodeDriver:
         self.membership = membership
         self.feed = feed
         self.telemetry = telemetry
+        self.reloader = reloader  # the local policy file's reloads (None: no policies.file)
         self.lock = lock or contextlib.nullcontext()
         self.threaded = lock is not None
         self.clock_ns = clock_ns
@@ -185,6 +188,8 @@ class NodeDriver:
         self._spawn(self._ticker(), "mesh-tick")
         self._spawn(self._run_membership(), "mesh-membership")
         self._spawn(self._collect_refused(), "mesh-refused-gc")
+        if self.reloader is not None and self.reloader.watch_ms > 0:
+            self._spawn(self.reloader.watch(), "mesh-policy-file")
         if self.feed is not None:
             await self.feed.poll()  # best effort: start with the coordinator's policies
             self._spawn(self.feed.run(), "mesh-policy-feed")

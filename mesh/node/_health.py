@@ -13,7 +13,18 @@ from mesh.core.reporter._gate import GlobalGate
 from mesh.node._driver import NodeDriver
 from mesh.telemetry import NodeStats
 
-__all__ = ["health", "node_stats", "d_estimate_ns"]
+__all__ = ["health", "status", "node_stats", "d_estimate_ns", "enforced", "ENFORCED_SHOWN_MAX"]
+
+# Limits listed in `policies.enforced` (and so in a Status answer, which `mesh status --fleet`
+# compares across members); past it the rest are counted in `enforced_omitted`.
+ENFORCED_SHOWN_MAX = 10_000
+
+
+def enforced(driver: NodeDriver) -> dict[tuple[str, str], int]:
+    """(tenant, metric) -> the newest generation this node enforces: its cache's current
+    one, which admission adopts at its next tick (within one sync interval)."""
+    with driver.lock:
+        return {(p.tenant_id, p.metric.value): p.generation for p in driver.member.policies}
 
 
 def d_estimate_ns(driver: NodeDriver) -> int:
@@ -32,7 +43,11 @@ def node_stats(driver: NodeDriver) -> NodeStats:
         membership_stale=driver.membership_view.stale,
         messages_sent=driver.messages_sent,
         peer_refused=dict(driver.transport.stats().get("refused", {})),
+        enforced=enforced(driver),
     )
+    if driver.reloader is not None:
+        s.policy_reloads = driver.reloader.stats.ok
+        s.policy_reloads_refused = dict(driver.reloader.stats.refused)
     with driver.lock:
         s.applied = m.owner.applied_by_scope()  # per tenant/metric, across generations
         for key, ks in list(m.owner.keys.items()):
@@ -98,6 +113,10 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             listed.add((tenant, metric, reason))
             suspended.append({"tenant": tenant, "metric": metric, "reason": reason})
     feed = driver.feed
+    shown = [
+        {"tenant": p.tenant_id, "metric": p.metric.value, "generation": p.generation}
+        for p in policies[:ENFORCED_SHOWN_MAX]
+    ]
     return {
         "member_id": driver.member_id,
         "identity": {"source": driver.identity.source, "stable": driver.identity.stable},
@@ -114,6 +133,9 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         "suspended": suspended,
         "policies": {
             "count": len(policies),
+            "enforced": shown,  # per limit, the generation enforced (sorted by limit)
+            "enforced_omitted": len(policies) - len(shown),
+            "reload": None if driver.reloader is None else driver.reloader.health(),
             "coordinator": None
             if feed is None
             else {
@@ -121,6 +143,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
                 "watching": feed.watching,
                 "reachable": feed.reachable,
                 "last_error": feed.last_error,
+                "conflicts": feed.conflicts,  # known generations it sent with new values
             },
         },
         "owner": {
@@ -146,6 +169,14 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             "fetch_polls": driver.fetch_polls,
         },
     }
+
+
+def status(driver: NodeDriver) -> dict[str, Any]:
+    """The Status call's answer: /health plus the ring members' addresses, which
+    `mesh status --fleet` dials (not on /health: the telemetry port asks for no proof)."""
+    out = health(driver)
+    out["membership"]["addresses"] = dict(sorted(driver.membership_view.members.items()))
+    return out
 
 
 def _first(item: tuple[Any, Any]) -> Any:

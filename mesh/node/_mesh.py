@@ -44,7 +44,8 @@ from mesh.node._build import (
     claim_static_id,
 )
 from mesh.node._driver import NodeDriver
-from mesh.node._health import health, node_stats
+from mesh.node._health import health, node_stats, status
+from mesh.node._reload import PolicyReloader
 from mesh.peer import PeerHandler, Transport
 from mesh.telemetry import HttpEndpoint, Telemetry
 
@@ -269,6 +270,27 @@ class Mesh:
             return asyncio.run_coroutine_threadsafe(build(), loop).result(10)
         return health(d)
 
+    def reload_policies(self, trigger: str = "api") -> bool:
+        """Re-read the node's policy file now (what SIGHUP does to `mesh node`): True if
+        accepted, False if refused (logged; nothing changed). ConfigError naming
+        `policies.file` when the node has none."""
+        reloader = self._require().reloader
+        if reloader is None:
+            raise ConfigError("policies.file", "not set: this node has no policy file to reload")
+        loop = self._loop
+        if (
+            self._lock is not None
+            and loop is not None
+            and loop.is_running()
+            and threading.current_thread() is not self._thread
+        ):  # on the node's loop, as its file watch reloads: one reload at a time
+
+            async def on_loop() -> bool:
+                return reloader.reload(trigger)
+
+            return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(10)
+        return reloader.reload(trigger)
+
     def _require(self) -> NodeDriver:
         if self._driver is None:
             raise ConfigError("mesh", "not started")
@@ -311,8 +333,21 @@ class Mesh:
             feed = PolicyFeed(source, policies, poll_ttl_s=poll_s)
         tel = Telemetry(lambda: node_stats(driver))
         tel.decisions, tel.verdicts = self.decisions, self.verdicts
+        reloader = None
+        if cfg.policy_file is not None:
+            reloader = PolicyReloader(
+                cfg.policy_file, policies, watch_ms=cfg.policy_watch_ms, lock=self._lock
+            )
         driver = NodeDriver(
-            cfg, self.identity, member, transport, membership, feed, tel, lock=self._lock
+            cfg,
+            self.identity,
+            member,
+            transport,
+            membership,
+            feed,
+            tel,
+            lock=self._lock,
+            reloader=reloader,
         )
         handler.driver = driver
         self._driver = driver
@@ -440,4 +475,4 @@ class _Handler:
         return self.driver is not None and self.driver.busy(sender)
 
     def status(self) -> dict[str, Any]:
-        return {} if self.driver is None else health(self.driver)
+        return {} if self.driver is None else status(self.driver)

@@ -11,6 +11,7 @@ from mesh.peer._coordinator import (
     CoordinatorServer,
     coordinator_handler,
 )
+from mesh.peer._fleet import FLEET_MEMBERS_MAX, FLEET_PARALLEL_MAX, fetch_fleet
 from mesh.peer._grpc import GrpcTransport
 from mesh.peer._link import PeerLink
 from mesh.peer._server import PeerHandler, PeerServer
@@ -25,6 +26,8 @@ __all__ = [
     "Deliver",
     "EPOCH_MD",
     "EXCHANGE",
+    "FLEET_MEMBERS_MAX",
+    "FLEET_PARALLEL_MAX",
     "GrpcTransport",
     "MEMBER_MD",
     "MemoryNetwork",
@@ -36,5 +39,6 @@ __all__ = [
     "STATUS",
     "Transport",
     "coordinator_handler",
+    "fetch_fleet",
     "fetch_status",
 ]

@@ -6,11 +6,25 @@ Tenant label values are the top-K tenants (node config `telemetry_top_k`) and "o
 """
 
 from mesh.telemetry._envelope import excess_over_times, excess_over_windows
+from mesh.telemetry._fleet import (
+    ENFORCED_ROWS_MAX,
+    Enforced,
+    MemberAnswer,
+    enforced_of,
+    fleet_report,
+    fleet_table,
+)
 from mesh.telemetry._http import HttpEndpoint
 from mesh.telemetry._metrics import DECISIONS_IDLE_S, OTHER, TOP_K, NodeStats, Telemetry
 
 __all__ = [
     "DECISIONS_IDLE_S",
+    "ENFORCED_ROWS_MAX",
+    "Enforced",
+    "MemberAnswer",
+    "enforced_of",
+    "fleet_report",
+    "fleet_table",
     "HttpEndpoint",
     "NodeStats",
     "OTHER",

@@ -59,6 +59,10 @@ class NodeStats:
     messages_sent: int = 0
     # peer streams refused, by reason (mesh.peer: a fixed set of reasons, never a peer id)
     peer_refused: dict[str, int] = field(default_factory=dict)
+    # (tenant, metric) -> the generation enforced (issue 13)
+    enforced: dict[tuple[str, str], int] = field(default_factory=dict)
+    policy_reloads: int = 0  # policy file reloads accepted
+    policy_reloads_refused: dict[str, int] = field(default_factory=dict)  # by reason
 
 
 class Telemetry:
@@ -231,6 +235,7 @@ class _Collector(Collector):
         for reason, n in sorted(s.peer_refused.items()):
             refused.add_metric([reason], n)
         yield refused
+        yield from _policy_families(s, top, self.tel.top_k)
 
     def _rank(
         self, s: NodeStats
@@ -277,6 +282,46 @@ def _fold(top: set[str], values: Mapping[tuple[str, str], float]) -> dict[tuple[
         k = (tenant if tenant in top else OTHER, metric)
         out[k] = out.get(k, 0) + v
     return out
+
+
+def _policy_families(s: NodeStats, top: set[str], k: int) -> Iterator[Metric]:
+    """The enforced generation per limit, and the policy file's reloads (issue 13).
+
+    Tenants labelled: those of the other families' top-K, then, in the slots they leave
+    free, tenants with a policy by name (an idle tenant's limit is still worth seeing, and
+    members pick the same ones), so that the page never holds more than K tenant labels and
+    "other". The rest go under "other" with the highest generation among them, per metric.
+    """
+    tenants = sorted({t for t, _ in s.enforced if t != OTHER})
+    labelled = {t for t in tenants if t in top}
+    labelled.update([t for t in tenants if t not in labelled][: max(0, k - len(top))])
+    gens: dict[tuple[str, str], int] = {}
+    for (tenant, metric), g in s.enforced.items():
+        key = (tenant if tenant in labelled else OTHER, metric)
+        gens[key] = max(gens.get(key, 0), g)
+    fam = GaugeMetricFamily(
+        "ratemesh_policy_generation",
+        "The newest policy generation this member enforces, per limit (tenant=other: the "
+        "highest among the tenants without a series of their own)",
+        labels=["tenant", "metric"],
+    )
+    for key, g in sorted(gens.items()):
+        fam.add_metric(list(key), g)
+    yield fam
+    yield CounterMetricFamily(
+        "ratemesh_policy_reloads",
+        "Policy file reloads accepted (SIGHUP, a changed file, or the API)",
+        value=s.policy_reloads,
+    )
+    refused = CounterMetricFamily(
+        "ratemesh_policy_reloads_refused",
+        "Policy file reloads refused, nothing changed (invalid: unreadable or not valid; "
+        "conflict: a known generation given different values)",
+        labels=["reason"],
+    )
+    for reason, n in sorted(s.policy_reloads_refused.items()):
+        refused.add_metric([reason], n)
+    yield refused
 
 
 def _decision_families(rows: list[tuple[str, Series, int]]) -> Iterator[Metric]:

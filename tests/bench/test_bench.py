@@ -88,3 +88,15 @@ def test_bench_flood_keys() -> None:
         assert key in res, key
     assert isinstance(res["batches_received"], int) and res["batches_received"] >= 1
     assert isinstance(res["policy_fetches_max"], int) and res["policy_fetches_max"] <= 1024
+
+
+def test_bench_policy_keys() -> None:
+    res = _run("policy", "--nodes", "2", "--pushes", "5")
+    for key in ("nodes", "pushes", "propagation_p50_ms", "propagation_p99_ms", "diverged_nodes"):
+        assert key in res, key
+    assert (res["nodes"], res["pushes"], res["diverged_nodes"], res["push_timeouts"]) == (
+        2,
+        5,
+        0,
+        0,
+    )

@@ -65,14 +65,19 @@ class PolicyCache:
         seen: dict[tuple[str, Metric, int], TenantRatePolicy] = {}
         for p in batch:
             key = (p.tenant_id, p.metric, p.generation)
-            other = seen.get(key) or self._by_scope.get((p.tenant_id, p.metric), {}).get(
-                p.generation
-            )
-            if other is not None and other != p:
+            twice = seen.get(key)
+            known = self._by_scope.get((p.tenant_id, p.metric), {}).get(p.generation)
+            if twice is not None and twice != p:
                 raise ConfigError(
                     "generation",
                     f"generation {p.generation} of {p.tenant_id}/{p.metric} given twice "
                     "with different values",
+                )
+            if known is not None and known != p:
+                raise ConfigError(
+                    "generation",
+                    f"generation {p.generation} of {p.tenant_id}/{p.metric} is already known "
+                    "with different values; a change needs a new generation",
                 )
             seen[key] = p
         changed = False

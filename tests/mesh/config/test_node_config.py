@@ -123,6 +123,21 @@ def test_policy_file_is_resolved_beside_the_config(tmp_path: Path) -> None:
     (tmp_path / "node.yaml").write_text("member_id: a\npolicies: {file: policies.yaml}\n")
     cfg = load_config(tmp_path / "node.yaml")
     assert [p.tenant_id for p in cfg.policies] == ["acme"]
+    assert cfg.policy_watch_ms == 1000  # the file is watched by default
+
+
+def test_policy_watch_ms_needs_a_file_and_a_sane_period(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(json.dumps([POLICY]))
+    base = {"file": str(tmp_path / "p.yaml")}
+    assert parse_config({"policies": {**base, "watch_ms": 0}}).policy_watch_ms == 0
+    for policies, problem in (
+        ({"watch_ms": 100}, "only used with policies.file"),
+        ({**base, "watch_ms": 5}, r"0 \(off\) or >= 10"),
+        ({**base, "watch_ms": "1s"}, "integer"),
+    ):
+        with pytest.raises(ConfigError, match=problem) as err:
+            parse_config({"policies": policies})
+        assert err.value.field == "policies.watch_ms"
 
 
 @pytest.mark.slow

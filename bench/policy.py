@@ -1,0 +1,192 @@
+"""`mesh bench policy`: how long a pushed policy generation takes to be enforced on every
+member of a real fleet (issue 13; DESIGN.md section 5: p99 <= 100 ms on 4 nodes).
+
+`nodes` real `mesh node` processes on loopback (static membership, `policies.coordinator`
+pointing at the coordinator) learn a limit's generations from a coordinator that this
+process pushes to. Each push puts a new generation of one limit; when the put's reply
+arrives the clock starts, and every node's /health (`policies.enforced`,
+read with a bare HTTP/1.1 GET, about 0.6 ms on loopback) is polled every POLL_MS until it
+names that generation. A push's propagation is the last node's first sighting minus the
+reply: an upper bound on the true figure by at most one poll interval plus one /health
+round trip (the nodes have no watch to tell us sooner). Pushes are sequential.
+
+Keys: nodes, pushes, propagation_p50_ms, propagation_p99_ms (over pushes), diverged_nodes
+(nodes not enforcing the last generation SETTLE_S after it was pushed: 0 is converged),
+push_timeouts (pushes some node had not enforced within SETTLE_S), target_p99_ms,
+within_target, poll_ms, coordinator.
+
+The coordinator is `in_process_coordinator`, mesh.peer's CoordinatorServer in this process;
+it is the one function to replace to push through a real governord instead (it returns the
+address the nodes dial, the push function and the cleanup).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from bench._procs import free_port, read_ready, spawn, stop, write_config
+
+__all__ = ["run", "in_process_coordinator", "Coordinator"]
+
+POLL_MS = 2  # how often each node's /health is read while a push propagates
+SETTLE_S = 5.0  # how long a push may take before its node counts as diverged
+GAP_S = 0.02  # between a push being enforced everywhere and the next push
+TARGET_P99_MS = 100.0  # DESIGN.md section 5
+LIMIT: dict[str, Any] = {
+    "tenant_id": "bench",
+    "metric": "read_iops",
+    "target_rate": 1000,
+    "global_burst": 100,
+    "local_burst_cap": 20,
+}
+
+Push = Callable[[dict[str, Any]], Awaitable[int]]  # put a policy; its generation, once put
+# (the address nodes dial, the push function, the cleanup)
+Coordinator = tuple[str, Push, Callable[[], Awaitable[None]]]
+
+
+async def in_process_coordinator() -> Coordinator:
+    """An in-memory CoordinatorServer on a free loopback port, and a gRPC client to push."""
+    from mesh.coordinator import PolicyStore
+    from mesh.peer import CoordinatorClient, CoordinatorServer
+
+    server = CoordinatorServer(PolicyStore())
+    addr = await server.start()
+    client = CoordinatorClient(addr)
+
+    async def push(policy: dict[str, Any]) -> int:
+        return (await client.put(policy)).generation
+
+    async def close() -> None:
+        await client.close()
+        await server.stop()
+
+    return addr, push, close
+
+
+def run(*, nodes: int = 4, pushes: int = 100) -> dict[str, Any]:
+    return asyncio.run(_run(nodes, pushes, in_process_coordinator))
+
+
+async def _run(
+    nodes: int, pushes: int, coordinator: Callable[[], Awaitable[Coordinator]]
+) -> dict[str, Any]:
+    addr, push, close = await coordinator()
+    ids = [f"node-{i}" for i in range(nodes)]
+    members = {m: f"127.0.0.1:{free_port()}" for m in ids}
+    procs = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="ratemesh-bench-policy-") as tmp:
+            cfg = write_config(
+                Path(tmp) / "node.yaml",
+                {
+                    "membership": {"source": "static", "members": members},
+                    "policies": {"coordinator": {"addr": addr, "poll_ttl_ms": 1000}},
+                    "telemetry_listen": "127.0.0.1:0",
+                    "shutdown_drain_ms": 300,
+                },
+            )
+            for m in ids:
+                args = ["-m", "mesh.cli", "node", "--config", str(cfg), "--member-id", m]
+                procs.append(spawn([*args, "--listen", members[m]]))
+            ready = [await asyncio.to_thread(read_ready, p, 60.0) for p in procs]
+        return await _measure([r["telemetry"] for r in ready], push, pushes)
+    finally:
+        for p in procs:
+            await asyncio.to_thread(stop, p)
+        await close()
+
+
+async def _measure(health: list[str], push: Push, pushes: int) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    generation = await push(dict(LIMIT, target_rate=LIMIT["target_rate"]))
+    await _enforced_everywhere(health, generation)  # warm-up: not measured
+    took: list[float] = []
+    timeouts = 0
+    for i in range(pushes):
+        generation = await push(dict(LIMIT, target_rate=LIMIT["target_rate"] + i + 1))
+        t0 = loop.time()
+        seen = await _enforced_everywhere(health, generation)
+        if seen is None:
+            timeouts += 1
+        else:
+            took.append(max(0.0, seen - t0) * 1000)
+        await asyncio.sleep(GAP_S)
+    final = await asyncio.gather(*(_generation(url) for url in health))
+    took.sort()
+    p99 = _pct(took, 0.99)
+    return {
+        "nodes": len(health),
+        "pushes": pushes,
+        "propagation_p50_ms": _pct(took, 0.50),
+        "propagation_p99_ms": p99,
+        "diverged_nodes": sum(1 for g in final if g != generation),
+        "push_timeouts": timeouts,
+        "target_p99_ms": TARGET_P99_MS,
+        "within_target": p99 is not None and p99 <= TARGET_P99_MS and timeouts == 0,
+        "poll_ms": POLL_MS,
+        "coordinator": "in-process CoordinatorServer (mesh.peer)",
+    }
+
+
+async def _enforced_everywhere(health: list[str], generation: int) -> float | None:
+    """When (loop time) the last node was first seen enforcing `generation`; None if some
+    node had not within SETTLE_S."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SETTLE_S
+
+    async def one(url: str) -> float | None:
+        while loop.time() < deadline:
+            if await _generation(url) >= generation:
+                return loop.time()
+            await asyncio.sleep(POLL_MS / 1000)
+        return None
+
+    seen = await asyncio.gather(*(one(url) for url in health))
+    return None if any(s is None for s in seen) else max(s for s in seen if s is not None)
+
+
+async def _generation(addr: str) -> int:
+    """The generation of the bench's limit the node at `addr` (its telemetry endpoint)
+    enforces now; 0 for none, or no answer within SETTLE_S."""
+    try:
+        body = await asyncio.wait_for(_get_health(addr), SETTLE_S)
+    except (OSError, TimeoutError, ValueError):
+        return 0
+    for row in body.get("policies", {}).get("enforced", []):
+        if (row.get("tenant"), row.get("metric")) == (LIMIT["tenant_id"], LIMIT["metric"]):
+            return int(row.get("generation", 0))
+    return 0
+
+
+async def _get_health(addr: str) -> dict[str, Any]:
+    """GET /health: the node answers once and closes (mesh.telemetry's endpoint)."""
+    host, _, port = addr.rpartition(":")
+    reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+    try:
+        writer.write(b"GET /health HTTP/1.1\r\nHost: bench\r\n\r\n")
+        await writer.drain()
+        data = await reader.read()
+    finally:
+        writer.close()
+    out = json.loads(data.partition(b"\r\n\r\n")[2])
+    if not isinstance(out, dict):
+        raise ValueError("/health is not an object")
+    return out
+
+
+def _pct(sorted_ms: list[float], q: float) -> float | None:
+    if not sorted_ms:
+        return None
+    return round(sorted_ms[min(len(sorted_ms) - 1, int(len(sorted_ms) * q))], 3)
+
+
+if __name__ == "__main__":  # a quick look: python -m bench.policy
+    t = time.perf_counter()
+    print(run(nodes=4, pushes=20), f"{time.perf_counter() - t:.1f} s")
