@@ -169,16 +169,11 @@ class CoreConfig:
         return self.escrow_recent_ns + self.reporter_lease_ms * MS
 
     @property
-    def escrow_span_ns(self) -> int:
-        """How long after it last heard from a silent worker the owner charges its escrow:
+    def escrow_tail_ns(self) -> int:
+        """How long after its last batch to a silent worker the owner charges its escrow:
         the worker's floor ends `floor_wait_ns + floor_ns` after its own last word from the
-        owner, which can come up to a lease (the owner's batches while its lease runs) and a
-        trip (a TTL) after the owner last heard from it."""
-        return (
-            self.floor_ns
-            + self.floor_wait_ns
-            + (self.reporter_lease_ms + self.snapshot_ttl_ms) * MS
-        )
+        owner, which is that batch's arrival at the latest, a trip (a TTL) after it."""
+        return self.floor_ns + self.floor_wait_ns + self.snapshot_ttl_ns
 
     @property
     def escrow_netting_ns(self) -> int:
@@ -189,25 +184,16 @@ class CoreConfig:
 
     @property
     def floor_window_ns(self) -> int:
-        """The owner escrows a silent member's floor at FLOOR_HEADROOM times its usage
-        over this long before it last heard from it (`shares.floor_demand_ppm`), and the
-        worker floors at that many times what it knows the owner counted in it."""
+        """The owner promises a member a floor of FLOOR_HEADROOM times its usage over this
+        long before the row it sends (`shares.floor_demand_ppm`), and escrows that."""
         return FLOOR_WINDOW_LEASES * self.reporter_lease_ms * MS
 
     @property
     def floor_grain_ns(self) -> int:
-        """The grain of both sides' `shares.UsageWindow`: a quarter of the window."""
+        """The grain of the owner's `shares.UsageWindow`s: a quarter of the window."""
         return self.floor_window_ns // FLOOR_GRAINS
 
     @property
     def floor_grains(self) -> int:
         """Grains a `UsageWindow` keeps: those a window can touch, one more than it spans."""
         return FLOOR_GRAINS + 1
-
-    @property
-    def floor_denied_grains(self) -> int:
-        """Grains a worker keeps of the denials its owner acknowledged, by when it heard the
-        acknowledgement: from the start of the owner's window (a grain before it, a lease
-        and a trip before the worker's last word) to that last word, and one more."""
-        span = self.floor_window_ns + self.floor_grain_ns + self.reporter_lease_ms * MS
-        return -(-(span + self.snapshot_ttl_ns) // self.floor_grain_ns) + 2

@@ -87,6 +87,8 @@ def to_wire(msg: Message) -> list[Any]:
             pack_column(msg.deltas),
             pack_column(msg.denied),
             pack_column(msg.unacked_from),
+            msg.heard_batch,
+            pack_column(msg.since_ages),
         ]
     if isinstance(msg, SnapshotBatch):
         return [
@@ -106,6 +108,7 @@ def to_wire(msg: Message) -> list[Any]:
             pack_column(msg.active_reporters),
             [[key_to_wire(j.rate_key), j.reason.value, j.ring_epoch] for j in msg.rejections],
             msg.batch_seq,
+            pack_column(msg.floors_ppm),
         ]
     if isinstance(msg, Handover):
         return _handover_wire(msg)
@@ -232,22 +235,32 @@ def from_wire(obj: Any) -> Message:
         raise MessageError(
             "schema", f"unsupported schema version {schema!r}; this peer speaks {SCHEMA_VERSION}"
         )
-    if kind == "reports" and len(obj) == 10:
-        _, _, sender, ring_epoch, worker_epoch, items, *cols = obj
+    # A message of the shape before its last fields (`heard_batch` and `since_ages`,
+    # `floors_ppm`) still decodes, with them empty: a peer one release behind is understood.
+    if kind == "reports" and len(obj) in (10, 12):
+        _, _, sender, ring_epoch, worker_epoch, items, *cols = obj[:10]
         keys = _keys_from_wire("keys", items, REPORT_ROWS_MAX)
         n = len(keys)
-        return ReportBatch(
-            sender,
-            ring_epoch,
-            worker_epoch,
-            keys,
-            *(unpack_column(name, c, n) for name, c in zip(_REPORT_COLUMNS, cols, strict=True)),
+        seqs, deltas, denied, unacked = (
+            unpack_column(name, c, n) for name, c in zip(_REPORT_COLUMNS, cols, strict=True)
         )
-    if kind == "snapshots" and len(obj) == 16:
-        _, _, sender, ring_epoch, inc, at, items, *cols, rejs, batch_seq = obj
+        heard: Any = 0
+        ages: Any = ()
+        if len(obj) == 12:
+            heard = obj[10]
+            if obj[11] != b"":  # empty: not said
+                ages = unpack_column("since_ages", obj[11], n)
+        return ReportBatch(
+            sender, ring_epoch, worker_epoch, keys, seqs, deltas, denied, unacked, heard, ages
+        )
+    if kind == "snapshots" and len(obj) in (16, 17):
+        _, _, sender, ring_epoch, inc, at, items, *cols, rejs, batch_seq = obj[:16]
         keys = _keys_from_wire("keys", items, SNAPSHOT_ROWS_MAX)
         n = len(keys)
         c = [unpack_column(name, col, n) for name, col in zip(_SNAPSHOT_COLUMNS, cols, strict=True)]
+        floors: Any = ()
+        if len(obj) == 17 and obj[16] != b"":  # empty: no floor promised
+            floors = unpack_column("floors_ppm", obj[16], n)
         return SnapshotBatch(
             sender,
             ring_epoch,
@@ -263,6 +276,7 @@ def from_wire(obj: Any) -> Message:
             c[6],
             _rejections(rejs),
             batch_seq,
+            floors,
         )
     if kind == "handover" and len(obj) == 5:
         return _handover_from_wire(obj)

@@ -94,6 +94,8 @@ class SnapshotBatch:
     are the same for every row, so they are said once. `batch_seq` numbers the owner
     incarnation's batches to this receiver, one up each (0: unnumbered); a batch vouches
     for every view its numbered predecessors gave, back to the last number skipped.
+    `floors_ppm[i]` is the floor the owner promises the receiver for `keys[i]` should it be
+    cut off (docs/partitions.md), ppm of R per second; empty: none promised.
     """
 
     sender: str
@@ -110,6 +112,7 @@ class SnapshotBatch:
     active_reporters: tuple[int, ...] = ()
     rejections: tuple[Rejection, ...] = ()
     batch_seq: int = 0
+    floors_ppm: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check_str("sender", self.sender, error=MessageError)
@@ -125,6 +128,8 @@ class SnapshotBatch:
         check_column("receiver_epochs", self.receiver_epochs, n)
         check_column("shares_ppm", self.shares_ppm, n, maximum=PPM)
         check_column("active_reporters", self.active_reporters, n, minimum=1)
+        if self.floors_ppm != ():
+            check_column("floors_ppm", self.floors_ppm, n, maximum=PPM)
         if type(self.rejections) is not tuple:
             raise MessageTypeError("rejections", "must be a tuple of Rejection")
         if n + len(self.rejections) > SNAPSHOT_ROWS_MAX:
@@ -154,6 +159,7 @@ class SnapshotBatch:
         active_reporters: tuple[int, ...],
         rejections: tuple[Rejection, ...] = (),
         batch_seq: int = 0,
+        floors_ppm: tuple[int, ...] = (),
     ) -> SnapshotBatch:
         """Built by the owner from its own state: skips the per-element checks, as
         `ReportBatch.trusted` does."""
@@ -174,6 +180,7 @@ class SnapshotBatch:
                 active_reporters,
                 rejections,
                 batch_seq,
+                floors_ppm,
             ),
         )
 

@@ -120,6 +120,10 @@ class ReportBatch:
     negative for a refund), `denied[i]` and `unacked_from[i]` mean what the same fields of
     `UsageReport` mean. One sender, one worker_epoch and one ring epoch per batch, so they
     are said once; columns are what an owner iterates, with no object per report.
+    `heard_batch` is the newest `batch_seq` the sender has received from this owner (0:
+    none), and `since_ages[i]` how long before sending the view of `keys[i]` began counting
+    its floor's wait (empty: not said): what anchor the owner's escrow of its floors
+    (docs/partitions.md).
     """
 
     sender: str
@@ -130,11 +134,14 @@ class ReportBatch:
     deltas: tuple[int, ...]
     denied: tuple[int, ...]
     unacked_from: tuple[int, ...]
+    heard_batch: int = 0
+    since_ages: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check_str("sender", self.sender, error=MessageError)
         check_int("ring_epoch", self.ring_epoch, error=MessageError)
         check_int("worker_epoch", self.worker_epoch, error=MessageError)
+        check_int("heard_batch", self.heard_batch, error=MessageError)
         n = check_keys("keys", self.keys)
         if n > REPORT_ROWS_MAX:
             raise MessageError("keys", f"at most {REPORT_ROWS_MAX} reports per batch, got {n}")
@@ -149,6 +156,8 @@ class ReportBatch:
                 f"unacked_from[{i}]",
                 f"must be <= sequences[{i}] ({self.sequences[i]}), got {self.unacked_from[i]}",
             )
+        if self.since_ages != ():
+            check_column("since_ages", self.since_ages, n)
 
     @classmethod
     def trusted(
@@ -161,11 +170,25 @@ class ReportBatch:
         deltas: tuple[int, ...],
         denied: tuple[int, ...],
         unacked_from: tuple[int, ...],
+        heard_batch: int = 0,
+        since_ages: tuple[int, ...] = (),
     ) -> ReportBatch:
         """Built by the reporter from its own state, which never holds an invalid value:
         skips the per-element checks (`decode` makes them on everything from a peer)."""
         return unchecked(
-            cls, (sender, ring_epoch, worker_epoch, keys, sequences, deltas, denied, unacked_from)
+            cls,
+            (
+                sender,
+                ring_epoch,
+                worker_epoch,
+                keys,
+                sequences,
+                deltas,
+                denied,
+                unacked_from,
+                heard_batch,
+                since_ages,
+            ),
         )
 
     @classmethod

@@ -1,17 +1,24 @@
 """Escrow for silent reporters: the owner's half of serving through partitions (issue 12).
 
-A worker cut off from a key's owner keeps admitting from its floor (`shares.floor_ppm` of R
-per second: the least of its share in the owner's last row, 1 / ring members and
-`shares.FLOOR_HEADROOM` times the usage it knows this owner applied from it lately, none if
-it was refused as much) for at most `partition_floor_ms` (`mesh.core.reporter`). The owner
-cannot hear that usage, so it charges the key's meter for it in advance: when a member it
-sent a row of the key to recently (`CoreConfig.escrow_recent_ns`) has been silent for
-`escrow_after_ns`, the owner charges the least of the largest share it sent it lately,
-1 / ring members and the same demand part of what it applied from it over
-`floor_window_ns` (`note_used`), from the moment it last heard from that member, for
-`escrow_span_ns`, which ends after the worker's floor can. What the worker reports when it
-is heard again is netted against what was charged: only the usage beyond the escrow is
-applied. docs/partitions.md states why the envelope still holds.
+A worker cut off from a key's owner keeps admitting from its floor for at most
+`partition_floor_ms` (`mesh.core.reporter`): the part of R per second the owner promised it in
+the last row of the key it received (`promise`: the least of its share, 1 / ring members and
+`shares.FLOOR_HEADROOM` times what the owner applied from it lately, none if it was refused
+as much), opening `floor_wait_ns` after its floor's wait began. The owner cannot hear that
+usage, so it charges the key's meter for it in advance.
+
+Both sides count from one moment, the start of the worker's floor wait (its last word from
+the owner, or its oldest unacknowledged report if newer), and the owner measures it on its
+own clock from below (`anchor`): the send time of the newest of its batches the worker
+confirmed having received (`ReportBatch.heard_batch`), and a report's arrival less how long
+before its sending that wait began (`ReportBatch.since_ages`). Lost answers, reconnecting
+resends and cuts that follow heals move neither. When that moment is `escrow_after_ns` old
+and the owner had sent the worker a row of the key shortly before it, the owner charges the
+largest part it promised the worker lately (and any larger one it promises later), from that
+moment until `escrow_tail_ns` after its last batch to the worker, which is after the
+worker's floor can end. What the worker reports when it is heard again is netted against
+what was charged: only the usage beyond the escrow is applied. docs/partitions.md states why
+the envelope holds.
 
 Escrows are settled lazily, when something reads the key's meter (`settle`): the owner
 charges what is owed up to now before it tells anyone what remains, which is the same as
@@ -22,17 +29,60 @@ its span ran out long ago, or its member left the ring.
 
 from __future__ import annotations
 
+from collections import deque
+
 from mesh.core.config import CoreConfig
 from mesh.core.owner._state import KeyState, ReporterState
 from mesh.core.ring import Ring
 from mesh.core.shares import UsageWindow, floor_demand_ppm, floor_ppm, floor_units
 
-__all__ = ["Escrow", "Escrows", "HEARD_MAX"]
+__all__ = ["Escrow", "Escrows", "HEARD_MAX", "MARKS_MAX"]
 
-# Workers whose last batch time an owner keeps (`Escrows.heard`): members of its ring (and
-# those that left within the hand-over grace) are what report, so this is far above any
-# real fleet; beyond it the oldest half is dropped (they only lose their escrow).
+# Workers an owner keeps a `_Peer` for: members of its ring (and those that left within the
+# hand-over grace) are what it writes to, so this is far above any real fleet; beyond it
+# the longest-silent half is dropped (they only lose their escrow).
 HEARD_MAX = 65_536
+# Batches to one worker whose send time an owner remembers until the worker confirms one at
+# or past them: a few per sync interval over a round trip when it answers, its lease's
+# worth when it does not. Past it newer batches go unmarked, and a confirmation of one
+# counts from the newest mark before it (earlier: it only escrows sooner).
+MARKS_MAX = 32
+
+
+class _Peer:
+    """What an owner knows of one worker's last word from it, on the owner's own clock."""
+
+    __slots__ = (
+        "marks",
+        "last_seq",
+        "first_sent",
+        "last_sent",
+        "confirmed_at",
+        "resumed_at",
+        "moved_at",
+        "idle_at",
+        "reported_at",
+        "idle",
+    )
+
+    def __init__(self) -> None:
+        self.marks: deque[tuple[int, int]] = deque()  # (batch_seq, built at), unconfirmed
+        self.last_seq = -1  # the number of the last batch to it
+        self.first_sent = -1  # the first batch to it: it heard nothing of ours before
+        self.last_sent = -1  # the last batch to it: it heard nothing of ours after
+        self.confirmed_at = -1  # the newest batch it confirmed having received, built at
+        self.resumed_at = -1  # its first report after its last idle mark arrived then
+        self.moved_at = -1  # when the anchor last moved (the batch that moved it arrived)
+        self.idle_at = -1  # when its last idle mark arrived
+        self.reported_at = -1  # when its last report batch arrived
+        self.idle = False  # its last batch was an idle mark: it floors nothing
+
+    def heard_from(self) -> int:
+        """The earliest its last word from us can be: the newest batch it confirmed, its
+        first report after an idle mark (it floors only once such a report is answered),
+        and never before our first batch to it."""
+        a = self.confirmed_at if self.confirmed_at > self.resumed_at else self.resumed_at
+        return a if a > self.first_sent else self.first_sent
 
 
 class Escrow:
@@ -41,8 +91,8 @@ class Escrow:
     __slots__ = ("from_ns", "until_ns", "part_ppm", "charged", "netted", "back_ns")
 
     def __init__(self, from_ns: int, until_ns: int, part_ppm: int) -> None:
-        self.from_ns = from_ns  # when the owner last heard from the worker
-        self.until_ns = until_ns  # charging stops here (`CoreConfig.escrow_span_ns`)
+        self.from_ns = from_ns  # its floor's wait began no earlier (the anchor)
+        self.until_ns = until_ns  # charging stops here (`CoreConfig.escrow_tail_ns`)
         self.part_ppm = part_ppm  # the floor escrowed: this part (ppm) of R per second
         self.charged = 0  # units charged to the key's meter so far
         self.netted = 0  # units of the worker's reports absorbed by `charged`
@@ -56,17 +106,13 @@ class Escrow:
 
 
 class Escrows:
-    """The owner's escrow bookkeeping: when it last heard from each worker, and the rules
+    """The owner's escrow bookkeeping: what each worker last heard from it, and the rules
     that open, charge, net and close a key's escrows."""
 
     def __init__(self, config: CoreConfig, members: int, me: str) -> None:
         self.config = config
         self.me = me  # this member reports to itself over no network: it is never cut off
-        self.heard: dict[str, int] = {}  # worker -> when its last batch arrived
-        # Workers whose last word was an idle mark (`idle_mark`): they floor nothing until a
-        # later report of theirs is acknowledged, so they get no escrow.
-        self.idle: set[str] = set()
-        self._reported: dict[str, int] = {}  # worker -> when its last report batch arrived
+        self.peers: dict[str, _Peer] = {}
         # The floor's cap is R / members: the smaller of the ring's size now and before its
         # last change, so a worker that has not yet seen a join (a larger cap) is covered.
         self.members = max(1, members)
@@ -78,69 +124,141 @@ class Escrows:
     def on(self) -> bool:
         return self.config.partition_floor_ms > 0
 
-    def heard_from(self, worker: str, now_ns: int) -> None:
-        """A report batch from `worker` arrived."""
-        heard = self.heard
-        if worker not in heard and len(heard) >= HEARD_MAX:
-            for w in sorted(heard, key=lambda w: (heard[w], w))[: HEARD_MAX // 2]:
-                self._drop(w)
-        heard[worker] = now_ns
-        self._reported[worker] = now_ns
-        if worker in self.idle:
-            self.idle.discard(worker)
+    def anchor(self, p: _Peer) -> int:
+        """Where an escrow for this worker may start: a TTL after the earliest its last word
+        from us can be (its floor opens `escrow_after_ns` and a TTL after that word, holding
+        only what the escrow charged over `escrow_after_ns`: docs/partitions.md)."""
+        a = p.heard_from()
+        return a + self.config.snapshot_ttl_ns if a >= 0 else -1
 
-    def idle_mark(self, worker: str, now_ns: int) -> None:
-        """`worker` says it went idle (it sent no report for `idle_mark_ns`). Ignored within
-        a TTL of its last report: a mark overtaken by a later report (reordering) must not
-        turn off an escrow its sender counts on."""
-        last = self._reported.get(worker)
-        if last is None or now_ns - last <= self.config.snapshot_ttl_ns:
+    def row_slack(self) -> int:
+        """What a report's arrival less its `since_ages` may be moved on by and stay no later
+        than a TTL after its view's floor wait began: the rest of a TTL after a trip, which
+        is at most half of what a TTL leaves of a sync interval (`CoreConfig`)."""
+        cfg = self.config
+        return (cfg.snapshot_ttl_ns - cfg.sync_interval_ns) // 2
+
+    def _peer(self, worker: str) -> _Peer:
+        p = self.peers.get(worker)
+        if p is None:
+            peers = self.peers
+            if len(peers) >= HEARD_MAX:
+                for w in sorted(peers, key=lambda w: (peers[w].last_sent, w))[: HEARD_MAX // 2]:
+                    del peers[w]
+            p = peers[worker] = _Peer()
+        return p
+
+    def sent(self, worker: str, batch_seq: int, now_ns: int) -> None:
+        """A batch numbered `batch_seq` to `worker` was built now."""
+        p = self._peer(worker)
+        if p.first_sent < 0:
+            p.first_sent = now_ns
+        p.last_sent = now_ns
+        p.last_seq = batch_seq
+        if len(p.marks) < MARKS_MAX:
+            p.marks.append((batch_seq, now_ns))
+
+    def heard_from(self, worker: str, now_ns: int, heard_batch: int) -> None:
+        """A report batch from `worker` arrived, saying it received our `heard_batch`."""
+        p = self._peer(worker)
+        before = p.heard_from()
+        self._confirm(p, heard_batch)
+        p.reported_at = now_ns
+        if p.idle:
+            p.idle = False
+            p.resumed_at = now_ns
+        if p.heard_from() > before:
+            p.moved_at = now_ns
+
+    def idle_mark(self, worker: str, now_ns: int, heard_batch: int) -> None:
+        """`worker` says it went idle (it sent no report for `idle_mark_ns`): it closed its
+        floors when it sent this and opens none until a later report is answered. Ignored
+        within a TTL of its last report: a mark overtaken by a later report (reordering)
+        must not turn off an escrow its sender counts on."""
+        p = self._peer(worker)
+        before = p.heard_from()
+        self._confirm(p, heard_batch)
+        if p.heard_from() > before:
+            p.moved_at = now_ns
+        if p.reported_at < 0 or now_ns - p.reported_at <= self.config.snapshot_ttl_ns:
             return
-        self.heard[worker] = now_ns  # alive: a running escrow stops charging
-        self.idle.add(worker)
+        p.idle = True
+        p.idle_at = now_ns
 
-    def _drop(self, worker: str) -> None:
-        self.heard.pop(worker, None)
-        self._reported.pop(worker, None)
-        self.idle.discard(worker)
+    @staticmethod
+    def _confirm(p: _Peer, heard_batch: int) -> None:
+        """The worker received our batch `heard_batch`: it heard us no earlier than when the
+        newest marked batch up to it was built. A number we never sent is not believed."""
+        marks = p.marks
+        if not marks or heard_batch < marks[0][0] or heard_batch > p.last_seq:
+            return
+        at = -1
+        while marks and marks[0][0] <= heard_batch:
+            at = marks.popleft()[1]
+        if at > p.confirmed_at:
+            p.confirmed_at = at
+
+    def forget(self, worker: str) -> None:
+        """We have not written to `worker` for the idempotency retention: any floor of it
+        ended long ago."""
+        self.peers.pop(worker, None)
 
     def ring_changed(self, old: Ring, new: Ring) -> None:
         self.members = max(1, min(len(old), len(new)))
-        for w in [w for w in self.heard if w not in new]:
-            self._drop(w)
+        for w in [w for w in self.peers if w not in new]:
+            del self.peers[w]
 
     def check(self, now_ns: int, ks: KeyState, worker: str, rs: ReporterState) -> int:
-        """A reporter of `ks`: open its escrow if its member went silent (no batch for
-        `escrow_after_ns`) and was sent a row of the key recently. Returns when to look
-        again (when the member would have been silent that long), or -1."""
-        heard = self.heard.get(worker)
-        if heard is None or worker == self.me or worker in self.idle:
+        """A reporter of `ks`: open its escrow if its floor's wait may have begun
+        `escrow_after_ns` ago and it was sent a row of the key shortly before. Returns when
+        to look again (when it may have), or -1."""
+        p = self.peers.get(worker)
+        if p is None or p.idle or worker == self.me:
             return -1
         cfg = self.config
-        if rs.sent_at_ns < heard - cfg.escrow_recent_ns:
+        anchor = self.anchor(p)
+        if rs.row_anchor > anchor:
+            anchor = rs.row_anchor
+        if anchor < 0 or rs.sent_at_ns < anchor - cfg.escrow_recent_ns:
             return -1  # it held no recent row of this key: it floors nothing of it
-        silent_at = heard + cfg.escrow_after_ns
+        silent_at = anchor + cfg.escrow_after_ns
         if silent_at >= now_ns:
-            return silent_at + 1  # heard lately: look again when it would be silent
+            return silent_at + 1  # heard from lately: look again when it may not have been
         escrows = ks.escrow
         if escrows is None:
             escrows = ks.escrow = {}
         e = escrows.get(worker)
-        if e is None or e.from_ns != heard:
-            # Whichever row it holds, its floor is no more than the largest share sent to it
-            # lately, and its demand part no more than ours: it counts no more usage than we
-            # applied from it over the window before `heard`, and no fewer denials.
-            share = rs.share_cur if rs.share_cur > rs.share_prev else rs.share_prev
-            window = cfg.floor_window_ns
-            first = (heard - window) // cfg.floor_grain_ns
-            used, denied = rs.floor_used, rs.floor_denied
-            units = 0 if used is None else used.since(first)
-            refused = 0 if denied is None else denied.since(first)
-            demand = floor_demand_ppm(ks.policy.target_rate, units, refused, window)
-            part = floor_ppm(share, self.members, demand)
+        if e is None or (e.back_ns >= 0 and e.from_ns != anchor):  # one charging covers it
+            # Whichever row it holds, it promised no more than the largest part sent to it
+            # over the two windows (and `promise` raises the escrow for any sent later).
+            part = rs.share_cur if rs.share_cur > rs.share_prev else rs.share_prev
             if part > 0:
-                escrows[worker] = Escrow(heard, heard + cfg.escrow_span_ns, part)
+                escrows[worker] = Escrow(anchor, p.last_sent + cfg.escrow_tail_ns, part)
         return -1
+
+    def promise(self, ks: KeyState, rs: ReporterState, worker: str, share: int, now: int) -> int:
+        """The floor (ppm of R per second) promised to `worker` in a row of `ks` sent now,
+        should it be cut off: the least of its `share`, 1 / members and the demand part of
+        what we applied from it over `floor_window_ns` before now (none if it was refused as
+        much). Noted for its escrow; an escrow charging for it is raised to it."""
+        cfg = self.config
+        first = (now - cfg.floor_window_ns) // self._grain_ns
+        used, denied = rs.floor_used, rs.floor_denied
+        units = 0 if used is None else used.since(first)
+        refused = 0 if denied is None else denied.since(first)
+        demand = floor_demand_ppm(ks.policy.target_rate, units, refused, cfg.floor_window_ns)
+        part = floor_ppm(share, self.members, demand)
+        win = now // cfg.share_window_ns
+        if win != rs.share_win:
+            rs.share_prev = rs.share_cur if win == rs.share_win + 1 else 0
+            rs.share_cur = 0
+            rs.share_win = win
+        if part > rs.share_cur:
+            rs.share_cur = part
+        e = ks.escrow.get(worker) if ks.escrow else None
+        if e is not None and e.back_ns < 0 and part > e.part_ppm:
+            e.part_ppm = part  # charged from its start at the larger part (`settle`)
+        return part
 
     def grain(self, now_ns: int) -> int:
         """The usage windows' grain (`CoreConfig.floor_grain_ns`) holding `now_ns`."""
@@ -165,20 +283,9 @@ class Escrows:
                 refused = rs.floor_denied = UsageWindow(self._grains)
             refused.note(grain, denied)
 
-    def note_share(self, rs: ReporterState, share_ppm: int, now_ns: int) -> None:
-        """Remember a share sent to a reporter: the largest per window of `share_window_ns`,
-        for this window and the one before, which cover every row a worker may floor on."""
-        win = now_ns // self.config.share_window_ns
-        if win != rs.share_win:
-            rs.share_prev = rs.share_cur if win == rs.share_win + 1 else 0
-            rs.share_cur = 0
-            rs.share_win = win
-        if share_ppm > rs.share_cur:
-            rs.share_cur = share_ppm
-
     def settle(self, now_ns: int, ks: KeyState, ring: Ring) -> None:
-        """Charge the key's meter what its escrows owe up to now; stop charging a worker
-        heard again; drop escrows whose netting window closed or whose member left."""
+        """Charge the key's meter what its escrows owe up to now; stop charging for a worker
+        whose floor ended; drop escrows whose netting window closed or whose member left."""
         escrows = ks.escrow
         if not escrows:
             ks.escrow = None
@@ -190,10 +297,29 @@ class Escrows:
             if worker not in ring:
                 del escrows[worker]  # it left the ring: no floor of ours to cover
                 continue
-            if e.back_ns < 0:
-                heard = self.heard.get(worker, e.from_ns)
-                if heard > e.from_ns:
-                    e.back_ns = heard
+            p = self.peers.get(worker)
+            if e.back_ns < 0 and p is not None:
+                # Its floor's wait began after this escrow's (it heard a newer batch of ours,
+                # or its reports say so: its floor ended first), or it went idle (its floor
+                # ended when it said so): charging stops when that arrived. A move to a
+                # moment already `escrow_after_ns` old when it arrived (a resend after a
+                # cut, a late confirmation) says it may be on a floor from that moment now:
+                # this escrow, from earlier, covers that one too.
+                rs = ks.reporters.get(worker)
+                quiet = cfg.escrow_after_ns
+                anchor = self.anchor(p)
+                if anchor > e.from_ns and p.moved_at - anchor <= quiet:
+                    e.back_ns = p.moved_at
+                elif (
+                    rs is not None
+                    and rs.row_anchor > e.from_ns
+                    and (rs.row_moved_at - rs.row_anchor <= quiet)
+                ):
+                    e.back_ns = rs.row_moved_at
+                elif p.idle and p.idle_at > e.from_ns:
+                    e.back_ns = p.idle_at
+                elif p.last_sent + cfg.escrow_tail_ns > e.until_ns:
+                    e.until_ns = p.last_sent + cfg.escrow_tail_ns  # more batches to it since
             end = now_ns if now_ns < e.until_ns else e.until_ns
             if 0 <= e.back_ns < end:
                 end = e.back_ns

@@ -62,7 +62,7 @@ OTHER_TENANT = ""
 FETCHING_MAX = 1024
 
 
-Row = tuple[RateKey, int, int, int, int, int, int, int]  # one snapshot's columns
+Row = tuple[RateKey, int, int, int, int, int, int, int, int]  # one snapshot's columns
 
 
 class _Outbox:
@@ -250,13 +250,14 @@ class Owner:
         lease_until_ns = now_ns + cfg.reporter_lease_ms * MS
         window_ns = cfg.demand_window_ms * MS
         window = now_ns // window_ns
+        floors = self.escrows.on()  # serving through partitions: on unless turned off
         if not batch.keys:  # an idle mark (`Reporter._mark_idles`): nothing to apply or answer
-            self.escrows.idle_mark(sender, now_ns)
+            if floors:
+                self.escrows.idle_mark(sender, now_ns, batch.heard_batch)
             return []
         self._leases[sender] = lease_until_ns
-        floors = self.escrows.on()  # serving through partitions: on unless turned off
         if floors:
-            self.escrows.heard_from(sender, now_ns)
+            self.escrows.heard_from(sender, now_ns, batch.heard_batch)
             note_used = self.escrows.note_used
             grain = self.escrows.grain(now_ns)  # one arrival time for the whole batch
         share_floor = cfg.share_floor_ppm
@@ -264,8 +265,16 @@ class Owner:
         replied: dict[RateKey, KeyState] = {}
         refused: dict[RateKey, RejectReason] = {}
         units = dups = 0
-        for key, seq, delta, denied, floor in zip(
-            batch.keys, batch.sequences, batch.deltas, batch.denied, batch.unacked_from, strict=True
+        ages = batch.since_ages if floors and batch.since_ages else (-1,) * len(batch.keys)
+        row_slack = self.escrows.row_slack() if floors else 0
+        for key, seq, delta, denied, floor, age in zip(
+            batch.keys,
+            batch.sequences,
+            batch.deltas,
+            batch.denied,
+            batch.unacked_from,
+            ages,
+            strict=True,
         ):
             ks = keys.get(key)  # every retained key is owned: ring_changed drops the rest
             if ks is None:
@@ -309,6 +318,11 @@ class Owner:
                 rs.window = window
             rs.lease_until_ns = lease_until_ns
             if outcome == Applied.NEW:
+                # Its view's floor wait began `age` before it sent this (said only at a
+                # report's first arrival: a copy the network delayed or repeated says it late).
+                if age >= 0 and now_ns - age + row_slack > rs.row_anchor:
+                    rs.row_anchor = now_ns - age + row_slack
+                    rs.row_moved_at = now_ns
                 # Usage that the escrow for this sender's floor already charged is netted,
                 # not applied again; the rest goes through the claim meter (`_escrow`).
                 netted = 0
@@ -346,8 +360,7 @@ class Owner:
         for key, reason in refused.items():
             out.reject(sender, Rejection(key, reason, ring.epoch))
         rows: list[Row] = []
-        share_win = now_ns // cfg.share_window_ns
-        note_share = self.escrows.note_share
+        promise = self.escrows.promise
         for key, ks in replied.items():  # _send_snapshot, inlined: once per report
             rs = ks.reporters[sender]
             n = ks.live_n if now_ns <= ks.live_until_ns else self._count_live(now_ns, ks)
@@ -411,8 +424,6 @@ class Owner:
             ks.version += 1
             rs.sent_at_ns = now_ns
             rs.seen_changes = ks.changes
-            if floors and (rs.share_win != share_win or share > rs.share_cur):
-                note_share(rs, share, now_ns)  # a floor's escrow may use it
             rows.append(
                 (
                     key,
@@ -423,6 +434,7 @@ class Owner:
                     rs.worker_epoch,
                     share,
                     n,
+                    promise(ks, rs, sender, share, now_ns) if floors else 0,
                 )
             )
         out.snapshots(sender, rows)
@@ -487,6 +499,7 @@ class Owner:
                 if now_ns - at > retention_ns and w not in self._leases
             ]:
                 del self._out_at[worker], self._out_seq[worker]
+                self.escrows.forget(worker)
             self._sweep_left = len(order)
             self._sweep_forgot = 0
         n = min(SWEEP_SLICE, self._sweep_left)
@@ -604,6 +617,7 @@ class Owner:
         yet; the tick never looks at a key merely because a lease lapsed. The reporters
         still live hear of a larger share in their next reply."""
         key = ks.policy.rate_key
+        floors = self.escrows.on()
         basis: ShareBasis | None = None
         remaining = floor = 0
         b = ks.policy.local_burst_cap
@@ -639,8 +653,6 @@ class Owner:
             rs.sent_at_ns = now_ns
             rs.sent_allowance_ppm = allowance
             rs.sent_floor = floor
-            if self.escrows.on():
-                self.escrows.note_share(rs, share, now_ns)
             snapshot(
                 worker,
                 (
@@ -652,6 +664,7 @@ class Owner:
                     rs.worker_epoch,
                     share,
                     basis.active,
+                    self.escrows.promise(ks, rs, worker, share, now_ns) if floors else 0,
                 ),
             )
         if sync_ns and next_ns < INT_MAX:
@@ -701,10 +714,16 @@ class Owner:
         return n
 
     def _message(self, to: str, now_ns: int, rows: list[Row], rejects: list[Rejection]) -> Send:
-        columns: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * 8
-        keys, owner_epochs, versions, remaining, acks, receiver_epochs, shares, active = columns
+        columns: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * 9
+        keys, owner_epochs, versions, remaining, acks, receiver_epochs, shares, active, floors = (
+            columns
+        )
         seq = self._out_seq[to] = self._next_seq(to, now_ns)
         self._out_at[to] = now_ns
+        if self.escrows.on():
+            self.escrows.sent(to, seq, now_ns)
+        else:
+            floors = ()
         return Send(
             to,
             SnapshotBatch.trusted(
@@ -722,6 +741,7 @@ class Owner:
                 active,
                 tuple(rejects),
                 seq,
+                floors,
             ),
         )
 

@@ -51,6 +51,8 @@ class ReporterState:
         "handed_until_ns",
         "floor_used",
         "floor_denied",
+        "row_anchor",
+        "row_moved_at",
     )
 
     def __init__(self, worker_epoch: int, unacked_from: int, now_ns: int) -> None:
@@ -92,6 +94,11 @@ class ReporterState:
         # most, and not at all if it was denied as much. None until it reports either.
         self.floor_used: UsageWindow | None = None
         self.floor_denied: UsageWindow | None = None
+        # Where an escrow for this reporter's view of the key may start, as its reports say
+        # (arrival less `ReportBatch.since_ages`, plus `Escrows.row_slack`), and when that
+        # last grew (`_escrow`): -1 until a report says.
+        self.row_anchor = -1
+        self.row_moved_at = -1
 
     def confirm(self, now_ns: int, worker_epoch: int, unacked_from: int, inflight_max: int) -> bool:
         """The worker's first report to a record a hand-over made: keep the handed watermark

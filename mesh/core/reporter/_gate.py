@@ -8,7 +8,7 @@ from enum import Enum
 from mesh.core.gate import Gate
 from mesh.core.gcra import Gcra
 from mesh.core.policy import RateKey, TenantRatePolicy
-from mesh.core.shares import PPM, UsageWindow, share_round, snapshot_allowance_ppm
+from mesh.core.shares import PPM, share_round, snapshot_allowance_ppm
 
 __all__ = ["GlobalGate", "SnapshotState", "Inflight"]
 
@@ -64,13 +64,11 @@ class GlobalGate(Gate):
         "snap_incarnation",
         "snap_batch",
         "reported_at_ns",
-        "snap_share_ppm",
+        "snap_floor_ppm",
         "floor",
         "floor_ppm",
         "floor_mark",
         "floor_left",
-        "acked_used",
-        "acked_denied",
     )
 
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[Gate], None]) -> None:
@@ -100,18 +98,11 @@ class GlobalGate(Gate):
         # Serving through a partition (`Reporter._serve_floor`): a GCRA at R x `floor_ppm` over
         # time divided by 1e6 (floor_ppm of R per second), what it had left at its last settle,
         # and `unacked` then (what was admitted since is `unacked - floor_mark`).
-        self.snap_share_ppm = 0  # the share (ppm) in the row held: what its floor follows
+        self.snap_floor_ppm = 0  # the floor (ppm) its owner promised in the row held
         self.floor: Gcra | None = None
         self.floor_ppm = 0
         self.floor_mark = 0
         self.floor_left = 0
-        # The usage of this view's reports acknowledged by the owner of the row held, by
-        # when each report was made (`Reporter.receive`): its floor follows it. None until
-        # then; dropped when another owner (or incarnation) answers for the key.
-        self.acked_used: UsageWindow | None = None
-        # The denials in reports acknowledged (by any owner), by when the acknowledgement
-        # came: what its owner may have counted against the floor, and more.
-        self.acked_denied: UsageWindow | None = None
 
     @property
     def had_snapshot(self) -> bool:
@@ -180,7 +171,6 @@ class GlobalGate(Gate):
         acked = self.ack(ack)
         self.snap_order = order
         self.snap_remaining = remaining
-        self.snap_share_ppm = share_ppm
         self.snap_at_ns = now_ns
         self.allowance = share_round(
             snapshot_allowance_ppm(

@@ -38,9 +38,7 @@ from mesh.core.reporter._rto import RetryTimer
 from mesh.core.ring import Ring
 from mesh.core.shares import (
     PPM,
-    UsageWindow,
     floor_burst,
-    floor_demand_ppm,
     floor_ppm,
     floor_start,
     share_round,
@@ -102,6 +100,10 @@ class Reporter:
         # When a batch from each owner last arrived (any batch): a view's floor opens a while
         # after its owner's last word (`_serve_floor`). Per owner; dropped when it leaves.
         self._heard: dict[str, int] = {}
+        # Views serving from a floor, per owner: any batch from it ends them at once (the
+        # owner stops charging their escrows when we confirm it, which may be before the
+        # next tick). At most the views with a floor; dropped with the owner.
+        self._floored: dict[str, list[GlobalGate]] = {}
         # Idle marks (`_mark_idles`), per owner: when we last sent it a report, when we last
         # told it we went idle, and the latest send time of a report it acknowledged. A view
         # floors only while the last is later than the second: the owner's last word from us
@@ -237,7 +239,8 @@ class Reporter:
                 continue
             send_now[key] = w
         timeouts: dict[str, int] = {}  # per owner, for this flush
-        by_owner: dict[str, list[tuple[RateKey, int, int, int, int]]] = {}
+        by_owner: dict[str, list[tuple[RateKey, int, int, int, int, int]]] = {}
+        heard = self._heard
         for key, v in send_now.items():
             if not v.inflight:  # acknowledged since it was queued (a ring change)
                 unacked.pop(key, None)
@@ -250,6 +253,12 @@ class Reporter:
                 self._schedule(v, now_ns + self.retry.min_ns)
                 continue
             floor = v.inflight[0].sequence  # everything below it is acknowledged
+            # How long ago its floor's wait began (`_serve_floor`): the owner escrows from
+            # no later than that (`mesh.core.owner._escrow`).
+            since = heard.get(owner, -1)
+            if v.inflight[0].created_ns > since:
+                since = v.inflight[0].created_ns
+            age = now_ns - since
             next_ns = NEVER
             timeout = timeouts.get(owner)
             if timeout is None:
@@ -265,7 +274,7 @@ class Reporter:
                     r.sends += 1
                     v.reported_at_ns = now_ns
                     by_owner.setdefault(owner, []).append(
-                        (key, r.sequence, r.delta, r.denied, floor)
+                        (key, r.sequence, r.delta, r.denied, floor, age)
                     )
                     at = now_ns + timeout
                 if at < next_ns:
@@ -274,10 +283,11 @@ class Reporter:
         out: list[Effect] = []
         for owner in sorted(by_owner):
             self._reported_to[owner] = now_ns
+            heard_batch = self._heard_batch(owner)
             rows = by_owner[owner]
             for i in range(0, len(rows), cfg.report_batch_max):
                 chunk = rows[i : i + cfg.report_batch_max]
-                keys, seqs, deltas, denied, floors = zip(*chunk, strict=True)
+                keys, seqs, deltas, denied, floors, ages = zip(*chunk, strict=True)
                 out.append(
                     Send(
                         owner,
@@ -290,6 +300,8 @@ class Reporter:
                             deltas,
                             denied,
                             floors,
+                            heard_batch,
+                            ages if cfg.partition_floor_ms > 0 else (),
                         ),
                     )
                 )
@@ -315,10 +327,24 @@ class Reporter:
                 Send(
                     owner,
                     ReportBatch.trusted(
-                        self.worker_id, self.ring.epoch, self.worker_epoch, (), (), (), (), ()
+                        self.worker_id,
+                        self.ring.epoch,
+                        self.worker_epoch,
+                        (),
+                        (),
+                        (),
+                        (),
+                        (),
+                        self._heard_batch(owner),
                     ),
                 )
             )
+
+    def _heard_batch(self, owner: str) -> int:
+        """The newest batch number we received from `owner`'s current incarnation (0:
+        none): the owner escrows our floors from when it sent that (`_escrow`)."""
+        st = self._vouch.get(owner)
+        return 0 if st is None else st.last_batch
 
     def receive(self, now_ns: int, batch: SnapshotBatch) -> int:
         """Take an owner's snapshots and rejections. Returns how many views changed."""
@@ -331,9 +357,15 @@ class Reporter:
         floors = self.config.partition_floor_ms > 0
         back = floors and now_ns - self._heard.get(owner, now_ns) > self.config.escrow_after_ns
         self._heard[owner] = now_ns
+        floored = self._floored.pop(owner, None)
+        if floored:
+            for fv in floored:
+                if fv.floor is not None:
+                    self._end_floor(fv)
         if seq:
             self._vouched_by(owner, inc, seq, now_ns + ttl_ns)
-        for key, owner_epoch, version, remaining, ack, receiver_epoch, share, active in zip(
+        promised = batch.floors_ppm or (0,) * len(batch.keys)
+        for key, owner_epoch, version, remaining, ack, receiver_epoch, share, active, part in zip(
             batch.keys,
             batch.owner_epochs,
             batch.versions,
@@ -342,6 +374,7 @@ class Reporter:
             batch.receiver_epochs,
             batch.shares_ppm,
             batch.active_reporters,
+            promised,
             strict=True,
         ):
             v = views.get(key)
@@ -353,8 +386,7 @@ class Reporter:
             acked = v.take_snapshot(
                 order, remaining, ack, share, active, now_ns, ttl_ns, self._coin(key, version)
             )
-            if floors:
-                self._note_acked(v, owner, inc, acked, now_ns)
+            v.snap_floor_ppm = part
             v.snap_from = owner
             v.snap_incarnation = inc
             v.snap_batch = seq
@@ -381,31 +413,6 @@ class Reporter:
             # applied the view subtracts it from what it may spend.
             self.link_reset(owner)
         return changed
-
-    def _note_acked(
-        self, v: GlobalGate, owner: str, inc: int, acked: list[Inflight], now_ns: int
-    ) -> None:
-        """Count the usage of reports `owner` acknowledged, at when each was made (it
-        applied them after that), and their denials, at now (it applied them before). A row
-        from another owner or incarnation than the last may acknowledge what only its
-        predecessor applied (a hand-over), so the usage count restarts and leaves those
-        out: a floor counts only usage the owner of its row counted, and all denials."""
-        cfg = self.config
-        grain = cfg.floor_grain_ns
-        same = v.snap_from == owner and v.snap_incarnation == inc
-        if not same:
-            v.acked_used = None
-        for r in acked:
-            if r.delta > 0 and same:
-                used = v.acked_used
-                if used is None:
-                    used = v.acked_used = UsageWindow(cfg.floor_grains)
-                used.note(r.created_ns // grain, r.delta)
-            if r.denied > 0:
-                denied = v.acked_denied
-                if denied is None:
-                    denied = v.acked_denied = UsageWindow(cfg.floor_denied_grains)
-                denied.note(now_ns // grain, r.denied)
 
     def tick(self, now_ns: int) -> None:
         """Expire views whose snapshot (or bootstrap) is older than the TTL."""
@@ -453,8 +460,9 @@ class Reporter:
         owner = v.snap_from
         heard = self._heard.get(owner, -1)
         # From our last word from the owner, or from our oldest unacknowledged report if it
-        # is newer: a lone report after a pause may have reached the owner (and renewed
-        # its count of our silence) just as its answer was cut.
+        # is newer (a view with nothing unacknowledged has no floor, so a pause does not
+        # count). The owner escrows from no later: from when it sent the newest batch we
+        # confirmed receiving, or from what our reports said of this (`since_ages`).
         since = heard
         if v.inflight and v.inflight[0].created_ns > since:
             since = v.inflight[0].created_ns
@@ -472,16 +480,12 @@ class Reporter:
             and self.ring.owner_of(v.key) == owner
         ):
             if v.floor is not None:  # the span ran out, or the key moved: no floor now
-                v.floor = None
-                v.recompute()
-                v.set_verdicts(
-                    BOUNDS["global_stale"], Suspension.SNAPSHOT_STALE, Reason.SNAPSHOT_STALE
-                )
+                self._end_floor(v)
             return False
         if v.floor is None:
             policy = v.policy
             rate = policy.target_rate
-            part = floor_ppm(v.snap_share_ppm, len(self.ring), self._floor_demand(v, since, heard))
+            part = floor_ppm(v.snap_floor_ppm, len(self.ring))
             if part <= 0:
                 return False
             burst = floor_burst(rate, part, cfg.reporter_lease_ms * MS, policy.local_burst_cap)
@@ -492,33 +496,17 @@ class Reporter:
             v.floor.apply(at, burst - floor_start(rate, part, cfg.escrow_after_ns, burst))
             v.floor_mark = v.unacked
             v.set_verdicts(BOUNDS["global_floor"], Suspension.OWNER_UNREACHABLE)
+            self._floored.setdefault(owner, []).append(v)
         v.settle_floor(now_ns)
         return True
 
-    def _floor_demand(self, v: GlobalGate, since: int, heard: int) -> int:
-        """The demand part of a view's floor (`shares.floor_demand_ppm`) from what we know
-        the owner counted in its window before it last heard from us, `h`: no more usage,
-        no fewer denials (docs/partitions.md). It heard us last no later than a TTL after
-        `since` (the floor's wait relies on that too), so a report made after that less
-        the window arrived in it; and it sends us batches only while our lease runs, so `h`
-        is no earlier than a lease and a trip before `heard`, our last word from it, and a
-        report it counted was acknowledged after that less the window and a grain, or is
-        unacknowledged still and was made before it last heard from us. (Denials made since,
-        while the view is stale and refuses everything, are not counted: it never saw
-        them, and counting them would end every floor of a busy view before it opened.)"""
-        cfg = self.config
-        window, grain = cfg.floor_window_ns, cfg.floor_grain_ns
-        used, denied = v.acked_used, v.acked_denied
-        last = since + cfg.snapshot_ttl_ns  # no later than the owner last heard from us
-        start = last - window
-        units = 0 if used is None else used.since(-(-start // grain))
-        first = (heard - cfg.reporter_lease_ms * MS - cfg.snapshot_ttl_ns - window) // grain - 1
-        refused = sum(r.denied for r in v.inflight if r.created_ns <= last)
-        if denied is not None:
-            if not denied.covers(first):
-                return 0  # denials it may have counted are no longer known: no floor
-            refused += denied.since(first)
-        return floor_demand_ppm(v.policy.target_rate, units, refused, window)
+    @staticmethod
+    def _end_floor(v: GlobalGate) -> None:
+        """A view's floor ends: it is stale again (or fresh, if a row of it came)."""
+        v.floor = None
+        v.recompute()
+        if v.state is SnapshotState.STALE:
+            v.set_verdicts(BOUNDS["global_stale"], Suspension.SNAPSHOT_STALE, Reason.SNAPSHOT_STALE)
 
     def _vouched_by(self, owner: str, incarnation: int, seq: int, until_ns: int) -> None:
         """Note a batch numbered `seq` from `owner`: in order, it vouches for the views its
@@ -557,6 +545,8 @@ class Reporter:
         self.ring = ring
         for owner in [o for o in self._vouch if o not in ring]:
             del self._vouch[owner]  # it owns nothing of ours now
+        for owner in [o for o in self._floored if o not in ring]:
+            del self._floored[owner]
         for owner in [o for o in self._heard if o not in ring]:
             del self._heard[owner]
         for owner in [o for o in self._reported_to if o not in ring]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import msgpack
@@ -32,6 +33,7 @@ from mesh.core.messages import (
 )
 from mesh.core.messages._columns import pack_column
 from mesh.core.policy import Metric, RateKey
+from mesh.core.shares import PPM
 from mesh.errors import ConfigError, MessageError, MessageTypeError
 from mesh.testing.fleet import MemoryFleet, Offered, drive
 from tests.mesh._helpers import cache, policy
@@ -68,8 +70,11 @@ def test_round_trip(msg: Any) -> None:
 
 
 # One message of every kind, and its bytes as the codec wrote them before `messages` was
-# split into modules (schema 3). A change here is a wire change: bump SCHEMA_VERSION.
-PINNED = [
+# split into modules (schema 3), before `heard_batch`, `since_ages` and `floors_ppm` were
+# added at the end
+# (PREVIOUS: still decoded, with those fields empty). A change here is a wire change: add
+# fields at the end (the decoder keeps reading the shape before), or bump SCHEMA_VERSION.
+PREVIOUS = [
     (
         ReportBatch.of(
             "w1",
@@ -115,10 +120,61 @@ PINNED = [
 ]
 
 
+PINNED = [
+    (
+        dataclasses.replace(  # type: ignore[type-var]
+            PREVIOUS[0][0], heard_batch=9, since_ages=(3, 0)
+        ),
+        "9c03a77265706f727473a2773105029293a461636d65a9726561645f696f70730393a461636d65b3636c"
+        "69656e745f6567726573735f627974657301c41007000000000000000100000000000000c41003000000"
+        "0000000000feffffffffffffc41004000000000000000000000000000000c41005000000000000000100"
+        "00000000000009c41003000000000000000000000000000000",
+    ),
+    (
+        dataclasses.replace(PREVIOUS[1][0], floors_ppm=(125_000,)),  # type: ignore[type-var]
+        "dc001103a9736e617073686f7473a26f310503cf000000e8d4a510009193a461636d65a9726561645f69"
+        "6f707303c4080500000000000000c4080900000000000000c4087800000000000000c408070000000000"
+        "0000c4080200000000000000c40890d0030000000000c4080400000000000000919393a461636d65b363"
+        "6c69656e745f6567726573735f627974657301a96e6f745f6f776e6572060bc40848e8010000000000",
+    ),
+    PREVIOUS[2],
+]
+
+
 @pytest.mark.parametrize("msg, wire", PINNED, ids=["reports", "snapshots", "handover"])
 def test_wire_format_is_pinned(msg: Message, wire: str) -> None:
     assert encode(msg).hex() == wire
     assert decode(bytes.fromhex(wire)) == msg
+
+
+@pytest.mark.parametrize("msg, wire", PREVIOUS[:2], ids=["reports", "snapshots"])
+def test_the_shape_before_the_last_fields_still_decodes(msg: Message, wire: str) -> None:
+    """A peer one release behind sends no `heard_batch`, `since_ages` or `floors_ppm`:
+    read as 0 and none."""
+    assert decode(bytes.fromhex(wire)) == msg
+    assert encode(msg).hex() != wire  # what we send carries them
+
+
+def test_a_bad_since_ages_column_is_refused() -> None:
+    wire = to_wire(PINNED[0][0])
+    wire[11] = pack_column([-1, 0])
+    with pytest.raises(MessageError, match="since_ages"):
+        decode(msgpack.packb(wire, use_bin_type=True))
+    wire[11] = pack_column([1])
+    with pytest.raises(MessageError, match="since_ages"):
+        decode(msgpack.packb(wire, use_bin_type=True))
+    with pytest.raises(MessageError, match="heard_batch"):
+        decode(msgpack.packb(to_wire(PINNED[0][0])[:10] + [-1, b""], use_bin_type=True))
+
+
+def test_a_bad_floors_column_is_refused() -> None:
+    wire = to_wire(PINNED[1][0])
+    wire[16] = pack_column([PPM + 1])
+    with pytest.raises(MessageError, match="floors_ppm"):
+        decode(msgpack.packb(wire, use_bin_type=True))
+    wire[16] = pack_column([1, 2])
+    with pytest.raises(MessageError, match="floors_ppm"):
+        decode(msgpack.packb(wire, use_bin_type=True))
 
 
 def test_key_cache_stays_within_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
