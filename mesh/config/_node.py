@@ -61,6 +61,7 @@ from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.core.policy import Mode, TenantRatePolicy
 from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.checks import check_address, check_keys, is_loopback
+from ratemesh.policyfile import load_policy_file as read_policy_file
 from ratemesh.yamlfile import load_yaml
 
 # A node's peer streams are reliable and report reconnections, so a report is resent on a
@@ -596,7 +597,8 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
     if not isinstance(inline, list):
         raise ConfigTypeError("policies.inline", "must be a list of policies")
     found += [
-        TenantRatePolicy.from_dict(p, where=f"policies.inline[{i}]") for i, p in enumerate(inline)
+        TenantRatePolicy.from_dict(p, where=f"policies.inline[{i}]", error=ConfigError)
+        for i, p in enumerate(inline)
     ]
     out["policies"] = tuple(found)
     coord = data.get("coordinator")
@@ -618,13 +620,9 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
 
 
 def load_policy_file(path: str | Path, *, where: str = "policies") -> list[TenantRatePolicy]:
-    """A YAML file holding a list of policies (or a mapping with a `policies:` list)."""
-    data = load_yaml(path, field=where, error=ConfigError)
-    if isinstance(data, dict) and set(data) == {"policies"}:
-        data = data.get("policies")
-    if not isinstance(data, list):
-        raise ConfigTypeError(where, f"{path} must hold a list of policies")
-    return [TenantRatePolicy.from_dict(p, where=f"{where}[{i}]") for i, p in enumerate(data)]
+    """A YAML file holding a list of policies (or a mapping with a `policies:` list); the
+    format governord's bootstrap and `mesh policy apply` read too (`ratemesh.policyfile`)."""
+    return [d.policy for d in read_policy_file(path, where=where, error=ConfigError)]
 
 
 def _check_plaintext(cfg: NodeConfig) -> None:

@@ -15,7 +15,8 @@ from mesh.core.policy import (
     TenantRatePolicy,
     Unit,
 )
-from mesh.errors import ConfigError, ConfigTypeError, MeshError
+from mesh.errors import ConfigError, MeshError
+from ratemesh import errors as shared
 from tests.mesh._helpers import policy
 
 GOOD: dict[str, Any] = dict(
@@ -43,33 +44,34 @@ def test_units_by_metric() -> None:
 @pytest.mark.parametrize(
     "change, field, exc",
     [
-        ({"target_rate": -1}, "target_rate", ConfigError),
-        ({"target_rate": 0}, "target_rate", ConfigError),
-        ({"global_burst": 0}, "global_burst", ConfigError),
-        ({"local_burst_cap": 0}, "local_burst_cap", ConfigError),
-        ({"metric": "read_ops"}, "metric", ConfigError),
-        ({"metric": 7}, "metric", ConfigTypeError),
-        ({"mode": "eventual"}, "mode", ConfigError),
-        ({"generation": 0}, "generation", ConfigError),
-        ({"generation": 1.0}, "generation", ConfigTypeError),
-        ({"tenant_id": ""}, "tenant_id", ConfigError),
-        ({"tenant_id": None}, "tenant_id", ConfigTypeError),
-        ({"tenant_id": "x" * 1000}, "tenant_id", ConfigError),
-        ({"target_rate": 2**64}, "target_rate", ConfigError),
-        ({"target_rate": True}, "target_rate", ConfigTypeError),
-        ({"enabled": "yes"}, "enabled", ConfigTypeError),
+        ({"target_rate": -1}, "target_rate", shared.ConfigError),
+        ({"target_rate": 0}, "target_rate", shared.ConfigError),
+        ({"global_burst": 0}, "global_burst", shared.ConfigError),
+        ({"local_burst_cap": 0}, "local_burst_cap", shared.ConfigError),
+        ({"metric": "read_ops"}, "metric", shared.ConfigError),
+        ({"metric": 7}, "metric", shared.ConfigTypeError),
+        ({"mode": "eventual"}, "mode", shared.ConfigError),
+        ({"generation": 0}, "generation", shared.ConfigError),
+        ({"generation": 1.0}, "generation", shared.ConfigTypeError),
+        ({"tenant_id": ""}, "tenant_id", shared.ConfigError),
+        ({"tenant_id": None}, "tenant_id", shared.ConfigTypeError),
+        ({"tenant_id": "x" * 1000}, "tenant_id", shared.ConfigError),
+        ({"target_rate": 2**64}, "target_rate", shared.ConfigError),
+        ({"target_rate": True}, "target_rate", shared.ConfigTypeError),
+        ({"enabled": "yes"}, "enabled", shared.ConfigTypeError),
     ],
 )
 def test_bad_policy_names_the_field(
-    change: dict[str, Any], field: str, exc: type[ConfigError]
+    change: dict[str, Any], field: str, exc: type[shared.ConfigError]
 ) -> None:
+    """The model is shared with governord, so it raises the shared family."""
     with pytest.raises(exc) as info:
         TenantRatePolicy(**{**GOOD, **change})
     assert info.value.field == field
 
 
 def test_unknown_metric_error_lists_the_choices() -> None:
-    with pytest.raises(ConfigError, match="read_iops"):
+    with pytest.raises(shared.ConfigError, match="read_iops"):
         TenantRatePolicy(**{**GOOD, "metric": "iops"})
 
 
@@ -84,7 +86,7 @@ def test_unknown_metric_error_lists_the_choices() -> None:
 )
 def test_from_dict_names_where(data: object, field: str) -> None:
     with pytest.raises(MeshError) as info:
-        TenantRatePolicy.from_dict(data, where="policies[0]")
+        TenantRatePolicy.from_dict(data, where="policies[0]", error=ConfigError)
     assert info.value.field == field
 
 
