@@ -30,6 +30,8 @@ from ratemesh.policy import Metric, TenantRatePolicy
 __all__ = [
     "API_KEY_MD",
     "COORDINATOR_SERVICE",
+    "KEEPALIVE_MS",
+    "PING_INTERVAL_MIN_MS",
     "METHODS",
     "SNAPSHOT_POLICIES_MAX",
     "HistoryEntry",
@@ -44,6 +46,12 @@ __all__ = [
 COORDINATOR_SERVICE = "ratemesh.coordinator.v1.Coordinator"
 METHODS = ("Put", "Remove", "List", "Watch", "History")
 API_KEY_MD = "x-ratemesh-api-key"
+# Keepalive that both ends accept: a client (a node's watch) pings an idle connection every
+# KEEPALIVE_MS; a server accepts a ping every PING_INTERVAL_MIN_MS without data, half that,
+# so jitter never makes a ping look too early (gRPC's default answered GOAWAY `too_many_pings`
+# at the third ping and ended every idle watch).
+KEEPALIVE_MS = 10_000
+PING_INTERVAL_MIN_MS = KEEPALIVE_MS // 2
 # Policies and tombstones one snapshot may carry: at ~130 bytes each this fits a 1 MiB message.
 SNAPSHOT_POLICIES_MAX = 6144
 

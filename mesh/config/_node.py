@@ -29,7 +29,8 @@ Shape (every key optional except where said)::
     policies:
       file: policies.yaml
       inline: [{tenant_id: acme, metric: read_iops, generation: 1, ...}]
-      coordinator: {addr: 127.0.0.1:7100, poll_ttl_ms: 1000}
+      coordinator: {addr: 127.0.0.1:7100, poll_ttl_ms: 1000, api_key_file: worker.key}
+                                 # governord; or api_key_env: NAME (a worker-scope key)
     core: {sync_interval_ms: 5, snapshot_ttl_ms: 20}
 
 Ports are 1..65535. Only `listen` and `telemetry_listen` also take 0, "any free port": the
@@ -60,6 +61,7 @@ from mesh.core.config import CoreConfig
 from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.core.policy import Mode, TenantRatePolicy
 from mesh.errors import ConfigError, ConfigTypeError
+from ratemesh.apikey import read_api_key
 from ratemesh.checks import check_address, check_keys, is_loopback
 from ratemesh.policyfile import load_policy_file as read_policy_file
 from ratemesh.yamlfile import load_yaml
@@ -117,6 +119,9 @@ class MembershipConfig:
 class CoordinatorConfig:
     addr: str
     poll_ttl_ms: int = 1000  # polling fallback period while the watch is down
+    # governord's coordinator API key (a worker-scope key: list, watch, history), read from
+    # api_key_file or api_key_env; None for a coordinator without auth (tests, demos)
+    api_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -605,7 +610,9 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
     if coord is not None:
         if not isinstance(coord, dict):
             raise ConfigTypeError("policies.coordinator", "must be a mapping")
-        _no_unknown("policies.coordinator", coord, {"addr", "poll_ttl_ms"})
+        _no_unknown(
+            "policies.coordinator", coord, {"addr", "poll_ttl_ms", "api_key_file", "api_key_env"}
+        )
         if "addr" not in coord:
             raise ConfigError("policies.coordinator.addr", "is required")
         addr = check_str("policies.coordinator.addr", coord["addr"])
@@ -615,8 +622,20 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
             check_int(
                 "policies.coordinator.poll_ttl_ms", coord.get("poll_ttl_ms", 1000), minimum=10
             ),
+            _coordinator_key(coord, base),
         )
     return out
+
+
+def _coordinator_key(coord: dict[str, Any], base: Path | None) -> str | None:
+    file, env = coord.get("api_key_file"), coord.get("api_key_env")
+    if file is None and env is None:
+        return None
+    if file is not None:
+        file = str(_file("policies.coordinator.api_key_file", file, base))
+    if env is not None:
+        env = check_str("policies.coordinator.api_key_env", env)
+    return read_api_key(file=file, env=env, where="policies.coordinator.api_key", error=ConfigError)
 
 
 def load_policy_file(path: str | Path, *, where: str = "policies") -> list[TenantRatePolicy]:

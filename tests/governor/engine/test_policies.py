@@ -23,6 +23,7 @@ from governor.engine import (
     encode_event,
 )
 from governor.engine import _policybook as book_mod
+from governor.engine._events import PolicyPut
 from ratemesh.policy import Metric, Mode, TenantRatePolicy
 
 READ = Metric.READ_IOPS
@@ -187,6 +188,8 @@ def test_policy_events_round_trip_through_the_codec() -> None:
     kind, payload = encode_event(w.events[0])
     with pytest.raises(Exception, match="does not decode"):
         decode_event(kind, {**payload, "metric": "read_ops"})
-    bad = replace(w.events[0], target_rate=0)  # a record governord never wrote
+    put = w.events[0]
+    assert isinstance(put, PolicyPut)
+    bad = replace(put, target_rate=0)  # a record governord never wrote
     with pytest.raises(RecordError, match="target_rate"):
         Engine.restore(None, [bad], ManualClock(0), lambda e: None)

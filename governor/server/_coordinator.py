@@ -1,0 +1,345 @@
+"""governord as the mesh's policy coordinator: the `ratemesh.coordinator.v1.Coordinator` service
+the nodes speak (Put, Remove, List, Watch, History; shapes in ``ratemesh.coordinator``).
+
+Every write is one engine step (``put_policy``/``remove_policy``: a ``PolicyPut`` or
+``PolicyRemoved`` event) and replies only after the log has committed it; a read (List, Watch,
+History) waits for the commit of everything it shows, so no node ever learns a generation
+that a governord crash could take back and give to other values. A caller names itself with an
+API key from ``coordinator.keys``: a ``worker`` key may List, Watch and read History; a
+``coordinator`` key may also Put and Remove. ``docs/policies.md`` has the rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from governor import wire
+from governor.authority import Authority
+from governor.config import CoordinatorKey, CoordinatorSettings
+from governor.engine import Engine, Event, GenerationConflict, PolicyPutResult
+from governor.engine import _events as ev
+from ratemesh import coordinator as cw
+from ratemesh.checks import check_int, check_keys, check_str
+from ratemesh.errors import MessageError, RatemeshError
+from ratemesh.policy import Metric, TenantRatePolicy
+
+from ._commit import CommitWaits
+from ._metrics import Metrics
+from ._status import Fail, error_fail, sha256_hex
+
+__all__ = ["CoordinatorService", "WATCHERS_MAX", "import_bootstrap"]
+
+WATCHERS_MAX = 4096  # open Watch streams; one per node is the expected load
+_WRITES = ("Put", "Remove")
+
+
+class CoordinatorService:
+    def __init__(
+        self,
+        authority: Authority,
+        commits: CommitWaits,
+        keys: tuple[CoordinatorKey, ...],
+        metrics: Metrics,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.authority = authority
+        self.commits = commits
+        self.metrics = metrics
+        self._keys = {k.key_sha256: k for k in keys}
+        self._loop = loop
+        self._changed = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self.watchers = 0
+        authority.event_listeners.append(self._on_event)
+
+    # ---- plumbing --------------------------------------------------------------------------
+
+    def _on_event(self, event: Event) -> None:
+        """Under the lock: a policy changed, wake the watches (they wait for its commit)."""
+        if isinstance(event, (ev.PolicyPut, ev.PolicyRemoved)):
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        old, self._changed = self._changed, asyncio.Event()
+        old.set()
+
+    def stop(self) -> None:
+        """Draining: open watches end (the nodes poll, then watch the next governord)."""
+        self._stopping.set()
+        self._wake()
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        unary: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
+            "Put": self._put,
+            "Remove": self._remove,
+            "List": self._list,
+            "History": self._history,
+        }
+        rpcs: dict[str, grpc.RpcMethodHandler] = {
+            name: grpc.unary_unary_rpc_method_handler(self._unary(name, fn))
+            for name, fn in unary.items()
+        }
+        rpcs["Watch"] = grpc.unary_stream_rpc_method_handler(self._watch)
+        return grpc.method_handlers_generic_handler(cw.COORDINATOR_SERVICE, rpcs)
+
+    def _count(self, name: str, code: grpc.StatusCode) -> None:
+        self.metrics.calls.labels(f"coordinator.{name}", code.name).inc()
+
+    def _unary(
+        self, name: str, fn: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+    ) -> Callable[[bytes, aio.ServicerContext[bytes, bytes]], Awaitable[bytes]]:
+        async def call(request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
+            code = grpc.StatusCode.OK
+            try:
+                self._authorize(name, context)
+                reply = await fn(_body(name, request))
+            except Fail as f:
+                code = f.code
+                await context.abort(
+                    f.code, f.detail["message"], ((wire.ERROR_MD, wire.pack(f.detail)),)
+                )
+                raise  # unreachable: abort raises
+            finally:
+                self._count(name, code)
+            return cw.pack(reply)
+
+        return call
+
+    def _authorize(self, method: str, context: aio.ServicerContext[bytes, bytes]) -> None:
+        md = dict(context.invocation_metadata() or ())
+        key = md.get(cw.API_KEY_MD)
+        if key is None:
+            raise Fail(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "no_credentials",
+                f"coordinator {method} needs an API key ({cw.API_KEY_MD} metadata)",
+            )
+        if not isinstance(key, str):
+            raise Fail(grpc.StatusCode.UNAUTHENTICATED, "credentials", "the key must be text")
+        found = self._keys.get(sha256_hex(key))
+        if found is None:
+            raise Fail(grpc.StatusCode.UNAUTHENTICATED, "bad_key", "unknown coordinator API key")
+        if method in _WRITES and found.scope != "coordinator":
+            raise Fail(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "scope",
+                f"the key {found.name!r} has scope {found.scope}: it may List, Watch and read "
+                f"History; {method} needs a key of scope coordinator",
+            )
+
+    async def _step(self, fn: Callable[[Engine], Any]) -> Any:
+        result, error, seq = self.authority.step(fn)
+        await self.commits.wait(seq)
+        if error is not None:
+            raise error_fail(error)
+        return result
+
+    async def _committed_read(self, fn: Callable[[Engine], Any]) -> Any:
+        """A read of what is committed: taken under the lock, returned once the log holds
+        everything up to that moment (memory may run ahead of the record; a reply never)."""
+        result, seq = self.authority.read(lambda e: (fn(e), e.last_seq))
+        await self.commits.wait(seq)
+        return result
+
+    # ---- the calls -------------------------------------------------------------------------
+
+    async def _put(self, b: dict[str, Any]) -> dict[str, Any]:
+        _known("put", b, ("policy", "expect_generation"))
+        raw = b.get("policy")
+        if not isinstance(raw, dict):
+            raise _malformed("policy", "must be a mapping")
+        explicit = "generation" in raw
+        policy = _decode(
+            lambda: TenantRatePolicy.from_dict(
+                raw if explicit else {**raw, "generation": 1}, where="policy", error=MessageError
+            )
+        )
+        expect = _expect(b)
+
+        def put(e: Engine) -> tuple[PolicyPutResult, int]:
+            out = e.put_policy(policy, allocate=not explicit, expect_generation=expect)
+            return out, e.state.policies.revision
+
+        result, revision = await self._step(put)
+        return {"policy": result.policy.to_dict(), "revision": revision, "created": result.created}
+
+    async def _remove(self, b: dict[str, Any]) -> dict[str, Any]:
+        _known("remove", b, ("tenant_id", "metric", "expect_generation"))
+        tenant_id, metric = _scope(b)
+        expect = _expect(b)
+
+        def remove(e: Engine) -> tuple[int, int]:
+            gen = e.remove_policy(tenant_id, metric, expect_generation=expect)
+            return gen, e.state.policies.revision
+
+        generation, revision = await self._step(remove)
+        return {
+            "removed": cw.Tombstone(tenant_id, metric, generation).to_wire(),
+            "revision": revision,
+        }
+
+    async def _list(self, b: dict[str, Any]) -> dict[str, Any]:
+        _known("list", b, ())
+        snap: cw.PolicySnapshot = await self._committed_read(_snapshot)
+        return snap.to_wire()
+
+    async def _history(self, b: dict[str, Any]) -> dict[str, Any]:
+        _known("history", b, ("tenant_id", "metric"))
+        tenant_id = _decode(lambda: check_str("tenant_id", b.get("tenant_id"), error=MessageError))
+        metric = b.get("metric")
+        only = None if metric is None else _decode(lambda: cw.decode_metric("metric", metric))
+
+        def history(e: Engine) -> list[dict[str, Any]]:
+            out = []
+            for (t, m), key in sorted(e.state.policies.keys.items()):
+                if t != tenant_id or (only is not None and m is not only):
+                    continue
+                for r in key.history:
+                    entry = cw.HistoryEntry(t, m, r.generation, r.at_ms, r.policy)
+                    out.append(entry.to_wire())
+            return out
+
+        return {"history": await self._committed_read(history)}
+
+    async def _watch(
+        self, request: bytes, context: aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
+        code = grpc.StatusCode.OK
+        try:
+            self._authorize("Watch", context)
+            b = _body("watch", request)
+            _known("watch", b, ("after_revision",))
+            after = _decode(
+                lambda: check_int("after_revision", b.get("after_revision", 0), error=MessageError)
+            )
+            if self.watchers >= WATCHERS_MAX:
+                raise Fail(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    "busy",
+                    f"governord serves {WATCHERS_MAX} watches (WATCHERS_MAX); poll List",
+                )
+            self.watchers += 1
+            try:
+                async for snap in self._snapshots(after):
+                    yield cw.pack(snap.to_wire())
+            finally:
+                self.watchers -= 1
+        except Fail as f:
+            code = f.code
+            await context.abort(
+                f.code, f.detail["message"], ((wire.ERROR_MD, wire.pack(f.detail)),)
+            )
+        finally:
+            self._count("Watch", code)
+
+    async def _snapshots(self, after: int) -> AsyncIterator[cw.PolicySnapshot]:
+        """A snapshot whenever the revision moves past ``after``; at once if ``after`` is ahead
+        of governord's (the watcher knew another coordinator, or a store that was replaced)."""
+        while not self._stopping.is_set():
+            changed = self._changed
+            snap: cw.PolicySnapshot = await self._committed_read(_snapshot)
+            if snap.revision != after:
+                after = snap.revision
+                yield snap
+                continue
+            waits = (
+                asyncio.ensure_future(changed.wait()),
+                asyncio.ensure_future(self._stopping.wait()),
+            )
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+
+
+def import_bootstrap(authority: Authority, settings: CoordinatorSettings) -> list[str]:
+    """Import ``coordinator.policies_file`` once: every (tenant_id, metric) governord holds
+    nothing for (never had a policy) gets the file's generations, under the file's numbers, so
+    nodes that load the same file agree with governord. A key governord already holds is left
+    alone (its record wins); a generation of it that the file gives other values is returned
+    as a warning line, since nodes loading the file would refuse governord's."""
+    if not settings.bootstrap:
+        return []
+
+    def bootstrap(e: Engine) -> list[str]:
+        book = e.state.policies
+        fresh = {(p.tenant_id, p.metric) for p in settings.bootstrap} - set(book.keys)
+        warnings = []
+        for p in sorted(settings.bootstrap, key=lambda p: (p.tenant_id, p.metric, p.generation)):
+            if (p.tenant_id, p.metric) in fresh:
+                e.put_policy(p, allocate=False)
+                continue
+            try:
+                _check_known(e, p)
+            except GenerationConflict as exc:
+                warnings.append(f"coordinator.policies_file: {exc}")
+        return warnings
+
+    return list(authority.call(bootstrap))
+
+
+def _check_known(e: Engine, p: TenantRatePolicy) -> None:
+    key = e.state.policies.keys[(p.tenant_id, p.metric)]
+    name = f"{p.tenant_id}/{p.metric.value} generation {p.generation}"
+    record = key.find(p.generation)
+    if record is not None and record.policy != p:
+        raise GenerationConflict(
+            "generation",
+            f"{name} differs from governord's record, which wins; nodes that load this file "
+            "refuse governord's",
+        )
+    if p.generation > key.last.generation:
+        raise GenerationConflict(
+            "generation",
+            f"{name} is above governord's last ({key.last.generation}), which was not imported "
+            "(governord holds this key already); governord may give that number to other "
+            "values, which nodes that load this file would refuse",
+        )
+
+
+def _snapshot(e: Engine) -> cw.PolicySnapshot:
+    book = e.state.policies
+    removed = tuple(cw.Tombstone(t, m, g) for t, m, g in book.tombstones())
+    return cw.PolicySnapshot(book.revision, tuple(book.current()), removed)
+
+
+def _malformed(field: str, message: str) -> Fail:
+    return Fail(grpc.StatusCode.INVALID_ARGUMENT, "malformed", f"{field}: {message}", field=field)
+
+
+def _decode(fn: Callable[[], Any]) -> Any:
+    """Run a check of a caller's value; its complaint becomes INVALID_ARGUMENT naming the field."""
+    try:
+        return fn()
+    except RatemeshError as exc:
+        raise _malformed(exc.field, exc.problem) from exc
+
+
+def _body(what: str, raw: bytes) -> dict[str, Any]:
+    obj = _decode(lambda: cw.unpack(raw, what))
+    if not isinstance(obj, dict):
+        raise _malformed(what, "the request must be a mapping")
+    return obj
+
+
+def _known(what: str, body: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    _decode(lambda: check_keys(what, body, allowed, error=MessageError))
+
+
+def _expect(b: dict[str, Any]) -> int | None:
+    value = b.get("expect_generation")
+    if value is None:
+        return None
+    return int(_decode(lambda: check_int("expect_generation", value, error=MessageError)))
+
+
+def _scope(b: dict[str, Any]) -> tuple[str, Metric]:
+    tenant_id = _decode(lambda: check_str("tenant_id", b.get("tenant_id"), error=MessageError))
+    metric = _decode(lambda: cw.decode_metric("metric", b.get("metric")))
+    return str(tenant_id), metric
