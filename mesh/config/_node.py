@@ -30,7 +30,8 @@ Shape (every key optional except where said)::
       file: policies.yaml
       inline: [{tenant_id: acme, metric: read_iops, generation: 1, ...}]
       coordinator: {addr: 127.0.0.1:7100, poll_ttl_ms: 1000, api_key_file: worker.key}
-                                 # governord; or api_key_env: NAME (a worker-scope key)
+                                 # governord; or api_key_env: NAME (a worker-scope key);
+                                 # ca: F verifies governord's TLS certificate
     core: {sync_interval_ms: 5, snapshot_ttl_ms: 20}
 
 Ports are 1..65535. Only `listen` and `telemetry_listen` also take 0, "any free port": the
@@ -122,6 +123,7 @@ class CoordinatorConfig:
     # governord's coordinator API key (a worker-scope key: list, watch, history), read from
     # api_key_file or api_key_env; None for a coordinator without auth (tests, demos)
     api_key: str | None = field(default=None, repr=False)
+    ca: str | None = None  # verify governord's TLS certificate against this (else `tls`'s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -611,7 +613,9 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
         if not isinstance(coord, dict):
             raise ConfigTypeError("policies.coordinator", "must be a mapping")
         _no_unknown(
-            "policies.coordinator", coord, {"addr", "poll_ttl_ms", "api_key_file", "api_key_env"}
+            "policies.coordinator",
+            coord,
+            {"addr", "poll_ttl_ms", "api_key_file", "api_key_env", "ca"},
         )
         if "addr" not in coord:
             raise ConfigError("policies.coordinator.addr", "is required")
@@ -623,6 +627,9 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
                 "policies.coordinator.poll_ttl_ms", coord.get("poll_ttl_ms", 1000), minimum=10
             ),
             _coordinator_key(coord, base),
+            None
+            if coord.get("ca") is None
+            else _file("policies.coordinator.ca", coord["ca"], base),
         )
     return out
 

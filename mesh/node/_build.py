@@ -89,7 +89,8 @@ def build_membership(cfg: NodeConfig, member_id: str, address: str) -> Membershi
 def build_policy_source(cfg: NodeConfig) -> PolicySource | None:
     if cfg.coordinator is None:
         return None
-    return CoordinatorClient(cfg.coordinator.addr, tls=cfg.tls, api_key=cfg.coordinator.api_key)
+    c = cfg.coordinator
+    return CoordinatorClient(c.addr, tls=cfg.tls, api_key=c.api_key, server_ca=c.ca)
 
 
 async def claim_static_id(cfg: NodeConfig, member_id: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -20,7 +21,7 @@ from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.core.policy import Metric, TenantRatePolicy
 from mesh.errors import ConfigError, MessageError
 from mesh.peer._link import open_channel
-from mesh.peer._wire import pack, server_options, translate, unpack
+from mesh.peer._wire import channel_options, pack, server_options, translate, unpack
 from ratemesh.coordinator import (
     API_KEY_MD,
     COORDINATOR_SERVICE,
@@ -126,11 +127,19 @@ class CoordinatorClient:
         tls: TlsConfig | None = None,
         timeout_s: float = 5.0,
         api_key: str | None = None,
+        server_ca: str | None = None,
     ) -> None:
+        """`tls`: the node's own certificates (mTLS, as to peers); `server_ca` instead: TLS
+        that verifies governord's certificate against this CA file, presenting none."""
         self.addr = addr
         self.timeout_s = timeout_s
         self._metadata = () if api_key is None else ((API_KEY_MD, api_key),)
-        self._channel = open_channel(addr, tls, MAX_MESSAGE_BYTES)
+        if server_ca is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=Path(server_ca).read_bytes())
+            options = channel_options(MAX_MESSAGE_BYTES)
+            self._channel = aio.secure_channel(addr, creds, options=options)
+        else:
+            self._channel = open_channel(addr, tls, MAX_MESSAGE_BYTES)
 
     async def _unary(self, name: str, body: dict[str, Any]) -> Any:
         try:

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +26,7 @@ from mesh.core.policy import Metric, PolicyCache
 from mesh.errors import PeerRefused, PeerUnavailable
 from mesh.peer import CoordinatorClient
 from ratemesh.coordinator import KEEPALIVE_MS, PolicySnapshot
-from tests.governor._daemon import KINDS, Daemon
+from tests.governor._daemon import KINDS, ROOT, Daemon
 from tests.governor._stores import make_target
 
 ADMIN_KEY = "coordinator-key-of-the-deploy-bot"
@@ -268,3 +272,84 @@ def test_an_idle_watch_outlives_more_than_two_client_pings(tmp_path: Path) -> No
 
         asyncio.run(main())
         assert "too_many_pings" not in d.stderr()
+
+
+# ---- the `mesh policy` command against governord --------------------------------------------
+
+
+def mesh_policy(d: Daemon, *argv: str, key: str = ADMIN_KEY) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RATEMESH_API_KEY": key}
+    return subprocess.run(
+        [sys.executable, "-m", "mesh.cli", "policy", *argv, "--coordinator", d.addr],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def apply_json(d: Daemon, path: Path, *extra: str) -> dict[str, Any]:
+    out = mesh_policy(d, "apply", "-f", str(path), "--json", *extra)
+    assert out.returncode == 0, out.stderr
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+@pytest.mark.slow
+def test_mesh_policy_apply_diffs_pushes_and_continues_after_a_sigkill(gov: Daemon) -> None:
+    path = gov.tmp / "policies.yaml"
+    beta = dict(POLICY, tenant_id="beta", metric="write_iops")
+    path.write_text(yaml.safe_dump({"policies": [POLICY, beta]}))
+    dry = apply_json(gov, path, "--dry-run")
+    assert [(c["tenant_id"], c["generation"]) for c in dry["added"]] == [("acme", 1), ("beta", 1)]
+    assert dry["dry_run"] and mesh_policy(gov, "list", "--json").stdout.count("acme") == 0
+
+    first = apply_json(gov, path)
+    assert len(first["added"]) == 2 and first["unchanged"] == 0
+    assert apply_json(gov, path)["unchanged"] == 2  # a re-apply adds nothing
+
+    gov.kill()
+    gov.start()
+    path.write_text(yaml.safe_dump([dict(POLICY, target_rate=300)]))  # beta left out
+    human = mesh_policy(gov, "apply", "-f", str(path), "--dry-run")
+    assert human.returncode == 0, human.stderr
+    assert "~ acme/read_iops  generation 1 -> 2: target_rate 100 -> 300" in human.stdout
+    assert "beta/write_iops  not in the file: kept" in human.stdout
+    pruned = apply_json(gov, path, "--prune")
+    assert [(c["generation"], c["changes"]) for c in pruned["changed"]] == [
+        (2, {"target_rate": [100, 300]})
+    ]
+    assert [(c["tenant_id"], c["generation"]) for c in pruned["removed"]] == [("beta", 2)]
+
+    back = mesh_policy(gov, "rollback", "acme", "read_iops", "--to", "1", "--json")
+    assert back.returncode == 0, back.stderr
+    assert json.loads(back.stdout)["generation"] == 3
+
+    listed = json.loads(mesh_policy(gov, "list", "--json").stdout)
+    assert [(p["tenant_id"], p["generation"], p["target_rate"]) for p in listed["policies"]] == [
+        ("acme", 3, 100)
+    ]
+    assert listed["removed"] == [{"tenant_id": "beta", "metric": "write_iops", "generation": 2}]
+    hist = mesh_policy(gov, "history", "acme", "--metric", "read_iops")
+    assert hist.returncode == 0 and hist.stdout.count("acme/read_iops  generation") == 3
+
+
+@pytest.mark.slow
+def test_mesh_policy_errors_are_one_line(tmp_path: Path) -> None:
+    with running("sqlite", tmp_path) as d:
+        path = tmp_path / "p.yaml"
+        path.write_text(yaml.safe_dump([dict(POLICY, generation=2)]))
+        worker = mesh_policy(d, "apply", "-f", str(path), key=WORKER_KEY)
+        assert worker.returncode == 1 and "PERMISSION_DENIED" in worker.stderr
+        assert len(worker.stderr.strip().splitlines()) == 1
+        assert apply_json(d, path)["added"][0]["generation"] == 2  # the file's number, adopted
+        path.write_text(yaml.safe_dump([dict(POLICY, generation=2, target_rate=1)]))
+        conflict = mesh_policy(d, "apply", "-f", str(path))
+        assert conflict.returncode == 2, conflict.stderr
+        assert "generation 2 is governord's current with other values" in conflict.stderr
+        path.write_text(yaml.safe_dump([dict(POLICY, target_rate="fast")]))
+        bad = mesh_policy(d, "apply", "-f", str(path))
+        assert bad.returncode == 2 and "[0].target_rate" in bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1
+        missing = mesh_policy(d, "rollback", "acme", "read_iops", "--to", "9")
+        assert missing.returncode == 2 and "no kept generation 9" in missing.stderr
