@@ -1,6 +1,6 @@
 """An in-process coordinator: versioned policies with watchers.
 
-governord will serve the same API durably (a later issue); this store is what tests, the
+governord serves the same API durably, with auth (docs/policies.md); this store is what tests, the
 bench and `mesh node --coordinator` use until then. A put never changes a generation: it
 creates the next one for that (tenant, metric).
 """

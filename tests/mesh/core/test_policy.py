@@ -126,3 +126,17 @@ def test_default_tenant_applies_to_tenants_without_their_own() -> None:
     # The vip has its own policies: the default's generation does not resolve for it.
     assert c.get(RateKey("vip", Metric.READ_IOPS, 1)).target_rate == 500  # type: ignore[union-attr]
     assert c.current("someone", Metric.CLIENT_EGRESS_BYTES) is None
+
+
+def test_a_removal_falls_back_to_the_default_and_keeps_old_generations_resolvable() -> None:
+    c = PolicyCache([policy("a", gen=1, rate=10), policy(DEFAULT_TENANT, gen=1, rate=99)])
+    assert c.remove("a", Metric.READ_IOPS, 2)
+    fallback = c.current("a", Metric.READ_IOPS)
+    assert fallback is not None and fallback.target_rate == 99  # the default tenant's, now
+    assert c.get(RateKey("a", Metric.READ_IOPS, 1)).target_rate == 10  # type: ignore[union-attr]
+    version = c.version
+    assert not c.remove("a", Metric.READ_IOPS, 2)  # the same tombstone again: nothing
+    assert not c.put(policy("a", gen=1, rate=10)) and c.version == version
+    c.put(policy("a", gen=3, rate=5))  # a put newer than the removal is current again
+    assert c.current("a", Metric.READ_IOPS).target_rate == 5  # type: ignore[union-attr]
+    assert not c.remove("a", Metric.READ_IOPS, 2)  # an older tombstone changes nothing
