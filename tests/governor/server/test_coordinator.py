@@ -353,3 +353,36 @@ def test_mesh_policy_errors_are_one_line(tmp_path: Path) -> None:
         assert len(bad.stderr.strip().splitlines()) == 1
         missing = mesh_policy(d, "rollback", "acme", "read_iops", "--to", "9")
         assert missing.returncode == 2 and "no kept generation 9" in missing.stderr
+
+
+@pytest.mark.slow
+def test_a_mesh_node_admits_under_governords_generations(tmp_path: Path) -> None:
+    """A real `Mesh` node configured with governord as its coordinator and a worker key file:
+    unknown until governord has a policy, then each put's generation by watch."""
+    from mesh.core.verdict import Reason
+    from mesh.node import Mesh
+
+    (tmp_path / "worker.key").write_text(WORKER_KEY + "\n")
+    with running("sqlite", tmp_path) as d:
+
+        async def main() -> None:
+            admin = client(d)
+            coord = {"addr": d.addr, "api_key_file": str(tmp_path / "worker.key")}
+            cfg = {"member_id": "a", "policies": {"coordinator": {**coord, "poll_ttl_ms": 100}}}
+            try:
+                async with Mesh(cfg) as node:
+                    assert node.try_admit("acme", "read_iops").reason is Reason.POLICY_UNKNOWN
+                    await admin.put(POLICY)
+                    await _until(lambda: node.try_admit("acme", "read_iops").allowed, "gen 1")
+                    await admin.put(dict(POLICY, target_rate=500))
+                    await _until(lambda: _limit_gen(node) == 2, "gen 2 on the node")
+                    coordinator = node.health()["policies"]["coordinator"]
+                    assert coordinator["watching"] and coordinator["conflicts"] == 0
+            finally:
+                await admin.close()
+
+        asyncio.run(main())
+
+
+def _limit_gen(node: Any) -> int:
+    return max((x["generation"] for x in node.health()["limits"]), default=0)
