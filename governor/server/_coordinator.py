@@ -97,7 +97,7 @@ class CoordinatorService:
             code = grpc.StatusCode.OK
             try:
                 self._authorize(name, context)
-                reply = await fn(_body(name, request))
+                reply = await fn(_body(name.lower(), request))
             except Fail as f:
                 code = f.code
                 await context.abort(

@@ -9,6 +9,7 @@ from mesh.peer._coordinator import (
     COORDINATOR_SERVICE,
     CoordinatorClient,
     CoordinatorServer,
+    PutResult,
     coordinator_handler,
 )
 from mesh.peer._grpc import GrpcTransport
@@ -32,6 +33,7 @@ __all__ = [
     "PeerHandler",
     "PeerLink",
     "PeerServer",
+    "PutResult",
     "SCHEMA_MD",
     "STATUS",
     "Transport",

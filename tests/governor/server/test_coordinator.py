@@ -386,3 +386,46 @@ def test_a_mesh_node_admits_under_governords_generations(tmp_path: Path) -> None
 
 def _limit_gen(node: Any) -> int:
     return max((x["generation"] for x in node.health()["limits"]), default=0)
+
+
+@pytest.mark.slow
+def test_malformed_requests_are_refused_naming_the_field_and_change_nothing(
+    tmp_path: Path,
+) -> None:
+    import grpc
+
+    from governor import wire
+    from ratemesh import coordinator as cw
+
+    with running("sqlite", tmp_path) as d:
+        channel = grpc.insecure_channel(d.addr)
+        md = ((cw.API_KEY_MD, ADMIN_KEY),)
+
+        def call(method: str, body: bytes | dict[str, Any]) -> tuple[grpc.StatusCode, str]:
+            data = body if isinstance(body, bytes) else cw.pack(body)
+            try:
+                channel.unary_unary(cw.method_path(method))(data, metadata=md, timeout=10)
+            except grpc.RpcError as exc:
+                detail = dict(exc.trailing_metadata() or ()).get(wire.ERROR_MD)
+                return exc.code(), str(wire.unpack(detail).get("field")) if detail else ""
+            return grpc.StatusCode.OK, ""
+
+        bad = [
+            ("Put", b"\xc1", "put"),
+            ("Put", {"policy": 5}, "policy"),
+            ("Put", {"policy": dict(POLICY, metric="read_ops")}, "policy.metric"),
+            ("Put", {"policy": POLICY, "expect_generation": -1}, "expect_generation"),
+            ("Put", {"policy": POLICY, "extra": 1}, "put.extra"),
+            ("Remove", {"tenant_id": "acme", "metric": 3}, "metric"),
+            ("History", {"tenant_id": ""}, "tenant_id"),
+        ]
+        try:
+            for method, body, field in bad:
+                code, got = call(method, body)
+                assert (code, got) == (grpc.StatusCode.INVALID_ARGUMENT, field), (method, body)
+            code, _ = call("Remove", {"tenant_id": "acme", "metric": "read_iops"})
+            assert code is grpc.StatusCode.NOT_FOUND
+            reply = channel.unary_unary(cw.method_path("List"))(cw.pack({}), metadata=md)
+            assert cw.unpack(reply, "list")["revision"] == 0  # nothing was written
+        finally:
+            channel.close()
