@@ -410,7 +410,7 @@ def test_malformed_requests_are_refused_naming_the_field_and_change_nothing(
                 return exc.code(), str(wire.unpack(detail).get("field")) if detail else ""
             return grpc.StatusCode.OK, ""
 
-        bad = [
+        bad: list[tuple[str, bytes | dict[str, Any], str]] = [
             ("Put", b"\xc1", "put"),
             ("Put", {"policy": 5}, "policy"),
             ("Put", {"policy": dict(POLICY, metric="read_ops")}, "policy.metric"),
