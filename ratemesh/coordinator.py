@@ -8,7 +8,8 @@ One gRPC service, `ratemesh.coordinator.v1.Coordinator`, msgpack bodies, four me
     Remove   {tenant_id, metric, expect_generation?} -> {removed, revision}
              a tombstone generation: the key has no policy of its own from then on
     List     {} -> PolicySnapshot
-    Watch    {after_revision} -> stream of PolicySnapshot, one whenever the revision passes
+    Watch    {after_revision, declared?, member_id?} -> stream of PolicySnapshot, one whenever
+             the revision passes; `declared`: the policies the node loads from its own file
     History  {tenant_id, metric?} -> {history: [HistoryEntry...]}, oldest first
 
 A caller names itself with an API key in the `x-ratemesh-api-key` metadata. Decoding here

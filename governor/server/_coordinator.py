@@ -55,6 +55,13 @@ class CoordinatorService:
         self._changed = asyncio.Event()
         self._stopping = asyncio.Event()
         self.watchers = 0
+        # What open watches declare they load from their own files: (tenant, metric,
+        # generation) -> watch id -> (member id, policy). A put that would give one of these
+        # generations other values is refused at the pusher. Bounded: WATCHERS_MAX watches,
+        # SNAPSHOT_POLICIES_MAX declared each.
+        self._pins: dict[tuple[str, Metric, int], dict[int, tuple[str, TenantRatePolicy]]] = {}
+        self._next_watch = 0
+        self.warn: Callable[[str], None] = lambda line: None
         authority.event_listeners.append(self._on_event)
 
     # ---- plumbing --------------------------------------------------------------------------
@@ -162,11 +169,66 @@ class CoordinatorService:
         expect = _expect(b)
 
         def put(e: Engine) -> tuple[PolicyPutResult, int]:
+            self._check_pins(e, policy, explicit)
             out = e.put_policy(policy, allocate=not explicit, expect_generation=expect)
             return out, e.state.policies.revision
 
         result, revision = await self._step(put)
         return {"policy": result.policy.to_dict(), "revision": revision, "created": result.created}
+
+    def _check_pins(self, e: Engine, policy: TenantRatePolicy, explicit: bool) -> None:
+        """Under the lock: refuse a put whose generation a watching node loads from its own
+        file with other values (the node would refuse governord's; better the pusher hears)."""
+        book = e.state.policies
+        key = book.keys.get((policy.tenant_id, policy.metric))
+        current = None if key is None else key.current
+        if not explicit and current is not None and current.values() == policy.values():
+            return  # a no-op: no generation is given
+        last = 0 if key is None else key.last.generation
+        gen = policy.generation if explicit else last + 1
+        for member, pinned in self._pins.get((policy.tenant_id, policy.metric, gen), {}).values():
+            if pinned.values() == policy.values():
+                continue
+            top = max(g for (t, m, g) in self._pins if (t, m) == (policy.tenant_id, policy.metric))
+            raise GenerationConflict(
+                "generation",
+                f"node {member or '(unnamed)'} loads {policy.tenant_id}/{policy.metric.value} "
+                f"generation {gen} from its own file with other values and would refuse this "
+                "put; let governord import that file (coordinator.policies_file), or push with "
+                f"generation {max(top, last) + 1}",
+            )
+
+    def _pin(self, member: str, declared: tuple[TenantRatePolicy, ...]) -> int:
+        self._next_watch += 1
+        wid = self._next_watch
+        for p in declared:
+            self._pins.setdefault((p.tenant_id, p.metric, p.generation), {})[wid] = (member, p)
+        return wid
+
+    def _unpin(self, wid: int, declared: tuple[TenantRatePolicy, ...]) -> None:
+        for p in declared:
+            scope = (p.tenant_id, p.metric, p.generation)
+            held = self._pins.get(scope)
+            if held is not None:
+                held.pop(wid, None)
+                if not held:
+                    del self._pins[scope]
+
+    def _disagreements(
+        self, e: Engine, member: str, declared: tuple[TenantRatePolicy, ...]
+    ) -> list[str]:
+        """Under the lock: the declared generations governord holds with other values."""
+        out = []
+        for p in declared:
+            key = e.state.policies.keys.get((p.tenant_id, p.metric))
+            record = None if key is None else key.find(p.generation)
+            if record is not None and record.policy != p:
+                out.append(
+                    f"node {member or '(unnamed)'} loads {p.tenant_id}/{p.metric.value} "
+                    f"generation {p.generation} from its file with other values than "
+                    "governord's; it refuses governord's"
+                )
+        return out
 
     async def _remove(self, b: dict[str, Any]) -> dict[str, Any]:
         _known("remove", b, ("tenant_id", "metric", "expect_generation"))
@@ -213,10 +275,14 @@ class CoordinatorService:
         try:
             self._authorize("Watch", context)
             b = _body("watch", request)
-            _known("watch", b, ("after_revision",))
+            _known("watch", b, ("after_revision", "declared", "member_id"))
             after = _decode(
                 lambda: check_int("after_revision", b.get("after_revision", 0), error=MessageError)
             )
+            member = b.get("member_id", "")
+            if member:
+                member = _decode(lambda: check_str("member_id", member, error=MessageError))
+            declared = _declared(b.get("declared", []))
             if self.watchers >= WATCHERS_MAX:
                 raise Fail(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -224,10 +290,14 @@ class CoordinatorService:
                     f"governord serves {WATCHERS_MAX} watches (WATCHERS_MAX); poll List",
                 )
             self.watchers += 1
+            wid = self._pin(member, declared)
             try:
+                for line in self.authority.read(lambda e: self._disagreements(e, member, declared)):
+                    self.warn(line)
                 async for snap in self._snapshots(after):
                     yield cw.pack(snap.to_wire())
             finally:
+                self._unpin(wid, declared)
                 self.watchers -= 1
         except Fail as f:
             code = f.code
@@ -238,12 +308,14 @@ class CoordinatorService:
             self._count("Watch", code)
 
     async def _snapshots(self, after: int) -> AsyncIterator[cw.PolicySnapshot]:
-        """A snapshot whenever the revision moves past ``after``; at once if ``after`` is ahead
-        of governord's (the watcher knew another coordinator, or a store that was replaced)."""
+        """The current snapshot at once (the watcher knows its stream is open, and catches up
+        whatever its revision), then one whenever the revision moves past the last sent."""
+        first = True
         while not self._stopping.is_set():
             changed = self._changed
             snap: cw.PolicySnapshot = await self._committed_read(_snapshot)
-            if snap.revision != after:
+            if first or snap.revision != after:
+                first = False
                 after = snap.revision
                 yield snap
                 continue
@@ -337,6 +409,20 @@ def _expect(b: dict[str, Any]) -> int | None:
     if value is None:
         return None
     return int(_decode(lambda: check_int("expect_generation", value, error=MessageError)))
+
+
+def _declared(raw: Any) -> tuple[TenantRatePolicy, ...]:
+    if not isinstance(raw, list):
+        raise _malformed("declared", "must be a list of policies")
+    if len(raw) > cw.SNAPSHOT_POLICIES_MAX:
+        raise _malformed("declared", f"at most {cw.SNAPSHOT_POLICIES_MAX} policies")
+    out = []
+    for i, p in enumerate(raw):
+        try:
+            out.append(TenantRatePolicy.from_dict(p, where=f"declared[{i}]", error=MessageError))
+        except RatemeshError as exc:
+            raise _malformed(exc.field, exc.problem) from exc
+    return tuple(out)
 
 
 def _scope(b: dict[str, Any]) -> tuple[str, Metric]:

@@ -169,6 +169,7 @@ async def serve(
         coordinator = CoordinatorService(
             authority, service.commits, cfg.coordinator.keys, metrics, loop
         )
+        coordinator.warn = _say
         authority.start_reaper(0.02)
         server.add_generic_rpc_handlers((service.handler(), coordinator.handler()))
         reloader = CertReloader(cfg.tls) if cfg.tls is not None else None

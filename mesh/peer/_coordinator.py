@@ -128,11 +128,19 @@ class CoordinatorClient:
         timeout_s: float = 5.0,
         api_key: str | None = None,
         server_ca: str | None = None,
+        declared: tuple[TenantRatePolicy, ...] = (),
+        member_id: str = "",
     ) -> None:
         """`tls`: the node's own certificates (mTLS, as to peers); `server_ca` instead: TLS
-        that verifies governord's certificate against this CA file, presenting none."""
+        that verifies governord's certificate against this CA file, presenting none.
+
+        `declared`: the generations this node has from its own file; each watch sends them,
+        so governord refuses a put that would give one of them other values, at the pusher
+        (a node that reloads its file sets `declared` again; the next watch carries it)."""
         self.addr = addr
         self.timeout_s = timeout_s
+        self.declared = declared
+        self.member_id = member_id
         self._metadata = () if api_key is None else ((API_KEY_MD, api_key),)
         if server_ca is not None:
             creds = grpc.ssl_channel_credentials(root_certificates=Path(server_ca).read_bytes())
@@ -197,9 +205,12 @@ class CoordinatorClient:
         return tuple(HistoryEntry.list_from_wire(await self._unary("History", body), MessageError))
 
     async def watch(self, after_revision: int) -> AsyncIterator[PolicySnapshot]:
-        call = self._channel.unary_stream(method_path("Watch"))(
-            pack({"after_revision": after_revision}), metadata=self._metadata
-        )
+        body: dict[str, Any] = {"after_revision": after_revision}
+        if self.declared:
+            body["declared"] = [p.to_dict() for p in self.declared]
+        if self.member_id:
+            body["member_id"] = self.member_id
+        call = self._channel.unary_stream(method_path("Watch"))(pack(body), metadata=self._metadata)
         try:
             async for data in call:
                 yield PolicySnapshot.from_wire(unpack(data, "watch"), MessageError)

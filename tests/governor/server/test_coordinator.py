@@ -384,6 +384,10 @@ def test_a_mesh_node_admits_under_governords_generations(tmp_path: Path) -> None
         asyncio.run(main())
 
 
+def _conflicts(node: Any) -> int:
+    return int(node.health()["policies"]["coordinator"]["conflicts"])
+
+
 def _limit_gen(node: Any) -> int:
     return max((x["generation"] for x in node.health()["limits"]), default=0)
 
@@ -429,3 +433,46 @@ def test_malformed_requests_are_refused_naming_the_field_and_change_nothing(
             assert cw.unpack(reply, "list")["revision"] == 0  # nothing was written
         finally:
             channel.close()
+
+
+@pytest.mark.slow
+def test_a_push_that_a_watching_nodes_file_would_refuse_is_refused_at_the_pusher(
+    tmp_path: Path,
+) -> None:
+    """The issue's first push: nodes load generation 1 from their file, governord did not
+    import it. Giving generation 1 other values is refused at the pusher, naming the node; the
+    push with the generation it suggests reaches the node."""
+    from mesh.node import Mesh
+
+    (tmp_path / "worker.key").write_text(WORKER_KEY + "\n")
+    with running("sqlite", tmp_path) as d:
+
+        async def main() -> None:
+            admin = client(d)
+            coord = {"addr": d.addr, "api_key_file": str(tmp_path / "worker.key")}
+            policies = {"inline": [dict(POLICY, generation=1)], "coordinator": coord}
+            try:
+                async with Mesh({"member_id": "node-a", "policies": policies}) as node:
+                    await _until(lambda: node.health()["policies"]["coordinator"]["watching"], "w")
+                    with pytest.raises(PeerRefused) as err:
+                        await admin.put(dict(POLICY, target_rate=500))
+                    assert "FAILED_PRECONDITION" in str(err.value)
+                    assert "node node-a loads acme/read_iops generation 1" in str(err.value)
+                    assert "push with generation 2" in str(err.value)
+                    assert (await admin.put(dict(POLICY, generation=1))).created is not False
+                    done = await admin.put(dict(POLICY, generation=2, target_rate=500))
+                    assert done.policy.generation == 2
+                    await _until(lambda: _limit_gen(node) == 2, "gen 2 on the node")
+                    assert node.health()["policies"]["coordinator"]["conflicts"] == 0
+                # the node is gone: its file no longer pins anything
+                assert (await admin.put(dict(POLICY, target_rate=7))).policy.generation == 3
+                policies["inline"] = [dict(POLICY, generation=3, target_rate=8)]
+                async with Mesh({"member_id": "node-b", "policies": policies}) as node:
+                    await _until(
+                        lambda: node.health()["policies"]["coordinator"]["conflicts"] > 0, "c"
+                    )
+            finally:
+                await admin.close()
+
+        asyncio.run(main())
+        assert "node node-b loads acme/read_iops generation 3" in d.stderr()
