@@ -35,6 +35,7 @@ from ._status import Fail, error_fail, sha256_hex
 __all__ = ["CoordinatorService", "WATCHERS_MAX", "import_bootstrap"]
 
 WATCHERS_MAX = 4096  # open Watch streams; one per node is the expected load
+WARNED_MAX = 1024  # distinct disagreement lines remembered, so each is said once
 _WRITES = ("Put", "Remove")
 
 
@@ -62,6 +63,7 @@ class CoordinatorService:
         self._pins: dict[tuple[str, Metric, int], dict[int, tuple[str, TenantRatePolicy]]] = {}
         self._next_watch = 0
         self.warn: Callable[[str], None] = lambda line: None
+        self._warned: dict[str, None] = {}  # lines said already, oldest first
         authority.event_listeners.append(self._on_event)
 
     # ---- plumbing --------------------------------------------------------------------------
@@ -293,7 +295,11 @@ class CoordinatorService:
             wid = self._pin(member, declared)
             try:
                 for line in self.authority.read(lambda e: self._disagreements(e, member, declared)):
-                    self.warn(line)
+                    if line not in self._warned:  # a node that reconnects says it once
+                        self._warned[line] = None
+                        while len(self._warned) > WARNED_MAX:
+                            del self._warned[next(iter(self._warned))]
+                        self.warn(line)
                 async for snap in self._snapshots(after):
                     yield cw.pack(snap.to_wire())
             finally:
