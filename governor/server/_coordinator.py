@@ -20,7 +20,7 @@ from grpc import aio
 
 from governor import wire
 from governor.authority import Authority
-from governor.config import CoordinatorKey, CoordinatorSettings
+from governor.config import CoordinatorKey
 from governor.engine import Engine, Event, GenerationConflict, PolicyPutResult
 from governor.engine import _events as ev
 from ratemesh import coordinator as cw
@@ -32,7 +32,7 @@ from ._commit import CommitWaits
 from ._metrics import Metrics
 from ._status import Fail, error_fail, sha256_hex
 
-__all__ = ["CoordinatorService", "WATCHERS_MAX", "import_bootstrap"]
+__all__ = ["CoordinatorService", "WARNED_MAX", "WATCHERS_MAX"]
 
 WATCHERS_MAX = 4096  # open Watch streams; one per node is the expected load
 WARNED_MAX = 1024  # distinct disagreement lines remembered, so each is said once
@@ -334,51 +334,6 @@ class CoordinatorService:
             finally:
                 for w in waits:
                     w.cancel()
-
-
-def import_bootstrap(authority: Authority, settings: CoordinatorSettings) -> list[str]:
-    """Import ``coordinator.policies_file`` once: every (tenant_id, metric) governord holds
-    nothing for (never had a policy) gets the file's generations, under the file's numbers, so
-    nodes that load the same file agree with governord. A key governord already holds is left
-    alone (its record wins); a generation of it that the file gives other values is returned
-    as a warning line, since nodes loading the file would refuse governord's."""
-    if not settings.bootstrap:
-        return []
-
-    def bootstrap(e: Engine) -> list[str]:
-        book = e.state.policies
-        fresh = {(p.tenant_id, p.metric) for p in settings.bootstrap} - set(book.keys)
-        warnings = []
-        for p in sorted(settings.bootstrap, key=lambda p: (p.tenant_id, p.metric, p.generation)):
-            if (p.tenant_id, p.metric) in fresh:
-                e.put_policy(p, allocate=False)
-                continue
-            try:
-                _check_known(e, p)
-            except GenerationConflict as exc:
-                warnings.append(f"coordinator.policies_file: {exc}")
-        return warnings
-
-    return list(authority.call(bootstrap))
-
-
-def _check_known(e: Engine, p: TenantRatePolicy) -> None:
-    key = e.state.policies.keys[(p.tenant_id, p.metric)]
-    name = f"{p.tenant_id}/{p.metric.value} generation {p.generation}"
-    record = key.find(p.generation)
-    if record is not None and record.policy != p:
-        raise GenerationConflict(
-            "generation",
-            f"{name} differs from governord's record, which wins; nodes that load this file "
-            "refuse governord's",
-        )
-    if p.generation > key.last.generation:
-        raise GenerationConflict(
-            "generation",
-            f"{name} is above governord's last ({key.last.generation}), which was not imported "
-            "(governord holds this key already); governord may give that number to other "
-            "values, which nodes that load this file would refuse",
-        )
 
 
 def _snapshot(e: Engine) -> cw.PolicySnapshot:

@@ -34,7 +34,8 @@ from governor.store import EventLog, MemoryBackend, PostgresBackend, SqliteBacke
 from ratemesh.coordinator import PING_INTERVAL_MIN_MS
 from ratemesh.operator import one_line, probe_bind
 
-from ._coordinator import CoordinatorService, import_bootstrap
+from ._bootstrap import import_bootstrap
+from ._coordinator import CoordinatorService
 from ._metrics import Metrics
 from ._reconcile import apply_config
 from ._service import GovernorService
