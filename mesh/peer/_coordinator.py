@@ -113,6 +113,11 @@ class PutResult:
     revision: int
     created: bool
 
+    @property
+    def generation(self) -> int:
+        """The stored generation (what callers that only push want)."""
+        return self.policy.generation
+
 
 class CoordinatorClient:
     """`PolicySource` over gRPC, plus the writes a coordinator makes (put, remove) and the

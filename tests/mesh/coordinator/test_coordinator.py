@@ -28,7 +28,7 @@ def test_policies_arrive_by_watch_and_survive_a_coordinator_outage() -> None:
             v = mesh.try_admit("acme", "read_iops")
             assert v.reason is Reason.POLICY_UNKNOWN  # never a permissive default
 
-            p1 = (await client.put(POLICY)).policy
+            p1 = await client.put(POLICY)
             assert p1.generation == 1
             await until(
                 lambda: mesh.try_admit("acme", "read_iops").allowed,
@@ -36,7 +36,7 @@ def test_policies_arrive_by_watch_and_survive_a_coordinator_outage() -> None:
                 "generation 1 arrived by watch",
             )
 
-            p2 = (await client.put(dict(POLICY, target_rate=500))).policy
+            p2 = await client.put(dict(POLICY, target_rate=500))
             assert p2.generation == 2
             await until(lambda: _generation(mesh) == 2, 3, "generation 2 arrived")
 
