@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ratemesh.checks import INT_MAX
 from ratemesh.policy import Metric, TenantRatePolicy
 
 from . import _events as ev
@@ -69,6 +70,10 @@ class PoliciesMixin(_Core):
                     f"{last}; a change needs a new generation (leave generation out and "
                     f"governord gives it {last + 1})",
                 )
+        if generation > INT_MAX:
+            raise InvalidArgument(
+                "generation", f"{_name(policy)} has used every generation up to {INT_MAX}"
+            )
         if key is None and len(self._state.policies.keys) >= POLICY_KEYS_MAX:
             raise InvalidArgument(
                 "policy", f"governord holds {POLICY_KEYS_MAX} policy keys (POLICY_KEYS_MAX)"
@@ -104,6 +109,10 @@ class PoliciesMixin(_Core):
             raise NotFound("tenant_id", f"{tenant_id}/{metric.value} has no policy to remove")
         last = key.last.generation
         self._check_expected(tenant_id, metric, last, expect_generation)
+        if last >= INT_MAX:
+            raise InvalidArgument(
+                "generation", f"{tenant_id}/{metric.value} has no generation left"
+            )
         self._emit(ev.PolicyRemoved(self._seq(), now, tenant_id, metric, last + 1))
         return last + 1
 

@@ -24,6 +24,7 @@ from governor.engine import (
 )
 from governor.engine import _policybook as book_mod
 from governor.engine._events import PolicyPut
+from ratemesh.checks import INT_MAX
 from ratemesh.policy import Metric, Mode, TenantRatePolicy
 
 READ = Metric.READ_IOPS
@@ -193,3 +194,13 @@ def test_policy_events_round_trip_through_the_codec() -> None:
     bad = replace(put, target_rate=0)  # a record governord never wrote
     with pytest.raises(RecordError, match="target_rate"):
         Engine.restore(None, [bad], ManualClock(0), lambda e: None)
+
+
+def test_the_last_generation_number_is_refused_cleanly() -> None:
+    w = World()
+    w.put(policy(gen=INT_MAX), allocate=False)
+    with pytest.raises(InvalidArgument, match="every generation"):
+        w.put(policy(rate=1))
+    with pytest.raises(InvalidArgument, match="no generation left"):
+        w.engine.remove_policy("acme", READ)
+    assert len(w.events) == 1
