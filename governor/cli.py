@@ -63,9 +63,13 @@ def _validate(path: str) -> int:
     from governor.config import load_config
 
     cfg = load_config(path)
+    coord = cfg.coordinator
     print(
         f"governord: {path} is valid: {len(cfg.tenants)} tenant(s), listen "
-        f"{', '.join(cfg.listen)}, store {cfg.store_kind()[0]}" + (", TLS" if cfg.tls else "")
+        f"{', '.join(cfg.listen)}, store {cfg.store_kind()[0]}"
+        + (", TLS" if cfg.tls else "")
+        + (f", {len(coord.keys)} coordinator key(s)" if coord.keys else "")
+        + (f", {len(coord.bootstrap)} bootstrap policies" if coord.policies_file else "")
     )
     return 0
 

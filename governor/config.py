@@ -24,11 +24,15 @@ from ratemesh.checks import (
     check_keys,
     is_loopback,
 )
+from ratemesh.policy import TenantRatePolicy
+from ratemesh.policyfile import load_policy_file
 from ratemesh.yamlfile import load_yaml
 
 __all__ = [
     "ConfigError",
     "ConfigTypeError",
+    "CoordinatorKey",
+    "CoordinatorSettings",
     "GovernordConfig",
     "TenantConfig",
     "TlsFiles",
@@ -81,6 +85,29 @@ class TenantConfig:
     defaults: Defaults | None = None
 
 
+# What a coordinator API key may do (docs/policies.md): a worker's key reads (List, Watch,
+# History); a coordinator's key also writes (Put, Remove).
+KEY_SCOPES = ("coordinator", "worker")
+COORDINATOR_KEYS_MAX = 256
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorKey:
+    name: str
+    key_sha256: str
+    scope: str  # one of KEY_SCOPES
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorSettings:
+    """governord as the mesh's policy coordinator: who may call it, and the policies file it
+    imports once as the first generations of keys it holds nothing for (the bootstrap)."""
+
+    keys: tuple[CoordinatorKey, ...] = ()
+    policies_file: str | None = None
+    bootstrap: tuple[TenantRatePolicy, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class GovernordConfig:
     listen: tuple[str, ...] = (DEFAULT_LISTEN,)
@@ -97,6 +124,7 @@ class GovernordConfig:
     root_limits: dict[str, int] = field(default_factory=dict)
     adaptive: dict[str, AdaptiveConfig] = field(default_factory=dict)
     tenants: tuple[TenantConfig, ...] = ()
+    coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)
 
     def store_kind(self) -> tuple[str, str]:
         """(``sqlite``, path), (``postgres``, dsn) or (``memory``, "") - not durable, benchmarks."""
@@ -159,14 +187,8 @@ def _defaults(key: str, value: Any) -> Defaults | None:
     )
 
 
-def _tenant(key: str, name: Any, value: Any, env: dict[str, str]) -> TenantConfig:
-    _type(key, name, str, "a tenant name")
-    _type(key, value, dict, "a map")
-    _keys(
-        key,
-        value,
-        {"api_key_env", "api_key_sha256", "weight", "quotas", "limits", "defaults"},
-    )
+def _key_digest(key: str, value: dict[str, Any], env: dict[str, str]) -> str:
+    """The SHA-256 of an API key given as ``api_key_env`` or ``api_key_sha256`` (exactly one)."""
     if ("api_key_env" in value) == ("api_key_sha256" in value):
         raise ConfigError(f"{key}.api_key_env", "give exactly one of api_key_env, api_key_sha256")
     if "api_key_env" in value:
@@ -179,6 +201,18 @@ def _tenant(key: str, name: Any, value: Any, env: dict[str, str]) -> TenantConfi
         digest = _type(f"{key}.api_key_sha256", value["api_key_sha256"], str, "64 hex digits")
         if not _HEX64.match(digest):
             raise ConfigError(f"{key}.api_key_sha256", "must be 64 lowercase hex digits")
+    return str(digest)
+
+
+def _tenant(key: str, name: Any, value: Any, env: dict[str, str]) -> TenantConfig:
+    _type(key, name, str, "a tenant name")
+    _type(key, value, dict, "a map")
+    _keys(
+        key,
+        value,
+        {"api_key_env", "api_key_sha256", "weight", "quotas", "limits", "defaults"},
+    )
+    digest = _key_digest(key, value, env)
     return TenantConfig(
         name=name,
         key_sha256=digest,
@@ -187,6 +221,35 @@ def _tenant(key: str, name: Any, value: Any, env: dict[str, str]) -> TenantConfi
         limits=_caps(f"{key}.limits", value.get("limits")),
         defaults=_defaults(f"{key}.defaults", value.get("defaults")),
     )
+
+
+def _coordinator(value: Any, env: dict[str, str]) -> CoordinatorSettings:
+    if value is None:
+        return CoordinatorSettings()
+    _type("coordinator", value, dict, "a map")
+    _keys("coordinator", value, {"keys", "policies_file"})
+    raw_keys = _type("coordinator.keys", value.get("keys") or {}, dict, "a map of name to key")
+    if len(raw_keys) > COORDINATOR_KEYS_MAX:
+        raise ConfigError("coordinator.keys", f"at most {COORDINATOR_KEYS_MAX} keys")
+    keys = []
+    for name, spec in sorted(raw_keys.items(), key=str):
+        where = f"coordinator.keys.{name}"
+        _type(where, name, str, "a key name")
+        _type(where, spec, dict, "a map")
+        _keys(where, spec, {"api_key_env", "api_key_sha256", "scope"})
+        scope = spec.get("scope")
+        if scope not in KEY_SCOPES:
+            raise ConfigError(
+                f"{where}.scope", f"must be one of {', '.join(KEY_SCOPES)}, got {scope!r}"
+            )
+        keys.append(CoordinatorKey(name, _key_digest(where, spec, env), scope))
+    path = value.get("policies_file")
+    bootstrap: tuple[TenantRatePolicy, ...] = ()
+    if path is not None:
+        _type("coordinator.policies_file", path, str, "a file path")
+        found = load_policy_file(path, where="coordinator.policies_file", error=ConfigError)
+        bootstrap = tuple(d.policy for d in found)
+    return CoordinatorSettings(tuple(keys), path, bootstrap)
 
 
 def _adaptive(key: str, value: Any) -> AdaptiveConfig:
@@ -233,6 +296,7 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
         "tenants",
         "drain_s",
         "snapshot_every",
+        "coordinator",
     }
     _keys("", data, top)
     listen_raw = data.get("listen", DEFAULT_LISTEN)
@@ -278,6 +342,12 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
         if t.key_sha256 in seen:
             raise ConfigError(f"tenants.{t.name}", f"shares its API key with {seen[t.key_sha256]}")
         seen[t.key_sha256] = t.name
+    coordinator = _coordinator(data.get("coordinator"), env)
+    for ck in coordinator.keys:
+        if ck.key_sha256 in seen:
+            other = seen[ck.key_sha256]
+            raise ConfigError(f"coordinator.keys.{ck.name}", f"shares its API key with {other}")
+        seen[ck.key_sha256] = f"coordinator.keys.{ck.name}"
     cfg = GovernordConfig(
         listen=listen,
         store=store,
@@ -301,6 +371,7 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
         root_limits=_caps("root.limits", root.get("limits")),
         adaptive={str(c): _adaptive(f"adaptive.{c}", v) for c, v in adaptive_raw.items()},
         tenants=tenants,
+        coordinator=coordinator,
     )
     if not cfg.session_ttl_min_ms <= cfg.session_ttl_ms <= cfg.session_ttl_max_ms:
         raise ConfigError("session.ttl_ms", "must lie in [min_ttl_ms, max_ttl_ms]")

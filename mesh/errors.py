@@ -14,11 +14,15 @@ it is a `Verdict` value.
             ├── PeerUnavailable               unreachable, timed out, or gone (retry later)
             └── PeerRefused                   it answered with an error status (our request)
 
-`ConfigError` and `ConfigTypeError` also derive from `ratemesh.errors.ConfigError` and
-`ConfigTypeError`, so one `except ratemesh.errors.ConfigError` at a command's boundary
-catches every config mistake of the mesh, governord and the simulator. Each family names
-the class a type mismatch raises in `type_error`, which the shared checks in
-`ratemesh.checks` use.
+`ConfigError`, `ConfigTypeError`, `MessageError` and `MessageTypeError` also derive from
+their namesakes in `ratemesh.errors`, so one `except ratemesh.errors.ConfigError` at a
+command's boundary catches every config mistake of the mesh, governord and the simulator.
+Each family names the class a type mismatch raises in `type_error`, which the shared checks
+in `ratemesh.checks` use.
+
+A policy's own validation (`ratemesh.policy.TenantRatePolicy`, the model shared with
+governord) raises the shared `ratemesh.errors.ConfigError`, the base of this `ConfigError`;
+the mesh's loaders re-home it here through `TenantRatePolicy.from_dict(..., error=...)`.
 
 Every error carries `.field`, the dotted name of what was wrong, and raising one changes
 no state: validation happens before anything is mutated.
@@ -52,11 +56,11 @@ class ConfigTypeError(ConfigError, ratemesh.errors.ConfigTypeError):
     """A caller's or configuration's value has the wrong type."""
 
 
-class MessageError(MeshError, ValueError):
+class MessageError(MeshError, ratemesh.errors.MessageError):
     """A message from a peer is malformed; it is refused and changes nothing."""
 
 
-class MessageTypeError(MessageError, TypeError):
+class MessageTypeError(MessageError, ratemesh.errors.MessageTypeError):
     """A message field from a peer has the wrong type."""
 
 

@@ -121,6 +121,10 @@ REQUIRED = {
     ("status",): ["--addr", "x"],
     ("validate",): ["--config", "x"],
     ("sim", "run"): ["--scenario", "x"],
+    ("policy", "apply"): ["-f", "x", "--coordinator", "x"],
+    ("policy", "list"): ["--coordinator", "x"],
+    ("policy", "history"): ["acme", "--coordinator", "x"],
+    ("policy", "rollback"): ["acme", "read_iops", "--to", "1", "--coordinator", "x"],
 }
 
 

@@ -11,6 +11,7 @@ from ._engine import Engine
 from ._errors import (
     AccessError,
     CallerError,
+    GenerationConflict,
     GovernorError,
     InvalidArgument,
     LogGap,
@@ -25,6 +26,8 @@ from ._errors import (
 )
 from ._events import EVENT_KINDS, Event, decode_event, encode_event
 from ._fairq import Waiter
+from ._policies import PolicyPutResult
+from ._policybook import POLICY_HISTORY_MAX, POLICY_KEYS_MAX, PolicyBook, PolicyRecord
 from ._snapshot import FORMAT as SNAPSHOT_FORMAT
 from ._state import ROOT_ID, State
 from ._types import (
@@ -53,6 +56,8 @@ from ._types import (
 __all__ = [
     "EVENT_KINDS",
     "NODE_TRANSITIONS",
+    "POLICY_HISTORY_MAX",
+    "POLICY_KEYS_MAX",
     "SESSION_TRANSITIONS",
     "ROOT_ID",
     "SNAPSHOT_FORMAT",
@@ -70,6 +75,7 @@ __all__ = [
     "EngineConfig",
     "Event",
     "EventSink",
+    "GenerationConflict",
     "GovernorError",
     "Granted",
     "InvalidArgument",
@@ -81,6 +87,9 @@ __all__ = [
     "NotFound",
     "NotOwner",
     "OutOfScope",
+    "PolicyBook",
+    "PolicyPutResult",
+    "PolicyRecord",
     "Queued",
     "RecordError",
     "Released",

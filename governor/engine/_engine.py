@@ -28,6 +28,7 @@ from ._errors import (
 from ._fairq import ClassQueue, Waiter
 from ._housekeeping import HousekeepingMixin
 from ._leasing import LeasingMixin
+from ._policies import PoliciesMixin
 from ._snapshot import dump_state, load_state
 from ._state import ROOT_ID, State
 from ._timers import Timers
@@ -49,7 +50,7 @@ from ._types import (
 __all__ = ["Engine"]
 
 
-class Engine(LeasingMixin, HousekeepingMixin):
+class Engine(LeasingMixin, HousekeepingMixin, PoliciesMixin):
     """The tree of caps and leases, the fair queue and the adaptive limits, behind one lock."""
 
     def __init__(

@@ -8,6 +8,7 @@ and for a record that cannot be trusted::
     ├── CallerError (ValueError)         the arguments are wrong; names the field; changes nothing
     │   ├── InvalidArgument              a value of the wrong type or range
     │   ├── RequestIdReused              the same request id with different arguments
+    │   ├── GenerationConflict           a mesh policy's generation would change meaning
     │   └── NotFound (LookupError)       no such node / session / lease (or its tombstone is gone)
     ├── AccessError (PermissionError)    the call is well formed but not allowed; changes nothing
     │   ├── OutOfScope                   the target lies outside the session's subtree
@@ -26,6 +27,7 @@ from __future__ import annotations
 __all__ = [
     "AccessError",
     "CallerError",
+    "GenerationConflict",
     "GovernorError",
     "InvalidArgument",
     "LogGap",
@@ -58,6 +60,11 @@ class InvalidArgument(CallerError):
 
 class RequestIdReused(CallerError):
     """A request id already used by this session with different arguments."""
+
+
+class GenerationConflict(CallerError):
+    """A mesh policy put that would give a generation a second meaning, go backwards, or was
+    computed against a generation that is no longer the key's last (another writer's)."""
 
 
 class NotFound(CallerError, LookupError):

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ratemesh.policy import Metric, Mode
+
 from ._codec import decode_value, encode_value
 from ._errors import UnknownEventKind
 from ._types import AdaptiveConfig, Defaults, LeaseEnd, NodeState, RequestTag
@@ -27,6 +29,8 @@ __all__ = [
     "LimitSet",
     "NodeCreated",
     "NodeEnded",
+    "PolicyPut",
+    "PolicyRemoved",
     "QuotaSet",
     "SessionClosed",
     "SessionExpired",
@@ -196,6 +200,34 @@ class LimitAdjusted:
     limit: int
 
 
+@dataclass(frozen=True, slots=True)
+class PolicyPut:
+    """A mesh policy stored as generation ``generation`` of (tenant_id, metric): the fields of
+    ``ratemesh.policy.TenantRatePolicy``, flat, so the record says exactly what was stored."""
+
+    seq: int
+    at_ms: int
+    tenant_id: str
+    metric: Metric
+    generation: int
+    target_rate: int
+    global_burst: int
+    local_burst_cap: int
+    enabled: bool
+    mode: Mode
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRemoved:
+    """(tenant_id, metric) has no policy of its own from generation ``generation`` on."""
+
+    seq: int
+    at_ms: int
+    tenant_id: str
+    metric: Metric
+    generation: int
+
+
 Event = (
     SessionOpened
     | SessionClosed
@@ -212,6 +244,8 @@ Event = (
     | LeaseEnded
     | AdaptiveSet
     | LimitAdjusted
+    | PolicyPut
+    | PolicyRemoved
 )
 
 EVENT_KINDS: dict[str, type[Any]] = {
@@ -232,6 +266,8 @@ EVENT_KINDS: dict[str, type[Any]] = {
         LeaseEnded,
         AdaptiveSet,
         LimitAdjusted,
+        PolicyPut,
+        PolicyRemoved,
     )
 }
 

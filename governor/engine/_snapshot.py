@@ -11,6 +11,7 @@ from typing import Any
 
 from ._codec import decode_value, encode_value
 from ._errors import SnapshotMismatch
+from ._policybook import PolicyBook
 from ._state import ROOT_ID, AdaptiveState, Lease, Node, Session, State, Tombstone
 from ._types import (
     AdaptiveConfig,
@@ -101,6 +102,7 @@ def dump_state(state: State) -> dict[str, Any]:
             ]
             for cls, a in sorted(state.adaptive.items())
         ],
+        "policies": state.policies.dump(),
     }
 
 
@@ -191,4 +193,6 @@ def _load(data: dict[str, Any], config: EngineConfig) -> State:
             int(busy_ms),
             None if busy_since_ms is None else int(busy_since_ms),
         )
+    # A snapshot from before governord kept mesh policies has none: the book starts empty.
+    state.policies = PolicyBook.load(data.get("policies"))
     return state

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _events as ev
+from ._policybook import PolicyBook
 from ._types import (
     NODE_TRANSITIONS,
     SESSION_TRANSITIONS,
@@ -124,6 +125,7 @@ class State:
         self.leases: dict[int, Lease] = {}
         self.tombstones: dict[int, Tombstone] = {}
         self.adaptive: dict[str, AdaptiveState] = {}
+        self.policies = PolicyBook()  # the mesh's policies (governord as coordinator)
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             ev.SessionOpened: self._session_opened,
             ev.SessionClosed: self._session_closed,
@@ -140,6 +142,8 @@ class State:
             ev.LeaseEnded: self._lease_ended,
             ev.AdaptiveSet: self._adaptive_set,
             ev.LimitAdjusted: self._limit_adjusted,
+            ev.PolicyPut: self._policy_put,
+            ev.PolicyRemoved: self._policy_removed,
         }
 
     # ---- the one code path --------------------------------------------------------------
@@ -309,3 +313,9 @@ class State:
         state.ok_ms = state.busy_ms = 0
         state.last_adjust_ms = e.at_ms
         self.nodes[ROOT_ID].limits[e.cls] = e.limit
+
+    def _policy_put(self, e: ev.PolicyPut) -> None:
+        self.policies.put(e)
+
+    def _policy_removed(self, e: ev.PolicyRemoved) -> None:
+        self.policies.removed(e)

@@ -31,8 +31,11 @@ from governor.authority import Authority
 from governor.config import ConfigError, GovernordConfig, TlsFiles, is_loopback
 from governor.engine import RecordError
 from governor.store import EventLog, MemoryBackend, PostgresBackend, SqliteBackend, StoreError
+from ratemesh.coordinator import PING_INTERVAL_MIN_MS
 from ratemesh.operator import one_line, probe_bind
 
+from ._bootstrap import import_bootstrap
+from ._coordinator import CoordinatorService
 from ._metrics import Metrics
 from ._reconcile import apply_config
 from ._service import GovernorService
@@ -40,6 +43,13 @@ from ._service import GovernorService
 __all__ = ["CertReloader", "serve", "run"]
 
 MESSAGE_BYTES_MAX = 1 << 20
+# Clients that keep idle connections alive (a mesh node's policy watch pings every
+# ratemesh.coordinator.KEEPALIVE_MS) are not sent GOAWAY `too_many_pings`, which gRPC's
+# default (one ping in 5 min) answered at the third ping, ending every idle watch.
+KEEPALIVE_SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", PING_INTERVAL_MIN_MS),
+)
 
 
 def _say(text: str) -> None:
@@ -147,10 +157,7 @@ async def serve(
             ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
             ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
             ("grpc.so_reuseport", 0),  # a second governord on the port fails, not shares it
-            # Clients that keep idle connections alive (a mesh node's policy watch pings every
-            # 10 s) are not sent GOAWAY `too_many_pings` (gRPC's default allows one in 5 min).
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            *KEEPALIVE_SERVER_OPTIONS,
         ]
     )
     try:
@@ -158,8 +165,14 @@ async def serve(
         metrics = Metrics()
         metrics.attach(authority)
         service = GovernorService(authority, cfg, tenants, metrics, loop)
+        for warning in import_bootstrap(authority, cfg.coordinator):
+            _say(warning)
+        coordinator = CoordinatorService(
+            authority, service.commits, cfg.coordinator.keys, metrics, loop
+        )
+        coordinator.warn = _say
         authority.start_reaper(0.02)
-        server.add_generic_rpc_handlers((service.handler(),))
+        server.add_generic_rpc_handlers((service.handler(), coordinator.handler()))
         reloader = CertReloader(cfg.tls) if cfg.tls is not None else None
         bound = [_bind(server, addr, reloader) for addr in cfg.listen]
         if cfg.metrics:
@@ -189,6 +202,7 @@ async def serve(
     await stop.wait()
     _say(f"stopping: draining for up to {cfg.drain_s} s")
     service.draining = True
+    coordinator.stop()
     await server.stop(cfg.drain_s)
     authority.close()
     _say("stopped")

@@ -13,6 +13,7 @@ from governor.engine import (
     AccessError,
     Denial,
     DenyReason,
+    GenerationConflict,
     GovernorError,
     InvalidArgument,
     NotFound,
@@ -65,6 +66,8 @@ def error_fail(exc: GovernorError) -> Fail:
     extra = {"field": field} if field else {}
     if isinstance(exc, RequestIdReused):
         return Fail(grpc.StatusCode.ALREADY_EXISTS, "request_id_reused", str(exc), **extra)
+    if isinstance(exc, GenerationConflict):  # a mesh policy put (the coordinator API)
+        return Fail(grpc.StatusCode.FAILED_PRECONDITION, "generation_conflict", str(exc), **extra)
     if isinstance(exc, NotFound):
         return Fail(grpc.StatusCode.NOT_FOUND, "not_found", str(exc), **extra)
     if isinstance(exc, InvalidArgument):

@@ -68,6 +68,7 @@ def canonical(engine: Engine) -> dict[str, Any]:
             "adaptive": st.adaptive,
         }
     )
+    state["policies"] = st.policies.dump()  # the mesh's policies (governord as coordinator)
     return state
 
 

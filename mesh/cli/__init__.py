@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from ratemesh.errors import ConfigError
 
-from . import _bench, _demo, _node, _sim
+from . import _bench, _demo, _node, _policy, _sim
 from ._output import OneLineParser, emit, one_line
 
 __all__ = ["COMMANDS", "emit", "main"]
@@ -37,13 +37,15 @@ COMMANDS: dict[tuple[str, ...], Handler] = {
     ("bench", "churn"): _bench.churn,
     ("bench", "flood"): _bench.flood,
     ("bench", "policy"): _bench.policy,
+    **{("policy", name): fn for name, fn in _policy.SUBCOMMANDS.items()},
 }
 
 
 DESCRIPTION = (
     "ratemesh's mesh: `demo` shows a noisy and a quiet tenant sharing fleet-wide "
     "limits; `node`, `status` and `validate` run, inspect and check a standalone "
-    "member; `sim` runs the deterministic fleet simulator; `bench` the benchmarks "
+    "member; `policy` pushes and reads mesh policies at governord; `sim` runs the "
+    "deterministic fleet simulator; `bench` the benchmarks "
     "of the real code."
 )
 EPILOG = (
@@ -182,12 +184,13 @@ def _parser() -> argparse.ArgumentParser:
     pol.add_argument("--nodes", type=int, default=4)
     pol.add_argument("--pushes", type=int, default=100)
     _output_flags(pol)
+    _policy.add_parser(sub)
     return p
 
 
 def command_of(args: argparse.Namespace) -> tuple[str, ...]:
     """The key of `args` in COMMANDS: the command, then its subcommand if it has any."""
-    sub = getattr(args, args.command, None) if args.command in ("sim", "bench") else None
+    sub = getattr(args, args.command, None) if args.command in ("sim", "bench", "policy") else None
     return (args.command,) if sub is None else (args.command, sub)
 
 

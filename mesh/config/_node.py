@@ -30,7 +30,9 @@ Shape (every key optional except where said)::
       file: policies.yaml        # reloaded on SIGHUP and when it changes (mesh/node/_reload.py)
       watch_ms: 1000             # how often the file is checked for a change; 0: SIGHUP only
       inline: [{tenant_id: acme, metric: read_iops, generation: 1, ...}]
-      coordinator: {addr: 127.0.0.1:7100, poll_ttl_ms: 1000}
+      coordinator: {addr: 127.0.0.1:7100, poll_ttl_ms: 1000, api_key_file: worker.key}
+                                 # governord; or api_key_env: NAME (a worker-scope key);
+                                 # ca: F verifies governord's TLS certificate
     core: {sync_interval_ms: 5, snapshot_ttl_ms: 20}
 
 Ports are 1..65535. Only `listen` and `telemetry_listen` also take 0, "any free port": the
@@ -61,7 +63,9 @@ from mesh.core.config import CoreConfig
 from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.core.policy import Mode, TenantRatePolicy
 from mesh.errors import ConfigError, ConfigTypeError
+from ratemesh.apikey import read_api_key
 from ratemesh.checks import check_address, check_keys, is_loopback
+from ratemesh.policyfile import load_policy_file as read_policy_file
 from ratemesh.yamlfile import load_yaml
 
 # A node's peer streams are reliable and report reconnections, so a report is resent on a
@@ -121,6 +125,10 @@ class MembershipConfig:
 class CoordinatorConfig:
     addr: str
     poll_ttl_ms: int = 1000  # polling fallback period while the watch is down
+    # governord's coordinator API key (a worker-scope key: list, watch, history), read from
+    # api_key_file or api_key_env; None for a coordinator without auth (tests, demos)
+    api_key: str | None = field(default=None, repr=False)
+    ca: str | None = None  # verify governord's TLS certificate against this (else `tls`'s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -609,14 +617,19 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
     if not isinstance(inline, list):
         raise ConfigTypeError("policies.inline", "must be a list of policies")
     found += [
-        TenantRatePolicy.from_dict(p, where=f"policies.inline[{i}]") for i, p in enumerate(inline)
+        TenantRatePolicy.from_dict(p, where=f"policies.inline[{i}]", error=ConfigError)
+        for i, p in enumerate(inline)
     ]
     out["policies"] = tuple(found)
     coord = data.get("coordinator")
     if coord is not None:
         if not isinstance(coord, dict):
             raise ConfigTypeError("policies.coordinator", "must be a mapping")
-        _no_unknown("policies.coordinator", coord, {"addr", "poll_ttl_ms"})
+        _no_unknown(
+            "policies.coordinator",
+            coord,
+            {"addr", "poll_ttl_ms", "api_key_file", "api_key_env", "ca"},
+        )
         if "addr" not in coord:
             raise ConfigError("policies.coordinator.addr", "is required")
         addr = check_str("policies.coordinator.addr", coord["addr"])
@@ -626,18 +639,29 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
             check_int(
                 "policies.coordinator.poll_ttl_ms", coord.get("poll_ttl_ms", 1000), minimum=10
             ),
+            _coordinator_key(coord, base),
+            None
+            if coord.get("ca") is None
+            else _file("policies.coordinator.ca", coord["ca"], base),
         )
     return out
 
 
+def _coordinator_key(coord: dict[str, Any], base: Path | None) -> str | None:
+    file, env = coord.get("api_key_file"), coord.get("api_key_env")
+    if file is None and env is None:
+        return None
+    if file is not None:
+        file = str(_file("policies.coordinator.api_key_file", file, base))
+    if env is not None:
+        env = check_str("policies.coordinator.api_key_env", env)
+    return read_api_key(file=file, env=env, where="policies.coordinator.api_key", error=ConfigError)
+
+
 def load_policy_file(path: str | Path, *, where: str = "policies") -> list[TenantRatePolicy]:
-    """A YAML file holding a list of policies (or a mapping with a `policies:` list)."""
-    data = load_yaml(path, field=where, error=ConfigError)
-    if isinstance(data, dict) and set(data) == {"policies"}:
-        data = data.get("policies")
-    if not isinstance(data, list):
-        raise ConfigTypeError(where, f"{path} must hold a list of policies")
-    return [TenantRatePolicy.from_dict(p, where=f"{where}[{i}]") for i, p in enumerate(data)]
+    """A YAML file holding a list of policies (or a mapping with a `policies:` list); the
+    format governord's bootstrap and `mesh policy apply` read too (`ratemesh.policyfile`)."""
+    return [d.policy for d in read_policy_file(path, where=where, error=ConfigError)]
 
 
 def _check_plaintext(cfg: NodeConfig) -> None:

@@ -44,6 +44,8 @@ class PolicyFeed:
             except ConfigError as exc:
                 self.conflicts += 1
                 log.warning("coordinator policy refused: %s", exc)
+        for t in snap.removed:
+            changed |= self.cache.remove(t.tenant_id, t.metric, t.generation)
         return changed
 
     async def run(self) -> None:

@@ -1,6 +1,6 @@
 """An in-process coordinator: versioned policies with watchers.
 
-governord will serve the same API durably (a later issue); this store is what tests, the
+governord serves the same API durably, with auth (docs/policies.md); this store is what tests, the
 bench and `mesh node --coordinator` use until then. A put never changes a generation: it
 creates the next one for that (tenant, metric).
 """
@@ -14,6 +14,7 @@ from typing import Any
 
 from mesh.coordinator._source import PolicySnapshot
 from mesh.core.policy import Metric, TenantRatePolicy
+from mesh.errors import ConfigError
 
 __all__ = ["PolicyStore"]
 
@@ -33,7 +34,7 @@ class PolicyStore:
         """Store a policy as a new generation of its (tenant, metric); returns it."""
         raw = data.to_dict() if isinstance(data, TenantRatePolicy) else dict(data)
         raw.setdefault("generation", 1)
-        probe = TenantRatePolicy.from_dict(raw)  # validates, naming the field
+        probe = TenantRatePolicy.from_dict(raw, error=ConfigError)  # validates, naming the field
         gens = [g for (t, m, g) in self._by_key if t == probe.tenant_id and m == probe.metric]
         policy = replace(probe, generation=max(gens, default=0) + 1)
         self._by_key[(policy.tenant_id, policy.metric, policy.generation)] = policy

@@ -86,10 +86,19 @@ def build_membership(cfg: NodeConfig, member_id: str, address: str) -> Membershi
     )
 
 
-def build_policy_source(cfg: NodeConfig) -> PolicySource | None:
+def build_policy_source(cfg: NodeConfig, member_id: str = "") -> PolicySource | None:
+    """governord (or another coordinator), told which generations this node loads itself."""
     if cfg.coordinator is None:
         return None
-    return CoordinatorClient(cfg.coordinator.addr, tls=cfg.tls)
+    c = cfg.coordinator
+    return CoordinatorClient(
+        c.addr,
+        tls=cfg.tls,
+        api_key=c.api_key,
+        server_ca=c.ca,
+        declared=cfg.policies,
+        member_id=member_id,
+    )
 
 
 async def claim_static_id(cfg: NodeConfig, member_id: str) -> None:

@@ -143,7 +143,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
                 "watching": feed.watching,
                 "reachable": feed.reachable,
                 "last_error": feed.last_error,
-                "conflicts": feed.conflicts,  # known generations it sent with new values
+                "conflicts": feed.conflicts,  # generations refused: other values than known
             },
         },
         "owner": {

@@ -321,7 +321,7 @@ class Mesh:
         try:
             membership = self._membership_arg or build_membership(cfg, self.member_id, self.address)
             await self._claim_identity(membership)
-            source = self._source_arg or build_policy_source(cfg)
+            source = self._source_arg or build_policy_source(cfg, self.member_id)
         except BaseException:
             if membership is not None and membership is not self._membership_arg:
                 await membership.close()

@@ -9,6 +9,7 @@ from mesh.peer._coordinator import (
     COORDINATOR_SERVICE,
     CoordinatorClient,
     CoordinatorServer,
+    PutResult,
     coordinator_handler,
 )
 from mesh.peer._fleet import FLEET_MEMBERS_MAX, FLEET_PARALLEL_MAX, fetch_fleet
@@ -35,6 +36,7 @@ __all__ = [
     "PeerHandler",
     "PeerLink",
     "PeerServer",
+    "PutResult",
     "SCHEMA_MD",
     "STATUS",
     "Transport",

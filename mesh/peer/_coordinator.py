@@ -1,9 +1,15 @@
-"""The coordinator API over gRPC (put a policy as a new generation, list, watch), and the
-client that implements `PolicySource` against it. governord will serve the same methods."""
+"""The coordinator API over gRPC (put a policy as a new generation, list, watch, history), and
+the client that implements `PolicySource` against it.
+
+governord serves this API durably, with API keys and scopes (docs/policies.md); the in-process
+`CoordinatorServer` here (no auth, not durable) is for tests and demos. The wire shapes are
+shared with governord: `ratemesh.coordinator`."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -12,14 +18,25 @@ from grpc import aio
 from mesh.config import TlsConfig
 from mesh.coordinator import PolicySnapshot, PolicyStore
 from mesh.core.messages import MAX_MESSAGE_BYTES
-from mesh.core.policy import TenantRatePolicy
+from mesh.core.policy import Metric, TenantRatePolicy
 from mesh.errors import ConfigError, MessageError
 from mesh.peer._link import open_channel
-from mesh.peer._wire import pack, server_options, translate, unpack
+from mesh.peer._wire import channel_options, pack, server_options, translate, unpack
+from ratemesh.coordinator import (
+    API_KEY_MD,
+    COORDINATOR_SERVICE,
+    HistoryEntry,
+    Tombstone,
+    method_path,
+)
 
-__all__ = ["COORDINATOR_SERVICE", "coordinator_handler", "CoordinatorClient", "CoordinatorServer"]
-
-COORDINATOR_SERVICE = "ratemesh.coordinator.v1.Coordinator"
+__all__ = [
+    "COORDINATOR_SERVICE",
+    "PutResult",
+    "coordinator_handler",
+    "CoordinatorClient",
+    "CoordinatorServer",
+]
 
 
 def coordinator_handler(store: PolicyStore) -> grpc.GenericRpcHandler:
@@ -35,7 +52,7 @@ def coordinator_handler(store: PolicyStore) -> grpc.GenericRpcHandler:
         except (ConfigError, MessageError, TypeError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise AssertionError("unreachable") from exc
-        return pack({"policy": policy.to_dict(), "revision": store.revision})
+        return pack({"policy": policy.to_dict(), "revision": store.revision, "created": True})
 
     async def list_(request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
         return pack(store.snapshot().to_wire())
@@ -87,44 +104,121 @@ class CoordinatorServer:
             self._server = None
 
 
-class CoordinatorClient:
-    """`PolicySource` over gRPC. Errors arrive as PeerUnavailable/PeerRefused."""
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    """What a put became: the stored generation, the coordinator's revision after it, and
+    whether it was new (False: the same values under that generation were already there)."""
 
-    def __init__(self, addr: str, *, tls: TlsConfig | None = None, timeout_s: float = 2.0) -> None:
+    policy: TenantRatePolicy
+    revision: int
+    created: bool
+
+    @property
+    def generation(self) -> int:
+        """The stored generation (what callers that only push want)."""
+        return self.policy.generation
+
+
+class CoordinatorClient:
+    """`PolicySource` over gRPC, plus the writes a coordinator makes (put, remove) and the
+    history. `api_key` names the caller to governord (a worker's key may list, watch and read
+    history; a coordinator's may write). Errors arrive as PeerUnavailable/PeerRefused; a
+    refusal's message is governord's, naming what was wrong."""
+
+    def __init__(
+        self,
+        addr: str,
+        *,
+        tls: TlsConfig | None = None,
+        timeout_s: float = 5.0,
+        api_key: str | None = None,
+        server_ca: str | None = None,
+        declared: tuple[TenantRatePolicy, ...] = (),
+        member_id: str = "",
+    ) -> None:
+        """`tls`: the node's own certificates (mTLS, as to peers); `server_ca` instead: TLS
+        that verifies governord's certificate against this CA file, presenting none.
+
+        `declared`: the generations this node has from its own file; each watch sends them,
+        so governord refuses a put that would give one of them other values, at the pusher
+        (a node that reloads its file sets `declared` again; the next watch carries it)."""
         self.addr = addr
         self.timeout_s = timeout_s
-        self._channel = open_channel(addr, tls, MAX_MESSAGE_BYTES)
+        self.declared = declared
+        self.member_id = member_id
+        self._metadata = () if api_key is None else ((API_KEY_MD, api_key),)
+        if server_ca is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=Path(server_ca).read_bytes())
+            options = channel_options(MAX_MESSAGE_BYTES)
+            self._channel = aio.secure_channel(addr, creds, options=options)
+        else:
+            self._channel = open_channel(addr, tls, MAX_MESSAGE_BYTES)
 
-    def _method(self, name: str) -> str:
-        return f"/{COORDINATOR_SERVICE}/{name}"
-
-    async def put(self, policy: dict[str, Any] | TenantRatePolicy) -> TenantRatePolicy:
-        body = policy.to_dict() if isinstance(policy, TenantRatePolicy) else policy
+    async def _unary(self, name: str, body: dict[str, Any]) -> Any:
         try:
-            data = await self._channel.unary_unary(self._method("Put"))(
-                pack({"policy": body}), timeout=self.timeout_s
+            data = await self._channel.unary_unary(method_path(name))(
+                pack(body), timeout=self.timeout_s, metadata=self._metadata
             )
         except grpc.RpcError as exc:
-            raise translate(exc, "coordinator.put") from exc
-        obj = unpack(data, "put")
-        return TenantRatePolicy.from_dict(obj.get("policy"), where="policy", error=MessageError)
+            raise translate(exc, f"coordinator.{name.lower()}") from exc
+        return unpack(data, name.lower())
+
+    async def put(
+        self,
+        policy: dict[str, Any] | TenantRatePolicy,
+        *,
+        expect_generation: int | None = None,
+    ) -> PutResult:
+        """Store `policy` as the next generation of its key (a mapping may leave out
+        `generation`). `expect_generation`: the key's current generation this change was
+        computed against (0: none); another writer's change in between refuses the put."""
+        body: dict[str, Any] = {
+            "policy": policy.to_dict() if isinstance(policy, TenantRatePolicy) else policy
+        }
+        if expect_generation is not None:
+            body["expect_generation"] = expect_generation
+        obj = await self._unary("Put", body)
+        if not isinstance(obj, dict):
+            raise MessageError("put", "must be a mapping")
+        stored = TenantRatePolicy.from_dict(obj.get("policy"), where="policy", error=MessageError)
+        revision, created = obj.get("revision"), obj.get("created", True)
+        if type(revision) is not int or type(created) is not bool:
+            raise MessageError("put", "revision and created must be an integer and a bool")
+        return PutResult(stored, revision, created)
+
+    async def remove(
+        self, tenant_id: str, metric: Metric | str, *, expect_generation: int | None = None
+    ) -> Tombstone:
+        """Remove the key's own policy (a tombstone generation); returns the tombstone."""
+        body: dict[str, Any] = {"tenant_id": tenant_id, "metric": str(metric)}
+        if expect_generation is not None:
+            body["expect_generation"] = expect_generation
+        obj = await self._unary("Remove", body)
+        raw = obj.get("removed") if isinstance(obj, dict) else None
+        return Tombstone.from_wire(raw, "removed", MessageError)
 
     async def list(self) -> PolicySnapshot:
-        try:
-            data = await self._channel.unary_unary(self._method("List"))(
-                pack({}), timeout=self.timeout_s
-            )
-        except grpc.RpcError as exc:
-            raise translate(exc, "coordinator.list") from exc
-        return PolicySnapshot.from_wire(unpack(data, "list"))
+        return PolicySnapshot.from_wire(await self._unary("List", {}), MessageError)
+
+    async def history(
+        self, tenant_id: str, metric: Metric | str | None = None
+    ) -> tuple[HistoryEntry, ...]:
+        """Every kept generation of the tenant's keys (one metric's, if given), oldest first."""
+        body: dict[str, Any] = {"tenant_id": tenant_id}
+        if metric is not None:
+            body["metric"] = str(metric)
+        return tuple(HistoryEntry.list_from_wire(await self._unary("History", body), MessageError))
 
     async def watch(self, after_revision: int) -> AsyncIterator[PolicySnapshot]:
-        call = self._channel.unary_stream(self._method("Watch"))(
-            pack({"after_revision": after_revision})
-        )
+        body: dict[str, Any] = {"after_revision": after_revision}
+        if self.declared:
+            body["declared"] = [p.to_dict() for p in self.declared]
+        if self.member_id:
+            body["member_id"] = self.member_id
+        call = self._channel.unary_stream(method_path("Watch"))(pack(body), metadata=self._metadata)
         try:
             async for data in call:
-                yield PolicySnapshot.from_wire(unpack(data, "watch"))
+                yield PolicySnapshot.from_wire(unpack(data, "watch"), MessageError)
         except grpc.RpcError as exc:
             raise translate(exc, "coordinator.watch") from exc
         finally:

@@ -9,6 +9,7 @@ import msgpack
 
 from mesh.core.messages import SCHEMA_VERSION
 from mesh.errors import MessageError, PeerError, PeerRefused, PeerUnavailable
+from ratemesh import coordinator as coordinator_wire
 
 __all__ = [
     "EXCHANGE",
@@ -67,7 +68,7 @@ def unpack(data: bytes, what: str) -> Any:
 # answers faster pings with GOAWAY `too_many_pings`, which ended every idle stream (a peer link
 # with no reports, a coordinator watch between changes) after its third ping. Servers built with
 # `server_options` accept a ping every KEEPALIVE_MS / 2.
-KEEPALIVE_MS = 10_000
+KEEPALIVE_MS = coordinator_wire.KEEPALIVE_MS  # shared with governord's server (ratemesh)
 KEEPALIVE_TIMEOUT_MS = 5_000
 
 

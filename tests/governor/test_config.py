@@ -4,6 +4,9 @@ the key; defaults with no file at all."""
 from __future__ import annotations
 
 import hashlib
+import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,3 +49,47 @@ def test_shared_keys_and_plaintext_are_refused() -> None:
     assert e.value.key == "listen[1]"
     assert parse_config({"listen": "10.0.0.1:2", "allow_plaintext": True}, env={}).allow_plaintext
     assert is_loopback("[::1]:7443") and is_loopback("localhost:1") and not is_loopback("0.0.0.0:1")
+
+
+def test_coordinator_keys_scopes_and_bootstrap_file(tmp_path: Path) -> None:
+    path = tmp_path / "policies.yaml"
+    policy = {"tenant_id": "acme", "metric": "read_iops", "generation": 2}
+    path.write_text(
+        json.dumps([{**policy, "target_rate": 5, "global_burst": 2, "local_burst_cap": 1}])
+    )
+    cfg = parse_config(
+        {
+            "tenants": {"a": {"api_key_env": "K_A"}},
+            "coordinator": {
+                "policies_file": str(path),
+                "keys": {
+                    "deploy": {"api_key_env": "K_C", "scope": "coordinator"},
+                    "nodes": {"api_key_env": "K_W", "scope": "worker"},
+                },
+            },
+        },
+        env={"K_A": "a", "K_C": "c", "K_W": "w"},
+    )
+    assert [(k.name, k.scope) for k in cfg.coordinator.keys] == [
+        ("deploy", "coordinator"),
+        ("nodes", "worker"),
+    ]
+    assert [(p.tenant_id, p.generation) for p in cfg.coordinator.bootstrap] == [("acme", 2)]
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"keys": {"x": {"api_key_env": "K_C", "scope": "admin"}}}, "coordinator.keys.x.scope"),
+        ({"keys": {"x": {"api_key_env": "K_A", "scope": "worker"}}}, "coordinator.keys.x"),
+        ({"keys": {"x": {"scope": "worker"}}}, "coordinator.keys.x.api_key_env"),
+        ({"policies_file": str(tmp_path / "none.yaml")}, "coordinator.policies_file"),
+        ({"polices_file": "x"}, "coordinator.polices_file"),
+    ]
+    path.write_text(
+        json.dumps([{**policy, "target_rate": 0, "global_burst": 2, "local_burst_cap": 1}])
+    )
+    bad.append(({"policies_file": str(path)}, "coordinator.policies_file[0].target_rate"))
+    for section, key in bad:
+        with pytest.raises(ConfigError) as e:
+            parse_config(
+                {"tenants": {"a": {"api_key_env": "K_A"}}, "coordinator": section},
+                env={"K_A": "a", "K_C": "c"},
+            )
+        assert e.value.key == key, (section, str(e.value))

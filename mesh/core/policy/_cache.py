@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from mesh.core.policy._metric import Metric
-from mesh.core.policy._policy import DEFAULT_TENANT, RateKey, TenantRatePolicy
 from mesh.errors import ConfigError
+from ratemesh.policy import DEFAULT_TENANT, RateKey, TenantRatePolicy
 
 __all__ = ["PolicyCache"]
 
@@ -29,6 +29,9 @@ class PolicyCache:
         self._generations_kept = generations_kept
         self._by_scope: dict[tuple[str, Metric], dict[int, TenantRatePolicy]] = {}
         self._current: dict[tuple[str, Metric], TenantRatePolicy] = {}
+        # The coordinator's tombstones: the generation at which a scope lost its own policy
+        # (one entry per scope that ever had a policy: bounded as `_by_scope` is).
+        self._removed: dict[tuple[str, Metric], int] = {}
         self.version = 0  # bumps on every change, so views can tell they are out of date
         self.put_all(policies)
 
@@ -54,8 +57,27 @@ class PolicyCache:
         while len(gens) > self._generations_kept:
             del gens[min(gens)]
         current = self._current.get(scope)
-        if current is None or policy.generation > current.generation:
+        newest = current.generation if current is not None else self._removed.get(scope, 0)
+        if policy.generation > newest:
             self._current[scope] = policy
+        self.version += 1
+        return True
+
+    def remove(self, tenant_id: str, metric: Metric, generation: int) -> bool:
+        """The coordinator removed this scope's own policy at `generation` (a tombstone, newer
+        than every generation before it). The tenant falls back to the default tenant's
+        policy, or to `policy_unknown`; old generations stay resolvable for reports sent
+        under them. Returns True if the current policy changed."""
+        scope = (tenant_id, metric)
+        if generation <= self._removed.get(scope, 0):
+            return False
+        current = self._current.get(scope)
+        if current is not None and current.generation >= generation:
+            return False  # a put newer than the removal already won
+        self._removed[scope] = generation
+        if current is None:
+            return False
+        del self._current[scope]
         self.version += 1
         return True
 
@@ -98,7 +120,7 @@ class PolicyCache:
         gens = self._by_scope.get((key.tenant_id, key.metric))
         if gens is not None and key.policy_generation in gens:
             return gens[key.policy_generation]
-        if gens is not None:
+        if gens is not None and (key.tenant_id, key.metric) in self._current:
             return None  # the tenant has policies of its own, just not this generation
         default = self._by_scope.get((DEFAULT_TENANT, key.metric), {}).get(key.policy_generation)
         return None if default is None else default.for_tenant(key.tenant_id)

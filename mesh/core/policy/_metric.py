@@ -1,43 +1,11 @@
-"""The metrics a policy can limit, their units, and the coordination modes."""
+"""The bound each coordination mode discloses. The metrics, units and modes themselves are
+the shared policy model's (`ratemesh.policy`), re-exported here for the mesh's imports."""
 
 from __future__ import annotations
 
-from enum import StrEnum
+from ratemesh.policy import Metric, Mode, Unit
 
 __all__ = ["Metric", "Unit", "Mode", "BOUNDS"]
-
-
-class Unit(StrEnum):
-    UNITS = "units"  # requests (IOPS): one admission is one unit
-    BYTES = "bytes"  # transfer: admissions are charged per chunk
-
-
-class Metric(StrEnum):
-    """Seed 004's metrics. A StrEnum so a member hashes and compares like its name."""
-
-    READ_IOPS = "read_iops"
-    CLIENT_EGRESS_BYTES = "client_egress_bytes"
-    ORIGIN_READ_BYTES = "origin_read_bytes"
-    WRITE_IOPS = "write_iops"
-    CLIENT_INGRESS_BYTES = "client_ingress_bytes"
-    ORIGIN_WRITE_BYTES = "origin_write_bytes"
-
-    @property
-    def unit(self) -> Unit:
-        return _UNITS[self]
-
-
-_UNITS = {m: Unit.BYTES if m.value.endswith("_bytes") else Unit.UNITS for m in Metric}
-
-
-class Mode(StrEnum):
-    """How far a limit is coordinated (seed 002), each with the bound it discloses."""
-
-    LOCAL = "local"
-    SHARE = "share"
-    GLOBAL = "global"
-    STRICT = "strict"
-
 
 # Fixed, machine-readable bound strings: shown on /health and carried by every verdict.
 BOUNDS: dict[str, str] = {

@@ -297,3 +297,32 @@ def test_mesh_validate_says_a_default_identity_is_not_stable(tmp_path: Path) -> 
     (w,) = [w for w in res["warnings"] if w.startswith("member_id:")]
     assert "member_id or member_id_env" in w
     assert f"warning: {w}" in out.stderr.splitlines()
+
+
+def test_the_coordinator_key_comes_from_a_file_or_a_variable_never_the_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "worker.key").write_text("key-from-file\n")
+    coord = {"addr": "127.0.0.1:7443", "api_key_file": "worker.key"}
+    cfg = parse_config({"policies": {"coordinator": coord}}, base=tmp_path)
+    assert cfg.coordinator is not None and cfg.coordinator.api_key == "key-from-file"
+    assert "key-from-file" not in repr(cfg)
+    monkeypatch.setenv("WORKER_KEY", "key-from-env")
+    coord = {"addr": "127.0.0.1:7443", "api_key_env": "WORKER_KEY"}
+    cfg = parse_config({"policies": {"coordinator": coord}})
+    assert cfg.coordinator is not None and cfg.coordinator.api_key == "key-from-env"
+    for extra, field in [
+        ({"api_key_env": "UNSET_VAR_X"}, "policies.coordinator.api_key_env"),
+        ({"api_key_file": "none.key"}, "policies.coordinator.api_key_file"),
+        (
+            {"api_key_env": "WORKER_KEY", "api_key_file": "worker.key"},
+            "policies.coordinator.api_key_file",
+        ),
+        ({"ca": "none.pem"}, "policies.coordinator.ca"),
+        ({"api_key": "clear"}, "policies.coordinator.api_key"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            parse_config(
+                {"policies": {"coordinator": {"addr": "127.0.0.1:7443", **extra}}}, base=tmp_path
+            )
+        assert info.value.field == field, str(info.value)

@@ -74,7 +74,7 @@ def test_round_trip(msg: Any) -> None:
 # added at the end
 # (PREVIOUS: still decoded, with those fields empty). A change here is a wire change: add
 # fields at the end (the decoder keeps reading the shape before), or bump SCHEMA_VERSION.
-PREVIOUS = [
+PREVIOUS: list[tuple[Any, str]] = [
     (
         ReportBatch.of(
             "w1",
@@ -120,18 +120,16 @@ PREVIOUS = [
 ]
 
 
-PINNED = [
+PINNED: list[tuple[Any, str]] = [
     (
-        dataclasses.replace(  # type: ignore[type-var]
-            PREVIOUS[0][0], heard_batch=9, since_ages=(3, 0)
-        ),
+        dataclasses.replace(PREVIOUS[0][0], heard_batch=9, since_ages=(3, 0)),
         "9c03a77265706f727473a2773105029293a461636d65a9726561645f696f70730393a461636d65b3636c"
         "69656e745f6567726573735f627974657301c41007000000000000000100000000000000c41003000000"
         "0000000000feffffffffffffc41004000000000000000000000000000000c41005000000000000000100"
         "00000000000009c41003000000000000000000000000000000",
     ),
     (
-        dataclasses.replace(PREVIOUS[1][0], floors_ppm=(125_000,)),  # type: ignore[type-var]
+        dataclasses.replace(PREVIOUS[1][0], floors_ppm=(125_000,)),
         "dc001103a9736e617073686f7473a26f310503cf000000e8d4a510009193a461636d65a9726561645f69"
         "6f707303c4080500000000000000c4080900000000000000c4087800000000000000c408070000000000"
         "0000c4080200000000000000c40890d0030000000000c4080400000000000000919393a461636d65b363"

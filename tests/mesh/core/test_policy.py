@@ -15,7 +15,8 @@ from mesh.core.policy import (
     TenantRatePolicy,
     Unit,
 )
-from mesh.errors import ConfigError, ConfigTypeError, MeshError
+from mesh.errors import ConfigError, MeshError
+from ratemesh import errors as shared
 from tests.mesh._helpers import policy
 
 GOOD: dict[str, Any] = dict(
@@ -43,33 +44,34 @@ def test_units_by_metric() -> None:
 @pytest.mark.parametrize(
     "change, field, exc",
     [
-        ({"target_rate": -1}, "target_rate", ConfigError),
-        ({"target_rate": 0}, "target_rate", ConfigError),
-        ({"global_burst": 0}, "global_burst", ConfigError),
-        ({"local_burst_cap": 0}, "local_burst_cap", ConfigError),
-        ({"metric": "read_ops"}, "metric", ConfigError),
-        ({"metric": 7}, "metric", ConfigTypeError),
-        ({"mode": "eventual"}, "mode", ConfigError),
-        ({"generation": 0}, "generation", ConfigError),
-        ({"generation": 1.0}, "generation", ConfigTypeError),
-        ({"tenant_id": ""}, "tenant_id", ConfigError),
-        ({"tenant_id": None}, "tenant_id", ConfigTypeError),
-        ({"tenant_id": "x" * 1000}, "tenant_id", ConfigError),
-        ({"target_rate": 2**64}, "target_rate", ConfigError),
-        ({"target_rate": True}, "target_rate", ConfigTypeError),
-        ({"enabled": "yes"}, "enabled", ConfigTypeError),
+        ({"target_rate": -1}, "target_rate", shared.ConfigError),
+        ({"target_rate": 0}, "target_rate", shared.ConfigError),
+        ({"global_burst": 0}, "global_burst", shared.ConfigError),
+        ({"local_burst_cap": 0}, "local_burst_cap", shared.ConfigError),
+        ({"metric": "read_ops"}, "metric", shared.ConfigError),
+        ({"metric": 7}, "metric", shared.ConfigTypeError),
+        ({"mode": "eventual"}, "mode", shared.ConfigError),
+        ({"generation": 0}, "generation", shared.ConfigError),
+        ({"generation": 1.0}, "generation", shared.ConfigTypeError),
+        ({"tenant_id": ""}, "tenant_id", shared.ConfigError),
+        ({"tenant_id": None}, "tenant_id", shared.ConfigTypeError),
+        ({"tenant_id": "x" * 1000}, "tenant_id", shared.ConfigError),
+        ({"target_rate": 2**64}, "target_rate", shared.ConfigError),
+        ({"target_rate": True}, "target_rate", shared.ConfigTypeError),
+        ({"enabled": "yes"}, "enabled", shared.ConfigTypeError),
     ],
 )
 def test_bad_policy_names_the_field(
-    change: dict[str, Any], field: str, exc: type[ConfigError]
+    change: dict[str, Any], field: str, exc: type[shared.ConfigError]
 ) -> None:
+    """The model is shared with governord, so it raises the shared family."""
     with pytest.raises(exc) as info:
         TenantRatePolicy(**{**GOOD, **change})
     assert info.value.field == field
 
 
 def test_unknown_metric_error_lists_the_choices() -> None:
-    with pytest.raises(ConfigError, match="read_iops"):
+    with pytest.raises(shared.ConfigError, match="read_iops"):
         TenantRatePolicy(**{**GOOD, "metric": "iops"})
 
 
@@ -84,7 +86,7 @@ def test_unknown_metric_error_lists_the_choices() -> None:
 )
 def test_from_dict_names_where(data: object, field: str) -> None:
     with pytest.raises(MeshError) as info:
-        TenantRatePolicy.from_dict(data, where="policies[0]")
+        TenantRatePolicy.from_dict(data, where="policies[0]", error=ConfigError)
     assert info.value.field == field
 
 
@@ -124,3 +126,17 @@ def test_default_tenant_applies_to_tenants_without_their_own() -> None:
     # The vip has its own policies: the default's generation does not resolve for it.
     assert c.get(RateKey("vip", Metric.READ_IOPS, 1)).target_rate == 500  # type: ignore[union-attr]
     assert c.current("someone", Metric.CLIENT_EGRESS_BYTES) is None
+
+
+def test_a_removal_falls_back_to_the_default_and_keeps_old_generations_resolvable() -> None:
+    c = PolicyCache([policy("a", gen=1, rate=10), policy(DEFAULT_TENANT, gen=1, rate=99)])
+    assert c.remove("a", Metric.READ_IOPS, 2)
+    fallback = c.current("a", Metric.READ_IOPS)
+    assert fallback is not None and fallback.target_rate == 99  # the default tenant's, now
+    assert c.get(RateKey("a", Metric.READ_IOPS, 1)).target_rate == 10  # type: ignore[union-attr]
+    version = c.version
+    assert not c.remove("a", Metric.READ_IOPS, 2)  # the same tombstone again: nothing
+    assert not c.put(policy("a", gen=1, rate=10)) and c.version == version
+    c.put(policy("a", gen=3, rate=5))  # a put newer than the removal is current again
+    assert c.current("a", Metric.READ_IOPS).target_rate == 5  # type: ignore[union-attr]
+    assert not c.remove("a", Metric.READ_IOPS, 2)  # an older tombstone changes nothing

@@ -1,22 +1,67 @@
-"""TenantRatePolicy and RateKey: what is limited, and the key each limit is metered under."""
+"""The one policy model both planes use (issue 13): TenantRatePolicy, the metrics and modes it
+names, and RateKey, the key each limit is metered under.
+
+The mesh meters a policy; governord stores its generations durably and hands them to the
+nodes. Both import it from here, so a generation means the same thing on both sides. A bad
+value raises `ratemesh.errors.ConfigError` naming the field (`from_dict` re-homes it in the
+family its caller names: the mesh's `ConfigError`, or `MessageError` for a peer's message).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, NamedTuple
 
-from mesh.core._validate import check_bool, check_choice, check_int, check_str, rename
-from mesh.core.policy._metric import Metric, Mode
-from mesh.errors import ConfigError, MeshError
+from ratemesh.checks import check_bool, check_choice, check_int, check_str, rename
+from ratemesh.errors import ConfigError, RatemeshError
 
-__all__ = ["RateKey", "TenantRatePolicy", "DEFAULT_TENANT"]
+__all__ = [
+    "DEFAULT_TENANT",
+    "POLICY_FIELDS",
+    "Metric",
+    "Mode",
+    "RateKey",
+    "TenantRatePolicy",
+    "Unit",
+]
+
+
+class Unit(StrEnum):
+    UNITS = "units"  # requests (IOPS): one admission is one unit
+    BYTES = "bytes"  # transfer: admissions are charged per chunk
+
+
+class Metric(StrEnum):
+    """Seed 004's metrics. A StrEnum so a member hashes and compares like its name."""
+
+    READ_IOPS = "read_iops"
+    CLIENT_EGRESS_BYTES = "client_egress_bytes"
+    ORIGIN_READ_BYTES = "origin_read_bytes"
+    WRITE_IOPS = "write_iops"
+    CLIENT_INGRESS_BYTES = "client_ingress_bytes"
+    ORIGIN_WRITE_BYTES = "origin_write_bytes"
+
+    @property
+    def unit(self) -> Unit:
+        return _UNITS[self]
+
+
+_UNITS = {m: Unit.BYTES if m.value.endswith("_bytes") else Unit.UNITS for m in Metric}
+
+
+class Mode(StrEnum):
+    """How far a limit is coordinated (seed 002), each with the bound it discloses."""
+
+    LOCAL = "local"
+    SHARE = "share"
+    GLOBAL = "global"
+    STRICT = "strict"
+
 
 # A policy for this tenant id applies to every tenant that has no policy of its own; each
 # tenant still gets its own RateKey and its own bucket.
 DEFAULT_TENANT = "*"
-
-_METRICS = {m.value: m for m in Metric}
-_MODES = {m.value: m for m in Mode}
 
 
 class RateKey(NamedTuple):
@@ -84,6 +129,17 @@ class TenantRatePolicy:
             self.mode,
         )
 
+    def values(self) -> tuple[object, ...]:
+        """What the policy says, without its generation: two generations with equal values
+        are the same limit (a re-apply of unchanged values is no change)."""
+        return (
+            self.target_rate,
+            self.global_burst,
+            self.local_burst_cap,
+            self.enabled,
+            self.mode,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "tenant_id": self.tenant_id,
@@ -98,21 +154,17 @@ class TenantRatePolicy:
 
     @classmethod
     def from_dict(
-        cls, data: Any, *, where: str = "policy", error: type[MeshError] = ConfigError
+        cls,
+        data: Any,
+        *,
+        where: str = "policy",
+        error: type[RatemeshError] = ConfigError,
     ) -> TenantRatePolicy:
         """Build from a mapping (YAML, coordinator), naming `where.key` in any error."""
         if not isinstance(data, dict):
             raise error(where, f"must be a mapping, got {type(data).__name__}")
-        required = (
-            "tenant_id",
-            "metric",
-            "generation",
-            "target_rate",
-            "global_burst",
-            "local_burst_cap",
-        )
-        optional = ("enabled", "mode")
-        unknown = sorted(set(map(str, data)) - set(required) - set(optional))
+        required = _REQUIRED
+        unknown = sorted(set(map(str, data)) - set(POLICY_FIELDS))
         if unknown:
             raise error(f"{where}.{unknown[0]}", "unknown key")
         for name in required:
@@ -120,8 +172,22 @@ class TenantRatePolicy:
                 raise error(f"{where}.{name}", "is required")
         try:
             return cls(**data)
-        except MeshError as exc:
+        except RatemeshError as exc:
             raise rename(exc, where, error) from exc
+
+
+_METRICS = {m.value: m for m in Metric}
+_MODES = {m.value: m for m in Mode}
+_REQUIRED = (
+    "tenant_id",
+    "metric",
+    "generation",
+    "target_rate",
+    "global_burst",
+    "local_burst_cap",
+)
+# Every key a policy mapping may carry (YAML files, the coordinator's wire, governord's log).
+POLICY_FIELDS = (*_REQUIRED, "enabled", "mode")
 
 
 def _metric(value: Any) -> Metric:

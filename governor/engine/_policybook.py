@@ -1,0 +1,180 @@
+"""The mesh's policies as governord holds them: per (tenant_id, metric), its generations.
+
+governord is the mesh's policy coordinator (issue 13). Each put or removal is an event in the
+one log (``PolicyPut``, ``PolicyRemoved``), applied here live and on replay, so generations
+are allocated from durable state: they only grow per key, across restarts, and a number is
+never given to two different policies. A removal is a tombstone generation: the key's number
+keeps counting from it.
+
+Bounds: ``POLICY_KEYS_MAX`` keys (a removed key still counts: its last generation must be
+remembered), and ``POLICY_HISTORY_MAX`` generations of history per key (older ones are dropped
+from the history; the key's last generation is never forgotten).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ratemesh.errors import RatemeshError
+from ratemesh.policy import Metric, Mode, TenantRatePolicy
+
+from . import _events as ev
+
+__all__ = [
+    "POLICY_HISTORY_MAX",
+    "POLICY_KEYS_MAX",
+    "PolicyBook",
+    "PolicyKey",
+    "PolicyRecord",
+]
+
+POLICY_KEYS_MAX = 4096
+POLICY_HISTORY_MAX = 16
+
+Scope = tuple[str, Metric]
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    """One generation of a key: its policy, or None for a removal (tombstone)."""
+
+    generation: int
+    at_ms: int
+    policy: TenantRatePolicy | None
+
+
+@dataclass(slots=True)
+class PolicyKey:
+    """One (tenant_id, metric): its last generation (a policy's or a tombstone's) and its
+    recent history, oldest first."""
+
+    last: PolicyRecord
+    history: deque[PolicyRecord] = field(default_factory=lambda: deque(maxlen=POLICY_HISTORY_MAX))
+
+    @property
+    def current(self) -> TenantRatePolicy | None:
+        return self.last.policy
+
+    def find(self, generation: int) -> PolicyRecord | None:
+        return next((r for r in self.history if r.generation == generation), None)
+
+
+def policy_of(e: ev.PolicyPut) -> TenantRatePolicy:
+    return TenantRatePolicy(
+        e.tenant_id,
+        e.metric,
+        e.generation,
+        e.target_rate,
+        e.global_burst,
+        e.local_burst_cap,
+        e.enabled,
+        e.mode,
+    )
+
+
+class PolicyBook:
+    """Every key's generations, and ``revision``: the count of policy events applied, which
+    the coordinator API hands out so a watcher asks for what is newer than it has."""
+
+    def __init__(self) -> None:
+        self.revision = 0
+        self.keys: dict[Scope, PolicyKey] = {}
+
+    def last_generation(self, tenant_id: str, metric: Metric) -> int:
+        key = self.keys.get((tenant_id, metric))
+        return 0 if key is None else key.last.generation
+
+    def current(self) -> list[TenantRatePolicy]:
+        """Every key's current policy (removed keys left out), in key order."""
+        out = []
+        for scope in sorted(self.keys):
+            policy = self.keys[scope].current
+            if policy is not None:
+                out.append(policy)
+        return out
+
+    def tombstones(self) -> list[tuple[str, Metric, int]]:
+        """Every key whose last generation is a removal, in key order."""
+        return [
+            (t, m, k.last.generation)
+            for (t, m), k in sorted(self.keys.items())
+            if k.current is None
+        ]
+
+    # ---- the one code path (State.apply calls these) -------------------------------------
+
+    def put(self, e: ev.PolicyPut) -> None:
+        try:
+            policy = policy_of(e)
+        except RatemeshError as exc:  # a record the engine never wrote: refuse to load it
+            raise AssertionError(f"the stored policy is not valid: {exc}") from exc
+        self._record((e.tenant_id, e.metric), PolicyRecord(e.generation, e.at_ms, policy))
+
+    def removed(self, e: ev.PolicyRemoved) -> None:
+        self._record((e.tenant_id, e.metric), PolicyRecord(e.generation, e.at_ms, None))
+
+    def _record(self, scope: Scope, record: PolicyRecord) -> None:
+        key = self.keys.get(scope)
+        if key is None:
+            assert len(self.keys) < POLICY_KEYS_MAX, "the engine checks the bound first"
+            key = self.keys[scope] = PolicyKey(record)
+        else:
+            assert record.generation > key.last.generation, "generations only grow per key"
+            key.last = record
+        key.history.append(record)
+        self.revision += 1
+
+    # ---- snapshot -------------------------------------------------------------------------
+
+    def dump(self) -> dict[str, Any]:
+        return {
+            "revision": self.revision,
+            "keys": [
+                [t, m.value, [_dump_record(r) for r in k.history]]
+                for (t, m), k in sorted(self.keys.items())
+            ],
+        }
+
+    @classmethod
+    def load(cls, data: Any) -> PolicyBook:
+        """From ``dump``; None (a snapshot from before policies were kept) is an empty book."""
+        book = cls()
+        if data is None:
+            return book
+        book.revision = int(data["revision"])
+        for tenant_id, metric, records in data["keys"]:
+            scope = (str(tenant_id), Metric(metric))
+            loaded = [_load_record(scope, r) for r in records]
+            if not loaded:
+                raise ValueError(f"policy key {scope} has no generation")
+            key = PolicyKey(loaded[-1])
+            key.history.extend(loaded)
+            book.keys[scope] = key
+        return book
+
+
+def _dump_record(r: PolicyRecord) -> list[Any]:
+    p = r.policy
+    values = (
+        None
+        if p is None
+        else [
+            p.target_rate,
+            p.global_burst,
+            p.local_burst_cap,
+            p.enabled,
+            p.mode.value,
+        ]
+    )
+    return [r.generation, r.at_ms, values]
+
+
+def _load_record(scope: Scope, raw: list[Any]) -> PolicyRecord:
+    generation, at_ms, values = raw
+    if values is None:
+        return PolicyRecord(int(generation), int(at_ms), None)
+    rate, burst, cap, enabled, mode = values
+    policy = TenantRatePolicy(scope[0], scope[1], generation, rate, burst, cap, enabled, Mode(mode))
+    return PolicyRecord(int(generation), int(at_ms), policy)

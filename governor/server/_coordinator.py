@@ -1,0 +1,392 @@
+"""governord as the mesh's policy coordinator: the `ratemesh.coordinator.v1.Coordinator` service
+the nodes speak (Put, Remove, List, Watch, History; shapes in ``ratemesh.coordinator``).
+
+Every write is one engine step (``put_policy``/``remove_policy``: a ``PolicyPut`` or
+``PolicyRemoved`` event) and replies only after the log has committed it; a read (List, Watch,
+History) waits for the commit of everything it shows, so no node ever learns a generation
+that a governord crash could take back and give to other values. A caller names itself with an
+API key from ``coordinator.keys``: a ``worker`` key may List, Watch and read History; a
+``coordinator`` key may also Put and Remove. ``docs/policies.md`` has the rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from governor import wire
+from governor.authority import Authority
+from governor.config import CoordinatorKey
+from governor.engine import Engine, Event, GenerationConflict, PolicyPutResult
+from governor.engine import _events as ev
+from ratemesh import coordinator as cw
+from ratemesh.checks import check_int, check_keys, check_str
+from ratemesh.errors import MessageError, RatemeshError
+from ratemesh.policy import Metric, TenantRatePolicy
+
+from ._commit import CommitWaits
+from ._metrics import Metrics
+from ._status import Fail, error_fail, sha256_hex
+
+__all__ = ["CoordinatorService", "WARNED_MAX", "WATCHERS_MAX"]
+
+WATCHERS_MAX = 4096  # open Watch streams; one per node is the expected load
+WARNED_MAX = 1024  # distinct disagreement lines remembered, so each is said once
+_WRITES = ("Put", "Remove")
+
+
+class CoordinatorService:
+    def __init__(
+        self,
+        authority: Authority,
+        commits: CommitWaits,
+        keys: tuple[CoordinatorKey, ...],
+        metrics: Metrics,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.authority = authority
+        self.commits = commits
+        self.metrics = metrics
+        self._keys = {k.key_sha256: k for k in keys}
+        self._loop = loop
+        self._changed = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self.watchers = 0
+        # What open watches declare they load from their own files: (tenant, metric,
+        # generation) -> watch id -> (member id, policy). A put that would give one of these
+        # generations other values is refused at the pusher. Bounded: WATCHERS_MAX watches,
+        # SNAPSHOT_POLICIES_MAX declared each.
+        self._pins: dict[tuple[str, Metric, int], dict[int, tuple[str, TenantRatePolicy]]] = {}
+        self._next_watch = 0
+        self.warn: Callable[[str], None] = lambda line: None
+        self._warned: dict[str, None] = {}  # lines said already, oldest first
+        authority.event_listeners.append(self._on_event)
+
+    # ---- plumbing --------------------------------------------------------------------------
+
+    def _on_event(self, event: Event) -> None:
+        """Under the lock: a policy changed, wake the watches (they wait for its commit)."""
+        if isinstance(event, (ev.PolicyPut, ev.PolicyRemoved)):
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        old, self._changed = self._changed, asyncio.Event()
+        old.set()
+
+    def stop(self) -> None:
+        """Draining: open watches end (the nodes poll, then watch the next governord)."""
+        self._stopping.set()
+        self._wake()
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        unary: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
+            "Put": self._put,
+            "Remove": self._remove,
+            "List": self._list,
+            "History": self._history,
+        }
+        rpcs: dict[str, grpc.RpcMethodHandler] = {
+            name: grpc.unary_unary_rpc_method_handler(self._unary(name, fn))
+            for name, fn in unary.items()
+        }
+        rpcs["Watch"] = grpc.unary_stream_rpc_method_handler(self._watch)
+        return grpc.method_handlers_generic_handler(cw.COORDINATOR_SERVICE, rpcs)
+
+    def _count(self, name: str, code: grpc.StatusCode) -> None:
+        self.metrics.calls.labels(f"coordinator.{name}", code.name).inc()
+
+    def _unary(
+        self, name: str, fn: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+    ) -> Callable[[bytes, aio.ServicerContext[bytes, bytes]], Awaitable[bytes]]:
+        async def call(request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
+            code = grpc.StatusCode.OK
+            try:
+                self._authorize(name, context)
+                reply = await fn(_body(name.lower(), request))
+            except Fail as f:
+                code = f.code
+                await context.abort(
+                    f.code, f.detail["message"], ((wire.ERROR_MD, wire.pack(f.detail)),)
+                )
+                raise  # unreachable: abort raises
+            finally:
+                self._count(name, code)
+            return cw.pack(reply)
+
+        return call
+
+    def _authorize(self, method: str, context: aio.ServicerContext[bytes, bytes]) -> None:
+        md = dict(context.invocation_metadata() or ())
+        key = md.get(cw.API_KEY_MD)
+        if key is None:
+            raise Fail(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "no_credentials",
+                f"coordinator {method} needs an API key ({cw.API_KEY_MD} metadata)",
+            )
+        if not isinstance(key, str):
+            raise Fail(grpc.StatusCode.UNAUTHENTICATED, "credentials", "the key must be text")
+        found = self._keys.get(sha256_hex(key))
+        if found is None:
+            raise Fail(grpc.StatusCode.UNAUTHENTICATED, "bad_key", "unknown coordinator API key")
+        if method in _WRITES and found.scope != "coordinator":
+            raise Fail(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "scope",
+                f"the key {found.name!r} has scope {found.scope}: it may List, Watch and read "
+                f"History; {method} needs a key of scope coordinator",
+            )
+
+    async def _step(self, fn: Callable[[Engine], Any]) -> Any:
+        result, error, seq = self.authority.step(fn)
+        await self.commits.wait(seq)
+        if error is not None:
+            raise error_fail(error)
+        return result
+
+    async def _committed_read(self, fn: Callable[[Engine], Any]) -> Any:
+        """A read of what is committed: taken under the lock, returned once the log holds
+        everything up to that moment (memory may run ahead of the record; a reply never)."""
+        result, seq = self.authority.read(lambda e: (fn(e), e.last_seq))
+        await self.commits.wait(seq)
+        return result
+
+    # ---- the calls -------------------------------------------------------------------------
+
+    async def _put(self, b: dict[str, Any]) -> dict[str, Any]:
+        _known("put", b, ("policy", "expect_generation"))
+        raw = b.get("policy")
+        if not isinstance(raw, dict):
+            raise _malformed("policy", "must be a mapping")
+        explicit = "generation" in raw
+        policy = _decode(
+            lambda: TenantRatePolicy.from_dict(
+                raw if explicit else {**raw, "generation": 1}, where="policy", error=MessageError
+            )
+        )
+        expect = _expect(b)
+
+        def put(e: Engine) -> tuple[PolicyPutResult, int]:
+            self._check_pins(e, policy, explicit)
+            out = e.put_policy(policy, allocate=not explicit, expect_generation=expect)
+            return out, e.state.policies.revision
+
+        result, revision = await self._step(put)
+        return {"policy": result.policy.to_dict(), "revision": revision, "created": result.created}
+
+    def _check_pins(self, e: Engine, policy: TenantRatePolicy, explicit: bool) -> None:
+        """Under the lock: refuse a put whose generation a watching node loads from its own
+        file with other values (the node would refuse governord's; better the pusher hears)."""
+        book = e.state.policies
+        key = book.keys.get((policy.tenant_id, policy.metric))
+        current = None if key is None else key.current
+        if not explicit and current is not None and current.values() == policy.values():
+            return  # a no-op: no generation is given
+        last = 0 if key is None else key.last.generation
+        gen = policy.generation if explicit else last + 1
+        for member, pinned in self._pins.get((policy.tenant_id, policy.metric, gen), {}).values():
+            if pinned.values() == policy.values():
+                continue
+            top = max(g for (t, m, g) in self._pins if (t, m) == (policy.tenant_id, policy.metric))
+            raise GenerationConflict(
+                "generation",
+                f"node {member or '(unnamed)'} loads {policy.tenant_id}/{policy.metric.value} "
+                f"generation {gen} from its own file with other values and would refuse this "
+                "put; let governord import that file (coordinator.policies_file), or push with "
+                f"generation {max(top, last) + 1}",
+            )
+
+    def _pin(self, member: str, declared: tuple[TenantRatePolicy, ...]) -> int:
+        self._next_watch += 1
+        wid = self._next_watch
+        for p in declared:
+            self._pins.setdefault((p.tenant_id, p.metric, p.generation), {})[wid] = (member, p)
+        return wid
+
+    def _unpin(self, wid: int, declared: tuple[TenantRatePolicy, ...]) -> None:
+        for p in declared:
+            scope = (p.tenant_id, p.metric, p.generation)
+            held = self._pins.get(scope)
+            if held is not None:
+                held.pop(wid, None)
+                if not held:
+                    del self._pins[scope]
+
+    def _disagreements(
+        self, e: Engine, member: str, declared: tuple[TenantRatePolicy, ...]
+    ) -> list[str]:
+        """Under the lock: the declared generations governord holds with other values."""
+        out = []
+        for p in declared:
+            key = e.state.policies.keys.get((p.tenant_id, p.metric))
+            record = None if key is None else key.find(p.generation)
+            if record is not None and record.policy != p:
+                out.append(
+                    f"node {member or '(unnamed)'} loads {p.tenant_id}/{p.metric.value} "
+                    f"generation {p.generation} from its file with other values than "
+                    "governord's; it refuses governord's"
+                )
+        return out
+
+    async def _remove(self, b: dict[str, Any]) -> dict[str, Any]:
+        _known("remove", b, ("tenant_id", "metric", "expect_generation"))
+        tenant_id, metric = _scope(b)
+        expect = _expect(b)
+
+        def remove(e: Engine) -> tuple[int, int]:
+            gen = e.remove_policy(tenant_id, metric, expect_generation=expect)
+            return gen, e.state.policies.revision
+
+        generation, revision = await self._step(remove)
+        return {
+            "removed": cw.Tombstone(tenant_id, metric, generation).to_wire(),
+            "revision": revision,
+        }
+
+    async def _list(self, b: dict[str, Any]) -> dict[str, Any]:
+        _known("list", b, ())
+        snap: cw.PolicySnapshot = await self._committed_read(_snapshot)
+        return snap.to_wire()
+
+    async def _history(self, b: dict[str, Any]) -> dict[str, Any]:
+        _known("history", b, ("tenant_id", "metric"))
+        tenant_id = _decode(lambda: check_str("tenant_id", b.get("tenant_id"), error=MessageError))
+        metric = b.get("metric")
+        only = None if metric is None else _decode(lambda: cw.decode_metric("metric", metric))
+
+        def history(e: Engine) -> list[dict[str, Any]]:
+            out = []
+            for (t, m), key in sorted(e.state.policies.keys.items()):
+                if t != tenant_id or (only is not None and m is not only):
+                    continue
+                for r in key.history:
+                    entry = cw.HistoryEntry(t, m, r.generation, r.at_ms, r.policy)
+                    out.append(entry.to_wire())
+            return out
+
+        return {"history": await self._committed_read(history)}
+
+    async def _watch(
+        self, request: bytes, context: aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
+        code = grpc.StatusCode.OK
+        try:
+            self._authorize("Watch", context)
+            b = _body("watch", request)
+            _known("watch", b, ("after_revision", "declared", "member_id"))
+            after = _decode(
+                lambda: check_int("after_revision", b.get("after_revision", 0), error=MessageError)
+            )
+            member = b.get("member_id", "")
+            if member:
+                member = _decode(lambda: check_str("member_id", member, error=MessageError))
+            declared = _declared(b.get("declared", []))
+            if self.watchers >= WATCHERS_MAX:
+                raise Fail(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    "busy",
+                    f"governord serves {WATCHERS_MAX} watches (WATCHERS_MAX); poll List",
+                )
+            self.watchers += 1
+            wid = self._pin(member, declared)
+            try:
+                for line in self.authority.read(lambda e: self._disagreements(e, member, declared)):
+                    if line not in self._warned:  # a node that reconnects says it once
+                        self._warned[line] = None
+                        while len(self._warned) > WARNED_MAX:
+                            del self._warned[next(iter(self._warned))]
+                        self.warn(line)
+                async for snap in self._snapshots(after):
+                    yield cw.pack(snap.to_wire())
+            finally:
+                self._unpin(wid, declared)
+                self.watchers -= 1
+        except Fail as f:
+            code = f.code
+            await context.abort(
+                f.code, f.detail["message"], ((wire.ERROR_MD, wire.pack(f.detail)),)
+            )
+        finally:
+            self._count("Watch", code)
+
+    async def _snapshots(self, after: int) -> AsyncIterator[cw.PolicySnapshot]:
+        """The current snapshot at once (the watcher knows its stream is open, and catches up
+        whatever its revision), then one whenever the revision moves past the last sent."""
+        first = True
+        while not self._stopping.is_set():
+            changed = self._changed
+            snap: cw.PolicySnapshot = await self._committed_read(_snapshot)
+            if first or snap.revision != after:
+                first = False
+                after = snap.revision
+                yield snap
+                continue
+            waits = (
+                asyncio.ensure_future(changed.wait()),
+                asyncio.ensure_future(self._stopping.wait()),
+            )
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+
+
+def _snapshot(e: Engine) -> cw.PolicySnapshot:
+    book = e.state.policies
+    removed = tuple(cw.Tombstone(t, m, g) for t, m, g in book.tombstones())
+    return cw.PolicySnapshot(book.revision, tuple(book.current()), removed)
+
+
+def _malformed(field: str, message: str) -> Fail:
+    return Fail(grpc.StatusCode.INVALID_ARGUMENT, "malformed", f"{field}: {message}", field=field)
+
+
+def _decode(fn: Callable[[], Any]) -> Any:
+    """Run a check of a caller's value; its complaint becomes INVALID_ARGUMENT naming the field."""
+    try:
+        return fn()
+    except RatemeshError as exc:
+        raise _malformed(exc.field, exc.problem) from exc
+
+
+def _body(what: str, raw: bytes) -> dict[str, Any]:
+    obj = _decode(lambda: cw.unpack(raw, what))
+    if not isinstance(obj, dict):
+        raise _malformed(what, "the request must be a mapping")
+    return obj
+
+
+def _known(what: str, body: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    _decode(lambda: check_keys(what, body, allowed, error=MessageError))
+
+
+def _expect(b: dict[str, Any]) -> int | None:
+    value = b.get("expect_generation")
+    if value is None:
+        return None
+    return int(_decode(lambda: check_int("expect_generation", value, error=MessageError)))
+
+
+def _declared(raw: Any) -> tuple[TenantRatePolicy, ...]:
+    if not isinstance(raw, list):
+        raise _malformed("declared", "must be a list of policies")
+    if len(raw) > cw.SNAPSHOT_POLICIES_MAX:
+        raise _malformed("declared", f"at most {cw.SNAPSHOT_POLICIES_MAX} policies")
+    out = []
+    for i, p in enumerate(raw):
+        try:
+            out.append(TenantRatePolicy.from_dict(p, where=f"declared[{i}]", error=MessageError))
+        except RatemeshError as exc:
+            raise _malformed(exc.field, exc.problem) from exc
+    return tuple(out)
+
+
+def _scope(b: dict[str, Any]) -> tuple[str, Metric]:
+    tenant_id = _decode(lambda: check_str("tenant_id", b.get("tenant_id"), error=MessageError))
+    metric = _decode(lambda: cw.decode_metric("metric", b.get("metric")))
+    return str(tenant_id), metric

@@ -1,0 +1,139 @@
+"""What `mesh policy apply` would change: the diff of a policies file against governord's
+current policies, with the generation each change gets (pure: no I/O, tested alone)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from mesh.core.policy import Metric, TenantRatePolicy
+from mesh.errors import ConfigError
+
+__all__ = ["Change", "Diff", "compute_diff", "policy_values"]
+
+_VALUES = ("target_rate", "global_burst", "local_burst_cap", "enabled", "mode")
+
+
+@dataclass(slots=True)
+class Change:
+    kind: str  # added | changed | removed
+    tenant_id: str
+    metric: Metric
+    generation: int  # the generation it gets (a removal: its tombstone's)
+    base: int  # the key's last generation the change was computed against (0: none)
+    policy: TenantRatePolicy | None  # None for a removal
+    was: TenantRatePolicy | None = None
+    explicit: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "tenant_id": self.tenant_id,
+            "metric": self.metric.value,
+            "generation": self.generation,
+        }
+        if self.was is not None:
+            out["from_generation"] = self.was.generation
+        if self.policy is not None:
+            out["policy"] = self.policy.to_dict()
+        if self.was is not None and self.policy is not None:
+            out["changes"] = {
+                k: [_plain(getattr(self.was, k)), _plain(getattr(self.policy, k))]
+                for k in _VALUES
+                if getattr(self.was, k) != getattr(self.policy, k)
+            }
+        return out
+
+    def line(self) -> str:
+        name = f"{self.tenant_id}/{self.metric.value}"
+        if self.kind == "added":
+            assert self.policy is not None
+            return f"+ {name}  generation {self.generation}: {policy_values(self.policy)}"
+        if self.kind == "removed":
+            assert self.was is not None
+            return (
+                f"- {name}  generation {self.was.generation} removed "
+                f"(tombstone generation {self.generation})"
+            )
+        assert self.policy is not None and self.was is not None
+        moved = ", ".join(
+            f"{k} {_plain(getattr(self.was, k))} -> {_plain(getattr(self.policy, k))}"
+            for k in _VALUES
+            if getattr(self.was, k) != getattr(self.policy, k)
+        )
+        return f"~ {name}  generation {self.was.generation} -> {self.generation}: {moved}"
+
+
+@dataclass(slots=True)
+class Diff:
+    revision: int
+    changes: list[Change] = field(default_factory=list)
+    unchanged: int = 0
+    kept: list[str] = field(default_factory=list)  # keys not in the file, left alone
+
+    def of(self, kind: str) -> list[Change]:
+        return [c for c in self.changes if c.kind == kind]
+
+
+def _plain(v: Any) -> Any:
+    return v.value if isinstance(v, Enum) else v
+
+
+def policy_values(p: TenantRatePolicy) -> str:
+    return ", ".join(f"{k} {_plain(getattr(p, k))}" for k in _VALUES)
+
+
+def compute_diff(
+    desired: list[tuple[TenantRatePolicy, bool]],
+    current: list[TenantRatePolicy],
+    last: dict[tuple[str, Metric], int],
+    revision: int,
+    *,
+    prune: bool,
+) -> Diff:
+    """What applying `desired` to governord's `current` (with each key's `last` generation,
+    tombstones included) changes. A file's explicit generation below governord's current
+    would silently not become current: refused here, naming the key."""
+    have = {(p.tenant_id, p.metric): p for p in current}
+    diff = Diff(revision)
+    named = set()
+    for policy, explicit in desired:
+        scope = (policy.tenant_id, policy.metric)
+        named.add(scope)
+        was = have.get(scope)
+        base = last.get(scope, 0)
+        name = f"{policy.tenant_id}/{policy.metric.value}"
+        if explicit and was is not None and policy.generation == was.generation:
+            if policy != was:
+                raise ConfigError(
+                    f"{name}.generation",
+                    f"generation {policy.generation} is governord's current with other values "
+                    f"({policy_values(was)}); leave generation out to push these as {base + 1}",
+                )
+            diff.unchanged += 1
+            continue
+        if explicit and policy.generation <= base:
+            raise ConfigError(
+                f"{name}.generation",
+                f"generation {policy.generation} is not above governord's last ({base}); "
+                f"leave generation out to push these values as {base + 1}",
+            )
+        if not explicit and was is not None and was.values() == policy.values():
+            diff.unchanged += 1
+            continue
+        generation = policy.generation if explicit else base + 1
+        stored = TenantRatePolicy.from_dict(
+            {**policy.to_dict(), "generation": generation}, error=ConfigError
+        )
+        kind = "added" if was is None else "changed"
+        diff.changes.append(
+            Change(kind, policy.tenant_id, policy.metric, generation, base, stored, was, explicit)
+        )
+    for scope in sorted(set(have) - named):
+        p = have[scope]
+        if prune:
+            base = last.get(scope, p.generation)
+            diff.changes.append(Change("removed", p.tenant_id, p.metric, base + 1, base, None, p))
+        else:
+            diff.kept.append(f"{p.tenant_id}/{p.metric.value}")
+    return diff
