@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mesh.core.config import PARTITION_FLOOR_MS
 from mesh.core.policy import Metric
 from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.checks import check_bool, check_keys, check_number
@@ -125,8 +126,8 @@ class Fleet:
     sync_interval_ms: int = 5
     snapshot_ttl_ms: int = 20
     lb_skew: float = 0.0  # worker i gets load in proportion to (i+1) ** -lb_skew
-    # CoreConfig.partition_floor_ms (docs/partitions.md); 0, the default, leaves floors off
-    partition_floor_ms: int = 0
+    # CoreConfig.partition_floor_ms (docs/partitions.md): floors on by default; 0 turns off
+    partition_floor_ms: int = PARTITION_FLOOR_MS
 
 
 @dataclass(frozen=True)
@@ -301,7 +302,7 @@ def parse(data: Any, *, where: str = "") -> Scenario:
         snapshot_ttl_ms=ff.num("snapshot_ttl_ms", 20, minimum=1, maximum=60_000, integer=True),
         lb_skew=ff.num("lb_skew", 0.0, maximum=10),
         partition_floor_ms=ff.num(
-            "partition_floor_ms", 0, minimum=0, maximum=600_000, integer=True
+            "partition_floor_ms", PARTITION_FLOOR_MS, minimum=0, maximum=600_000, integer=True
         ),
     )
     ff.done()

@@ -23,12 +23,10 @@ FLOOR_RECENT_LEASES = 2
 # sparse reporter's rate, short enough that an old burst of use is soon not escrowed.
 FLOOR_WINDOW_LEASES = 8
 FLOOR_GRAINS = 4
-# The span of a cut-off worker's floor a deployment should set to turn floors on: below
-# membership's failure detection (the etcd lease, 5 s by default), so the floor has ended
-# before the ring can drop the member and its owner stop escrowing it (docs/partitions.md).
-# Floors are off by default (partition_floor_ms 0): the stateful test found a floor above
-# its escrow after a cut that followed a healed one ("Known gap" in docs/partitions.md), so
-# the argument there does not hold as built until that is fixed.
+# The span of a cut-off worker's floor, the default: below membership's failure detection
+# (the etcd lease, 5 s by default), so the floor has ended before the ring can drop the
+# member and its owner stop escrowing it (docs/partitions.md). Set it lower with a shorter
+# lease; 0 turns floors off.
 PARTITION_FLOOR_MS = 2000
 
 
@@ -73,7 +71,7 @@ class CoreConfig:
     # spends its floor (the least of its share, R / ring members and 4x its recent usage)
     # for at most this long, and the owner charges the key an escrow for it. 0: no floor, a
     # cut-off view admits nothing.
-    partition_floor_ms: int = 0  # off; PARTITION_FLOOR_MS turns floors on
+    partition_floor_ms: int = PARTITION_FLOOR_MS
 
     def __post_init__(self) -> None:
         for f in fields(self):

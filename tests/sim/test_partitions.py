@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from mesh.core.config import PARTITION_FLOOR_MS
 from sim.runner import run
 from sim.scenario import load, parse
 
@@ -68,9 +69,8 @@ def test_floors_cost_sparse_reporters_nothing(name: str) -> None:
     seed = 0
     print(f"seed {seed}")
     sc = load(name)
-    assert sc.fleet.partition_floor_ms == 0  # off by default: turned on here
-    off = sc
-    sc = dataclasses.replace(sc, fleet=dataclasses.replace(sc.fleet, partition_floor_ms=2000))
+    assert sc.fleet.partition_floor_ms == PARTITION_FLOOR_MS  # on by default: turned off here
+    off = dataclasses.replace(sc, fleet=dataclasses.replace(sc.fleet, partition_floor_ms=0))
     on_m = run(sc, seed, ["mesh"])[0]["strategies"]["mesh"]
     off_m = run(off, seed, ["mesh"])[0]["strategies"]["mesh"]
     assert on_m["within_bound"], (seed, on_m)

@@ -265,8 +265,14 @@ class Owner:
         replied: dict[RateKey, KeyState] = {}
         refused: dict[RateKey, RejectReason] = {}
         units = dups = 0
-        ages = batch.since_ages if floors and batch.since_ages else (-1,) * len(batch.keys)
         row_slack = self.escrows.row_slack() if floors else 0
+        # Ages not said (a worker one release behind): its floor waits from its last word,
+        # which the owner took as the batch's arrival then; so do we.
+        ages = (
+            (batch.since_ages or (row_slack,) * len(batch.keys))
+            if floors
+            else (-1,) * len(batch.keys)
+        )
         for key, seq, delta, denied, floor, age in zip(
             batch.keys,
             batch.sequences,

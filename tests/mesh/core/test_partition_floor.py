@@ -224,10 +224,10 @@ def test_the_floor_follows_recent_usage_and_never_exceeds_the_escrow(seed: int) 
     assert 0 < v.floor_ppm <= e.part_ppm, (seed, v.floor_ppm, e)
 
 
-def test_the_floor_is_off_by_default_and_its_span_is_below_failure_detection() -> None:
-    """Off until the floor <= escrow gap the stateful test found is closed (issue 12's note);
-    the span to set is shorter than the node's default membership failure detection."""
-    assert CoreConfig().partition_floor_ms == 0
+def test_the_floor_is_on_by_default_and_its_span_is_below_failure_detection() -> None:
+    """The default span is shorter than the node's default membership failure detection
+    (the etcd lease, 5 s), so a floor ends before the ring can drop its member."""
+    assert CoreConfig().partition_floor_ms == PARTITION_FLOOR_MS
     assert 0 < PARTITION_FLOOR_MS < 5_000
 
 
