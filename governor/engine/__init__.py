@@ -5,6 +5,7 @@ clock. The driver (``governor.authority``) holds the one lock around each call a
 emitted event durable before the caller hears back.
 """
 
+from ._bucket import Rate
 from ._codec import decode_value, encode_value
 from ._core import EventSink
 from ._engine import Engine
@@ -31,9 +32,12 @@ from ._types import (
     NODE_TRANSITIONS,
     SESSION_TRANSITIONS,
     AdaptiveConfig,
+    BlockEnd,
     Clock,
     Consumed,
     Created,
+    CreditGrant,
+    CreditReturn,
     Defaults,
     Denial,
     DenyReason,
@@ -58,10 +62,13 @@ __all__ = [
     "SNAPSHOT_FORMAT",
     "AccessError",
     "AdaptiveConfig",
+    "BlockEnd",
     "CallerError",
     "Clock",
     "Consumed",
     "Created",
+    "CreditGrant",
+    "CreditReturn",
     "Defaults",
     "Denial",
     "DenyReason",
@@ -82,6 +89,7 @@ __all__ = [
     "NotOwner",
     "OutOfScope",
     "Queued",
+    "Rate",
     "RecordError",
     "Released",
     "RequestIdReused",

@@ -17,7 +17,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import _events as ev
+from ._bucket import Rate
 from ._core import EventSink, _caps, _ident, _int, _name
+from ._credit import CreditMixin, check_rates
 from ._errors import (
     InvalidArgument,
     LogGap,
@@ -49,7 +51,7 @@ from ._types import (
 __all__ = ["Engine"]
 
 
-class Engine(LeasingMixin, HousekeepingMixin):
+class Engine(CreditMixin, LeasingMixin, HousekeepingMixin):
     """The tree of caps and leases, the fair queue and the adaptive limits, behind one lock."""
 
     def __init__(
@@ -178,12 +180,14 @@ class Engine(LeasingMixin, HousekeepingMixin):
         deadline_ms: int | None = None,
         defaults: Defaults | None = None,
         request_id: str | None = None,
+        rates: dict[str, Rate] | None = None,
     ) -> Created | Denial:
         """A child of ``parent_id``; what is not given comes from the parent's defaults."""
         now = self._advance()
         session = self._caller(session_id)
         _name("name", name)
         q, lim = _caps("quotas", quotas), _caps("limits", limits)
+        rated = check_rates("rates", rates)
         if weight is not None:
             _int("weight", weight, 1)
         if priority is not None:
@@ -202,7 +206,7 @@ class Engine(LeasingMixin, HousekeepingMixin):
             priority,
             deadline_ms,
             defaults,
-        )
+        ) + ((rated,) if rated else ())
         tag, hit = self._recall(session, request_id, fp)
         if hit is not None:
             return hit  # type: ignore[return-value]
@@ -226,6 +230,7 @@ class Engine(LeasingMixin, HousekeepingMixin):
                 defaults if defaults is not None else inherited.children,
                 session_id,
                 tag,
+                rated,
             )
         )
         self._advance()

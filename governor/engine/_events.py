@@ -7,9 +7,10 @@ and purges of old tombstones are deliberately not events (see the module docs of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from ._bucket import Rate
 from ._codec import decode_value, encode_value
 from ._errors import UnknownEventKind
 from ._types import AdaptiveConfig, Defaults, LeaseEnd, NodeState, RequestTag
@@ -32,6 +33,9 @@ __all__ = [
     "SessionExpired",
     "SessionOpened",
     "WeightSet",
+    "RateSet",
+    "CreditGranted",
+    "CreditReturned",
     "decode_event",
     "encode_event",
 ]
@@ -76,6 +80,7 @@ class NodeCreated:
     defaults: Defaults | None
     session_id: int | None
     request: RequestTag | None
+    rates: dict[str, Rate] = field(default_factory=dict)  # absent in logs from before rates
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +201,45 @@ class LimitAdjusted:
     limit: int
 
 
+@dataclass(frozen=True, slots=True)
+class RateSet:
+    """A quota node's rate for one resource set (or with ``None`` removed); see ``_bucket``."""
+
+    seq: int
+    at_ms: int
+    node_id: int
+    resource: str
+    rate: Rate | None
+    session_id: int | None
+    request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class CreditGranted:
+    """A credit block charged to its node and every ancestor (caps and rated buckets), logged
+    before the worker hears of it."""
+
+    seq: int
+    at_ms: int
+    block_id: int
+    session_id: int
+    node_id: int
+    resource: str
+    units: int
+    expires_ms: int
+    request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class CreditReturned:
+    """The unused units of a live block came back: applied once per block id."""
+
+    seq: int
+    at_ms: int
+    block_id: int
+    unused: int
+
+
 Event = (
     SessionOpened
     | SessionClosed
@@ -212,6 +256,9 @@ Event = (
     | LeaseEnded
     | AdaptiveSet
     | LimitAdjusted
+    | RateSet
+    | CreditGranted
+    | CreditReturned
 )
 
 EVENT_KINDS: dict[str, type[Any]] = {
@@ -232,6 +279,9 @@ EVENT_KINDS: dict[str, type[Any]] = {
         LeaseEnded,
         AdaptiveSet,
         LimitAdjusted,
+        RateSet,
+        CreditGranted,
+        CreditReturned,
     )
 }
 

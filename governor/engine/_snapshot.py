@@ -10,12 +10,15 @@ from collections import OrderedDict
 from typing import Any
 
 from ._codec import decode_value, encode_value
+from ._creditbook import dump_credit, load_credit
 from ._errors import SnapshotMismatch
 from ._state import ROOT_ID, AdaptiveState, Lease, Node, Session, State, Tombstone
 from ._types import (
     AdaptiveConfig,
     Consumed,
     Created,
+    CreditGrant,
+    CreditReturn,
     Defaults,
     Edited,
     EngineConfig,
@@ -32,6 +35,7 @@ FORMAT = "governor-snapshot/1"
 _RESULTS: dict[str, type[Any]] = {
     c.__name__: c for c in (Consumed, Created, Edited, Granted, Released)
 }
+_RESULTS.update({c.__name__: c for c in (CreditGrant, CreditReturn)})
 
 
 def _ints(d: dict[str, int]) -> dict[str, int]:
@@ -101,6 +105,7 @@ def dump_state(state: State) -> dict[str, Any]:
             ]
             for cls, a in sorted(state.adaptive.items())
         ],
+        "credit": dump_credit(state.credit),
     }
 
 
@@ -191,4 +196,6 @@ def _load(data: dict[str, Any], config: EngineConfig) -> State:
             int(busy_ms),
             None if busy_since_ms is None else int(busy_since_ms),
         )
+    if "credit" in data:  # a snapshot from before credit blocks has none
+        state.credit = load_credit(data["credit"])
     return state

@@ -13,12 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _events as ev
+from ._creditbook import CreditBook
 from ._types import (
     NODE_TRANSITIONS,
     SESSION_TRANSITIONS,
     AdaptiveConfig,
     Consumed,
     Created,
+    CreditGrant,
+    CreditReturn,
     Defaults,
     Edited,
     EngineConfig,
@@ -33,7 +36,7 @@ from ._types import (
 __all__ = ["AdaptiveState", "Lease", "Node", "ROOT_ID", "Session", "State", "Tombstone"]
 
 ROOT_ID = 1
-Result = Consumed | Granted | Released | Created | Edited
+Result = Consumed | Granted | Released | Created | Edited | CreditGrant | CreditReturn
 
 
 @dataclass(slots=True)
@@ -124,6 +127,7 @@ class State:
         self.leases: dict[int, Lease] = {}
         self.tombstones: dict[int, Tombstone] = {}
         self.adaptive: dict[str, AdaptiveState] = {}
+        self.credit = CreditBook()  # rated buckets and credit blocks (see _creditbook)
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             ev.SessionOpened: self._session_opened,
             ev.SessionClosed: self._session_closed,
@@ -140,6 +144,9 @@ class State:
             ev.LeaseEnded: self._lease_ended,
             ev.AdaptiveSet: self._adaptive_set,
             ev.LimitAdjusted: self._limit_adjusted,
+            ev.RateSet: lambda e: self.credit.rate_set(self, e),
+            ev.CreditGranted: lambda e: self.credit.credit_granted(self, e),
+            ev.CreditReturned: lambda e: self.credit.credit_returned(self, e),
         }
 
     # ---- the one code path --------------------------------------------------------------
@@ -212,6 +219,7 @@ class State:
         )
         parent.children.add(e.node_id)
         self.next_node_id = max(self.next_node_id, e.node_id + 1)
+        self.credit.node_created(e.node_id, e.rates, e.at_ms)
         self.remember(e.session_id, e.request, Created(e.node_id))
 
     def _charged(self, e: ev.Charged) -> None:

@@ -66,6 +66,7 @@ def canonical(engine: Engine) -> dict[str, Any]:
             "leases": st.leases,
             "tombstones": st.tombstones,
             "adaptive": st.adaptive,
+            "credit": st.credit,
         }
     )
     return state
