@@ -1,14 +1,23 @@
 """Checking a recorded history against the envelope, from outside the system.
 
-Both checks are one pass (a maximum-subarray scan): the worst interval of a long run is
-found in time linear in the run, so a checker can judge every interval of every run.
+Both scans are one pass (a maximum-subarray scan): the worst interval of a long run is
+found in time linear in the run, so a checker can judge every interval of every run. The
+mesh's telemetry and the strict mode's checkers (tree of rated, capped nodes) share them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-__all__ = ["excess_over_times", "excess_over_windows"]
+__all__ = [
+    "Admission",
+    "cap_excess",
+    "excess_over_times",
+    "excess_over_windows",
+    "rate_excess",
+]
+
+Admission = tuple[int, int, int]  # (time in ns, node id, units): one recorded admission
 
 NS_PER_S = 1_000_000_000
 
@@ -63,3 +72,48 @@ def excess_over_times(
         if e > worst:
             worst = e
     return worst - burst
+
+
+def _subtree_units(
+    admissions: Iterable[Admission], parent_of: Mapping[int, int | None], nodes: set[int]
+) -> dict[int, list[tuple[int, int]]]:
+    """For each node of ``nodes``: (time, units) of the admissions at it or below it."""
+    out: dict[int, list[tuple[int, int]]] = {n: [] for n in nodes}
+    for t, node, units in admissions:
+        cur: int | None = node
+        seen = 0
+        while cur is not None:
+            if cur in out:
+                out[cur].append((t, units))
+            cur = parent_of.get(cur)
+            seen += 1
+            if seen > len(parent_of) + 1:
+                raise ValueError(f"parent_of: node {node}'s ancestry has a cycle")
+    return out
+
+
+def rate_excess(
+    admissions: Iterable[Admission],
+    parent_of: Mapping[int, int | None],
+    rates: Mapping[int, tuple[float, int]],
+) -> dict[int, float]:
+    """For each rated node q (rate R units/s, burst B): the largest
+    ``admitted_q(t0, t1) - R * (t1 - t0) - B`` over every interval, counting admissions at q
+    and below it. Every value <= 0 means the strict guarantee held; -inf for no admissions."""
+    by_node = _subtree_units(admissions, parent_of, set(rates))
+    out = {}
+    for node in sorted(by_node):
+        items = sorted(by_node[node])
+        rate, burst = rates[node]
+        out[node] = excess_over_times([t for t, _ in items], [u for _, u in items], rate, burst)
+    return out
+
+
+def cap_excess(
+    admissions: Iterable[Admission],
+    parent_of: Mapping[int, int | None],
+    caps: Mapping[int, int],
+) -> dict[int, int]:
+    """For each capped node: units admitted at it and below it, minus its cap (<= 0: held)."""
+    by_node = _subtree_units(admissions, parent_of, set(caps))
+    return {n: sum(u for _, u in by_node[n]) - caps[n] for n in sorted(by_node)}
