@@ -189,17 +189,31 @@ class CreditHolder:
         self.in_flight = Reserve(now, self.block_size(now))
         return self.in_flight
 
-    def granted(self, request: Reserve, block_id: int, units: int, ttl_ms: int) -> HeldBlock:
-        """The reply to ``request``: hold the block until its local expiry."""
+    def begin(self, now_ms: int, units: int) -> Reserve | None:
+        """Start a reserve of the driver's own size (a known burst ahead, say); None while
+        one is in flight or the holder is full."""
+        check_int("units", units, minimum=1)
+        now = self._at(now_ms)
+        if self.in_flight is not None or len(self.blocks) >= self.config.blocks_max:
+            return None
+        self.in_flight = Reserve(now, units)
+        return self.in_flight
+
+    def granted(
+        self, now_ms: int, request: Reserve, block_id: int, units: int, ttl_ms: int
+    ) -> HeldBlock:
+        """The reply to ``request``, arrived at ``now_ms``: hold the block until its local
+        expiry, which is timed from the request's send, not from now."""
         check_int("block_id", block_id, minimum=1)
         check_int("units", units, minimum=1)
         check_int("ttl_ms", ttl_ms, minimum=1)
         if block_id in self.blocks:
             raise ConfigError("block_id", f"block {block_id} is already held")
+        now = self._at(now_ms)
         cfg = self.config
         expires = local_expiry_ms(request.sent_at_ms, ttl_ms, cfg.rho_ppm, cfg.epsilon_ms)
         block = HeldBlock(block_id, units, units, expires)
-        if expires > self._now_ms:
+        if expires > now:
             self.blocks[block_id] = block
         elif len(self._late) < cfg.blocks_max:
             self._late.append((block_id, units))  # never spendable; governord may reuse it

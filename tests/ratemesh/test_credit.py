@@ -32,7 +32,7 @@ def test_a_block_is_spent_until_its_local_expiry_then_never() -> None:
     assert h.try_spend(0).reason == NO_CREDIT
     req = h.refill(0)
     assert req is not None and h.refill(0) is None  # one reserve in flight at a time
-    h.granted(req, 7, 5, 1_000)  # the reply came late: still timed from the send at 0
+    h.granted(400, req, 7, 5, 1_000)  # the reply came late: still timed from the send at 0
     assert h.try_spend(989, 2).admitted
     assert not h.try_spend(990).admitted  # 0 + 1000 - 10
     assert h.held(990) == 0
@@ -43,9 +43,9 @@ def test_a_spend_is_all_or_nothing_and_takes_the_earliest_block_first() -> None:
     h.try_spend(0)
     r1 = h.refill(0)
     assert r1 is not None
-    h.granted(r1, 1, 3, 500)
+    h.granted(0, r1, 1, 3, 500)
     h.in_flight = None
-    h.granted(SENT_AT_0, 2, 3, 900)
+    h.granted(0, SENT_AT_0, 2, 3, 900)
     spend = h.try_spend(10, 4)
     assert spend.admitted and spend.taken == ((1, 3), (2, 1))
     before = h.held(10)
@@ -57,7 +57,7 @@ def test_unreachable_governor_fails_closed_once_everything_has_expired() -> None
     h.try_spend(0)
     req = h.refill(0)
     assert req is not None
-    h.granted(req, 1, 2, 100)
+    h.granted(0, req, 1, 2, 100)
     again = h.refill(0)
     assert again is not None
     h.failed(again, unreachable=True)
@@ -66,7 +66,7 @@ def test_unreachable_governor_fails_closed_once_everything_has_expired() -> None
     assert not verdict.admitted and verdict.reason == GOVERNOR_UNREACHABLE
     third = h.refill(100)
     assert third is not None
-    h.granted(third, 2, 1, 100)
+    h.granted(100, third, 2, 1, 100)
     assert h.try_spend(101).admitted and not h.unreachable
 
 
@@ -76,16 +76,16 @@ def test_returns_take_spent_out_blocks_at_once_and_everything_when_idle_or_leavi
     h.try_spend(0)
     r = h.refill(0)
     assert r is not None
-    h.granted(r, 1, 1, 10_000)
+    h.granted(0, r, 1, 1, 10_000)
     h.in_flight = None
-    h.granted(SENT_AT_0, 2, 5, 10_000)
+    h.granted(0, SENT_AT_0, 2, 5, 10_000)
     assert h.try_spend(1).taken == ((1, 1),)
     assert h.take_returns(2) == [(1, 0)]
     assert h.take_returns(50) == []
     assert h.take_returns(200) == [(2, 5)]  # idle
     assert h.try_spend(201).reason == NO_CREDIT  # returned credit is never spent
     h.in_flight = None
-    h.granted(SENT_AT_0, 3, 4, 10_000)
+    h.granted(201, SENT_AT_0, 3, 4, 10_000)
     assert h.take_returns(202, leaving=True) == [(3, 4)]
 
 
@@ -94,8 +94,7 @@ def test_a_block_granted_after_its_local_expiry_is_returned_whole() -> None:
     h.try_spend(0)
     req = h.refill(0)
     assert req is not None
-    h.held(600)
-    h.granted(req, 9, 4, 500)
+    h.granted(600, req, 9, 4, 500)
     assert not h.try_spend(600).admitted
     assert h.take_returns(600) == [(9, 4)]
 
@@ -119,8 +118,8 @@ def test_block_size_and_low_water_follow_demand_within_bounds() -> None:
         (lambda h: h.try_spend(5, True), "units"),
         (lambda h: h.try_spend("0"), "now_ms"),
         (lambda h: h.try_spend(-(2**63)), "now_ms"),
-        (lambda h: h.granted(SENT_AT_0, 0, 1, 1), "block_id"),
-        (lambda h: h.granted(SENT_AT_0, 1, 1, 0), "ttl_ms"),
+        (lambda h: h.granted(5, SENT_AT_0, 0, 1, 1), "block_id"),
+        (lambda h: h.granted(5, SENT_AT_0, 1, 1, 0), "ttl_ms"),
     ],
 )
 def test_bad_input_names_the_field_and_changes_nothing(call: object, field: str) -> None:
@@ -188,7 +187,7 @@ def test_never_spends_more_than_granted_nor_after_a_local_expiry(
             req = h.in_flight
             ttl = n * 100
             granted[next_id] = (n, local_expiry_ms(req.sent_at_ms, ttl, rho_ppm, epsilon_ms))
-            h.granted(req, next_id, n, ttl)
+            h.granted(now, req, next_id, n, ttl)
             next_id += 1
         elif op == "fail" and h.in_flight is not None:
             h.failed(h.in_flight, unreachable=n % 2 == 0)
