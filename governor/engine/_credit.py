@@ -173,9 +173,8 @@ class CreditMixin(_Core):
     def credit_level(self, node_id: int, resource: str) -> tuple[int, int, Rate] | None:
         """(whole units in the bucket now, units outstanding now, its rate); None if unrated.
         For status, metrics and checkers; records nothing."""
-        now = self._advance()
         bucket = self._state.credit.buckets.get((_ident("node_id", node_id), resource))
         if bucket is None:
             return None
-        now = max(now, bucket.at_ms)
+        now = max(self._clock.now_ms(), self._now_ms, bucket.at_ms)
         return level_at(bucket, now) // MILLI, bucket.outstanding(now), bucket.rate
