@@ -147,7 +147,7 @@ class CreditLedger:
             raise CreditViolation(
                 f"C2: block {block_id} spent at {now_ms}, at or after its expiry {block.expires_ms}"
             )
-        if block.returned_ms is not None and now_ms >= block.returned_ms:
+        if block.returned_ms is not None and now_ms > block.returned_ms:  # same ms: ambiguous
             raise CreditViolation(f"C2: block {block_id} spent after its return was applied")
         block.spent += units
         if block.spent > block.units:
