@@ -116,7 +116,9 @@ class CreditMixin(_Core):
                     out = bucket.outstanding(now)
                     return Denial(DenyReason.RATE, a.id, resource, out, bucket.rate.burst, units)
                 grant = min(grant, have)
-        ttl = min(cfg.credit_ttl_ms, session.ttl_ms)
+        # a block lives no longer than its session's TTL, nor than an ended node is retained
+        # (so a live block's node is never purged, live or in a replay)
+        ttl = max(1, min(cfg.credit_ttl_ms, session.ttl_ms, cfg.retention_ms - 1))
         block_id = self._state.next_id
         self._emit(
             ev.CreditGranted(
