@@ -140,6 +140,7 @@ def test_a_block_counts_until_its_ttl_even_after_its_session_ends() -> None:
     assert w.level(node) == (0, 0)  # it stops counting now, and the refill starts now
     w.clock.advance(10)
     assert w.level(node) == (10, 0)
+    w.engine.tick()  # the reaper forgets the block
     assert g.block_id not in w.engine.state.credit.blocks
 
 
