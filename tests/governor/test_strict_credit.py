@@ -26,6 +26,7 @@ from tests.governor._stores import StoreTarget, make_target
 pytestmark = pytest.mark.slow
 
 KINDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+TENANT_RATE = (120, 60)  # tenant a, from governord.yaml
 PARENT_RATE = (100, 40)  # the strict node: 100 units/s, burst 40
 CHILD_RATE = (60, 20)  # one of its two children is rated too
 TENANT_CAP = 1000  # tenant a's "http" cap in the test config
@@ -44,6 +45,9 @@ def test_the_strict_guarantee_holds_through_a_sigkill(kind: str, tmp_path: Path)
     print(f"seed {seed}")
     for store in make_target(kind, tmp_path):
         daemon = Daemon(tmp_path, store)
+        daemon.config["tenants"]["a"]["rates"] = {
+            "http": {"per_s": TENANT_RATE[0], "burst": TENANT_RATE[1]}
+        }
         daemon.start()
         try:
             spends, nodes = asyncio.run(_run(daemon, random.Random(seed)))
@@ -113,7 +117,11 @@ def _check(store: StoreTarget, spends: list[Spend], nodes: dict[str, int], seed:
         ledger.on_spend(now_ms, session_id, block_id, units)
     # the envelope over every interval, per rated node, and the caps, from the admissions alone
     admissions = [(t * NS_PER_MS, node, units) for t, _, _, units, node in spends]
-    rates = {nodes["strict"]: PARENT_RATE, nodes["rated"]: CHILD_RATE}
+    rates = {
+        nodes["tenant"]: TENANT_RATE,
+        nodes["strict"]: PARENT_RATE,
+        nodes["rated"]: CHILD_RATE,
+    }
     excess = rate_excess(admissions, ledger.parents, rates)
     print(f"admitted {len(spends)}, blocks {ledger.granted}, returns {ledger.returned}, {excess}")
     for node_id, worst in excess.items():
