@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ratemesh.credit import CreditConfig, CreditHolder, Reserve, Spend
+from ratemesh.errors import ConfigError
 
 from ._errors import Denied, GovernorClientError, SessionLost, Unavailable
 
@@ -115,9 +116,11 @@ class StrictCredit:
             self.holder.failed(request, unreachable=False)
             raise
         else:
-            self.holder.granted(
-                _now_ms(), request, int(reply["block_id"]), int(reply["units"]), reply["ttl_ms"]
-            )
+            try:
+                block_id, units, ttl_ms = reply["block_id"], reply["units"], reply["ttl_ms"]
+                self.holder.granted(_now_ms(), request, block_id, units, ttl_ms)
+            except (KeyError, ConfigError):  # a reply that does not fit: hold nothing
+                self.holder.failed(request, unreachable=False)
             self._backoff_ms = 0
         finally:
             self._reserving = None

@@ -131,11 +131,6 @@ class CreditLedger:
                     f"{out} > burst {burst}"
                 )
 
-    def prune(self, now_ms: int, keep_ms: int) -> None:
-        """Forget blocks long expired (the ledger is bounded like the engine)."""
-        for block_id in [i for i, b in self.blocks.items() if b.expires_ms + keep_ms < now_ms]:
-            del self.blocks[block_id]
-
     # ---- against what workers spent ------------------------------------------------------
 
     def on_spend(self, now_ms: int, session_id: int, block_id: int, units: int) -> None:
