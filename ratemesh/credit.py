@@ -64,13 +64,20 @@ class CreditConfig:
     demand_window_ms: int = 5_000
     demand_samples_max: int = 1_024
     blocks_max: int = 64  # blocks held at once (governord bounds a session's too)
+    unreachable_after_ms: int = 1_000  # a reserve unanswered this long: governord unreachable
 
     def __post_init__(self) -> None:
         check_int("rho_ppm", self.rho_ppm, maximum=PPM // 4)
         check_int("epsilon_ms", self.epsilon_ms)
         check_int("block_min", self.block_min, minimum=1)
         check_int("block_max", self.block_max, minimum=self.block_min)
-        for name in ("horizon_ms", "lead_ms", "idle_ms", "demand_window_ms"):
+        for name in (
+            "horizon_ms",
+            "lead_ms",
+            "idle_ms",
+            "demand_window_ms",
+            "unreachable_after_ms",
+        ):
             check_int(name, getattr(self, name), minimum=1)
         check_int("demand_samples_max", self.demand_samples_max, minimum=1)
         check_int("blocks_max", self.blocks_max, minimum=1)
@@ -142,8 +149,7 @@ class CreditHolder:
         self._want(now, units)
         live = sorted(self.blocks.values(), key=lambda b: (b.expires_at_ms, b.block_id))
         if sum(b.left for b in live) < units:
-            reason = GOVERNOR_UNREACHABLE if self.unreachable else NO_CREDIT
-            return Spend(False, units, reason)
+            return Spend(False, units, self._why_not(now))
         need, taken = units, []
         for block in live:
             take = min(need, block.left)
@@ -154,6 +160,15 @@ class CreditHolder:
             if need == 0:
                 break
         return Spend(True, units, None, tuple(taken))
+
+    def _why_not(self, now: int) -> str:
+        """``governor_unreachable`` once a reserve failed to reach governord, or one has gone
+        unanswered for ``unreachable_after_ms``; else ``no_credit`` (a reserve is due)."""
+        request = self.in_flight
+        waited = (
+            request is not None and now - request.sent_at_ms >= self.config.unreachable_after_ms
+        )
+        return GOVERNOR_UNREACHABLE if self.unreachable or waited else NO_CREDIT
 
     # ---- reserving -----------------------------------------------------------------------
 

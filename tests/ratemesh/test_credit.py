@@ -70,6 +70,14 @@ def test_unreachable_governor_fails_closed_once_everything_has_expired() -> None
     assert h.try_spend(101).admitted and not h.unreachable
 
 
+def test_a_reserve_unanswered_too_long_says_governor_unreachable() -> None:
+    h = CreditHolder(CreditConfig(unreachable_after_ms=500))
+    assert h.try_spend(0).reason == NO_CREDIT
+    assert h.refill(0) is not None
+    assert h.try_spend(499).reason == NO_CREDIT
+    assert h.try_spend(500).reason == GOVERNOR_UNREACHABLE
+
+
 def test_returns_take_spent_out_blocks_at_once_and_everything_when_idle_or_leaving() -> None:
     cfg = CreditConfig(rho_ppm=0, epsilon_ms=0, idle_ms=100)
     h = CreditHolder(cfg)
