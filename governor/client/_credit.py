@@ -122,6 +122,11 @@ class StrictCredit:
             except (KeyError, ConfigError):  # a reply that does not fit: hold nothing
                 self.holder.failed(request, unreachable=False)
             self._backoff_ms = 0
+            if reply.get("units", 0) < request.units:
+                # a partial grant: the bucket is drained, so a reserve at once would take only
+                # what refilled in one round trip; waiting lead_ms gathers more per round trip
+                # and costs no throughput (the bucket, not the worker, is the bottleneck)
+                self._retry_at_ms = _now_ms() + self.holder.config.lead_ms
         finally:
             self._reserving = None
             old, self._changed = self._changed, asyncio.Event()
