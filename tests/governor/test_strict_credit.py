@@ -31,7 +31,7 @@ PARENT_RATE = (100, 40)  # the strict node: 100 units/s, burst 40
 CHILD_RATE = (60, 20)  # one of its two children is rated too
 TENANT_CAP = 1000  # tenant a's "http" cap in the test config
 WORKERS = 4
-RUN_S = 6.0
+RUN_S = 7.0
 KILL_AT_S = 2.0
 NS_PER_MS = 1_000_000
 # governord's clock counts whole milliseconds, so between two real instants its bucket can
@@ -74,7 +74,8 @@ async def _run(daemon: Daemon, rng: random.Random) -> tuple[list[Spend], dict[st
     async def worker(i: int) -> None:
         node = rated if i % 2 else plain
         config = CreditConfig(horizon_ms=200, lead_ms=100, idle_ms=300)
-        async with Client(daemon.addr, KEYS["KEY_A"]) as client:
+        # a session TTL well above a restart, so the workers keep their sessions through it
+        async with Client(daemon.addr, KEYS["KEY_A"], ttl_ms=10_000) as client:
             async with StrictCredit(client, node, "http", config) as credit:
                 while time.monotonic() - started < RUN_S:
                     verdict = await credit.admit(1, timeout_s=0.05)
