@@ -104,21 +104,29 @@ def _node_info(engine: Engine, node_id: int) -> dict[str, Any]:
         "deadline_ms": n.deadline_ms,
         "effective_deadline_ms": engine.effective_deadline_ms(n.id),
         "children": sorted(n.children),
-        **_credit_info(engine, n.id),
+        **_rates_info(engine, n.id),
     }
 
 
+def _rates_info(engine: Engine, node_id: int) -> dict[str, Any]:
+    """A rated node's rates (``resource -> [per_s, burst]``); nothing for an unrated one."""
+    rates = {
+        resource: [b.rate.per_s, b.rate.burst]
+        for (nid, resource), b in sorted(engine.state.credit.buckets.items())
+        if nid == node_id
+    }
+    return {"rates": rates} if rates else {}
+
+
 def _credit_info(engine: Engine, node_id: int) -> dict[str, Any]:
-    """A rated node's rates and buckets now (level and outstanding in whole units)."""
-    rates: dict[str, list[int]] = {}
-    credit: dict[str, dict[str, int]] = {}
-    for (nid, resource), bucket in sorted(engine.state.credit.buckets.items()):
-        if nid == node_id:
-            rates[resource] = [bucket.rate.per_s, bucket.rate.burst]
-            view = engine.credit_level(node_id, resource)
-            assert view is not None
-            credit[resource] = {"level": view[0], "outstanding": view[1]}
-    return {"rates": rates, "credit": credit} if rates else {}
+    """A rated node's buckets now, in whole units. Only GetNode shows them: a level moves
+    with time, so WatchNode (which streams every change) leaves it out."""
+    credit = {}
+    for resource in _rates_info(engine, node_id).get("rates", {}):
+        view = engine.credit_level(node_id, resource)
+        assert view is not None
+        credit[resource] = {"level": view[0], "outstanding": view[1]}
+    return {"credit": credit} if credit else {}
 
 
 class CallsMixin:
@@ -221,7 +229,7 @@ class CallsMixin:
 
         def get(e: Engine) -> dict[str, Any]:
             self._readable(e, who, node_id)
-            return _node_info(e, node_id)
+            return {**_node_info(e, node_id), **_credit_info(e, node_id)}
 
         info: dict[str, Any] = await self._step(get)
         return info
