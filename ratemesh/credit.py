@@ -177,6 +177,8 @@ class CreditHolder:
         self._at(now_ms)
         self._trim(now_ms)
         window = self.config.demand_window_ms
+        if len(self._demand) == self._demand.maxlen:  # full: the samples span less time
+            window = max(1, min(window, now_ms - self._demand[0][0]))
         return sum(n for _, n in self._demand) * 1000 / window
 
     def block_size(self, now_ms: int) -> int:

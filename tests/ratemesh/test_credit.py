@@ -119,6 +119,13 @@ def test_block_size_and_low_water_follow_demand_within_bounds() -> None:
     assert h.refill(20_000) is None  # idle: nothing is wanted, nothing is reserved
 
 
+def test_demand_is_measured_over_the_span_its_bounded_samples_cover() -> None:
+    h = CreditHolder(CreditConfig(demand_samples_max=100, demand_window_ms=5_000))
+    for t in range(0, 200):  # 1,000 units/s, twice as many samples as it keeps
+        h.try_spend(t)
+    assert 900 < h.demand_per_s(200) <= 1_100
+
+
 @pytest.mark.parametrize(
     "call, field",
     [
