@@ -80,6 +80,10 @@ class CreditWorkers:
     def spend(self, key: tuple[int, int, str]) -> None:
         """A short stream of admissions, the clock moving a little between them."""
         holder = self.holders[key]
+        if self.rng.random() < 0.2:  # the riskiest moment: a block's last local millisecond
+            now = self.clock.now_ms()
+            last = max((b.expires_at_ms for b in holder.blocks.values() if b.left), default=now)
+            self.clock.advance(max(0, last - 1 - now))
         for _ in range(self.rng.randint(1, 8)):
             now = self.clock.now_ms()
             verdict = holder.try_spend(now, self.rng.randint(1, 4))
