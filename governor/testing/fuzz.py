@@ -4,7 +4,8 @@ One seed decides a whole run of random operations against a live engine with a m
 After every step the nine invariants of the spec are checked: I2, I3, I6, I7, I8 from the state,
 I9 around every deliberately forbidden call, and I1, I4, I5 by an auditor on each event as it is
 emitted. Credit workers (``creditfuzz``) reserve, spend and return blocks beside them, and the
-auditor's ledger checks C1-C3 as they go and C4 over the run (``governor.testing.credit``). Now and then the run restarts (from a snapshot or from the events) and carries on.
+auditor's ledger checks C1-C3 as they go and C4 over the run (``governor.testing.credit``).
+Now and then the run restarts (from a snapshot or from the events) and carries on.
 At the end the history is replayed three ways (events only, mid-run snapshot + later events,
 final snapshot) and each result compared field by field with the live engine.
 

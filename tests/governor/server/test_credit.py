@@ -3,10 +3,14 @@ once, denials with their codes, scope, and bad input refused naming the field.""
 
 from __future__ import annotations
 
+import urllib.request
+from pathlib import Path
+
 import grpc
 import pytest
 
-from tests.governor._daemon import KEYS, Raw
+from tests.governor._daemon import KEYS, Daemon, Raw, free_port
+from tests.governor._stores import make_target
 
 A, B = KEYS["KEY_A"], KEYS["KEY_B"]
 
@@ -90,3 +94,32 @@ def test_bad_input_names_the_field_and_changes_nothing(
     assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), detail
     assert detail.get("field") == field, detail
     assert raw.ok("GetNode", {}, token=token) == before
+
+
+def test_a_rated_tenant_from_the_config_and_its_credit_metrics(tmp_path: Path) -> None:
+    port = free_port()
+    for store in make_target("sqlite", tmp_path):
+        d = Daemon(tmp_path, store, metrics=f"127.0.0.1:{port}")
+        d.config["tenants"]["a"]["rates"] = {"http": {"per_s": 0, "burst": 25}}
+        d.start()
+        r = Raw(d.addr)
+        try:
+            token = r.session(A)
+            tenant = r.ok("GetNode", {}, token=token)
+            assert tenant["rates"] == {"http": [0, 25]}
+            r.ok(
+                "ReserveCredit",
+                {"node_id": tenant["node_id"], "resource": "http", "units": 10},
+                token=token,
+            )
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+                text = page.read().decode()
+        finally:
+            r.close()
+            d.close()
+    for needle in (
+        'governor_credit_level{resource="http",tenant="a"} 15.0',
+        'governor_credit_outstanding{resource="http",tenant="a"} 10.0',
+        'governor_events_total{kind="CreditGranted"} 1.0',
+    ):
+        assert needle in text, needle
