@@ -98,9 +98,9 @@ class GovernordConfig:
     snapshot_every: int = 10_000
     root_quotas: dict[str, int] = field(default_factory=dict)
     root_limits: dict[str, int] = field(default_factory=dict)
+    root_rates: dict[str, Rate] = field(default_factory=dict)
     adaptive: dict[str, AdaptiveConfig] = field(default_factory=dict)
     tenants: tuple[TenantConfig, ...] = ()
-    root_rates: dict[str, Rate] = field(default_factory=dict)
 
     def store_kind(self) -> tuple[str, str]:
         """(``sqlite``, path), (``postgres``, dsn) or (``memory``, "") - not durable, benchmarks."""
@@ -133,6 +133,26 @@ def _caps(key: str, value: Any) -> dict[str, int]:
         _type(f"{key}", name, str, "a map with string names")
         out[name] = _pos(f"{key}.{name}", n, 0)
     return out
+
+
+def _rates(key: str, value: Any) -> dict[str, Rate]:
+    """``{resource: {per_s, burst}}``: a rated node's bucket for credit blocks."""
+    if value is None:
+        return {}
+    _type(key, value, dict, "a map of resource to {per_s, burst}")
+    out = {}
+    for name, r in value.items():
+        _type(key, name, str, "a map with string names")
+        _type(f"{key}.{name}", r, dict, "a map {per_s, burst}")
+        _keys(f"{key}.{name}", r, {"per_s", "burst"})
+        for part in ("per_s", "burst"):
+            if part not in r:
+                raise ConfigError(f"{key}.{name}.{part}", "is required")
+        out[name] = Rate(
+            _pos(f"{key}.{name}.per_s", r["per_s"], 0, RATE_PER_S_MAX),
+            _pos(f"{key}.{name}.burst", r["burst"], 1, BURST_MAX),
+        )
+    return dict(sorted(out.items()))
 
 
 def _addr(key: str, value: Any) -> str:
@@ -192,26 +212,6 @@ def _tenant(key: str, name: Any, value: Any, env: dict[str, str]) -> TenantConfi
         defaults=_defaults(f"{key}.defaults", value.get("defaults")),
         rates=_rates(f"{key}.rates", value.get("rates")),
     )
-
-
-def _rates(key: str, value: Any) -> dict[str, Rate]:
-    """``{resource: {per_s, burst}}``: a rated node's bucket for credit blocks."""
-    if value is None:
-        return {}
-    _type(key, value, dict, "a map of resource to {per_s, burst}")
-    out = {}
-    for name, r in value.items():
-        _type(key, name, str, "a map with string names")
-        _type(f"{key}.{name}", r, dict, "a map {per_s, burst}")
-        _keys(f"{key}.{name}", r, {"per_s", "burst"})
-        for part in ("per_s", "burst"):
-            if part not in r:
-                raise ConfigError(f"{key}.{name}.{part}", "is required")
-        out[name] = Rate(
-            _pos(f"{key}.{name}.per_s", r["per_s"], 0, RATE_PER_S_MAX),
-            _pos(f"{key}.{name}.burst", r["burst"], 1, BURST_MAX),
-        )
-    return dict(sorted(out.items()))
 
 
 def _adaptive(key: str, value: Any) -> AdaptiveConfig:
@@ -324,9 +324,9 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
         ),
         root_quotas=_caps("root.quotas", root.get("quotas")),
         root_limits=_caps("root.limits", root.get("limits")),
+        root_rates=_rates("root.rates", root.get("rates")),
         adaptive={str(c): _adaptive(f"adaptive.{c}", v) for c, v in adaptive_raw.items()},
         tenants=tenants,
-        root_rates=_rates("root.rates", root.get("rates")),
     )
     if not cfg.session_ttl_min_ms <= cfg.session_ttl_ms <= cfg.session_ttl_max_ms:
         raise ConfigError("session.ttl_ms", "must lie in [min_ttl_ms, max_ttl_ms]")

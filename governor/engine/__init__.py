@@ -5,7 +5,6 @@ clock. The driver (``governor.authority``) holds the one lock around each call a
 emitted event durable before the caller hears back.
 """
 
-from ._bucket import Rate
 from ._codec import decode_value, encode_value
 from ._core import EventSink
 from ._engine import Engine
@@ -49,6 +48,7 @@ from ._types import (
     ManualClock,
     NodeState,
     Queued,
+    Rate,
     Released,
     RequestTag,
     SessionState,

@@ -16,18 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["MILLI", "Bucket", "Rate", "level_at"]
+from ._types import Rate
+
+__all__ = ["MILLI", "Bucket", "level_at"]
 
 MILLI = 1000  # milliunits per unit: one ms at R units/s refills R milliunits
-
-
-@dataclass(frozen=True, slots=True)
-class Rate:
-    """R units per second, burst B units: the most any interval [t0, t1] admits is
-    ``R * (t1 - t0) + B``."""
-
-    per_s: int
-    burst: int
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ request with a margin for clock drift, stops spending before that (docs/strict.m
 from __future__ import annotations
 
 from . import _events as ev
-from ._bucket import MILLI, Rate, level_at
+from ._bucket import MILLI, level_at
 from ._core import _Core, _ident, _int, _name
 from ._errors import InvalidArgument, NotFound, NotOwner
 from ._state import ROOT_ID
@@ -23,6 +23,7 @@ from ._types import (
     DenyReason,
     Edited,
     NodeState,
+    Rate,
 )
 
 __all__ = [

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import _events as ev
-from ._bucket import MILLI, Bucket, Rate, level_at
-from ._types import CreditGrant, Edited
+from ._bucket import MILLI, Bucket, level_at
+from ._types import CreditGrant, Edited, Rate
 
 if TYPE_CHECKING:
     from ._state import State

@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import _events as ev
-from ._bucket import Rate
 from ._core import EventSink, _caps, _ident, _int, _name
 from ._credit import CreditMixin, check_rates
 from ._errors import (
@@ -45,6 +44,7 @@ from ._types import (
     EngineConfig,
     Granted,
     NodeState,
+    Rate,
     SessionState,
 )
 

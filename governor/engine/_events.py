@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._bucket import Rate
 from ._codec import decode_value, encode_value
 from ._errors import UnknownEventKind
-from ._types import AdaptiveConfig, Defaults, LeaseEnd, NodeState, RequestTag
+from ._types import AdaptiveConfig, Defaults, LeaseEnd, NodeState, Rate, RequestTag
 
 __all__ = [
     "AdaptiveSet",
@@ -94,6 +93,45 @@ class Charged:
     amount: int
     session_id: int | None
     request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class RateSet:
+    """A quota node's rate for one resource set (or with ``None`` removed); see ``_bucket``."""
+
+    seq: int
+    at_ms: int
+    node_id: int
+    resource: str
+    rate: Rate | None
+    session_id: int | None
+    request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class CreditGranted:
+    """A credit block charged to its node and every ancestor (caps and rated buckets), logged
+    before the worker hears of it."""
+
+    seq: int
+    at_ms: int
+    block_id: int
+    session_id: int
+    node_id: int
+    resource: str
+    units: int
+    expires_ms: int
+    request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class CreditReturned:
+    """The unused units of a live block came back: applied once per block id."""
+
+    seq: int
+    at_ms: int
+    block_id: int
+    unused: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,51 +239,15 @@ class LimitAdjusted:
     limit: int
 
 
-@dataclass(frozen=True, slots=True)
-class RateSet:
-    """A quota node's rate for one resource set (or with ``None`` removed); see ``_bucket``."""
-
-    seq: int
-    at_ms: int
-    node_id: int
-    resource: str
-    rate: Rate | None
-    session_id: int | None
-    request: RequestTag | None
-
-
-@dataclass(frozen=True, slots=True)
-class CreditGranted:
-    """A credit block charged to its node and every ancestor (caps and rated buckets), logged
-    before the worker hears of it."""
-
-    seq: int
-    at_ms: int
-    block_id: int
-    session_id: int
-    node_id: int
-    resource: str
-    units: int
-    expires_ms: int
-    request: RequestTag | None
-
-
-@dataclass(frozen=True, slots=True)
-class CreditReturned:
-    """The unused units of a live block came back: applied once per block id."""
-
-    seq: int
-    at_ms: int
-    block_id: int
-    unused: int
-
-
 Event = (
     SessionOpened
     | SessionClosed
     | SessionExpired
     | NodeCreated
     | Charged
+    | RateSet
+    | CreditGranted
+    | CreditReturned
     | QuotaSet
     | LimitSet
     | DefaultsSet
@@ -256,9 +258,6 @@ Event = (
     | LeaseEnded
     | AdaptiveSet
     | LimitAdjusted
-    | RateSet
-    | CreditGranted
-    | CreditReturned
 )
 
 EVENT_KINDS: dict[str, type[Any]] = {
@@ -269,6 +268,9 @@ EVENT_KINDS: dict[str, type[Any]] = {
         SessionExpired,
         NodeCreated,
         Charged,
+        RateSet,
+        CreditGranted,
+        CreditReturned,
         QuotaSet,
         LimitSet,
         DefaultsSet,
@@ -279,9 +281,6 @@ EVENT_KINDS: dict[str, type[Any]] = {
         LeaseEnded,
         AdaptiveSet,
         LimitAdjusted,
-        RateSet,
-        CreditGranted,
-        CreditReturned,
     )
 }
 

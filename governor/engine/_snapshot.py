@@ -90,6 +90,7 @@ def dump_state(state: State) -> dict[str, Any]:
         "nodes": nodes,
         "sessions": sessions,
         "leases": [_lease(state.leases[i]) for i in sorted(state.leases)],
+        "credit": dump_credit(state.credit),
         "tombstones": [
             [_lease(t.lease), t.end.value, t.ended_ms] for _, t in sorted(state.tombstones.items())
         ],
@@ -105,7 +106,6 @@ def dump_state(state: State) -> dict[str, Any]:
             ]
             for cls, a in sorted(state.adaptive.items())
         ],
-        "credit": dump_credit(state.credit),
     }
 
 
@@ -184,6 +184,8 @@ def _load(data: dict[str, Any], config: EngineConfig) -> State:
     for raw, end, ended_ms in data["tombstones"]:
         lease = Lease(*raw)
         state.tombstones[lease.id] = Tombstone(lease, LeaseEnd(end), ended_ms)
+    if "credit" in data:  # a snapshot from before credit blocks has none
+        state.credit = load_credit(data["credit"])
     for cls, cfg, last_ms, samples, *window in data["adaptive"]:
         # A snapshot from before the served-concurrency window has none: it starts empty now.
         busy = state.nodes[ROOT_ID].held.get(cls, 0) > 0
@@ -196,6 +198,4 @@ def _load(data: dict[str, Any], config: EngineConfig) -> State:
             int(busy_ms),
             None if busy_since_ms is None else int(busy_since_ms),
         )
-    if "credit" in data:  # a snapshot from before credit blocks has none
-        state.credit = load_credit(data["credit"])
     return state

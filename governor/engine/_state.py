@@ -126,14 +126,17 @@ class State:
         self.by_token: dict[str, int] = {}  # sha256 of an open session's token -> session id
         self.leases: dict[int, Lease] = {}
         self.tombstones: dict[int, Tombstone] = {}
-        self.adaptive: dict[str, AdaptiveState] = {}
         self.credit = CreditBook()  # rated buckets and credit blocks (see _creditbook)
+        self.adaptive: dict[str, AdaptiveState] = {}
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             ev.SessionOpened: self._session_opened,
             ev.SessionClosed: self._session_closed,
             ev.SessionExpired: self._session_expired,
             ev.NodeCreated: self._node_created,
             ev.Charged: self._charged,
+            ev.RateSet: lambda e: self.credit.rate_set(self, e),
+            ev.CreditGranted: lambda e: self.credit.credit_granted(self, e),
+            ev.CreditReturned: lambda e: self.credit.credit_returned(self, e),
             ev.QuotaSet: self._quota_set,
             ev.LimitSet: self._limit_set,
             ev.DefaultsSet: self._defaults_set,
@@ -144,9 +147,6 @@ class State:
             ev.LeaseEnded: self._lease_ended,
             ev.AdaptiveSet: self._adaptive_set,
             ev.LimitAdjusted: self._limit_adjusted,
-            ev.RateSet: lambda e: self.credit.rate_set(self, e),
-            ev.CreditGranted: lambda e: self.credit.credit_granted(self, e),
-            ev.CreditReturned: lambda e: self.credit.credit_returned(self, e),
         }
 
     # ---- the one code path --------------------------------------------------------------

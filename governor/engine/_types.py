@@ -27,6 +27,7 @@ __all__ = [
     "LeaseEnd",
     "LeaseStatus",
     "ManualClock",
+    "Rate",
     "NODE_TRANSITIONS",
     "NodeState",
     "SESSION_TRANSITIONS",
@@ -255,3 +256,12 @@ class CreditReturn:
     unused: int
     applied: bool
     end: BlockEnd
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """R units per second, burst B units: the most any interval [t0, t1] admits is
+    ``R * (t1 - t0) + B``."""
+
+    per_s: int
+    burst: int
