@@ -5,9 +5,9 @@ worker's id (this process is the worker; its id is a target label, set by the sc
 Tenant label values are the top-K tenants (node config `telemetry_top_k`) and "other".
 """
 
+from mesh.telemetry._envelope import excess_over_times, excess_over_windows
 from mesh.telemetry._http import HttpEndpoint
 from mesh.telemetry._metrics import DECISIONS_IDLE_S, OTHER, TOP_K, NodeStats, Telemetry
-from ratemesh.envelope import excess_over_times, excess_over_windows
 
 __all__ = [
     "DECISIONS_IDLE_S",
