@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import ratemesh.errors
-from governor.engine import AdaptiveConfig, Defaults
+from governor.engine import AdaptiveConfig, Defaults, Rate
 from ratemesh.checks import (
     check_address,
     check_bool,
@@ -51,6 +51,8 @@ TTL_MS_MAX = 7 * 86_400_000
 SNAPSHOT_EVERY_MAX = 1_000_000_000
 PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1  # the engine's floor; a symmetric ceiling
 PERMILLE_MAX = 1000
+RATE_PER_S_MAX = 10**9  # as the engine's (governor.engine._credit)
+BURST_MAX = 10**12
 
 
 class ConfigError(ratemesh.errors.ConfigError):
@@ -83,6 +85,7 @@ class TenantConfig:
     quotas: dict[str, int] = field(default_factory=dict)
     limits: dict[str, int] = field(default_factory=dict)
     defaults: Defaults | None = None
+    rates: dict[str, Rate] = field(default_factory=dict)  # credit blocks (docs/strict.md)
 
 
 # What a coordinator API key may do (docs/policies.md): a worker's key reads (List, Watch,
@@ -122,6 +125,7 @@ class GovernordConfig:
     snapshot_every: int = 10_000
     root_quotas: dict[str, int] = field(default_factory=dict)
     root_limits: dict[str, int] = field(default_factory=dict)
+    root_rates: dict[str, Rate] = field(default_factory=dict)
     adaptive: dict[str, AdaptiveConfig] = field(default_factory=dict)
     tenants: tuple[TenantConfig, ...] = ()
     coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)
@@ -157,6 +161,26 @@ def _caps(key: str, value: Any) -> dict[str, int]:
         _type(f"{key}", name, str, "a map with string names")
         out[name] = _pos(f"{key}.{name}", n, 0)
     return out
+
+
+def _rates(key: str, value: Any) -> dict[str, Rate]:
+    """``{resource: {per_s, burst}}``: a rated node's bucket for credit blocks."""
+    if value is None:
+        return {}
+    _type(key, value, dict, "a map of resource to {per_s, burst}")
+    out = {}
+    for name, r in value.items():
+        _type(key, name, str, "a map with string names")
+        _type(f"{key}.{name}", r, dict, "a map {per_s, burst}")
+        _keys(f"{key}.{name}", r, {"per_s", "burst"})
+        for part in ("per_s", "burst"):
+            if part not in r:
+                raise ConfigError(f"{key}.{name}.{part}", "is required")
+        out[name] = Rate(
+            _pos(f"{key}.{name}.per_s", r["per_s"], 0, RATE_PER_S_MAX),
+            _pos(f"{key}.{name}.burst", r["burst"], 1, BURST_MAX),
+        )
+    return dict(sorted(out.items()))
 
 
 def _addr(key: str, value: Any) -> str:
@@ -210,7 +234,7 @@ def _tenant(key: str, name: Any, value: Any, env: dict[str, str]) -> TenantConfi
     _keys(
         key,
         value,
-        {"api_key_env", "api_key_sha256", "weight", "quotas", "limits", "defaults"},
+        {"api_key_env", "api_key_sha256", "weight", "quotas", "limits", "defaults", "rates"},
     )
     digest = _key_digest(key, value, env)
     return TenantConfig(
@@ -220,6 +244,7 @@ def _tenant(key: str, name: Any, value: Any, env: dict[str, str]) -> TenantConfi
         quotas=_caps(f"{key}.quotas", value.get("quotas")),
         limits=_caps(f"{key}.limits", value.get("limits")),
         defaults=_defaults(f"{key}.defaults", value.get("defaults")),
+        rates=_rates(f"{key}.rates", value.get("rates")),
     )
 
 
@@ -331,7 +356,7 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
     session = _type("session", data.get("session") or {}, dict, "a map")
     _keys("session", session, {"ttl_ms", "min_ttl_ms", "max_ttl_ms"})
     root = _type("root", data.get("root") or {}, dict, "a map")
-    _keys("root", root, {"quotas", "limits"})
+    _keys("root", root, {"quotas", "limits", "rates"})
     adaptive_raw = _type("adaptive", data.get("adaptive") or {}, dict, "a map of class to AIMD")
     tenants_raw = _type("tenants", data.get("tenants") or {}, dict, "a map of name to tenant")
     tenants = tuple(
@@ -369,6 +394,7 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
         ),
         root_quotas=_caps("root.quotas", root.get("quotas")),
         root_limits=_caps("root.limits", root.get("limits")),
+        root_rates=_rates("root.rates", root.get("rates")),
         adaptive={str(c): _adaptive(f"adaptive.{c}", v) for c, v in adaptive_raw.items()},
         tenants=tenants,
         coordinator=coordinator,

@@ -52,7 +52,8 @@ CALLS_PER_BATCH_MAX = 4096
 MUX_BODY_MAX = 256 << 10  # a larger request travels as its own unary call
 
 # Field kinds: int, int? (int or nil), str, str?, bool, caps? (map str -> int or nil),
-# caps (map str -> int), defaults? (a Defaults map, see the document), tokens? (nothing else).
+# caps (map str -> int), defaults? (a Defaults map, see the document), tokens? (nothing else),
+# rates? (map str -> [per_s, burst], two ints: a rated quota node's bucket).
 _Fields = dict[str, str]
 
 
@@ -80,6 +81,7 @@ _NODE_SPEC: _Fields = {
     "deadline_ms": "int?",
     "defaults": "defaults?",
     "request_id": "str?",
+    "rates": "rates?",
 }
 
 METHODS: dict[str, Method] = {
@@ -120,6 +122,21 @@ METHODS: dict[str, Method] = {
         ),
         _m("SetLimit", {"node_id": "int", "cls": "str", "limit": "int?", "request_id": "str?"}),
         _m("SetDefaults", {"node_id": "int", "defaults": "defaults?", "request_id": "str?"}),
+        _m(
+            "ReserveCredit",
+            {"node_id": "int", "resource": "str", "units": "int", "request_id": "str?"},
+        ),
+        _m("ReturnCredit", {"block_id": "int", "unused": "int"}, mutates=False),
+        _m(
+            "SetRate",
+            {
+                "node_id": "int",
+                "resource": "str",
+                "per_s": "int?",
+                "burst": "int?",
+                "request_id": "str?",
+            },
+        ),
     )
 }
 
@@ -179,6 +196,15 @@ def _check_defaults(field: str, value: Any, depth: int = 0) -> None:
             _check_defaults(f"{field}.children", v, depth + 1)
 
 
+def _check_rates(field: str, value: Any) -> None:
+    if not isinstance(value, dict):
+        raise WireError(field, "must be a map of resource to [per_s, burst]")
+    for k, v in value.items():
+        ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(_is_int(x) for x in v)
+        if not isinstance(k, str) or not ok:
+            raise WireError(f"{field}[{k!r}]", "must map a resource to [per_s, burst], two ints")
+
+
 def check_request(method: Method, body: Any) -> dict[str, Any]:
     """Validate a decoded request against the schema; returns the map with defaults filled."""
     if not isinstance(body, dict):
@@ -210,6 +236,8 @@ def check_request(method: Method, body: Any) -> dict[str, Any]:
             _check_caps(key, value)
         if base == "defaults":
             _check_defaults(key, value)
+        if base == "rates":
+            _check_rates(key, value)
         out[key] = value
     for key, kind in method.fields.items():
         if key not in out:

@@ -8,6 +8,7 @@ async with Client() as client:                      # GOVERNOR_ADDR, GOVERNOR_AP
 """
 
 from ._client import Client, Group, Lease, Task, acquire, consume, current_task, validate
+from ._credit import StrictCredit
 from ._errors import (
     AcquireTimeout,
     AuthError,
@@ -39,6 +40,7 @@ __all__ = [
     "RequestError",
     "ScopeError",
     "SessionLost",
+    "StrictCredit",
     "SyncClient",
     "SyncTask",
     "Task",

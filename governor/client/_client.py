@@ -208,7 +208,9 @@ class Client:
         priority: int | None = None,
         weight: int | None = None,
         ensure: bool = False,
+        rates: dict[str, tuple[int, int]] | None = None,
     ) -> int:
+        """A child node; ``rates`` maps a resource to (units per second, burst) for credit."""
         body: dict[str, Any] = {"name": name, "request_id": _rid()}
         if parent_id is not None:
             body["parent_id"] = parent_id
@@ -219,6 +221,8 @@ class Client:
             body["weight"] = weight
         if deadline is not None:
             body["deadline_ms"] = int(deadline * 1000)
+        if rates is not None:
+            body["rates"] = {k: [per_s, burst] for k, (per_s, burst) in rates.items()}
         reply = await self.call("EnsureNode" if ensure else "CreateNode", body)
         return int(reply["node_id"])
 
@@ -263,6 +267,30 @@ class Client:
     async def set_limit(self, node_id: int, cls: str, limit: int | None) -> None:
         body = {"node_id": node_id, "cls": cls, "limit": limit, "request_id": _rid()}
         await self.call("SetLimit", body)
+
+    async def set_rate(self, node_id: int, resource: str, rate: tuple[int, int] | None) -> None:
+        """Set a node's rate for ``resource`` as (units per second, burst); None removes it."""
+        per_s, burst = rate if rate is not None else (None, None)
+        body = {
+            "node_id": node_id,
+            "resource": resource,
+            "per_s": per_s,
+            "burst": burst,
+            "request_id": _rid(),
+        }
+        await self.call("SetRate", body)
+
+    async def reserve_credit(self, node_id: int, resource: str, units: int) -> dict[str, Any]:
+        """One credit block (docs/strict.md): ``block_id, units, ttl_ms, ...``. Resends carry
+        the same request id, so the block is timed from the first send: the caller records
+        the send time *before* awaiting this (``governor.client.StrictCredit`` does)."""
+        body = {"node_id": node_id, "resource": resource, "units": units, "request_id": _rid()}
+        return await self.call("ReserveCredit", body)
+
+    async def return_credit(self, block_id: int, unused: int) -> bool:
+        """Give back a block's unused units; False for a second return or an expired block."""
+        reply = await self.call("ReturnCredit", {"block_id": block_id, "unused": unused})
+        return bool(reply["returned"])
 
     async def watch(self, node_id: int) -> AsyncIterator[dict[str, Any]]:
         async for item in self._rpc.stream("WatchNode", {"node_id": node_id}):

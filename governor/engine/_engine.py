@@ -18,6 +18,7 @@ from typing import Any
 
 from . import _events as ev
 from ._core import EventSink, _caps, _ident, _int, _name
+from ._credit import CreditMixin, check_rates
 from ._errors import (
     InvalidArgument,
     LogGap,
@@ -44,13 +45,14 @@ from ._types import (
     EngineConfig,
     Granted,
     NodeState,
+    Rate,
     SessionState,
 )
 
 __all__ = ["Engine"]
 
 
-class Engine(LeasingMixin, HousekeepingMixin, PoliciesMixin):
+class Engine(CreditMixin, LeasingMixin, HousekeepingMixin, PoliciesMixin):
     """The tree of caps and leases, the fair queue and the adaptive limits, behind one lock."""
 
     def __init__(
@@ -179,12 +181,14 @@ class Engine(LeasingMixin, HousekeepingMixin, PoliciesMixin):
         deadline_ms: int | None = None,
         defaults: Defaults | None = None,
         request_id: str | None = None,
+        rates: dict[str, Rate] | None = None,
     ) -> Created | Denial:
         """A child of ``parent_id``; what is not given comes from the parent's defaults."""
         now = self._advance()
         session = self._caller(session_id)
         _name("name", name)
         q, lim = _caps("quotas", quotas), _caps("limits", limits)
+        rated = check_rates("rates", rates)
         if weight is not None:
             _int("weight", weight, 1)
         if priority is not None:
@@ -203,7 +207,7 @@ class Engine(LeasingMixin, HousekeepingMixin, PoliciesMixin):
             priority,
             deadline_ms,
             defaults,
-        )
+        ) + ((rated,) if rated else ())
         tag, hit = self._recall(session, request_id, fp)
         if hit is not None:
             return hit  # type: ignore[return-value]
@@ -227,6 +231,7 @@ class Engine(LeasingMixin, HousekeepingMixin, PoliciesMixin):
                 defaults if defaults is not None else inherited.children,
                 session_id,
                 tag,
+                rated,
             )
         )
         self._advance()

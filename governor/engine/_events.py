@@ -7,14 +7,14 @@ and purges of old tombstones are deliberately not events (see the module docs of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ratemesh.policy import Metric, Mode
 
 from ._codec import decode_value, encode_value
 from ._errors import UnknownEventKind
-from ._types import AdaptiveConfig, Defaults, LeaseEnd, NodeState, RequestTag
+from ._types import AdaptiveConfig, Defaults, LeaseEnd, NodeState, Rate, RequestTag
 
 __all__ = [
     "AdaptiveSet",
@@ -36,6 +36,9 @@ __all__ = [
     "SessionExpired",
     "SessionOpened",
     "WeightSet",
+    "RateSet",
+    "CreditGranted",
+    "CreditReturned",
     "decode_event",
     "encode_event",
 ]
@@ -80,6 +83,7 @@ class NodeCreated:
     defaults: Defaults | None
     session_id: int | None
     request: RequestTag | None
+    rates: dict[str, Rate] = field(default_factory=dict)  # absent in logs from before rates
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,45 @@ class Charged:
     amount: int
     session_id: int | None
     request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class RateSet:
+    """A quota node's rate for one resource set (or with ``None`` removed); see ``_bucket``."""
+
+    seq: int
+    at_ms: int
+    node_id: int
+    resource: str
+    rate: Rate | None
+    session_id: int | None
+    request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class CreditGranted:
+    """A credit block charged to its node and every ancestor (caps and rated buckets), logged
+    before the worker hears of it."""
+
+    seq: int
+    at_ms: int
+    block_id: int
+    session_id: int
+    node_id: int
+    resource: str
+    units: int
+    expires_ms: int
+    request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
+class CreditReturned:
+    """The unused units of a live block came back: applied once per block id."""
+
+    seq: int
+    at_ms: int
+    block_id: int
+    unused: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +277,9 @@ Event = (
     | SessionExpired
     | NodeCreated
     | Charged
+    | RateSet
+    | CreditGranted
+    | CreditReturned
     | QuotaSet
     | LimitSet
     | DefaultsSet
@@ -256,6 +302,9 @@ EVENT_KINDS: dict[str, type[Any]] = {
         SessionExpired,
         NodeCreated,
         Charged,
+        RateSet,
+        CreditGranted,
+        CreditReturned,
         QuotaSet,
         LimitSet,
         DefaultsSet,

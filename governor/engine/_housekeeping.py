@@ -9,7 +9,7 @@ from __future__ import annotations
 from . import _events as ev
 from ._core import _Core
 from ._state import ROOT_ID
-from ._timers import PURGE_LEASE, PURGE_NODE, PURGE_SESSION
+from ._timers import PURGE_BLOCK, PURGE_LEASE, PURGE_NODE, PURGE_SESSION
 from ._types import NodeState, SessionState
 
 __all__ = ["HousekeepingMixin"]
@@ -23,6 +23,7 @@ _SCHEDULED = frozenset(
         ev.SessionOpened,
         ev.NodeCreated,
         ev.DeadlineSet,
+        ev.CreditGranted,
     }
 )
 
@@ -146,6 +147,9 @@ class HousekeepingMixin(_Core):
                 for resource, used in node.used.items():
                     parent.absorbed[resource] = parent.absorbed.get(resource, 0) + used
                 del st.nodes[ident]
+                st.credit.forget_node(ident)
+            elif kind == PURGE_BLOCK:
+                st.credit.expire(ident, now)
 
     def _schedule(self, event: ev.Event) -> None:
         """Put the due times an event creates on the timers (live and after a restore)."""
@@ -165,6 +169,8 @@ class HousekeepingMixin(_Core):
             if event.deadline_ms is not None:
                 node = self._state.nodes[event.node_id]
                 timers.add_deadline(event.deadline_ms, node.depth, node.id)
+        elif isinstance(event, ev.CreditGranted):
+            timers.add_purge(event.expires_ms, 0, PURGE_BLOCK, event.block_id)
 
     def _rebuild_timers(self) -> None:
         """After a restore: every due time the state implies."""
@@ -181,3 +187,5 @@ class HousekeepingMixin(_Core):
                 timers.add_purge(node.ended_ms + cfg.retention_ms, node.depth, PURGE_NODE, node.id)
         for lease_id, tomb in st.tombstones.items():
             timers.add_purge(tomb.ended_ms + cfg.tombstone_ms, 0, PURGE_LEASE, lease_id)
+        for block in st.credit.blocks.values():
+            timers.add_purge(block.expires_ms, 0, PURGE_BLOCK, block.id)

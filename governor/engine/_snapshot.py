@@ -10,6 +10,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ._codec import decode_value, encode_value
+from ._creditbook import dump_credit, load_credit
 from ._errors import SnapshotMismatch
 from ._policybook import PolicyBook
 from ._state import ROOT_ID, AdaptiveState, Lease, Node, Session, State, Tombstone
@@ -17,6 +18,8 @@ from ._types import (
     AdaptiveConfig,
     Consumed,
     Created,
+    CreditGrant,
+    CreditReturn,
     Defaults,
     Edited,
     EngineConfig,
@@ -33,6 +36,7 @@ FORMAT = "governor-snapshot/1"
 _RESULTS: dict[str, type[Any]] = {
     c.__name__: c for c in (Consumed, Created, Edited, Granted, Released)
 }
+_RESULTS.update({c.__name__: c for c in (CreditGrant, CreditReturn)})
 
 
 def _ints(d: dict[str, int]) -> dict[str, int]:
@@ -87,6 +91,7 @@ def dump_state(state: State) -> dict[str, Any]:
         "nodes": nodes,
         "sessions": sessions,
         "leases": [_lease(state.leases[i]) for i in sorted(state.leases)],
+        "credit": dump_credit(state.credit),
         "tombstones": [
             [_lease(t.lease), t.end.value, t.ended_ms] for _, t in sorted(state.tombstones.items())
         ],
@@ -181,6 +186,8 @@ def _load(data: dict[str, Any], config: EngineConfig) -> State:
     for raw, end, ended_ms in data["tombstones"]:
         lease = Lease(*raw)
         state.tombstones[lease.id] = Tombstone(lease, LeaseEnd(end), ended_ms)
+    if "credit" in data:  # a snapshot from before credit blocks has none
+        state.credit = load_credit(data["credit"])
     for cls, cfg, last_ms, samples, *window in data["adaptive"]:
         # A snapshot from before the served-concurrency window has none: it starts empty now.
         busy = state.nodes[ROOT_ID].held.get(cls, 0) > 0

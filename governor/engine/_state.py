@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _events as ev
+from ._creditbook import CreditBook
 from ._policybook import PolicyBook
 from ._types import (
     NODE_TRANSITIONS,
@@ -20,6 +21,8 @@ from ._types import (
     AdaptiveConfig,
     Consumed,
     Created,
+    CreditGrant,
+    CreditReturn,
     Defaults,
     Edited,
     EngineConfig,
@@ -34,7 +37,7 @@ from ._types import (
 __all__ = ["AdaptiveState", "Lease", "Node", "ROOT_ID", "Session", "State", "Tombstone"]
 
 ROOT_ID = 1
-Result = Consumed | Granted | Released | Created | Edited
+Result = Consumed | Granted | Released | Created | Edited | CreditGrant | CreditReturn
 
 
 @dataclass(slots=True)
@@ -124,6 +127,7 @@ class State:
         self.by_token: dict[str, int] = {}  # sha256 of an open session's token -> session id
         self.leases: dict[int, Lease] = {}
         self.tombstones: dict[int, Tombstone] = {}
+        self.credit = CreditBook()  # rated buckets and credit blocks (see _creditbook)
         self.adaptive: dict[str, AdaptiveState] = {}
         self.policies = PolicyBook()  # the mesh's policies (governord as coordinator)
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
@@ -132,6 +136,9 @@ class State:
             ev.SessionExpired: self._session_expired,
             ev.NodeCreated: self._node_created,
             ev.Charged: self._charged,
+            ev.RateSet: lambda e: self.credit.rate_set(self, e),
+            ev.CreditGranted: lambda e: self.credit.credit_granted(self, e),
+            ev.CreditReturned: lambda e: self.credit.credit_returned(self, e),
             ev.QuotaSet: self._quota_set,
             ev.LimitSet: self._limit_set,
             ev.DefaultsSet: self._defaults_set,
@@ -216,6 +223,7 @@ class State:
         )
         parent.children.add(e.node_id)
         self.next_node_id = max(self.next_node_id, e.node_id + 1)
+        self.credit.node_created(e.node_id, e.rates, e.at_ms)
         self.remember(e.session_id, e.request, Created(e.node_id))
 
     def _charged(self, e: ev.Charged) -> None:

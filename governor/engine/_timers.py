@@ -9,11 +9,12 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-__all__ = ["PURGE_LEASE", "PURGE_NODE", "PURGE_SESSION", "Timers"]
+__all__ = ["PURGE_BLOCK", "PURGE_LEASE", "PURGE_NODE", "PURGE_SESSION", "Timers"]
 
 PURGE_LEASE = 0
 PURGE_SESSION = 1
 PURGE_NODE = 2
+PURGE_BLOCK = 3  # a credit block at its expiry (see _creditbook.CreditBook.expire)
 
 
 @dataclass(slots=True)

@@ -12,7 +12,10 @@ from typing import Protocol
 
 __all__ = [
     "AdaptiveConfig",
+    "BlockEnd",
     "Clock",
+    "CreditGrant",
+    "CreditReturn",
     "Consumed",
     "Created",
     "Defaults",
@@ -24,6 +27,7 @@ __all__ = [
     "LeaseEnd",
     "LeaseStatus",
     "ManualClock",
+    "Rate",
     "NODE_TRANSITIONS",
     "NodeState",
     "SESSION_TRANSITIONS",
@@ -101,6 +105,8 @@ class DenyReason(enum.Enum):
     NODE_ENDED = "node_ended"
     QUEUE_FULL = "queue_full"
     SESSION_ENDED = "session_ended"
+    RATE = "rate"  # a rated node's bucket has no whole unit of credit left
+    CREDIT_BLOCKS = "credit_blocks"  # a bound on outstanding credit blocks is reached
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +153,10 @@ class EngineConfig:
     tenant_queue_max: int = 1024
     adaptive_samples_max: int = 4096
     waiter_outcomes_max: int = 65_536
+    credit_ttl_ms: int = 10_000  # a credit block's life on governord's clock (<= session TTL)
+    credit_blocks_per_session_max: int = 64
+    credit_blocks_per_node_max: int = 4096  # outstanding blocks charged to one rated node
+    credit_blocks_max: int = 65_536  # blocks kept in all (outstanding, or returned not expired)
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
@@ -214,3 +224,44 @@ class LeaseStatus:
     lease_id: int
     live: bool
     end: LeaseEnd | None
+
+
+class BlockEnd(enum.Enum):
+    """How a credit block stopped counting as outstanding."""
+
+    RETURNED = "returned"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True, slots=True)
+class CreditGrant:
+    """A credit block: ``units`` to spend with no further call until the worker's local expiry
+    (``ttl_ms`` timed from when it *sent* the request; governord counts it until
+    ``expires_ms`` on its own clock)."""
+
+    block_id: int
+    node_id: int
+    resource: str
+    units: int
+    ttl_ms: int
+    expires_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreditReturn:
+    """The answer to a return. ``applied`` is False for a second return (a no-op) or a block
+    that expired first, whose units stay spent."""
+
+    block_id: int
+    unused: int
+    applied: bool
+    end: BlockEnd
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """R units per second, burst B units: the most any interval [t0, t1] admits is
+    ``R * (t1 - t0) + B``."""
+
+    per_s: int
+    burst: int

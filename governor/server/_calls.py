@@ -17,6 +17,8 @@ from governor.config import GovernordConfig
 from governor.engine import (
     Consumed,
     Created,
+    CreditGrant,
+    CreditReturn,
     Defaults,
     Denial,
     Edited,
@@ -29,6 +31,7 @@ from governor.engine import (
     NotFound,
     OutOfScope,
     Queued,
+    Rate,
     Released,
     SessionEnded,
     SessionState,
@@ -69,6 +72,12 @@ def _caps(v: dict[str, Any] | None) -> dict[str, int] | None:
     return None if v is None else {k: n for k, n in v.items() if n is not None}
 
 
+def _rates(v: dict[str, Any] | None) -> dict[str, Rate] | None:
+    """A node's rates from the wire (``resource -> [per_s, burst]``; wire.py checked the
+    shape, the engine checks the ranges)."""
+    return None if v is None else {k: Rate(int(r[0]), int(r[1])) for k, r in v.items()}
+
+
 def _in_scope(engine: Engine, scope_id: int, node_id: int) -> bool:
     nodes = engine.state.nodes
     cur = nodes.get(node_id)
@@ -95,7 +104,29 @@ def _node_info(engine: Engine, node_id: int) -> dict[str, Any]:
         "deadline_ms": n.deadline_ms,
         "effective_deadline_ms": engine.effective_deadline_ms(n.id),
         "children": sorted(n.children),
+        **_rates_info(engine, n.id),
     }
+
+
+def _rates_info(engine: Engine, node_id: int) -> dict[str, Any]:
+    """A rated node's rates (``resource -> [per_s, burst]``); nothing for an unrated one."""
+    rates = {
+        resource: [b.rate.per_s, b.rate.burst]
+        for (nid, resource), b in sorted(engine.state.credit.buckets.items())
+        if nid == node_id
+    }
+    return {"rates": rates} if rates else {}
+
+
+def _credit_info(engine: Engine, node_id: int) -> dict[str, Any]:
+    """A rated node's buckets now, in whole units. Only GetNode shows them: a level moves
+    with time, so WatchNode (which streams every change) leaves it out."""
+    credit = {}
+    for resource in _rates_info(engine, node_id).get("rates", {}):
+        view = engine.credit_level(node_id, resource)
+        assert view is not None
+        credit[resource] = {"level": view[0], "outstanding": view[1]}
+    return {"credit": credit} if credit else {}
 
 
 class CallsMixin:
@@ -156,6 +187,7 @@ class CallsMixin:
             deadline_ms=b["deadline_ms"],
             defaults=_defaults(b["defaults"]),
             request_id=b["request_id"],
+            rates=_rates(b.get("rates")),
         )
 
     async def _CreateNode(self, who: Principal | None, b: dict[str, Any]) -> dict[str, Any]:
@@ -197,7 +229,7 @@ class CallsMixin:
 
         def get(e: Engine) -> dict[str, Any]:
             self._readable(e, who, node_id)
-            return _node_info(e, node_id)
+            return {**_node_info(e, node_id), **_credit_info(e, node_id)}
 
         info: dict[str, Any] = await self._step(get)
         return info
@@ -348,6 +380,61 @@ class CallsMixin:
         sid, defaults = who.session_id, _defaults(b["defaults"])
         return await self._edit(
             lambda e: e.set_defaults(sid, b["node_id"], defaults, b["request_id"])
+        )
+
+    # ---- credit blocks (docs/strict.md) ----------------------------------------------------
+
+    async def _ReserveCredit(self, who: Principal | None, b: dict[str, Any]) -> dict[str, Any]:
+        """A credit block, logged before this reply; the worker times it from its send."""
+        assert who is not None
+        result = await self._step(
+            lambda e: e.reserve_credit(
+                who.session_id,
+                b["node_id"],
+                b["resource"],
+                b["units"],
+                request_id=b["request_id"],
+            )
+        )
+        if isinstance(result, Denial):
+            raise denial_fail(result)
+        assert isinstance(result, CreditGrant)
+        return {
+            "block_id": result.block_id,
+            "node_id": result.node_id,
+            "resource": result.resource,
+            "units": result.units,
+            "ttl_ms": result.ttl_ms,
+            "expires_ms": result.expires_ms,
+        }
+
+    async def _ReturnCredit(self, who: Principal | None, b: dict[str, Any]) -> dict[str, Any]:
+        """Unused units back, once per block id; a second return is a no-op answer."""
+        assert who is not None
+        result = await self._step(
+            lambda e: e.return_credit(who.session_id, b["block_id"], b["unused"])
+        )
+        assert isinstance(result, CreditReturn)
+        return {
+            "block_id": result.block_id,
+            "returned": result.applied,
+            "end": result.end.value,
+        }
+
+    async def _SetRate(self, who: Principal | None, b: dict[str, Any]) -> dict[str, Any]:
+        assert who is not None
+        sid = who.session_id
+        if (b["per_s"] is None) != (b["burst"] is None):
+            field = "burst" if b["burst"] is None else "per_s"
+            raise Fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "invalid_argument",
+                f"{field}: per_s and burst come together (both nil removes the rate)",
+                field=field,
+            )
+        rate = None if b["per_s"] is None else Rate(b["per_s"], b["burst"])
+        return await self._edit(
+            lambda e: e.set_rate(sid, b["node_id"], b["resource"], rate, b["request_id"])
         )
 
     async def _edit(self, fn: Callable[[Engine], Any]) -> dict[str, Any]:

@@ -36,6 +36,16 @@ class _TreeCollector(Collector):
         tenant_held = GaugeMetricFamily(
             "governor_tenant_held", "Leases held by tenant", labels=["tenant", "cls"]
         )
+        credit_level = GaugeMetricFamily(
+            "governor_credit_level",
+            "Credit left in a rated tenant's bucket",
+            labels=["tenant", "resource"],
+        )
+        credit_out = GaugeMetricFamily(
+            "governor_credit_outstanding",
+            "Units of a rated tenant's credit blocks out in workers' hands",
+            labels=["tenant", "resource"],
+        )
         nodes = GaugeMetricFamily("governor_nodes", "Active nodes in the tree")
         sessions = GaugeMetricFamily("governor_sessions", "Open sessions")
         for cls, n in rows["depth"].items():
@@ -48,9 +58,13 @@ class _TreeCollector(Collector):
             spend.add_metric([tenant, res], n)
         for (tenant, cls), n in rows["tenant_held"].items():
             tenant_held.add_metric([tenant, cls], n)
+        for (tenant, res), (level, out) in rows["credit"].items():
+            credit_level.add_metric([tenant, res], level)
+            credit_out.add_metric([tenant, res], out)
         nodes.add_metric([], rows["nodes"])
         sessions.add_metric([], rows["sessions"])
-        yield from (depth, held, limit, spend, tenant_held, nodes, sessions)
+        yield from (depth, held, limit, spend, tenant_held, credit_level, credit_out, nodes)
+        yield sessions
 
 
 def _read_tree(engine: Engine) -> dict[str, Any]:
@@ -61,6 +75,12 @@ def _read_tree(engine: Engine) -> dict[str, Any]:
         depth[w.cls] = depth.get(w.cls, 0) + 1
     spend: dict[tuple[str, str], int] = {}
     tenant_held: dict[tuple[str, str], int] = {}
+    credit: dict[tuple[str, str], tuple[int, int]] = {}
+    for (nid, res), _bucket in sorted(st.credit.buckets.items()):
+        if nid in root.children:  # tenants only: labels stay bounded by the config
+            view = engine.credit_level(nid, res)
+            if view is not None:
+                credit[(st.nodes[nid].name, res)] = (view[0], view[1])
     for cid in sorted(root.children):
         t = st.nodes[cid]
         for res, n in t.used.items():
@@ -73,6 +93,7 @@ def _read_tree(engine: Engine) -> dict[str, Any]:
         "limit": dict(root.limits),
         "spend": spend,
         "tenant_held": tenant_held,
+        "credit": credit,
         "nodes": sum(1 for n in st.nodes.values() if n.state is NodeState.ACTIVE),
         "sessions": sum(1 for s in st.sessions.values() if s.state is SessionState.OPEN),
     }

@@ -7,7 +7,7 @@ from typing import Any
 
 from governor.authority import Authority
 from governor.config import GovernordConfig
-from governor.engine import ROOT_ID, Created, Engine, NodeState
+from governor.engine import ROOT_ID, Created, Engine, NodeState, Rate
 
 __all__ = ["apply_config"]
 
@@ -20,6 +20,7 @@ def apply_config(authority: Authority, cfg: GovernordConfig) -> dict[str, tuple[
         root = e.state.nodes[ROOT_ID]
         _caps_to(e, ROOT_ID, root.quotas, cfg.root_quotas, e.set_quota)
         _caps_to(e, ROOT_ID, root.limits, cfg.root_limits, e.set_limit)
+        _rates_to(e, ROOT_ID, cfg.root_rates)
         for cls in sorted(set(e.state.adaptive) | set(cfg.adaptive)):
             want = cfg.adaptive.get(cls)
             have = e.state.adaptive.get(cls)
@@ -45,6 +46,7 @@ def apply_config(authority: Authority, cfg: GovernordConfig) -> dict[str, tuple[
                     limits=t.limits,
                     weight=t.weight,
                     defaults=t.defaults,
+                    rates=t.rates,
                 )
                 assert isinstance(created, Created)
                 nid = created.node_id
@@ -56,6 +58,7 @@ def apply_config(authority: Authority, cfg: GovernordConfig) -> dict[str, tuple[
                     e.set_weight(None, nid, t.weight)
                 if node.defaults != t.defaults:
                     e.set_defaults(None, nid, t.defaults)
+                _rates_to(e, nid, t.rates)
             out[t.key_sha256] = (t.name, nid)
         return out
 
@@ -72,3 +75,11 @@ def _caps_to(
     for name in sorted(set(have) | set(want)):
         if have.get(name) != want.get(name):
             setter(None, node_id, name, want.get(name))
+
+
+def _rates_to(e: Engine, node_id: int, want: dict[str, Rate]) -> None:
+    """Make the node's rates the config's: set what differs, remove what the config dropped."""
+    have = {r: b.rate for (n, r), b in e.state.credit.buckets.items() if n == node_id}
+    for resource in sorted(set(have) | set(want)):
+        if have.get(resource) != want.get(resource):
+            e.set_rate(None, node_id, resource, want.get(resource))

@@ -42,6 +42,8 @@ _DENY_CODES = {
     DenyReason.QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
     DenyReason.NODE_ENDED: grpc.StatusCode.FAILED_PRECONDITION,
     DenyReason.SESSION_ENDED: grpc.StatusCode.UNAUTHENTICATED,
+    DenyReason.RATE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    DenyReason.CREDIT_BLOCKS: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -49,6 +51,10 @@ def denial_fail(d: Denial) -> Fail:
     what = f"{d.reason.value} at node {d.node_id}"
     if d.reason in (DenyReason.QUOTA, DenyReason.CONCURRENCY):
         what += f": {d.resource} {d.used} of {d.limit} used, {d.requested} requested"
+    elif d.reason is DenyReason.RATE:
+        what += f": {d.resource} has no credit left ({d.used} of burst {d.limit} outstanding)"
+    elif d.reason is DenyReason.CREDIT_BLOCKS:
+        what += f": {d.used} of at most {d.limit} credit blocks outstanding"
     denial = {
         "reason": d.reason.value,
         "node_id": d.node_id,

@@ -2,7 +2,9 @@
 
 `checks` audits emitted events and the engine's state against the spec's invariants and reads
 a canonical form of the durable state; `fuzz` runs one seed of random operations with restarts
-and replays, checking after every step (``python -m governor.testing.fuzz --seeds 0:40``).
+and replays, checking after every step (``python -m governor.testing.fuzz --seeds 0:40``);
+`credit` is the ledger of credit blocks (C1-C4, docs/strict.md) and `creditfuzz` the fuzzer's
+credit workers.
 The tests and ``bench/governor_fuzz.py`` use them. Never imported by governor's engine, store,
 server, client or authority (an import-linter contract says so).
 """

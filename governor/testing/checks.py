@@ -1,6 +1,7 @@
 """Checkers that stand outside the engine: the auditor of emitted events (I1, I4, I5 and fencing
-ids), the state invariants (I2, I3, I6, I7, I8), and a canonical form of the durable state read
-straight from the engine's objects, for comparing live and restored engines field by field."""
+ids, and the credit ledger's C1-C4, see ``governor.testing.credit``), the state invariants (I2,
+I3, I6, I7, I8, C1), and a canonical form of the durable state read straight from the engine's
+objects, for comparing live and restored engines field by field."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from governor.engine import (
     SessionState,
 )
 from governor.engine import _events as ev
+from governor.testing.credit import CreditLedger
 
 __all__ = ["Auditor", "Violation", "canonical", "check_state", "first_diff"]
 
@@ -66,6 +68,7 @@ def canonical(engine: Engine) -> dict[str, Any]:
             "leases": st.leases,
             "tombstones": st.tombstones,
             "adaptive": st.adaptive,
+            "credit": st.credit,
         }
     )
     state["policies"] = st.policies.dump()  # the mesh's policies (governord as coordinator)
@@ -83,6 +86,7 @@ class Auditor:
         self.max_id = 0
         self.charged: dict[str, int] = {}
         self.lowered = False
+        self.credit = CreditLedger()  # C1-C4 (governor.testing.credit)
 
     def __call__(self, event: Event) -> None:
         self.events.append(event)
@@ -90,6 +94,12 @@ class Auditor:
         if eng is None:
             return
         st = eng.state
+        self.credit.on_event(eng, event)
+        if isinstance(event, (ev.CreditGranted, ev.CreditReturned)):
+            resource = self.credit.blocks[event.block_id].resource
+            self.charged[resource] = self.charged.get(resource, 0) + self.credit.charged(
+                resource, event
+            )
         if isinstance(event, ev.Charged):
             self.charged[event.resource] = self.charged.get(event.resource, 0) + event.amount
             for a in st.chain(event.node_id):
@@ -162,6 +172,8 @@ def check_state(engine: Engine, auditor: Auditor, terminal: dict[int, NodeState]
             for child in n.children:
                 if not nodes[child].state.terminal:
                     raise Violation(f"I7: live child {child} under ended node {n.id}")
+    # C1 level + outstanding <= B, against the grants the auditor saw
+    auditor.credit.check_buckets(engine, engine._now_ms)
     # I8 work conserving
     for w in engine.queued():
         if engine._fits(nodes[w.node_id], w.cls) is None:

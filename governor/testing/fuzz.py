@@ -3,7 +3,9 @@
 One seed decides a whole run of random operations against a live engine with a manual clock.
 After every step the nine invariants of the spec are checked: I2, I3, I6, I7, I8 from the state,
 I9 around every deliberately forbidden call, and I1, I4, I5 by an auditor on each event as it is
-emitted. Now and then the run restarts (from a snapshot or from the events) and carries on.
+emitted. Credit workers (``creditfuzz``) reserve, spend and return blocks beside them, and the
+auditor's ledger checks C1-C3 as they go and C4 over the run (``governor.testing.credit``).
+Now and then the run restarts (from a snapshot or from the events) and carries on.
 At the end the history is replayed three ways (events only, mid-run snapshot + later events,
 final snapshot) and each result compared field by field with the live engine.
 
@@ -39,12 +41,14 @@ from governor.engine import (
     NotFound,
     OutOfScope,
     Queued,
+    Rate,
     Released,
     RequestIdReused,
     SessionEnded,
     SessionState,
 )
 from governor.testing.checks import Auditor, Violation, canonical, check_state, first_diff
+from governor.testing.creditfuzz import CreditWorkers, random_rates
 
 __all__ = ["Run", "Violation", "main", "run_seed"]
 
@@ -69,6 +73,9 @@ class Run:
         self.requests: list[tuple[int, str, Callable[[], Any], Any]] = []
         self.rid = 0
         self.restarts = 0
+        self.workers = CreditWorkers(
+            self.rng, self.clock, lambda: self.engine, lambda: self.auditor.credit
+        )
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -127,6 +134,7 @@ class Run:
         e.set_quota(None, ROOT_ID, "http", 2_000)
         e.set_quota(None, ROOT_ID, "retry", 300)
         e.set_limit(None, ROOT_ID, "db", 6)
+        e.set_rate(None, ROOT_ID, "http", Rate(400, 300))
         e.set_adaptive(
             "api",
             AdaptiveConfig(
@@ -147,6 +155,7 @@ class Run:
                 limits=self.caps(CLASSES, 4),
                 weight=i + 1,
                 defaults=self.defaults(),
+                rates=random_rates(self.rng, RESOURCES),
             )
             assert not isinstance(created, Denial)
             self.new_session(created.node_id)
@@ -163,9 +172,9 @@ class Run:
     def step(self) -> None:
         roll = self.rng.random()
         table = [
-            (0.14, self.op_consume),
-            (0.16, self.op_acquire),
-            (0.14, self.op_release),
+            (0.10, self.op_consume),
+            (0.12, self.op_acquire),
+            (0.10, self.op_release),
             (0.08, self.op_create),
             (0.09, self.op_clock),
             (0.06, self.op_edit),
@@ -177,6 +186,7 @@ class Run:
             (0.03, self.op_sessions),
             (0.02, self.op_validate),
             (0.005, self.op_restart),
+            (0.12, self.op_credit),
             (1.00, self.op_tick),
         ]
         acc = 0.0
@@ -296,6 +306,7 @@ class Run:
         weight = self.rng.choice([None, 1, 2])
         deadline = self.rng.choice([None, None, self.clock.now_ms() + self.rng.randint(0, 30_000)])
         defaults = self.defaults()
+        rates = random_rates(self.rng, RESOURCES)
 
         def call() -> Any:
             return self.engine.create_node(
@@ -308,6 +319,7 @@ class Run:
                 deadline_ms=deadline,
                 defaults=defaults,
                 request_id=rid,
+                rates=rates,
             )
 
         try:
@@ -335,7 +347,7 @@ class Run:
             return
         node = self.rng.choice(targets)
         rid = self.next_rid()
-        kind = self.rng.randrange(5)
+        kind = self.rng.randrange(6)
         call: Callable[[], Any]
         if kind == 0:
             r, v = self.rng.choice(RESOURCES), self.rng.choice([None, 0, 10, 50, 200])
@@ -349,9 +361,13 @@ class Run:
         elif kind == 3:
             w = self.rng.randint(1, 4)
             call = lambda: self.engine.set_weight(sid, node, w, request_id=rid)  # noqa: E731
-        else:
+        elif kind == 4:
             dl = self.rng.choice([None, self.clock.now_ms() + self.rng.randint(0, 20_000)])
             call = lambda: self.engine.set_deadline(sid, node, dl, request_id=rid)  # noqa: E731
+        else:
+            r = self.rng.choice(RESOURCES)
+            rate = random_rates(self.rng, (r,)).get(r)
+            call = lambda: self.engine.set_rate(sid, node, r, rate, request_id=rid)  # noqa: E731
         try:
             result = call()
         except NotFound:
@@ -402,6 +418,7 @@ class Run:
                 lambda: e.create_node(sid, node, "x"),
                 lambda: e.set_quota(sid, node, "http", 0),
                 lambda: e.end_node(sid, node),
+                lambda: e.reserve_credit(sid, node, "http", 1),
             ]
         call = self.rng.choice(calls)
         try:
@@ -488,6 +505,20 @@ class Run:
             if status.live != (lease_id in self.engine.state.leases):
                 raise Violation("validate disagrees with the state")
 
+    def op_credit(self) -> None:
+        """A credit worker spends, refills or gives back (C1-C4 are checked as it goes)."""
+        sid = self.pick_session()
+        if sid is None:
+            return
+        key = self.workers.pick(sid, self.in_scope(sid), RESOURCES)
+        roll = self.rng.random()
+        if roll < 0.6 and self.workers.holders[key].held(self.clock.now_ms()) > 0:
+            self.workers.spend(key)
+        elif roll < 0.85:
+            self.workers.reserve(key)
+        else:
+            self.workers.give_back(key)
+
     def op_tick(self) -> None:
         self.engine.tick()
 
@@ -523,6 +554,7 @@ class Run:
                 mid = (self.engine.snapshot(), len(self.auditor.events))
         self.engine.tick()
         check_state(self.engine, self.auditor, self.terminal)
+        self.auditor.credit.check_envelope()
         assert mid is not None
         self.check_replay(mid)
 

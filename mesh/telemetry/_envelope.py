@@ -1,65 +1,8 @@
-"""Checking a recorded history against the envelope, from outside the system.
-
-Both checks are one pass (a maximum-subarray scan): the worst interval of a long run is
-found in time linear in the run, so a checker can judge every interval of every run.
-"""
+"""The envelope checks live below both planes, in ``ratemesh.envelope`` (one formula, one
+place); the mesh's telemetry re-exports them here."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from ratemesh.envelope import excess_over_times, excess_over_windows
 
 __all__ = ["excess_over_times", "excess_over_windows"]
-
-NS_PER_S = 1_000_000_000
-
-
-def excess_over_windows(buckets: list[int], rate: float, burst: int, bucket_s: float) -> float:
-    """The largest lead of admissions over what an exact limiter could admit in any window
-    of whole buckets: max over [i, j) of admitted - (B + R * span). Counting whole buckets
-    never makes a conforming history look excessive. -inf for no buckets.
-
-    Kadane's scan over the buckets' leads (admitted - R * bucket_s): the best window ending
-    at a bucket either extends the best one ending at the bucket before or starts anew."""
-    step = rate * bucket_s
-    worst = float("-inf")
-    ending = float("-inf")
-    for b in buckets:
-        lead = b - step
-        ending = lead if ending < 0 else ending + lead
-        if ending > worst:
-            worst = ending
-    return worst - burst
-
-
-def excess_over_times(
-    times_ns: Sequence[int], amounts: Sequence[int], rate: float, burst: int
-) -> float:
-    """The largest excess of exact admission times over the strict guarantee:
-    max over i <= j of (sum of amounts[i..j]) - R * (t_j - t_i) - B, the admissions in the
-    closed interval [t_i, t_j] against what `admitted <= R * (t1 - t0) + B` allows. Times
-    must be in order (ties allowed). <= 0 means the history keeps the guarantee over every
-    interval; -inf for no admissions.
-
-    One pass: an interval ending at j is best started at the i <= j that maximises
-    R * t_i - (units admitted before i), kept as a running maximum."""
-    if len(times_ns) != len(amounts):
-        raise ValueError(
-            f"times_ns and amounts differ in length: {len(times_ns)} != {len(amounts)}"
-        )
-    per_ns = rate / NS_PER_S
-    before = 0  # units admitted before the current one
-    best_start = float("-inf")  # max over i <= j of R * t_i - before_i
-    worst = float("-inf")
-    last = None
-    for t, a in zip(times_ns, amounts, strict=True):
-        if last is not None and t < last:
-            raise ValueError(f"times_ns must be in order: {t} after {last}")
-        last = t
-        start = per_ns * t - before
-        if start > best_start:
-            best_start = start
-        before += a
-        e = before - per_ns * t + best_start
-        if e > worst:
-            worst = e
-    return worst - burst

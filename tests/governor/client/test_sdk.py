@@ -41,7 +41,8 @@ def test_public_api_is_pinned() -> None:
     assert set(sdk.__all__) == {
         "AcquireTimeout", "AuthError", "Client", "Denied", "GovernedAsyncTransport",
         "GovernedTransport", "GovernorClientError", "Group", "Lease", "LeaseEnded", "NodeEnded",
-        "RequestError", "ScopeError", "SessionLost", "SyncClient", "SyncTask", "Task",
+        "RequestError", "ScopeError", "SessionLost", "StrictCredit", "SyncClient", "SyncTask",
+        "Task",
         "Unavailable", "acquire", "consume", "current_sync_task", "current_task", "retry",
         "validate",
     }  # fmt: skip

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 
-# (name, file under governor/engine, original text, buggy text)
+# (name, file under governor/engine (or a path from the repository root), original, buggy)
 MUTANTS = [
     (
         "scope check on edits dropped",
@@ -60,17 +60,50 @@ MUTANTS = [
         "for node in self.chain(e.node_id):\n            node.used",
         "for node in self.chain(e.node_id)[:1]:\n            node.used",
     ),
+    # credit blocks (docs/strict.md): C1-C4 of governor.testing.credit must catch each
+    (
+        "credit return applied twice",
+        "_creditbook.py",
+        "block.returned = True\n",
+        "pass\n",
+    ),
+    (
+        "credit grant not charged to an ancestor's bucket",
+        "_creditbook.py",
+        "if bucket is not None:\n                level = _advance(bucket, e.at_ms)\n",
+        "if bucket is not None and node.id == e.node_id:\n"
+        "                level = _advance(bucket, e.at_ms)\n",
+    ),
+    (
+        "worker times a block from the reply instead of the send",
+        "ratemesh/credit.py",
+        "local_expiry_ms(request.sent_at_ms, ttl_ms,",
+        "local_expiry_ms(now, ttl_ms,",
+    ),
+    (
+        "bucket refills past outstanding credit",
+        "_bucket.py",
+        "cap = (rate.burst - outstanding) * MILLI",
+        "cap = rate.burst * MILLI",
+    ),
+    (
+        "governord forgets a block before the worker's ttl",
+        "_credit.py",
+        "grant, now + ttl, tag",
+        "grant, now + ttl // 2, tag",
+    ),
 ]
 
 
 def _mutant_tree(tmp: Path, file: str, old: str, new: str) -> Path:
     dst = tmp / "src"
-    shutil.copytree(
-        ROOT / "governor",
-        dst / "governor",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    target = dst / "governor" / "engine" / file
+    for package in ("governor", "ratemesh"):  # the fuzzer's credit workers use ratemesh
+        shutil.copytree(
+            ROOT / package,
+            dst / package,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+    target = dst / file if "/" in file else dst / "governor" / "engine" / file
     text = target.read_text()
     assert text.count(old) == 1, f"mutation site not found exactly once in {file}: {old!r}"
     target.write_text(text.replace(old, new))

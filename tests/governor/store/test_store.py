@@ -73,7 +73,7 @@ def test_migrations_are_idempotent(store: StoreTarget) -> None:
 
 @pytest.mark.parametrize("snapshot", [False, True])
 def test_record_round_trips_to_the_live_state(store: StoreTarget, snapshot: bool) -> None:
-    run = _fuzzed_log(store, seed=7, ops=400, snapshot_at=150 if snapshot else None)
+    run = _fuzzed_log(store, seed=7, ops=600, snapshot_at=150 if snapshot else None)
     # The snapshot needs a history past it; how many events 400 operations make depends on
     # the engine's decisions (e.g. the adaptive controller), so say so if it falls short.
     assert run.auditor.events[-1].seq > 150, "seed 7 made too short a history: raise ops"

@@ -1,0 +1,183 @@
+"""Credit blocks: a worker reserves k units once and spends them locally with no network call.
+
+``reserve_credit`` grants min(k, what every node of the chain allows): a cap's room and a rated
+bucket's whole units. The grant is one event (``CreditGranted``), emitted (so logged) before
+the caller hears of it, and it charges the whole chain. ``return_credit`` gives the unused units
+of a live block back, once per block id. A block stops counting at ``expires_ms`` on governord's
+clock, whatever becomes of its session: the worker, timing the block from when it sent the
+request with a margin for clock drift, stops spending before that (docs/strict.md).
+"""
+
+from __future__ import annotations
+
+from . import _events as ev
+from ._bucket import MILLI, level_at
+from ._core import _Core, _ident, _int, _name
+from ._errors import InvalidArgument, NotFound, NotOwner
+from ._state import ROOT_ID
+from ._types import (
+    BlockEnd,
+    CreditGrant,
+    CreditReturn,
+    Denial,
+    DenyReason,
+    Edited,
+    NodeState,
+    Rate,
+)
+
+__all__ = [
+    "BLOCK_UNITS_MAX",
+    "BURST_MAX",
+    "RATE_PER_S_MAX",
+    "CreditMixin",
+    "check_rate",
+    "check_rates",
+]
+
+RATE_PER_S_MAX = 10**9  # units per second; keeps the bucket's integers small
+BURST_MAX = 10**12
+BLOCK_UNITS_MAX = 10**9  # the most one reserve may ask for
+
+
+def check_rate(field: str, value: object) -> Rate:
+    if not isinstance(value, Rate):
+        raise InvalidArgument(field, "must be a Rate(per_s, burst)")
+    _int(f"{field}.per_s", value.per_s, 0)
+    _int(f"{field}.burst", value.burst, 1)
+    if value.per_s > RATE_PER_S_MAX:
+        raise InvalidArgument(f"{field}.per_s", f"must be <= {RATE_PER_S_MAX}")
+    if value.burst > BURST_MAX:
+        raise InvalidArgument(f"{field}.burst", f"must be <= {BURST_MAX}")
+    return value
+
+
+def check_rates(field: str, value: object) -> dict[str, Rate]:
+    """A node's rates: resource -> Rate, checked; sorted so fingerprints are stable."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidArgument(field, "must be a dict of resource to Rate")
+    out = {_name(field, k): check_rate(f"{field}[{k}]", v) for k, v in value.items()}
+    return dict(sorted(out.items()))
+
+
+class CreditMixin(_Core):
+    def reserve_credit(
+        self,
+        session_id: int,
+        node_id: int,
+        resource: str,
+        units: int,
+        *,
+        request_id: str | None = None,
+    ) -> CreditGrant | Denial:
+        """A block of up to ``units`` of ``resource`` at ``node_id``, charged to the whole chain;
+        fewer if a cap or a bucket on the chain holds fewer, a Denial if one holds none."""
+        now = self._advance()
+        session = self._session(session_id)
+        _name("resource", resource)
+        _int("units", units, 1)
+        if units > BLOCK_UNITS_MAX:
+            raise InvalidArgument("units", f"must be <= {BLOCK_UNITS_MAX}")
+        tag, hit = self._recall(session, request_id, ("credit", node_id, resource, units))
+        if hit is not None:
+            return hit  # type: ignore[return-value]
+        chain = self._resolve_chain(session, node_id, edit=False)
+        node = chain[0]
+        if node.state is not NodeState.ACTIVE:
+            return Denial(DenyReason.NODE_ENDED, node.id)
+        cfg, book = self.config, self._state.credit
+        mine = len(book.by_session.get(session.id, ()))
+        if mine >= cfg.credit_blocks_per_session_max:
+            limit = cfg.credit_blocks_per_session_max
+            return Denial(DenyReason.CREDIT_BLOCKS, node.id, resource, mine, limit, units)
+        if len(book.blocks) >= cfg.credit_blocks_max:
+            held = len(book.blocks)
+            return Denial(
+                DenyReason.CREDIT_BLOCKS, ROOT_ID, resource, held, cfg.credit_blocks_max, units
+            )
+        grant = units
+        for a in chain:
+            cap = a.quotas.get(resource)
+            if cap is not None:
+                used = a.used.get(resource, 0)
+                if cap - used < 1:
+                    top = self._top_consumer(a, resource)
+                    return Denial(DenyReason.QUOTA, a.id, resource, used, cap, units, top)
+                grant = min(grant, cap - used)
+            bucket = book.buckets.get((a.id, resource))
+            if bucket is not None:
+                live = sum(1 for _, exp in bucket.blocks.values() if exp > now)
+                if live >= cfg.credit_blocks_per_node_max:
+                    limit = cfg.credit_blocks_per_node_max
+                    return Denial(DenyReason.CREDIT_BLOCKS, a.id, resource, live, limit, units)
+                have = level_at(bucket, now) // MILLI
+                if have < 1:
+                    out = bucket.outstanding(now)
+                    return Denial(DenyReason.RATE, a.id, resource, out, bucket.rate.burst, units)
+                grant = min(grant, have)
+        # a block lives no longer than its session's TTL, nor than an ended node is retained
+        # (so a live block's node is never purged, live or in a replay)
+        ttl = max(1, min(cfg.credit_ttl_ms, session.ttl_ms, cfg.retention_ms - 1))
+        block_id = self._state.next_id
+        self._emit(
+            ev.CreditGranted(
+                self._seq(), now, block_id, session.id, node.id, resource, grant, now + ttl, tag
+            )
+        )
+        return CreditGrant(block_id, node.id, resource, grant, ttl, now + ttl)
+
+    def return_credit(self, session_id: int, block_id: int, unused: int) -> CreditReturn:
+        """Give back a block's unused units. Applied once per block id: a second return, or
+        one after the block expired (its units then stay spent), is a no-op answer."""
+        now = self._advance()
+        session = self._session(session_id)
+        _ident("block_id", block_id)
+        _int("unused", unused, 0)
+        block = self._state.credit.blocks.get(block_id)
+        if block is None:
+            if not 0 < block_id < self._state.next_id:
+                raise NotFound("block_id", f"no credit block {block_id}")
+            # an id governord no longer holds: a block that expired (or never was a block)
+            return CreditReturn(block_id, unused, False, BlockEnd.EXPIRED)
+        if block.session_id != session.id:
+            raise NotOwner(f"credit block {block_id} belongs to another session")
+        if unused > block.units:
+            raise InvalidArgument("unused", f"must be <= the block's {block.units} units")
+        if block.returned:
+            return CreditReturn(block_id, unused, False, BlockEnd.RETURNED)
+        if block.node_id not in self._state.nodes:  # purged: credit_ttl_ms < retention_ms
+            return CreditReturn(block_id, unused, False, BlockEnd.EXPIRED)
+        self._emit(ev.CreditReturned(self._seq(), now, block_id, unused))
+        return CreditReturn(block_id, unused, True, BlockEnd.RETURNED)
+
+    def set_rate(
+        self,
+        session_id: int | None,
+        node_id: int,
+        resource: str,
+        rate: Rate | None,
+        request_id: str | None = None,
+    ) -> Edited:
+        """Set (or with ``None`` remove) a node's rate for ``resource``. Lowering the burst
+        below what is outstanding takes nothing back; the bucket refills once it drains."""
+        _name("resource", resource)
+        if rate is not None:
+            check_rate("rate", rate)
+        return self._edit(
+            session_id,
+            node_id,
+            request_id,
+            ("rate", node_id, resource, rate),
+            lambda seq, now, tag: ev.RateSet(seq, now, node_id, resource, rate, session_id, tag),
+        )
+
+    def credit_level(self, node_id: int, resource: str) -> tuple[int, int, Rate] | None:
+        """(whole units in the bucket now, units outstanding now, its rate); None if unrated.
+        For status, metrics and checkers; records nothing."""
+        bucket = self._state.credit.buckets.get((_ident("node_id", node_id), resource))
+        if bucket is None:
+            return None
+        now = max(self._clock.now_ms(), self._now_ms, bucket.at_ms)
+        return level_at(bucket, now) // MILLI, bucket.outstanding(now), bucket.rate

@@ -1,0 +1,276 @@
+"""A worker's credit blocks from governord, spent locally with no I/O (the strict mode's hot path).
+
+The driver (the mesh's strict limiter, or ``governor.client``) owns the calls; this object only
+decides. It is told when a reserve was *sent* and what came back, and answers ``try_spend``
+from what it holds. Times are the caller's monotonic milliseconds, passed in.
+
+Safety is the local expiry and nothing else: a block is spent only while
+``now < sent_at + ttl * (1 - 2*rho) - epsilon``, timed from when the request was sent (the
+first send, if it was resent with the same request id), never from when the reply arrived.
+governord started the block's life after that send and counts it for a full ``ttl`` on its own
+clock, so with clocks whose rates differ by at most ``rho`` the worker stops first
+(docs/strict.md). Block size, the low-water mark and idle returns only decide how often the
+worker calls and how much credit sits unused; they cannot make it spend what it was not given.
+
+With nothing live to spend, the verdict is ``no_credit`` (a reserve is due or in flight) or,
+once governord has been unreachable, ``governor_unreachable``: the worker fails closed, never
+falls back to a local limit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from ratemesh.checks import check_int
+from ratemesh.errors import ConfigError
+
+__all__ = [
+    "GOVERNOR_UNREACHABLE",
+    "NO_CREDIT",
+    "PPM",
+    "CreditConfig",
+    "CreditHolder",
+    "HeldBlock",
+    "Reserve",
+    "Spend",
+    "local_expiry_ms",
+]
+
+PPM = 1_000_000
+NO_CREDIT = "no_credit"
+GOVERNOR_UNREACHABLE = "governor_unreachable"
+
+
+def local_expiry_ms(sent_at_ms: int, ttl_ms: int, rho_ppm: int, epsilon_ms: int) -> int:
+    """The last local instant (exclusive) a block may be spent: ``sent_at + ttl*(1 - 2*rho)
+    - epsilon``, rounded towards the earlier side. The one place this formula lives."""
+    return sent_at_ms + ttl_ms * (PPM - 2 * rho_ppm) // PPM - epsilon_ms
+
+
+@dataclass(frozen=True, slots=True)
+class CreditConfig:
+    """The worker's knobs. Only ``rho_ppm`` and ``epsilon_ms`` bear on safety; the rest tune
+    round trips per admitted unit against credit left stranded in idle workers."""
+
+    rho_ppm: int = 1_000  # clock-rate drift tolerated between worker and governord (0.1 %)
+    epsilon_ms: int = 50  # slack for a spend decided just before the deadline
+    block_min: int = 1
+    block_max: int = 100_000
+    horizon_ms: int = 1_000  # a block covers about this long of recent demand
+    lead_ms: int = 250  # refill while what is held would last at least this long
+    idle_ms: int = 2_000  # return what is held after this long with no demand
+    demand_window_ms: int = 5_000
+    demand_samples_max: int = 1_024
+    blocks_max: int = 64  # blocks held at once (governord bounds a session's too)
+    unreachable_after_ms: int = 1_000  # a reserve unanswered this long: governord unreachable
+
+    def __post_init__(self) -> None:
+        check_int("rho_ppm", self.rho_ppm, maximum=PPM // 4)
+        check_int("epsilon_ms", self.epsilon_ms)
+        check_int("block_min", self.block_min, minimum=1)
+        check_int("block_max", self.block_max, minimum=self.block_min)
+        for name in (
+            "horizon_ms",
+            "lead_ms",
+            "idle_ms",
+            "demand_window_ms",
+            "unreachable_after_ms",
+        ):
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("demand_samples_max", self.demand_samples_max, minimum=1)
+        check_int("blocks_max", self.blocks_max, minimum=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    """A reserve the driver is about to send: ask for ``units``; ``sent_at_ms`` times it."""
+
+    sent_at_ms: int
+    units: int
+
+
+@dataclass(slots=True)
+class HeldBlock:
+    block_id: int
+    units: int  # as granted
+    left: int  # not spent yet
+    expires_at_ms: int  # local: spent only while now < this
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """A verdict. ``taken`` is (block id, units) per block spent from, for the record."""
+
+    admitted: bool
+    units: int
+    reason: str | None = None
+    taken: tuple[tuple[int, int], ...] = ()
+
+
+class CreditHolder:
+    """The blocks one worker holds for one (node, resource)."""
+
+    def __init__(self, config: CreditConfig | None = None) -> None:
+        self.config = config or CreditConfig()
+        self.blocks: dict[int, HeldBlock] = {}
+        self.in_flight: Reserve | None = None
+        self.unreachable = False
+        self._now_ms = -(2**62)
+        self._demand: deque[tuple[int, int]] = deque(maxlen=self.config.demand_samples_max)
+        self._last_want_ms: int | None = None
+        self._late: list[tuple[int, int]] = []  # granted after its local expiry: return whole
+
+    # ---- time ----------------------------------------------------------------------------
+
+    def _at(self, now_ms: int) -> int:
+        check_int("now_ms", now_ms, minimum=-(2**62))
+        if now_ms < self._now_ms:
+            raise ConfigError(
+                "now_ms", f"a monotonic clock never goes back: {now_ms} < {self._now_ms}"
+            )
+        self._now_ms = now_ms
+        for block_id in [b.block_id for b in self.blocks.values() if now_ms >= b.expires_at_ms]:
+            del self.blocks[block_id]
+        return now_ms
+
+    def held(self, now_ms: int) -> int:
+        """Units that may still be spent at ``now_ms``."""
+        self._at(now_ms)
+        return sum(b.left for b in self.blocks.values())
+
+    # ---- the hot path --------------------------------------------------------------------
+
+    def try_spend(self, now_ms: int, units: int = 1) -> Spend:
+        """Admit ``units`` from live blocks (earliest expiry first), all or nothing; no I/O."""
+        check_int("units", units, minimum=1)
+        now = self._at(now_ms)
+        self._want(now, units)
+        live = sorted(self.blocks.values(), key=lambda b: (b.expires_at_ms, b.block_id))
+        if sum(b.left for b in live) < units:
+            return Spend(False, units, self._why_not(now))
+        need, taken = units, []
+        for block in live:
+            take = min(need, block.left)
+            if take:
+                block.left -= take
+                need -= take
+                taken.append((block.block_id, take))
+            if need == 0:
+                break
+        return Spend(True, units, None, tuple(taken))
+
+    def _why_not(self, now: int) -> str:
+        """``governor_unreachable`` once a reserve failed to reach governord, or one has gone
+        unanswered for ``unreachable_after_ms``; else ``no_credit`` (a reserve is due)."""
+        request = self.in_flight
+        waited = (
+            request is not None and now - request.sent_at_ms >= self.config.unreachable_after_ms
+        )
+        return GOVERNOR_UNREACHABLE if self.unreachable or waited else NO_CREDIT
+
+    # ---- reserving -----------------------------------------------------------------------
+
+    def demand_per_s(self, now_ms: int) -> float:
+        """Units wanted per second over the demand window (recent spends and denials)."""
+        self._at(now_ms)
+        self._trim(now_ms)
+        window = self.config.demand_window_ms
+        if len(self._demand) == self._demand.maxlen:  # full: the samples span less time
+            window = max(1, min(window, now_ms - self._demand[0][0]))
+        return sum(n for _, n in self._demand) * 1000 / window
+
+    def block_size(self, now_ms: int) -> int:
+        """About ``horizon_ms`` of recent demand, within [block_min, block_max]."""
+        cfg = self.config
+        want = math.ceil(self.demand_per_s(now_ms) * cfg.horizon_ms / 1000)
+        return max(cfg.block_min, min(cfg.block_max, want))
+
+    def low_water(self, now_ms: int) -> int:
+        """Refill once what is held (and lasts past the lead) drops to this."""
+        return math.ceil(self.demand_per_s(now_ms) * self.config.lead_ms / 1000)
+
+    def refill(self, now_ms: int) -> Reserve | None:
+        """A reserve to send now, or None: one at a time, only while there is demand, when
+        what will still be spendable ``lead_ms`` from now is at or below the low-water mark."""
+        now = self._at(now_ms)
+        cfg = self.config
+        if self.in_flight is not None or len(self.blocks) >= cfg.blocks_max:
+            return None
+        if self._last_want_ms is None or now - self._last_want_ms >= cfg.idle_ms:
+            return None
+        lasting = sum(b.left for b in self.blocks.values() if b.expires_at_ms > now + cfg.lead_ms)
+        if lasting > self.low_water(now):
+            return None
+        self.in_flight = Reserve(now, self.block_size(now))
+        return self.in_flight
+
+    def begin(self, now_ms: int, units: int) -> Reserve | None:
+        """Start a reserve of the driver's own size (a known burst ahead, say); None while
+        one is in flight or the holder is full."""
+        check_int("units", units, minimum=1)
+        now = self._at(now_ms)
+        if self.in_flight is not None or len(self.blocks) >= self.config.blocks_max:
+            return None
+        self.in_flight = Reserve(now, units)
+        return self.in_flight
+
+    def granted(
+        self, now_ms: int, request: Reserve, block_id: int, units: int, ttl_ms: int
+    ) -> HeldBlock:
+        """The reply to ``request``, arrived at ``now_ms``: hold the block until its local
+        expiry, which is timed from the request's send, not from now."""
+        check_int("block_id", block_id, minimum=1)
+        check_int("units", units, minimum=1)
+        check_int("ttl_ms", ttl_ms, minimum=1)
+        if block_id in self.blocks:
+            raise ConfigError("block_id", f"block {block_id} is already held")
+        now = self._at(now_ms)
+        cfg = self.config
+        expires = local_expiry_ms(request.sent_at_ms, ttl_ms, cfg.rho_ppm, cfg.epsilon_ms)
+        block = HeldBlock(block_id, units, units, expires)
+        if expires > now:
+            self.blocks[block_id] = block
+        elif len(self._late) < cfg.blocks_max:
+            self._late.append((block_id, units))  # never spendable; governord may reuse it
+        self._settle(request)
+        self.unreachable = False
+        return block
+
+    def failed(self, request: Reserve, *, unreachable: bool) -> None:
+        """The reserve came back denied (``unreachable=False``) or not at all."""
+        self._settle(request)
+        if unreachable:
+            self.unreachable = True
+
+    def _settle(self, request: Reserve) -> None:
+        if self.in_flight is request:
+            self.in_flight = None
+
+    # ---- returning -----------------------------------------------------------------------
+
+    def take_returns(self, now_ms: int, *, leaving: bool = False) -> list[tuple[int, int]]:
+        """(block id, unused units) to return, removed from the holder first so they are
+        never spent after the return is sent: spent-out blocks always (governord then stops
+        counting them at once), everything when idle for ``idle_ms`` or ``leaving``."""
+        now = self._at(now_ms)
+        idle = self._last_want_ms is None or now - self._last_want_ms >= self.config.idle_ms
+        out, self._late = self._late, []
+        for block_id in sorted(self.blocks):
+            block = self.blocks[block_id]
+            if block.left == 0 or idle or leaving:
+                out.append((block_id, block.left))
+                del self.blocks[block_id]
+        return out
+
+    # ---- demand --------------------------------------------------------------------------
+
+    def _want(self, now_ms: int, units: int) -> None:
+        self._last_want_ms = now_ms
+        self._demand.append((now_ms, units))
+
+    def _trim(self, now_ms: int) -> None:
+        horizon = now_ms - self.config.demand_window_ms
+        while self._demand and self._demand[0][0] <= horizon:
+            self._demand.popleft()
