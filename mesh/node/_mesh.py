@@ -256,13 +256,8 @@ class Mesh:
     def health(self) -> dict[str, Any]:
         """/health's JSON. From another thread it is built on the node's loop."""
         d = self._require()
-        loop = self._loop
-        if (
-            self._lock is not None
-            and loop is not None
-            and loop.is_running()
-            and threading.current_thread() is not self._thread
-        ):
+        loop = self._foreign_loop()
+        if loop is not None:
 
             async def build() -> dict[str, Any]:
                 return health(d)
@@ -277,19 +272,27 @@ class Mesh:
         reloader = self._require().reloader
         if reloader is None:
             raise ConfigError("policies.file", "not set: this node has no policy file to reload")
-        loop = self._loop
-        if (
-            self._lock is not None
-            and loop is not None
-            and loop.is_running()
-            and threading.current_thread() is not self._thread
-        ):  # on the node's loop, as its file watch reloads: one reload at a time
+        loop = self._foreign_loop()
+        if loop is not None:  # on the node's loop, as its file watch reloads: one at a time
 
             async def on_loop() -> bool:
                 return reloader.reload(trigger)
 
             return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(10)
         return reloader.reload(trigger)
+
+    def _foreign_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The node's running loop when called from another thread of a threaded node (what
+        reads its state must then run there), else None."""
+        loop = self._loop
+        if (
+            self._lock is not None
+            and loop is not None
+            and loop.is_running()
+            and threading.current_thread() is not self._thread
+        ):
+            return loop
+        return None
 
     def _require(self) -> NodeDriver:
         if self._driver is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
@@ -11,14 +10,12 @@ import pytest
 from governor.engine import (
     ROOT_ID,
     BlockEnd,
-    Created,
     CreditGrant,
     CreditReturn,
     Denial,
     DenyReason,
     Engine,
     EngineConfig,
-    Event,
     InvalidArgument,
     ManualClock,
     NodeState,
@@ -32,24 +29,11 @@ from governor.engine import (
 )
 from governor.engine import _events as ev
 from governor.testing.checks import canonical
+from tests.governor.engine.test_engine import World as EngineWorld
 
 
-class World:
-    def __init__(self, config: EngineConfig | None = None) -> None:
-        self.clock = ManualClock(1_000)
-        self.events: list[Event] = []
-        self.engine = Engine(self.clock, self.events.append, config)
-        self.n = 0
-
-    def session(self, scope: int = ROOT_ID, ttl_ms: int = 10_000) -> int:
-        self.n += 1
-        sid, _ = self.engine.open_session(scope, ttl_ms, hashlib.sha256(b"%d" % self.n).hexdigest())
-        return sid
-
-    def node(self, parent: int = ROOT_ID, **kw: Any) -> int:
-        created = self.engine.create_node(None, parent, kw.pop("name", "n"), **kw)
-        assert isinstance(created, Created)
-        return created.node_id
+class World(EngineWorld):
+    """The engine tests' world, with credit at hand."""
 
     def grant(self, sid: int, node: int, units: int, resource: str = "http") -> CreditGrant:
         got = self.engine.reserve_credit(sid, node, resource, units)
