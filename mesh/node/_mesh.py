@@ -32,7 +32,7 @@ from mesh.config import NodeConfig, load_config, parse_config
 from mesh.coordinator import PolicyFeed, PolicySource
 from mesh.core.admission import DEADLINE
 from mesh.core.member import Member
-from mesh.core.policy import PolicyCache
+from mesh.core.policy import PolicyCache, TenantRatePolicy
 from mesh.core.ring import Ring
 from mesh.core.verdict import Verdict, verdict
 from mesh.errors import ConfigError
@@ -46,7 +46,7 @@ from mesh.node._build import (
 from mesh.node._driver import NodeDriver
 from mesh.node._health import health, node_stats, status
 from mesh.node._reload import PolicyReloader
-from mesh.peer import PeerHandler, Transport
+from mesh.peer import CoordinatorClient, PeerHandler, Transport
 from mesh.telemetry import HttpEndpoint, Telemetry
 
 __all__ = ["Mesh", "TransportFactory"]
@@ -339,7 +339,11 @@ class Mesh:
         reloader = None
         if cfg.policy_file is not None:
             reloader = PolicyReloader(
-                cfg.policy_file, policies, watch_ms=cfg.policy_watch_ms, lock=self._lock
+                cfg.policy_file,
+                policies,
+                watch_ms=cfg.policy_watch_ms,
+                lock=self._lock,
+                on_loaded=_declare_to(source),
             )
         driver = NodeDriver(
             cfg,
@@ -479,3 +483,19 @@ class _Handler:
 
     def status(self) -> dict[str, Any]:
         return {} if self.driver is None else status(self.driver)
+
+
+def _declare_to(source: object) -> Callable[[tuple[TenantRatePolicy, ...]], None] | None:
+    """What tells a coordinator client the generations a reload loaded: it declares them,
+    with those it had, at its next watch (so the coordinator refuses a push that would give
+    one of them other values). None when the node has no coordinator client."""
+    if not isinstance(source, CoordinatorClient):
+        return None
+    client = source
+
+    def declare(loaded: tuple[TenantRatePolicy, ...]) -> None:
+        known = {p.rate_key: p for p in client.declared}
+        known.update((p.rate_key, p) for p in loaded)
+        client.declared = tuple(known.values())
+
+    return declare

@@ -20,11 +20,12 @@ import contextlib
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from mesh.config import load_policy_file
-from mesh.core.policy import PolicyCache
+from mesh.core.policy import PolicyCache, TenantRatePolicy
 from mesh.errors import ConfigError
 from ratemesh.yamlfile import YAML_BYTES_MAX
 
@@ -61,9 +62,13 @@ class PolicyReloader:
         *,
         watch_ms: int,
         lock: Any = None,
+        on_loaded: Callable[[tuple[TenantRatePolicy, ...]], None] | None = None,
     ) -> None:
         self.path = path
         self.cache = cache
+        # Told what an accepted reload loaded: the coordinator client declares the node's
+        # own generations with each watch (`CoordinatorClient.declared`).
+        self.on_loaded = on_loaded
         self.watch_ms = watch_ms
         self.lock = lock or contextlib.nullcontext()
         self.stats = ReloadStats()
@@ -87,6 +92,8 @@ class PolicyReloader:
             return self._refuse("conflict", trigger, f"policies.file {self.path}: {exc.problem}")
         self.stats.ok += 1
         self.stats.last_error = ""
+        if self.on_loaded is not None:
+            self.on_loaded(tuple(policies))
         if changed:
             self.stats.learned += 1  # admission adopts it at its next tick
         log.info(

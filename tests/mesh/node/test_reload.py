@@ -232,3 +232,26 @@ def test_a_threaded_node_reloads_from_the_app_thread(tmp_path: Path) -> None:
         wait_for(lambda: mesh.try_admit("acme", "read_iops").allowed, 2, "admits under gen 2")
     finally:
         mesh.stop()
+
+
+def test_an_accepted_reload_is_declared_to_the_coordinator(tmp_path: Path) -> None:
+    """governord refuses a push that would give a node's own generation other values only
+    if it knows them: the generations a reload loads are declared at the next watch."""
+    from mesh.core.policy import PolicyCache, TenantRatePolicy
+    from mesh.node._mesh import _declare_to
+    from mesh.node._reload import PolicyReloader
+    from mesh.peer import CoordinatorClient
+
+    first = TenantRatePolicy.from_dict(dict(POLICY, generation=1))
+    client = CoordinatorClient("127.0.0.1:1", declared=(first,))
+    path = tmp_path / "policies.yaml"
+    _write(path, dict(POLICY, generation=2))
+    reloader = PolicyReloader(
+        str(path), PolicyCache([first]), watch_ms=0, on_loaded=_declare_to(client)
+    )
+    assert reloader.reload("api")
+    assert sorted(p.generation for p in client.declared) == [1, 2]
+    _write(path, dict(POLICY, generation=2, target_rate=1))  # a conflict: refused
+    assert not reloader.reload("api")
+    assert sorted(p.generation for p in client.declared) == [1, 2]
+    assert _declare_to(None) is None
