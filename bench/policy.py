@@ -15,15 +15,17 @@ Keys: nodes, pushes, propagation_p50_ms, propagation_p99_ms (over pushes), diver
 push_timeouts (pushes some node had not enforced within SETTLE_S), target_p99_ms,
 within_target, poll_ms, coordinator.
 
-The coordinator is `in_process_coordinator`, mesh.peer's CoordinatorServer in this process;
-it is the one function to replace to push through a real governord instead (it returns the
-address the nodes dial, the push function and the cleanup).
+The coordinator is a real governord process (`governord_coordinator`: SQLite in a temporary
+directory, a coordinator-scope key to push with and a worker-scope key the nodes watch with);
+each put returns once governord committed it. `in_process_coordinator` (mesh.peer's
+in-memory CoordinatorServer) is kept for comparing the cost of governord's commit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -32,7 +34,7 @@ from typing import Any
 
 from bench._procs import free_port, read_ready, spawn, stop, write_config
 
-__all__ = ["run", "in_process_coordinator", "Coordinator"]
+__all__ = ["run", "governord_coordinator", "in_process_coordinator", "Coordinator"]
 
 POLL_MS = 2  # how often each node's /health is read while a push propagates
 SETTLE_S = 5.0  # how long a push may take before its node counts as diverged
@@ -47,8 +49,10 @@ LIMIT: dict[str, Any] = {
 }
 
 Push = Callable[[dict[str, Any]], Awaitable[int]]  # put a policy; its generation, once put
-# (the address nodes dial, the push function, the cleanup)
-Coordinator = tuple[str, Push, Callable[[], Awaitable[None]]]
+# (the address nodes dial, the nodes' `policies.coordinator` extras, the push function, the
+# cleanup, what it is)
+Coordinator = tuple[str, dict[str, Any], Push, Callable[[], Awaitable[None]], str]
+NODE_KEY_ENV = "RATEMESH_BENCH_NODE_KEY"  # the worker-scope key the nodes watch with
 
 
 async def in_process_coordinator() -> Coordinator:
@@ -67,17 +71,76 @@ async def in_process_coordinator() -> Coordinator:
         await client.close()
         await server.stop()
 
-    return addr, push, close
+    return addr, {}, push, close, "in-process CoordinatorServer (mesh.peer)"
 
 
-def run(*, nodes: int = 4, pushes: int = 100) -> dict[str, Any]:
-    return asyncio.run(_run(nodes, pushes, in_process_coordinator))
+async def governord_coordinator() -> Coordinator:
+    """A governord process on SQLite in a temporary directory, serving the coordinator API
+    with a pushing key and a watching key; a gRPC client pushes with the first."""
+    import secrets
+
+    from mesh.peer import CoordinatorClient
+
+    tmp = tempfile.TemporaryDirectory(prefix="ratemesh-bench-governord-")
+    addr = f"127.0.0.1:{free_port()}"
+    push_key, node_key = secrets.token_hex(16), secrets.token_hex(16)
+    cfg = write_config(
+        Path(tmp.name) / "governord.yaml",
+        {
+            "listen": addr,
+            "store": f"sqlite:{Path(tmp.name) / 'governord.db'}",
+            "coordinator": {
+                "keys": {
+                    "bench": {"api_key_env": "RATEMESH_BENCH_PUSH_KEY", "scope": "coordinator"},
+                    "nodes": {"api_key_env": NODE_KEY_ENV, "scope": "worker"},
+                }
+            },
+        },
+    )
+    proc = spawn(
+        ["-m", "governor.cli", "--config", str(cfg)],
+        env={"RATEMESH_BENCH_PUSH_KEY": push_key, NODE_KEY_ENV: node_key},
+    )
+    line = await asyncio.to_thread(_first_line, proc, 60.0)
+    if not line.startswith("LISTENING"):
+        stop(proc)
+        tmp.cleanup()
+        raise RuntimeError(f"governord did not start: {line!r}")
+    client = CoordinatorClient(addr, api_key=push_key)
+
+    async def push(policy: dict[str, Any]) -> int:
+        return (await client.put(policy)).generation
+
+    async def close() -> None:
+        await client.close()
+        await asyncio.to_thread(stop, proc)
+        tmp.cleanup()
+
+    os.environ[NODE_KEY_ENV] = node_key  # the nodes this process spawns inherit it
+    return addr, {"api_key_env": NODE_KEY_ENV}, push, close, "governord (SQLite)"
+
+
+def _first_line(proc: Any, timeout_s: float) -> str:
+    """The first line a child prints on stdout, or "" if it printed none in time."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    try:
+        return str(proc.stdout.readline()) if sel.select(timeout_s) else ""
+    finally:
+        sel.close()
+
+
+def run(*, nodes: int = 4, pushes: int = 100, in_process: bool = False) -> dict[str, Any]:
+    coordinator = in_process_coordinator if in_process else governord_coordinator
+    return asyncio.run(_run(nodes, pushes, coordinator))
 
 
 async def _run(
     nodes: int, pushes: int, coordinator: Callable[[], Awaitable[Coordinator]]
 ) -> dict[str, Any]:
-    addr, push, close = await coordinator()
+    addr, extras, push, close, what = await coordinator()
     ids = [f"node-{i}" for i in range(nodes)]
     members = {m: f"127.0.0.1:{free_port()}" for m in ids}
     procs = []
@@ -87,7 +150,7 @@ async def _run(
                 Path(tmp) / "node.yaml",
                 {
                     "membership": {"source": "static", "members": members},
-                    "policies": {"coordinator": {"addr": addr, "poll_ttl_ms": 1000}},
+                    "policies": {"coordinator": {"addr": addr, "poll_ttl_ms": 1000, **extras}},
                     "telemetry_listen": "127.0.0.1:0",
                     "shutdown_drain_ms": 300,
                 },
@@ -96,7 +159,10 @@ async def _run(
                 args = ["-m", "mesh.cli", "node", "--config", str(cfg), "--member-id", m]
                 procs.append(spawn([*args, "--listen", members[m]]))
             ready = [await asyncio.to_thread(read_ready, p, 60.0) for p in procs]
-        return await _measure([r["telemetry"] for r in ready], push, pushes)
+        return {
+            **await _measure([r["telemetry"] for r in ready], push, pushes),
+            "coordinator": what,
+        }
     finally:
         for p in procs:
             await asyncio.to_thread(stop, p)
@@ -131,7 +197,6 @@ async def _measure(health: list[str], push: Push, pushes: int) -> dict[str, Any]
         "target_p99_ms": TARGET_P99_MS,
         "within_target": p99 is not None and p99 <= TARGET_P99_MS and timeouts == 0,
         "poll_ms": POLL_MS,
-        "coordinator": "in-process CoordinatorServer (mesh.peer)",
     }
 
 

@@ -183,6 +183,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     pol.add_argument("--nodes", type=int, default=4)
     pol.add_argument("--pushes", type=int, default=100)
+    pol.add_argument(
+        "--in-process",
+        dest="in_process",
+        action="store_true",
+        help="push to an in-memory coordinator in this process instead of a governord",
+    )
     _output_flags(pol)
     _policy.add_parser(sub)
     return p

@@ -92,6 +92,7 @@ def policy(args: argparse.Namespace) -> int:
         run(
             nodes=check_int("--nodes", args.nodes, minimum=1, maximum=64),
             pushes=check_int("--pushes", args.pushes, minimum=1, maximum=100_000),
+            in_process=args.in_process,
         ),
         args,
     )
