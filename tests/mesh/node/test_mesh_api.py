@@ -34,13 +34,19 @@ def test_public_names() -> None:
     ]
     assert sorted(mesh.telemetry.__all__) == [
         "DECISIONS_IDLE_S",
+        "ENFORCED_ROWS_MAX",
+        "Enforced",
         "HttpEndpoint",
+        "MemberAnswer",
         "NodeStats",
         "OTHER",
         "TOP_K",
         "Telemetry",
+        "enforced_of",
         "excess_over_times",
         "excess_over_windows",
+        "fleet_report",
+        "fleet_table",
     ]
     assert {
         "Transport",
@@ -57,7 +63,8 @@ def test_public_names() -> None:
 
 
 def test_mesh_methods() -> None:
-    """The embedding API: hot path, the two waiting forms, both lifecycles, introspection."""
+    """The embedding API: hot path, the two waiting forms, both lifecycles, introspection,
+    and reloading the node's policy file."""
     public = sorted(n for n in dir(mesh.node.Mesh) if not n.startswith("_"))
     assert public == [
         "aclose",
@@ -68,6 +75,7 @@ def test_mesh_methods() -> None:
         "health",
         "member_id",
         "refund",
+        "reload_policies",
         "ring",
         "start",
         "stop",
