@@ -205,6 +205,11 @@ class NodeConfig:
                 "membership: a share-mode policy with no membership source; "
                 "N_live is 1, so each member enforces the whole limit"
             )
+        if self.strict is None and any(p.mode is Mode.STRICT for p in self.policies):
+            out.append(
+                "strict: a strict-mode policy with no strict section (no governord credit); "
+                "it is refused with governor_unreachable"
+            )
         if not self.policies and self.coordinator is None:
             out.append(
                 "policies: none configured and no coordinator; every tenant is "
