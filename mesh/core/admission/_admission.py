@@ -282,7 +282,15 @@ class Admission:
         """Grant queued waiters that fit now (call after snapshots arrive, too)."""
         if not self.queues:
             return 0
-        return self.queues.service(now_ns, self.try_admit, DEADLINE)
+        return self.queues.service(now_ns, self.try_admit, self.deadline_verdict)
+
+    def deadline_verdict(self, tenant: str, metric: str) -> Verdict:
+        """What a waiter gets at its deadline: DEADLINE, carrying the suspension of a strict
+        limit that is failing closed (a degraded answer is never silent)."""
+        v = self._gates.get(metric, {}).get(tenant)
+        if isinstance(v, StrictGate) and v.no.suspended is not None:
+            return verdict(False, Reason.DEADLINE_EXCEEDED, Mode.STRICT, v.no.bound, v.no.suspended)
+        return DEADLINE
 
     def enqueue(
         self,

@@ -13,7 +13,7 @@ from mesh.core.member import Member
 from mesh.core.policy import BOUNDS, Mode
 from mesh.core.reporter import GlobalGate
 from mesh.core.ring import Ring
-from mesh.core.verdict import Reason, Suspension
+from mesh.core.verdict import Reason, Suspension, Verdict
 from mesh.errors import ConfigTypeError
 from ratemesh.credit import CreditConfig, local_expiry_ms
 from tests.mesh._helpers import MS, cache, policy
@@ -253,3 +253,41 @@ def test_without_a_mesh_credit_alone_decides() -> None:
     (ask,) = [e for e in desk.take() if isinstance(e, ReserveCredit)]
     desk.granted(ask, 1, 2, TTL_MS)
     assert [a.try_admit("t", "read_iops").allowed for _ in range(3)] == [True, True, False]
+
+
+def test_a_waiter_at_its_deadline_hears_that_governord_is_unreachable() -> None:
+    clock = Clock()
+    m = member(clock)
+    a = m.admission
+    got: list[Verdict] = []
+    assert a.try_admit("t", "read_iops").reason is Reason.NO_CREDIT
+    (ask,) = reserves(m)
+    assert a.enqueue("t", "read_iops", 1, 100 * MS, got.append) is not None
+    clock.ms(50)
+    tick(m, clock)
+    assert got == []  # still waiting for credit
+    assert m.credit is not None
+    m.credit.failed(ask, unreachable=True)
+    clock.ms(50)
+    tick(m, clock)
+    (v,) = got
+    assert (v.allowed, v.reason, v.mode, v.bound, v.suspended) == (
+        False,
+        Reason.DEADLINE_EXCEEDED,
+        Mode.STRICT,
+        STRICT_BOUND,
+        Suspension.GOVERNOR_UNREACHABLE,
+    )
+
+
+def test_a_waiter_is_admitted_when_its_credit_arrives() -> None:
+    clock = Clock()
+    m = member(clock)
+    a = m.admission
+    got: list[Verdict] = []
+    a.try_admit("t", "read_iops")
+    (ask,) = reserves(m)
+    a.enqueue("t", "read_iops", 3, 100 * MS, got.append)
+    grant(m, ask, 1, 10)
+    a.service(clock.ns)  # the node serves the queues when a block arrives
+    assert [v.allowed for v in got] == [True]
