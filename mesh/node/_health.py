@@ -159,6 +159,11 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             "snapshots_taken": m.reporter.snapshots_taken,
         },
         "peer": driver.transport.stats(),
+        # strict limits' credit (None without a `strict:` section): units admitted, vetoed
+        # by the mesh first, denied by credit; reserves, grants, refusals, returns
+        "strict": None
+        if driver.credit is None
+        else {"governord": driver.credit.config.governord, **driver.credit.stats()},
         "bounds": {  # issue 12: what the named bounds on the node's work did
             "reports_sliced": driver.reports_sliced,
             "reports_shed": driver.reports_shed,

@@ -107,6 +107,9 @@ def test_strict_admissions_keep_the_envelope_through_a_governord_sigkill(
         resumed = _run(mesh, seen, time.monotonic() + WAIT_MAX_S, stop_when=lambda v: v.allowed)
         assert resumed, "no admission within WAIT_MAX_S of governord's restart"
         _run(mesh, seen, time.monotonic() + AFTER_S)
+        strict = mesh.health()["strict"]
+        assert strict["governord"] == daemon.addr and strict["granted"] >= 2
+        assert strict["unreachable"] >= 1 and strict["admitted"] >= BURST
         mesh.stop()
         mesh = None
         outstanding = asyncio.run(_outstanding(daemon.addr))
