@@ -6,6 +6,8 @@ Real cores joined by hand: the tests play governord's part with values, no I/O."
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mesh.core.admission import STRICT_BOUND, Admission, CreditDesk, StrictGate
 from mesh.core.effects import Effect, ReserveCredit, ReturnCredit, Send
@@ -291,3 +293,72 @@ def test_a_waiter_is_admitted_when_its_credit_arrives() -> None:
     grant(m, ask, 1, 10)
     a.service(clock.ns)  # the node serves the queues when a block arrives
     assert [v.allowed for v in got] == [True]
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("admit"), st.integers(1, 8)),
+        st.tuples(st.just("wait"), st.integers(1, 400)),
+        st.tuples(st.just("tick"), st.just(0)),
+        st.tuples(st.just("grant"), st.integers(1, 60)),
+        st.tuples(st.just("deny"), st.booleans()),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS)
+def test_each_step_does_only_its_part_on_random_runs(ops: list[tuple[str, object]]) -> None:
+    """Random admits, waits, ticks, grants and failures: a veto touches no credit and asks
+    nothing; a credit denial leaves the mesh's view as it was; an admission spends from a
+    block granted and not past its local expiry; units admitted never exceed units granted."""
+    clock = Clock()
+    m = member(clock, b=10, horizon_ms=100)
+    a, desk = m.admission, m.credit
+    assert desk is not None
+    cfg = desk.config
+    asks: list[ReserveCredit] = []
+    granted: list[tuple[int, int]] = []  # (units, local expiry ms)
+    admitted = next_block = 0
+    for op, arg in ops:
+        if op == "admit":
+            assert isinstance(arg, int)
+            g = a.gate("t", "read_iops")
+            front = g.front if isinstance(g, StrictGate) else None
+            before = front_state(front) if front is not None else None
+            held = g.holder.held(clock.ns // MS) if isinstance(g, StrictGate) else 0
+            asked = desk.reserves
+            v = a.try_admit("t", "read_iops", arg)
+            assert v.bound == STRICT_BOUND and v.mode is Mode.STRICT
+            g = a.gate("t", "read_iops")
+            assert isinstance(g, StrictGate)
+            if v.reason is Reason.GLOBAL_LIMIT:
+                assert g.holder.held(clock.ns // MS) == held and desk.reserves == asked
+            elif not v.allowed and before is not None and g.front is not None:
+                assert front_state(g.front)[:3] == before[:3]
+            if v.allowed:
+                admitted += arg
+                now_ms = clock.ns // MS
+                assert any(exp > now_ms for _, exp in granted)
+        elif op == "wait":
+            assert isinstance(arg, int)
+            clock.ms(arg)
+        elif op == "tick":
+            tick(m, clock)
+        elif op in ("grant", "deny"):
+            asks += [e for e in desk.take() if isinstance(e, ReserveCredit)]
+            if not asks:
+                continue
+            ask = asks.pop(0)
+            if op == "grant":
+                assert isinstance(arg, int)
+                next_block += 1
+                desk.granted(ask, next_block, arg, TTL_MS)
+                r = ask.request
+                expiry = local_expiry_ms(r.sent_at_ms, TTL_MS, cfg.rho_ppm, cfg.epsilon_ms)
+                granted.append((arg, expiry))
+            else:
+                desk.failed(ask, unreachable=bool(arg))
+        assert admitted <= sum(units for units, _ in granted)
+        assert desk.admitted == admitted
