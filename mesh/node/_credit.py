@@ -22,7 +22,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from governor.client import Client, Denied, GovernorClientError, SessionLost, Unavailable
+from governor.client import (
+    AuthError,
+    Client,
+    Denied,
+    GovernorClientError,
+    RequestError,
+    ScopeError,
+)
 from mesh.config import StrictConfig
 from mesh.core.admission import CreditDesk
 from mesh.core.effects import Effect, ReserveCredit, ReturnCredit
@@ -58,6 +65,7 @@ class CreditDriver:
         self._returner: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake_soon = False
+        self._busy = False  # the returner is in a call
         self._refused_logged = -REFUSED_LOG_S
         self.granted = 0
         self.refused = 0
@@ -135,23 +143,27 @@ class CreditDriver:
     async def _reserve(self, e: ReserveCredit) -> None:
         unreachable: bool | None = None
         reply: dict[str, Any] = {}
+        client: Client | None = None
         try:
             client = await self._session()
             node = self.config.node_for(e.rate_key.tenant_id) or client.scope_id
             reply = await client.reserve_credit(node, e.rate_key.metric.value, e.request.units)
         except Denied:
             unreachable = False
-        except (Unavailable, SessionLost):
-            unreachable = True
-            self.unreachable += 1
-        except GovernorClientError as exc:  # auth, scope, a bad node: the config's mistake
-            unreachable = False
-            self._log_refused(e, exc)
+        except (AuthError, ScopeError, RequestError) as exc:
+            # A call cut short because its session was closed for a new one (CANCELLED) was
+            # never answered; anything else is the config's mistake (a key, a node's scope).
+            unreachable = exc.code == "CANCELLED" or client is not self.client
+            if not unreachable:
+                self._log_refused(e, exc)
+        except GovernorClientError:
+            unreachable = True  # Unavailable, SessionLost: governord did not answer
         except asyncio.CancelledError:
             with self.lock:
                 self.desk.failed(e, unreachable=True)
             raise
         if unreachable is not None:
+            self.unreachable += unreachable
             self.refused += not unreachable
             with self.lock:
                 self.desk.failed(e, unreachable=unreachable)
@@ -178,7 +190,11 @@ class CreditDriver:
             while not self._returns:
                 self._returns_wake.clear()
                 await self._returns_wake.wait()
-            await self._give_back(self._returns.popleft())
+            self._busy = True
+            try:
+                await self._give_back(self._returns.popleft())
+            finally:
+                self._busy = False
 
     async def _give_back(self, e: ReturnCredit) -> None:
         try:
@@ -191,21 +207,28 @@ class CreditDriver:
     # -- leaving --------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Leaving: stop asking, give back everything held (bounded), end the session."""
+        """Leaving: stop asking, let the reserves in flight finish (a block granted now goes
+        back whole), give back everything held, end the session; each wait bounded."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_RETURNS_S
+        with self.lock:
+            self.desk.closing = True
+        if self._reserving:
+            await asyncio.wait(list(self._reserving), timeout=CLOSE_RETURNS_S)
         for task in list(self._reserving):
-            task.cancel()
+            task.cancel()  # its block, if governord granted it, is counted until it expires
         await asyncio.gather(*self._reserving, return_exceptions=True)
         with self.lock:
             effects = self.desk.leave()
         self.carry(effects)
+        while (self._returns or self._busy) and loop.time() < deadline:
+            await asyncio.sleep(0.005)
+        if self._returns:
+            log.warning("credit returns on leaving timed out; their blocks expire instead")
         if self._returner is not None:
             self._returner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._returner
-        pending = list(self._returns)
-        self._returns.clear()
-        if pending and self.client is not None:
-            await _bounded(_all(self, pending), CLOSE_RETURNS_S)
         if self.client is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.client.close(), CLOSE_RETURNS_S)
@@ -224,15 +247,3 @@ class CreditDriver:
             "returned": self.returned,
             "returns_dropped": self.returns_dropped,
         }
-
-
-async def _all(driver: CreditDriver, returns: list[ReturnCredit]) -> None:
-    for e in returns:
-        await driver._give_back(e)
-
-
-async def _bounded(coro: Any, timeout_s: float) -> None:
-    try:
-        await asyncio.wait_for(coro, timeout_s)
-    except TimeoutError:
-        log.warning("credit returns on leaving timed out; their blocks expire instead")
