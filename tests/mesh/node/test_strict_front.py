@@ -172,3 +172,46 @@ def test_strict_admissions_keep_the_envelope_through_a_governord_sigkill(
     ), {(v.reason, v.suspended) for v in calm}
     assert any(t > restarted_ns for t in times)  # resumed after the restart
     assert outstanding == 0  # leaving gave every block back
+
+
+def test_on_an_asyncio_node_admit_waits_for_credit_and_a_wrong_node_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`await mesh.admit()` waits for the first block; a tenant mapped to a node its key
+    cannot reach (`strict.nodes`) is refused by governord: it never admits, its verdicts say
+    `no_credit`, and /health counts the refusals."""
+    monkeypatch.setenv("KEY_A", KEYS["KEY_A"])
+    (store,) = list(make_target("sqlite", tmp_path))
+    daemon = Daemon(tmp_path, store)
+    daemon.config["tenants"]["a"]["rates"] = {"read_iops": {"per_s": RATE, "burst": BURST}}
+    daemon.start()
+
+    async def run() -> tuple[Verdict, list[Verdict], Verdict, dict[str, int]]:
+        config = {
+            "member_id": "w",
+            "policies": {"inline": [_policy("acme", 1_000, 200), _policy("stray", 1_000, 200)]},
+            "shutdown_drain_ms": 200,
+            "strict": {
+                "governord": daemon.addr,
+                "api_key_env": "KEY_A",
+                "nodes": {"stray": 999_999},
+            },
+        }
+        async with Mesh(config) as mesh:
+            first = await mesh.admit("acme", "read_iops", timeout_s=10.0)
+            stray = []
+            for _ in range(20):
+                stray.append(mesh.try_admit("stray", "read_iops"))
+                await asyncio.sleep(0.05)
+            waited = await mesh.admit("stray", "read_iops", timeout_s=0.2)
+            return first, stray, waited, mesh.health()["strict"]
+
+    try:
+        first, stray, waited, strict = asyncio.run(run())
+    finally:
+        daemon.close()
+    assert first.allowed and first.bound == STRICT_BOUND
+    assert not any(v.allowed for v in stray + [waited])
+    assert {v.reason for v in stray} == {Reason.NO_CREDIT}
+    assert waited.reason is Reason.DEADLINE_EXCEEDED and waited.suspended is None
+    assert strict["refused"] >= 2 and strict["granted"] >= 1
