@@ -204,7 +204,10 @@ def test_on_an_asyncio_node_admit_waits_for_credit_and_a_wrong_node_is_refused(
                 stray.append(mesh.try_admit("stray", "read_iops"))
                 await asyncio.sleep(0.05)
             waited = await mesh.admit("stray", "read_iops", timeout_s=0.2)
-            return first, stray, waited, mesh.health()["strict"]
+            health = mesh.health()
+            (acme,) = [e for e in health["limits"] if e["tenant"] == "acme"]
+            assert acme["bound"] == STRICT_BOUND and acme["credit_held"] >= 0
+            return first, stray, waited, health["strict"]
 
     try:
         first, stray, waited, strict = asyncio.run(run())
