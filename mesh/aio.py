@@ -18,7 +18,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from mesh.core.admission._admission import DEADLINE, QUEUE_FULL, Admission
+from mesh.core.admission._admission import QUEUE_FULL, Admission
 from mesh.core.admission._queue import Waiter
 from mesh.core.verdict import Reason, Verdict
 
@@ -61,7 +61,7 @@ async def admit(
         waiter = admission.enqueue(tenant, metric, amount, deadline_ns, resolve)
     if waiter is None:
         return QUEUE_FULL
-    timer = loop.call_later(timeout_s, _expire, waiter)
+    timer = loop.call_later(timeout_s, _expire, waiter, admission)
     if parked is not None:
         parked.add(future)
     try:
@@ -73,10 +73,10 @@ async def admit(
             parked.discard(future)
 
 
-def _expire(waiter: Waiter) -> None:
+def _expire(waiter: Waiter, admission: Admission) -> None:
     if not waiter.done:
         waiter.done = True
-        waiter.resolve(DEADLINE)
+        waiter.resolve(admission.deadline_verdict(waiter.tenant, waiter.metric))
 
 
 class Ticker:

@@ -20,6 +20,7 @@ from mesh.config._node import (
     read_fleet_secret,
     resolve_identity,
 )
+from mesh.config._strict import StrictConfig
 
 __all__ = [
     "FLEET_SECRET_MIN_BYTES",
@@ -36,4 +37,5 @@ __all__ = [
     "parse_config",
     "read_fleet_secret",
     "resolve_identity",
+    "StrictConfig",
 ]

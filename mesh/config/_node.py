@@ -34,6 +34,8 @@ Shape (every key optional except where said)::
                                  # governord; or api_key_env: NAME (a worker-scope key);
                                  # ca: F verifies governord's TLS certificate
     core: {sync_interval_ms: 5, snapshot_ttl_ms: 20}
+    strict: {governord: 127.0.0.1:7443, api_key_file: tenant.key, node: 12}
+                                 # credit for strict limits (mesh/config/_strict.py)
 
 Ports are 1..65535. Only `listen` and `telemetry_listen` also take 0, "any free port": the
 node reads the bound port back and reports it (`Mesh.address`, `Mesh.telemetry_address`),
@@ -58,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mesh.config._strict import StrictConfig, parse_strict
 from mesh.core._validate import check_bool, check_int, check_str
 from mesh.core.config import CoreConfig
 from mesh.core.messages import MAX_MESSAGE_BYTES
@@ -161,6 +164,7 @@ class NodeConfig:
     policy_file: str | None = None
     policy_watch_ms: int = POLICY_WATCH_MS  # 0: reload the file on SIGHUP only
     coordinator: CoordinatorConfig | None = None
+    strict: StrictConfig | None = None  # None: strict limits fail closed (no credit source)
     core: CoreConfig = field(
         default_factory=lambda: CoreConfig(report_retry_max_ms=NODE_RETRY_MAX_MS)
     )
@@ -200,6 +204,11 @@ class NodeConfig:
             out.append(
                 "membership: a share-mode policy with no membership source; "
                 "N_live is 1, so each member enforces the whole limit"
+            )
+        if self.strict is None and any(p.mode is Mode.STRICT for p in self.policies):
+            out.append(
+                "strict: a strict-mode policy with no strict section (no governord credit); "
+                "it is refused with governor_unreachable"
             )
         if not self.policies and self.coordinator is None:
             out.append(
@@ -284,6 +293,7 @@ _TOP = {
     "membership",
     "policies",
     "core",
+    "strict",
 }
 
 
@@ -329,6 +339,8 @@ def parse_config(data: Any, *, base: Path | None = None) -> NodeConfig:
         kw["membership"] = _membership(data["membership"])
     if data.get("policies") is not None:
         kw.update(_policies(data["policies"], base))
+    if data.get("strict") is not None:
+        kw["strict"] = parse_strict(data["strict"], base)
     core = data.get("core")
     if core is None:
         core = {}

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 from mesh.core.messages import Message
 from mesh.core.policy import RateKey
+from ratemesh.credit import Reserve
 
-__all__ = ["Send", "FetchPolicy", "Effect"]
+__all__ = ["Send", "FetchPolicy", "ReserveCredit", "ReturnCredit", "Effect"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,4 +26,22 @@ class FetchPolicy:
     rate_key: RateKey
 
 
-Effect = Send | FetchPolicy
+@dataclass(frozen=True, slots=True)
+class ReserveCredit:
+    """Ask governord for a credit block for a strict limit (`Reserve.sent_at_ms` is already
+    set: send now), then call `CreditDesk.granted` or `.failed` with this same object."""
+
+    rate_key: RateKey
+    request: Reserve
+
+
+@dataclass(frozen=True, slots=True)
+class ReturnCredit:
+    """Give back a block's unused units (already out of the holder: nothing spends them)."""
+
+    rate_key: RateKey
+    block_id: int
+    unused: int
+
+
+Effect = Send | FetchPolicy | ReserveCredit | ReturnCredit

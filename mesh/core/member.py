@@ -7,7 +7,7 @@ carry out the effects it returns.
 
 from __future__ import annotations
 
-from mesh.core.admission import Admission
+from mesh.core.admission import Admission, CreditDesk
 from mesh.core.config import CoreConfig
 from mesh.core.effects import Effect
 from mesh.core.messages import Handover, Message, ReportBatch, SnapshotBatch
@@ -31,6 +31,7 @@ class Member:
         now_ns: int,
         *,
         config: CoreConfig | None = None,
+        credit: CreditDesk | None = None,
     ) -> None:
         self.member_id = member_id
         self.config = config or CoreConfig()
@@ -40,8 +41,14 @@ class Member:
             member_id, ring, policies, now_ns, incarnation=worker_epoch, config=self.config
         )
         self.admission = Admission(
-            policies, now_ns, reporter=self.reporter, config=self.config, n_live=len(ring)
+            policies,
+            now_ns,
+            reporter=self.reporter,
+            config=self.config,
+            n_live=len(ring),
+            credit=credit,
         )
+        self.credit = credit  # strict limits' credit blocks (None: strict fails closed)
 
     @property
     def ring(self) -> Ring:
@@ -50,7 +57,10 @@ class Member:
     def tick(self, now_ns: int) -> list[Effect]:
         """The sync interval: expire and settle views, send reports, refresh reporters."""
         self.admission.tick(now_ns)
-        return self.reporter.flush(now_ns) + self.owner.tick(now_ns)
+        effects = self.reporter.flush(now_ns) + self.owner.tick(now_ns)
+        if self.credit is not None:
+            effects += self.credit.take()
+        return effects
 
     def flush(self, now_ns: int) -> list[Effect]:
         """Early flush, when the report threshold was crossed between ticks."""

@@ -18,7 +18,9 @@ class Reason(StrEnum):
     POLICY_UNKNOWN = "policy_unknown"  # no policy generation known: fail closed
     SNAPSHOT_STALE = "snapshot_stale"  # the owner's view expired: stop expanding traffic
     OWNER_UNREACHABLE = "owner_unreachable"
-    GOVERNOR_UNREACHABLE = "governor_unreachable"  # strict mode with no credit source
+    GOVERNOR_UNREACHABLE = "governor_unreachable"  # strict: governord not answering, nothing held
+    GLOBAL_LIMIT = "global_limit"  # strict: the mesh's global view vetoed (no credit touched)
+    NO_CREDIT = "no_credit"  # strict: the mesh passed it, no credit held; a refill was asked
     TOO_LARGE = "too_large"  # the amount exceeds the burst: it could never be admitted
 
 

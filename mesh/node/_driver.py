@@ -22,13 +22,14 @@ from typing import Any
 
 from mesh.config import Identity, NodeConfig
 from mesh.coordinator import PolicyFeed
-from mesh.core.effects import Effect, FetchPolicy, Send
+from mesh.core.effects import Effect, FetchPolicy, ReserveCredit, ReturnCredit, Send
 from mesh.core.member import Member
 from mesh.core.messages import REPORT_ROWS_MAX, Message, ReportBatch, SnapshotBatch
 from mesh.core.owner._owner import FETCHING_MAX
 from mesh.core.policy import Metric, RateKey
 from mesh.core.ring import Ring
 from mesh.membership import MembershipSource, MembershipView
+from mesh.node._credit import CreditDriver
 from mesh.node._reload import PolicyReloader
 from mesh.peer import Transport
 from mesh.telemetry import DECISIONS_IDLE_S, Telemetry
@@ -116,6 +117,7 @@ class NodeDriver:
         lock: threading.Lock | None,
         clock_ns: Callable[[], int] = time.monotonic_ns,
         reloader: PolicyReloader | None = None,
+        credit: CreditDriver | None = None,
     ) -> None:
         self.config = config
         self.identity = identity
@@ -125,6 +127,7 @@ class NodeDriver:
         self.feed = feed
         self.telemetry = telemetry
         self.reloader = reloader  # the local policy file's reloads (None: no policies.file)
+        self.credit = credit  # strict limits' calls to governord (None: no `strict:` section)
         self.lock = lock or contextlib.nullcontext()
         self.threaded = lock is not None
         self.clock_ns = clock_ns
@@ -185,6 +188,8 @@ class NodeDriver:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        if self.credit is not None:
+            self.credit.start()
         self._spawn(self._ticker(), "mesh-tick")
         self._spawn(self._run_membership(), "mesh-membership")
         self._spawn(self._collect_refused(), "mesh-refused-gc")
@@ -215,6 +220,8 @@ class NodeDriver:
             await asyncio.wait_for(self.membership.leave(), max(drain_s, 0.1))
         except TimeoutError:
             log.warning("leaving membership timed out; the lease will lapse instead")
+        if self.credit is not None:  # give back what strict limits hold, then end the session
+            await _bounded(self.credit.close(), CLOSE_STEP_S * 2, "strict credit")
         self._flush()
         while self._unacked() and loop.time() < deadline:
             await asyncio.sleep(self.config.core.sync_interval_ms / 1000)
@@ -524,6 +531,8 @@ class NodeDriver:
                 self.transport.send(e.to, e.message)
             elif isinstance(e, FetchPolicy):
                 self._want_policy(now, e.rate_key)
+            elif isinstance(e, (ReserveCredit, ReturnCredit)) and self.credit is not None:
+                self.credit.carry([e])
 
     # -- policy fetches -------------------------------------------------------------------
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from mesh.core.admission import CreditDesk, StrictGate
 from mesh.core.gcra import NS_PER_S
-from mesh.core.policy import BOUNDS, Mode
+from mesh.core.policy import BOUNDS, Mode, RateKey
 from mesh.core.reporter._gate import GlobalGate
 from mesh.node._driver import NodeDriver
 from mesh.telemetry import NodeStats
@@ -76,6 +77,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
     with driver.lock:
         views = {(v.policy.tenant_id, v.policy.metric.value): v for v in m.admission.gates()}
         policies = list(m.policies)
+        held = _credit_held(m.admission.credit)
     d_ms = d_estimate_ns(driver) / 1e6
     for p in policies:
         v = views.get((p.tenant_id, p.metric.value))
@@ -94,6 +96,8 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             "global_burst": p.global_burst,
             "local_burst_cap": p.local_burst_cap,
         }
+        if p.mode is Mode.STRICT and isinstance(v, StrictGate):
+            entry["credit_held"] = held.get(v.key, 0)  # units spendable now, from live blocks
         if p.mode is Mode.GLOBAL:
             entry["envelope"] = round(
                 len(m.ring) * p.local_burst_cap + p.target_rate * d_ms / 1000, 3
@@ -159,6 +163,11 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             "snapshots_taken": m.reporter.snapshots_taken,
         },
         "peer": driver.transport.stats(),
+        # strict limits' credit (None without a `strict:` section): units admitted, vetoed
+        # by the mesh first, denied by credit; reserves, grants, refusals, returns
+        "strict": None
+        if driver.credit is None
+        else {"governord": driver.credit.config.governord, **driver.credit.stats()},
         "bounds": {  # issue 12: what the named bounds on the node's work did
             "reports_sliced": driver.reports_sliced,
             "reports_shed": driver.reports_shed,
@@ -177,6 +186,13 @@ def status(driver: NodeDriver) -> dict[str, Any]:
     out = health(driver)
     out["membership"]["addresses"] = dict(sorted(driver.membership_view.members.items()))
     return out
+
+
+def _credit_held(desk: CreditDesk | None) -> dict[RateKey, int]:
+    if desk is None:
+        return {}
+    now_ms = desk.now_ms()
+    return {key: g.holder.held(now_ms) for key, g in desk.gates.items()}
 
 
 def _first(item: tuple[Any, Any]) -> Any:

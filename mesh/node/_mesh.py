@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import threading
@@ -30,7 +31,7 @@ from typing import Any
 from mesh.aio import admit as _admit
 from mesh.config import NodeConfig, load_config, parse_config
 from mesh.coordinator import PolicyFeed, PolicySource
-from mesh.core.admission import DEADLINE
+from mesh.core.admission import DEADLINE, CreditDesk
 from mesh.core.member import Member
 from mesh.core.policy import PolicyCache, TenantRatePolicy
 from mesh.core.ring import Ring
@@ -43,6 +44,7 @@ from mesh.node._build import (
     build_transport,
     claim_static_id,
 )
+from mesh.node._credit import CreditDriver
 from mesh.node._driver import NodeDriver
 from mesh.node._health import health, node_stats, status
 from mesh.node._reload import PolicyReloader
@@ -315,7 +317,12 @@ class Mesh:
         policies = PolicyCache(cfg.policies)
         ring = Ring([self.member_id], 0)
         worker_epoch = time.time_ns() // 1000  # grows across restarts: a new incarnation
-        member = Member(self.member_id, worker_epoch, ring, policies, now, config=cfg.core)
+        desk = None
+        if cfg.strict is not None:  # strict limits spend governord credit (else fail closed)
+            desk = CreditDesk(time.monotonic_ns, cfg.strict.credit)
+        member = Member(
+            self.member_id, worker_epoch, ring, policies, now, config=cfg.core, credit=desk
+        )
         handler = _Handler()
         make = self._transport_arg or partial(build_transport, cfg)
         transport = make(self.member_id, worker_epoch, handler)
@@ -345,6 +352,15 @@ class Mesh:
                 lock=self._lock,
                 on_loaded=_declare_to(source),
             )
+        credit = None
+        if cfg.strict is not None and desk is not None:
+
+            def served() -> None:
+                with driver.lock:
+                    member.admission.service(time.monotonic_ns())
+
+            lock = self._lock or contextlib.nullcontext()
+            credit = CreditDriver(cfg.strict, desk, lock=lock, served=served)
         driver = NodeDriver(
             cfg,
             self.identity,
@@ -355,6 +371,7 @@ class Mesh:
             tel,
             lock=self._lock,
             reloader=reloader,
+            credit=credit,
         )
         handler.driver = driver
         self._driver = driver

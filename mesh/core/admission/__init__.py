@@ -2,5 +2,16 @@
 
 from mesh.core.admission._admission import DEADLINE, QUEUE_FULL, UNKNOWN, Admission
 from mesh.core.admission._queue import TenantQueues, Waiter
+from mesh.core.admission._strict import STRICT_BOUND, CreditDesk, StrictGate
 
-__all__ = ["Admission", "DEADLINE", "QUEUE_FULL", "TenantQueues", "UNKNOWN", "Waiter"]
+__all__ = [
+    "Admission",
+    "CreditDesk",
+    "DEADLINE",
+    "QUEUE_FULL",
+    "STRICT_BOUND",
+    "StrictGate",
+    "TenantQueues",
+    "UNKNOWN",
+    "Waiter",
+]

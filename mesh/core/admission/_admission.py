@@ -12,6 +12,7 @@ from collections.abc import Callable
 from mesh.core._validate import check_int
 from mesh.core.admission._gates import FixedGate, LocalGate, unknown_verdict
 from mesh.core.admission._queue import TenantQueues, Waiter
+from mesh.core.admission._strict import CreditDesk, StrictGate
 from mesh.core.config import CoreConfig
 from mesh.core.gate import Gate
 from mesh.core.policy import BOUNDS, Metric, Mode, PolicyCache, TenantRatePolicy
@@ -42,6 +43,7 @@ class Admission:
         config: CoreConfig | None = None,
         n_live: int = 1,
         membership_stale: bool = False,
+        credit: CreditDesk | None = None,
     ) -> None:
         if not isinstance(policies, PolicyCache):
             raise ConfigTypeError(
@@ -49,8 +51,11 @@ class Admission:
             )
         check_int("now_ns", now_ns)
         check_int("n_live", n_live, minimum=1)
+        if credit is not None and not isinstance(credit, CreditDesk):
+            raise ConfigTypeError("credit", f"must be a CreditDesk, got {type(credit).__name__}")
         self.policies = policies
         self.reporter = reporter
+        self.credit = credit  # strict limits' credit; None: they fail closed
         self.config = config or (reporter.config if reporter else CoreConfig())
         self.n_live = n_live
         self.membership_stale = membership_stale
@@ -94,6 +99,12 @@ class Admission:
         v = self._gates.get(_metric(metric), {}).get(tenant)
         if v is None:
             raise ConfigError("tenant", f"{tenant!r} has no charge on {metric} to refund")
+        if isinstance(v, StrictGate):
+            # The mesh's charge goes back; spent credit does not (a unit taken from a block
+            # stays spent, which only ever lowers what is admitted).
+            if v.front is None:
+                return
+            v = v.front
         v.pending -= amount
         if isinstance(v, GlobalGate):
             v.recompute()
@@ -106,6 +117,8 @@ class Admission:
         _check_amount(amount)
         if amount > v.policy.global_burst and v.avail < amount:
             return verdict(False, Reason.TOO_LARGE, v.policy.mode, v.no.bound)
+        if isinstance(v, StrictGate):
+            return v.admit(amount)
         v.denied += amount
         if not v.marked:
             v.sink(v)
@@ -143,8 +156,10 @@ class Admission:
                 )
             return self.reporter.open_gate(policy)
         if mode is Mode.STRICT:
-            # Reserved: strict credit comes from governord (a later issue). Until a credit
-            # source is attached, strict limits fail closed and say so.
+            if self.credit is not None:
+                front = None if self.reporter is None else self.reporter.open_gate(policy)
+                return self.credit.open(policy, front)
+            # No credit source attached (no `strict:` section): fail closed and say so.
             return FixedGate(
                 policy,
                 _ignore,
@@ -184,12 +199,20 @@ class Admission:
         drops it too), a local or share view whose bucket is full, a fixed verdict."""
         if isinstance(v, GlobalGate):
             return self.reporter is not None and self.reporter.forget_if_idle(v.key)
+        if isinstance(v, StrictGate):
+            if not v.holds_nothing():
+                return False
+            return v.front is None or (
+                self.reporter is not None and self.reporter.forget_if_idle(v.front.key)
+            )
         if isinstance(v, LocalGate):
             return not v.marked
         return isinstance(v, FixedGate)
 
     def _evict(self, by_tenant: dict[str, Gate], tenant: str) -> None:
         v = by_tenant.pop(tenant)
+        if isinstance(v, StrictGate) and self.credit is not None:
+            self.credit.close(v)
         if isinstance(v, LocalGate):
             self._shares.pop(v, None)
             self._settle.discard(v)
@@ -249,6 +272,8 @@ class Admission:
                 v.flush_at = 1 << 62
         if self.reporter is not None:
             self.reporter.tick(now_ns)
+        if self.credit is not None:
+            self.credit.tick(now_ns)
         if self._sweep_left or now_ns >= self._sweep_at_ns:
             self._sweep(now_ns)
         return self.service(now_ns)
@@ -257,7 +282,15 @@ class Admission:
         """Grant queued waiters that fit now (call after snapshots arrive, too)."""
         if not self.queues:
             return 0
-        return self.queues.service(now_ns, self.try_admit, DEADLINE)
+        return self.queues.service(now_ns, self.try_admit, self.deadline_verdict)
+
+    def deadline_verdict(self, tenant: str, metric: str) -> Verdict:
+        """What a waiter gets at its deadline: DEADLINE, carrying the suspension of a strict
+        limit that is failing closed (a degraded answer is never silent)."""
+        v = self._gates.get(metric, {}).get(tenant)
+        if isinstance(v, StrictGate) and v.no.suspended is not None:
+            return verdict(False, Reason.DEADLINE_EXCEEDED, Mode.STRICT, v.no.bound, v.no.suspended)
+        return DEADLINE
 
     def enqueue(
         self,
@@ -289,6 +322,10 @@ class Admission:
                     continue
                 if isinstance(old, GlobalGate) and self.reporter is not None:
                     self.reporter.retire(old.key)
+                if isinstance(old, StrictGate) and self.credit is not None:
+                    if old.front is not None and self.reporter is not None:
+                        self.reporter.retire(old.front.key)
+                    self.credit.close(old)
                 if isinstance(old, LocalGate):
                     self._settle.discard(old)
                     self._shares.pop(old, None)

@@ -58,7 +58,10 @@ class TenantQueues:
         return True
 
     def service(
-        self, now_ns: int, try_admit: Callable[[str, str, int], Verdict], expired: Verdict
+        self,
+        now_ns: int,
+        try_admit: Callable[[str, str, int], Verdict],
+        expired: Callable[[str, str], Verdict],
     ) -> int:
         """Grant what fits now, expire what is past its deadline. Returns waiters resolved.
 
@@ -76,7 +79,7 @@ class TenantQueues:
                 if w.deadline_ns <= now_ns:
                     q.popleft()
                     w.done = True
-                    w.resolve(expired)
+                    w.resolve(expired(w.tenant, w.metric))
                     resolved += 1
                     continue
                 verdict = try_admit(w.tenant, w.metric, w.amount)

@@ -17,7 +17,8 @@ BOUNDS: dict[str, str] = {
     # Cut off from the owner: the view spends only its floor, R/members for a bounded span,
     # escrowed by the owner (docs/partitions.md).
     "global_floor": "excess<=N*b+R*d;owner_unreachable=>floor_R/N_escrowed",
-    "strict": "never_exceeds;unreachable=>fail_closed",
+    # Credit blocks from governord, the mesh's global view vetoing first (docs/strict.md).
+    "strict": "admitted<=R*(t1-t0)+B;governor_unreachable=>fail_closed",
     "disabled": "unlimited:policy_disabled",
     "unknown": "policy_unknown:fail_closed",
 }

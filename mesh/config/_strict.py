@@ -1,0 +1,124 @@
+"""The `strict:` section of a node's config: where strict limits get their credit.
+
+    strict:
+      governord: 127.0.0.1:7443   # required: governord's session API
+      api_key_file: tenant.key    # or api_key_env: NAME (exactly one): a tenant's API key
+      ca: ca.pem                  # verify governord's TLS certificate (turns TLS on)
+      node: 12                    # the quota node strict limits spend from (default: the
+                                  # key's tenant node, the session's scope)
+      nodes: {acme: 14}           # per mesh tenant, overriding `node`
+      session_ttl_ms: 10000       # governord session TTL (a restart shorter than 80 % of it
+                                  # keeps the session)
+      credit: {rho_ppm: 1000, epsilon_ms: 50, horizon_ms: 1000, lead_ms: 250, idle_ms: 2000}
+
+A strict policy for (tenant, metric) spends at governord node `nodes[tenant]` (else `node`,
+else the key's tenant node) with the metric's name as the resource, e.g. `read_iops`: that
+node's `rates: {read_iops: {per_s, burst}}` is the strict bound (docs/strict.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from mesh.core._validate import check_int, check_str
+from mesh.errors import ConfigError, ConfigTypeError
+from ratemesh.apikey import read_api_key
+from ratemesh.checks import check_address, check_keys
+from ratemesh.credit import CreditConfig
+from ratemesh.errors import ConfigError as SharedConfigError
+
+__all__ = ["StrictConfig", "parse_strict"]
+
+NODES_MAX = 10_000  # per-tenant node overrides in one config
+SESSION_TTL_MS = 10_000
+_KEYS = {"governord", "api_key_file", "api_key_env", "ca", "node", "nodes", "session_ttl_ms"}
+_CREDIT_KEYS = {f.name for f in fields(CreditConfig)}
+
+
+@dataclass(frozen=True, slots=True)
+class StrictConfig:
+    governord: str
+    api_key: str = field(repr=False)
+    ca: str | None = None
+    node: int | None = None  # None: the API key's tenant node
+    nodes: dict[str, int] = field(default_factory=dict)
+    session_ttl_ms: int = SESSION_TTL_MS
+    credit: CreditConfig = field(default_factory=CreditConfig)
+
+    def node_for(self, tenant: str) -> int | None:
+        """The governord node a tenant's strict limits spend from (None: the key's own)."""
+        return self.nodes.get(tenant, self.node)
+
+
+def parse_strict(data: Any, base: Path | None) -> StrictConfig:
+    """Validate the section; every mistake is a ConfigError naming `strict.<key>`."""
+    if not isinstance(data, dict):
+        raise ConfigTypeError("strict", f"must be a mapping, got {type(data).__name__}")
+    check_keys("strict", data, _KEYS | {"credit"}, error=ConfigError)
+    if "governord" not in data:
+        raise ConfigError("strict.governord", "is required (governord's address, host:port)")
+    addr = check_str("strict.governord", data["governord"])
+    check_address("strict.governord", addr, error=ConfigError)
+    file, env = data.get("api_key_file"), data.get("api_key_env")
+    if file is None and env is None:
+        raise ConfigError("strict.api_key_file", "is required (or api_key_env): a tenant's key")
+    if file is not None:
+        file = _file("strict.api_key_file", file, base)
+    if env is not None:
+        env = check_str("strict.api_key_env", env)
+    key = read_api_key(file=file, env=env, where="strict.api_key", error=ConfigError)
+    ca = None if data.get("ca") is None else _file("strict.ca", data["ca"], base)
+    node = None
+    if data.get("node") is not None:
+        node = check_int("strict.node", data["node"], minimum=1)
+    return StrictConfig(
+        addr,
+        key,
+        ca,
+        node,
+        _nodes(data.get("nodes")),
+        check_int(
+            "strict.session_ttl_ms",
+            data.get("session_ttl_ms", SESSION_TTL_MS),
+            minimum=100,
+            maximum=3_600_000,
+        ),
+        _credit(data.get("credit")),
+    )
+
+
+def _nodes(raw: Any) -> dict[str, int]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigTypeError("strict.nodes", "must be a mapping of tenant id to node id")
+    if len(raw) > NODES_MAX:
+        raise ConfigError("strict.nodes", f"holds {len(raw)} tenants; at most {NODES_MAX}")
+    out = {}
+    for tenant, node in raw.items():
+        check_str("strict.nodes", tenant)
+        out[tenant] = check_int(f"strict.nodes.{tenant}", node, minimum=1)
+    return out
+
+
+def _credit(raw: Any) -> CreditConfig:
+    if raw is None:
+        return CreditConfig()
+    if not isinstance(raw, dict):
+        raise ConfigTypeError("strict.credit", f"must be a mapping, got {type(raw).__name__}")
+    check_keys("strict.credit", raw, _CREDIT_KEYS, error=ConfigError)
+    try:
+        return CreditConfig(**raw)
+    except SharedConfigError as exc:
+        raise ConfigError(f"strict.credit.{exc.field}", exc.problem) from exc
+
+
+def _file(where: str, value: Any, base: Path | None) -> str:
+    path = Path(check_str(where, value, max_len=4096))
+    if base is not None and not path.is_absolute():
+        path = base / path
+    if not path.is_file():
+        raise ConfigError(where, f"file {path} does not exist")
+    return str(path)

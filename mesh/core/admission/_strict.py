@@ -1,0 +1,240 @@
+"""Strict mode: the mesh's global view vetoes first, then a governord credit block admits.
+
+DESIGN.md section 1 ("front-running"). The mesh's view of the key (cheap, eventual) is asked
+first and can only say no, so a noisy tenant is turned away locally and its demand never
+reaches governord. What it passes is spent from the credit blocks a `ratemesh.credit`
+holder keeps. The view is charged only once credit has admitted: that is the refund of the
+mesh charge when credit denies, made before anything could see the charge, so the mesh
+counts exactly the units admitted. The strict bound comes from the credit alone
+(docs/strict.md); the veto can only lower what is admitted.
+
+Sans-I/O: the desk reads time through the clock it is given and asks its driver for credit
+with `ReserveCredit` / `ReturnCredit` effects; the driver answers `granted` or `failed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mesh.core.effects import Effect, ReserveCredit, ReturnCredit
+from mesh.core.gate import NEVER, Gate
+from mesh.core.policy import BOUNDS, Mode, RateKey, TenantRatePolicy
+from mesh.core.reporter import GlobalGate
+from mesh.core.verdict import Reason, Suspension, Verdict, verdict
+from ratemesh.credit import GOVERNOR_UNREACHABLE, CreditConfig, CreditHolder, Reserve
+from ratemesh.errors import ConfigError as SharedConfigError
+
+__all__ = ["CreditDesk", "StrictGate", "STRICT_BOUND"]
+
+NS_PER_MS = 1_000_000
+STRICT_BOUND = BOUNDS["strict"]
+# After governord said no (an empty bucket, a cap): wait this long before asking again,
+# doubling to the maximum, so an empty bucket is not hammered (as governor.client's driver).
+DENIED_BACKOFF_MIN_MS = 10
+DENIED_BACKOFF_MAX_MS = 500
+UNREACHABLE_RETRY_MS = 500  # after a reserve that never reached governord
+
+
+def _ignore(v: Gate) -> None:
+    v.flush_at = NEVER
+
+
+class StrictGate(Gate):
+    """One strict (tenant, metric): its mesh view (`front`, None without a mesh) and the
+    credit it holds. `avail` stays 0, so `Admission.try_admit` always lands in `admit`."""
+
+    __slots__ = (
+        "front",
+        "holder",
+        "desk",
+        "key",
+        "no_credit",
+        "no_unreachable",
+        "retry_at_ms",
+        "backoff_ms",
+    )
+
+    def __init__(
+        self, policy: TenantRatePolicy, front: GlobalGate | None, desk: CreditDesk
+    ) -> None:
+        super().__init__(policy, _ignore)
+        self.flush_at = NEVER
+        self.front = front
+        self.desk = desk
+        self.key: RateKey = policy.rate_key
+        self.holder = CreditHolder(desk.config)
+        self.set_verdicts(STRICT_BOUND, None, Reason.NO_CREDIT)
+        self.no_credit = self.no
+        self.no_unreachable = verdict(
+            False,
+            Reason.GOVERNOR_UNREACHABLE,
+            Mode.STRICT,
+            STRICT_BOUND,
+            Suspension.GOVERNOR_UNREACHABLE,
+        )
+        self.retry_at_ms = -(2**62)
+        self.backoff_ms = 0
+
+    def admit(self, amount: int) -> Verdict:
+        """The mesh's veto, then credit; the mesh is charged only if both admit."""
+        front = self.front
+        if front is not None and amount > front.avail:
+            front.denied += amount  # the owner hears of the demand, as for a global limit
+            if not front.marked:
+                front.sink(front)
+            self.desk.vetoed += amount
+            no = front.no
+            reason = Reason.GLOBAL_LIMIT if no.reason is Reason.RATE_LIMITED else no.reason
+            return verdict(False, reason, Mode.STRICT, STRICT_BOUND, no.suspended)
+        now_ms = self.desk.now_ms()
+        spend = self.holder.try_spend(now_ms, amount)
+        if spend.admitted:
+            if front is not None:
+                front.avail -= amount
+                front.pending += amount
+                if front.pending >= front.flush_at:
+                    front.sink(front)
+            self.desk.admitted += amount
+            return self.ok
+        self.no = self.no_unreachable if spend.reason == GOVERNOR_UNREACHABLE else self.no_credit
+        self.desk.credit_denied += amount
+        self.desk.ask(self, now_ms, amount)
+        return self.no
+
+    def holds_nothing(self) -> bool:
+        """No block held and none asked for: forgetting the gate strands no credit."""
+        return not self.holder.blocks and self.holder.in_flight is None
+
+
+class CreditDesk:
+    """The strict gates of one worker, the clock they spend by, and their calls to make.
+
+    The outbox holds at most one reserve per gate (a holder asks one at a time) and a
+    return per block granted; the driver empties it at every tick.
+    """
+
+    def __init__(self, clock_ns: Callable[[], int], config: CreditConfig | None = None) -> None:
+        if not callable(clock_ns):
+            raise SharedConfigError("clock_ns", "must be a callable returning nanoseconds")
+        self.clock_ns = clock_ns
+        self.config = config or CreditConfig()
+        self.gates: dict[RateKey, StrictGate] = {}
+        self.wake: Callable[[], None] = _noop  # the driver's "send soon" (a reserve queued)
+        self.closing = False
+        self._out: list[Effect] = []
+        self.admitted = 0  # units admitted by credit
+        self.vetoed = 0  # units the mesh turned away first
+        self.credit_denied = 0  # units the mesh passed and credit denied (nothing charged)
+        self.reserves = 0  # reserves asked for
+        self.returns = 0  # blocks given back
+
+    def now_ms(self) -> int:
+        return self.clock_ns() // NS_PER_MS
+
+    # -- gates ----------------------------------------------------------------------------
+
+    def open(self, policy: TenantRatePolicy, front: GlobalGate | None) -> StrictGate:
+        gate = StrictGate(policy, front, self)
+        old = self.gates.get(gate.key)
+        if old is not None:
+            self.close(old)
+        self.gates[gate.key] = gate
+        return gate
+
+    def close(self, gate: StrictGate) -> None:
+        """The gate is forgotten or replaced: give back what it holds. A reserve still in
+        flight for it is returned whole when it is granted (`granted`)."""
+        if self.gates.get(gate.key) is gate:
+            del self.gates[gate.key]
+        self._give_back(gate, self.now_ms(), leaving=True)
+
+    # -- asking ---------------------------------------------------------------------------
+
+    def ask(self, gate: StrictGate, now_ms: int, amount: int) -> None:
+        """Credit denied `amount`: a refill, unless one is in flight or governord said no
+        a moment ago. Sized for at least `amount`, so a large admission is not starved."""
+        if self.closing or now_ms < gate.retry_at_ms:
+            return
+        holder = gate.holder
+        if holder.in_flight is not None:
+            return
+        request = holder.begin(now_ms, max(amount, holder.block_size(now_ms)))
+        if request is not None:
+            self._reserve(gate, request)
+            self.wake()
+
+    def _reserve(self, gate: StrictGate, request: Reserve) -> None:
+        self.reserves += 1
+        self._out.append(ReserveCredit(gate.key, request))
+
+    def tick(self, now_ns: int) -> None:
+        """Refill ahead of need and give back what is spent out or idle."""
+        now_ms = now_ns // NS_PER_MS
+        for gate in list(self.gates.values()):
+            self._give_back(gate, now_ms)
+            if not self.closing and now_ms >= gate.retry_at_ms:
+                request = gate.holder.refill(now_ms)
+                if request is not None:
+                    self._reserve(gate, request)
+
+    def _give_back(self, gate: StrictGate, now_ms: int, *, leaving: bool = False) -> None:
+        for block_id, unused in gate.holder.take_returns(now_ms, leaving=leaving):
+            self.returns += 1
+            self._out.append(ReturnCredit(gate.key, block_id, unused))
+
+    def take(self) -> list[Effect]:
+        """The calls to make now (the driver's part)."""
+        out, self._out = self._out, []
+        return out
+
+    def leave(self) -> list[Effect]:
+        """The worker is leaving: ask for nothing more and give back everything held."""
+        self.closing = True
+        now_ms = self.now_ms()
+        for gate in list(self.gates.values()):
+            self._give_back(gate, now_ms, leaving=True)
+        return self.take()
+
+    # -- answers --------------------------------------------------------------------------
+
+    def granted(self, request: ReserveCredit, block_id: int, units: int, ttl_ms: int) -> None:
+        """governord granted a block. For a gate that is gone, or a reply that does not
+        fit, the block goes back whole: nothing was spent from it."""
+        gate = self.gates.get(request.rate_key)
+        if gate is None or gate.holder.in_flight is not request.request or self.closing:
+            if gate is not None and gate.holder.in_flight is request.request:
+                gate.holder.failed(request.request, unreachable=False)
+            self._out.append(ReturnCredit(request.rate_key, block_id, units))
+            return
+        now_ms = self.now_ms()
+        try:
+            gate.holder.granted(now_ms, request.request, block_id, units, ttl_ms)
+        except SharedConfigError:
+            gate.holder.failed(request.request, unreachable=False)
+            return
+        gate.no = gate.no_credit
+        gate.backoff_ms = 0
+        if units < request.request.units:
+            # A partial grant: the bucket is drained; asking at once would take only what
+            # refilled in one round trip (governor.client's StrictCredit does the same).
+            gate.retry_at_ms = now_ms + self.config.lead_ms
+
+    def failed(self, request: ReserveCredit, *, unreachable: bool) -> None:
+        """The reserve was denied (`unreachable=False`) or never reached governord."""
+        gate = self.gates.get(request.rate_key)
+        if gate is None or gate.holder.in_flight is not request.request:
+            return
+        gate.holder.failed(request.request, unreachable=unreachable)
+        now_ms = self.now_ms()
+        if unreachable:
+            gate.retry_at_ms = now_ms + UNREACHABLE_RETRY_MS
+            gate.no = gate.no_unreachable
+        else:
+            gate.backoff_ms = min(
+                DENIED_BACKOFF_MAX_MS, max(DENIED_BACKOFF_MIN_MS, gate.backoff_ms * 2)
+            )
+            gate.retry_at_ms = now_ms + gate.backoff_ms
+
+
+def _noop() -> None:
+    pass

@@ -1,0 +1,249 @@
+"""Strict limits' credit calls: the `CreditDesk`'s effects carried to governord.
+
+The desk (mesh.core, sans-I/O) decides what to ask and when; this driver only makes the
+calls with `governor.client`'s async SDK, one session per node, and answers the desk with
+`granted` or `failed`. mesh.node may import governor.client: the "only mesh.peer imports grpc"
+contract allows indirect imports, and the SDK is the one place governord's session, resend
+and error rules live. A reserve records its send time before it leaves (`Reserve.sent_at_ms`,
+set by the holder), so a block's local expiry is timed from before the call.
+
+Failures fail closed: a reserve governord refuses leaves the desk at `no_credit` (backing
+off); one that cannot reach governord, or whose session is lost, marks it unreachable, so
+once what is held expires every verdict is `governor_unreachable`. A return that fails only
+leaves its block counted until it expires: safe, the bucket refills later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from governor.client import (
+    AuthError,
+    Client,
+    Denied,
+    GovernorClientError,
+    RequestError,
+    ScopeError,
+)
+from mesh.config import StrictConfig
+from mesh.core.admission import CreditDesk
+from mesh.core.effects import Effect, ReserveCredit, ReturnCredit
+
+__all__ = ["CreditDriver"]
+
+log = logging.getLogger("mesh.node.credit")
+RESERVES_IN_FLIGHT_MAX = 4096  # reserve calls at once (the desk asks one per strict gate)
+RETURNS_QUEUED_MAX = 65_536  # returns waiting; past it one is dropped (its block expires)
+CONNECT_TIMEOUT_S = 2.0  # opening a session: past this governord counts as unreachable
+CLOSE_RETURNS_S = 2.0  # a leaving node's returns wait at most this long
+REFUSED_LOG_S = 10.0  # a refused reserve (scope, auth) is logged once per this long
+
+
+class CreditDriver:
+    def __init__(
+        self,
+        config: StrictConfig,
+        desk: CreditDesk,
+        *,
+        lock: Any,
+        served: Callable[[], None],
+    ) -> None:
+        self.config = config
+        self.desk = desk
+        self.lock = lock  # the node's: the desk is shared with try_admit's threads
+        self.served = served  # serve queued admits once credit arrived
+        self.client: Client | None = None
+        self._connecting = asyncio.Lock()
+        self._reserving: set[asyncio.Task[None]] = set()
+        self._returns: deque[ReturnCredit] = deque()
+        self._returns_wake = asyncio.Event()
+        self._returner: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake_soon = False
+        self._busy = False  # the returner is in a call
+        self._refused_logged = -REFUSED_LOG_S
+        self.granted = 0
+        self.refused = 0
+        self.unreachable = 0
+        self.returned = 0
+        self.returns_dropped = 0
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._returner = self._loop.create_task(self._return_loop(), name="mesh-credit-returns")
+        self.desk.wake = self._wake
+
+    # -- carrying effects -----------------------------------------------------------------
+
+    def _wake(self) -> None:
+        """A reserve was queued on the hot path (maybe on an app thread): send it soon."""
+        if self._wake_soon or self._loop is None:
+            return
+        self._wake_soon = True
+        self._loop.call_soon_threadsafe(self._pump)
+
+    def _pump(self) -> None:
+        self._wake_soon = False
+        with self.lock:
+            effects = self.desk.take()
+        self.carry(effects)
+
+    def carry(self, effects: list[Effect]) -> None:
+        for e in effects:
+            if isinstance(e, ReserveCredit):
+                if len(self._reserving) >= RESERVES_IN_FLIGHT_MAX or self._loop is None:
+                    with self.lock:
+                        self.desk.failed(e, unreachable=False)
+                    continue
+                task = self._loop.create_task(self._reserve(e))
+                self._reserving.add(task)
+                task.add_done_callback(self._reserving.discard)
+            elif isinstance(e, ReturnCredit):
+                if len(self._returns) >= RETURNS_QUEUED_MAX:
+                    self.returns_dropped += 1
+                    continue
+                self._returns.append(e)
+                self._returns_wake.set()
+
+    # -- calls ----------------------------------------------------------------------------
+
+    async def _session(self) -> Client:
+        """The node's governord session, opened (again) when there is none or it was lost."""
+        async with self._connecting:
+            client = self.client
+            if client is not None and client.lost is None:
+                return client
+            self.client = None
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.close()
+            cfg = self.config
+            client = Client(
+                cfg.governord,
+                cfg.api_key,
+                tls=cfg.ca is not None,
+                ca_file=cfg.ca,
+                ttl_ms=cfg.session_ttl_ms,
+                connect_timeout_s=CONNECT_TIMEOUT_S,
+            )
+            try:
+                await client.connect()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await client.close()
+                raise
+            self.client = client
+            return client
+
+    async def _reserve(self, e: ReserveCredit) -> None:
+        unreachable: bool | None = None
+        reply: dict[str, Any] = {}
+        client: Client | None = None
+        try:
+            client = await self._session()
+            node = self.config.node_for(e.rate_key.tenant_id) or client.scope_id
+            reply = await client.reserve_credit(node, e.rate_key.metric.value, e.request.units)
+        except Denied:
+            unreachable = False
+        except (AuthError, ScopeError, RequestError) as exc:
+            # A call cut short because its session was closed for a new one (CANCELLED) was
+            # never answered; anything else is the config's mistake (a key, a node's scope).
+            unreachable = exc.code == "CANCELLED" or client is not self.client
+            if not unreachable:
+                self._log_refused(e, exc)
+        except GovernorClientError:
+            unreachable = True  # Unavailable, SessionLost: governord did not answer
+        except asyncio.CancelledError:
+            with self.lock:
+                self.desk.failed(e, unreachable=True)
+            raise
+        if unreachable is not None:
+            self.unreachable += unreachable
+            self.refused += not unreachable
+            with self.lock:
+                self.desk.failed(e, unreachable=unreachable)
+            return
+        with self.lock:
+            try:
+                self.desk.granted(e, reply["block_id"], reply["units"], reply["ttl_ms"])
+                self.granted += 1
+            except (KeyError, TypeError):
+                self.desk.failed(e, unreachable=False)
+            effects = self.desk.take()
+        self.served()
+        self.carry(effects)
+
+    def _log_refused(self, e: ReserveCredit, exc: GovernorClientError) -> None:
+        assert self._loop is not None
+        now = self._loop.time()
+        if now - self._refused_logged >= REFUSED_LOG_S:
+            self._refused_logged = now
+            log.warning("governord refused credit for %s: %s", e.rate_key.tenant_id, exc)
+
+    async def _return_loop(self) -> None:
+        while True:
+            while not self._returns:
+                self._returns_wake.clear()
+                await self._returns_wake.wait()
+            self._busy = True
+            try:
+                await self._give_back(self._returns.popleft())
+            finally:
+                self._busy = False
+
+    async def _give_back(self, e: ReturnCredit) -> None:
+        try:
+            client = await self._session()
+            await client.return_credit(e.block_id, e.unused)
+            self.returned += 1
+        except GovernorClientError:
+            pass  # the block stays counted until it expires: safe, only slower to refill
+
+    # -- leaving --------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Leaving: stop asking, let the reserves in flight finish (a block granted now goes
+        back whole), give back everything held, end the session; each wait bounded."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_RETURNS_S
+        with self.lock:
+            self.desk.closing = True
+        if self._reserving:
+            await asyncio.wait(list(self._reserving), timeout=CLOSE_RETURNS_S)
+        for task in list(self._reserving):
+            task.cancel()  # its block, if governord granted it, is counted until it expires
+        await asyncio.gather(*self._reserving, return_exceptions=True)
+        with self.lock:
+            effects = self.desk.leave()
+        self.carry(effects)
+        while (self._returns or self._busy) and loop.time() < deadline:
+            await asyncio.sleep(0.005)
+        if self._returns:
+            log.warning("credit returns on leaving timed out; their blocks expire instead")
+        if self._returner is not None:
+            self._returner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._returner
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.client.close(), CLOSE_RETURNS_S)
+            self.client = None
+
+    def stats(self) -> dict[str, int]:
+        d = self.desk
+        return {
+            "admitted": d.admitted,
+            "vetoed": d.vetoed,
+            "credit_denied": d.credit_denied,
+            "reserves": d.reserves,
+            "granted": self.granted,
+            "refused": self.refused,
+            "unreachable": self.unreachable,
+            "returned": self.returned,
+            "returns_dropped": self.returns_dropped,
+        }
