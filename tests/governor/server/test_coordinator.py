@@ -26,7 +26,7 @@ from mesh.core.policy import Metric, PolicyCache
 from mesh.errors import PeerRefused, PeerUnavailable
 from mesh.peer import CoordinatorClient
 from ratemesh.coordinator import KEEPALIVE_MS, PolicySnapshot
-from tests.governor._daemon import KINDS, ROOT, Daemon
+from tests.governor._daemon import KINDS, ROOT, Daemon, wait_until
 from tests.governor._stores import make_target
 
 ADMIN_KEY = "coordinator-key-of-the-deploy-bot"
@@ -471,8 +471,12 @@ def test_a_push_that_a_watching_nodes_file_would_refuse_is_refused_at_the_pusher
                     await _until(
                         lambda: node.health()["policies"]["coordinator"]["conflicts"] > 0, "c"
                     )
+                    # governord hears what it loads with its watch (a poll may come first)
+                    await _until(lambda: node.health()["policies"]["coordinator"]["watching"], "w")
             finally:
                 await admin.close()
 
         asyncio.run(main())
-        assert "node node-b loads acme/read_iops generation 3" in d.stderr()
+        # governord logs the refusal it answered with; the log line may trail the answer
+        line = "node node-b loads acme/read_iops generation 3"
+        assert wait_until(lambda: line in d.stderr(), 10), d.stderr()
