@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from mesh.core.gcra import NS_PER_S, Gcra
+from ratemesh.envelope import excess_over_times
 from sim.scenario import Policy
 from sim.workload import Arrival, TenantInfo
 
-__all__ = ["KeyRecord", "Recorder", "jain"]
+__all__ = ["KeyRecord", "Recorder", "envelope_summary", "jain"]
 
 WINDOW_NS = 100_000_000  # plot resolution: admitted rate per 100 ms
 
@@ -186,3 +187,35 @@ def jain(xs: list[float]) -> float:
     s = sum(xs)
     sq = sum(x * x for x in xs)
     return s * s / (len(xs) * sq) if sq else 1.0
+
+
+def envelope_summary(
+    admissions: dict[str, list[tuple[int, int]]], policies: dict[str, tuple[int, int]]
+) -> dict[str, Any]:
+    """The strict guarantee's figures from recorded admissions, replacing the mesh's.
+
+    Per tenant, `max_excess` is the most admitted over any interval beyond R x its length
+    (`ratemesh.envelope`, one pass, every interval) and `bound` is B, so `within_bound` is
+    `admitted <= R*T + B` over every interval; `envelope_excess` is max_excess - bound (<= 0
+    when it holds). R and B are the largest the tenant had (policy changes). The worst tenant
+    is the one nearest its bound.
+    """
+    worst: tuple[float, str, float, int] | None = None  # (ratio, tenant, excess, burst)
+    within = True
+    for tenant in sorted(admissions):
+        rows = admissions[tenant]
+        rate, burst = policies[tenant]
+        lead = excess_over_times([t for t, _ in rows], [u for _, u in rows], rate, 0)
+        within &= lead <= burst
+        if worst is None or lead / burst > worst[0]:
+            worst = (lead / burst, tenant, lead, burst)
+    if worst is None:
+        return {"within_bound": True, "envelope_excess": 0.0}
+    _, tenant, lead, burst = worst
+    return {
+        "max_excess": round(lead, 1),
+        "max_excess_tenant": tenant,
+        "bound": float(burst),
+        "within_bound": within,
+        "envelope_excess": round(lead - burst, 1),
+    }
