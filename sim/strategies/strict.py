@@ -43,7 +43,8 @@ GOVERNORD = "governord"
 CREDIT_TTL_MS = 2_000  # short, so an outage shows the fail-closed edge within a short run
 SESSION_TTL_MS = 86_400_000  # workers' sessions outlive any run (heartbeats not simulated)
 SNAPSHOT_EVERY_EVENTS = 5_000
-RESEND_MS = 100  # an unanswered reserve is resent, same request id, this often
+RESEND_MS = 100  # an unanswered reserve is resent, same request id, this often, until
+# the holder's unreachable_after_ms; then a new request (new id, new send time) replaces it
 JOINERS_MAX = 64  # as sim.scenario: a join fault may name up to this many new ids
 SWEEP_MS = 250  # idle holders give back their credit on this tick, not only on demand
 # as governor.client's StrictCredit: a denied reserve backs off, doubling
@@ -54,7 +55,9 @@ ENGINE_CONFIG = EngineConfig(
     credit_blocks_per_session_max=1 << 20,  # one session carries every tenant of a worker
     credit_blocks_max=1 << 22,
 )
-HOLDER_CONFIG = CreditConfig(block_max=10**9)  # byte metrics: blocks of bytes
+# blocks of about 100 ms of a worker's demand: a block counts whole against B until it is
+# spent out and returned, so blocks near B in size would pin the bucket (docs/strict.md)
+HOLDER_CONFIG = CreditConfig(block_max=10**9, horizon_ms=100, lead_ms=50)
 
 
 def local_life_ms(config: CreditConfig = HOLDER_CONFIG, ttl_ms: int = CREDIT_TTL_MS) -> int:
@@ -195,9 +198,10 @@ class StrictStrategy(Strategy):
 
     def _maintain(self, worker: str, tenant: str, d: _Driver, now_ms: int) -> None:
         if d.pending is not None and now_ms - d.first_ms >= d.holder.config.unreachable_after_ms:
-            d.holder.failed(d.pending, unreachable=True)  # gave up: governord unreachable
+            # give up on it (governord unreachable) and ask afresh: a block is timed from its
+            # request's first send, so an old request's reply would bring little or no life
+            d.holder.failed(d.pending, unreachable=True)
             d.pending = None
-            d.retry_at_ms = now_ms + DENIED_BACKOFF_MAX_MS
         if d.pending is None and now_ms >= d.retry_at_ms:
             request = d.holder.refill(now_ms)
             if request is not None:
