@@ -105,7 +105,9 @@ class StrictStrategy(Strategy):
         self.sessions: dict[str, int] = {}
         self.drivers: dict[tuple[str, str], _Driver] = {}
         self.rids = itertools.count(1)
-        self.calls = 0  # ReserveCredit and ReturnCredit sent, resends included
+        # ReserveCredit and ReturnCredit sent, resends included; not hot-path round trips
+        # (`round_trips` stays 0): a worker decides from what it holds and never waits
+        self.calls = 0
         self.admissions: dict[str, list[tuple[int, int]]] = {}  # tenant -> (t_ns, units)
         self.pending_rates: list[tuple[str, Policy]] = []  # SetRate while governord is down
         self.max_policy: dict[str, tuple[int, int]] = {
@@ -214,7 +216,6 @@ class StrictStrategy(Strategy):
         self, worker: str, tenant: str, d: _Driver, request: Reserve, rid: str, now_ns: int
     ) -> None:
         self.calls += 1
-        self.round_trips += 1
 
         def resend(t: int) -> None:
             if d.pending is request and worker in self.live:
@@ -254,7 +255,6 @@ class StrictStrategy(Strategy):
 
     def _return(self, worker: str, block_id: int, unused: int, now_ns: int) -> None:
         self.calls += 1
-        self.round_trips += 1
 
         def apply(t: int) -> None:
             if self.engine is not None:
