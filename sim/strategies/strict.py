@@ -76,7 +76,7 @@ class _Clock:
 class _Driver:
     """One worker's holder for one tenant, driven as ``StrictCredit`` drives it."""
 
-    __slots__ = ("holder", "pending", "rid", "first_ms", "retry_at_ms", "backoff_ms")
+    __slots__ = ("holder", "pending", "rid", "first_ms", "retry_at_ms", "backoff_ms", "wanted_ms")
 
     def __init__(self) -> None:
         self.holder = CreditHolder(HOLDER_CONFIG)
@@ -85,6 +85,7 @@ class _Driver:
         self.first_ms = 0
         self.retry_at_ms = 0
         self.backoff_ms = 0
+        self.wanted_ms = 0  # the last admission asked of it
 
 
 class StrictStrategy(Strategy):
@@ -175,8 +176,15 @@ class StrictStrategy(Strategy):
         self._durable()
 
     def _sweep(self, t_ns: int) -> None:
-        for (w, tenant), d in sorted(self.drivers.items()):
-            self._maintain(w, tenant, d, t_ns // MS)
+        """Idle returns, and the owner that shrinks `drivers`: a holder idle for `idle_ms`
+        with nothing held or asked is dropped (its demand history is stale by then)."""
+        now_ms = t_ns // MS
+        idle_ms = HOLDER_CONFIG.idle_ms
+        for key in sorted(self.drivers):
+            d = self.drivers[key]
+            self._maintain(key[0], key[1], d, now_ms)
+            if not d.holder.blocks and d.pending is None and now_ms - d.wanted_ms >= idle_ms:
+                del self.drivers[key]
         self._at(t_ns + SWEEP_MS * MS, self._sweep)
 
     def _send(self, src: str, dst: str, now_ns: int, fn: Callable[[int], None]) -> None:
@@ -191,7 +199,7 @@ class StrictStrategy(Strategy):
         d = self.drivers.get(key)
         if d is None:
             d = self.drivers[key] = _Driver()
-        now_ms = now_ns // MS
+        now_ms = d.wanted_ms = now_ns // MS
         verdict = d.holder.try_spend(now_ms, a.amount)
         self._maintain(a.worker, a.tenant, d, now_ms)
         if verdict.admitted:
