@@ -103,6 +103,7 @@ class StrictStrategy(Strategy):
         self.queue: list[tuple[int, int, Callable[[int], None]]] = []
         self.order = itertools.count()
         self.nodes: dict[str, int] = {}
+        self.resources: dict[str, str] = {}  # tenant -> the rated resource (its first metric)
         self.sessions: dict[str, int] = {}
         self.drivers: dict[tuple[str, str], _Driver] = {}
         self.rids = itertools.count(1)
@@ -129,6 +130,7 @@ class StrictStrategy(Strategy):
             )
             assert isinstance(got, Created), got
             self.nodes[tenant] = got.node_id
+            self.resources[tenant] = p.metric.value
         joiners = [f"w{j:04d}" for j in range(len(ctx.workers), len(ctx.workers) + JOINERS_MAX)]
         for i, w in enumerate(ctx.workers + joiners):
             token = hashlib.sha256(f"{w}/{i}".encode()).hexdigest()
@@ -226,21 +228,27 @@ class StrictStrategy(Strategy):
         self.calls += 1
 
         def resend(t: int) -> None:
-            if d.pending is request and worker in self.live:
+            if d.pending is request and self.drivers.get((worker, tenant)) is d:
                 self._reserve(worker, tenant, d, request, rid, t)
 
         self._at(now_ns + RESEND_MS * MS, resend)
-        self._send(worker, GOVERNORD, now_ns, lambda t: self._on_reserve(worker, tenant, d, t))
+        self._send(
+            worker,
+            GOVERNORD,
+            now_ns,
+            lambda t: self._on_reserve(worker, tenant, d, request, rid, t),
+        )
 
-    def _on_reserve(self, worker: str, tenant: str, d: _Driver, t_ns: int) -> None:
-        request, rid = d.pending, d.rid
-        if self.engine is None or request is None:
-            return  # governord is down (no reply), or the worker already settled it
-        p = self.ctx.tenants[tenant].policy
+    def _on_reserve(
+        self, worker: str, tenant: str, d: _Driver, request: Reserve, rid: str, t_ns: int
+    ) -> None:
+        """governord answers whatever reaches it, even a request the worker gave up on."""
+        if self.engine is None:
+            return  # down: no reply
         got = self.engine.reserve_credit(
             self.sessions[worker],
             self.nodes[tenant],
-            p.metric.value,
+            self.resources[tenant],
             request.units,
             request_id=rid,
         )
@@ -293,7 +301,9 @@ class StrictStrategy(Strategy):
         if self.engine is None:
             self.pending_rates.append((tenant, p))
             return
-        self.engine.set_rate(None, self.nodes[tenant], p.metric.value, Rate(p.rate, p.burst))
+        self.engine.set_rate(
+            None, self.nodes[tenant], self.resources[tenant], Rate(p.rate, p.burst)
+        )
 
     # ---- the report ------------------------------------------------------------------------
 
