@@ -110,7 +110,9 @@ class StrictStrategy(Strategy):
         # ReserveCredit and ReturnCredit sent, resends included; not hot-path round trips
         # (`round_trips` stays 0): a worker decides from what it holds and never waits
         self.calls = 0
-        self.admissions: dict[str, list[tuple[int, int]]] = {}  # tenant -> (t_ns, units)
+        # the checker's record, outside the system: tenant -> (t_ns, units), one per admission
+        # (bounded by the run, like the recorder's)
+        self.admissions: dict[str, list[tuple[int, int]]] = {}
         self.pending_rates: list[tuple[str, Policy]] = []  # SetRate while governord is down
         self.max_policy: dict[str, tuple[int, int]] = {
             t: (i.policy.rate, i.policy.burst) for t, i in ctx.tenants.items()
