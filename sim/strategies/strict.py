@@ -113,6 +113,7 @@ class StrictStrategy(Strategy):
         # the checker's record, outside the system: tenant -> (t_ns, units), one per admission
         # (bounded by the run, like the recorder's)
         self.admissions: dict[str, list[tuple[int, int]]] = {}
+        self.denials: dict[str, int] = {}  # reason -> requests denied (no_credit, ...)
         self.pending_rates: list[tuple[str, Policy]] = []  # SetRate while governord is down
         self.max_policy: dict[str, tuple[int, int]] = {
             t: (i.policy.rate, i.policy.burst) for t, i in ctx.tenants.items()
@@ -208,6 +209,8 @@ class StrictStrategy(Strategy):
         self._maintain(a.worker, a.tenant, d, now_ms)
         if verdict.admitted:
             self.admissions.setdefault(a.tenant, []).append((now_ns, a.amount))
+        elif verdict.reason is not None:  # a few fixed reasons: a bounded map
+            self.denials[verdict.reason] = self.denials.get(verdict.reason, 0) + 1
         return verdict.admitted
 
     def _maintain(self, worker: str, tenant: str, d: _Driver, now_ms: int) -> None:
@@ -316,6 +319,7 @@ class StrictStrategy(Strategy):
         admitted = sum(u for xs in self.admissions.values() for _, u in xs)
         out["governor_calls_per_admitted"] = round(self.calls / max(admitted, 1), 4)
         out["governord_restarts"] = self.restarts
+        out["denials"] = dict(sorted(self.denials.items()))
         return out
 
 

@@ -72,6 +72,8 @@ def test_admissions_stop_once_held_credit_expires(seed: int) -> None:
     for tenant, series in r.series.items():
         assert series[first:last] == [0] * (last - first), (seed, tenant, series)
         assert sum(series[last:]) > 0, (seed, tenant, "served again after the restart")
+    # and the denials say why: governord unreachable, never a silent fallback
+    assert r.summary["denials"].get("governor_unreachable", 0) > 0, r.summary["denials"]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
