@@ -43,6 +43,7 @@ class KeyRecord:
         "quiet",
         "max_rate",
         "max_b",
+        "max_burst",
     )
 
     def __init__(self, info: TenantInfo, now_ns: int) -> None:
@@ -65,17 +66,24 @@ class KeyRecord:
         self.workers: set[str] = set()
         self.max_rate = info.policy.rate
         self.max_b = info.policy.local_burst_cap
+        self.max_burst = info.policy.burst
 
     def change_policy(self, policy: Policy, now_ns: int) -> None:
         self.policy = policy
         self.ideal_meter.retune(policy.rate, policy.burst, now_ns)
         self.max_rate = max(self.max_rate, policy.rate)
         self.max_b = max(self.max_b, policy.local_burst_cap)
+        self.max_burst = max(self.max_burst, policy.burst)
 
 
 class Recorder:
-    def __init__(self, tenants: dict[str, TenantInfo], start_ns: int) -> None:
+    def __init__(
+        self, tenants: dict[str, TenantInfo], start_ns: int, *, keep_admissions: bool = False
+    ) -> None:
         self.tenants = tenants
+        # tenant -> (t_ns, units) per admission, for strategies judged over every interval
+        # (bounded by the run; kept only when asked)
+        self.admissions: dict[str, list[tuple[int, int]]] | None = {} if keep_admissions else None
         self.start_ns = start_ns
         self.keys: dict[str, KeyRecord] = {}
         self.requests = 0
@@ -112,6 +120,8 @@ class Recorder:
         if allowed:
             k.admitted += used
             k.window += used
+            if self.admissions is not None and used > 0:
+                self.admissions.setdefault(a.tenant, []).append((now_ns, used))
         return k
 
     def sample(self, step: int, touched: set[str]) -> None:
@@ -136,6 +146,12 @@ class Recorder:
             k.last_step = steps
             self._roll(k, idx)
         self.steps = steps
+
+    def envelope(self) -> dict[str, Any]:
+        """The strict figures from what this recorder saw admitted (`envelope_summary`)."""
+        assert self.admissions is not None, "a Recorder(keep_admissions=True) only"
+        limits = {t: (k.max_rate, k.max_burst) for t, k in self.keys.items()}
+        return envelope_summary(self.admissions, limits)
 
     def summary(self, *, d_ns: int, n_default: int) -> dict[str, Any]:
         """Per-strategy figures, aggregated over keys (the worst key where a max is due)."""

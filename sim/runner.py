@@ -107,7 +107,7 @@ def run_strategy(
     ctx = Context(sc, seed, workers, workload.tenants, net)
     strat = make(name, ctx)
     end = start + int(sc.duration_s * NS_PER_S)
-    rec = Recorder(workload.tenants, start)
+    rec = Recorder(workload.tenants, start, keep_admissions=strat.judged_over_intervals)
     faults = _Faults(sc, strat, net, rec, Ring(workers, 1))
     events = _fault_events(sc, start)
     index = {w: i for i, w in enumerate(workers)}
@@ -144,6 +144,8 @@ def run_strategy(
         strat.message_count() / len(workers) / sc.duration_s, 2
     )
     summary["round_trips_per_request"] = round(strat.round_trips / max(rec.requests, 1), 4)
+    if strat.judged_over_intervals:
+        summary.update(rec.envelope())
     summary.update(strat.report())
     summary["d_ms"] = round(d / MS, 3)
     summary["requests"] = rec.requests

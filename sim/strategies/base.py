@@ -43,6 +43,9 @@ class Strategy(ABC):
 
     name = "?"
     round_trips_per_admit = 0
+    # judged by `admitted <= R*T + B` over every interval of what the runner recorded
+    # (sim.measure.envelope_summary), not by the lead over the ideal
+    judged_over_intervals = False
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -91,7 +94,7 @@ class Strategy(ABC):
         """governord is back, rebuilt from its durable events."""
 
     def report(self) -> dict[str, Any]:
-        """Figures that replace or add to the recorder's summary (the strict envelope)."""
+        """Figures of the strategy's own to add to the recorder's summary."""
         return {}
 
     def message_count(self) -> int:

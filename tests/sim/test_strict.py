@@ -16,7 +16,9 @@ from ratemesh.envelope import excess_over_windows
 from sim.measure import WINDOW_NS
 from sim.runner import StrategyRun, run_strategy
 from sim.scenario import Fault, NetworkSpec, Scenario, load, parse
-from sim.strategies.strict import local_life_ms
+from sim.strategies import REGISTRY, Context
+from sim.strategies.strict import StrictStrategy, local_life_ms
+from sim.workload import Arrival
 
 SEEDS = range(3)
 UTILISATION_MIN = 0.8  # of R, outside the outage: a modest floor, not a speed claim
@@ -87,6 +89,22 @@ def test_utilisation_outside_the_outage_is_high(seed: int) -> None:
         outside = series[:lo] + series[hi:]
         served = sum(outside) / (rate * WINDOW_S * len(outside))
         assert served >= UTILISATION_MIN, (seed, tenant, served)
+
+
+class FallsBackOpen(StrictStrategy):
+    """A planted bug: admit locally once governord is unreachable (a silent fallback)."""
+
+    def admit(self, a: Arrival, now_ns: int) -> bool:
+        return super().admit(a, now_ns) or self.denials.get("governor_unreachable", 0) > 0
+
+
+def test_the_checker_catches_a_fallback_during_the_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+    def planted(ctx: Context) -> StrictStrategy:
+        return FallsBackOpen(ctx)
+
+    monkeypatch.setitem(REGISTRY, "strict", planted)
+    s = run_strict(load("strict-crash"), 0).summary
+    assert not s["within_bound"] and s["envelope_excess"] > 0, s
 
 
 def test_without_a_crash_it_serves_near_the_rate() -> None:
