@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from mesh.core.gcra import NS_PER_S, Gcra
+from ratemesh.envelope import excess_over_times
 from sim.scenario import Policy
 from sim.workload import Arrival, TenantInfo
 
-__all__ = ["KeyRecord", "Recorder", "jain"]
+__all__ = ["KeyRecord", "Recorder", "envelope_summary", "jain"]
 
 WINDOW_NS = 100_000_000  # plot resolution: admitted rate per 100 ms
 
@@ -42,6 +43,7 @@ class KeyRecord:
         "quiet",
         "max_rate",
         "max_b",
+        "max_burst",
     )
 
     def __init__(self, info: TenantInfo, now_ns: int) -> None:
@@ -64,17 +66,24 @@ class KeyRecord:
         self.workers: set[str] = set()
         self.max_rate = info.policy.rate
         self.max_b = info.policy.local_burst_cap
+        self.max_burst = info.policy.burst
 
     def change_policy(self, policy: Policy, now_ns: int) -> None:
         self.policy = policy
         self.ideal_meter.retune(policy.rate, policy.burst, now_ns)
         self.max_rate = max(self.max_rate, policy.rate)
         self.max_b = max(self.max_b, policy.local_burst_cap)
+        self.max_burst = max(self.max_burst, policy.burst)
 
 
 class Recorder:
-    def __init__(self, tenants: dict[str, TenantInfo], start_ns: int) -> None:
+    def __init__(
+        self, tenants: dict[str, TenantInfo], start_ns: int, *, keep_admissions: bool = False
+    ) -> None:
         self.tenants = tenants
+        # tenant -> (t_ns, units) per admission, for strategies judged over every interval
+        # (bounded by the run; kept only when asked)
+        self.admissions: dict[str, list[tuple[int, int]]] | None = {} if keep_admissions else None
         self.start_ns = start_ns
         self.keys: dict[str, KeyRecord] = {}
         self.requests = 0
@@ -111,6 +120,8 @@ class Recorder:
         if allowed:
             k.admitted += used
             k.window += used
+            if self.admissions is not None and used > 0:
+                self.admissions.setdefault(a.tenant, []).append((now_ns, used))
         return k
 
     def sample(self, step: int, touched: set[str]) -> None:
@@ -135,6 +146,12 @@ class Recorder:
             k.last_step = steps
             self._roll(k, idx)
         self.steps = steps
+
+    def envelope(self) -> dict[str, Any]:
+        """The strict figures from what this recorder saw admitted (`envelope_summary`)."""
+        assert self.admissions is not None, "a Recorder(keep_admissions=True) only"
+        limits = {t: (k.max_rate, k.max_burst) for t, k in self.keys.items()}
+        return envelope_summary(self.admissions, limits)
 
     def summary(self, *, d_ns: int, n_default: int) -> dict[str, Any]:
         """Per-strategy figures, aggregated over keys (the worst key where a max is due)."""
@@ -186,3 +203,35 @@ def jain(xs: list[float]) -> float:
     s = sum(xs)
     sq = sum(x * x for x in xs)
     return s * s / (len(xs) * sq) if sq else 1.0
+
+
+def envelope_summary(
+    admissions: dict[str, list[tuple[int, int]]], policies: dict[str, tuple[int, int]]
+) -> dict[str, Any]:
+    """The strict guarantee's figures from recorded admissions, replacing the mesh's.
+
+    Per tenant, `max_excess` is the most admitted over any interval beyond R x its length
+    (`ratemesh.envelope`, one pass, every interval) and `bound` is B, so `within_bound` is
+    `admitted <= R*T + B` over every interval; `envelope_excess` is max_excess - bound (<= 0
+    when it holds). R and B are the largest the tenant had (policy changes). The worst tenant
+    is the one nearest its bound.
+    """
+    worst: tuple[float, str, float, int] | None = None  # (ratio, tenant, excess, burst)
+    within = True
+    for tenant in sorted(admissions):
+        rows = admissions[tenant]
+        rate, burst = policies[tenant]
+        lead = excess_over_times([t for t, _ in rows], [u for _, u in rows], rate, 0)
+        within &= lead <= burst
+        if worst is None or lead / burst > worst[0]:
+            worst = (lead / burst, tenant, lead, burst)
+    if worst is None:
+        return {"within_bound": True, "envelope_excess": 0.0}
+    _, tenant, lead, burst = worst
+    return {
+        "max_excess": round(lead, 1),
+        "max_excess_tenant": tenant,
+        "bound": float(burst),
+        "within_bound": within,
+        "envelope_excess": round(lead - burst, 1),
+    }

@@ -42,7 +42,7 @@ def plot(
             limit + bound / window_s,
             color="tab:orange",
             alpha=0.15,
-            label="envelope N*b+R*d (per window)",
+            label="envelope per window: " + ("B" if r.name == "strict" else "N*b+R*d"),
         )
         ax.axhline(limit, color="tab:red", lw=1, ls="--", label="limit R")
         ax.plot(t, rate, color="tab:blue", lw=1.2, label="admitted")

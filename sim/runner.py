@@ -66,6 +66,8 @@ class _Faults:
             else:
                 self.net.partitions.remove(self.active.pop(idx))
             s.partition_changed(now)
+        elif f.kind == "governor_crash":
+            (s.governor_crash if phase == "start" else s.governor_restart)(now)
         elif f.kind == "central_outage":
             (self.net.down.add if phase == "start" else self.net.down.discard)("central")
         elif f.kind in ("crash", "crash_owner"):
@@ -105,7 +107,7 @@ def run_strategy(
     ctx = Context(sc, seed, workers, workload.tenants, net)
     strat = make(name, ctx)
     end = start + int(sc.duration_s * NS_PER_S)
-    rec = Recorder(workload.tenants, start)
+    rec = Recorder(workload.tenants, start, keep_admissions=strat.judged_over_intervals)
     faults = _Faults(sc, strat, net, rec, Ring(workers, 1))
     events = _fault_events(sc, start)
     index = {w: i for i, w in enumerate(workers)}
@@ -142,6 +144,9 @@ def run_strategy(
         strat.message_count() / len(workers) / sc.duration_s, 2
     )
     summary["round_trips_per_request"] = round(strat.round_trips / max(rec.requests, 1), 4)
+    if strat.judged_over_intervals:
+        summary.update(rec.envelope())
+    summary.update(strat.report())
     summary["d_ms"] = round(d / MS, 3)
     summary["requests"] = rec.requests
     focus = [k for k in rec.keys.values() if rec.tenants[k.tenant].load is not None]

@@ -32,7 +32,15 @@ __all__ = [
 ]
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
-STRATEGIES = ("mesh", "local", "share", "gubernator-global", "central-open", "central-closed")
+STRATEGIES = (
+    "mesh",
+    "local",
+    "share",
+    "gubernator-global",
+    "central-open",
+    "central-closed",
+    "strict",
+)
 PATTERNS = ("steady", "bursty", "diurnal")
 FAULT_KINDS = (
     "partition",
@@ -44,6 +52,7 @@ FAULT_KINDS = (
     "policy_change",
     "skew",
     "central_outage",
+    "governor_crash",
 )
 
 

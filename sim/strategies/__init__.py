@@ -9,6 +9,7 @@ from sim.strategies.central import CentralStrategy
 from sim.strategies.gubernator import GubernatorStrategy
 from sim.strategies.local import LocalStrategy, ShareStrategy
 from sim.strategies.mesh import MeshStrategy
+from sim.strategies.strict import StrictStrategy
 
 __all__ = ["Context", "Strategy", "make", "REGISTRY"]
 
@@ -19,6 +20,7 @@ REGISTRY: dict[str, Callable[[Context], Strategy]] = {
     "gubernator-global": GubernatorStrategy,
     "central-open": lambda ctx: CentralStrategy(ctx, fail_open=True),
     "central-closed": lambda ctx: CentralStrategy(ctx, fail_open=False),
+    "strict": StrictStrategy,
 }
 
 

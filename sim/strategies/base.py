@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 from mesh.core.policy import DEFAULT_TENANT, Mode, PolicyCache, TenantRatePolicy
 from sim.network import ScenarioNetwork
@@ -42,6 +43,9 @@ class Strategy(ABC):
 
     name = "?"
     round_trips_per_admit = 0
+    # judged by `admitted <= R*T + B` over every interval of what the runner recorded
+    # (sim.measure.envelope_summary), not by the lead over the ideal
+    judged_over_intervals = False
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -82,6 +86,16 @@ class Strategy(ABC):
 
     def policy_changed(self, tenant: str, p: Policy, now_ns: int) -> None:  # noqa: B027
         """A new policy generation for `tenant`, seen by every member."""
+
+    def governor_crash(self, now_ns: int) -> None:  # noqa: B027
+        """governord stops answering (only the strict strategy talks to it)."""
+
+    def governor_restart(self, now_ns: int) -> None:  # noqa: B027
+        """governord is back, rebuilt from its durable events."""
+
+    def report(self) -> dict[str, Any]:
+        """Figures of the strategy's own to add to the recorder's summary."""
+        return {}
 
     def message_count(self) -> int:
         return self.messages

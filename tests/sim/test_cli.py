@@ -56,6 +56,7 @@ def test_run_from_a_file_prints_the_contract_and_a_plot(tmp_path: Path) -> None:
         "gubernator-global",
         "central-open",
         "central-closed",
+        "strict",
     }
     for s in result["strategies"].values():
         assert KEYS <= set(s)
