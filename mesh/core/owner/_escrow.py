@@ -118,6 +118,12 @@ class Escrows:
         self.members = max(1, members)
         self._grain_ns = config.floor_grain_ns  # of the usage windows (`note_used`)
         self._grains = config.floor_grains
+        # CoreConfig's derived spans, read on the reply path: computed once (it is frozen).
+        self._window_ns = config.floor_window_ns
+        self._share_window_ns = config.share_window_ns
+        self._recent_ns = config.escrow_recent_ns
+        self._after_ns = config.escrow_after_ns
+        self._tail_ns = config.escrow_tail_ns
         self.charged_units = 0  # telemetry: escrow charged, all keys
         self.netted_units = 0  # telemetry: reported usage absorbed by it
 
@@ -215,13 +221,12 @@ class Escrows:
         p = self.peers.get(worker)
         if p is None or p.idle or worker == self.me:
             return -1
-        cfg = self.config
         anchor = self.anchor(p)
         if rs.row_anchor > anchor:
             anchor = rs.row_anchor
-        if anchor < 0 or rs.sent_at_ns < anchor - cfg.escrow_recent_ns:
+        if anchor < 0 or rs.sent_at_ns < anchor - self._recent_ns:
             return -1  # it held no recent row of this key: it floors nothing of it
-        silent_at = anchor + cfg.escrow_after_ns
+        silent_at = anchor + self._after_ns
         if silent_at >= now_ns:
             return silent_at + 1  # heard from lately: look again when it may not have been
         escrows = ks.escrow
@@ -233,7 +238,7 @@ class Escrows:
             # over the two windows (and `promise` raises the escrow for any sent later).
             part = rs.share_cur if rs.share_cur > rs.share_prev else rs.share_prev
             if part > 0:
-                escrows[worker] = Escrow(anchor, p.last_sent + cfg.escrow_tail_ns, part)
+                escrows[worker] = Escrow(anchor, p.last_sent + self._tail_ns, part)
         return -1
 
     def promise(self, ks: KeyState, rs: ReporterState, worker: str, share: int, now: int) -> int:
@@ -241,14 +246,19 @@ class Escrows:
         should it be cut off: the least of its `share`, 1 / members and the demand part of
         what we applied from it over `floor_window_ns` before now (none if it was refused as
         much). Noted for its escrow; an escrow charging for it is raised to it."""
-        cfg = self.config
-        first = (now - cfg.floor_window_ns) // self._grain_ns
-        used, denied = rs.floor_used, rs.floor_denied
-        units = 0 if used is None else used.since(first)
-        refused = 0 if denied is None else denied.since(first)
-        demand = floor_demand_ppm(ks.policy.target_rate, units, refused, cfg.floor_window_ns)
-        part = floor_ppm(share, self.members, demand)
-        win = now // cfg.share_window_ns
+        grain = now // self._grain_ns
+        if rs.demand_grain != grain:
+            # Once a grain: what it promises may lag its usage by that much, and any part
+            # is safe to promise, since the escrow is the largest part promised.
+            window = self._window_ns
+            first = (now - window) // self._grain_ns
+            used, denied = rs.floor_used, rs.floor_denied
+            units = 0 if used is None else used.since(first)
+            refused = 0 if denied is None else denied.since(first)
+            rs.demand_part = floor_demand_ppm(ks.policy.target_rate, units, refused, window)
+            rs.demand_grain = grain
+        part = floor_ppm(share, self.members, rs.demand_part)
+        win = now // self._share_window_ns
         if win != rs.share_win:
             rs.share_prev = rs.share_cur if win == rs.share_win + 1 else 0
             rs.share_cur = 0
