@@ -122,7 +122,8 @@ def test_bench_strict_keys_and_the_envelope() -> None:
     assert (res["workers"], res["governord_restarts"]) == (4, 1)
     assert isinstance(res["admitted"], int) and res["admitted"] > 0
     assert isinstance(res["max_excess"], float) and res["max_excess"] <= 0, res
-    assert res["strict_try_admit_ops_per_s"] > 0 and res["global_try_admit_ops_per_s"] > 0
+    for key in ("strict_try_admit_ops_per_s", "global_try_admit_ops_per_s"):
+        assert isinstance(res[key], int) and res[key] > 0, key
 
 
 def test_bench_strict_refuses_a_bad_flag_in_one_line() -> None:
