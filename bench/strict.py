@@ -369,6 +369,9 @@ def _figures(
     in_run_s = max(0.0, min(outage_s, seconds - (killed_ns - start_ns) / NS))
     outside = sum(1 for t in times if not killed_ns <= t < restarted_ns)
     utilisation = outside / (RATE * (seconds - in_run_s) + BURST)
+    before_s = (killed_ns - start_ns) / NS
+    after_s = max(0.0, seconds - before_s - outage_s)
+    before = sum(1 for t in times if t < killed_ns)
     calls = sum(int(r["strict"]["reserves"]) + int(r["strict"]["returned"]) for r in results)
     strict_ops = int(results[0]["strict_ops_per_s"])
     global_ops = int(results[0]["global_ops_per_s"])
@@ -389,6 +392,9 @@ def _figures(
         "outage_s": round(outage_s, 3),
         "outage_starts_at_s": round((killed_ns - start_ns) / NS, 3),
         "admitted_in_outage": len(times) - outside,
+        # the two sides of `utilisation`: before the kill, and from the restart on
+        "utilisation_before_kill": round(before / (RATE * before_s + BURST), 4),
+        "utilisation_after_restart": round((outside - before) / max(1.0, RATE * after_s), 4),
         "governor_calls": calls,
         "lossy_link_cuts": link_cuts,
         "per_worker_admitted": [len(r["admitted_ns"]) for r in results],
