@@ -168,8 +168,13 @@ class CreditDesk:
         self._out.append(ReserveCredit(gate.key, request))
 
     def tick(self, now_ns: int) -> None:
-        """Refill ahead of need and give back what is spent out or idle."""
-        now_ms = now_ns // NS_PER_MS
+        """Refill ahead of need and give back what is spent out or idle.
+
+        `now_ns` was read before the caller took the node's lock, so an admit on another
+        thread may since have shown the holders a later instant; time never goes back for
+        them (a holder refuses that), so the later of the two is used. Later is the safe
+        side: blocks only expire sooner."""
+        now_ms = max(now_ns // NS_PER_MS, self.now_ms())
         for gate in list(self.gates.values()):
             self._give_back(gate, now_ms)
             if not self.closing and now_ms >= gate.retry_at_ms:
