@@ -46,7 +46,7 @@ from ratemesh.envelope import excess_over_times
 
 __all__ = ["run", "LossyLink", "WORKERS_MAX", "THREADS_MAX"]
 
-RATE, BURST = 1_000, 500  # governord's rate on tenant load's node: R per s, B
+RATE, BURST = 2_000, 1_000  # governord's rate on tenant load's node: R per s, B
 FAST_RATE = 10**9  # tenant fast's node (the ops timing): no loop reaches it
 METRIC = "read_iops"
 MESH_X = 20  # the mesh step of the strict limit: this many times R, so credit decides
