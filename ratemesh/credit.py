@@ -121,6 +121,12 @@ class CreditHolder:
         self._demand: deque[tuple[int, int]] = deque(maxlen=self.config.demand_samples_max)
         self._last_want_ms: int | None = None
         self._late: list[tuple[int, int]] = []  # granted after its local expiry: return whole
+        # The hot path's shortcut, set by a full `try_spend` and dropped by anything else that
+        # moves time or the blocks: the block a spend takes from first while it has units,
+        # the earliest local expiry of any block held, and the verdict last given from it.
+        self._head: HeldBlock | None = None
+        self._head_until_ms = -(2**62)
+        self._head_spend: Spend | None = None
 
     # ---- time ----------------------------------------------------------------------------
 
@@ -131,6 +137,7 @@ class CreditHolder:
                 "now_ms", f"a monotonic clock never goes back: {now_ms} < {self._now_ms}"
             )
         self._now_ms = now_ms
+        self._head = None
         for block_id in [b.block_id for b in self.blocks.values() if now_ms >= b.expires_at_ms]:
             del self.blocks[block_id]
         return now_ms
@@ -143,7 +150,26 @@ class CreditHolder:
     # ---- the hot path --------------------------------------------------------------------
 
     def try_spend(self, now_ms: int, units: int = 1) -> Spend:
-        """Admit ``units`` from live blocks (earliest expiry first), all or nothing; no I/O."""
+        """Admit ``units`` from live blocks (earliest expiry first), all or nothing; no I/O.
+
+        The common case, where the block a full spend would take from first still has the
+        units and no block held has reached its local expiry, is one step (the same answer)."""
+        head = self._head
+        if (
+            head is not None
+            and units.__class__ is int
+            and now_ms.__class__ is int
+            and self._now_ms <= now_ms < self._head_until_ms
+            and 0 < units <= head.left
+        ):
+            self._now_ms = now_ms
+            head.left -= units
+            self._last_want_ms = now_ms
+            self._demand.append((now_ms, units))
+            spend = self._head_spend
+            if spend is None or spend.units != units:
+                spend = self._head_spend = Spend(True, units, None, ((head.block_id, units),))
+            return spend
         check_int("units", units, minimum=1)
         now = self._at(now_ms)
         self._want(now, units)
@@ -159,6 +185,11 @@ class CreditHolder:
                 taken.append((block.block_id, take))
             if need == 0:
                 break
+        # the next spend takes first from the first block with units (spent-out ones before
+        # it give nothing), while no block held reaches its local expiry
+        head = next((b for b in live if b.left), None)
+        if head is not None:
+            self._head, self._head_until_ms, self._head_spend = head, live[0].expires_at_ms, None
         return Spend(True, units, None, tuple(taken))
 
     def _why_not(self, now: int) -> str:

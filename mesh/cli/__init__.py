@@ -37,6 +37,7 @@ COMMANDS: dict[tuple[str, ...], Handler] = {
     ("bench", "churn"): _bench.churn,
     ("bench", "flood"): _bench.flood,
     ("bench", "policy"): _bench.policy,
+    ("bench", "strict"): _bench.strict,
     **{("policy", name): fn for name, fn in _policy.SUBCOMMANDS.items()},
 }
 
@@ -190,6 +191,18 @@ def _parser() -> argparse.ArgumentParser:
         help="push to an in-memory coordinator in this process instead of a governord",
     )
     _output_flags(pol)
+    st = bsub.add_parser(
+        "strict",
+        help="strict limits on real workers and governord (SIGKILLed once, a lossy link): "
+        "max_excess, utilisation, governor calls",
+    )
+    st.add_argument("--workers", type=int, default=4)
+    st.add_argument("--threads", type=int, default=4, help="asking threads per worker")
+    st.add_argument("--seconds", type=float, default=10.0)
+    st.add_argument(
+        "--offered-x", dest="offered_x", type=float, default=5.0, help="asks, as a multiple of R"
+    )
+    _output_flags(st)
     _policy.add_parser(sub)
     return p
 

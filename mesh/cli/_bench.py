@@ -1,5 +1,5 @@
-"""`mesh bench hotpath`, `owner`, `cluster`, `churn`, `flood` and `policy`: benchmarks of the
-real code, JSON on stdout."""
+"""`mesh bench hotpath`, `owner`, `cluster`, `churn`, `flood`, `policy` and `strict`:
+benchmarks of the real code, JSON on stdout."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ratemesh.checks import check_int
 
 from ._output import emit, positive_s
 
-__all__ = ["churn", "cluster", "flood", "hotpath", "owner", "policy"]
+__all__ = ["churn", "cluster", "flood", "hotpath", "owner", "policy", "strict"]
 
 
 def hotpath(args: argparse.Namespace) -> int:
@@ -93,6 +93,21 @@ def policy(args: argparse.Namespace) -> int:
             nodes=check_int("--nodes", args.nodes, minimum=1, maximum=64),
             pushes=check_int("--pushes", args.pushes, minimum=1, maximum=100_000),
             in_process=args.in_process,
+        ),
+        args,
+    )
+    return 0
+
+
+def strict(args: argparse.Namespace) -> int:
+    from bench.strict import THREADS_MAX, WORKERS_MAX, run
+
+    emit(
+        run(
+            workers=check_int("--workers", args.workers, minimum=1, maximum=WORKERS_MAX),
+            threads=check_int("--threads", args.threads, minimum=1, maximum=THREADS_MAX),
+            seconds=positive_s("--seconds", args.seconds),
+            offered_x=positive_s("--offered-x", args.offered_x),
         ),
         args,
     )

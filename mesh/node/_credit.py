@@ -72,6 +72,7 @@ class CreditDriver:
         self.unreachable = 0
         self.returned = 0
         self.returns_dropped = 0
+        self.returns_failed = 0  # returns governord did not take (their blocks expire)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -201,8 +202,10 @@ class CreditDriver:
             client = await self._session()
             await client.return_credit(e.block_id, e.unused)
             self.returned += 1
-        except GovernorClientError:
-            pass  # the block stays counted until it expires: safe, only slower to refill
+        except GovernorClientError as exc:
+            # the block stays counted until it expires: safe, only slower to refill
+            self.returns_failed += 1
+            log.debug("a credit return failed: %r", exc)
 
     # -- leaving --------------------------------------------------------------------------
 
@@ -246,4 +249,5 @@ class CreditDriver:
             "unreachable": self.unreachable,
             "returned": self.returned,
             "returns_dropped": self.returns_dropped,
+            "returns_failed": self.returns_failed,
         }

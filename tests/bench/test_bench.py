@@ -100,3 +100,40 @@ def test_bench_policy_keys() -> None:
         0,
         0,
     )
+
+
+def test_bench_strict_keys_and_the_envelope() -> None:
+    """Four workers, governord SIGKILLed and restarted, a lossy link: the keys, and the
+    guarantee over every interval of the recorded admissions (an invariant, not a speed)."""
+    res = _run("strict", "--workers", "4", "--threads", "2", "--seconds", "3")
+    for key in (
+        "workers",
+        "seconds",
+        "admitted",
+        "max_excess",
+        "governord_restarts",
+        "governor_calls_per_admitted",
+        "utilisation",
+        "strict_try_admit_ops_per_s",
+        "global_try_admit_ops_per_s",
+        "within_targets",
+    ):
+        assert key in res, key
+    assert (res["workers"], res["governord_restarts"]) == (4, 1)
+    assert isinstance(res["admitted"], int) and res["admitted"] > 0
+    excess = res["max_excess"]
+    assert isinstance(excess, float) and excess <= 0, res
+    for key in ("strict_try_admit_ops_per_s", "global_try_admit_ops_per_s"):
+        ops = res[key]
+        assert isinstance(ops, int) and ops > 0, key
+
+
+def test_bench_strict_refuses_a_bad_flag_in_one_line() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "mesh.cli", "bench", "strict", "--workers", "0", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and out.stdout == ""
+    assert len(out.stderr.strip().splitlines()) == 1 and "--workers" in out.stderr

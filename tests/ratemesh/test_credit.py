@@ -52,6 +52,24 @@ def test_a_spend_is_all_or_nothing_and_takes_the_earliest_block_first() -> None:
     assert not h.try_spend(10, 3).admitted and h.held(10) == before
 
 
+def test_spends_in_a_row_answer_as_the_full_spend_would() -> None:
+    """The hot path's one step (spends after the first, from the same block) takes from the
+    earliest block with units, stops at any block's local expiry, sees a new earlier block,
+    and still refuses time going back."""
+    h = CreditHolder(CreditConfig(rho_ppm=0, epsilon_ms=0))
+    h.granted(0, SENT_AT_0, 1, 3, 500)
+    h.granted(0, SENT_AT_0, 2, 100, 900)
+    assert [h.try_spend(t).taken for t in (1, 2, 3, 4)] == [((1, 1),)] * 3 + [((2, 1),)]
+    assert h.try_spend(499).taken == ((2, 1),)
+    assert h.try_spend(500).taken == ((2, 1),) and 1 not in h.blocks  # block 1 expired at 500
+    h.granted(600, Reserve(550, 1), 3, 2, 300)  # expires at 850, before block 2
+    assert [h.try_spend(t).taken for t in (601, 602, 603)] == [((3, 1),)] * 2 + [((2, 1),)]
+    assert h.held(603) == 100 - 4
+    assert h.try_spend(899).admitted and not h.try_spend(900).admitted  # block 2's expiry
+    with pytest.raises(ConfigError):
+        h.try_spend(899)
+
+
 def test_unreachable_governor_fails_closed_once_everything_has_expired() -> None:
     h = CreditHolder(CreditConfig(rho_ppm=0, epsilon_ms=0))
     h.try_spend(0)

@@ -86,7 +86,8 @@ class StrictGate(Gate):
             no = front.no
             reason = Reason.GLOBAL_LIMIT if no.reason is Reason.RATE_LIMITED else no.reason
             return verdict(False, reason, Mode.STRICT, STRICT_BOUND, no.suspended)
-        now_ms = self.desk.now_ms()
+        desk = self.desk
+        now_ms = desk.clock_ns() // NS_PER_MS  # desk.now_ms(), inline: the hot path
         spend = self.holder.try_spend(now_ms, amount)
         if spend.admitted:
             if front is not None:
@@ -94,11 +95,11 @@ class StrictGate(Gate):
                 front.pending += amount
                 if front.pending >= front.flush_at:
                     front.sink(front)
-            self.desk.admitted += amount
+            desk.admitted += amount
             return self.ok
         self.no = self.no_unreachable if spend.reason == GOVERNOR_UNREACHABLE else self.no_credit
-        self.desk.credit_denied += amount
-        self.desk.ask(self, now_ms, amount)
+        desk.credit_denied += amount
+        desk.ask(self, now_ms, amount)
         return self.no
 
     def holds_nothing(self) -> bool:
@@ -168,8 +169,13 @@ class CreditDesk:
         self._out.append(ReserveCredit(gate.key, request))
 
     def tick(self, now_ns: int) -> None:
-        """Refill ahead of need and give back what is spent out or idle."""
-        now_ms = now_ns // NS_PER_MS
+        """Refill ahead of need and give back what is spent out or idle.
+
+        `now_ns` was read before the caller took the node's lock, so an admit on another
+        thread may since have shown the holders a later instant; time never goes back for
+        them (a holder refuses that), so the later of the two is used. Later is the safe
+        side: blocks only expire sooner."""
+        now_ms = max(now_ns // NS_PER_MS, self.now_ms())
         for gate in list(self.gates.values()):
             self._give_back(gate, now_ms)
             if not self.closing and now_ms >= gate.retry_at_ms:

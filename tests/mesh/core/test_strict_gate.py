@@ -227,6 +227,20 @@ def test_idle_spent_out_and_leaving_blocks_are_returned() -> None:
     assert m2.credit.take() == []  # leaving: nothing more is asked for
 
 
+def test_a_tick_read_before_a_later_admit_still_gives_back_and_never_raises() -> None:
+    """A node reads the tick's instant before it takes its lock; an app thread may admit
+    in between at a later instant. The tick then acts at the later one (it crashed the
+    node's tick task once: the holder refuses time going back)."""
+    clock = Clock()
+    m, g = primed(clock, 2)
+    read_by_tick = clock.ns
+    clock.ms(5)
+    for _ in range(2):
+        assert m.admission.try_admit("t", "read_iops").allowed  # the holder is now at 5 ms
+    back = [e for e in m.tick(read_by_tick) if isinstance(e, ReturnCredit)]
+    assert back == [ReturnCredit(g.key, 1, 0)]
+
+
 def test_refund_gives_back_the_mesh_charge_not_the_credit() -> None:
     clock = Clock()
     m, g = primed(clock, 10)

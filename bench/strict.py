@@ -1,0 +1,414 @@
+"""`mesh bench strict`: the strict guarantee on a real fleet (issue 13; DESIGN.md sections 1
+and 5).
+
+A governord process (SQLite in a temporary directory) holds tenant `load`'s node, rated
+R per second with burst B for `read_iops`. `workers` processes (bench.strict_worker), each a
+threaded `mesh.node.Mesh` in static membership with the others, run `threads` threads that
+ask for a strict limit on (load, read_iops) at `offered_x` times R in total. One worker
+reaches governord through a lossy link (a proxy in this process that delays every chunk and
+cuts every connection now and then). About a third into the run governord is SIGKILLed and,
+OUTAGE_S later, restarted on the same store and address.
+
+Every admission's wall-clock instant (time.time_ns, one host: one clock) is recorded by its
+worker; the bench merges them and computes:
+
+* `max_excess`: max over every interval [t0, t1] of admitted - R * (t1 - t0) - B
+  (ratemesh.envelope.excess_over_times); <= 0 keeps the guarantee. An instant is read just
+  after try_admit returns, so it is late by at most a call; governord counts whole
+  milliseconds (docs/strict.md, Assumptions), so up to `R * 1 ms` could show here for that
+  alone; the target stays 0.
+* `utilisation`: admissions outside the outage window [kill, restarted governord listening]
+  over `R * (seconds - outage_s) + B`.
+* `governor_calls_per_admitted`: the workers' credit calls to governord (reserves and
+  returns, from each node's /health `strict` counters) per admitted unit.
+* `strict_try_admit_ops_per_s`, `global_try_admit_ops_per_s`: after the load, worker 0 times
+  tight try_admit loops on a second node of its own (tenant `fast`, rated far above any
+  loop) on a strict limit holding credit and on a global limit, alternated, same process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from bench._procs import free_port, go, read_ready, write_config
+from ratemesh.envelope import excess_over_times
+
+__all__ = ["run", "LossyLink", "WORKERS_MAX", "THREADS_MAX"]
+
+RATE, BURST = 2_000, 1_000  # governord's rate on tenant load's node: R per s, B
+FAST_RATE = 10**9  # tenant fast's node (the ops timing): no loop reaches it
+METRIC = "read_iops"
+MESH_X = 20  # the mesh step of the strict limit: this many times R, so credit decides
+SESSION_TTL_MS = 3_000  # a block lives at most this long
+CREDIT: dict[str, int] = {"horizon_ms": 1_000, "lead_ms": 250, "idle_ms": 2_000}
+OUTAGE_S = 1.0  # governord stays dead this long before its restart
+KILL_AT = 1 / 3  # of the run
+LINK_DELAY_S = 0.005  # the lossy link: every chunk, each way
+LINK_CUT_EVERY_S = 1.5  # the lossy link: every open connection is cut this often
+START_TIMEOUT_S = 60.0
+RESULT_SLACK_S = 60.0  # past the run and the ops timing, for a worker's result
+OPS_SECONDS = 2.0  # worker 0's try_admit timing, strict and global together
+LOAD_KEY_ENV, FAST_KEY_ENV = "RATEMESH_BENCH_LOAD_KEY", "RATEMESH_BENCH_FAST_KEY"
+TARGETS = {
+    "target_max_excess": 0.0,
+    "target_governor_calls_per_admitted": 0.02,
+    "target_utilisation": 0.9,
+    "target_strict_over_global": 0.7,
+}
+NS = 1_000_000_000
+WORKERS_MAX = 32  # bounds of the CLI's flags: processes, and threads in each
+THREADS_MAX = 64
+
+
+class LossyLink:
+    """A TCP proxy to `target` on its own thread and loop: delays every chunk by `delay_s`
+    and cuts every open connection each `cut_every_s` (new ones are accepted)."""
+
+    def __init__(self, target: str, delay_s: float, cut_every_s: float) -> None:
+        self.host, _, port = target.rpartition(":")
+        self.port = int(port)
+        self.delay_s = delay_s
+        self.cut_every_s = cut_every_s
+        self.cuts = 0
+        self.addr = ""
+        self._loop = asyncio.new_event_loop()
+        self._conns: set[asyncio.StreamWriter] = set()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    def start(self) -> str:
+        self._thread.start()
+        if not self._ready.wait(START_TIMEOUT_S):
+            raise RuntimeError("the lossy link did not start")
+        return self.addr
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(START_TIMEOUT_S)
+
+    def _main(self) -> None:
+        self._loop.run_until_complete(self._serve())
+        self._loop.close()
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.addr = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        self._ready.set()
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.cut_every_s)
+            if self._conns:
+                self.cuts += 1
+            for w in list(self._conns):
+                w.transport.abort()
+            self._conns.clear()
+        server.close()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_r, up_w = await asyncio.open_connection(self.host, self.port)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._conns.update((writer, up_w))
+        await asyncio.gather(self._pipe(reader, up_w), self._pipe(up_r, writer))
+
+    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(65536):
+                await asyncio.sleep(self.delay_s)
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self._conns.discard(dst)
+            dst.transport.abort()
+
+
+class Governord:
+    """governord on SQLite in `tmp`, on a fixed loopback address so a restart keeps it."""
+
+    def __init__(self, tmp: Path, keys: dict[str, str]) -> None:
+        self.addr = f"127.0.0.1:{free_port()}"
+        self.env = dict(os.environ, PYTHONHASHSEED="0", **keys)
+        self.stderr = tmp / "governord.stderr"
+        self.config = write_config(
+            tmp / "governord.yaml",
+            {
+                "listen": self.addr,
+                "store": f"sqlite:{tmp / 'governord.db'}",
+                "drain_s": 1,
+                "session": {"ttl_ms": 2 * SESSION_TTL_MS, "min_ttl_ms": 100},
+                "tenants": {
+                    "load": {
+                        "api_key_env": LOAD_KEY_ENV,
+                        "rates": {METRIC: {"per_s": RATE, "burst": BURST}},
+                    },
+                    "fast": {
+                        "api_key_env": FAST_KEY_ENV,
+                        "rates": {METRIC: {"per_s": FAST_RATE, "burst": FAST_RATE}},
+                    },
+                },
+            },
+        )
+        self.proc: subprocess.Popen[str] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        with open(self.stderr, "a") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "governor.cli", "--config", str(self.config)],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=self.env,
+            )
+        line = _first_line(self.proc, START_TIMEOUT_S)
+        if not line.startswith("LISTENING"):
+            self.close()
+            tail = self.stderr.read_text()[-2000:]
+            raise RuntimeError(f"governord did not start: {line!r} {tail}")
+        self.starts += 1
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+            _close(self.proc.stdout)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc is not None:
+            _close(self.proc.stdout)
+
+
+def _close(f: IO[str] | None) -> None:
+    if f is not None:
+        f.close()
+
+
+def _first_line(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    """The first line a child prints on stdout, or "" if it printed none in time."""
+    import selectors
+
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    try:
+        return proc.stdout.readline() if sel.select(timeout_s) else ""
+    finally:
+        sel.close()
+
+
+def _policy(tenant: str, mode: str, rate: int, burst: int) -> dict[str, Any]:
+    return {
+        "tenant_id": tenant,
+        "metric": METRIC,
+        "generation": 1,
+        "mode": mode,
+        "target_rate": rate,
+        "global_burst": burst,
+        "local_burst_cap": burst,
+    }
+
+
+def _spawn(args: list[str], stderr: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """A Python child with stdin and stdout piped and stderr to a file (a full pipe of
+    log lines would stall it)."""
+    with open(stderr, "a") as err:
+        return subprocess.Popen(
+            [sys.executable, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=dict(os.environ, PYTHONHASHSEED="0", **env),
+        )
+
+
+def run(
+    *, workers: int = 4, threads: int = 4, seconds: float = 10.0, offered_x: float = 5.0
+) -> dict[str, Any]:
+    """Run the fleet for `seconds` (governord killed at KILL_AT of it); the figures."""
+    keys = {LOAD_KEY_ENV: secrets.token_hex(16), FAST_KEY_ENV: secrets.token_hex(16)}
+    with tempfile.TemporaryDirectory(prefix="ratemesh-bench-strict-") as name:
+        tmp = Path(name)
+        gov = Governord(tmp, keys)
+        link: LossyLink | None = None
+        procs: list[subprocess.Popen[str]] = []
+        try:
+            gov.start()
+            link = LossyLink(gov.addr, LINK_DELAY_S, LINK_CUT_EVERY_S)
+            lossy_addr = link.start()
+            ids = [f"w{i}" for i in range(workers)]
+            members = {m: f"127.0.0.1:{free_port()}" for m in ids}
+            per_thread = offered_x * RATE / (workers * threads)
+            for i, m in enumerate(ids):
+                cfg = write_config(
+                    tmp / f"{m}.yaml",
+                    {
+                        "member_id": m,
+                        "listen": members[m],
+                        "membership": {"source": "static", "members": members},
+                        # the mesh step is looser than governord's rate: credit decides
+                        "policies": {
+                            "inline": [_policy("load", "strict", MESH_X * RATE, MESH_X * RATE)]
+                        },
+                        "shutdown_drain_ms": 300,
+                        "strict": {
+                            "governord": lossy_addr if i == workers - 1 else gov.addr,
+                            "api_key_env": LOAD_KEY_ENV,
+                            "session_ttl_ms": SESSION_TTL_MS,
+                            "credit": CREDIT,
+                        },
+                    },
+                )
+                args = ["-m", "bench.strict_worker", "--config", str(cfg)]
+                args += ["--threads", str(threads), "--rate", str(per_thread)]
+                args += ["--seconds", str(seconds)]
+                if i == 0:
+                    args += ["--ops-config", str(_ops_config(tmp, gov.addr))]
+                    args += ["--ops-seconds", str(OPS_SECONDS)]
+                procs.append(_spawn(args, tmp / f"{m}.stderr", keys))
+            for p in procs:
+                read_ready(p, START_TIMEOUT_S)
+            start_at = go(procs)
+            time.sleep(max(0.0, start_at + seconds * KILL_AT - time.time()))
+            killed_ns = time.time_ns()
+            gov.kill()
+            time.sleep(OUTAGE_S)
+            gov.start()
+            restarted_ns = time.time_ns()
+            results = [read_ready(p, seconds + OPS_SECONDS + RESULT_SLACK_S) for p in procs]
+        finally:
+            for p in procs:
+                _reap(p)
+            if link is not None:
+                link.stop()
+            gov.close()
+    return _figures(
+        results,
+        workers=workers,
+        seconds=seconds,
+        start_ns=int(start_at * NS),
+        outage=(killed_ns, restarted_ns),
+        restarts=gov.starts - 1,
+        link_cuts=link.cuts if link is not None else 0,
+    )
+
+
+def _ops_config(tmp: Path, governord: str) -> Path:
+    """Worker 0's second node, for the ops timing: alone, tenant fast's key."""
+    addr = f"127.0.0.1:{free_port()}"
+    return write_config(
+        tmp / "ops.yaml",
+        {
+            "member_id": "ops",
+            "listen": addr,
+            "membership": {"source": "static", "members": {"ops": addr}},
+            "policies": {
+                "inline": [
+                    _policy("fast", "strict", FAST_RATE, FAST_RATE),
+                    _policy("fastg", "global", FAST_RATE, FAST_RATE),
+                ]
+            },
+            "shutdown_drain_ms": 300,
+            "strict": {
+                "governord": governord,
+                "api_key_env": FAST_KEY_ENV,
+                "session_ttl_ms": SESSION_TTL_MS,
+            },
+        },
+    )
+
+
+def _reap(p: subprocess.Popen[str]) -> None:
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+    for f in (p.stdin, p.stdout):
+        with contextlib.suppress(OSError):
+            _close(f)
+
+
+def _figures(
+    results: list[dict[str, Any]],
+    *,
+    workers: int,
+    seconds: float,
+    start_ns: int,
+    outage: tuple[int, int],
+    restarts: int,
+    link_cuts: int,
+) -> dict[str, Any]:
+    times = sorted(t for r in results for t in r["admitted_ns"])
+    excess = excess_over_times(times, [1] * len(times), RATE, BURST) if times else 0.0
+    killed_ns, restarted_ns = outage
+    outage_s = (restarted_ns - killed_ns) / NS
+    in_run_s = max(0.0, min(outage_s, seconds - (killed_ns - start_ns) / NS))
+    outside = sum(1 for t in times if not killed_ns <= t < restarted_ns)
+    utilisation = outside / (RATE * (seconds - in_run_s) + BURST)
+    before_s = (killed_ns - start_ns) / NS
+    after_s = max(0.0, seconds - before_s - outage_s)
+    before = sum(1 for t in times if t < killed_ns)
+    calls = sum(int(r["strict"]["reserves"]) + int(r["strict"]["returned"]) for r in results)
+    strict_ops = int(results[0]["strict_ops_per_s"])
+    global_ops = int(results[0]["global_ops_per_s"])
+    offered = sum(int(r["offered"]) for r in results)
+    out: dict[str, Any] = {
+        "workers": workers,
+        "seconds": seconds,
+        "admitted": len(times),
+        "max_excess": round(excess, 3),
+        "governord_restarts": restarts,
+        "governor_calls_per_admitted": round(calls / max(1, len(times)), 4),
+        "utilisation": round(utilisation, 4),
+        "strict_try_admit_ops_per_s": strict_ops,
+        "global_try_admit_ops_per_s": global_ops,
+        "rate": RATE,
+        "burst": BURST,
+        "offered_x_rate": round(offered / (RATE * seconds), 2),
+        "outage_s": round(outage_s, 3),
+        "outage_starts_at_s": round((killed_ns - start_ns) / NS, 3),
+        "admitted_in_outage": len(times) - outside,
+        # the two sides of `utilisation`: before the kill, and from the restart on
+        "utilisation_before_kill": round(before / (RATE * before_s + BURST), 4),
+        "utilisation_after_restart": round((outside - before) / max(1.0, RATE * after_s), 4),
+        "governor_calls": calls,
+        "lossy_link_cuts": link_cuts,
+        "per_worker_admitted": [len(r["admitted_ns"]) for r in results],
+        **TARGETS,
+    }
+    out["within_targets"] = (
+        excess <= TARGETS["target_max_excess"]
+        and out["governor_calls_per_admitted"] <= TARGETS["target_governor_calls_per_admitted"]
+        and utilisation >= TARGETS["target_utilisation"]
+        and strict_ops >= TARGETS["target_strict_over_global"] * global_ops
+        and restarts >= 1
+    )
+    return out
+
+
+if __name__ == "__main__":  # a quick look: python -m bench.strict
+    print(run(seconds=6.0))
