@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench._procs import free_port, go, read_ready, write_config
+from bench._proxy import FaultProxy
 from ratemesh.envelope import excess_over_times
 
 __all__ = ["run", "LossyLink", "WORKERS_MAX", "THREADS_MAX"]
@@ -72,18 +73,16 @@ THREADS_MAX = 64
 
 
 class LossyLink:
-    """A TCP proxy to `target` on its own thread and loop: delays every chunk by `delay_s`
-    and cuts every open connection each `cut_every_s` (new ones are accepted)."""
+    """A `FaultProxy` to `target` on its own thread and loop: it delays every chunk by
+    `delay_s` and cuts every open connection each `cut_every_s` (new ones are accepted)."""
 
     def __init__(self, target: str, delay_s: float, cut_every_s: float) -> None:
-        self.host, _, port = target.rpartition(":")
-        self.port = int(port)
-        self.delay_s = delay_s
+        self.proxy = FaultProxy(target)
+        self.proxy.delay_s = delay_s
         self.cut_every_s = cut_every_s
         self.cuts = 0
         self.addr = ""
         self._loop = asyncio.new_event_loop()
-        self._conns: set[asyncio.StreamWriter] = set()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._main, daemon=True)
@@ -105,39 +104,14 @@ class LossyLink:
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
-        server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.addr = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        self.addr = await self.proxy.start()
         self._ready.set()
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self.cut_every_s)
-            if self._conns:
+            if self.proxy.drop():
                 self.cuts += 1
-            for w in list(self._conns):
-                w.transport.abort()
-            self._conns.clear()
-        server.close()
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_r, up_w = await asyncio.open_connection(self.host, self.port)
-        except OSError:
-            writer.transport.abort()
-            return
-        self._conns.update((writer, up_w))
-        await asyncio.gather(self._pipe(reader, up_w), self._pipe(up_r, writer))
-
-    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        try:
-            while data := await src.read(65536):
-                await asyncio.sleep(self.delay_s)
-                dst.write(data)
-                await dst.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            self._conns.discard(dst)
-            dst.transport.abort()
+        await self.proxy.stop()
 
 
 class Governord:

@@ -13,11 +13,11 @@ import time
 import pytest
 
 from bench._procs import free_port
+from bench._proxy import FaultProxy
 from mesh.core.policy import BOUNDS, Metric, RateKey
 from mesh.core.ring import Ring
 from mesh.core.verdict import Suspension
 from mesh.node import Mesh
-from tests.mesh._proxy import FaultProxy
 from tests.mesh._util import POLICY, until
 
 RATE, BURST, LOCAL_B = 1000, 100, 20

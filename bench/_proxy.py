@@ -1,5 +1,6 @@
-"""A fault-injecting TCP proxy for tests (the kernel here has no netem): delay, dropped
-connections and partitions between two members, on the running asyncio loop."""
+"""A fault-injecting TCP proxy for benchmarks and tests (the kernel here has no netem):
+delay, dropped connections and partitions between two processes, on the running asyncio
+loop."""
 
 from __future__ import annotations
 
@@ -25,11 +26,13 @@ class FaultProxy:
         self.addr = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
         return self.addr
 
-    def drop(self) -> None:
-        """Cut every open connection (new ones are accepted)."""
+    def drop(self) -> int:
+        """Cut every open connection (new ones are accepted); how many there were."""
+        n = len(self._conns)
         for w in list(self._conns):
             w.transport.abort()
         self._conns.clear()
+        return n
 
     def partition(self) -> None:
         self.partitioned = True
