@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mesh.config._files import config_file
 from mesh.config._strict import StrictConfig, parse_strict
 from mesh.core._validate import check_bool, check_int, check_str
 from mesh.core.config import CoreConfig
@@ -367,15 +368,6 @@ def _address(where: str, value: str, *, allow_zero: bool = False) -> None:
     check_address(where, value, allow_zero_port=allow_zero, error=ConfigError)
 
 
-def _file(where: str, value: Any, base: Path | None) -> str:
-    path = Path(check_str(where, value, max_len=4096))
-    if base is not None and not path.is_absolute():
-        path = base / path
-    if not path.is_file():
-        raise ConfigError(where, f"file {path} does not exist")
-    return str(path)
-
-
 def _tls(data: Any, base: Path | None) -> TlsConfig:
     if not isinstance(data, dict):
         raise ConfigTypeError("tls", f"must be a mapping, got {type(data).__name__}")
@@ -384,13 +376,13 @@ def _tls(data: Any, base: Path | None) -> TlsConfig:
         if field_name not in data:
             raise ConfigError(f"tls.{field_name}", "is required when tls is set")
     require = check_bool("tls.require_client_cert", data.get("require_client_cert", False))
-    ca = _file("tls.ca", data["ca"], base) if data.get("ca") is not None else None
+    ca = config_file("tls.ca", data["ca"], base) if data.get("ca") is not None else None
     if require and ca is None:
         raise ConfigError("tls.ca", "is required when require_client_cert is true")
     name = data.get("server_name")
     return TlsConfig(
-        _file("tls.cert", data["cert"], base),
-        _file("tls.key", data["key"], base),
+        config_file("tls.cert", data["cert"], base),
+        config_file("tls.key", data["key"], base),
         ca,
         require,
         check_str("tls.server_name", name) if name else None,
@@ -415,7 +407,7 @@ def _fleet_secret(data: dict[str, Any], base: Path | None) -> dict[str, Any]:
     if path is not None and env is not None:
         raise ConfigError("fleet_secret_env", "set fleet_secret_file or fleet_secret_env, not both")
     if path is not None:
-        where, name = "fleet_secret_file", _file("fleet_secret_file", path, base)
+        where, name = "fleet_secret_file", config_file("fleet_secret_file", path, base)
         try:
             with open(name, "rb") as f:
                 raw = f.read(FLEET_SECRET_MAX_BYTES + 1)
@@ -616,7 +608,7 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     found: list[TenantRatePolicy] = []
     if data.get("file") is not None:
-        out["policy_file"] = _file("policies.file", data["file"], base)
+        out["policy_file"] = config_file("policies.file", data["file"], base)
         found += load_policy_file(out["policy_file"], where="policies.file")
     if data.get("watch_ms") is not None:
         if "policy_file" not in out:
@@ -654,7 +646,7 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
             _coordinator_key(coord, base),
             None
             if coord.get("ca") is None
-            else _file("policies.coordinator.ca", coord["ca"], base),
+            else config_file("policies.coordinator.ca", coord["ca"], base),
         )
     return out
 
@@ -664,7 +656,7 @@ def _coordinator_key(coord: dict[str, Any], base: Path | None) -> str | None:
     if file is None and env is None:
         return None
     if file is not None:
-        file = str(_file("policies.coordinator.api_key_file", file, base))
+        file = str(config_file("policies.coordinator.api_key_file", file, base))
     if env is not None:
         env = check_str("policies.coordinator.api_key_env", env)
     return read_api_key(file=file, env=env, where="policies.coordinator.api_key", error=ConfigError)

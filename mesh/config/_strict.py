@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from mesh.config._files import config_file
 from mesh.core._validate import check_int, check_str
 from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.apikey import read_api_key
@@ -65,11 +66,11 @@ def parse_strict(data: Any, base: Path | None) -> StrictConfig:
     if file is None and env is None:
         raise ConfigError("strict.api_key_file", "is required (or api_key_env): a tenant's key")
     if file is not None:
-        file = _file("strict.api_key_file", file, base)
+        file = config_file("strict.api_key_file", file, base)
     if env is not None:
         env = check_str("strict.api_key_env", env)
     key = read_api_key(file=file, env=env, where="strict.api_key", error=ConfigError)
-    ca = None if data.get("ca") is None else _file("strict.ca", data["ca"], base)
+    ca = None if data.get("ca") is None else config_file("strict.ca", data["ca"], base)
     node = None
     if data.get("node") is not None:
         node = check_int("strict.node", data["node"], minimum=1)
@@ -113,12 +114,3 @@ def _credit(raw: Any) -> CreditConfig:
         return CreditConfig(**raw)
     except SharedConfigError as exc:
         raise ConfigError(f"strict.credit.{exc.field}", exc.problem) from exc
-
-
-def _file(where: str, value: Any, base: Path | None) -> str:
-    path = Path(check_str(where, value, max_len=4096))
-    if base is not None and not path.is_absolute():
-        path = base / path
-    if not path.is_file():
-        raise ConfigError(where, f"file {path} does not exist")
-    return str(path)
