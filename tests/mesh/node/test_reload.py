@@ -243,15 +243,22 @@ def test_an_accepted_reload_is_declared_to_the_coordinator(tmp_path: Path) -> No
     from mesh.peer import CoordinatorClient
 
     first = TenantRatePolicy.from_dict(dict(POLICY, generation=1))
-    client = CoordinatorClient("127.0.0.1:1", declared=(first,))
     path = tmp_path / "policies.yaml"
-    _write(path, dict(POLICY, generation=2))
-    reloader = PolicyReloader(
-        str(path), PolicyCache([first]), watch_ms=0, on_loaded=_declare_to(client)
-    )
-    assert reloader.reload("api")
-    assert sorted(p.generation for p in client.declared) == [1, 2]
-    _write(path, dict(POLICY, generation=2, target_rate=1))  # a conflict: refused
-    assert not reloader.reload("api")
-    assert sorted(p.generation for p in client.declared) == [1, 2]
+
+    async def main() -> None:  # the client's channel lives on a loop
+        client = CoordinatorClient("127.0.0.1:1", declared=(first,))
+        try:
+            _write(path, dict(POLICY, generation=2))
+            reloader = PolicyReloader(
+                str(path), PolicyCache([first]), watch_ms=0, on_loaded=_declare_to(client)
+            )
+            assert reloader.reload("api")
+            assert sorted(p.generation for p in client.declared) == [1, 2]
+            _write(path, dict(POLICY, generation=2, target_rate=1))  # a conflict: refused
+            assert not reloader.reload("api")
+            assert sorted(p.generation for p in client.declared) == [1, 2]
+        finally:
+            await client.close()
+
+    asyncio.run(main())
     assert _declare_to(None) is None
