@@ -1,4 +1,4 @@
-"""The sixteen calls, one method each: validated body in, one engine step, reply after commit.
+"""The calls, one method each: validated body in, one engine step, reply after commit.
 The plumbing they run in (auth, in-flight idempotency, status mapping) is ``_service``."""
 
 from __future__ import annotations

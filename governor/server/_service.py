@@ -42,7 +42,7 @@ INFLIGHT_MAX = 65_536
 
 
 class GovernorService(CallsMixin):
-    """The sixteen calls, and Multiplex carrying the short ones. ``handler()`` is the generic
+    """The calls, and Multiplex carrying the short ones. ``handler()`` is the generic
     gRPC handler to add to a server."""
 
     def __init__(
