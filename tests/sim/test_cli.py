@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sim.scenario import STRATEGIES
+
 pytestmark = pytest.mark.slow  # every test runs the mesh command
 
 KEYS = {
@@ -49,15 +51,7 @@ def test_run_from_a_file_prints_the_contract_and_a_plot(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["scenario"] == "noisy-neighbour" and result["seed"] == 4
-    assert set(result["strategies"]) == {
-        "mesh",
-        "local",
-        "share",
-        "gubernator-global",
-        "central-open",
-        "central-closed",
-        "strict",
-    }
+    assert set(result["strategies"]) == set(STRATEGIES)
     for s in result["strategies"].values():
         assert KEYS <= set(s)
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
