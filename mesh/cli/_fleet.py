@@ -22,7 +22,7 @@ def fleet_status(
     *,
     tls: TlsConfig | None,
     secret: bytes | None,
-    target: str,
+    target: str | None,
     timeout_s: float,
 ) -> int:
     """Ask `addr`'s member for the ring, then every member within `timeout_s` in all.

@@ -72,10 +72,10 @@ def status(args: argparse.Namespace) -> int:
     from mesh.config import load_config, read_fleet_secret
     from mesh.errors import PeerError
     from mesh.peer import fetch_status
-    from mesh.peer._identity import STATUS_ANY_TARGET
 
     timeout_s = positive_s("--timeout", args.timeout)
-    addr, tls, secret, target = args.addr, None, None, STATUS_ANY_TARGET
+    addr, tls, secret = args.addr, None, None
+    target: str | None = None  # the member's id; None: learnt from the member
     if args.config:
         try:
             cfg = load_config(args.config)
@@ -84,7 +84,7 @@ def status(args: argparse.Namespace) -> int:
             return 2
         addr = addr or cfg.advertise or cfg.listen
         tls, secret = cfg.tls, cfg.fleet_secret
-        target = cfg.member_id or target
+        target = cfg.member_id or None
     if args.fleet_secret_file:
         try:
             secret = read_fleet_secret(args.fleet_secret_file)

@@ -8,7 +8,6 @@ from typing import Any
 
 from mesh.config import TlsConfig
 from mesh.errors import MeshError, MessageError, PeerUnavailable
-from mesh.peer._identity import STATUS_ANY_TARGET
 from mesh.peer._status import fetch_status
 from mesh.telemetry import MemberAnswer, enforced_of
 from ratemesh.checks import check_address
@@ -24,7 +23,7 @@ async def fetch_fleet(
     *,
     tls: TlsConfig | None = None,
     fleet_secret: bytes | None = None,
-    target: str = STATUS_ANY_TARGET,
+    target: str | None = None,
     timeout_s: float = 5.0,
 ) -> list[MemberAnswer]:
     """Every ring member `addr`'s member knows, with what it enforces or why it did not

@@ -6,9 +6,9 @@ Two proofs, each required when configured (docs/architecture.md, "Peer identity"
   certificate's subject alternative names of type DNS, URI or IP (an IP for DNS membership,
   where members are named by address), or else its subject CN. Exact, case-sensitive match.
 The Status call behind `mesh status` needs the same proofs (any certificate of the fleet's
-CA; a fleet-secret proof over `STATUS_EPOCH`, its target this member's id or
-`STATUS_ANY_TARGET`); a member with neither configured (a dev mesh) answers anyone, as its
-streams do.
+CA; a fleet-secret proof over `STATUS_EPOCH`, its target this member's id, so that it is
+good at this member only); a member with neither configured (a dev mesh) answers anyone, as
+its streams do.
 
 * **Fleet secret** (`fleet_secret_file` / `fleet_secret_env`): metadata `ratemesh-auth` is
   `v1:<unix seconds>:<nonce hex>:<hmac-sha256 hex>` under any of the fleet's current
@@ -34,7 +34,6 @@ __all__ = [
     "AUTH_SKEW_S",
     "NONCES_MAX",
     "REASONS",
-    "STATUS_ANY_TARGET",
     "STATUS_EPOCH",
     "RefusalLog",
     "NonceMemory",
@@ -48,9 +47,8 @@ AUTH_MD = "ratemesh-auth"  # the fleet-secret proof, fixed for the stream
 AUTH_SKEW_S = 60  # a proof's time may differ from ours by this much (clock skew + replay)
 # A Status call's proof (`mesh status`) is made over this in place of a worker_epoch: a
 # stream's epoch is digits, so neither proof opens the other's call. Its target is the
-# member's id, or STATUS_ANY_TARGET when the caller does not know it (an address only).
+# member's id (a caller that knows only the address learns it: `_status.fetch_status`).
 STATUS_EPOCH = "status"
-STATUS_ANY_TARGET = "*"
 NONCES_MAX = 4096  # proofs remembered against replay; past it the oldest are forgotten
 _NONCE_BYTES = 12
 _VERSION = "v1"

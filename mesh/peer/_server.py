@@ -32,7 +32,6 @@ from mesh.errors import ConfigError, MessageError
 from mesh.peer._identity import (
     AUTH_MD,
     REASONS,
-    STATUS_ANY_TARGET,
     STATUS_EPOCH,
     NonceMemory,
     RefusalLog,
@@ -188,7 +187,9 @@ class PeerServer:
         except _Refused as exc:
             claimed = dict(context.invocation_metadata() or ()).get(MEMBER_MD)
             self._refuse(exc, context.peer(), str(claimed)[:256])
-            await context.abort(exc.code, exc.details)
+            # Who to prove to: a caller that knows only an address asks without a proof
+            # and signs its second call for this id (`_status.fetch_status`).
+            await context.abort(exc.code, exc.details, ((MEMBER_MD, self.member_id),))
         return pack(self.handler.status())
 
     def _status_caller(self, context: aio.ServicerContext[bytes, bytes]) -> None:
@@ -210,11 +211,14 @@ class PeerServer:
         caller, proof = md.get(MEMBER_MD), md.get(AUTH_MD)
         if not isinstance(caller, str) or not caller or len(caller) > 256:
             caller = ""
-        why = None
-        for target in (self.member_id, STATUS_ANY_TARGET):
-            why = self._check_proof(proof, caller, STATUS_EPOCH, target)
-            if why is None or "wrong fleet secret" not in why:
-                break  # proved, or refused for a reason the target does not change
+        if proof is None:  # not a forgery: a caller asking whom to prove to; not counted
+            raise _Refused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"status: {AUTH_MD}: metadata is required (this mesh has a fleet secret)",
+            )
+        # Proved for this member only: a proof names its target, so one captured here
+        # cannot be replayed at another member, nor (the nonces) here again.
+        why = self._check_proof(proof, caller, STATUS_EPOCH, self.member_id)
         if why is not None:
             raise _Refused(grpc.StatusCode.PERMISSION_DENIED, f"status: {why}", "bad_secret")
 

@@ -46,28 +46,37 @@ def test_status_needs_the_fleet_secret_where_the_mesh_has_one(tmp_path: Path) ->
             await until(lambda: len(node.ring) == 2, 2, "ring")
             addr = node.address
             for name, kw in (
-                ("no proof", {}),
                 ("wrong secret", {"fleet_secret": b"w" * 32}),
                 ("another member's", {"fleet_secret": SECRET, "target": "good"}),
+                ("for any member", {"fleet_secret": SECRET, "target": "*"}),
             ):
                 with pytest.raises(PeerRefused, match="PERMISSION_DENIED") as err:
                     await fetch_status(addr, **kw)
                 assert "ratemesh-auth" in str(err.value), (name, err.value)
             assert _refused(node)["bad_secret"] == 3
-            # proved for this member, or for any member of the fleet
-            for target in ("n", "*"):
+            # no proof: refused (not counted: it is how a caller learns whom to prove to)
+            with pytest.raises(PeerRefused, match="metadata is required"):
+                await fetch_status(addr)
+            assert _refused(node)["bad_secret"] == 3
+            # proved for this member: named, or learnt from the refusal of a call without
+            # a proof (an address is all the caller knows)
+            for target in ("n", None):
                 status = await fetch_status(addr, fleet_secret=SECRET, target=target)
                 assert status["member_id"] == "n"
+            assert _refused(node)["bad_secret"] == 3
             # one proof, once: a replayed header is refused
             md = ((MEMBER_MD, STATUS_CALLER), (AUTH_MD, _status_proof()))
             assert await _raw(addr, md) == grpc.StatusCode.OK
             assert await _raw(addr, md) == grpc.StatusCode.PERMISSION_DENIED
+            # a proof for another member, captured there, does not open this one
+            other = ((MEMBER_MD, STATUS_CALLER), (AUTH_MD, _status_proof(target="good")))
+            assert await _raw(addr, other) == grpc.StatusCode.PERMISSION_DENIED
             # a stream's proof does not open Status, nor a Status proof a stream
             stream_md = _md("good", proof=_proof("good"))
             assert await _raw(addr, stream_md) == grpc.StatusCode.PERMISSION_DENIED
-            assert _refused(node)["bad_secret"] == 5
+            assert _refused(node)["bad_secret"] == 6
             text = (await asyncio.to_thread(http_get, node.telemetry_address, "/metrics")).text
-            assert 'ratemesh_peer_refused_total{reason="bad_secret"} 5.0' in text
+            assert 'ratemesh_peer_refused_total{reason="bad_secret"} 6.0' in text
 
     asyncio.run(main())
 
@@ -109,7 +118,7 @@ def test_the_cli_proves_itself_with_the_config_or_a_secret_file_and_says_no_in_o
             ):
                 assert await asyncio.to_thread(_cli, *argv) == 0, capsys.readouterr().err
                 assert '"member_id": "n"' in capsys.readouterr().out
-            assert _refused(node)["bad_secret"] == 1
+            assert _refused(node)["bad_secret"] == 0  # the proof-less call is not counted
             # a mistake in the secret file: one line naming the flag, exit 2
             bad = tmp_path / "short"
             bad.write_bytes(b"short\n")
