@@ -24,7 +24,7 @@ from mesh.config import Identity, NodeConfig
 from mesh.coordinator import PolicyFeed
 from mesh.core.effects import Effect, FetchPolicy, ReserveCredit, ReturnCredit, Send
 from mesh.core.member import Member
-from mesh.core.messages import REPORT_ROWS_MAX, Message, ReportBatch, SnapshotBatch
+from mesh.core.messages import REPORT_ROWS_MAX, Handover, Message, ReportBatch, SnapshotBatch
 from mesh.core.owner._owner import FETCHING_MAX
 from mesh.core.policy import Metric, RateKey
 from mesh.core.ring import Ring
@@ -139,6 +139,10 @@ class NodeDriver:
         self.started_ns = clock_ns()
         self.closing = False
         self.handed_over = False  # graceful leave: our keys went to their next owners
+        # Graceful leave: keys held, and those not confirmed on the wire within the drain
+        # (their next owners start them exhausted, refilling at R: the safe side).
+        self.handover_keys = 0
+        self.handover_keys_late = 0
         self._flush_soon = False
         self._tasks: list[asyncio.Task[Any]] = []
         self._report_sent: dict[RateKey, tuple[int, int]] = {}  # key -> (sequence, sent ns)
@@ -254,12 +258,25 @@ class NodeDriver:
         self.handed_over = True
         # In rounds of HANDOVER_ROUND messages, each written before the next is queued: a
         # hand-over of many keys is many messages (HANDOVER_ROWS_MAX rows each), more than
-        # a link's queue holds at once (LINK_QUEUE_MAX; what finds it full is dropped).
+        # a link's queue holds at once (LINK_QUEUE_MAX; what finds it full is dropped). A
+        # round not on the wire by `timeout_s` ends it: what is left is not queued to be
+        # dropped, only counted and said (`handover_keys_late`).
         assert self.loop is not None
         until = self.loop.time() + timeout_s
+        self.handover_keys = _keys_in(effects)
         for i in range(0, len(effects), HANDOVER_ROUND):
-            self._carry(now, effects[i : i + HANDOVER_ROUND])
-            await self.transport.flush(max(0.0, until - self.loop.time()))
+            batch = effects[i : i + HANDOVER_ROUND]
+            self._carry(now, batch)
+            if not await self.transport.flush(max(0.0, until - self.loop.time())):
+                self.handover_keys_late = _keys_in(effects[i:])
+                log.warning(
+                    "hand-over: %d of %d keys not on the wire within %.0f ms (half of "
+                    "shutdown_drain_ms); their next owners start them exhausted",
+                    self.handover_keys_late,
+                    self.handover_keys,
+                    timeout_s * 1000,
+                )
+                break
 
     def _unacked(self) -> bool:
         with self.lock:
@@ -701,6 +718,15 @@ def _trim_heap() -> None:
         return
     if trim is not None:
         trim(0)
+
+
+def _keys_in(effects: list[Effect]) -> int:
+    """The keys a graceful leave's hand-over messages carry."""
+    return sum(
+        len(e.message.keys)
+        for e in effects
+        if isinstance(e, Send) and isinstance(e.message, Handover)
+    )
 
 
 def _report_crash(task: asyncio.Task[Any]) -> None:

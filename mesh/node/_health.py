@@ -176,6 +176,9 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             "deliver_hold_max_ms": round(driver.deliver_hold_max_ns / 1e6, 3),
             "policy_fetches": len(m.owner._fetching),
             "fetch_polls": driver.fetch_polls,
+            # a graceful leave's hand-over: keys held, and not on the wire within the drain
+            "handover_keys": driver.handover_keys,
+            "handover_keys_late": driver.handover_keys_late,
         },
     }
 

@@ -106,14 +106,18 @@ class GrpcTransport:
             self.dropped += 1
         return ok
 
-    async def flush(self, timeout_s: float) -> None:
+    async def flush(self, timeout_s: float) -> bool:
         """Wait (bounded) until what is queued on our links now has been written to their
-        streams, even on a link still connecting (a leaving member's hand-over)."""
+        streams, even on a link still connecting (a leaving member's hand-over); True if
+        all of it was."""
         loop = asyncio.get_running_loop()
         until = loop.time() + timeout_s
         due = {link: link.sent + link.queue.qsize() for link in self.links.values()}
-        while loop.time() < until and any(link.sent < n for link, n in due.items()):
+        while any(link.sent < n for link, n in due.items()):
+            if loop.time() >= until:
+                return False
             await asyncio.sleep(0.005)
+        return True
 
     async def close(self, drain_s: float) -> None:
         """Stop accepting streams, let links drain (bounded), then cancel everything."""

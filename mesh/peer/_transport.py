@@ -36,8 +36,9 @@ class Transport(Protocol):
         """Stop accepting, let queued messages go for up to `drain_s`, then cancel."""
         ...
 
-    async def flush(self, timeout_s: float) -> None:
-        """Wait, for at most `timeout_s`, until what was sent so far is on the wire."""
+    async def flush(self, timeout_s: float) -> bool:
+        """Wait, for at most `timeout_s`, until what was sent so far is on the wire; True
+        if it is (False: time ran out with some of it still queued)."""
         ...
 
     def stats(self) -> dict[str, Any]: ...
@@ -80,8 +81,9 @@ class MemoryTransport:
     async def close(self, drain_s: float) -> None:
         self.network.members.pop(self.member_id, None)
 
-    async def flush(self, timeout_s: float) -> None:
+    async def flush(self, timeout_s: float) -> bool:
         await asyncio.sleep(0)  # sends are delivered by the loop's next round
+        return True
 
     def stats(self) -> dict[str, Any]:
         return {"sent": self.sent, "dropped": self.dropped}

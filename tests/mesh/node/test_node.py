@@ -301,3 +301,41 @@ def test_a_busy_listen_address_is_a_config_error() -> None:
                 assert exc.field == "listen" and addr in str(exc)
 
     asyncio.run(main())
+
+
+def test_a_hand_over_that_misses_the_drain_stops_and_says_how_many_keys_were_late(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The next owner never answers (nothing listens at its address): the first round is
+    not on the wire by half of shutdown_drain_ms, so the rest is not queued to be dropped;
+    the keys are counted as late and the leave says so (issue 12)."""
+    import mesh.node._driver as driver_mod
+    from tests.mesh.peer.test_identity import _node
+
+    monkeypatch.setattr(driver_mod, "HANDOVER_ROUND", 1)  # one message a round
+    cfg = _node(["dead"], shutdown_drain_ms=200)
+    cfg["policies"] = {"inline": [dict(POLICY, tenant_id="*")]}
+
+    async def main() -> None:
+        node = Mesh(cfg)
+        await node.astart()
+        owned = [t for t in (f"t{i}" for i in range(2000)) if _owns(node, t)]
+        for t in owned:
+            assert node.try_admit(t, "read_iops").allowed
+        driver = node._require()
+        await until(lambda: len(driver.member.owner.keys) == len(owned), 2, "keys applied")
+        assert len(owned) > 64  # more than one hand-over message
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with caplog.at_level("WARNING", logger="mesh.node"):
+            await node.aclose()
+        assert loop.time() - t0 < 5
+        assert driver.handover_keys == len(owned)
+        assert driver.handover_keys_late == len(owned)  # nothing reached "dead"
+        assert any("keys not on the wire" in r.getMessage() for r in caplog.records)
+
+    asyncio.run(main())
+
+
+def _owns(node: Mesh, tenant: str) -> bool:
+    return node.ring.owner_of(RateKey(tenant, Metric.READ_IOPS, 1)) == node.member_id
