@@ -1,4 +1,5 @@
-"""Strict limits on a real mesh node against a real governord (SQLite): the node front-runs
+"""Strict limits on a real mesh node against a real governord (on SQLite and on
+PostgreSQL): the node front-runs
 governord with credit blocks. Admissions are recorded from outside and checked over every
 interval against the governord node's `admitted <= R * (t1 - t0) + B`; governord is
 SIGKILLed mid-run, after which nothing is admitted past the blocks' local expiry and every
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,8 @@ from mesh.core.admission import STRICT_BOUND
 from mesh.core.verdict import Reason, Suspension, Verdict
 from mesh.node import Mesh
 from ratemesh.envelope import excess_over_times
-from tests.governor._daemon import KEYS, Daemon
-from tests.governor._stores import make_target
+from tests.governor._daemon import KEYS, KINDS, Daemon
+from tests.governor._stores import StoreTarget, make_target
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +54,12 @@ def _policy(tenant: str, rate: int, burst: int) -> dict[str, object]:
 Seen = tuple[int, Verdict]
 
 
+@pytest.fixture(params=KINDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreTarget]:
+    """governord's store: a SQLite file, or a fresh schema of the real PostgreSQL."""
+    yield from make_target(request.param, tmp_path)
+
+
 def _run(
     mesh: Mesh, seen: list[Seen], noisy: list[Seen], until: float, stop_when: object = None
 ) -> bool:
@@ -74,10 +82,9 @@ async def _outstanding(addr: str) -> int:
 
 
 def test_strict_admissions_keep_the_envelope_through_a_governord_sigkill(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, store: StoreTarget, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KEY_A", KEYS["KEY_A"])
-    (store,) = list(make_target("sqlite", tmp_path))
     daemon = Daemon(tmp_path, store)
     daemon.config["tenants"]["a"]["rates"] = {"read_iops": {"per_s": RATE, "burst": BURST}}
     daemon.start()
@@ -188,7 +195,7 @@ def test_on_an_asyncio_node_admit_waits_for_credit_and_a_wrong_node_is_refused(
     cannot reach (`strict.nodes`) is refused by governord: it never admits, its verdicts say
     `no_credit`, and /health counts the refusals."""
     monkeypatch.setenv("KEY_A", KEYS["KEY_A"])
-    (store,) = list(make_target("sqlite", tmp_path))
+    (store,) = list(make_target("sqlite", tmp_path))  # store-neutral: SQLite is enough
     daemon = Daemon(tmp_path, store)
     daemon.config["tenants"]["a"]["rates"] = {"read_iops": {"per_s": RATE, "burst": BURST}}
     daemon.start()
