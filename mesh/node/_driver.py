@@ -435,16 +435,7 @@ class NodeDriver:
         if len(keep) == len(batch.keys):
             return batch
         self.rows_deduplicated += len(batch.keys) - len(keep)
-        return ReportBatch.trusted(  # validated already; a subset of its rows, in order
-            batch.sender,
-            batch.ring_epoch,
-            epoch,
-            tuple(batch.keys[i] for i in keep),
-            tuple(batch.sequences[i] for i in keep),
-            tuple(batch.deltas[i] for i in keep),
-            tuple(batch.denied[i] for i in keep),
-            tuple(batch.unacked_from[i] for i in keep),
-        )
+        return batch.rows(keep)  # validated already; a subset of its rows, in order
 
     def _slice(self) -> None:
         """The loop's callback: one slice, then the next one is scheduled, so that the
@@ -473,16 +464,7 @@ class NodeDriver:
             work.offset = 0
         else:
             work.offset = j
-        part = ReportBatch.trusted(  # a batch already decoded and validated, cut
-            sender,
-            batch.ring_epoch,
-            batch.worker_epoch,
-            batch.keys[i:j],
-            batch.sequences[i:j],
-            batch.deltas[i:j],
-            batch.denied[i:j],
-            batch.unacked_from[i:j],
-        )
+        part = batch.rows(slice(i, j))  # a batch already decoded and validated, cut
         work.rows -= len(part.keys)
         work.queued.difference_update(zip(repeat(part.worker_epoch), part.keys, part.sequences))
         if work.batches:

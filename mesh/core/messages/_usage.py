@@ -7,10 +7,11 @@ rides back in a `SnapshotBatch`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import le
+from typing import TypeVar
 
 from mesh.core._validate import INT_MAX, STR_MAX, check_int, check_str
 from mesh.core.messages._columns import check_column, unchecked
@@ -216,6 +217,24 @@ class ReportBatch:
             tuple(r.unacked_from for r in rows),
         )
 
+    def rows(self, pick: slice | Sequence[int]) -> ReportBatch:
+        """This batch with only the rows `pick` names (a slice, or indices in order): a
+        cut or a deduplicated batch, validated already. What is said once per batch
+        (sender, epochs, `heard_batch`) stays, and `since_ages` is cut with the rows, so an
+        owner anchors a slice's floors as it would the whole batch's."""
+        return ReportBatch.trusted(
+            self.sender,
+            self.ring_epoch,
+            self.worker_epoch,
+            _cut(self.keys, pick),
+            _cut(self.sequences, pick),
+            _cut(self.deltas, pick),
+            _cut(self.denied, pick),
+            _cut(self.unacked_from, pick),
+            self.heard_batch,
+            _cut(self.since_ages, pick) if self.since_ages else (),
+        )
+
     @property
     def reports(self) -> tuple[UsageReport, ...]:
         """The rows as `UsageReport`s (for inspection; the owner reads the columns)."""
@@ -230,3 +249,10 @@ class ReportBatch:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+
+_T = TypeVar("_T")
+
+
+def _cut(column: tuple[_T, ...], pick: slice | Sequence[int]) -> tuple[_T, ...]:
+    return column[pick] if isinstance(pick, slice) else tuple(column[i] for i in pick)

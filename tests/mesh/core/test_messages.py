@@ -198,6 +198,46 @@ def test_rows_and_columns_agree() -> None:
     assert SnapshotBatch.of("o1", 5, (snap,)).snapshots == (snap,)
 
 
+@given(
+    n=st.integers(0, 12),
+    ages=st.booleans(),
+    pick=st.one_of(
+        st.tuples(st.integers(0, 12), st.integers(0, 12)).map(lambda ab: slice(*sorted(ab))),
+        st.sets(st.integers(0, 11)).map(sorted),
+    ),
+)
+def test_a_batch_cut_or_deduplicated_keeps_its_rows_and_floor_anchors(
+    n: int, ages: bool, pick: slice | list[int]
+) -> None:
+    """`ReportBatch.rows` (the node's slices and resend filter): the picked rows of every
+    column, in order, and what the batch says once; a sliced batch once lost `heard_batch`
+    and `since_ages`, the anchors of the owner's escrow (docs/partitions.md)."""
+    keys = tuple(RateKey(f"t{i}", Metric.READ_IOPS, 1) for i in range(n))
+    idx = range(n)[pick] if isinstance(pick, slice) else [i for i in pick if i < n]
+    batch = ReportBatch(
+        "w1",
+        5,
+        2,
+        keys,
+        tuple(range(10, 10 + n)),
+        tuple(range(-n, 0)),
+        tuple(range(n)),
+        tuple(range(1, 1 + n)),
+        heard_batch=7,
+        since_ages=tuple(range(100, 100 + n)) if ages else (),
+    )
+    part = batch.rows(pick if isinstance(pick, slice) else list(idx))
+    assert part == dataclasses.replace(
+        batch,
+        keys=tuple(keys[i] for i in idx),
+        sequences=tuple(10 + i for i in idx),
+        deltas=tuple(i - n for i in idx),
+        denied=tuple(idx),
+        unacked_from=tuple(1 + i for i in idx),
+        since_ages=tuple(100 + i for i in idx) if ages else (),
+    )
+
+
 def test_rows_of_two_incarnations_do_not_make_one_batch() -> None:
     with pytest.raises(MessageError) as info:
         ReportBatch.of("w1", 5, (UsageReport(K, "w1", 2, 7), UsageReport(KB, "w1", 3, 1)))
