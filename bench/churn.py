@@ -10,13 +10,17 @@ passed, instead of waited for.
 Keys: rss_growth_mb (RSS after the idle phase minus before the tenants came, after a full
 collection), rss_peak_growth_mb, metrics_bytes (/metrics while all tenants are active),
 metrics_tenant_labels, and what is left: views, reporter_gates, owner_keys, decision_entries.
-Figures are this process's RSS, so they vary with the allocator and the machine.
+Figures are this process's RSS, so they vary with the allocator and the machine; `allocator`
+says which one ran (`PYTHONMALLOC`: CPython's own `pymalloc` unless it names another). Under
+pymalloc what stays is arenas pinned by a few live objects (README, `bench churn`); under
+`malloc` the node's `malloc_trim` gives back every free page.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import resource
 import time
 from typing import Any
@@ -95,6 +99,7 @@ async def _run(tenants: int, idle_s: float, top_k: int) -> dict[str, Any]:
     return {
         "tenants": tenants,
         "idle_s": idle_s,
+        "allocator": os.environ.get("PYTHONMALLOC") or "pymalloc",
         "touch_s": round(touch_s, 2),
         "rss_start_mb": round(rss0, 1),
         "rss_peak_growth_mb": round(rss_peak - rss0, 1),
