@@ -7,6 +7,7 @@ from enum import Enum
 
 from mesh.core.gate import Gate
 from mesh.core.gcra import Gcra
+from mesh.core.messages import above_applied
 from mesh.core.policy import RateKey, TenantRatePolicy
 from mesh.core.shares import PPM, share_round, snapshot_allowance_ppm
 
@@ -69,6 +70,7 @@ class GlobalGate(Gate):
         "floor_ppm",
         "floor_mark",
         "floor_left",
+        "applied_above",
     )
 
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[Gate], None]) -> None:
@@ -103,6 +105,9 @@ class GlobalGate(Gate):
         self.floor_ppm = 0
         self.floor_mark = 0
         self.floor_left = 0
+        # Of `unacked`, what the snapshot held already reflects (reports past a gap in its
+        # ack that its owner applied, `SnapshotBatch.applied_above`): not subtracted again.
+        self.applied_above = 0
 
     @property
     def had_snapshot(self) -> bool:
@@ -116,7 +121,7 @@ class GlobalGate(Gate):
         """avail from allowance and what is unacknowledged; when stale, what the floor has
         left (0 without one)."""
         if self.state is not SnapshotState.STALE:
-            self.avail = self.allowance - self.unacked
+            self.avail = self.allowance - self.unacked + self.applied_above
         elif self.floor is None:
             self.avail = 0
         else:
@@ -159,6 +164,7 @@ class GlobalGate(Gate):
         now_ns: int,
         ttl_ns: int,
         coin_ppm: int,
+        above_mask: int = 0,
     ) -> list[Inflight]:
         """Adopt a newer snapshot (one row of a SnapshotBatch); returns the reports it
         acknowledged.
@@ -167,8 +173,16 @@ class GlobalGate(Gate):
         cap is b divided by the owner-observed active-worker count (seed 004), or this
         worker's demand share of b when that is larger (load-balancer skew). The owner's
         shares sum to one, so the fleet's allowances sum to about `remaining`.
+        `above_mask` says which reports past the gap after `ack` `remaining` reflects
+        (`SnapshotBatch.applied_above`): their usage stays unacknowledged (they are resent
+        until the gap is filled) but is not subtracted from this allowance again.
         """
         acked = self.ack(ack)
+        self.applied_above = (
+            sum(r.delta for r in self.inflight if above_applied(above_mask, ack, r.sequence))
+            if above_mask
+            else 0
+        )
         self.snap_order = order
         self.snap_remaining = remaining
         self.snap_at_ns = now_ns
