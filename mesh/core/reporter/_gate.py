@@ -40,7 +40,8 @@ _NO_SNAPSHOT = (-1, -1, -1)
 
 
 class GlobalGate(Gate):
-    """avail = allowance - unacknowledged, where allowance comes from the last snapshot.
+    """avail = allowance - unacknowledged, where allowance comes from the last snapshot
+    (less what of the unacknowledged that snapshot already reflected: `applied_above`).
 
     Never `remaining` copied in: the local view subtracts what this worker consumed that the
     snapshot does not yet reflect (`inflight_sum + pending`).
@@ -170,9 +171,10 @@ class GlobalGate(Gate):
         acknowledged.
 
         allowance = min(this worker's share of `remaining`, its local burst cap), where the
-        cap is b divided by the owner-observed active-worker count (seed 004), or this
-        worker's demand share of b when that is larger (load-balancer skew). The owner's
-        shares sum to one, so the fleet's allowances sum to about `remaining`.
+        cap is b divided by the owner-observed active-worker count (seed 004), or, for a
+        share above the even one (load-balancer skew), b x (2 x share - 1/n), at most b
+        (`shares.allowance_cap_ppm`). The owner's shares sum to one, so the fleet's
+        allowances sum to about `remaining`.
         `above_mask` says which reports past the gap after `ack` `remaining` reflects
         (`SnapshotBatch.applied_above`): their usage stays unacknowledged (they are resent
         until the gap is filled) but is not subtracted from this allowance again.
