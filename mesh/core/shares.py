@@ -41,6 +41,7 @@ __all__ = [
     "share_of",
     "share_round",
     "snapshot_allowance_ppm",
+    "allowance_cap_ppm",
     "even_part_ppm",
     "plenty",
     "refill_units",
@@ -133,14 +134,32 @@ def snapshot_allowance_ppm(
     remaining: int, share_ppm: int, active_reporters: int, local_burst_cap: int
 ) -> int:
     """What one snapshot row lets its receiver spend, in ppm of a unit: its share of
-    `remaining`, capped at b over the active reporters, or its demand share of b when that
-    is larger (load-balancer skew; seed 004). The owner computes it too, to tell whether a
+    `remaining`, capped at b over the active reporters (seed 004), or, for a share above
+    the even one (load-balancer skew), at b times twice the share less the even part, and
+    never above b (`allowance_cap_ppm`). The owner computes it too, to tell whether a
     refresh would change anything the receiver holds."""
-    even_ppm = local_burst_cap * PPM // active_reporters
-    by_demand_ppm = local_burst_cap * share_ppm
-    cap_ppm = even_ppm if even_ppm > by_demand_ppm else by_demand_ppm
+    cap_ppm = allowance_cap_ppm(share_ppm, active_reporters, local_burst_cap)
     portion_ppm = remaining * share_ppm
     return portion_ppm if portion_ppm < cap_ppm else cap_ppm
+
+
+def allowance_cap_ppm(share_ppm: int, active_reporters: int, local_burst_cap: int) -> int:
+    """The most one row lets its receiver hold (ppm of a unit), whatever remains: b / n for
+    a share at or below the even one 1/n, and b x (2 x share - 1/n) above it, at most b.
+
+    A cap of b x share (as before issue 12) made the caps of all reporters sum to b, so a
+    flash crowd on a full bucket of B > b could take at most b a round trip, its busiest
+    worker (half the requests, share 0.5) at most b / 2 while the bucket held 80 (flash-crowd:
+    the first window's loss). Counting the share's part above the even one twice lets that
+    worker hold b; the caps of a key's reporters still sum to at most 3b (b/n each, plus
+    2 x b x (share - 1/n) for each share above 1/n), far inside the N x b of the envelope,
+    and an even split is capped as before."""
+    b_ppm = local_burst_cap * PPM
+    even_ppm = b_ppm // active_reporters
+    above_ppm = 2 * local_burst_cap * share_ppm - even_ppm
+    if above_ppm <= even_ppm:
+        return even_ppm
+    return above_ppm if above_ppm < b_ppm else b_ppm
 
 
 def even_part_ppm(remaining: int, burst: int, floor_ppm: int) -> int:

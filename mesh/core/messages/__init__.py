@@ -25,6 +25,8 @@ from mesh.core.messages._handover import Handover, KeyHandover, ReporterWatermar
 from mesh.core.messages._keys import HANDOVER_ROWS_MAX as HANDOVER_ROWS_MAX
 from mesh.core.messages._keys import SNAPSHOT_ROWS_MAX as SNAPSHOT_ROWS_MAX
 from mesh.core.messages._snapshot import RateSnapshot, SnapshotBatch
+from mesh.core.messages._snapshot import above_applied as above_applied
+from mesh.core.messages._snapshot import above_mask as above_mask
 from mesh.core.messages._usage import Rejection, RejectReason, ReportBatch, UsageReport
 
 __all__ = [

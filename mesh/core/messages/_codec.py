@@ -109,6 +109,7 @@ def to_wire(msg: Message) -> list[Any]:
             [[key_to_wire(j.rate_key), j.reason.value, j.ring_epoch] for j in msg.rejections],
             msg.batch_seq,
             pack_column(msg.floors_ppm),
+            pack_column(msg.applied_above),
         ]
     if isinstance(msg, Handover):
         return _handover_wire(msg)
@@ -236,7 +237,8 @@ def from_wire(obj: Any) -> Message:
             "schema", f"unsupported schema version {schema!r}; this peer speaks {SCHEMA_VERSION}"
         )
     # A message of the shape before its last fields (`heard_batch` and `since_ages`,
-    # `floors_ppm`) still decodes, with them empty: a peer one release behind is understood.
+    # `floors_ppm`, `applied_above`) still decodes, with them empty: a peer one release
+    # behind is understood.
     if kind == "reports" and len(obj) in (10, 12):
         _, _, sender, ring_epoch, worker_epoch, items, *cols = obj[:10]
         keys = _keys_from_wire("keys", items, REPORT_ROWS_MAX)
@@ -253,14 +255,17 @@ def from_wire(obj: Any) -> Message:
         return ReportBatch(
             sender, ring_epoch, worker_epoch, keys, seqs, deltas, denied, unacked, heard, ages
         )
-    if kind == "snapshots" and len(obj) in (16, 17):
+    if kind == "snapshots" and len(obj) in (16, 17, 18):
         _, _, sender, ring_epoch, inc, at, items, *cols, rejs, batch_seq = obj[:16]
         keys = _keys_from_wire("keys", items, SNAPSHOT_ROWS_MAX)
         n = len(keys)
         c = [unpack_column(name, col, n) for name, col in zip(_SNAPSHOT_COLUMNS, cols, strict=True)]
         floors: Any = ()
-        if len(obj) == 17 and obj[16] != b"":  # empty: no floor promised
+        if len(obj) >= 17 and obj[16] != b"":  # empty: no floor promised
             floors = unpack_column("floors_ppm", obj[16], n)
+        above: Any = ()
+        if len(obj) == 18 and obj[17] != b"":  # empty: no report past a gap applied
+            above = unpack_column("applied_above", obj[17], n)
         return SnapshotBatch(
             sender,
             ring_epoch,
@@ -277,6 +282,7 @@ def from_wire(obj: Any) -> Message:
             _rejections(rejs),
             batch_seq,
             floors,
+            above,
         )
     if kind == "handover" and len(obj) == 5:
         return _handover_from_wire(obj)

@@ -18,7 +18,30 @@ from mesh.core.policy import RateKey
 from mesh.core.shares import PPM
 from mesh.errors import MessageError, MessageTypeError
 
-__all__ = ["RateSnapshot", "SnapshotBatch"]
+__all__ = ["RateSnapshot", "SnapshotBatch", "ABOVE_BITS", "above_mask", "above_applied"]
+
+# `SnapshotBatch.applied_above`: bit j says that the receiver's sequence `ack + 2 + j` (past
+# the gap at `ack + 1`) is applied and reflected in `remaining`. 62 bits keep the mask a
+# positive int64; a worker holds at most `inflight_reports_max` (8) reports of a key.
+ABOVE_BITS = 62
+ABOVE_MAX = (1 << ABOVE_BITS) - 1
+
+
+def above_mask(watermark: int, above: Iterable[int]) -> int:
+    """The owner's side: the bits of the applied sequences `above` its `watermark` (the
+    `acks` it sends), those within ABOVE_BITS of it."""
+    mask = 0
+    for seq in above:
+        j = seq - watermark - 2
+        if 0 <= j < ABOVE_BITS:
+            mask |= 1 << j
+    return mask
+
+
+def above_applied(mask: int, ack: int, sequence: int) -> bool:
+    """The receiver's side: whether `mask` (with `ack`) says `sequence` is applied."""
+    j = sequence - ack - 2
+    return 0 <= j < ABOVE_BITS and (mask >> j) & 1 == 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +119,12 @@ class SnapshotBatch:
     for every view its numbered predecessors gave, back to the last number skipped.
     `floors_ppm[i]` is the floor the owner promises the receiver for `keys[i]` should it be
     cut off (docs/partitions.md), ppm of R per second; empty: none promised.
+    `applied_above[i]` is a selective acknowledgement: the receiver's reports of `keys[i]`
+    past the gap after `acks[i]` that `remaining[i]` already reflects (`above_mask`), so
+    that the receiver stops subtracting their usage from its allowance while it resends
+    the gap; empty: none. Under jitter, reports overtake each other all the time, and
+    without it a busy worker subtracted the usage of every report past a gap twice, once
+    in `remaining` and once as unacknowledged (issue 12's flash crowd).
     """
 
     sender: str
@@ -113,6 +142,7 @@ class SnapshotBatch:
     rejections: tuple[Rejection, ...] = ()
     batch_seq: int = 0
     floors_ppm: tuple[int, ...] = ()
+    applied_above: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check_str("sender", self.sender, error=MessageError)
@@ -130,6 +160,8 @@ class SnapshotBatch:
         check_column("active_reporters", self.active_reporters, n, minimum=1)
         if self.floors_ppm != ():
             check_column("floors_ppm", self.floors_ppm, n, maximum=PPM)
+        if self.applied_above != ():
+            check_column("applied_above", self.applied_above, n, maximum=ABOVE_MAX)
         if type(self.rejections) is not tuple:
             raise MessageTypeError("rejections", "must be a tuple of Rejection")
         if n + len(self.rejections) > SNAPSHOT_ROWS_MAX:
@@ -160,6 +192,7 @@ class SnapshotBatch:
         rejections: tuple[Rejection, ...] = (),
         batch_seq: int = 0,
         floors_ppm: tuple[int, ...] = (),
+        applied_above: tuple[int, ...] = (),
     ) -> SnapshotBatch:
         """Built by the owner from its own state: skips the per-element checks, as
         `ReportBatch.trusted` does."""
@@ -181,6 +214,7 @@ class SnapshotBatch:
                 rejections,
                 batch_seq,
                 floors_ppm,
+                applied_above,
             ),
         )
 

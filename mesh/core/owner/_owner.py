@@ -22,7 +22,14 @@ from mesh.core._validate import INT_MAX, check_int, check_str
 from mesh.core.config import MS, CoreConfig
 from mesh.core.effects import Effect, FetchPolicy, Send
 from mesh.core.gcra import NS_PER_S, RECOVERED_PART, Gcra, recovered
-from mesh.core.messages import Handover, Rejection, RejectReason, ReportBatch, SnapshotBatch
+from mesh.core.messages import (
+    Handover,
+    Rejection,
+    RejectReason,
+    ReportBatch,
+    SnapshotBatch,
+    above_mask,
+)
 from mesh.core.owner._escrow import Escrows
 from mesh.core.owner._handover import DEPARTED_GRACE_NS, Handovers, export, install
 from mesh.core.owner._plausible import Refusal, claim, claim_tolerance
@@ -62,7 +69,7 @@ OTHER_TENANT = ""
 FETCHING_MAX = 1024
 
 
-Row = tuple[RateKey, int, int, int, int, int, int, int, int]  # one snapshot's columns
+Row = tuple[RateKey, int, int, int, int, int, int, int, int, int]  # one snapshot's columns
 
 
 class _Outbox:
@@ -441,6 +448,7 @@ class Owner:
                     share,
                     n,
                     promise(ks, rs, sender, share, now_ns) if floors else 0,
+                    above_mask(rs.watermark, rs.above) if rs.above else 0,
                 )
             )
         out.snapshots(sender, rows)
@@ -671,6 +679,7 @@ class Owner:
                     share,
                     basis.active,
                     self.escrows.promise(ks, rs, worker, share, now_ns) if floors else 0,
+                    above_mask(rs.watermark, rs.above) if rs.above else 0,
                 ),
             )
         if sync_ns and next_ns < INT_MAX:
@@ -720,10 +729,9 @@ class Owner:
         return n
 
     def _message(self, to: str, now_ns: int, rows: list[Row], rejects: list[Rejection]) -> Send:
-        columns: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * 9
-        keys, owner_epochs, versions, remaining, acks, receiver_epochs, shares, active, floors = (
-            columns
-        )
+        columns: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * 10
+        keys, owner_epochs, versions, remaining, acks, receiver_epochs, shares, active = columns[:8]
+        floors, above = columns[8], columns[9]
         seq = self._out_seq[to] = self._next_seq(to, now_ns)
         self._out_at[to] = now_ns
         if self.escrows.on():
@@ -748,6 +756,7 @@ class Owner:
                 tuple(rejects),
                 seq,
                 floors,
+                above if any(above) else (),
             ),
         )
 

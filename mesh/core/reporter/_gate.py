@@ -7,6 +7,7 @@ from enum import Enum
 
 from mesh.core.gate import Gate
 from mesh.core.gcra import Gcra
+from mesh.core.messages import above_applied
 from mesh.core.policy import RateKey, TenantRatePolicy
 from mesh.core.shares import PPM, share_round, snapshot_allowance_ppm
 
@@ -39,7 +40,8 @@ _NO_SNAPSHOT = (-1, -1, -1)
 
 
 class GlobalGate(Gate):
-    """avail = allowance - unacknowledged, where allowance comes from the last snapshot.
+    """avail = allowance - unacknowledged, where allowance comes from the last snapshot
+    (less what of the unacknowledged that snapshot already reflected: `applied_above`).
 
     Never `remaining` copied in: the local view subtracts what this worker consumed that the
     snapshot does not yet reflect (`inflight_sum + pending`).
@@ -69,6 +71,7 @@ class GlobalGate(Gate):
         "floor_ppm",
         "floor_mark",
         "floor_left",
+        "applied_above",
     )
 
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[Gate], None]) -> None:
@@ -103,6 +106,9 @@ class GlobalGate(Gate):
         self.floor_ppm = 0
         self.floor_mark = 0
         self.floor_left = 0
+        # Of `unacked`, what the snapshot held already reflects (reports past a gap in its
+        # ack that its owner applied, `SnapshotBatch.applied_above`): not subtracted again.
+        self.applied_above = 0
 
     @property
     def had_snapshot(self) -> bool:
@@ -116,7 +122,7 @@ class GlobalGate(Gate):
         """avail from allowance and what is unacknowledged; when stale, what the floor has
         left (0 without one)."""
         if self.state is not SnapshotState.STALE:
-            self.avail = self.allowance - self.unacked
+            self.avail = self.allowance - self.unacked + self.applied_above
         elif self.floor is None:
             self.avail = 0
         else:
@@ -159,16 +165,26 @@ class GlobalGate(Gate):
         now_ns: int,
         ttl_ns: int,
         coin_ppm: int,
+        above_mask: int = 0,
     ) -> list[Inflight]:
         """Adopt a newer snapshot (one row of a SnapshotBatch); returns the reports it
         acknowledged.
 
         allowance = min(this worker's share of `remaining`, its local burst cap), where the
-        cap is b divided by the owner-observed active-worker count (seed 004), or this
-        worker's demand share of b when that is larger (load-balancer skew). The owner's
-        shares sum to one, so the fleet's allowances sum to about `remaining`.
+        cap is b divided by the owner-observed active-worker count (seed 004), or, for a
+        share above the even one (load-balancer skew), b x (2 x share - 1/n), at most b
+        (`shares.allowance_cap_ppm`). The owner's shares sum to one, so the fleet's
+        allowances sum to about `remaining`.
+        `above_mask` says which reports past the gap after `ack` `remaining` reflects
+        (`SnapshotBatch.applied_above`): their usage stays unacknowledged (they are resent
+        until the gap is filled) but is not subtracted from this allowance again.
         """
         acked = self.ack(ack)
+        self.applied_above = (
+            sum(r.delta for r in self.inflight if above_applied(above_mask, ack, r.sequence))
+            if above_mask
+            else 0
+        )
         self.snap_order = order
         self.snap_remaining = remaining
         self.snap_at_ns = now_ns

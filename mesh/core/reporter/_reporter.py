@@ -157,6 +157,7 @@ class Reporter:
         """
         v.state = SnapshotState.BOOT
         v.floor = None
+        v.applied_above = 0  # nothing unacknowledged: no report past a gap either
         b = v.policy.local_burst_cap
         budget = b
         if v.had_snapshot:
@@ -365,7 +366,19 @@ class Reporter:
         if seq:
             self._vouched_by(owner, inc, seq, now_ns + ttl_ns)
         promised = batch.floors_ppm or (0,) * len(batch.keys)
-        for key, owner_epoch, version, remaining, ack, receiver_epoch, share, active, part in zip(
+        above = batch.applied_above or (0,) * len(batch.keys)
+        for (
+            key,
+            owner_epoch,
+            version,
+            remaining,
+            ack,
+            receiver_epoch,
+            share,
+            active,
+            part,
+            applied,
+        ) in zip(
             batch.keys,
             batch.owner_epochs,
             batch.versions,
@@ -375,6 +388,7 @@ class Reporter:
             batch.shares_ppm,
             batch.active_reporters,
             promised,
+            above,
             strict=True,
         ):
             v = views.get(key)
@@ -384,7 +398,15 @@ class Reporter:
             if order <= v.snap_order:
                 continue  # reordered or duplicated: never step back to an older view
             acked = v.take_snapshot(
-                order, remaining, ack, share, active, now_ns, ttl_ns, self._coin(key, version)
+                order,
+                remaining,
+                ack,
+                share,
+                active,
+                now_ns,
+                ttl_ns,
+                self._coin(key, version),
+                applied,
             )
             v.snap_floor_ppm = part
             v.snap_from = owner

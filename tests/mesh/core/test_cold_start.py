@@ -15,6 +15,7 @@ import pytest
 from mesh.core.admission import Admission
 from mesh.core.config import CoreConfig
 from mesh.core.effects import Effect, Send
+from mesh.core.member import Member
 from mesh.core.messages import RateSnapshot, ReportBatch, SnapshotBatch, UsageReport
 from mesh.core.owner import KeyState, Owner
 from mesh.core.policy import RateKey
@@ -252,3 +253,48 @@ def test_a_bootstrap_view_used_lightly_waits_for_the_tick() -> None:
     assert woken == []
     v = a.gate("t", "read_iops")
     assert isinstance(v, GlobalGate) and v.state is SnapshotState.BOOT
+
+
+# -- reports past a gap (SnapshotBatch.applied_above) ----------------------------------------
+
+
+def test_a_report_past_a_gap_is_subtracted_once() -> None:
+    """Under jitter a worker's second report overtakes its first. The owner applies it and
+    acknowledges only up to the gap, but its row says the second is applied: the worker
+    keeps both reports (the first goes again) and subtracts only the first's usage from
+    the allowance, since `remaining` already reflects the second's. Once the first
+    arrives, the acknowledgement passes both and nothing is left to subtract."""
+    ring = Ring(["o", "w"], 1)
+    [pol] = owned_policies(ring, "o", 1, rate=1000, burst=100, b=50)
+    policies = cache(pol)
+    o, w = Member("o", 1, ring, policies, 0), Member("w", 1, ring, policies, 0)
+    key = pol.rate_key
+
+    def admit(n: int) -> int:
+        return sum(w.admission.try_admit(key.tenant_id, "read_iops").allowed for _ in range(n))
+
+    def reports(effects: list[Effect]) -> list[ReportBatch]:
+        return [
+            e.message for e in effects if isinstance(e, Send) and isinstance(e.message, ReportBatch)
+        ]
+
+    assert admit(3) == 3
+    [lost] = reports(w.flush(NOW))  # sequence 1: lost on the way
+    assert admit(4) == 4
+    [second] = reports(w.flush(NOW + 5 * MS))
+    assert second.sequences == (2,)
+    replies = [e.message for e in o.deliver(NOW + 6 * MS, second) if isinstance(e, Send)]
+    [batch] = [m for m in replies if isinstance(m, SnapshotBatch)]
+    assert batch.acks == (0,) and batch.applied_above == (1,)  # bit 0: sequence 0 + 2
+    assert batch.remaining == (100 - 4,)
+    w.deliver(NOW + 7 * MS, batch)
+    v = w.reporter.gates[key]
+    assert v.state is SnapshotState.FRESH
+    assert v.unacked == 7 and v.applied_above == 4
+    assert v.avail == v.allowance - 3
+    # The first report arrives (a resend, or late): the acknowledgement passes both.
+    replies = [e.message for e in o.deliver(NOW + 8 * MS, lost) if isinstance(e, Send)]
+    [batch] = [m for m in replies if isinstance(m, SnapshotBatch)]
+    assert batch.acks == (2,) and batch.applied_above == ()
+    w.deliver(NOW + 9 * MS, batch)
+    assert v.unacked == 0 and v.applied_above == 0 and v.avail == v.allowance

@@ -32,6 +32,7 @@ from mesh.core.messages import (
     to_wire,
 )
 from mesh.core.messages._columns import pack_column
+from mesh.core.messages._snapshot import ABOVE_BITS, above_applied, above_mask
 from mesh.core.policy import Metric, RateKey
 from mesh.core.shares import PPM
 from mesh.errors import ConfigError, MessageError, MessageTypeError
@@ -129,14 +130,57 @@ PINNED: list[tuple[Any, str]] = [
         "00000000000009c41003000000000000000000000000000000",
     ),
     (
-        dataclasses.replace(PREVIOUS[1][0], floors_ppm=(125_000,)),
-        "dc001103a9736e617073686f7473a26f310503cf000000e8d4a510009193a461636d65a9726561645f69"
-        "6f707303c4080500000000000000c4080900000000000000c4087800000000000000c408070000000000"
-        "0000c4080200000000000000c40890d0030000000000c4080400000000000000919393a461636d65b363"
-        "6c69656e745f6567726573735f627974657301a96e6f745f6f776e6572060bc40848e8010000000000",
+        dataclasses.replace(PREVIOUS[1][0], floors_ppm=(125_000,), applied_above=(5,)),
+        "dc001203a9736e617073686f7473a26f310503cf000000e8d4a510009193a461636d65a9726561645f696f"
+        "707303c4080500000000000000c4080900000000000000c4087800000000000000c4080700000000000000"
+        "c4080200000000000000c40890d0030000000000c4080400000000000000919393a461636d65b3636c6965"
+        "6e745f6567726573735f627974657301a96e6f745f6f776e6572060bc40848e8010000000000c408050000"
+        "0000000000",
     ),
     PREVIOUS[2],
 ]
+
+# The snapshot batch of the release before `applied_above` (17 fields, with `floors_ppm`):
+# still decoded, with `applied_above` empty.
+BEFORE_ABOVE = (
+    dataclasses.replace(PREVIOUS[1][0], floors_ppm=(125_000,)),
+    "dc001103a9736e617073686f7473a26f310503cf000000e8d4a510009193a461636d65a9726561645f69"
+    "6f707303c4080500000000000000c4080900000000000000c4087800000000000000c408070000000000"
+    "0000c4080200000000000000c40890d0030000000000c4080400000000000000919393a461636d65b363"
+    "6c69656e745f6567726573735f627974657301a96e6f745f6f776e6572060bc40848e8010000000000",
+)
+
+
+def test_a_snapshot_batch_without_applied_above_still_decodes() -> None:
+    msg, wire = BEFORE_ABOVE
+    assert decode(bytes.fromhex(wire)) == msg
+    assert msg.applied_above == ()
+
+
+def test_a_bad_applied_above_column_is_refused() -> None:
+    wire = to_wire(PINNED[1][0])
+    wire[17] = pack_column([-1])
+    with pytest.raises(MessageError, match="applied_above"):
+        decode(msgpack.packb(wire, use_bin_type=True))
+    wire[17] = pack_column([1, 2])
+    with pytest.raises(MessageError, match="applied_above"):
+        decode(msgpack.packb(wire, use_bin_type=True))
+    wire[17] = pack_column([1 << ABOVE_BITS])
+    with pytest.raises(MessageError, match="applied_above"):
+        decode(msgpack.packb(wire, use_bin_type=True))
+
+
+def test_above_mask_and_above_applied_agree() -> None:
+    """The owner's bits for the sequences it applied past the gap after its watermark, and
+    the receiver's reading of them: the gap itself and sequences at or below the
+    watermark are never said, nor are those beyond ABOVE_BITS."""
+    watermark = 10
+    above = {12, 14, 13 + ABOVE_BITS}
+    mask = above_mask(watermark, above)
+    said = [s for s in range(0, 12 + 2 * ABOVE_BITS) if above_applied(mask, watermark, s)]
+    assert said == [12, 14]
+    assert above_mask(watermark, ()) == 0
+    assert 0 <= above_mask(watermark, range(12, 12 + ABOVE_BITS)) < 1 << ABOVE_BITS
 
 
 @pytest.mark.parametrize("msg, wire", PINNED, ids=["reports", "snapshots", "handover"])

@@ -31,9 +31,11 @@ def _no_cap(
     now_ns: int,
     ttl_ns: int,
     coin_ppm: int,
+    above_mask: int = 0,
 ) -> list[Inflight]:
     """Spend the whole of `remaining`, ignoring the share and the local burst cap."""
     acked = self.ack(ack)
+    self.applied_above = 0
     self.snap_order = order
     self.allowance = remaining
     self.fresh_until_ns = now_ns + ttl_ns

@@ -26,6 +26,7 @@ from mesh.core.ring import Ring
 from mesh.core.shares import (
     PPM,
     ShareBasis,
+    allowance_cap_ppm,
     even_part_ppm,
     near,
     share_basis,
@@ -272,11 +273,21 @@ def test_fleet_allowances_never_exceed_remaining_nor_the_cap(
     allowances = [
         snapshot_allowance_ppm(remaining, share_ppm(basis, d), basis.active, b) for d in demands
     ]
+    caps = []
     for d, a in zip(demands, allowances, strict=True):
         share = share_ppm(basis, d)
+        cap = allowance_cap_ppm(share, basis.active, b)
+        caps.append(cap)
         assert 0 <= a <= remaining * share
-        assert a <= max(b * PPM // basis.active, b * share) <= b * PPM
+        assert a <= cap <= b * PPM
+        # Never below the cap before issue 12 (b / n, or b x share), and that cap exactly
+        # for a share at or below the even one.
+        assert cap >= max(b * PPM // basis.active, b * share)
+        if share * basis.active <= PPM:
+            assert cap == b * PPM // basis.active
     assert sum(allowances) <= remaining * PPM
+    if len(demands) == basis.active:  # every live reporter: their caps sum to at most 3b
+        assert sum(caps) <= 3 * b * PPM
 
 
 @given(st.integers(0, 10**12), st.integers(0, PPM - 1), st.integers(0, PPM - 1))
