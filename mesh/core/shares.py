@@ -317,7 +317,12 @@ class UsageWindow:
 
     def since(self, first: int) -> int:
         """Units counted in grains `first` to the newest (those still kept)."""
+        return self.before(first, self.newest + 1)
+
+    def before(self, first: int, end: int) -> int:
+        """Units counted in grains `first` up to, not including, `end` (those still kept)."""
         counts = self.counts
         n = len(counts)
         lo = first if first > self.newest - n + 1 else self.newest - n + 1
-        return sum(counts[g % n] for g in range(lo, self.newest + 1))
+        hi = end if end < self.newest + 1 else self.newest + 1
+        return sum(counts[g % n] for g in range(lo, hi))

@@ -247,17 +247,21 @@ class Escrows:
         what we applied from it over `floor_window_ns` before now (none if it was refused as
         much). Noted for its escrow; an escrow charging for it is raised to it."""
         grain = now // self._grain_ns
+        used, denied = rs.floor_used, rs.floor_denied
         if rs.demand_grain != grain:
-            # Once a grain: what it promises may lag its usage by that much, and any part
-            # is safe to promise, since the escrow is the largest part promised.
-            window = self._window_ns
-            first = (now - window) // self._grain_ns
-            used, denied = rs.floor_used, rs.floor_denied
-            units = 0 if used is None else used.since(first)
-            refused = 0 if denied is None else denied.since(first)
-            rs.demand_part = floor_demand_ppm(ks.policy.target_rate, units, refused, window)
+            # Once a grain: the window's grains before this one are complete, so their sums
+            # hold until the next grain (the window is whole grains: CoreConfig).
+            first = (now - self._window_ns) // self._grain_ns
+            rs.demand_used_base = 0 if used is None else used.before(first, grain)
+            rs.demand_denied_base = 0 if denied is None else denied.before(first, grain)
             rs.demand_grain = grain
-        part = floor_ppm(share, self.members, rs.demand_part)
+        units, refused = rs.demand_used_base, rs.demand_denied_base
+        if used is not None and used.newest == grain:
+            units += used.counts[grain % self._grains]
+        if denied is not None and denied.newest == grain:
+            refused += denied.counts[grain % self._grains]
+        demand = floor_demand_ppm(ks.policy.target_rate, units, refused, self._window_ns)
+        part = floor_ppm(share, self.members, demand)
         win = now // self._share_window_ns
         if win != rs.share_win:
             rs.share_prev = rs.share_cur if win == rs.share_win + 1 else 0

@@ -54,7 +54,8 @@ class ReporterState:
         "row_anchor",
         "row_moved_at",
         "demand_grain",
-        "demand_part",
+        "demand_used_base",
+        "demand_denied_base",
     )
 
     def __init__(self, worker_epoch: int, unacked_from: int, now_ns: int) -> None:
@@ -101,10 +102,12 @@ class ReporterState:
         # last grew (`_escrow`): -1 until a report says.
         self.row_anchor = -1
         self.row_moved_at = -1
-        # The demand part of the floor promised to it (`Escrows.promise`), as computed in
-        # usage-window grain `demand_grain`: recomputed once a grain, not once a row.
+        # What the floor promised to it (`Escrows.promise`) is computed from: its usage and
+        # refusals in the window's grains before `demand_grain`, summed once a grain; the
+        # current grain's counts are added per row.
         self.demand_grain = -1
-        self.demand_part = 0
+        self.demand_used_base = 0
+        self.demand_denied_base = 0
 
     def confirm(self, now_ns: int, worker_epoch: int, unacked_from: int, inflight_max: int) -> bool:
         """The worker's first report to a record a hand-over made: keep the handed watermark

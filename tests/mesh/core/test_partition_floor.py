@@ -318,3 +318,48 @@ def test_a_usage_window_counts_what_it_kept(notes: list[tuple[int, int]], first:
     assert w.since(first) == noted
     if w.covers(first):
         assert w.since(first) == sum(u for g, u in notes if g >= first)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.integers(0, 30 * MS),  # time since the previous step
+            st.integers(0, 40),  # units applied from the reporter
+            st.integers(0, 40),  # units refused it
+            st.integers(0, PPM),  # the share its row is sent with
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+    members=st.integers(1, 8),
+)
+def test_the_promised_floor_is_the_formula_over_the_window_at_every_row(
+    steps: list[tuple[int, int, int, int]], members: int
+) -> None:
+    """`Escrows.promise` sums the window's complete grains once a grain and adds the
+    current grain per row: the part it promises is exactly `floor_ppm` of the demand over
+    the whole window as of the row (computed once a grain, it once lagged the grain's
+    later usage, and half-partition's quiet tenant fell below 0.99 of its ideal)."""
+    from mesh.core.gcra import Gcra
+    from mesh.core.owner._escrow import Escrows
+    from mesh.core.owner._state import KeyState, ReporterState
+
+    cfg = CoreConfig()
+    esc = Escrows(cfg, members, "owner")
+    p = policy()
+    ks = KeyState(p, Gcra(p.target_rate, p.global_burst, 0), 1, 0)
+    rs = ReporterState(1, 1, 0)
+    now = 10 * NS_PER_S
+    for dt, used, refused, share in steps:
+        now += dt
+        esc.note_used(rs, used, refused, esc.grain(now))
+        first = (now - cfg.floor_window_ns) // cfg.floor_grain_ns
+        units = 0 if rs.floor_used is None else rs.floor_used.since(first)
+        denied = 0 if rs.floor_denied is None else rs.floor_denied.since(first)
+        want = floor_ppm(
+            share,
+            members,
+            floor_demand_ppm(p.target_rate, units, denied, cfg.floor_window_ns),
+        )
+        assert esc.promise(ks, rs, "w", share, now) == want
