@@ -372,6 +372,8 @@ def _figures(
         "governor_calls": calls,
         "lossy_link_cuts": link_cuts,
         "per_worker_admitted": [len(r["admitted_ns"]) for r in results],
+        # the ops timing's denials per limit (fast: strict, fastg: global), from worker 0
+        "ops_denied": results[0].get("ops_denied", {}),
         **TARGETS,
     }
     out["within_targets"] = (

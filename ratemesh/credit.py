@@ -39,6 +39,7 @@ __all__ = [
 ]
 
 PPM = 1_000_000
+DEMAND_SAMPLES_RATE = 16  # demand samples (milliseconds with wants) that make a rate
 NO_CREDIT = "no_credit"
 GOVERNOR_UNREACHABLE = "governor_unreachable"
 
@@ -139,7 +140,7 @@ class CreditHolder:
         self._now_ms = now_ms
         self._head = None
         for block_id in [b.block_id for b in self.blocks.values() if now_ms >= b.expires_at_ms]:
-            del self.blocks[block_id]
+            self.blocks.pop(block_id).left = 0  # a reference kept elsewhere spends nothing
         return now_ms
 
     def held(self, now_ms: int) -> int:
@@ -165,7 +166,12 @@ class CreditHolder:
             self._now_ms = now_ms
             head.left -= units
             self._last_want_ms = now_ms
-            self._demand.append((now_ms, units))
+            demand = self._demand  # `_want`, inline: a full spend left a sample in it
+            last = demand[-1]
+            if last[0] == now_ms:
+                demand[-1] = (now_ms, last[1] + units)
+            else:
+                demand.append((now_ms, units))
             spend = self._head_spend
             if spend is None or spend.units != units:
                 spend = self._head_spend = Spend(True, units, None, ((head.block_id, units),))
@@ -204,13 +210,21 @@ class CreditHolder:
     # ---- reserving -----------------------------------------------------------------------
 
     def demand_per_s(self, now_ms: int) -> float:
-        """Units wanted per second over the demand window (recent spends and denials)."""
+        """Units wanted per second (recent spends and denials) over the demand window, or
+        over the time the samples cover once there are DEMAND_SAMPLES_RATE of them (one per
+        millisecond with wants) and they span less: their bound, or demand that began less
+        than a window ago, so a tight loop is read at its rate within milliseconds while a
+        few first wants are not read as a rate."""
         self._at(now_ms)
         self._trim(now_ms)
-        window = self.config.demand_window_ms
-        if len(self._demand) == self._demand.maxlen:  # full: the samples span less time
-            window = max(1, min(window, now_ms - self._demand[0][0]))
-        return sum(n for _, n in self._demand) * 1000 / window
+        demand = self._demand
+        if not demand:
+            return 0.0
+        cfg = self.config
+        window = cfg.demand_window_ms
+        if len(demand) >= min(DEMAND_SAMPLES_RATE, cfg.demand_samples_max):
+            window = min(window, now_ms - demand[0][0] + 1)
+        return sum(n for _, n in demand) * 1000 / window
 
     def block_size(self, now_ms: int) -> int:
         """About ``horizon_ms`` of recent demand, within [block_min, block_max]."""
@@ -293,13 +307,37 @@ class CreditHolder:
             if block.left == 0 or idle or leaving:
                 out.append((block_id, block.left))
                 del self.blocks[block_id]
+                block.left = 0  # returned: a reference kept elsewhere (a gate's) spends nothing
         return out
 
     # ---- demand --------------------------------------------------------------------------
 
     def _want(self, now_ms: int, units: int) -> None:
+        """Demand of ``units`` at ``now_ms``: one sample per millisecond (wants in the same
+        millisecond add up), so the bounded samples span at least ``demand_samples_max`` ms."""
         self._last_want_ms = now_ms
-        self._demand.append((now_ms, units))
+        demand = self._demand
+        if demand and demand[-1][0] == now_ms:
+            demand[-1] = (now_ms, demand[-1][1] + units)
+        else:
+            demand.append((now_ms, units))
+
+    def spent(self, at_ms: int, units: int) -> None:
+        """``units`` the caller spent at ``at_ms`` from the block `fast_block` named, by itself
+        (the mesh's strict gate, on its hot path): counted as demand as a spend here is. The
+        caller tells them in time order, before anything else that reads demand."""
+        self._want(at_ms, units)
+
+    def fast_block(self) -> tuple[HeldBlock | None, int]:
+        """The block the next spend takes from first, and the local instant (exclusive) until
+        which it does: the earliest local expiry of any block held, never later than its own.
+        Set by a full `try_spend` that admitted; (None, -2**62) once anything else has moved
+        time or the blocks. A caller that spends from it by itself (`block.left -= units`,
+        while ``now < until`` and ``units <= block.left``, then `spent`) gives the answers
+        `try_spend` would; a block the holder drops or returns has ``left`` set to 0."""
+        if self._head is None:
+            return None, -(2**62)
+        return self._head, self._head_until_ms
 
     def _trim(self, now_ms: int) -> None:
         horizon = now_ms - self.config.demand_window_ms

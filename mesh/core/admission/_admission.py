@@ -86,9 +86,8 @@ class Admission:
             if v.pending >= v.flush_at:
                 v.sink(v)
             return v.ok
-        if v.__class__ is StrictGate and amount.__class__ is int and 0 < amount:
-            if amount <= v.policy.global_burst:  # what `_deny` checks first, inline
-                return v.admit(amount)
+        if v.__class__ is StrictGate and amount.__class__ is int and 0 < amount <= v.amount_max:
+            return v.admit(amount)  # `amount_max`: what `_deny` checks first, inline
         return self._deny(v, amount)
 
     def charge(self, tenant: str, metric: str, nbytes: int) -> Verdict:

@@ -21,7 +21,7 @@ from mesh.core.gate import NEVER, Gate
 from mesh.core.policy import BOUNDS, Mode, RateKey, TenantRatePolicy
 from mesh.core.reporter import GlobalGate
 from mesh.core.verdict import Reason, Suspension, Verdict, verdict
-from ratemesh.credit import GOVERNOR_UNREACHABLE, CreditConfig, CreditHolder, Reserve
+from ratemesh.credit import GOVERNOR_UNREACHABLE, CreditConfig, CreditHolder, HeldBlock, Reserve
 from ratemesh.errors import ConfigError as SharedConfigError
 
 __all__ = ["CreditDesk", "StrictGate", "STRICT_BOUND"]
@@ -33,6 +33,8 @@ STRICT_BOUND = BOUNDS["strict"]
 DENIED_BACKOFF_MIN_MS = 10
 DENIED_BACKOFF_MAX_MS = 500
 UNREACHABLE_RETRY_MS = 500  # after a reserve that never reached governord
+_BEFORE_ALL = -(2**62)  # an instant earlier than any clock reading
+_NO_BLOCK = HeldBlock(0, 0, 0, _BEFORE_ALL)  # the fast block when there is none: spends nothing
 
 
 def _ignore(v: Gate) -> None:
@@ -41,17 +43,34 @@ def _ignore(v: Gate) -> None:
 
 class StrictGate(Gate):
     """One strict (tenant, metric): its mesh view (`front`, None without a mesh) and the
-    credit it holds. `avail` stays 0, so `Admission.try_admit` always lands in `admit`."""
+    credit it holds. `avail` stays 0, so `Admission.try_admit` always lands in `admit`.
+
+    The hot path spends from the holder's fast block by itself (`CreditHolder.fast_block`:
+    the block a full `try_spend` would take from, and the instant until which it would) and
+    tells the holder those spends in one `spent` per millisecond; anything else goes
+    through the holder. The one rule it inlines, "spend while ``now < until`` and the units
+    are left in that block", is pinned to `try_spend` by a hypothesis test
+    (tests/mesh/core/test_strict_gate.py). Safety does not rest on the cache being fresh:
+    `until` is never past the block's local expiry, `left` is the holder's own count, and a
+    block the holder drops or returns has ``left`` 0."""
 
     __slots__ = (
         "front",
         "holder",
         "desk",
+        "clock_ns",
         "key",
         "no_credit",
         "no_unreachable",
         "retry_at_ms",
         "backoff_ms",
+        "block",
+        "until_ns",
+        "batch_ms",
+        "batch_end_ns",
+        "batch",
+        "admitted",
+        "amount_max",
     )
 
     def __init__(
@@ -61,6 +80,7 @@ class StrictGate(Gate):
         self.flush_at = NEVER
         self.front = front
         self.desk = desk
+        self.clock_ns = desk.clock_ns
         self.key: RateKey = policy.rate_key
         self.holder = CreditHolder(desk.config)
         self.set_verdicts(STRICT_BOUND, None, Reason.NO_CREDIT)
@@ -72,8 +92,17 @@ class StrictGate(Gate):
             STRICT_BOUND,
             Suspension.GOVERNOR_UNREACHABLE,
         )
-        self.retry_at_ms = -(2**62)
+        self.retry_at_ms = _BEFORE_ALL
         self.backoff_ms = 0
+        # The fast block and the instant (ns, exclusive) until which it is spent from here;
+        # the millisecond whose spends are gathered in `batch`, and that millisecond's end.
+        self.block = _NO_BLOCK
+        self.until_ns = _BEFORE_ALL
+        self.batch_ms = _BEFORE_ALL
+        self.batch_end_ns = _BEFORE_ALL
+        self.batch = 0
+        self.admitted = 0  # units this gate admitted (the desk adds them up)
+        self.amount_max = policy.global_burst  # larger asks are TOO_LARGE (Admission._deny)
 
     def admit(self, amount: int) -> Verdict:
         """The mesh's veto, then credit; the mesh is charged only if both admit."""
@@ -86,21 +115,61 @@ class StrictGate(Gate):
             no = front.no
             reason = Reason.GLOBAL_LIMIT if no.reason is Reason.RATE_LIMITED else no.reason
             return verdict(False, reason, Mode.STRICT, STRICT_BOUND, no.suspended)
-        desk = self.desk
-        now_ms = desk.clock_ns() // NS_PER_MS  # desk.now_ms(), inline: the hot path
-        spend = self.holder.try_spend(now_ms, amount)
+        now_ns = self.clock_ns()
+        block = self.block
+        # `now_ms < until_ms` is `now_ns < until_ms * NS_PER_MS` (integers): no division
+        if now_ns < self.until_ns and amount <= block.left:
+            block.left -= amount
+            if now_ns < self.batch_end_ns:
+                self.batch += amount
+            else:
+                self._next_batch(now_ns, amount)
+        elif not self._spend(now_ns // NS_PER_MS, amount):
+            return self.no
+        if front is not None:
+            front.avail -= amount
+            front.pending += amount
+            if front.pending >= front.flush_at:
+                front.sink(front)
+        self.admitted += amount
+        return self.ok
+
+    def _next_batch(self, now_ns: int, amount: int) -> None:
+        """A spend in a new millisecond: tell the holder the last one's, start this one's."""
+        if self.batch:
+            self.holder.spent(self.batch_ms, self.batch)
+        now_ms = now_ns // NS_PER_MS
+        self.batch_ms, self.batch_end_ns, self.batch = now_ms, (now_ms + 1) * NS_PER_MS, amount
+
+    def flush(self) -> None:
+        """Tell the holder the spends made here (before anything that reads its demand)."""
+        if self.batch:
+            self.holder.spent(self.batch_ms, self.batch)
+            self.batch = 0
+
+    def forget_fast(self) -> None:
+        """The holder's blocks changed (a grant): the next spend goes through it."""
+        self.until_ns = _BEFORE_ALL
+
+    def _spend(self, now_ms: int, amount: int) -> bool:
+        """A full spend through the holder; on a denial, the verdict set and a reserve asked."""
+        self.flush()
+        holder = self.holder
+        spend = holder.try_spend(now_ms, amount)
         if spend.admitted:
-            if front is not None:
-                front.avail -= amount
-                front.pending += amount
-                if front.pending >= front.flush_at:
-                    front.sink(front)
-            desk.admitted += amount
-            return self.ok
+            block, until_ms = holder.fast_block()
+            if block is None:
+                self.until_ns = _BEFORE_ALL
+            else:
+                self.block, self.until_ns = block, until_ms * NS_PER_MS
+            self.batch_ms, self.batch_end_ns = now_ms, (now_ms + 1) * NS_PER_MS
+            return True
+        self.until_ns = _BEFORE_ALL
         self.no = self.no_unreachable if spend.reason == GOVERNOR_UNREACHABLE else self.no_credit
+        desk = self.desk
         desk.credit_denied += amount
         desk.ask(self, now_ms, amount)
-        return self.no
+        return False
 
     def holds_nothing(self) -> bool:
         """No block held and none asked for: forgetting the gate strands no credit."""
@@ -123,7 +192,7 @@ class CreditDesk:
         self.wake: Callable[[], None] = _noop  # the driver's "send soon" (a reserve queued)
         self.closing = False
         self._out: list[Effect] = []
-        self.admitted = 0  # units admitted by credit
+        self.admitted_closed = 0  # units admitted by credit, by gates closed since
         self.vetoed = 0  # units the mesh turned away first
         self.credit_denied = 0  # units the mesh passed and credit denied (nothing charged)
         self.reserves = 0  # reserves asked for
@@ -131,6 +200,11 @@ class CreditDesk:
 
     def now_ms(self) -> int:
         return self.clock_ns() // NS_PER_MS
+
+    @property
+    def admitted(self) -> int:
+        """Units admitted by credit (each gate counts its own: the hot path's)."""
+        return self.admitted_closed + sum(g.admitted for g in self.gates.values())
 
     # -- gates ----------------------------------------------------------------------------
 
@@ -147,6 +221,7 @@ class CreditDesk:
         flight for it is returned whole when it is granted (`granted`)."""
         if self.gates.get(gate.key) is gate:
             del self.gates[gate.key]
+            self.admitted_closed += gate.admitted
         self._give_back(gate, self.now_ms(), leaving=True)
 
     # -- asking ---------------------------------------------------------------------------
@@ -184,6 +259,7 @@ class CreditDesk:
                     self._reserve(gate, request)
 
     def _give_back(self, gate: StrictGate, now_ms: int, *, leaving: bool = False) -> None:
+        gate.flush()
         for block_id, unused in gate.holder.take_returns(now_ms, leaving=leaving):
             self.returns += 1
             self._out.append(ReturnCredit(gate.key, block_id, unused))
@@ -218,6 +294,7 @@ class CreditDesk:
         except SharedConfigError:
             gate.holder.failed(request.request, unreachable=False)
             return
+        gate.forget_fast()  # the new block may expire first: the next spend asks the holder
         gate.no = gate.no_credit
         gate.backoff_ms = 0
         if units < request.request.units:

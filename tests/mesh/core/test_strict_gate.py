@@ -6,7 +6,7 @@ Real cores joined by hand: the tests play governord's part with values, no I/O."
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from mesh.core.admission import STRICT_BOUND, Admission, CreditDesk, StrictGate
@@ -376,3 +376,134 @@ def test_each_step_does_only_its_part_on_random_runs(ops: list[tuple[str, object
                 desk.failed(ask, unreachable=bool(arg))
         assert admitted <= sum(units for units, _ in granted)
         assert desk.admitted == admitted
+
+
+_ADMIT = st.tuples(st.just("admit"), st.integers(1, 12))
+_WAIT_NS = st.tuples(st.just("wait_ns"), st.integers(0, 3 * MS))  # within and across ms
+PIN_OPS = st.lists(
+    st.one_of(
+        _ADMIT,
+        _ADMIT,
+        _ADMIT,
+        _WAIT_NS,
+        _WAIT_NS,
+        st.tuples(st.just("wait"), st.integers(1, 700)),  # ms: up to past a block's life
+        st.tuples(st.just("tick"), st.just(0)),
+        st.tuples(st.just("held"), st.just(0)),  # /health's read (drops expired blocks)
+        st.tuples(st.just("grant"), st.integers(1, 40)),
+        st.tuples(st.just("short"), st.integers(1, 40)),  # a block with a shorter life
+        st.tuples(st.just("deny"), st.booleans()),
+    ),
+    min_size=20,
+    max_size=150,
+)
+
+
+def _twin(clock: Clock) -> tuple[CreditDesk, StrictGate]:
+    desk = CreditDesk(clock, CreditConfig(rho_ppm=0, epsilon_ms=0, idle_ms=300, lead_ms=50))
+    return desk, desk.open(policy(mode="strict", burst=10**6), None)
+
+
+def _state(desk: CreditDesk, g: StrictGate) -> object:
+    g.flush()  # what a tick does first: the holder then knows every spend
+    h = g.holder
+    return (
+        {b.block_id: (b.left, b.expires_at_ms) for b in h.blocks.values()},
+        list(h._demand),
+        h._last_want_ms,
+        h.in_flight,
+        h.unreachable,
+        g.no,
+        g.retry_at_ms,
+        desk.admitted,
+        desk.credit_denied,
+        desk.reserves,
+        desk.returns,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(PIN_OPS, st.booleans())
+def test_the_gates_inline_spend_answers_as_the_holders_try_spend(
+    ops: list[tuple[str, int]], leave_midway: bool
+) -> None:
+    """STYLE.md "One formula, one place": the gate spends from the holder's fast block by
+    itself ("while now < until and the units are left") and tells the holder once per
+    millisecond. A twin gate sent through `CreditHolder.try_spend` on every admission (its
+    fast block forgotten each time) must give the same verdicts, take the same units from
+    the same blocks, ask and return the same, and leave the holder the same demand."""
+    clock = Clock()
+    fast_desk, fast = _twin(clock)
+    ref_desk, ref = _twin(clock)
+    twins = ((fast_desk, fast), (ref_desk, ref))
+    next_block = 0
+    asks: list[list[ReserveCredit]] = [[], []]
+    if leave_midway:  # the worker leaves two thirds in: it gives back and asks no more
+        ops.insert(len(ops) * 2 // 3, ("leave", 0))
+    for op, arg in ops:
+        if op == "admit":
+            inline = clock.ns < fast.until_ns and arg <= fast.block.left
+            event("inline" if inline else "through the holder")
+            held = None if inline else fast.holder.held(clock.ns // MS)
+            ref.forget_fast()
+            got = fast.admit(arg), ref.admit(arg)
+            assert got[0] is got[1] or (got[0].allowed, got[0].reason) == (
+                got[1].allowed,
+                got[1].reason,
+            )
+            if held is not None and got[0].allowed:
+                assert fast.holder.held(clock.ns // MS) == held - arg
+        elif op == "wait_ns":
+            clock.ns += arg
+        elif op == "wait":
+            clock.ms(arg)
+        elif op == "tick":
+            for desk, _ in twins:
+                desk.tick(clock.ns)
+        elif op == "held":
+            for _, g in twins:
+                g.holder.held(clock.ns // MS)
+        elif op == "leave":
+            for desk, _ in twins:
+                desk.leave()
+        else:
+            for i, (desk, _) in enumerate(twins):
+                asks[i] += [e for e in desk.take() if isinstance(e, ReserveCredit)]
+            if not asks[0] or not asks[1]:
+                continue
+            pair = asks[0].pop(0), asks[1].pop(0)
+            assert pair[0].request == pair[1].request
+            next_block += 1
+            for (desk, _), ask in zip(twins, pair, strict=True):
+                if op == "deny":
+                    desk.failed(ask, unreachable=bool(arg))
+                else:  # "short": a later block that expires before the ones held
+                    desk.granted(ask, next_block, arg, TTL_MS if op == "grant" else 50)
+        for i, (desk, _) in enumerate(twins):
+            asks[i] += [e for e in desk.take() if isinstance(e, ReserveCredit)]
+        assert asks[0] == asks[1]
+        assert _state(fast_desk, fast) == _state(ref_desk, ref)
+
+
+def test_a_returned_or_expired_block_spends_nothing_through_a_kept_reference() -> None:
+    """The gate keeps the holder's block object between spends; the holder zeroes what it
+    drops, so a stale reference can never spend units already returned or expired."""
+    clock = Clock()
+    desk, g = _twin(clock)
+    assert not g.admit(1).allowed
+    (ask,) = [e for e in desk.take() if isinstance(e, ReserveCredit)]
+    desk.granted(ask, 1, 10, TTL_MS)
+    assert g.admit(1).allowed and g.admit(1).allowed
+    kept = g.block
+    assert kept.left == 8
+    desk.leave()
+    assert kept.left == 0 and not g.admit(1).allowed
+    clock2 = Clock()
+    desk2, g2 = _twin(clock2)
+    g2.admit(1)
+    (ask2,) = [e for e in desk2.take() if isinstance(e, ReserveCredit)]
+    desk2.granted(ask2, 2, 10, TTL_MS)
+    assert g2.admit(1).allowed
+    kept2 = g2.block
+    clock2.ms(TTL_MS)  # past its local expiry (rho 0, epsilon 0: exactly the ttl)
+    assert not g2.admit(1).allowed and kept2.left == 0
