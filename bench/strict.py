@@ -19,8 +19,9 @@ worker; the bench merges them and computes:
   alone; the target stays 0.
 * `utilisation`: admissions outside the outage window [kill, restarted governord listening]
   over `R * (seconds - outage_s) + B`.
-* `governor_calls_per_admitted`: the workers' credit calls to governord (reserves and
-  returns, from each node's /health `strict` counters) per admitted unit.
+* `governor_calls_per_admitted`: the workers' credit calls to governord (reserves,
+  returns and the one read of a key's rate, from each node's /health `strict` counters)
+  per admitted unit.
 * `strict_try_admit_ops_per_s`, `global_try_admit_ops_per_s`: after the load, worker 0 times
   tight try_admit loops on a second node of its own (tenant `fast`, rated far above any
   loop) on a strict limit holding credit and on a global limit, alternated, same process.
@@ -346,7 +347,12 @@ def _figures(
     before_s = (killed_ns - start_ns) / NS
     after_s = max(0.0, seconds - before_s - outage_s)
     before = sum(1 for t in times if t < killed_ns)
-    calls = sum(int(r["strict"]["reserves"]) + int(r["strict"]["returned"]) for r in results)
+    calls = sum(
+        int(r["strict"]["reserves"])
+        + int(r["strict"]["returned"])
+        + int(r["strict"].get("rate_lookups", 0))  # GetNode for the burst, one per key
+        for r in results
+    )
     strict_ops = int(results[0]["strict_ops_per_s"])
     global_ops = int(results[0]["global_ops_per_s"])
     offered = sum(int(r["offered"]) for r in results)

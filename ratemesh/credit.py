@@ -32,14 +32,24 @@ __all__ = [
     "PPM",
     "CreditConfig",
     "CreditHolder",
+    "DENIED_BACKOFF_MAX_MS",
+    "DENIED_BACKOFF_MIN_MS",
     "HeldBlock",
     "Reserve",
     "Spend",
+    "denied_backoff_ms",
+    "drained_wait_ms",
     "local_expiry_ms",
+    "node_burst",
+    "rate_burst",
 ]
 
 PPM = 1_000_000
 DEMAND_SAMPLES_RATE = 16  # demand samples (milliseconds with wants) that make a rate
+# After governord said no for another reason than an empty bucket (a cap, too many blocks):
+# wait this long before asking again, doubling to the maximum, so it is not hammered.
+DENIED_BACKOFF_MIN_MS = 10
+DENIED_BACKOFF_MAX_MS = 500
 NO_CREDIT = "no_credit"
 GOVERNOR_UNREACHABLE = "governor_unreachable"
 
@@ -48,6 +58,44 @@ def local_expiry_ms(sent_at_ms: int, ttl_ms: int, rho_ppm: int, epsilon_ms: int)
     """The last local instant (exclusive) a block may be spent: ``sent_at + ttl*(1 - 2*rho)
     - epsilon``, rounded towards the earlier side. The one place this formula lives."""
     return sent_at_ms + ttl_ms * (PPM - 2 * rho_ppm) // PPM - epsilon_ms
+
+
+def denied_backoff_ms(previous_ms: int) -> int:
+    """The wait after a denial that is not an empty bucket's, from the one before it (0 at
+    first): DENIED_BACKOFF_MIN_MS doubling to DENIED_BACKOFF_MAX_MS. An empty bucket's
+    denial waits ``lead_ms`` instead, as a partial grant does (`CreditHolder.failed`)."""
+    return min(DENIED_BACKOFF_MAX_MS, max(DENIED_BACKOFF_MIN_MS, previous_ms * 2))
+
+
+def drained_wait_ms(lead_ms: int, instant: int) -> int:
+    """The wait before asking again once the bucket was found drained (a partial grant, or
+    an empty bucket's denial): ``lead_ms``, spread over [lead_ms/2, 3*lead_ms/2) by a hash
+    of ``instant`` (the clock's reading, in any unit). A fixed wait keeps workers that were
+    refused together in step, so the same one asks first after each refill and takes it all
+    every time; the spread changes the order each round. A hash, not `random`: the cores
+    stay deterministic for the simulator, and real clock readings spread it anyway."""
+    spread = (instant * 0x9E3779B1 >> 7) % max(1, lead_ms)
+    return lead_ms // 2 + spread
+
+
+def rate_burst(denial: object) -> int | None:
+    """The bucket's burst B that a rate denial from governord states (``{"reason": "rate",
+    "limit": B, ...}``, the wire's denial detail), or None for any other denial."""
+    if not isinstance(denial, dict) or denial.get("reason") != "rate":
+        return None
+    limit = denial.get("limit")
+    return limit if type(limit) is int and limit > 0 else None
+
+
+def node_burst(node: object, resource: str) -> int | None:
+    """The burst B of ``resource``'s rate on a node as governord's GetNode shows it
+    (``{"rates": {resource: [per_s, burst]}}``), or None if it has none there."""
+    rates = node.get("rates") if isinstance(node, dict) else None
+    rate = rates.get(resource) if isinstance(rates, dict) else None
+    if not isinstance(rate, list | tuple) or len(rate) != 2:
+        return None
+    burst = rate[1]
+    return burst if type(burst) is int and burst > 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +108,9 @@ class CreditConfig:
     block_min: int = 1
     block_max: int = 100_000
     horizon_ms: int = 1_000  # a block covers about this long of recent demand
+    # ... and is at most this share of its bucket's burst B, once governord has stated B
+    # (an empty bucket's denial carries it): several workers then share a small bucket
+    burst_share_ppm: int = 250_000
     lead_ms: int = 250  # refill while what is held would last at least this long
     idle_ms: int = 2_000  # return what is held after this long with no demand
     demand_window_ms: int = 5_000
@@ -80,6 +131,7 @@ class CreditConfig:
             "unreachable_after_ms",
         ):
             check_int(name, getattr(self, name), minimum=1)
+        check_int("burst_share_ppm", self.burst_share_ppm, minimum=1, maximum=PPM)
         check_int("demand_samples_max", self.demand_samples_max, minimum=1)
         check_int("blocks_max", self.blocks_max, minimum=1)
 
@@ -118,6 +170,7 @@ class CreditHolder:
         self.blocks: dict[int, HeldBlock] = {}
         self.in_flight: Reserve | None = None
         self.unreachable = False
+        self.burst: int | None = None  # the bucket's B, once governord stated it
         self._now_ms = -(2**62)
         self._demand: deque[tuple[int, int]] = deque(maxlen=self.config.demand_samples_max)
         self._last_want_ms: int | None = None
@@ -227,10 +280,15 @@ class CreditHolder:
         return sum(n for _, n in demand) * 1000 / window
 
     def block_size(self, now_ms: int) -> int:
-        """About ``horizon_ms`` of recent demand, within [block_min, block_max]."""
+        """About ``horizon_ms`` of recent demand, within [block_min, block_max], and at most
+        ``burst_share_ppm`` of the bucket's burst once it is known: a block counts whole
+        against B until it is spent out, so one worker's block must not pin the bucket."""
         cfg = self.config
         want = math.ceil(self.demand_per_s(now_ms) * cfg.horizon_ms / 1000)
-        return max(cfg.block_min, min(cfg.block_max, want))
+        top = cfg.block_max
+        if self.burst is not None:
+            top = min(top, self.burst * cfg.burst_share_ppm // PPM)
+        return max(cfg.block_min, min(top, want))
 
     def low_water(self, now_ms: int) -> int:
         """Refill once what is held (and lasts past the lead) drops to this."""
@@ -283,11 +341,21 @@ class CreditHolder:
         self.unreachable = False
         return block
 
-    def failed(self, request: Reserve, *, unreachable: bool) -> None:
-        """The reserve came back denied (``unreachable=False``) or not at all."""
+    def failed(self, request: Reserve, *, unreachable: bool, burst: int | None = None) -> None:
+        """The reserve came back denied (``unreachable=False``) or not at all. ``burst``:
+        the denial was an empty bucket's and stated its B (`rate_burst`), which bounds the
+        blocks asked from then on (`block_size`)."""
+        if burst is not None:
+            self.learn_burst(burst)
         self._settle(request)
         if unreachable:
             self.unreachable = True
+
+    def learn_burst(self, burst: int) -> None:
+        """governord stated a burst B on this credit's chain (the node's rate, or an empty
+        bucket's denial): blocks are sized within a share of the smallest B told."""
+        check_int("burst", burst, minimum=1)
+        self.burst = burst if self.burst is None else min(self.burst, burst)
 
     def _settle(self, request: Reserve) -> None:
         if self.in_flight is request:

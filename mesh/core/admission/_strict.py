@@ -21,17 +21,21 @@ from mesh.core.gate import NEVER, Gate
 from mesh.core.policy import BOUNDS, Mode, RateKey, TenantRatePolicy
 from mesh.core.reporter import GlobalGate
 from mesh.core.verdict import Reason, Suspension, Verdict, verdict
-from ratemesh.credit import GOVERNOR_UNREACHABLE, CreditConfig, CreditHolder, HeldBlock, Reserve
+from ratemesh.credit import (
+    GOVERNOR_UNREACHABLE,
+    CreditConfig,
+    CreditHolder,
+    HeldBlock,
+    Reserve,
+    denied_backoff_ms,
+    drained_wait_ms,
+)
 from ratemesh.errors import ConfigError as SharedConfigError
 
 __all__ = ["CreditDesk", "StrictGate", "STRICT_BOUND"]
 
 NS_PER_MS = 1_000_000
 STRICT_BOUND = BOUNDS["strict"]
-# After governord said no (an empty bucket, a cap): wait this long before asking again,
-# doubling to the maximum, so an empty bucket is not hammered (as governor.client's driver).
-DENIED_BACKOFF_MIN_MS = 10
-DENIED_BACKOFF_MAX_MS = 500
 UNREACHABLE_RETRY_MS = 500  # after a reserve that never reached governord
 _BEFORE_ALL = -(2**62)  # an instant earlier than any clock reading
 _NO_BLOCK = HeldBlock(0, 0, 0, _BEFORE_ALL)  # the fast block when there is none: spends nothing
@@ -300,22 +304,41 @@ class CreditDesk:
         if units < request.request.units:
             # A partial grant: the bucket is drained; asking at once would take only what
             # refilled in one round trip (governor.client's StrictCredit does the same).
-            gate.retry_at_ms = now_ms + self.config.lead_ms
+            gate.retry_at_ms = now_ms + drained_wait_ms(self.config.lead_ms, self.clock_ns())
 
-    def failed(self, request: ReserveCredit, *, unreachable: bool) -> None:
-        """The reserve was denied (`unreachable=False`) or never reached governord."""
+    def learned_burst(self, rate_key: RateKey, burst: int) -> None:
+        """governord stated the burst B of the rate a strict key spends at (the driver read
+        its node): the gate's blocks stay within a share of it (`CreditHolder.block_size`)."""
+        gate = self.gates.get(rate_key)
+        if gate is not None:
+            gate.holder.learn_burst(burst)
+
+    def failed(
+        self, request: ReserveCredit, *, unreachable: bool, burst: int | None = None
+    ) -> None:
+        """The reserve was denied (`unreachable=False`) or never reached governord.
+
+        `burst`: the denial was an empty bucket's, stating its B (`ratemesh.credit.
+        rate_burst`). Then the gate asks again after about `lead_ms` (`drained_wait_ms`), as
+        after a partial grant, with no doubling: every worker short of credit asks about as
+        often, so the bucket's refill is shared by who asks, not kept by whoever was lucky
+        first (a doubling wait left a worker denied a few times out for up to 500 ms while
+        the others were served).
+        Blocks asked from then on are at most `burst_share_ppm` of B. Any other denial (a
+        cap, too many blocks) backs off doubling (`denied_backoff_ms`)."""
         gate = self.gates.get(request.rate_key)
         if gate is None or gate.holder.in_flight is not request.request:
             return
-        gate.holder.failed(request.request, unreachable=unreachable)
+        gate.holder.failed(request.request, unreachable=unreachable, burst=burst)
         now_ms = self.now_ms()
         if unreachable:
             gate.retry_at_ms = now_ms + UNREACHABLE_RETRY_MS
             gate.no = gate.no_unreachable
+        elif burst is not None:
+            gate.backoff_ms = 0
+            gate.retry_at_ms = now_ms + drained_wait_ms(self.config.lead_ms, self.clock_ns())
         else:
-            gate.backoff_ms = min(
-                DENIED_BACKOFF_MAX_MS, max(DENIED_BACKOFF_MIN_MS, gate.backoff_ms * 2)
-            )
+            gate.backoff_ms = denied_backoff_ms(gate.backoff_ms)
             gate.retry_at_ms = now_ms + gate.backoff_ms
 
 
