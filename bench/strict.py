@@ -46,7 +46,7 @@ from bench._procs import free_port, go, read_ready, write_config
 from bench._proxy import FaultProxy
 from ratemesh.envelope import excess_over_times
 
-__all__ = ["run", "LossyLink", "WORKERS_MAX", "THREADS_MAX"]
+__all__ = ["run", "LossyLink", "MODES", "WORKERS_MAX", "THREADS_MAX"]
 
 RATE, BURST = 2_000, 1_000  # governord's rate on tenant load's node: R per s, B
 FAST_RATE = 10**9  # tenant fast's node (the ops timing): no loop reaches it
@@ -71,6 +71,7 @@ TARGETS = {
 NS = 1_000_000_000
 WORKERS_MAX = 32  # bounds of the CLI's flags: processes, and threads in each
 THREADS_MAX = 64
+MODES = ("strict", "global")  # the limit under load: credit, or the mesh alone to compare
 
 
 class LossyLink:
@@ -223,9 +224,26 @@ def _spawn(args: list[str], stderr: Path, env: dict[str, str]) -> subprocess.Pop
 
 
 def run(
-    *, workers: int = 4, threads: int = 4, seconds: float = 10.0, offered_x: float = 5.0
+    *,
+    workers: int = 4,
+    threads: int = 4,
+    seconds: float = 10.0,
+    offered_x: float = 5.0,
+    mode: str = "strict",
 ) -> dict[str, Any]:
-    """Run the fleet for `seconds` (governord killed at KILL_AT of it); the figures."""
+    """Run the fleet for `seconds` (governord killed at KILL_AT of it); the figures.
+
+    `mode` "global": the same fleet, threads and offer against a `global` limit of the same
+    R and B (owner GCRA and snapshots, no credit), for comparison; everything else (the
+    governord kill, the lossy link to it, the ops timing) runs the same."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    load_policy = (
+        # the mesh step is looser than governord's rate: credit decides
+        _policy("load", "strict", MESH_X * RATE, MESH_X * RATE)
+        if mode == "strict"
+        else _policy("load", "global", RATE, BURST)
+    )
     keys = {LOAD_KEY_ENV: secrets.token_hex(16), FAST_KEY_ENV: secrets.token_hex(16)}
     with tempfile.TemporaryDirectory(prefix="ratemesh-bench-strict-") as name:
         tmp = Path(name)
@@ -246,10 +264,7 @@ def run(
                         "member_id": m,
                         "listen": members[m],
                         "membership": {"source": "static", "members": members},
-                        # the mesh step is looser than governord's rate: credit decides
-                        "policies": {
-                            "inline": [_policy("load", "strict", MESH_X * RATE, MESH_X * RATE)]
-                        },
+                        "policies": {"inline": [load_policy]},
                         "shutdown_drain_ms": 300,
                         "strict": {
                             "governord": lossy_addr if i == workers - 1 else gov.addr,
@@ -284,6 +299,7 @@ def run(
             gov.close()
     return _figures(
         results,
+        mode=mode,
         workers=workers,
         seconds=seconds,
         start_ns=int(start_at * NS),
@@ -330,6 +346,7 @@ def _reap(p: subprocess.Popen[str]) -> None:
 def _figures(
     results: list[dict[str, Any]],
     *,
+    mode: str,
     workers: int,
     seconds: float,
     start_ns: int,
@@ -357,6 +374,7 @@ def _figures(
     global_ops = int(results[0]["global_ops_per_s"])
     offered = sum(int(r["offered"]) for r in results)
     out: dict[str, Any] = {
+        "mode": mode,
         "workers": workers,
         "seconds": seconds,
         "admitted": len(times),

@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 PPM = 1_000_000
-DEMAND_SAMPLES_RATE = 16  # demand samples (milliseconds with wants) that make a rate
+DEMAND_SAMPLES_RATE = 4  # demand samples (milliseconds with wants) that make a rate
 # After governord said no for another reason than an empty bucket (a cap, too many blocks):
 # wait this long before asking again, doubling to the maximum, so it is not hammered.
 DENIED_BACKOFF_MIN_MS = 10
