@@ -193,7 +193,7 @@ class CreditHolder:
         self._now_ms = now_ms
         self._head = None
         for block_id in [b.block_id for b in self.blocks.values() if now_ms >= b.expires_at_ms]:
-            self.blocks.pop(block_id).left = 0  # a reference kept elsewhere spends nothing
+            del self.blocks[block_id]  # a reference kept elsewhere is past its `until` too
         return now_ms
 
     def held(self, now_ms: int) -> int:
@@ -402,7 +402,8 @@ class CreditHolder:
         Set by a full `try_spend` that admitted; (None, -2**62) once anything else has moved
         time or the blocks. A caller that spends from it by itself (`block.left -= units`,
         while ``now < until`` and ``units <= block.left``, then `spent`) gives the answers
-        `try_spend` would; a block the holder drops or returns has ``left`` set to 0."""
+        `try_spend` would; a block the holder returns has ``left`` set to 0, one it drops
+        at its local expiry is past ``until``."""
         if self._head is None:
             return None, -(2**62)
         return self._head, self._head_until_ms

@@ -47,16 +47,18 @@ def _ignore(v: Gate) -> None:
 
 class StrictGate(Gate):
     """One strict (tenant, metric): its mesh view (`front`, None without a mesh) and the
-    credit it holds. `avail` stays 0, so `Admission.try_admit` always lands in `admit`.
+    credit it holds. `avail` stays 0, so `Admission.try_admit` always lands here.
 
     The hot path spends from the holder's fast block by itself (`CreditHolder.fast_block`:
-    the block a full `try_spend` would take from, and the instant until which it would) and
-    tells the holder those spends in one `spent` per millisecond; anything else goes
-    through the holder. The one rule it inlines, "spend while ``now < until`` and the units
-    are left in that block", is pinned to `try_spend` by a hypothesis test
-    (tests/mesh/core/test_strict_gate.py). Safety does not rest on the cache being fresh:
-    `until` is never past the block's local expiry, `left` is the holder's own count, and a
-    block the holder drops or returns has ``left`` 0."""
+    the block a full `try_spend` would take from, and the instant `until` to which it would)
+    by lowering its ``left``, and tells the holder what it spent once per millisecond (its
+    demand, `spent`): `mark` is ``left`` when it last told, so ``mark - left`` is what it
+    has spent since. `admit` is the whole step; `Admission.try_admit` inlines its common
+    case (the same block, the same millisecond). The rule both inline, "spend while
+    ``now < until`` and the units are left in that block", is pinned to `try_spend` by a
+    hypothesis test (tests/mesh/core/test_strict_gate.py). Safety does not rest on the
+    cache being fresh: `until` is never past the block's local expiry, ``left`` is the
+    holder's own count, and a block the holder returns has ``left`` 0."""
 
     __slots__ = (
         "front",
@@ -70,9 +72,9 @@ class StrictGate(Gate):
         "backoff_ms",
         "block",
         "until_ns",
+        "mark",
         "batch_ms",
         "batch_end_ns",
-        "batch",
         "admitted",
         "amount_max",
     )
@@ -98,14 +100,15 @@ class StrictGate(Gate):
         )
         self.retry_at_ms = _BEFORE_ALL
         self.backoff_ms = 0
-        # The fast block and the instant (ns, exclusive) until which it is spent from here;
-        # the millisecond whose spends are gathered in `batch`, and that millisecond's end.
+        # The fast block, the instant (ns, exclusive) until which it is spent from here, its
+        # `left` when the holder was last told; the millisecond of the spends since, and its
+        # end (ns, exclusive).
         self.block = _NO_BLOCK
         self.until_ns = _BEFORE_ALL
+        self.mark = 0
         self.batch_ms = _BEFORE_ALL
         self.batch_end_ns = _BEFORE_ALL
-        self.batch = 0
-        self.admitted = 0  # units this gate admitted (the desk adds them up)
+        self.admitted = 0  # units admitted here and told (`admitted_now` adds the rest)
         self.amount_max = policy.global_burst  # larger asks are TOO_LARGE (Admission._deny)
 
     def admit(self, amount: int) -> Verdict:
@@ -123,11 +126,11 @@ class StrictGate(Gate):
         block = self.block
         # `now_ms < until_ms` is `now_ns < until_ms * NS_PER_MS` (integers): no division
         if now_ns < self.until_ns and amount <= block.left:
+            if now_ns >= self.batch_end_ns:  # a new millisecond: tell the last one's spends
+                self.flush()
+                now_ms = now_ns // NS_PER_MS
+                self.batch_ms, self.batch_end_ns = now_ms, (now_ms + 1) * NS_PER_MS
             block.left -= amount
-            if now_ns < self.batch_end_ns:
-                self.batch += amount
-            else:
-                self._next_batch(now_ns, amount)
         elif not self._spend(now_ns // NS_PER_MS, amount):
             return self.no
         if front is not None:
@@ -135,21 +138,21 @@ class StrictGate(Gate):
             front.pending += amount
             if front.pending >= front.flush_at:
                 front.sink(front)
-        self.admitted += amount
         return self.ok
 
-    def _next_batch(self, now_ns: int, amount: int) -> None:
-        """A spend in a new millisecond: tell the holder the last one's, start this one's."""
-        if self.batch:
-            self.holder.spent(self.batch_ms, self.batch)
-        now_ms = now_ns // NS_PER_MS
-        self.batch_ms, self.batch_end_ns, self.batch = now_ms, (now_ms + 1) * NS_PER_MS, amount
-
     def flush(self) -> None:
-        """Tell the holder the spends made here (before anything that reads its demand)."""
-        if self.batch:
-            self.holder.spent(self.batch_ms, self.batch)
-            self.batch = 0
+        """Tell the holder the spends made here (before anything that reads its demand or
+        changes its blocks), at the millisecond they were made in."""
+        left = self.block.left
+        spent = self.mark - left
+        if spent:
+            self.holder.spent(self.batch_ms, spent)
+            self.admitted += spent
+            self.mark = left
+
+    def admitted_now(self) -> int:
+        """Units admitted here, told to the holder or not yet."""
+        return self.admitted + self.mark - self.block.left
 
     def forget_fast(self) -> None:
         """The holder's blocks changed (a grant): the next spend goes through it."""
@@ -161,11 +164,13 @@ class StrictGate(Gate):
         holder = self.holder
         spend = holder.try_spend(now_ms, amount)
         if spend.admitted:
+            self.admitted += amount
             block, until_ms = holder.fast_block()
             if block is None:
-                self.until_ns = _BEFORE_ALL
+                self.block, self.until_ns = _NO_BLOCK, _BEFORE_ALL
             else:
                 self.block, self.until_ns = block, until_ms * NS_PER_MS
+            self.mark = self.block.left
             self.batch_ms, self.batch_end_ns = now_ms, (now_ms + 1) * NS_PER_MS
             return True
         self.until_ns = _BEFORE_ALL
@@ -208,7 +213,7 @@ class CreditDesk:
     @property
     def admitted(self) -> int:
         """Units admitted by credit (each gate counts its own: the hot path's)."""
-        return self.admitted_closed + sum(g.admitted for g in self.gates.values())
+        return self.admitted_closed + sum(g.admitted_now() for g in self.gates.values())
 
     # -- gates ----------------------------------------------------------------------------
 
@@ -225,7 +230,7 @@ class CreditDesk:
         flight for it is returned whole when it is granted (`granted`)."""
         if self.gates.get(gate.key) is gate:
             del self.gates[gate.key]
-            self.admitted_closed += gate.admitted
+            self.admitted_closed += gate.admitted_now()
         self._give_back(gate, self.now_ms(), leaving=True)
 
     # -- asking ---------------------------------------------------------------------------
@@ -267,6 +272,7 @@ class CreditDesk:
         for block_id, unused in gate.holder.take_returns(now_ms, leaving=leaving):
             self.returns += 1
             self._out.append(ReturnCredit(gate.key, block_id, unused))
+        gate.mark = gate.block.left  # a block returned has `left` 0: nothing was spent
 
     def take(self) -> list[Effect]:
         """The calls to make now (the driver's part)."""

@@ -399,9 +399,15 @@ PIN_OPS = st.lists(
 )
 
 
-def _twin(clock: Clock) -> tuple[CreditDesk, StrictGate]:
+def _twin(clock: Clock) -> tuple[CreditDesk, Admission, StrictGate]:
+    """A worker's desk and admission with no mesh, its strict gate opened by a first
+    admission (denied: no credit yet; it asks)."""
     desk = CreditDesk(clock, CreditConfig(rho_ppm=0, epsilon_ms=0, idle_ms=300, lead_ms=50))
-    return desk, desk.open(policy(mode="strict", burst=10**6), None)
+    a = Admission(cache(policy(mode="strict", burst=10**6)), 0, credit=desk)
+    assert a.try_admit("t", "read_iops").reason is Reason.NO_CREDIT
+    g = a.gate("t", "read_iops")
+    assert isinstance(g, StrictGate)
+    return desk, a, g
 
 
 def _state(desk: CreditDesk, g: StrictGate) -> object:
@@ -433,8 +439,8 @@ def test_the_gates_inline_spend_answers_as_the_holders_try_spend(
     fast block forgotten each time) must give the same verdicts, take the same units from
     the same blocks, ask and return the same, and leave the holder the same demand."""
     clock = Clock()
-    fast_desk, fast = _twin(clock)
-    ref_desk, ref = _twin(clock)
+    fast_desk, fast_adm, fast = _twin(clock)
+    ref_desk, _, ref = _twin(clock)
     twins = ((fast_desk, fast), (ref_desk, ref))
     next_block = 0
     asks: list[list[ReserveCredit]] = [[], []]
@@ -443,10 +449,11 @@ def test_the_gates_inline_spend_answers_as_the_holders_try_spend(
     for op, arg in ops:
         if op == "admit":
             inline = clock.ns < fast.until_ns and arg <= fast.block.left
-            event("inline" if inline else "through the holder")
+            same_ms = inline and clock.ns < fast.batch_end_ns
+            event("in try_admit" if same_ms else "in admit" if inline else "through the holder")
             held = None if inline else fast.holder.held(clock.ns // MS)
-            ref.forget_fast()
-            got = fast.admit(arg), ref.admit(arg)
+            ref.forget_fast()  # its every admission goes through `CreditHolder.try_spend`
+            got = fast_adm.try_admit("t", "read_iops", arg), ref.admit(arg)
             assert got[0] is got[1] or (got[0].allowed, got[0].reason) == (
                 got[1].allowed,
                 got[1].reason,
@@ -485,25 +492,28 @@ def test_the_gates_inline_spend_answers_as_the_holders_try_spend(
         assert _state(fast_desk, fast) == _state(ref_desk, ref)
 
 
-def test_a_returned_or_expired_block_spends_nothing_through_a_kept_reference() -> None:
-    """The gate keeps the holder's block object between spends; the holder zeroes what it
-    drops, so a stale reference can never spend units already returned or expired."""
+def test_a_kept_block_reference_spends_nothing_returned_or_expired() -> None:
+    """The gate keeps the holder's block object between spends: the holder zeroes a block
+    it returns, and a block at its local expiry is at the gate's `until`, so a kept
+    reference never spends units returned, nor any past the block's local expiry."""
     clock = Clock()
-    desk, g = _twin(clock)
-    assert not g.admit(1).allowed
+    desk, a, g = _twin(clock)
     (ask,) = [e for e in desk.take() if isinstance(e, ReserveCredit)]
     desk.granted(ask, 1, 10, TTL_MS)
-    assert g.admit(1).allowed and g.admit(1).allowed
+    assert a.try_admit("t", "read_iops").allowed and a.try_admit("t", "read_iops").allowed
     kept = g.block
-    assert kept.left == 8
+    assert kept.left == 8 and desk.admitted == 2
     desk.leave()
-    assert kept.left == 0 and not g.admit(1).allowed
+    assert kept.left == 0 and not a.try_admit("t", "read_iops").allowed
+    assert desk.admitted == 2  # a return is not a spend
     clock2 = Clock()
-    desk2, g2 = _twin(clock2)
-    g2.admit(1)
+    desk2, a2, g2 = _twin(clock2)
     (ask2,) = [e for e in desk2.take() if isinstance(e, ReserveCredit)]
     desk2.granted(ask2, 2, 10, TTL_MS)
-    assert g2.admit(1).allowed
+    assert a2.try_admit("t", "read_iops").allowed
     kept2 = g2.block
-    clock2.ms(TTL_MS)  # past its local expiry (rho 0, epsilon 0: exactly the ttl)
-    assert not g2.admit(1).allowed and kept2.left == 0
+    clock2.ms(TTL_MS - 1)
+    assert a2.try_admit("t", "read_iops").allowed  # its last local millisecond
+    clock2.ms(1)  # its local expiry (rho 0, epsilon 0: exactly the ttl)
+    assert not a2.try_admit("t", "read_iops").allowed and 2 not in g2.holder.blocks
+    assert kept2.left == 8 and desk2.admitted == 2
