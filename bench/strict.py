@@ -24,7 +24,14 @@ worker; the bench merges them and computes:
   per admitted unit.
 * `strict_try_admit_ops_per_s`, `global_try_admit_ops_per_s`: after the load, worker 0 times
   tight try_admit loops on a second node of its own (tenant `fast`, rated far above any
-  loop) on a strict limit holding credit and on a global limit, alternated, same process.
+  loop) on a strict limit holding credit and on a global limit, alternated, same process;
+  `ops_denied` counts the denials in those loops by limit and reason.
+* `per_worker_admitted`: each worker's admissions, in worker order (the last one is behind
+  the lossy link): how evenly R was shared.
+
+`mode="global"` (`--mode global`) puts the same fleet, threads and offer on a `global` limit
+of the same R and B instead (the mesh alone: owner GCRA and snapshots, no credit), with the
+rest of the run unchanged, for the README's comparison; the figures carry `mode`.
 """
 
 from __future__ import annotations
