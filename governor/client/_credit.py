@@ -109,8 +109,9 @@ class StrictCredit:
             task.add_done_callback(self._returning.discard)
 
     async def _reserve(self, request: Reserve) -> None:
-        answered = True  # by governord: a grant or a denial
         try:
+            if not self._looked_up:
+                await self._learn_burst()  # once, before the first block is asked for
             self.reserves += 1
             reply = await self.client.reserve_credit(self.node_id, self.resource, request.units)
         except Denied as exc:
@@ -125,11 +126,9 @@ class StrictCredit:
                 self._backoff_ms = denied_backoff_ms(self._backoff_ms)
                 self._retry_at_ms = _now_ms() + self._backoff_ms
         except (Unavailable, SessionLost):
-            answered = False
             self.holder.failed(request, unreachable=True)
             self._retry_at_ms = _now_ms() + DENIED_BACKOFF_MAX_MS
         except BaseException:
-            answered = False
             self.holder.failed(request, unreachable=False)
             raise
         else:
@@ -148,14 +147,12 @@ class StrictCredit:
             self._reserving = None
             old, self._changed = self._changed, asyncio.Event()
             old.set()
-        if answered and not self._looked_up:
-            await self._learn_burst()
 
     def _drained_wait_ms(self) -> int:
         return drained_wait_ms(self.holder.config.lead_ms, time.monotonic_ns())
 
     async def _learn_burst(self) -> None:
-        """Once, after the first answer: read the node's rate, so blocks stay a share of its
+        """Once, before the first reserve: read the node's rate, so blocks stay a share of its
         burst B (a rate on an ancestor is learned from its denials instead)."""
         self._looked_up = True
         self.rate_lookups += 1

@@ -149,16 +149,15 @@ class CreditDriver:
     async def _reserve(self, e: ReserveCredit) -> None:
         unreachable: bool | None = None
         burst: int | None = None  # an empty bucket's denial states its B
-        denied = False
         reply: dict[str, Any] = {}
         client: Client | None = None
-        node = 0
         try:
             client = await self._session()
             node = self.config.node_for(e.rate_key.tenant_id) or client.scope_id
+            await self._learn_burst(client, node, e.rate_key)  # once per key: before its blocks
             reply = await client.reserve_credit(node, e.rate_key.metric.value, e.request.units)
         except Denied as exc:
-            unreachable, denied = False, True
+            unreachable = False
             burst = rate_burst(exc.denial)
         except (AuthError, ScopeError, RequestError) as exc:
             # A call cut short because its session was closed for a new one (CANCELLED) was
@@ -177,8 +176,6 @@ class CreditDriver:
             self.refused += not unreachable
             with self.lock:
                 self.desk.failed(e, unreachable=unreachable, burst=burst)
-            if denied and client is not None:
-                await self._learn_burst(client, node, e.rate_key)
             return
         with self.lock:
             try:
@@ -189,13 +186,12 @@ class CreditDriver:
             effects = self.desk.take()
         self.served()
         self.carry(effects)
-        if client is not None:
-            await self._learn_burst(client, node, e.rate_key)
 
     async def _learn_burst(self, client: Client, node: int, key: RateKey) -> None:
-        """Once per strict key, after its first answer: read its node's rate, so its blocks
-        stay a share of the burst B (a block of a second of demand took a small bucket
-        whole). A rate on an ancestor is learned from its denials instead (`rate_burst`)."""
+        """Once per strict key, before its first reserve: read its node's rate, so its blocks
+        stay a share of the burst B from its second block on (a block of a second of demand
+        took a small bucket whole, and then one worker held the whole initial burst). A rate
+        on an ancestor is learned from its denials instead (`rate_burst`)."""
         if key in self._looked_up:
             return
         if len(self._looked_up) >= RATE_LOOKUPS_MAX:
