@@ -19,11 +19,19 @@ worker; the bench merges them and computes:
   alone; the target stays 0.
 * `utilisation`: admissions outside the outage window [kill, restarted governord listening]
   over `R * (seconds - outage_s) + B`.
-* `governor_calls_per_admitted`: the workers' credit calls to governord (reserves and
-  returns, from each node's /health `strict` counters) per admitted unit.
+* `governor_calls_per_admitted`: the workers' credit calls to governord (reserves,
+  returns and the one read of a key's rate, from each node's /health `strict` counters)
+  per admitted unit.
 * `strict_try_admit_ops_per_s`, `global_try_admit_ops_per_s`: after the load, worker 0 times
   tight try_admit loops on a second node of its own (tenant `fast`, rated far above any
-  loop) on a strict limit holding credit and on a global limit, alternated, same process.
+  loop) on a strict limit holding credit and on a global limit, alternated, same process;
+  `ops_denied` counts the denials in those loops by limit and reason.
+* `per_worker_admitted`: each worker's admissions, in worker order (the last one is behind
+  the lossy link): how evenly R was shared.
+
+`mode="global"` (`--mode global`) puts the same fleet, threads and offer on a `global` limit
+of the same R and B instead (the mesh alone: owner GCRA and snapshots, no credit), with the
+rest of the run unchanged, for the README's comparison; the figures carry `mode`.
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from bench._procs import free_port, go, read_ready, write_config
 from bench._proxy import FaultProxy
 from ratemesh.envelope import excess_over_times
 
-__all__ = ["run", "LossyLink", "WORKERS_MAX", "THREADS_MAX"]
+__all__ = ["run", "LossyLink", "MODES", "WORKERS_MAX", "THREADS_MAX"]
 
 RATE, BURST = 2_000, 1_000  # governord's rate on tenant load's node: R per s, B
 FAST_RATE = 10**9  # tenant fast's node (the ops timing): no loop reaches it
@@ -70,6 +78,7 @@ TARGETS = {
 NS = 1_000_000_000
 WORKERS_MAX = 32  # bounds of the CLI's flags: processes, and threads in each
 THREADS_MAX = 64
+MODES = ("strict", "global")  # the limit under load: credit, or the mesh alone to compare
 
 
 class LossyLink:
@@ -222,9 +231,26 @@ def _spawn(args: list[str], stderr: Path, env: dict[str, str]) -> subprocess.Pop
 
 
 def run(
-    *, workers: int = 4, threads: int = 4, seconds: float = 10.0, offered_x: float = 5.0
+    *,
+    workers: int = 4,
+    threads: int = 4,
+    seconds: float = 10.0,
+    offered_x: float = 5.0,
+    mode: str = "strict",
 ) -> dict[str, Any]:
-    """Run the fleet for `seconds` (governord killed at KILL_AT of it); the figures."""
+    """Run the fleet for `seconds` (governord killed at KILL_AT of it); the figures.
+
+    `mode` "global": the same fleet, threads and offer against a `global` limit of the same
+    R and B (owner GCRA and snapshots, no credit), for comparison; everything else (the
+    governord kill, the lossy link to it, the ops timing) runs the same."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    load_policy = (
+        # the mesh step is looser than governord's rate: credit decides
+        _policy("load", "strict", MESH_X * RATE, MESH_X * RATE)
+        if mode == "strict"
+        else _policy("load", "global", RATE, BURST)
+    )
     keys = {LOAD_KEY_ENV: secrets.token_hex(16), FAST_KEY_ENV: secrets.token_hex(16)}
     with tempfile.TemporaryDirectory(prefix="ratemesh-bench-strict-") as name:
         tmp = Path(name)
@@ -245,10 +271,7 @@ def run(
                         "member_id": m,
                         "listen": members[m],
                         "membership": {"source": "static", "members": members},
-                        # the mesh step is looser than governord's rate: credit decides
-                        "policies": {
-                            "inline": [_policy("load", "strict", MESH_X * RATE, MESH_X * RATE)]
-                        },
+                        "policies": {"inline": [load_policy]},
                         "shutdown_drain_ms": 300,
                         "strict": {
                             "governord": lossy_addr if i == workers - 1 else gov.addr,
@@ -283,6 +306,7 @@ def run(
             gov.close()
     return _figures(
         results,
+        mode=mode,
         workers=workers,
         seconds=seconds,
         start_ns=int(start_at * NS),
@@ -329,6 +353,7 @@ def _reap(p: subprocess.Popen[str]) -> None:
 def _figures(
     results: list[dict[str, Any]],
     *,
+    mode: str,
     workers: int,
     seconds: float,
     start_ns: int,
@@ -346,11 +371,17 @@ def _figures(
     before_s = (killed_ns - start_ns) / NS
     after_s = max(0.0, seconds - before_s - outage_s)
     before = sum(1 for t in times if t < killed_ns)
-    calls = sum(int(r["strict"]["reserves"]) + int(r["strict"]["returned"]) for r in results)
+    calls = sum(
+        int(r["strict"]["reserves"])
+        + int(r["strict"]["returned"])
+        + int(r["strict"].get("rate_lookups", 0))  # GetNode for the burst, one per key
+        for r in results
+    )
     strict_ops = int(results[0]["strict_ops_per_s"])
     global_ops = int(results[0]["global_ops_per_s"])
     offered = sum(int(r["offered"]) for r in results)
     out: dict[str, Any] = {
+        "mode": mode,
         "workers": workers,
         "seconds": seconds,
         "admitted": len(times),
@@ -372,6 +403,8 @@ def _figures(
         "governor_calls": calls,
         "lossy_link_cuts": link_cuts,
         "per_worker_admitted": [len(r["admitted_ns"]) for r in results],
+        # the ops timing's denials per limit (fast: strict, fastg: global), from worker 0
+        "ops_denied": results[0].get("ops_denied", {}),
         **TARGETS,
     }
     out["within_targets"] = (

@@ -93,13 +93,27 @@ def ops(config: str, seconds: float) -> dict[str, Any]:
                 totals[tenant][0] += n
                 totals[tenant][1] += took
         stats = mesh.health().get("strict", {})
+        denied = _denied(mesh)
     finally:
         mesh.stop()
     return {
         "strict_ops_per_s": int(totals[OPS_STRICT][0] / totals[OPS_STRICT][1]),
         "global_ops_per_s": int(totals[OPS_GLOBAL][0] / totals[OPS_GLOBAL][1]),
         "ops_strict_admitted": int(stats.get("admitted", 0)),
+        "ops_denied": denied,
     }
+
+
+def _denied(mesh: Any) -> dict[str, int]:
+    """The ops node's denials by limit and reason (from its decision counts): the loops
+    should time admissions, not denials."""
+    out: dict[str, int] = {}
+    for (tenant, _metric, vid), n in mesh.decisions.items():
+        v = mesh.verdicts[vid]
+        if not v.allowed:
+            key = f"{tenant}:{v.reason.value}"
+            out[key] = out.get(key, 0) + n
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

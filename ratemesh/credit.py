@@ -32,13 +32,24 @@ __all__ = [
     "PPM",
     "CreditConfig",
     "CreditHolder",
+    "DENIED_BACKOFF_MAX_MS",
+    "DENIED_BACKOFF_MIN_MS",
     "HeldBlock",
     "Reserve",
     "Spend",
+    "denied_backoff_ms",
+    "drained_wait_ms",
     "local_expiry_ms",
+    "node_burst",
+    "rate_burst",
 ]
 
 PPM = 1_000_000
+DEMAND_SAMPLES_RATE = 4  # demand samples (milliseconds with wants) that make a rate
+# After governord said no for another reason than an empty bucket (a cap, too many blocks):
+# wait this long before asking again, doubling to the maximum, so it is not hammered.
+DENIED_BACKOFF_MIN_MS = 10
+DENIED_BACKOFF_MAX_MS = 500
 NO_CREDIT = "no_credit"
 GOVERNOR_UNREACHABLE = "governor_unreachable"
 
@@ -47,6 +58,44 @@ def local_expiry_ms(sent_at_ms: int, ttl_ms: int, rho_ppm: int, epsilon_ms: int)
     """The last local instant (exclusive) a block may be spent: ``sent_at + ttl*(1 - 2*rho)
     - epsilon``, rounded towards the earlier side. The one place this formula lives."""
     return sent_at_ms + ttl_ms * (PPM - 2 * rho_ppm) // PPM - epsilon_ms
+
+
+def denied_backoff_ms(previous_ms: int) -> int:
+    """The wait after a denial that is not an empty bucket's, from the one before it (0 at
+    first): DENIED_BACKOFF_MIN_MS doubling to DENIED_BACKOFF_MAX_MS. An empty bucket's
+    denial waits ``lead_ms`` instead, as a partial grant does (`CreditHolder.failed`)."""
+    return min(DENIED_BACKOFF_MAX_MS, max(DENIED_BACKOFF_MIN_MS, previous_ms * 2))
+
+
+def drained_wait_ms(lead_ms: int, instant: int) -> int:
+    """The wait before asking again once the bucket was found drained (a partial grant, or
+    an empty bucket's denial): ``lead_ms``, spread over [lead_ms/2, 3*lead_ms/2) by a hash
+    of ``instant`` (the clock's reading, in any unit). A fixed wait keeps workers that were
+    refused together in step, so the same one asks first after each refill and takes it all
+    every time; the spread changes the order each round. A hash, not `random`: the cores
+    stay deterministic for the simulator, and real clock readings spread it anyway."""
+    spread = (instant * 0x9E3779B1 >> 7) % max(1, lead_ms)
+    return lead_ms // 2 + spread
+
+
+def rate_burst(denial: object) -> int | None:
+    """The bucket's burst B that a rate denial from governord states (``{"reason": "rate",
+    "limit": B, ...}``, the wire's denial detail), or None for any other denial."""
+    if not isinstance(denial, dict) or denial.get("reason") != "rate":
+        return None
+    limit = denial.get("limit")
+    return limit if type(limit) is int and limit > 0 else None
+
+
+def node_burst(node: object, resource: str) -> int | None:
+    """The burst B of ``resource``'s rate on a node as governord's GetNode shows it
+    (``{"rates": {resource: [per_s, burst]}}``), or None if it has none there."""
+    rates = node.get("rates") if isinstance(node, dict) else None
+    rate = rates.get(resource) if isinstance(rates, dict) else None
+    if not isinstance(rate, list | tuple) or len(rate) != 2:
+        return None
+    burst = rate[1]
+    return burst if type(burst) is int and burst > 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +108,9 @@ class CreditConfig:
     block_min: int = 1
     block_max: int = 100_000
     horizon_ms: int = 1_000  # a block covers about this long of recent demand
+    # ... and is at most this share of its bucket's burst B, once governord has stated B
+    # (an empty bucket's denial carries it): several workers then share a small bucket
+    burst_share_ppm: int = 250_000
     lead_ms: int = 250  # refill while what is held would last at least this long
     idle_ms: int = 2_000  # return what is held after this long with no demand
     demand_window_ms: int = 5_000
@@ -79,6 +131,7 @@ class CreditConfig:
             "unreachable_after_ms",
         ):
             check_int(name, getattr(self, name), minimum=1)
+        check_int("burst_share_ppm", self.burst_share_ppm, minimum=1, maximum=PPM)
         check_int("demand_samples_max", self.demand_samples_max, minimum=1)
         check_int("blocks_max", self.blocks_max, minimum=1)
 
@@ -117,6 +170,7 @@ class CreditHolder:
         self.blocks: dict[int, HeldBlock] = {}
         self.in_flight: Reserve | None = None
         self.unreachable = False
+        self.burst: int | None = None  # the bucket's B, once governord stated it
         self._now_ms = -(2**62)
         self._demand: deque[tuple[int, int]] = deque(maxlen=self.config.demand_samples_max)
         self._last_want_ms: int | None = None
@@ -139,7 +193,7 @@ class CreditHolder:
         self._now_ms = now_ms
         self._head = None
         for block_id in [b.block_id for b in self.blocks.values() if now_ms >= b.expires_at_ms]:
-            del self.blocks[block_id]
+            del self.blocks[block_id]  # a reference kept elsewhere is past its `until` too
         return now_ms
 
     def held(self, now_ms: int) -> int:
@@ -165,7 +219,12 @@ class CreditHolder:
             self._now_ms = now_ms
             head.left -= units
             self._last_want_ms = now_ms
-            self._demand.append((now_ms, units))
+            demand = self._demand  # `_want`, inline: a full spend left a sample in it
+            last = demand[-1]
+            if last[0] == now_ms:
+                demand[-1] = (now_ms, last[1] + units)
+            else:
+                demand.append((now_ms, units))
             spend = self._head_spend
             if spend is None or spend.units != units:
                 spend = self._head_spend = Spend(True, units, None, ((head.block_id, units),))
@@ -204,19 +263,32 @@ class CreditHolder:
     # ---- reserving -----------------------------------------------------------------------
 
     def demand_per_s(self, now_ms: int) -> float:
-        """Units wanted per second over the demand window (recent spends and denials)."""
+        """Units wanted per second (recent spends and denials) over the demand window, or
+        over the time the samples cover once there are DEMAND_SAMPLES_RATE of them (one per
+        millisecond with wants) and they span less: their bound, or demand that began less
+        than a window ago, so a tight loop is read at its rate within milliseconds while a
+        few first wants are not read as a rate."""
         self._at(now_ms)
         self._trim(now_ms)
-        window = self.config.demand_window_ms
-        if len(self._demand) == self._demand.maxlen:  # full: the samples span less time
-            window = max(1, min(window, now_ms - self._demand[0][0]))
-        return sum(n for _, n in self._demand) * 1000 / window
+        demand = self._demand
+        if not demand:
+            return 0.0
+        cfg = self.config
+        window = cfg.demand_window_ms
+        if len(demand) >= min(DEMAND_SAMPLES_RATE, cfg.demand_samples_max):
+            window = min(window, now_ms - demand[0][0] + 1)
+        return sum(n for _, n in demand) * 1000 / window
 
     def block_size(self, now_ms: int) -> int:
-        """About ``horizon_ms`` of recent demand, within [block_min, block_max]."""
+        """About ``horizon_ms`` of recent demand, within [block_min, block_max], and at most
+        ``burst_share_ppm`` of the bucket's burst once it is known: a block counts whole
+        against B until it is spent out, so one worker's block must not pin the bucket."""
         cfg = self.config
         want = math.ceil(self.demand_per_s(now_ms) * cfg.horizon_ms / 1000)
-        return max(cfg.block_min, min(cfg.block_max, want))
+        top = cfg.block_max
+        if self.burst is not None:
+            top = min(top, self.burst * cfg.burst_share_ppm // PPM)
+        return max(cfg.block_min, min(top, want))
 
     def low_water(self, now_ms: int) -> int:
         """Refill once what is held (and lasts past the lead) drops to this."""
@@ -269,11 +341,21 @@ class CreditHolder:
         self.unreachable = False
         return block
 
-    def failed(self, request: Reserve, *, unreachable: bool) -> None:
-        """The reserve came back denied (``unreachable=False``) or not at all."""
+    def failed(self, request: Reserve, *, unreachable: bool, burst: int | None = None) -> None:
+        """The reserve came back denied (``unreachable=False``) or not at all. ``burst``:
+        the denial was an empty bucket's and stated its B (`rate_burst`), which bounds the
+        blocks asked from then on (`block_size`)."""
+        if burst is not None:
+            self.learn_burst(burst)
         self._settle(request)
         if unreachable:
             self.unreachable = True
+
+    def learn_burst(self, burst: int) -> None:
+        """governord stated a burst B on this credit's chain (the node's rate, or an empty
+        bucket's denial): blocks are sized within a share of the smallest B told."""
+        check_int("burst", burst, minimum=1)
+        self.burst = burst if self.burst is None else min(self.burst, burst)
 
     def _settle(self, request: Reserve) -> None:
         if self.in_flight is request:
@@ -293,13 +375,38 @@ class CreditHolder:
             if block.left == 0 or idle or leaving:
                 out.append((block_id, block.left))
                 del self.blocks[block_id]
+                block.left = 0  # returned: a reference kept elsewhere (a gate's) spends nothing
         return out
 
     # ---- demand --------------------------------------------------------------------------
 
     def _want(self, now_ms: int, units: int) -> None:
+        """Demand of ``units`` at ``now_ms``: one sample per millisecond (wants in the same
+        millisecond add up), so the bounded samples span at least ``demand_samples_max`` ms."""
         self._last_want_ms = now_ms
-        self._demand.append((now_ms, units))
+        demand = self._demand
+        if demand and demand[-1][0] == now_ms:
+            demand[-1] = (now_ms, demand[-1][1] + units)
+        else:
+            demand.append((now_ms, units))
+
+    def spent(self, at_ms: int, units: int) -> None:
+        """``units`` the caller spent at ``at_ms`` from the block `fast_block` named, by itself
+        (the mesh's strict gate, on its hot path): counted as demand as a spend here is. The
+        caller tells them in time order, before anything else that reads demand."""
+        self._want(at_ms, units)
+
+    def fast_block(self) -> tuple[HeldBlock | None, int]:
+        """The block the next spend takes from first, and the local instant (exclusive) until
+        which it does: the earliest local expiry of any block held, never later than its own.
+        Set by a full `try_spend` that admitted; (None, -2**62) once anything else has moved
+        time or the blocks. A caller that spends from it by itself (`block.left -= units`,
+        while ``now < until`` and ``units <= block.left``, then `spent`) gives the answers
+        `try_spend` would; a block the holder returns has ``left`` set to 0, one it drops
+        at its local expiry is past ``until``."""
+        if self._head is None:
+            return None, -(2**62)
+        return self._head, self._head_until_ms
 
     def _trim(self, now_ms: int) -> None:
         horizon = now_ms - self.config.demand_window_ms

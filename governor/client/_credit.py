@@ -14,7 +14,17 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from ratemesh.credit import CreditConfig, CreditHolder, Reserve, Spend
+from ratemesh.credit import (
+    DENIED_BACKOFF_MAX_MS,
+    CreditConfig,
+    CreditHolder,
+    Reserve,
+    Spend,
+    denied_backoff_ms,
+    drained_wait_ms,
+    node_burst,
+    rate_burst,
+)
 from ratemesh.errors import ConfigError
 
 from ._errors import Denied, GovernorClientError, SessionLost, Unavailable
@@ -23,9 +33,6 @@ if TYPE_CHECKING:
     from ._client import Client
 
 __all__ = ["StrictCredit"]
-
-DENIED_BACKOFF_MIN_MS = 10
-DENIED_BACKOFF_MAX_MS = 500
 
 
 def _now_ms() -> int:
@@ -53,6 +60,8 @@ class StrictCredit:
         self._retry_at_ms = 0
         self.reserves = 0  # round trips, for "round trips per admitted unit"
         self.returns = 0
+        self.rate_lookups = 0  # GetNode calls for the node's burst (one, after the first answer)
+        self._looked_up = False
 
     async def __aenter__(self) -> StrictCredit:
         return self
@@ -101,14 +110,21 @@ class StrictCredit:
 
     async def _reserve(self, request: Reserve) -> None:
         try:
+            if not self._looked_up:
+                await self._learn_burst()  # once, before the first block is asked for
             self.reserves += 1
             reply = await self.client.reserve_credit(self.node_id, self.resource, request.units)
-        except Denied:
-            self.holder.failed(request, unreachable=False)
-            self._backoff_ms = min(
-                DENIED_BACKOFF_MAX_MS, max(DENIED_BACKOFF_MIN_MS, self._backoff_ms * 2)
-            )
-            self._retry_at_ms = _now_ms() + self._backoff_ms
+        except Denied as exc:
+            # an empty bucket's denial states its B: blocks stay a share of it, and the next
+            # ask waits lead_ms like a partial grant (mesh.core's CreditDesk.failed says why)
+            burst = rate_burst(exc.denial)
+            self.holder.failed(request, unreachable=False, burst=burst)
+            if burst is not None:
+                self._backoff_ms = 0
+                self._retry_at_ms = _now_ms() + self._drained_wait_ms()
+            else:
+                self._backoff_ms = denied_backoff_ms(self._backoff_ms)
+                self._retry_at_ms = _now_ms() + self._backoff_ms
         except (Unavailable, SessionLost):
             self.holder.failed(request, unreachable=True)
             self._retry_at_ms = _now_ms() + DENIED_BACKOFF_MAX_MS
@@ -126,11 +142,28 @@ class StrictCredit:
                 # a partial grant: the bucket is drained, so a reserve at once would take only
                 # what refilled in one round trip; waiting lead_ms gathers more per round trip
                 # and costs no throughput (the bucket, not the worker, is the bottleneck)
-                self._retry_at_ms = _now_ms() + self.holder.config.lead_ms
+                self._retry_at_ms = _now_ms() + self._drained_wait_ms()
         finally:
             self._reserving = None
             old, self._changed = self._changed, asyncio.Event()
             old.set()
+
+    def _drained_wait_ms(self) -> int:
+        return drained_wait_ms(self.holder.config.lead_ms, time.monotonic_ns())
+
+    async def _learn_burst(self) -> None:
+        """Once, before the first reserve: read the node's rate, so blocks stay a share of its
+        burst B (a rate on an ancestor is learned from its denials instead)."""
+        self._looked_up = True
+        self.rate_lookups += 1
+        try:
+            info = await self.client.get_node(self.node_id)
+        except GovernorClientError:
+            self._looked_up = False  # read again after the next answer
+            return
+        burst = node_burst(info, self.resource)
+        if burst is not None:
+            self.holder.learn_burst(burst)
 
     async def _give_back(self, returns: list[tuple[int, int]]) -> None:
         for block_id, unused in returns:

@@ -202,6 +202,13 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument(
         "--offered-x", dest="offered_x", type=float, default=5.0, help="asks, as a multiple of R"
     )
+    st.add_argument(
+        "--mode",
+        choices=("strict", "global"),
+        default="strict",
+        help="the limit under load: strict (credit from governord) or global (the mesh "
+        "alone, the same R and B), to compare",
+    )
     _output_flags(st)
     _policy.add_parser(sub)
     return p

@@ -108,6 +108,7 @@ def strict(args: argparse.Namespace) -> int:
             threads=check_int("--threads", args.threads, minimum=1, maximum=THREADS_MAX),
             seconds=positive_s("--seconds", args.seconds),
             offered_x=positive_s("--offered-x", args.offered_x),
+            mode=args.mode,
         ),
         args,
     )

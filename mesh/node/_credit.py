@@ -33,6 +33,8 @@ from governor.client import (
 from mesh.config import StrictConfig
 from mesh.core.admission import CreditDesk
 from mesh.core.effects import Effect, ReserveCredit, ReturnCredit
+from mesh.core.policy import RateKey
+from ratemesh.credit import node_burst, rate_burst
 
 __all__ = ["CreditDriver"]
 
@@ -42,6 +44,7 @@ RETURNS_QUEUED_MAX = 65_536  # returns waiting; past it one is dropped (its bloc
 CONNECT_TIMEOUT_S = 2.0  # opening a session: past this governord counts as unreachable
 CLOSE_RETURNS_S = 2.0  # a leaving node's returns wait at most this long
 REFUSED_LOG_S = 10.0  # a refused reserve (scope, auth) is logged once per this long
+RATE_LOOKUPS_MAX = 4096  # strict keys whose node's burst was read; past it, read again
 
 
 class CreditDriver:
@@ -73,6 +76,8 @@ class CreditDriver:
         self.returned = 0
         self.returns_dropped = 0
         self.returns_failed = 0  # returns governord did not take (their blocks expire)
+        self.rate_lookups = 0  # GetNode calls for a strict key's burst (one per key)
+        self._looked_up: set[RateKey] = set()
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -143,14 +148,17 @@ class CreditDriver:
 
     async def _reserve(self, e: ReserveCredit) -> None:
         unreachable: bool | None = None
+        burst: int | None = None  # an empty bucket's denial states its B
         reply: dict[str, Any] = {}
         client: Client | None = None
         try:
             client = await self._session()
             node = self.config.node_for(e.rate_key.tenant_id) or client.scope_id
+            await self._learn_burst(client, node, e.rate_key)  # once per key: before its blocks
             reply = await client.reserve_credit(node, e.rate_key.metric.value, e.request.units)
-        except Denied:
+        except Denied as exc:
             unreachable = False
+            burst = rate_burst(exc.denial)
         except (AuthError, ScopeError, RequestError) as exc:
             # A call cut short because its session was closed for a new one (CANCELLED) was
             # never answered; anything else is the config's mistake (a key, a node's scope).
@@ -167,7 +175,7 @@ class CreditDriver:
             self.unreachable += unreachable
             self.refused += not unreachable
             with self.lock:
-                self.desk.failed(e, unreachable=unreachable)
+                self.desk.failed(e, unreachable=unreachable, burst=burst)
             return
         with self.lock:
             try:
@@ -178,6 +186,28 @@ class CreditDriver:
             effects = self.desk.take()
         self.served()
         self.carry(effects)
+
+    async def _learn_burst(self, client: Client, node: int, key: RateKey) -> None:
+        """Once per strict key, before its first reserve: read its node's rate, so its blocks
+        stay a share of the burst B from its second block on (a block of a second of demand
+        took a small bucket whole, and then one worker held the whole initial burst). A rate
+        on an ancestor is learned from its denials instead (`rate_burst`)."""
+        if key in self._looked_up:
+            return
+        if len(self._looked_up) >= RATE_LOOKUPS_MAX:
+            self._looked_up.clear()
+        self._looked_up.add(key)
+        self.rate_lookups += 1
+        try:
+            info = await client.get_node(node)
+        except GovernorClientError as exc:
+            self._looked_up.discard(key)  # read again after the next answer
+            log.debug("reading a strict node's rate failed: %r", exc)
+            return
+        burst = node_burst(info, key.metric.value)
+        if burst is not None:
+            with self.lock:
+                self.desk.learned_burst(key, burst)
 
     def _log_refused(self, e: ReserveCredit, exc: GovernorClientError) -> None:
         assert self._loop is not None
@@ -250,4 +280,5 @@ class CreditDriver:
             "returned": self.returned,
             "returns_dropped": self.returns_dropped,
             "returns_failed": self.returns_failed,
+            "rate_lookups": self.rate_lookups,
         }

@@ -126,6 +126,16 @@ def test_bench_strict_keys_and_the_envelope() -> None:
     for key in ("strict_try_admit_ops_per_s", "global_try_admit_ops_per_s"):
         ops = res[key]
         assert isinstance(ops, int) and ops > 0, key
+    assert res["mode"] == "strict"
+    shares = res["per_worker_admitted"]
+    assert len(shares) == 4 and sum(shares) == res["admitted"]
+    assert isinstance(res["ops_denied"], dict)
+
+
+def test_bench_strict_in_global_mode_runs_the_same_fleet_on_a_global_limit() -> None:
+    res = _run("strict", "--mode", "global", "--workers", "2", "--threads", "1", "--seconds", "2")
+    assert (res["mode"], res["workers"], res["governor_calls"]) == ("global", 2, 0)
+    assert res["admitted"] > 0 and len(res["per_worker_admitted"]) == 2
 
 
 def test_bench_strict_refuses_a_bad_flag_in_one_line() -> None:
@@ -137,3 +147,10 @@ def test_bench_strict_refuses_a_bad_flag_in_one_line() -> None:
     )
     assert out.returncode == 2 and out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1 and "--workers" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "mesh.cli", "bench", "strict", "--mode", "local", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and out.stdout == "" and "--mode" in out.stderr

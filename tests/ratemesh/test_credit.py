@@ -8,12 +8,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ratemesh.credit import (
+    DENIED_BACKOFF_MAX_MS,
+    DENIED_BACKOFF_MIN_MS,
     GOVERNOR_UNREACHABLE,
     NO_CREDIT,
     CreditConfig,
     CreditHolder,
     Reserve,
+    denied_backoff_ms,
+    drained_wait_ms,
     local_expiry_ms,
+    node_burst,
+    rate_burst,
 )
 from ratemesh.errors import ConfigError
 
@@ -142,6 +148,53 @@ def test_demand_is_measured_over_the_span_its_bounded_samples_cover() -> None:
     for t in range(0, 200):  # 1,000 units/s, twice as many samples as it keeps
         h.try_spend(t)
     assert 900 < h.demand_per_s(200) <= 1_100
+
+
+def test_blocks_stay_a_share_of_the_burst_once_governord_states_it() -> None:
+    """A block counts whole against B until it is spent out: with blocks of a second of
+    demand and B under R x 1 s, one worker's block took a small bucket whole."""
+    h = CreditHolder(CreditConfig(horizon_ms=1_000, burst_share_ppm=250_000))
+    for t in range(0, 1_000):  # 3,000 units/s
+        h.try_spend(t, 3)
+    assert h.block_size(1_000) > 2_000  # a second of demand
+    req = h.refill(1_000)
+    assert req is not None
+    h.failed(req, unreachable=False, burst=1_000)  # an empty bucket's denial states B
+    assert h.burst == 1_000 and h.block_size(1_000) == 250
+    h.learn_burst(2_000)  # a looser B elsewhere on the chain changes nothing
+    assert h.block_size(1_000) == 250
+    h.learn_burst(8)  # the smallest B told bounds the blocks, never below block_min
+    assert h.block_size(1_000) == 2
+    assert CreditHolder(CreditConfig(block_min=3)).block_size(0) == 3
+    h.learn_burst(1)
+    assert h.block_size(1_000) == 1
+    with pytest.raises(ConfigError) as info:
+        h.learn_burst(0)
+    assert info.value.field == "burst"
+    with pytest.raises(ConfigError) as info:
+        CreditConfig(burst_share_ppm=0)
+    assert info.value.field == "burst_share_ppm"
+
+
+def test_what_governord_says_of_a_burst_is_read_strictly() -> None:
+    assert rate_burst({"reason": "rate", "limit": 1_000, "used": 1_000}) == 1_000
+    for bad in ({"reason": "quota", "limit": 5}, {"reason": "rate", "limit": 0}, {}, None, 3):
+        assert rate_burst(bad) is None
+    assert rate_burst({"reason": "rate", "limit": True}) is None
+    assert node_burst({"rates": {"read_iops": [2_000, 1_000]}}, "read_iops") == 1_000
+    assert node_burst({"rates": {"read_iops": [2_000, 1_000]}}, "http") is None
+    for bad in ({}, {"rates": []}, {"rates": {"read_iops": [1]}}, {"rates": {"read_iops": 5}}):
+        assert node_burst(bad, "read_iops") is None
+
+
+def test_waits_after_a_denial() -> None:
+    assert denied_backoff_ms(0) == DENIED_BACKOFF_MIN_MS
+    assert denied_backoff_ms(DENIED_BACKOFF_MIN_MS) == 2 * DENIED_BACKOFF_MIN_MS
+    assert denied_backoff_ms(DENIED_BACKOFF_MAX_MS) == DENIED_BACKOFF_MAX_MS
+    waits = {drained_wait_ms(250, t) for t in range(0, 10**9, 10**6 + 7)}
+    assert min(waits) >= 125 and max(waits) < 375
+    assert len(waits) > 100  # spread: workers refused together do not ask together again
+    assert drained_wait_ms(1, 12345) in (0, 1)
 
 
 @pytest.mark.parametrize(

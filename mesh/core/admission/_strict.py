@@ -21,18 +21,24 @@ from mesh.core.gate import NEVER, Gate
 from mesh.core.policy import BOUNDS, Mode, RateKey, TenantRatePolicy
 from mesh.core.reporter import GlobalGate
 from mesh.core.verdict import Reason, Suspension, Verdict, verdict
-from ratemesh.credit import GOVERNOR_UNREACHABLE, CreditConfig, CreditHolder, Reserve
+from ratemesh.credit import (
+    GOVERNOR_UNREACHABLE,
+    CreditConfig,
+    CreditHolder,
+    HeldBlock,
+    Reserve,
+    denied_backoff_ms,
+    drained_wait_ms,
+)
 from ratemesh.errors import ConfigError as SharedConfigError
 
 __all__ = ["CreditDesk", "StrictGate", "STRICT_BOUND"]
 
 NS_PER_MS = 1_000_000
 STRICT_BOUND = BOUNDS["strict"]
-# After governord said no (an empty bucket, a cap): wait this long before asking again,
-# doubling to the maximum, so an empty bucket is not hammered (as governor.client's driver).
-DENIED_BACKOFF_MIN_MS = 10
-DENIED_BACKOFF_MAX_MS = 500
 UNREACHABLE_RETRY_MS = 500  # after a reserve that never reached governord
+_BEFORE_ALL = -(2**62)  # an instant earlier than any clock reading
+_NO_BLOCK = HeldBlock(0, 0, 0, _BEFORE_ALL)  # the fast block when there is none: spends nothing
 
 
 def _ignore(v: Gate) -> None:
@@ -41,17 +47,36 @@ def _ignore(v: Gate) -> None:
 
 class StrictGate(Gate):
     """One strict (tenant, metric): its mesh view (`front`, None without a mesh) and the
-    credit it holds. `avail` stays 0, so `Admission.try_admit` always lands in `admit`."""
+    credit it holds. `avail` stays 0, so `Admission.try_admit` always lands here.
+
+    The hot path spends from the holder's fast block by itself (`CreditHolder.fast_block`:
+    the block a full `try_spend` would take from, and the instant `until` to which it would)
+    by lowering its ``left``, and tells the holder what it spent once per millisecond (its
+    demand, `spent`): `mark` is ``left`` when it last told, so ``mark - left`` is what it
+    has spent since. `admit` is the whole step; `Admission.try_admit` inlines its common
+    case (the same block, the same millisecond). The rule both inline, "spend while
+    ``now < until`` and the units are left in that block", is pinned to `try_spend` by a
+    hypothesis test (tests/mesh/core/test_strict_gate.py). Safety does not rest on the
+    cache being fresh: `until` is never past the block's local expiry, ``left`` is the
+    holder's own count, and a block the holder returns has ``left`` 0."""
 
     __slots__ = (
         "front",
         "holder",
         "desk",
+        "clock_ns",
         "key",
         "no_credit",
         "no_unreachable",
         "retry_at_ms",
         "backoff_ms",
+        "block",
+        "until_ns",
+        "mark",
+        "batch_ms",
+        "batch_end_ns",
+        "admitted",
+        "amount_max",
     )
 
     def __init__(
@@ -61,6 +86,7 @@ class StrictGate(Gate):
         self.flush_at = NEVER
         self.front = front
         self.desk = desk
+        self.clock_ns = desk.clock_ns
         self.key: RateKey = policy.rate_key
         self.holder = CreditHolder(desk.config)
         self.set_verdicts(STRICT_BOUND, None, Reason.NO_CREDIT)
@@ -72,8 +98,18 @@ class StrictGate(Gate):
             STRICT_BOUND,
             Suspension.GOVERNOR_UNREACHABLE,
         )
-        self.retry_at_ms = -(2**62)
+        self.retry_at_ms = _BEFORE_ALL
         self.backoff_ms = 0
+        # The fast block, the instant (ns, exclusive) until which it is spent from here, its
+        # `left` when the holder was last told; the millisecond of the spends since, and its
+        # end (ns, exclusive).
+        self.block = _NO_BLOCK
+        self.until_ns = _BEFORE_ALL
+        self.mark = 0
+        self.batch_ms = _BEFORE_ALL
+        self.batch_end_ns = _BEFORE_ALL
+        self.admitted = 0  # units admitted here and told (`admitted_now` adds the rest)
+        self.amount_max = policy.global_burst  # larger asks are TOO_LARGE (Admission._deny)
 
     def admit(self, amount: int) -> Verdict:
         """The mesh's veto, then credit; the mesh is charged only if both admit."""
@@ -86,21 +122,63 @@ class StrictGate(Gate):
             no = front.no
             reason = Reason.GLOBAL_LIMIT if no.reason is Reason.RATE_LIMITED else no.reason
             return verdict(False, reason, Mode.STRICT, STRICT_BOUND, no.suspended)
-        desk = self.desk
-        now_ms = desk.clock_ns() // NS_PER_MS  # desk.now_ms(), inline: the hot path
-        spend = self.holder.try_spend(now_ms, amount)
+        now_ns = self.clock_ns()
+        block = self.block
+        # `now_ms < until_ms` is `now_ns < until_ms * NS_PER_MS` (integers): no division
+        if now_ns < self.until_ns and amount <= block.left:
+            if now_ns >= self.batch_end_ns:  # a new millisecond: tell the last one's spends
+                self.flush()
+                now_ms = now_ns // NS_PER_MS
+                self.batch_ms, self.batch_end_ns = now_ms, (now_ms + 1) * NS_PER_MS
+            block.left -= amount
+        elif not self._spend(now_ns // NS_PER_MS, amount):
+            return self.no
+        if front is not None:
+            front.avail -= amount
+            front.pending += amount
+            if front.pending >= front.flush_at:
+                front.sink(front)
+        return self.ok
+
+    def flush(self) -> None:
+        """Tell the holder the spends made here (before anything that reads its demand or
+        changes its blocks), at the millisecond they were made in."""
+        left = self.block.left
+        spent = self.mark - left
+        if spent:
+            self.holder.spent(self.batch_ms, spent)
+            self.admitted += spent
+            self.mark = left
+
+    def admitted_now(self) -> int:
+        """Units admitted here, told to the holder or not yet."""
+        return self.admitted + self.mark - self.block.left
+
+    def forget_fast(self) -> None:
+        """The holder's blocks changed (a grant): the next spend goes through it."""
+        self.until_ns = _BEFORE_ALL
+
+    def _spend(self, now_ms: int, amount: int) -> bool:
+        """A full spend through the holder; on a denial, the verdict set and a reserve asked."""
+        self.flush()
+        holder = self.holder
+        spend = holder.try_spend(now_ms, amount)
         if spend.admitted:
-            if front is not None:
-                front.avail -= amount
-                front.pending += amount
-                if front.pending >= front.flush_at:
-                    front.sink(front)
-            desk.admitted += amount
-            return self.ok
+            self.admitted += amount
+            block, until_ms = holder.fast_block()
+            if block is None:
+                self.block, self.until_ns = _NO_BLOCK, _BEFORE_ALL
+            else:
+                self.block, self.until_ns = block, until_ms * NS_PER_MS
+            self.mark = self.block.left
+            self.batch_ms, self.batch_end_ns = now_ms, (now_ms + 1) * NS_PER_MS
+            return True
+        self.until_ns = _BEFORE_ALL
         self.no = self.no_unreachable if spend.reason == GOVERNOR_UNREACHABLE else self.no_credit
+        desk = self.desk
         desk.credit_denied += amount
         desk.ask(self, now_ms, amount)
-        return self.no
+        return False
 
     def holds_nothing(self) -> bool:
         """No block held and none asked for: forgetting the gate strands no credit."""
@@ -123,7 +201,7 @@ class CreditDesk:
         self.wake: Callable[[], None] = _noop  # the driver's "send soon" (a reserve queued)
         self.closing = False
         self._out: list[Effect] = []
-        self.admitted = 0  # units admitted by credit
+        self.admitted_closed = 0  # units admitted by credit, by gates closed since
         self.vetoed = 0  # units the mesh turned away first
         self.credit_denied = 0  # units the mesh passed and credit denied (nothing charged)
         self.reserves = 0  # reserves asked for
@@ -131,6 +209,11 @@ class CreditDesk:
 
     def now_ms(self) -> int:
         return self.clock_ns() // NS_PER_MS
+
+    @property
+    def admitted(self) -> int:
+        """Units admitted by credit (each gate counts its own: the hot path's)."""
+        return self.admitted_closed + sum(g.admitted_now() for g in self.gates.values())
 
     # -- gates ----------------------------------------------------------------------------
 
@@ -147,6 +230,7 @@ class CreditDesk:
         flight for it is returned whole when it is granted (`granted`)."""
         if self.gates.get(gate.key) is gate:
             del self.gates[gate.key]
+            self.admitted_closed += gate.admitted_now()
         self._give_back(gate, self.now_ms(), leaving=True)
 
     # -- asking ---------------------------------------------------------------------------
@@ -184,9 +268,11 @@ class CreditDesk:
                     self._reserve(gate, request)
 
     def _give_back(self, gate: StrictGate, now_ms: int, *, leaving: bool = False) -> None:
+        gate.flush()
         for block_id, unused in gate.holder.take_returns(now_ms, leaving=leaving):
             self.returns += 1
             self._out.append(ReturnCredit(gate.key, block_id, unused))
+        gate.mark = gate.block.left  # a block returned has `left` 0: nothing was spent
 
     def take(self) -> list[Effect]:
         """The calls to make now (the driver's part)."""
@@ -218,27 +304,47 @@ class CreditDesk:
         except SharedConfigError:
             gate.holder.failed(request.request, unreachable=False)
             return
+        gate.forget_fast()  # the new block may expire first: the next spend asks the holder
         gate.no = gate.no_credit
         gate.backoff_ms = 0
         if units < request.request.units:
             # A partial grant: the bucket is drained; asking at once would take only what
             # refilled in one round trip (governor.client's StrictCredit does the same).
-            gate.retry_at_ms = now_ms + self.config.lead_ms
+            gate.retry_at_ms = now_ms + drained_wait_ms(self.config.lead_ms, self.clock_ns())
 
-    def failed(self, request: ReserveCredit, *, unreachable: bool) -> None:
-        """The reserve was denied (`unreachable=False`) or never reached governord."""
+    def learned_burst(self, rate_key: RateKey, burst: int) -> None:
+        """governord stated the burst B of the rate a strict key spends at (the driver read
+        its node): the gate's blocks stay within a share of it (`CreditHolder.block_size`)."""
+        gate = self.gates.get(rate_key)
+        if gate is not None:
+            gate.holder.learn_burst(burst)
+
+    def failed(
+        self, request: ReserveCredit, *, unreachable: bool, burst: int | None = None
+    ) -> None:
+        """The reserve was denied (`unreachable=False`) or never reached governord.
+
+        `burst`: the denial was an empty bucket's, stating its B (`ratemesh.credit.
+        rate_burst`). Then the gate asks again after about `lead_ms` (`drained_wait_ms`), as
+        after a partial grant, with no doubling: every worker short of credit asks about as
+        often, so the bucket's refill is shared by who asks, not kept by whoever was lucky
+        first (a doubling wait left a worker denied a few times out for up to 500 ms while
+        the others were served).
+        Blocks asked from then on are at most `burst_share_ppm` of B. Any other denial (a
+        cap, too many blocks) backs off doubling (`denied_backoff_ms`)."""
         gate = self.gates.get(request.rate_key)
         if gate is None or gate.holder.in_flight is not request.request:
             return
-        gate.holder.failed(request.request, unreachable=unreachable)
+        gate.holder.failed(request.request, unreachable=unreachable, burst=burst)
         now_ms = self.now_ms()
         if unreachable:
             gate.retry_at_ms = now_ms + UNREACHABLE_RETRY_MS
             gate.no = gate.no_unreachable
+        elif burst is not None:
+            gate.backoff_ms = 0
+            gate.retry_at_ms = now_ms + drained_wait_ms(self.config.lead_ms, self.clock_ns())
         else:
-            gate.backoff_ms = min(
-                DENIED_BACKOFF_MAX_MS, max(DENIED_BACKOFF_MIN_MS, gate.backoff_ms * 2)
-            )
+            gate.backoff_ms = denied_backoff_ms(gate.backoff_ms)
             gate.retry_at_ms = now_ms + gate.backoff_ms
 
 

@@ -6,7 +6,7 @@ Real cores joined by hand: the tests play governord's part with values, no I/O."
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from mesh.core.admission import STRICT_BOUND, Admission, CreditDesk, StrictGate
@@ -376,3 +376,144 @@ def test_each_step_does_only_its_part_on_random_runs(ops: list[tuple[str, object
                 desk.failed(ask, unreachable=bool(arg))
         assert admitted <= sum(units for units, _ in granted)
         assert desk.admitted == admitted
+
+
+_ADMIT = st.tuples(st.just("admit"), st.integers(1, 12))
+_WAIT_NS = st.tuples(st.just("wait_ns"), st.integers(0, 3 * MS))  # within and across ms
+PIN_OPS = st.lists(
+    st.one_of(
+        _ADMIT,
+        _ADMIT,
+        _ADMIT,
+        _WAIT_NS,
+        _WAIT_NS,
+        st.tuples(st.just("wait"), st.integers(1, 700)),  # ms: up to past a block's life
+        st.tuples(st.just("tick"), st.just(0)),
+        st.tuples(st.just("held"), st.just(0)),  # /health's read (drops expired blocks)
+        st.tuples(st.just("grant"), st.integers(1, 40)),
+        st.tuples(st.just("short"), st.integers(1, 40)),  # a block with a shorter life
+        st.tuples(st.just("deny"), st.booleans()),
+    ),
+    min_size=20,
+    max_size=150,
+)
+
+
+def _twin(clock: Clock) -> tuple[CreditDesk, Admission, StrictGate]:
+    """A worker's desk and admission with no mesh, its strict gate opened by a first
+    admission (denied: no credit yet; it asks)."""
+    desk = CreditDesk(clock, CreditConfig(rho_ppm=0, epsilon_ms=0, idle_ms=300, lead_ms=50))
+    a = Admission(cache(policy(mode="strict", burst=10**6)), 0, credit=desk)
+    assert a.try_admit("t", "read_iops").reason is Reason.NO_CREDIT
+    g = a.gate("t", "read_iops")
+    assert isinstance(g, StrictGate)
+    return desk, a, g
+
+
+def _state(desk: CreditDesk, g: StrictGate) -> object:
+    g.flush()  # what a tick does first: the holder then knows every spend
+    h = g.holder
+    return (
+        {b.block_id: (b.left, b.expires_at_ms) for b in h.blocks.values()},
+        list(h._demand),
+        h._last_want_ms,
+        h.in_flight,
+        h.unreachable,
+        g.no,
+        g.retry_at_ms,
+        desk.admitted,
+        desk.credit_denied,
+        desk.reserves,
+        desk.returns,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(PIN_OPS, st.booleans())
+def test_the_gates_inline_spend_answers_as_the_holders_try_spend(
+    ops: list[tuple[str, int]], leave_midway: bool
+) -> None:
+    """STYLE.md "One formula, one place": the gate spends from the holder's fast block by
+    itself ("while now < until and the units are left") and tells the holder once per
+    millisecond. A twin gate sent through `CreditHolder.try_spend` on every admission (its
+    fast block forgotten each time) must give the same verdicts, take the same units from
+    the same blocks, ask and return the same, and leave the holder the same demand."""
+    clock = Clock()
+    fast_desk, fast_adm, fast = _twin(clock)
+    ref_desk, _, ref = _twin(clock)
+    twins = ((fast_desk, fast), (ref_desk, ref))
+    next_block = 0
+    asks: list[list[ReserveCredit]] = [[], []]
+    if leave_midway:  # the worker leaves two thirds in: it gives back and asks no more
+        ops.insert(len(ops) * 2 // 3, ("leave", 0))
+    for op, arg in ops:
+        if op == "admit":
+            inline = clock.ns < fast.until_ns and arg <= fast.block.left
+            same_ms = inline and clock.ns < fast.batch_end_ns
+            event("in try_admit" if same_ms else "in admit" if inline else "through the holder")
+            held = None if inline else fast.holder.held(clock.ns // MS)
+            ref.forget_fast()  # its every admission goes through `CreditHolder.try_spend`
+            got = fast_adm.try_admit("t", "read_iops", arg), ref.admit(arg)
+            assert got[0] is got[1] or (got[0].allowed, got[0].reason) == (
+                got[1].allowed,
+                got[1].reason,
+            )
+            if held is not None and got[0].allowed:
+                assert fast.holder.held(clock.ns // MS) == held - arg
+        elif op == "wait_ns":
+            clock.ns += arg
+        elif op == "wait":
+            clock.ms(arg)
+        elif op == "tick":
+            for desk, _ in twins:
+                desk.tick(clock.ns)
+        elif op == "held":
+            for _, g in twins:
+                g.holder.held(clock.ns // MS)
+        elif op == "leave":
+            for desk, _ in twins:
+                desk.leave()
+        else:
+            for i, (desk, _) in enumerate(twins):
+                asks[i] += [e for e in desk.take() if isinstance(e, ReserveCredit)]
+            if not asks[0] or not asks[1]:
+                continue
+            pair = asks[0].pop(0), asks[1].pop(0)
+            assert pair[0].request == pair[1].request
+            next_block += 1
+            for (desk, _), ask in zip(twins, pair, strict=True):
+                if op == "deny":
+                    desk.failed(ask, unreachable=bool(arg))
+                else:  # "short": a later block that expires before the ones held
+                    desk.granted(ask, next_block, arg, TTL_MS if op == "grant" else 50)
+        for i, (desk, _) in enumerate(twins):
+            asks[i] += [e for e in desk.take() if isinstance(e, ReserveCredit)]
+        assert asks[0] == asks[1]
+        assert _state(fast_desk, fast) == _state(ref_desk, ref)
+
+
+def test_a_kept_block_reference_spends_nothing_returned_or_expired() -> None:
+    """The gate keeps the holder's block object between spends: the holder zeroes a block
+    it returns, and a block at its local expiry is at the gate's `until`, so a kept
+    reference never spends units returned, nor any past the block's local expiry."""
+    clock = Clock()
+    desk, a, g = _twin(clock)
+    (ask,) = [e for e in desk.take() if isinstance(e, ReserveCredit)]
+    desk.granted(ask, 1, 10, TTL_MS)
+    assert a.try_admit("t", "read_iops").allowed and a.try_admit("t", "read_iops").allowed
+    kept = g.block
+    assert kept.left == 8 and desk.admitted == 2
+    desk.leave()
+    assert kept.left == 0 and not a.try_admit("t", "read_iops").allowed
+    assert desk.admitted == 2  # a return is not a spend
+    clock2 = Clock()
+    desk2, a2, g2 = _twin(clock2)
+    (ask2,) = [e for e in desk2.take() if isinstance(e, ReserveCredit)]
+    desk2.granted(ask2, 2, 10, TTL_MS)
+    assert a2.try_admit("t", "read_iops").allowed
+    kept2 = g2.block
+    clock2.ms(TTL_MS - 1)
+    assert a2.try_admit("t", "read_iops").allowed  # its last local millisecond
+    clock2.ms(1)  # its local expiry (rho 0, epsilon 0: exactly the ttl)
+    assert not a2.try_admit("t", "read_iops").allowed and 2 not in g2.holder.blocks
+    assert kept2.left == 8 and desk2.admitted == 2
