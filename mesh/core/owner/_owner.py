@@ -398,15 +398,16 @@ class Owner:
                 # every reporter, whatever its demand) when the spread is below one step.
                 # `plenty` of the live reporters' demand; summed only when the bound on it
                 # (every report's) is not plenty: most keys' buckets are far from drained.
-                total = -1
-                refill = refill_units(ks.meter.rate, ks.demand_span_ns(now_ns, window_ns))
-                if not plenty(remaining, ks.demand_bound(window), refill):
-                    _, total = self._live_demand(now_ns, ks)
-                even = even_part_ppm(
-                    remaining if total < 0 or plenty(remaining, total, refill) else 0,
-                    ks.meter.burst,
-                    share_floor,
-                )
+                # The refill over the demand's span only when the bound is not plenty
+                # without it (it can only make demand more plenty).
+                total, drained = -1, False
+                bound = ks.demand_bound(window)
+                if not plenty(remaining, bound):
+                    refill = refill_units(ks.meter.rate, ks.demand_span_ns(now_ns, window_ns))
+                    if not plenty(remaining, bound, refill):
+                        _, total = self._live_demand(now_ns, ks)
+                        drained = not plenty(remaining, total, refill)
+                even = even_part_ppm(0 if drained else remaining, ks.meter.burst, share_floor)
                 even_each = even // n
                 if PPM - even < ((even_each >> GRAIN_BITS) or 1):  # shares.share_step, inlined
                     share = even_each
