@@ -184,8 +184,11 @@ def run(
     wall0 = time.perf_counter()
     runs: list[StrategyRun] = []
     d_ns: int | None = None
+    per_strategy: dict[str, float] = {}
     for name in names:
+        t0 = time.perf_counter()
         r = run_strategy(sc, seed, name, d_ns=d_ns)
+        per_strategy[name] = round(time.perf_counter() - t0, 3)
         if name == "mesh":
             d_ns = r.d_ns
         runs.append(r)
@@ -203,6 +206,7 @@ def run(
             "wall_s": round(wall, 3),
             "simulated_s": simulated,
             "speedup": round(simulated / wall, 2) if wall else None,
+            "strategies_s": per_strategy,  # wall seconds per strategy, for comparing them
         },
     }
     return result, runs

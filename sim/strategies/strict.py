@@ -377,8 +377,9 @@ class StrictStrategy(Strategy):
                 if request is not None:
                     d.pending, d.rid, d.first_ms = request, f"{worker}/{next(self.rids)}", now_ms
                     self._reserve(worker, tenant, d, request, d.rid, now_ms * MS)
-        for block_id, unused in d.holder.take_returns(now_ms):
-            self._return(worker, block_id, unused, now_ms * MS)
+        if d.holder.blocks:  # else nothing to give back (a late grant went back at once)
+            for block_id, unused in d.holder.take_returns(now_ms):
+                self._return(worker, block_id, unused, now_ms * MS)
 
     def _reserve(
         self, worker: str, tenant: str, d: _Driver, request: Reserve, rid: str, now_ns: int
@@ -418,8 +419,11 @@ class StrictStrategy(Strategy):
         d.pending = None
         now_ms = t_ns // MS
         if isinstance(got, CreditGrant):
-            d.holder.granted(now_ms, request, got.block_id, got.units, got.ttl_ms)
+            block = d.holder.granted(now_ms, request, got.block_id, got.units, got.ttl_ms)
             d.backoff_ms = 0
+            if block.block_id not in d.holder.blocks:  # past its local expiry: back whole
+                for block_id, unused in d.holder.take_returns(now_ms):
+                    self._return(d.worker, block_id, unused, t_ns)
             if got.units < request.units:  # a drained bucket: gather more per round trip
                 d.retry_at_ms = now_ms + d.holder.config.lead_ms
         else:
