@@ -4,7 +4,10 @@ One ``governor.engine.Engine`` (a rated node per tenant under the root, one sess
 worker) and one ``ratemesh.credit.CreditHolder`` per (worker, tenant). ``ReserveCredit`` and
 ``ReturnCredit`` and their replies cross the scenario's network as messages (latency, jitter,
 loss, duplication). The hot path is credit only: no mesh check in front, since the mesh's
-veto changes no bound here and composing the two would measure the mesh twice.
+veto changes no bound here and composing the two would measure the mesh twice. An arrival its
+holder cannot pay for waits, as the node's ``admit(..., timeout_s=)`` waits in the tenant's
+queue: a reserve goes out, the queue is served when the block arrives, and what is left at
+the deadline is denied (``admit`` answers None, then ``Strategy.resolved``).
 
 The durable log is in memory: the engine's sink appends each event before the call returns
 (so before the reply leaves, as governord commits before answering), and every
@@ -56,11 +59,6 @@ SNAPSHOT_EVERY_EVENTS = 5_000
 SNAPSHOT_EVENTS_PER_RECORD = 8
 RESEND_MS = 100  # an unanswered reserve is resent, same request id, this often, until
 # the holder's unreachable_after_ms; then a new request (new id, new send time) replaces it
-# MS_GRID: governord's engine and the holders count whole milliseconds, and the runner's
-# arrivals and deadlines fall on them. A reply acted on between two (at its nanosecond) would
-# let the checker, which times admissions in nanoseconds, see the engine's rounding: a refill
-# counted from the start of governord's millisecond, up to R x 1 ms past R*T + B (0.007
-# units in a trial scale run). So a worker acts on a reply at its next millisecond.
 JOINERS_MAX = 64  # as sim.scenario: a join fault may name up to this many new ids
 SWEEP_MS = 250  # idle holders give back their credit on this tick, not only on demand
 # as governor.client's StrictCredit: a denied reserve backs off, doubling
@@ -107,7 +105,9 @@ class _Clock:
 
 
 class _Driver:
-    """One worker's holder for one tenant, driven as ``StrictCredit`` drives it."""
+    """One worker's holder for one tenant, driven as the node's desk drives a strict gate
+    (``CreditDesk``: ask on a denial, refill ahead, return spent-out and idle blocks), and
+    the arrivals waiting on it, as the node's tenant queue holds them."""
 
     __slots__ = (
         "worker",
@@ -263,7 +263,13 @@ class StrictStrategy(Strategy):
         self._at(t_ns + SWEEP_MS * MS, self._sweep)
 
     def _send(self, src: str, dst: str, now_ns: int, fn: Callable[[int], None]) -> None:
-        """A message; a worker acts on one at its next whole millisecond (see `MS_GRID`)."""
+        """A message; a worker acts on one at its next whole millisecond.
+
+        governord's engine and the holders count whole milliseconds, and the runner's
+        arrivals and deadlines fall on them. A reply acted on between two, at its nanosecond,
+        would let the checker (which times admissions in nanoseconds) see the engine's
+        rounding: a refill counted from the start of governord's millisecond, up to R x 1 ms
+        past R*T + B (0.007 units in a trial scale run; docs/strict.md)."""
         self.messages += 1
         for delay in self.ctx.network.transit(src, dst, now_ns):
             at = now_ns + delay
@@ -369,7 +375,7 @@ class StrictStrategy(Strategy):
             d.pending = None
         if d.pending is None and now_ms >= d.retry_at_ms and now_ms >= d.refill_at_ms:
             # the node looks at refills once a tick; and asks ahead only for a holder that
-            # expects a unit of demand within the lead (see THIN_REFILL below)
+            # expects a unit of demand within the lead (THIN_REFILL, at the top)
             d.refill_at_ms = now_ms + REFILL_TICK_MS
             holder = d.holder
             if holder.demand_per_s(now_ms) * holder.config.lead_ms >= 1000:
