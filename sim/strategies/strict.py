@@ -161,9 +161,10 @@ class StrictStrategy(Strategy):
         self.sessions: dict[str, int] = {}
         self.drivers: dict[tuple[str, str], _Driver] = {}
         self.rids = itertools.count(1)
-        # ReserveCredit and ReturnCredit sent, resends included. `round_trips` counts the
-        # requests that waited for a block (a round trip to governord on their hot path, at
-        # least: more if a reserve was denied or lost and asked again)
+        # ReserveCredit and ReturnCredit sent, resends included. `round_trips`: per request
+        # that waited for a block, the reserves sent for its holder while it waited (the one
+        # in flight when it came included, resends too): its round trips to governord,
+        # counted as each is sent
         self.calls = 0
         self.admitted = 0  # units, for governor calls per admitted unit
         self.denials: dict[str, int] = {}  # reason -> requests denied (deadline_exceeded, ...)
@@ -171,6 +172,7 @@ class StrictStrategy(Strategy):
         # same length, so deadlines come in order and one FIFO stands in for a timer each
         self.deadlines: deque[tuple[int, _Driver]] = deque()
         self.waits_ms: list[int] = []  # how long each waiter that was admitted waited
+        self.waited = 0  # requests that waited
         self.pending_rates: list[tuple[str, Policy]] = []  # SetRate while governord is down
         self._setup(ctx)
         records = len(self.nodes) + len(self.sessions)
@@ -301,7 +303,8 @@ class StrictStrategy(Strategy):
         deadline_ns = now_ns + ADMIT_TIMEOUT_MS * MS
         d.waiters.append((a, now_ns, deadline_ns))
         self.deadlines.append((deadline_ns, d))
-        self.round_trips += 1
+        self.waited += 1
+        self.round_trips += d.pending is not None  # it waits on the reserve in flight
         self._ask(d, now_ms, a.amount)
         self._maintain(a.worker, a.tenant, d, now_ms)
         return None
@@ -391,6 +394,7 @@ class StrictStrategy(Strategy):
         self, worker: str, tenant: str, d: _Driver, request: Reserve, rid: str, now_ns: int
     ) -> None:
         self.calls += 1
+        self.round_trips += len(d.waiters)  # each request waiting on this holder waits on it
 
         def resend(t: int) -> None:
             if d.pending is request and self.drivers.get((worker, tenant)) is d:
@@ -486,7 +490,7 @@ class StrictStrategy(Strategy):
             "governor_calls_per_admitted": round(self.calls / max(self.admitted, 1), 4),
             "governord_restarts": self.restarts,
             "denials": dict(sorted(self.denials.items())),
-            **_waits(self.waits_ms, self.round_trips),
+            **_waits(self.waits_ms, self.waited),
         }
 
 
