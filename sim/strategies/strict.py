@@ -161,10 +161,10 @@ class StrictStrategy(Strategy):
         self.sessions: dict[str, int] = {}
         self.drivers: dict[tuple[str, str], _Driver] = {}
         self.rids = itertools.count(1)
-        # ReserveCredit and ReturnCredit sent, resends included. `round_trips`: per request
-        # that waited for a block, the reserves sent for its holder while it waited (the one
-        # in flight when it came included, resends too): its round trips to governord,
-        # counted as each is sent
+        # ReserveCredit and ReturnCredit sent, resends included. `round_trips`: one per
+        # request that waited for a block (its hot path waited on governord); `wait_sends`:
+        # the reserves those requests waited on, each counted once per request waiting on it
+        # when it was sent (the one in flight when a request came included, resends too)
         self.calls = 0
         self.admitted = 0  # units, for governor calls per admitted unit
         self.denials: dict[str, int] = {}  # reason -> requests denied (deadline_exceeded, ...)
@@ -173,6 +173,7 @@ class StrictStrategy(Strategy):
         self.deadlines: deque[tuple[int, _Driver]] = deque()
         self.waits_ms: list[int] = []  # how long each waiter that was admitted waited
         self.waited = 0  # requests that waited
+        self.wait_sends = 0
         self.pending_rates: list[tuple[str, Policy]] = []  # SetRate while governord is down
         self._setup(ctx)
         records = len(self.nodes) + len(self.sessions)
@@ -304,7 +305,8 @@ class StrictStrategy(Strategy):
         d.waiters.append((a, now_ns, deadline_ns))
         self.deadlines.append((deadline_ns, d))
         self.waited += 1
-        self.round_trips += d.pending is not None  # it waits on the reserve in flight
+        self.round_trips += 1
+        self.wait_sends += d.pending is not None  # it waits on the reserve in flight
         self._ask(d, now_ms, a.amount)
         self._maintain(a.worker, a.tenant, d, now_ms)
         return None
@@ -394,7 +396,7 @@ class StrictStrategy(Strategy):
         self, worker: str, tenant: str, d: _Driver, request: Reserve, rid: str, now_ns: int
     ) -> None:
         self.calls += 1
-        self.round_trips += len(d.waiters)  # each request waiting on this holder waits on it
+        self.wait_sends += len(d.waiters)  # each request waiting on this holder waits on it
 
         def resend(t: int) -> None:
             if d.pending is request and self.drivers.get((worker, tenant)) is d:
@@ -490,14 +492,19 @@ class StrictStrategy(Strategy):
             "governor_calls_per_admitted": round(self.calls / max(self.admitted, 1), 4),
             "governord_restarts": self.restarts,
             "denials": dict(sorted(self.denials.items())),
-            **_waits(self.waits_ms, self.waited),
+            **_waits(self.waits_ms, self.waited, self.wait_sends),
         }
 
 
-def _waits(waits_ms: list[int], waited: int) -> dict[str, Any]:
-    """How the requests that waited for a block fared: how many, and how long the admitted
-    ones waited (ms, nearest rank)."""
-    out: dict[str, Any] = {"waited": waited, "waited_admitted": len(waits_ms)}
+def _waits(waits_ms: list[int], waited: int, sends: int) -> dict[str, Any]:
+    """How the requests that waited for a block fared: how many, the reserves each waited on
+    (a mean: more than one when a reserve was denied, partly granted or lost), and how long
+    the admitted ones waited (ms, nearest rank)."""
+    out: dict[str, Any] = {
+        "waited": waited,
+        "waited_admitted": len(waits_ms),
+        "wait_round_trips": round(sends / waited, 3) if waited else 0.0,
+    }
     if waits_ms:
         w = sorted(waits_ms)
         out["wait_ms"] = {
