@@ -106,6 +106,14 @@ class Recorder:
         k.window, k.iwindow, k.win_idx = 0, 0, idx
 
     def record(self, a: Arrival, allowed: bool, now_ns: int) -> KeyRecord:
+        """An arrival decided on the spot: offered, and admitted if `allowed`."""
+        k = self.offer(a, now_ns)
+        if allowed:
+            self._admitted(k, a, now_ns)
+        return k
+
+    def offer(self, a: Arrival, now_ns: int) -> KeyRecord:
+        """An arrival offered at `now_ns`: the ideal sees it now, whenever it is decided."""
         k = self.key(a.tenant, now_ns)
         self._roll(k, (now_ns - self.start_ns) // WINDOW_NS)
         self.requests += 1
@@ -117,12 +125,22 @@ class Recorder:
             k.iwindow += used
             if a.refund:
                 k.ideal_meter.apply(now_ns, -a.refund)
-        if allowed:
-            k.admitted += used
-            k.window += used
-            if self.admissions is not None and used > 0:
-                self.admissions.setdefault(a.tenant, []).append((now_ns, used))
         return k
+
+    def admit(self, a: Arrival, now_ns: int) -> KeyRecord:
+        """An arrival offered earlier (`offer`) and admitted at `now_ns`, after it waited:
+        counted, and judged over intervals, at the instant it was admitted."""
+        k = self.keys[a.tenant]
+        self._roll(k, (now_ns - self.start_ns) // WINDOW_NS)
+        self._admitted(k, a, now_ns)
+        return k
+
+    def _admitted(self, k: KeyRecord, a: Arrival, now_ns: int) -> None:
+        used = a.amount - a.refund
+        k.admitted += used
+        k.window += used
+        if self.admissions is not None and used > 0:
+            self.admissions.setdefault(a.tenant, []).append((now_ns, used))
 
     def sample(self, step: int, touched: set[str]) -> None:
         """After step number `step`: the excess of every key that moved.

@@ -40,6 +40,8 @@ class ScenarioNetwork:
         return not self.spec.loss and not self.partitions and not self.down
 
     def reachable(self, src: str, dst: str) -> bool:
+        if not self.partitions and not self.down:
+            return True
         if src in self.down or dst in self.down:
             return False
         return all((src in p) == (dst in p) for p in self.partitions)

@@ -111,6 +111,18 @@ def run_strategy(
     faults = _Faults(sc, strat, net, rec, Ring(workers, 1))
     events = _fault_events(sc, start)
     index = {w: i for i, w in enumerate(workers)}
+    touched: set[str] = set()
+    waiting: dict[int, Arrival] = {}  # id -> arrival: those admit() left waiting
+
+    def resolved(a: Arrival, allowed: bool, t_ns: int) -> None:
+        del waiting[id(a)]  # a KeyError here: resolved twice, or never left waiting
+        if allowed:
+            if a.refund:
+                strat.refund(a, t_ns)
+            rec.admit(a, t_ns)
+            touched.add(a.tenant)
+
+    strat.resolved = resolved
     strat.advance(start)
     t, step_ns, step = start, workload.step_ns, 0
     while t < end:
@@ -121,7 +133,6 @@ def run_strategy(
             strat.advance(when)
             faults.apply(phase, f, idx, when)
         strat.advance(t)
-        touched: set[str] = set()
         live = strat.live
         for a in workload.step(t):
             if a.worker not in live:  # the load balancer sends it to a live worker
@@ -129,11 +140,16 @@ def run_strategy(
                     live[index[a.worker] % len(live)], a.tenant, a.metric, a.amount, a.refund
                 )
             allowed = strat.admit(a, t)
-            if allowed and a.refund:
-                strat.refund(a, t)
-            rec.record(a, allowed, t)
+            if allowed is None:
+                waiting[id(a)] = a
+                rec.offer(a, t)
+            else:
+                if allowed and a.refund:
+                    strat.refund(a, t)
+                rec.record(a, allowed, t)
             touched.add(a.tenant)
         rec.sample(step, touched)
+        touched.clear()
     rec.finish(step, end)
     measured = strat.measured_d_ns()
     fl = sc.fleet
@@ -149,6 +165,8 @@ def run_strategy(
     summary.update(strat.report())
     summary["d_ms"] = round(d / MS, 3)
     summary["requests"] = rec.requests
+    if waiting:
+        summary["waiting_at_end"] = len(waiting)  # offered, not yet decided: not admitted
     focus = [k for k in rec.keys.values() if rec.tenants[k.tenant].load is not None]
     focus = focus or sorted(rec.keys.values(), key=lambda k: -k.offered)
     series = {k.tenant: k.series for k in focus[:keep_series]}
@@ -166,8 +184,11 @@ def run(
     wall0 = time.perf_counter()
     runs: list[StrategyRun] = []
     d_ns: int | None = None
+    per_strategy: dict[str, float] = {}
     for name in names:
+        t0 = time.perf_counter()
         r = run_strategy(sc, seed, name, d_ns=d_ns)
+        per_strategy[name] = round(time.perf_counter() - t0, 3)
         if name == "mesh":
             d_ns = r.d_ns
         runs.append(r)
@@ -185,6 +206,7 @@ def run(
             "wall_s": round(wall, 3),
             "simulated_s": simulated,
             "speedup": round(simulated / wall, 2) if wall else None,
+            "strategies_s": per_strategy,  # wall seconds per strategy, for comparing them
         },
     }
     return result, runs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,10 @@ from sim.network import ScenarioNetwork
 from sim.scenario import Policy, Scenario
 from sim.workload import Arrival, TenantInfo
 
-__all__ = ["Context", "Strategy", "next_generation", "policies_for", "to_policy"]
+__all__ = ["Context", "Resolved", "Strategy", "next_generation", "policies_for", "to_policy"]
+
+# (arrival, admitted, t_ns): the verdict on an arrival that waited, given at t_ns
+Resolved = Callable[[Arrival, bool, int], None]
 
 
 @dataclass
@@ -53,14 +57,17 @@ class Strategy(ABC):
         self.round_trips = 0  # network round trips on the hot path
         self.live: list[str] = list(ctx.workers)
         self.generations: dict[str, int] = {}
+        self.resolved: Resolved = _unexpected  # the runner's; see `admit`
 
     @abstractmethod
     def advance(self, t_ns: int) -> None:
         """Run the strategy's own events (ticks, messages) up to t_ns."""
 
     @abstractmethod
-    def admit(self, a: Arrival, now_ns: int) -> bool:
-        """The hot-path decision for one arrival at its worker."""
+    def admit(self, a: Arrival, now_ns: int) -> bool | None:
+        """The hot-path decision for one arrival at its worker. None: it waits (as a node's
+        `admit()` with a deadline does), and the strategy calls `self.resolved(a, admitted,
+        t_ns)` once with its verdict, by its deadline, from `advance`."""
 
     def refund(self, a: Arrival, now_ns: int) -> None:  # noqa: B027 (optional hook)
         """A short send gives back `a.refund` (byte metrics)."""
@@ -106,6 +113,10 @@ class Strategy(ABC):
 
     def owner_of(self, tenant: str, metric: str) -> str | None:
         return None
+
+
+def _unexpected(a: Arrival, admitted: bool, t_ns: int) -> None:
+    raise AssertionError(f"{a} was resolved, but no runner is waiting for it")
 
 
 def next_generation(s: Strategy, tenant: str) -> int:

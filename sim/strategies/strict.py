@@ -4,7 +4,10 @@ One ``governor.engine.Engine`` (a rated node per tenant under the root, one sess
 worker) and one ``ratemesh.credit.CreditHolder`` per (worker, tenant). ``ReserveCredit`` and
 ``ReturnCredit`` and their replies cross the scenario's network as messages (latency, jitter,
 loss, duplication). The hot path is credit only: no mesh check in front, since the mesh's
-veto changes no bound here and composing the two would measure the mesh twice.
+veto changes no bound here and composing the two would measure the mesh twice. An arrival its
+holder cannot pay for waits, as the node's ``admit(..., timeout_s=)`` waits in the tenant's
+queue: a reserve goes out, the queue is served when the block arrives, and what is left at
+the deadline is denied (``admit`` answers None, then ``Strategy.resolved``).
 
 The durable log is in memory: the engine's sink appends each event before the call returns
 (so before the reply leaves, as governord commits before answering), and every
@@ -19,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import itertools
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -31,8 +35,14 @@ from governor.engine import (
     Event,
     Rate,
 )
-from mesh.core.config import MS
-from ratemesh.credit import CreditConfig, CreditHolder, Reserve, local_expiry_ms
+from mesh.core.config import MS, CoreConfig
+from ratemesh.credit import (
+    GOVERNOR_UNREACHABLE,
+    CreditConfig,
+    CreditHolder,
+    Reserve,
+    local_expiry_ms,
+)
 from sim.scenario import Policy
 from sim.strategies.base import Context, Strategy
 from sim.workload import Arrival
@@ -43,6 +53,10 @@ GOVERNORD = "governord"
 CREDIT_TTL_MS = 2_000  # short, so an outage shows the fail-closed edge within a short run
 SESSION_TTL_MS = 86_400_000  # workers' sessions outlive any run (heartbeats not simulated)
 SNAPSHOT_EVERY_EVENTS = 5_000
+# ... or, with a large tree, once the log has this many events per node and session: a store
+# compacts when its log outgrows the snapshot, and at `scale` (10,000 nodes) a snapshot every
+# 5,000 events took a quarter of the run
+SNAPSHOT_EVENTS_PER_RECORD = 8
 RESEND_MS = 100  # an unanswered reserve is resent, same request id, this often, until
 # the holder's unreachable_after_ms; then a new request (new id, new send time) replaces it
 JOINERS_MAX = 64  # as sim.scenario: a join fault may name up to this many new ids
@@ -50,6 +64,23 @@ SWEEP_MS = 250  # idle holders give back their credit on this tick, not only on 
 # as governor.client's StrictCredit: a denied reserve backs off, doubling
 DENIED_BACKOFF_MIN_MS = 10
 DENIED_BACKOFF_MAX_MS = 500
+# How long an arrival with no credit waits for a block: the node's `admit(..., timeout_s=)` has
+# no default, so this is the wait its docs show (`admit_blocking(..., timeout_s=0.5)`).
+ADMIT_TIMEOUT_MS = 500
+TENANT_QUEUE_MAX = CoreConfig().tenant_queue_max  # waiters per tenant, as the node's queues
+# The node's desk looks at refills ahead of need at every tick (`CreditDesk.tick`, each sync
+# interval); the sim looks when a holder is used, at most once a tick.
+REFILL_TICK_MS = CoreConfig().sync_interval_ms
+# THIN_REFILL: `CreditHolder.refill` asks ahead whenever what lasts past `lead_ms` is at or
+# below the low-water mark, and that mark is rounded up to a whole unit, so a holder whose
+# demand is a unit every few seconds keeps asking for a unit it will not use and holds it
+# until `idle_ms`. At `scale` (a tenant thin on each of 1,000 workers) those units pin
+# every bucket of B = 20. The sim's driver asks ahead only while the holder expects at least
+# a unit of demand within `lead_ms`; below that it asks on demand (a waiter), as the desk's
+# `ask` does. docs/strict.md ("In the simulator") says so; the change belongs in the holder.
+DEADLINE_EXCEEDED = "deadline_exceeded"
+QUEUE_FULL = "queue_full"
+WORKER_GONE = "worker_gone"  # a waiter's worker crashed or left
 ENGINE_CONFIG = EngineConfig(
     credit_ttl_ms=CREDIT_TTL_MS,
     credit_blocks_per_session_max=1 << 20,  # one session carries every tenant of a worker
@@ -74,11 +105,28 @@ class _Clock:
 
 
 class _Driver:
-    """One worker's holder for one tenant, driven as ``StrictCredit`` drives it."""
+    """One worker's holder for one tenant, driven as the node's desk drives a strict gate
+    (``CreditDesk``: ask on a denial, refill ahead, return spent-out and idle blocks), and
+    the arrivals waiting on it, as the node's tenant queue holds them."""
 
-    __slots__ = ("holder", "pending", "rid", "first_ms", "retry_at_ms", "backoff_ms", "wanted_ms")
+    __slots__ = (
+        "worker",
+        "tenant",
+        "holder",
+        "pending",
+        "rid",
+        "first_ms",
+        "retry_at_ms",
+        "backoff_ms",
+        "wanted_ms",
+        "waiters",
+        "retry_armed",
+        "refill_at_ms",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, worker: str, tenant: str) -> None:
+        self.worker = worker
+        self.tenant = tenant
         self.holder = CreditHolder(HOLDER_CONFIG)
         self.pending: Reserve | None = None
         self.rid = ""
@@ -86,6 +134,11 @@ class _Driver:
         self.retry_at_ms = 0
         self.backoff_ms = 0
         self.wanted_ms = 0  # the last admission asked of it
+        # arrivals waiting for credit, oldest first, with their deadlines (all waits are
+        # ADMIT_TIMEOUT_MS, so the head's deadline is the earliest)
+        self.waiters: deque[tuple[Arrival, int, int]] = deque()  # (arrival, since, deadline)
+        self.retry_armed = False  # a timer will ask again for the waiters (after a back-off)
+        self.refill_at_ms = 0  # the next tick at which a refill ahead is looked at
 
 
 class StrictStrategy(Strategy):
@@ -108,13 +161,23 @@ class StrictStrategy(Strategy):
         self.sessions: dict[str, int] = {}
         self.drivers: dict[tuple[str, str], _Driver] = {}
         self.rids = itertools.count(1)
-        # ReserveCredit and ReturnCredit sent, resends included; not hot-path round trips
-        # (`round_trips` stays 0): a worker decides from what it holds and never waits
+        # ReserveCredit and ReturnCredit sent, resends included. `round_trips`: one per
+        # request that waited for a block (its hot path waited on governord); `wait_sends`:
+        # the reserves those requests waited on, each counted once per request waiting on it
+        # when it was sent (the one in flight when a request came included, resends too)
         self.calls = 0
         self.admitted = 0  # units, for governor calls per admitted unit
-        self.denials: dict[str, int] = {}  # reason -> requests denied (no_credit, ...)
+        self.denials: dict[str, int] = {}  # reason -> requests denied (deadline_exceeded, ...)
+        # (deadline_ns, driver) per waiter, in the order they were queued: every wait has the
+        # same length, so deadlines come in order and one FIFO stands in for a timer each
+        self.deadlines: deque[tuple[int, _Driver]] = deque()
+        self.waits_ms: list[int] = []  # how long each waiter that was admitted waited
+        self.waited = 0  # requests that waited
+        self.wait_sends = 0
         self.pending_rates: list[tuple[str, Policy]] = []  # SetRate while governord is down
         self._setup(ctx)
+        records = len(self.nodes) + len(self.sessions)
+        self.snapshot_every = max(SNAPSHOT_EVERY_EVENTS, SNAPSHOT_EVENTS_PER_RECORD * records)
         self._at(0, self._sweep)
 
     # ---- governord -------------------------------------------------------------------------
@@ -137,7 +200,7 @@ class StrictStrategy(Strategy):
 
     def _durable(self) -> None:
         """Compact the in-memory log into a snapshot now and then (the store's job)."""
-        if self.engine is not None and len(self.log) >= SNAPSHOT_EVERY_EVENTS:
+        if self.engine is not None and len(self.log) >= self.snapshot_every:
             self.snap = self.engine.snapshot()
             self.log.clear()
 
@@ -170,10 +233,19 @@ class StrictStrategy(Strategy):
         heapq.heappush(self.queue, (t_ns, next(self.order), fn))
 
     def advance(self, t_ns: int) -> None:
-        while self.queue and self.queue[0][0] <= t_ns:
-            when, _, fn = heapq.heappop(self.queue)
-            self.clock.ms = max(self.clock.ms, when // MS)
-            fn(when)
+        queue, deadlines = self.queue, self.deadlines
+        while True:
+            due = queue[0][0] if queue else t_ns + 1
+            if deadlines and deadlines[0][0] <= t_ns and deadlines[0][0] <= due:
+                when, d = deadlines.popleft()
+                self.clock.ms = max(self.clock.ms, when // MS)
+                self._expire(d, when)
+            elif due <= t_ns:
+                when, _, fn = heapq.heappop(queue)
+                self.clock.ms = max(self.clock.ms, when // MS)
+                fn(when)
+            else:
+                break
         self._durable()
 
     def _sweep(self, t_ns: int) -> None:
@@ -184,30 +256,121 @@ class StrictStrategy(Strategy):
         for key in sorted(self.drivers):
             d = self.drivers[key]
             self._maintain(key[0], key[1], d, now_ms)
-            if not d.holder.blocks and d.pending is None and now_ms - d.wanted_ms >= idle_ms:
+            if (
+                not d.holder.blocks
+                and d.pending is None
+                and not d.waiters
+                and now_ms - d.wanted_ms >= idle_ms
+            ):
                 del self.drivers[key]
         self._at(t_ns + SWEEP_MS * MS, self._sweep)
 
     def _send(self, src: str, dst: str, now_ns: int, fn: Callable[[int], None]) -> None:
+        """A message; a worker acts on one at its next whole millisecond.
+
+        governord's engine and the holders count whole milliseconds, and the runner's
+        arrivals and deadlines fall on them. A reply acted on between two, at its nanosecond,
+        would let the checker (which times admissions in nanoseconds) see the engine's
+        rounding: a refill counted from the start of governord's millisecond, up to R x 1 ms
+        past R*T + B (0.007 units in a trial scale run; docs/strict.md)."""
         self.messages += 1
         for delay in self.ctx.network.transit(src, dst, now_ns):
-            self._at(now_ns + delay, fn)
+            at = now_ns + delay
+            self._at(at if dst == GOVERNORD else -(-at // MS) * MS, fn)
 
     # ---- the worker ------------------------------------------------------------------------
 
-    def admit(self, a: Arrival, now_ns: int) -> bool:
+    def admit(self, a: Arrival, now_ns: int) -> bool | None:
+        """As the node's `admit(..., timeout_s=ADMIT_TIMEOUT_MS)`: spend from what is held,
+        else wait in the tenant's queue for a block, denied at the deadline."""
         key = (a.worker, a.tenant)
         d = self.drivers.get(key)
         if d is None:
-            d = self.drivers[key] = _Driver()
+            d = self.drivers[key] = _Driver(a.worker, a.tenant)
         now_ms = d.wanted_ms = now_ns // MS
         verdict = d.holder.try_spend(now_ms, a.amount)
-        self._maintain(a.worker, a.tenant, d, now_ms)
         if verdict.admitted:
             self.admitted += a.amount
-        elif verdict.reason is not None:  # a few fixed reasons: a bounded map
-            self.denials[verdict.reason] = self.denials.get(verdict.reason, 0) + 1
-        return verdict.admitted
+            self._maintain(a.worker, a.tenant, d, now_ms)
+            return True
+        if ADMIT_TIMEOUT_MS <= 0:
+            self._maintain(a.worker, a.tenant, d, now_ms)
+            self._deny(verdict.reason or DEADLINE_EXCEEDED)
+            return False
+        if len(d.waiters) >= TENANT_QUEUE_MAX:
+            self._maintain(a.worker, a.tenant, d, now_ms)
+            self._deny(QUEUE_FULL)
+            return False
+        deadline_ns = now_ns + ADMIT_TIMEOUT_MS * MS
+        d.waiters.append((a, now_ns, deadline_ns))
+        self.deadlines.append((deadline_ns, d))
+        self.waited += 1
+        self.round_trips += 1
+        self.wait_sends += d.pending is not None  # it waits on the reserve in flight
+        self._ask(d, now_ms, a.amount)
+        self._maintain(a.worker, a.tenant, d, now_ms)
+        return None
+
+    def _deny(self, reason: str) -> None:
+        self.denials[reason] = self.denials.get(reason, 0) + 1  # a few fixed reasons
+
+    def _ask(self, d: _Driver, now_ms: int, amount: int) -> None:
+        """Credit denied a waiter: reserve at once, sized for at least `amount`, unless one is
+        in flight or governord said no a moment ago (then a timer asks after the back-off),
+        as the node's desk does (`CreditDesk.ask`)."""
+        if d.pending is not None:
+            return
+        if now_ms < d.retry_at_ms:
+            if not d.retry_armed:
+                d.retry_armed = True
+                self._at(d.retry_at_ms * MS, lambda t: self._retry(d, t))
+            return
+        holder = d.holder
+        request = holder.begin(now_ms, max(amount, holder.block_size(now_ms)))
+        if request is not None:
+            d.pending, d.rid, d.first_ms = request, f"{d.worker}/{next(self.rids)}", now_ms
+            self._reserve(d.worker, d.tenant, d, request, d.rid, now_ms * MS)
+
+    def _retry(self, d: _Driver, t_ns: int) -> None:
+        d.retry_armed = False
+        if d.waiters and self.drivers.get((d.worker, d.tenant)) is d:
+            self._serve(d, t_ns)
+
+    def _serve(self, d: _Driver, t_ns: int) -> None:
+        """Admit the waiters that fit now, oldest first, and ask for the rest (the node's
+        `Admission.service` after a grant, and at its ticks)."""
+        now_ms = t_ns // MS
+        waiters = d.waiters
+        while waiters:
+            a, since_ns, _ = waiters[0]
+            if not d.holder.try_spend(now_ms, a.amount).admitted:
+                self._ask(d, now_ms, a.amount)
+                break
+            waiters.popleft()
+            self.admitted += a.amount
+            self.waits_ms.append((t_ns - since_ns) // MS)
+            self.resolved(a, True, t_ns)
+        self._maintain(d.worker, d.tenant, d, now_ms)
+
+    def _expire(self, d: _Driver, t_ns: int) -> None:
+        """A deadline passed: deny the waiters it covers. The verdict says `governor_unreachable`
+        when that is why no block came (the node's deadline verdict carries the suspension)."""
+        waiters = d.waiters
+        while waiters and waiters[0][2] <= t_ns:
+            a = waiters.popleft()[0]
+            self._deny(
+                GOVERNOR_UNREACHABLE if self._unreachable(d, t_ns // MS) else DEADLINE_EXCEEDED
+            )
+            self.resolved(a, False, t_ns)
+
+    def _unreachable(self, d: _Driver, now_ms: int) -> bool:
+        """What the holder's verdict would say (`CreditHolder._why_not`), without a spend."""
+        h = d.holder
+        request = h.in_flight
+        waited = (
+            request is not None and now_ms - request.sent_at_ms >= h.config.unreachable_after_ms
+        )
+        return h.unreachable or waited
 
     def _maintain(self, worker: str, tenant: str, d: _Driver, now_ms: int) -> None:
         if d.pending is not None and now_ms - d.first_ms >= d.holder.config.unreachable_after_ms:
@@ -215,18 +378,25 @@ class StrictStrategy(Strategy):
             # request's first send, so an old request's reply would bring little or no life
             d.holder.failed(d.pending, unreachable=True)
             d.pending = None
-        if d.pending is None and now_ms >= d.retry_at_ms:
-            request = d.holder.refill(now_ms)
-            if request is not None:
-                d.pending, d.rid, d.first_ms = request, f"{worker}/{next(self.rids)}", now_ms
-                self._reserve(worker, tenant, d, request, d.rid, now_ms * MS)
-        for block_id, unused in d.holder.take_returns(now_ms):
-            self._return(worker, block_id, unused, now_ms * MS)
+        if d.pending is None and now_ms >= d.retry_at_ms and now_ms >= d.refill_at_ms:
+            # the node looks at refills once a tick; and asks ahead only for a holder that
+            # expects a unit of demand within the lead (THIN_REFILL, at the top)
+            d.refill_at_ms = now_ms + REFILL_TICK_MS
+            holder = d.holder
+            if holder.demand_per_s(now_ms) * holder.config.lead_ms >= 1000:
+                request = holder.refill(now_ms)
+                if request is not None:
+                    d.pending, d.rid, d.first_ms = request, f"{worker}/{next(self.rids)}", now_ms
+                    self._reserve(worker, tenant, d, request, d.rid, now_ms * MS)
+        if d.holder.blocks:  # else nothing to give back (a late grant went back at once)
+            for block_id, unused in d.holder.take_returns(now_ms):
+                self._return(worker, block_id, unused, now_ms * MS)
 
     def _reserve(
         self, worker: str, tenant: str, d: _Driver, request: Reserve, rid: str, now_ns: int
     ) -> None:
         self.calls += 1
+        self.wait_sends += len(d.waiters)  # each request waiting on this holder waits on it
 
         def resend(t: int) -> None:
             if d.pending is request and self.drivers.get((worker, tenant)) is d:
@@ -261,14 +431,19 @@ class StrictStrategy(Strategy):
         d.pending = None
         now_ms = t_ns // MS
         if isinstance(got, CreditGrant):
-            d.holder.granted(now_ms, request, got.block_id, got.units, got.ttl_ms)
+            block = d.holder.granted(now_ms, request, got.block_id, got.units, got.ttl_ms)
             d.backoff_ms = 0
+            if block.block_id not in d.holder.blocks:  # past its local expiry: back whole
+                for block_id, unused in d.holder.take_returns(now_ms):
+                    self._return(d.worker, block_id, unused, t_ns)
             if got.units < request.units:  # a drained bucket: gather more per round trip
                 d.retry_at_ms = now_ms + d.holder.config.lead_ms
         else:
             d.holder.failed(request, unreachable=False)
             d.backoff_ms = min(DENIED_BACKOFF_MAX_MS, max(DENIED_BACKOFF_MIN_MS, d.backoff_ms * 2))
             d.retry_at_ms = now_ms + d.backoff_ms
+        if d.waiters and self.drivers.get((d.worker, d.tenant)) is d:
+            self._serve(d, t_ns)
 
     def _return(self, worker: str, block_id: int, unused: int, now_ns: int) -> None:
         self.calls += 1
@@ -283,10 +458,14 @@ class StrictStrategy(Strategy):
     # ---- faults ----------------------------------------------------------------------------
 
     def crash(self, worker: str, now_ns: int) -> None:
-        """The worker's holders die with it; its blocks stay counted until they expire."""
+        """The worker's holders die with it, and its waiters' requests fail with it; its
+        blocks stay counted until they expire."""
         super().crash(worker, now_ns)
-        for key in [k for k in self.drivers if k[0] == worker]:
-            del self.drivers[key]
+        for key in sorted(k for k in self.drivers if k[0] == worker):
+            waiters = self.drivers.pop(key).waiters
+            while waiters:  # emptied, so their deadlines find nothing left to deny
+                self._deny(WORKER_GONE)
+                self.resolved(waiters.popleft()[0], False, now_ns)
 
     def leave(self, worker: str, now_ns: int) -> None:
         for (w, _), d in sorted(self.drivers.items()):
@@ -313,7 +492,27 @@ class StrictStrategy(Strategy):
             "governor_calls_per_admitted": round(self.calls / max(self.admitted, 1), 4),
             "governord_restarts": self.restarts,
             "denials": dict(sorted(self.denials.items())),
+            **_waits(self.waits_ms, self.waited, self.wait_sends),
         }
+
+
+def _waits(waits_ms: list[int], waited: int, sends: int) -> dict[str, Any]:
+    """How the requests that waited for a block fared: how many, the reserves each waited on
+    (a mean: more than one when a reserve was denied, partly granted or lost), and how long
+    the admitted ones waited (ms, nearest rank)."""
+    out: dict[str, Any] = {
+        "waited": waited,
+        "waited_admitted": len(waits_ms),
+        "wait_round_trips": round(sends / waited, 3) if waited else 0.0,
+    }
+    if waits_ms:
+        w = sorted(waits_ms)
+        out["wait_ms"] = {
+            "p50": w[(len(w) - 1) // 2],
+            "p99": w[(len(w) - 1) * 99 // 100],
+            "max": w[-1],
+        }
+    return out
 
 
 def _comparable(snapshot: dict[str, Any]) -> dict[str, Any]:

@@ -94,8 +94,10 @@ def test_utilisation_outside_the_outage_is_high(seed: int) -> None:
 class FallsBackOpen(StrictStrategy):
     """A planted bug: admit locally once governord is unreachable (a silent fallback)."""
 
-    def admit(self, a: Arrival, now_ns: int) -> bool:
-        return super().admit(a, now_ns) or self.denials.get("governor_unreachable", 0) > 0
+    def admit(self, a: Arrival, now_ns: int) -> bool | None:
+        if self.denials.get("governor_unreachable", 0) > 0:
+            return True  # once a wait ended unreachable, admit without credit
+        return super().admit(a, now_ns)
 
 
 def test_the_checker_catches_a_fallback_during_the_outage(monkeypatch: pytest.MonkeyPatch) -> None:
