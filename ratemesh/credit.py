@@ -294,14 +294,23 @@ class CreditHolder:
         """Refill once what is held (and lasts past the lead) drops to this."""
         return math.ceil(self.demand_per_s(now_ms) * self.config.lead_ms / 1000)
 
-    def refill(self, now_ms: int) -> Reserve | None:
+    def refill(self, now_ms: int, *, ahead: bool = False) -> Reserve | None:
         """A reserve to send now, or None: one at a time, only while there is demand, when
-        what will still be spendable ``lead_ms`` from now is at or below the low-water mark."""
+        what will still be spendable ``lead_ms`` from now is at or below the low-water mark.
+
+        ``ahead``: no admission is waiting for it (a driver's tick), so only while the
+        holder expects a unit of demand before ``idle_ms`` would give it back. The
+        low-water mark is rounded up to a unit, so a key used once every few seconds would
+        otherwise keep asking ahead for a unit it does not use and hold it until
+        ``idle_ms``; a tenant thin on many workers would pin its whole bucket that way (the
+        simulator's `scale`). Such a key asks when an admission needs credit (`begin`)."""
         now = self._at(now_ms)
         cfg = self.config
         if self.in_flight is not None or len(self.blocks) >= cfg.blocks_max:
             return None
         if self._last_want_ms is None or now - self._last_want_ms >= cfg.idle_ms:
+            return None
+        if ahead and self.demand_per_s(now) * cfg.idle_ms < 1000:
             return None
         lasting = sum(b.left for b in self.blocks.values() if b.expires_at_ms > now + cfg.lead_ms)
         if lasting > self.low_water(now):

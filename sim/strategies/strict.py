@@ -30,6 +30,8 @@ from governor.engine import (
     ROOT_ID,
     Created,
     CreditGrant,
+    Denial,
+    DenyReason,
     Engine,
     EngineConfig,
     Event,
@@ -41,6 +43,8 @@ from ratemesh.credit import (
     CreditConfig,
     CreditHolder,
     Reserve,
+    denied_backoff_ms,
+    drained_wait_ms,
     local_expiry_ms,
 )
 from sim.scenario import Policy
@@ -61,9 +65,6 @@ RESEND_MS = 100  # an unanswered reserve is resent, same request id, this often,
 # the holder's unreachable_after_ms; then a new request (new id, new send time) replaces it
 JOINERS_MAX = 64  # as sim.scenario: a join fault may name up to this many new ids
 SWEEP_MS = 250  # idle holders give back their credit on this tick, not only on demand
-# as governor.client's StrictCredit: a denied reserve backs off, doubling
-DENIED_BACKOFF_MIN_MS = 10
-DENIED_BACKOFF_MAX_MS = 500
 # How long an arrival with no credit waits for a block: the node's `admit(..., timeout_s=)` has
 # no default, so this is the wait its docs show (`admit_blocking(..., timeout_s=0.5)`).
 ADMIT_TIMEOUT_MS = 500
@@ -71,13 +72,6 @@ TENANT_QUEUE_MAX = CoreConfig().tenant_queue_max  # waiters per tenant, as the n
 # The node's desk looks at refills ahead of need at every tick (`CreditDesk.tick`, each sync
 # interval); the sim looks when a holder is used, at most once a tick.
 REFILL_TICK_MS = CoreConfig().sync_interval_ms
-# THIN_REFILL: `CreditHolder.refill` asks ahead whenever what lasts past `lead_ms` is at or
-# below the low-water mark, and that mark is rounded up to a whole unit, so a holder whose
-# demand is a unit every few seconds keeps asking for a unit it will not use and holds it
-# until `idle_ms`. At `scale` (a tenant thin on each of 1,000 workers) those units pin
-# every bucket of B = 20. The sim's driver asks ahead only while the holder expects at least
-# a unit of demand within `lead_ms`; below that it asks on demand (a waiter), as the desk's
-# `ask` does. docs/strict.md ("In the simulator") says so; the change belongs in the holder.
 DEADLINE_EXCEEDED = "deadline_exceeded"
 QUEUE_FULL = "queue_full"
 WORKER_GONE = "worker_gone"  # a waiter's worker crashed or left
@@ -158,6 +152,7 @@ class StrictStrategy(Strategy):
         self.order = itertools.count()
         self.nodes: dict[str, int] = {}
         self.resources: dict[str, str] = {}  # tenant -> the rated resource (its first metric)
+        self.bursts: dict[str, int] = {}  # tenant -> its rate's B, as GetNode shows it
         self.sessions: dict[str, int] = {}
         self.drivers: dict[tuple[str, str], _Driver] = {}
         self.rids = itertools.count(1)
@@ -193,6 +188,7 @@ class StrictStrategy(Strategy):
             assert isinstance(got, Created), got
             self.nodes[tenant] = got.node_id
             self.resources[tenant] = p.metric.value
+            self.bursts[tenant] = p.burst
         joiners = [f"w{j:04d}" for j in range(len(ctx.workers), len(ctx.workers) + JOINERS_MAX)]
         for i, w in enumerate(ctx.workers + joiners):
             token = hashlib.sha256(f"{w}/{i}".encode()).hexdigest()
@@ -287,6 +283,10 @@ class StrictStrategy(Strategy):
         d = self.drivers.get(key)
         if d is None:
             d = self.drivers[key] = _Driver(a.worker, a.tenant)
+            # the node's driver reads the key's node rate once before its first reserve
+            # (`GetNode`): its blocks stay within a share of B (`CreditHolder.block_size`)
+            d.holder.learn_burst(self.bursts[a.tenant])
+            self.calls += 1
         now_ms = d.wanted_ms = now_ns // MS
         verdict = d.holder.try_spend(now_ms, a.amount)
         if verdict.admitted:
@@ -379,15 +379,12 @@ class StrictStrategy(Strategy):
             d.holder.failed(d.pending, unreachable=True)
             d.pending = None
         if d.pending is None and now_ms >= d.retry_at_ms and now_ms >= d.refill_at_ms:
-            # the node looks at refills once a tick; and asks ahead only for a holder that
-            # expects a unit of demand within the lead (THIN_REFILL, at the top)
+            # the node looks at refills ahead of need once a tick (`CreditDesk.tick`)
             d.refill_at_ms = now_ms + REFILL_TICK_MS
-            holder = d.holder
-            if holder.demand_per_s(now_ms) * holder.config.lead_ms >= 1000:
-                request = holder.refill(now_ms)
-                if request is not None:
-                    d.pending, d.rid, d.first_ms = request, f"{worker}/{next(self.rids)}", now_ms
-                    self._reserve(worker, tenant, d, request, d.rid, now_ms * MS)
+            request = d.holder.refill(now_ms, ahead=True)
+            if request is not None:
+                d.pending, d.rid, d.first_ms = request, f"{worker}/{next(self.rids)}", now_ms
+                self._reserve(worker, tenant, d, request, d.rid, now_ms * MS)
         if d.holder.blocks:  # else nothing to give back (a late grant went back at once)
             for block_id, unused in d.holder.take_returns(now_ms):
                 self._return(worker, block_id, unused, now_ms * MS)
@@ -436,12 +433,18 @@ class StrictStrategy(Strategy):
             if block.block_id not in d.holder.blocks:  # past its local expiry: back whole
                 for block_id, unused in d.holder.take_returns(now_ms):
                     self._return(d.worker, block_id, unused, t_ns)
-            if got.units < request.units:  # a drained bucket: gather more per round trip
-                d.retry_at_ms = now_ms + d.holder.config.lead_ms
-        else:
-            d.holder.failed(request, unreachable=False)
-            d.backoff_ms = min(DENIED_BACKOFF_MAX_MS, max(DENIED_BACKOFF_MIN_MS, d.backoff_ms * 2))
-            d.retry_at_ms = now_ms + d.backoff_ms
+            if got.units < request.units:  # a drained bucket: as the desk, wait ~lead_ms
+                d.retry_at_ms = now_ms + drained_wait_ms(d.holder.config.lead_ms, t_ns)
+        else:  # as the desk's `failed`: an empty bucket's denial states its B
+            assert isinstance(got, Denial)
+            burst = got.limit if got.reason is DenyReason.RATE and got.limit > 0 else None
+            d.holder.failed(request, unreachable=False, burst=burst)
+            if burst is not None:
+                d.backoff_ms = 0
+                d.retry_at_ms = now_ms + drained_wait_ms(d.holder.config.lead_ms, t_ns)
+            else:
+                d.backoff_ms = denied_backoff_ms(d.backoff_ms)
+                d.retry_at_ms = now_ms + d.backoff_ms
         if d.waiters and self.drivers.get((d.worker, d.tenant)) is d:
             self._serve(d, t_ns)
 
@@ -482,6 +485,7 @@ class StrictStrategy(Strategy):
         self.engine.set_rate(
             None, self.nodes[tenant], self.resources[tenant], Rate(p.rate, p.burst)
         )
+        self.bursts[tenant] = p.burst  # what a holder made from now on reads
 
     # ---- the report ------------------------------------------------------------------------
 

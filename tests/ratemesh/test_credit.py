@@ -284,3 +284,18 @@ def test_never_spends_more_than_granted_nor_after_a_local_expiry(
                 returned[bid] = unused
     for bid, units in spent.items():
         assert units <= granted[bid][0]
+
+
+def test_a_thin_key_is_not_refilled_ahead_but_asks_when_an_admission_needs_credit() -> None:
+    """Refilling ahead (a driver's tick) needs a unit of expected demand before `idle_ms`
+    would give it back: a key asked for once stays empty until asked again, where the
+    waiting form's refill (`ahead=False`) and `begin` still ask; a busier key is refilled."""
+    cfg = CreditConfig()
+    thin = CreditHolder(cfg)
+    assert thin.try_spend(0).reason == NO_CREDIT  # one want in the demand window
+    assert thin.refill(10, ahead=True) is None
+    assert thin.refill(10) is not None  # an admission is waiting on it
+    busy = CreditHolder(cfg)
+    for t in range(0, 50, 10):  # five wants in 50 ms: far more than a unit per idle_ms
+        busy.try_spend(t)
+    assert busy.refill(50, ahead=True) is not None

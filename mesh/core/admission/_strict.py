@@ -263,7 +263,7 @@ class CreditDesk:
         for gate in list(self.gates.values()):
             self._give_back(gate, now_ms)
             if not self.closing and now_ms >= gate.retry_at_ms:
-                request = gate.holder.refill(now_ms)
+                request = gate.holder.refill(now_ms, ahead=True)
                 if request is not None:
                     self._reserve(gate, request)
 

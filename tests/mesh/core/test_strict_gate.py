@@ -156,6 +156,8 @@ def test_past_its_local_expiry_with_governord_silent_the_gate_fails_closed() -> 
     clock = Clock()
     cfg = CreditConfig()
     m, g = primed(clock, 100)
+    for _ in range(4):  # demand enough to be refilled ahead (`CreditHolder.refill`)
+        assert m.admission.try_admit("t", "read_iops").allowed
     expiry = local_expiry_ms(0, TTL_MS, cfg.rho_ppm, cfg.epsilon_ms)
     clock.ms(expiry - 1)
     effects = tick(m, clock)  # a refill goes out ahead of the expiry (lead_ms)
