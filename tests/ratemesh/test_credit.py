@@ -178,13 +178,26 @@ def test_blocks_stay_a_share_of_the_burst_once_governord_states_it() -> None:
 
 def test_what_governord_says_of_a_burst_is_read_strictly() -> None:
     assert rate_burst({"reason": "rate", "limit": 1_000, "used": 1_000}) == 1_000
-    for bad in ({"reason": "quota", "limit": 5}, {"reason": "rate", "limit": 0}, {}, None, 3):
+    denials: tuple[object, ...] = (
+        {"reason": "quota", "limit": 5},
+        {"reason": "rate", "limit": 0},
+        {},
+        None,
+        3,
+    )
+    for bad in denials:
         assert rate_burst(bad) is None
     assert rate_burst({"reason": "rate", "limit": True}) is None
     assert node_burst({"rates": {"read_iops": [2_000, 1_000]}}, "read_iops") == 1_000
     assert node_burst({"rates": {"read_iops": [2_000, 1_000]}}, "http") is None
-    for bad in ({}, {"rates": []}, {"rates": {"read_iops": [1]}}, {"rates": {"read_iops": 5}}):
-        assert node_burst(bad, "read_iops") is None
+    nodes: tuple[object, ...] = (
+        {},
+        {"rates": []},
+        {"rates": {"read_iops": [1]}},
+        {"rates": {"read_iops": 5}},
+    )
+    for node in nodes:
+        assert node_burst(node, "read_iops") is None
 
 
 def test_waits_after_a_denial() -> None:

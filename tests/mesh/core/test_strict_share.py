@@ -14,8 +14,18 @@ from __future__ import annotations
 import hashlib
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 
-from governor.engine import ROOT_ID, Created, CreditGrant, Engine, EngineConfig, ManualClock, Rate
+from governor.engine import (
+    ROOT_ID,
+    Created,
+    CreditGrant,
+    Denial,
+    Engine,
+    EngineConfig,
+    ManualClock,
+    Rate,
+)
 from mesh.core.admission import CreditDesk, StrictGate
 from mesh.core.effects import Effect, ReserveCredit, ReturnCredit
 from ratemesh.credit import CreditConfig, node_burst, rate_burst
@@ -40,7 +50,7 @@ class Worker:
     asked: list[int] = field(default_factory=list)  # units of each reserve sent
     # (deliver at ms, effect) in flight to governord, and replies back
     out: deque[tuple[int, Effect]] = field(default_factory=deque)
-    back: deque[tuple[int, ReserveCredit, object]] = field(default_factory=deque)
+    back: deque[tuple[int, ReserveCredit, CreditGrant | Denial]] = field(default_factory=deque)
     looked_up: bool = False
 
 
@@ -52,10 +62,14 @@ def _fleet(clock_ms: list[int]) -> tuple[Engine, ManualClock, list[Worker], int]
     workers = []
     for i in range(WORKERS):
         sid, _ = engine.open_session(node.node_id, 60_000, hashlib.sha256(b"%d" % i).hexdigest())
-        desk = CreditDesk(lambda i=i: clock_ms[0] * MS + i * 137_911, CREDIT)  # clocks apart
+        desk = CreditDesk(partial(_clock_ns, clock_ms, i * 137_911), CREDIT)  # clocks apart
         gate = desk.open(policy("load", mode="strict", rate=10**6, burst=10**6), None)
         workers.append(Worker(desk, gate, sid))
     return engine, gclock, workers, node.node_id
+
+
+def _clock_ns(clock_ms: list[int], offset_ns: int) -> int:
+    return clock_ms[0] * MS + offset_ns
 
 
 def _run(seconds: int = SECONDS) -> tuple[list[Worker], int]:
@@ -67,12 +81,12 @@ def _run(seconds: int = SECONDS) -> tuple[list[Worker], int]:
         gclock.advance(1)
         for w in workers:
             while w.back and w.back[0][0] <= ms:  # replies that arrived
-                _, e, got = w.back.popleft()
+                _, asked, got = w.back.popleft()
                 if isinstance(got, CreditGrant):
-                    w.desk.granted(e, got.block_id, got.units, got.ttl_ms)
+                    w.desk.granted(asked, got.block_id, got.units, got.ttl_ms)
                 else:
                     d = {"reason": got.reason.value, "limit": got.limit}  # the wire's detail
-                    w.desk.failed(e, unreachable=False, burst=rate_burst(d))
+                    w.desk.failed(asked, unreachable=False, burst=rate_burst(d))
             for _ in range(OFFER_PER_MS[ms % 2]):
                 if w.gate.admit(1).allowed:
                     w.admitted.append(ms)
