@@ -60,7 +60,7 @@ class StrictCredit:
         self._retry_at_ms = 0
         self.reserves = 0  # round trips, for "round trips per admitted unit"
         self.returns = 0
-        self.rate_lookups = 0  # GetNode calls for the node's burst (one, after the first answer)
+        self.rate_lookups = 0  # GetNode calls for the node's burst (one, before the first reserve)
         self._looked_up = False
 
     async def __aenter__(self) -> StrictCredit:
