@@ -58,10 +58,8 @@ SWEEP_NS = 1_000_000_000  # upkeep of every retained key: a pass starts at most 
 # Keys one tick's part of that upkeep visits: a pass over 250,000 keys is spread over ticks
 # instead of stalling one (issue 12): about 1 ms of a tick; at 5 ms ticks, 200,000 keys a second.
 SWEEP_SLICE = 1024
-# Telemetry of forgotten keys (`Owner._applied_retired`): this many scopes keep a total of
-# their own; the rest are summed per metric under OTHER_TENANT, so the map does not grow
-# with every tenant ever seen. Tenant ids are non-empty, so OTHER_TENANT names none.
-RETIRED_SCOPES_MAX = 50
+# Telemetry of forgotten keys (`Owner._applied_retired`) is summed per metric under
+# OTHER_TENANT. Tenant ids are non-empty, so OTHER_TENANT names none.
 OTHER_TENANT = ""
 # Generations being fetched at once (`_fetching`): one FetchPolicy per key until the driver
 # answers `policy_learned`. Past it a key without its policy is refused POLICY_UNKNOWN and
@@ -169,11 +167,12 @@ class Owner:
         self._sweep_left = 0
         self._sweep_forgot = 0
         self.applied_units = 0  # telemetry: usage applied, in the keys' own units
-        # Telemetry: usage applied by keys this owner no longer holds, per (tenant, metric),
-        # so that the per-scope counter (`applied_by_scope`) never goes down when a key is
-        # forgotten or moves. One entry per scope, not per key or generation; beyond
-        # RETIRED_SCOPES_MAX scopes the smallest are summed per metric (`_fold_retired`).
-        self._applied_retired: dict[tuple[str, str], int] = {}
+        # Telemetry: usage applied by keys this owner no longer holds, per metric only, so
+        # the sum over scopes never goes down when a key is forgotten or moves. Not per
+        # tenant: a forgotten tenant keeps nothing here (issue 12: a few hundred names kept
+        # from 250,000 one-off tenants pinned tens of MiB of allocator arenas), and the
+        # exported per-tenant counters stay monotonic without it (telemetry `_Labelled`).
+        self._applied_retired: dict[str, int] = {}
         self.duplicates = 0
         # Peers' reports and hand-overs refused, by `Refusal` (`_plausible` says when and
         # how they are counted), and their total, which a driver watches to log them.
@@ -200,9 +199,10 @@ class Owner:
         return {key: ks.applied for key, ks in self.keys.items()}
 
     def applied_by_scope(self) -> dict[tuple[str, str], int]:
-        """Telemetry: usage applied per (tenant, metric) across generations, ever: what the
-        retained keys applied plus what forgotten and moved keys had (monotonic)."""
-        out = dict(self._applied_retired)
+        """Telemetry: usage applied per (tenant, metric) across the retained keys'
+        generations, and per (OTHER_TENANT, metric) what forgotten and moved keys had: the
+        sum per metric is monotonic; a tenant's own total lasts while it has keys here."""
+        out = {(OTHER_TENANT, metric): n for metric, n in self._applied_retired.items()}
         for key, ks in self.keys.items():
             scope = (key.tenant_id, key.metric.value)
             out[scope] = out.get(scope, 0) + ks.applied
@@ -212,11 +212,8 @@ class Owner:
         """Drop a key, keeping what it applied in the per-scope telemetry total."""
         ks = self.keys.pop(key)
         if ks.applied:
-            scope = (key.tenant_id, key.metric.value)
-            retired = self._applied_retired
-            retired[scope] = retired.get(scope, 0) + ks.applied
-            if len(retired) > 2 * RETIRED_SCOPES_MAX + 8:  # amortised: fold now and then
-                _fold_retired(retired, RETIRED_SCOPES_MAX)
+            retired, metric = self._applied_retired, key.metric.value
+            retired[metric] = retired.get(metric, 0) + ks.applied
 
     def is_member(self, now_ns: int, sender: str) -> bool:
         """Whether `sender` may report or hand over to us: us, a member of our ring, or
@@ -539,7 +536,6 @@ class Owner:
                 order.append(ks)
         if not self._sweep_left and self._sweep_forgot > max(len(self.keys), 4096):
             self.keys = dict(self.keys)  # forgot more than it kept: a smaller table (issue 12)
-            self._applied_retired = _rehomed(self._applied_retired)
             self._sweep_forgot = 0
 
     def ring_changed(self, now_ns: int, ring: Ring) -> None:
@@ -778,20 +774,3 @@ def _look(ks: KeyState, basis: ShareBasis, remaining: int, floor: int) -> None:
         else -1
     )
     ks.looked_floor = floor
-
-
-def _rehomed(retired: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
-    """The same totals under freshly allocated keys. The kept scopes' tenant names were
-    allocated among the many keys now forgotten; each would keep its 1 MiB allocator arena
-    mapped (CPython frees an arena only when all of it is free), so copies made now, when
-    the allocator fills its fullest arenas first, let those arenas go (issue 12)."""
-    return {(tenant.encode().decode(), metric): n for (tenant, metric), n in retired.items()}
-
-
-def _fold_retired(retired: dict[tuple[str, str], int], keep: int) -> None:
-    """Keep the `keep` largest per-scope totals; add the rest to their metric's
-    (OTHER_TENANT, metric) total. Every unit stays counted once, so the sum never drops."""
-    ranked = sorted((s for s in retired if s[0] != OTHER_TENANT), key=lambda s: (-retired[s], s))
-    for scope in ranked[keep:]:
-        other = (OTHER_TENANT, scope[1])
-        retired[other] = retired.get(other, 0) + retired.pop(scope)

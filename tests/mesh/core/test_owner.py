@@ -20,7 +20,7 @@ from mesh.core.messages import (
     UsageReport,
 )
 from mesh.core.owner import Owner
-from mesh.core.owner._owner import FETCHING_MAX, RETIRED_SCOPES_MAX, SWEEP_SLICE
+from mesh.core.owner._owner import FETCHING_MAX, OTHER_TENANT, SWEEP_SLICE
 from mesh.core.policy import PolicyCache, RateKey, TenantRatePolicy
 from mesh.core.ring import Ring
 from tests.mesh._helpers import MS, cache, owned_policies, policy
@@ -387,11 +387,11 @@ def test_per_key_applied_shrinks_with_the_keys_the_owner_forgets() -> None:
     assert set(o.applied) == set(o.keys) == stays
     by_scope = o.applied_by_scope()
     assert sum(by_scope.values()) == 12000
-    # The retained keys each have their scope; the forgotten and moved ones fold into at
-    # most RETIRED_SCOPES_MAX scopes of their own plus one OTHER_TENANT total per metric.
+    # The retained keys each have their scope; the forgotten and moved ones fold into one
+    # OTHER_TENANT total per metric.
     retired = {s for s in by_scope if s[0] not in {k.tenant_id for k in stays}}
-    assert len(retired) <= 2 * RETIRED_SCOPES_MAX + 8 + 1
-    assert len(by_scope) < 2000
+    assert retired == {(OTHER_TENANT, p.metric.value) for p in pols}
+    assert len(by_scope) == len(stays) + len(retired)
 
 
 def test_fetches_in_flight_are_bounded_and_the_rest_refused_without_one() -> None:
