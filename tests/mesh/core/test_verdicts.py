@@ -337,10 +337,14 @@ def test_try_admit_allocates_nothing_on_any_shared_verdict() -> None:
         pass
     stopped = local()
     stopped.stop()
-    for a in (allowing, denying, glob, stopped):
+    m, _ = primed(Clock(), 10**9, b=10**6)  # strict: the inline spend from the fast block
+    strict = m.admission
+    for a in (allowing, denying, glob, stopped, strict):
         assert _grown(lambda a=a: a.try_admit(T, M)) < 1024  # type: ignore[misc]
     assert denying.try_admit(T, M).reason is Reason.RATE_LIMITED
     assert glob.try_admit(T, M).reason is Reason.RATE_LIMITED
+    ok = strict.try_admit(T, M)
+    assert ok.allowed and ok.step is Step.STRICT
 
 
 def test_shared_is_the_interned_equivalent_and_interning_is_bounded(
