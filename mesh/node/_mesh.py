@@ -106,7 +106,8 @@ class Mesh:
     # -- the hot path ---------------------------------------------------------------------
 
     def try_admit(self, tenant: str, metric: str, amount: int = 1) -> Verdict:
-        """Admit now or say why not: local, synchronous, no network."""
+        """Admit now or say why not: local, synchronous, no network. A shared verdict
+        (no numbers: `try_admit_detailed` has them); STOPPED once stopping began."""
         d = self._driver
         if d is None:
             raise ConfigError("mesh", "not started: use `async with Mesh(...)` or .start()")
