@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 import mesh.core.verdict as verdict_module
 from mesh import admit
 from mesh.core.admission import DEADLINE, QUEUE_FULL, STOPPED, UNKNOWN, Admission, StrictGate
-from mesh.core.gcra import NS_PER_S
+from mesh.core.gcra import NS_PER_S, Gcra, refill_ns
 from mesh.core.messages import RateSnapshot, SnapshotBatch
 from mesh.core.policy import BOUNDS, Mode
 from mesh.core.reporter import GlobalGate, Reporter
 from mesh.core.ring import Ring
-from mesh.core.verdict import Reason, Step, Suspension, Verdict, verdict
+from mesh.core.verdict import Reason, Step, Suspension, Verdict, ms_ceil, verdict
 from tests.mesh._helpers import MS, cache, policy
 from tests.mesh.core.test_strict_gate import Clock, primed, tick
 
@@ -362,3 +362,13 @@ def test_shared_is_the_interned_equivalent_and_interning_is_bounded(
     counted = fresh.shared()
     assert counted.limit is None and counted is again.shared()  # counted without its limit
     assert isinstance(counted, Verdict)
+
+
+def test_the_unit_helpers_round_waits_up() -> None:
+    assert (ms_ceil(0), ms_ceil(-3), ms_ceil(1), ms_ceil(MS), ms_ceil(MS + 1)) == (0, 0, 1, 1, 2)
+    assert refill_ns(3, 1000) == 3 * MS and refill_ns(1, 3) == 333_333_334
+    assert refill_ns(-5, 10) == 0
+    g = Gcra(10, 5, 0)
+    c = g.copy()
+    c.apply(0, 5)
+    assert g.remaining(0) == 5 and c.remaining(0) == 0  # the copy is independent
