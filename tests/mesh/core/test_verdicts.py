@@ -249,6 +249,36 @@ def test_numbers_are_consistent_with_what_is_then_admitted(
         assert a.try_admit(T, M, amount).allowed, (amount, v)
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    remaining=st.integers(0, 100),
+    amounts=st.lists(st.integers(1, 120), min_size=1, max_size=30),
+    later_ms=st.integers(0, 50),
+)
+def test_global_numbers_are_consistent_with_the_decision(
+    remaining: int, amounts: list[int], later_ms: int
+) -> None:
+    """A fresh global view: allowed => retry_after_ms 0 and remaining the view's `avail`;
+    denied rate_limited => retry_after_ms >= 1 and at least the refill of the shortfall
+    at R; too_large => None. reset_after_ms never grows as time passes."""
+    a = fed_global(remaining)
+    gate = a.gate(T, M)
+    assert isinstance(gate, GlobalGate)
+    for amount in amounts:
+        before = max(gate.avail, 0)
+        v = a.try_admit_detailed(T, M, amount)
+        assert v.remaining == max(gate.avail, 0) and v.reset_after_ms is not None
+        if v.allowed:
+            assert v.retry_after_ms == 0 and v.remaining == before - amount
+        elif v.reason is Reason.TOO_LARGE:
+            assert v.retry_after_ms is None
+        else:
+            assert v.reason is Reason.RATE_LIMITED and v.retry_after_ms is not None
+            assert v.retry_after_ms >= max(1, amount - before)  # R = 1000/s: 1 ms a unit
+        later = gate.numbers(amount, v.allowed, later_ms * MS).reset_after_ms
+        assert later is not None and later <= v.reset_after_ms
+
+
 def test_reset_after_reaches_zero_when_idle_long_enough() -> None:
     a = local(rate=50, burst=20)
     for _ in range(20):

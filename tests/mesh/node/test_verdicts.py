@@ -47,15 +47,17 @@ def _every_form(mesh: Mesh) -> list[Verdict]:
 
 
 def test_the_detailed_form_is_counted_under_its_shared_verdict() -> None:
-    mesh = Mesh(_config()).start()
+    mesh = Mesh(_config(target_rate=1)).start()  # 1/s: no refill between the calls
     try:
         shared = mesh.try_admit("acme", "read_iops")
         detailed = mesh.try_admit_detailed("acme", "read_iops")
         assert detailed.allowed and detailed.shared() is shared and detailed is not shared
-        assert (detailed.limit, detailed.step, detailed.retry_after_ms) == (100, Step.LOCAL, 0)
+        assert (detailed.limit, detailed.step, detailed.retry_after_ms) == (1, Step.LOCAL, 0)
         assert detailed.remaining == 8
         assert json.loads(json.dumps(detailed.to_dict()))["remaining"] == 8
         assert mesh.decisions == {("acme", "read_iops", id(shared)): 2}
+        waited = mesh.admit_blocking("acme", "read_iops", timeout_s=1)  # detailed too
+        assert waited.allowed and waited.remaining == 7 and waited.retry_after_ms == 0
     finally:
         mesh.stop()
 
