@@ -12,7 +12,7 @@ from mesh.core.owner import Owner
 from mesh.core.policy import Metric, Mode, PolicyCache, RateKey, TenantRatePolicy, Unit
 from mesh.core.reporter import Reporter
 from mesh.core.ring import Ring
-from mesh.core.verdict import Reason, Suspension, Verdict
+from mesh.core.verdict import Reason, Step, Suspension, Verdict
 from mesh.errors import ConfigError, ConfigTypeError, MeshError, MessageError, MessageTypeError
 
 Policy = TenantRatePolicy
@@ -50,6 +50,7 @@ __all__ = [
     "Reporter",
     "Ring",
     "SnapshotBatch",
+    "Step",
     "Suspension",
     "TenantRatePolicy",
     "Ticker",

@@ -7,6 +7,9 @@ owner of the event loop (the node, or `Ticker` below for a mesh-less process) mu
 A node in threaded mode passes its `lock` (app threads call `try_admit` concurrently) and a
 `parked` set, so that stopping can fail every parked waiter at once instead of leaving it
 to its deadline on a loop that is going away.
+
+Its verdicts are detailed (`Admission.detail`): they carry the view's `remaining`,
+`retry_after_ms` and `reset_after_ms` when they are given.
 """
 
 from __future__ import annotations
@@ -20,11 +23,9 @@ from typing import Any
 
 from mesh.core.admission._admission import QUEUE_FULL, Admission
 from mesh.core.admission._queue import Waiter
-from mesh.core.verdict import Reason, Verdict
+from mesh.core.verdict import Verdict
 
 __all__ = ["admit", "Ticker"]
-
-_FINAL = frozenset({Reason.TOO_LARGE})
 
 
 async def admit(
@@ -40,11 +41,13 @@ async def admit(
 ) -> Verdict:
     """Admit now if possible, else wait up to `timeout_s` in the tenant's queue.
 
-    A full queue answers `queue_full` at once; a verdict that waiting cannot change (the
-    amount exceeds the burst) is returned at once too. An unknown policy waits like a
-    spent limit: the generation may arrive before the deadline (seed 004: queue within the
-    tenant bound, or reject). An exception set on the parked future (see `parked`) is
-    raised here.
+    A full queue answers `queue_full` at once. A denial that waiting cannot change (its
+    `retry_after_ms` is None: `policy_unknown`, `too_large`, `stopped`, a limit failing
+    closed until its configuration changes) is returned at once, with its own reason and
+    suspension, rather than as `deadline_exceeded` after the whole timeout. Once the
+    admission stops, the waiter gets `stopped` (`Admission.stop`). Every verdict is a
+    detailed one, its numbers taken as it is returned. An exception set on the parked
+    future (see `parked`) is raised here.
     """
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Verdict] = loop.create_future()
@@ -54,23 +57,25 @@ async def admit(
             future.set_result(v)
 
     with lock or contextlib.nullcontext():
-        verdict = admission.try_admit(tenant, metric, amount)
-        if verdict.allowed or verdict.reason in _FINAL or timeout_s <= 0:
+        verdict = admission.try_admit_detailed(tenant, metric, amount)
+        if verdict.allowed or verdict.retry_after_ms is None or timeout_s <= 0:
             return verdict
         deadline_ns = clock_ns() + int(timeout_s * 1e9)
         waiter = admission.enqueue(tenant, metric, amount, deadline_ns, resolve)
-    if waiter is None:
-        return QUEUE_FULL
+        if waiter is None:
+            return admission.detail(QUEUE_FULL, tenant, metric, amount)
     timer = loop.call_later(timeout_s, _expire, waiter, admission)
     if parked is not None:
         parked.add(future)
     try:
-        return await future
+        verdict = await future
     finally:
         timer.cancel()
         waiter.done = True  # cancelled or resolved: the queue drops it at its next pass
         if parked is not None:
             parked.discard(future)
+    with lock or contextlib.nullcontext():
+        return admission.detail(verdict, tenant, metric, amount)
 
 
 def _expire(waiter: Waiter, admission: Admission) -> None:

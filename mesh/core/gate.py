@@ -3,7 +3,8 @@
 `try_admit` reads and writes only these slots: `avail` (what may still be admitted now),
 `pending` (admitted, not yet accounted), `denied`, and the threshold `flush_at` at which the
 view's `sink` is told (a mode's bookkeeping happens there, off the hot path). Mode-specific
-state lives in subclasses.
+state lives in subclasses, and so does each one's `numbers` (a detailed verdict's
+remaining / retry_after_ms / reset_after_ms): one formula per gate type, with its state.
 """
 
 from __future__ import annotations
@@ -11,11 +12,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mesh.core.policy import BOUNDS, Mode, TenantRatePolicy
-from mesh.core.verdict import Reason, Suspension, Verdict, verdict
+from mesh.core.verdict import Numbers, Reason, Step, Suspension, verdict
 
-__all__ = ["Gate", "NEVER"]
+__all__ = ["Gate", "NEVER", "STEPS"]
 
 NEVER = 1 << 62  # a threshold that is never crossed
+# The step a mode's view decides at (strict's veto is the mesh's: StrictGate.admit says so).
+STEPS: dict[Mode, Step] = {
+    Mode.LOCAL: Step.LOCAL,
+    Mode.SHARE: Step.SHARE,
+    Mode.GLOBAL: Step.MESH,
+    Mode.STRICT: Step.STRICT,
+}
 
 
 class Gate:
@@ -29,16 +37,30 @@ class Gate:
         self.flush_at = 1  # the first admission after a flush tells the sink
         self.sink = sink
         self.marked = False
-        self.ok: Verdict = verdict(True, Reason.ADMITTED, policy.mode, BOUNDS[policy.mode])
-        self.no: Verdict = verdict(False, Reason.RATE_LIMITED, policy.mode, BOUNDS[policy.mode])
+        self.set_verdicts(BOUNDS[policy.mode])
 
     def set_verdicts(
         self,
         bound: str,
         suspended: Suspension | None = None,
         deny_reason: Reason = Reason.RATE_LIMITED,
+        *,
+        limited: bool = True,
+        step: Step | None = None,
     ) -> None:
-        """Swap the shared verdicts when the view's condition changes (off the hot path)."""
-        mode: Mode = self.policy.mode
-        self.ok = verdict(True, Reason.ADMITTED, mode, bound, suspended)
-        self.no = verdict(False, deny_reason, mode, bound, suspended)
+        """Swap the shared verdicts when the view's condition changes (off the hot path).
+        They carry the policy's target_rate as `limit` unless not `limited` (disabled), and
+        `step` or else the mode's (STEPS)."""
+        p = self.policy
+        mode: Mode = p.mode
+        rate = p.target_rate if limited else None
+        s = STEPS[mode] if step is None else step
+        self.ok = verdict(True, Reason.ADMITTED, mode, bound, suspended, limit=rate, step=s)
+        self.no = verdict(False, deny_reason, mode, bound, suspended, limit=rate, step=s)
+
+    def numbers(self, amount: int, allowed: bool, now_ns: int) -> Numbers:
+        """The per-moment numbers of a verdict just given for `amount` (`Verdict.with_numbers`):
+        what the view could still admit, when `amount` could next fit (0 when allowed, None
+        when waiting cannot help), when the view is full again (None: not known here).
+        Each gate type overrides it with its own arithmetic; off the hot path."""
+        return Numbers(max(self.avail, 0), 0 if allowed else None, None)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from mesh.core._validate import check_int
 from mesh.errors import ConfigError
 
-__all__ = ["Gcra", "NS_PER_S", "RECOVERED_PART", "recovered"]
+__all__ = ["Gcra", "NS_PER_S", "RECOVERED_PART", "recovered", "refill_ns"]
 
 NS_PER_S = 1_000_000_000
 # An exhausted meter counts as recovered once 1/RECOVERED_PART of its burst is back.
@@ -27,6 +27,12 @@ def recovered(remaining: int, burst: int) -> bool:
     left. Hysteresis: under steady overload the bucket hovers near zero, and an owner that
     broadcast exhaustion at every brush with it would make traffic grow with load."""
     return remaining * RECOVERED_PART >= burst
+
+
+def refill_ns(units: int, rate: int) -> int:
+    """Nanoseconds a meter at `rate` units/s takes to refill `units` (rounded up): `units`
+    emission intervals of 1e9 / R ns. A global view's wait estimate (GlobalGate.numbers)."""
+    return -(-max(units, 0) * NS_PER_S // rate)
 
 
 class Gcra:
@@ -81,6 +87,12 @@ class Gcra:
         if excess <= 0:
             return 0
         return -(-excess // self.rate)
+
+    def copy(self) -> Gcra:
+        """An independent meter in the same state (to ask what-if questions of)."""
+        m = Gcra.__new__(Gcra)
+        m.rate, m.burst, m._tau, m._tat = self.rate, self.burst, self._tau, self._tat
+        return m
 
     def retune(self, rate: int, burst: int, now_ns: int) -> None:
         """Change R and B keeping the current debt/credit in units (policy change)."""

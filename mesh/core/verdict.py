@@ -1,13 +1,42 @@
-"""The answer to an admission question: a value, never an exception."""
+"""The answer to an admission question: a value, never an exception.
+
+A verdict says allowed or not, why (`reason`), under which mode and `bound`, any
+`suspended` degradation, the policy's `limit` and which `step` decided. Those are fixed per
+view condition, so the hot path hands out shared, interned verdicts and allocates nothing.
+The per-moment numbers (`remaining`, `retry_after_ms`, `reset_after_ms`) are None on the
+shared verdicts; the detailed forms (`Admission.try_admit_detailed`, `Mesh.try_admit_detailed`
+and the waiting forms) return a fresh verdict with them filled in, each computed by the
+view's gate from its own state (`Gate.numbers`). docs/api.md has the field table.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any, NamedTuple
 
 from mesh.core.policy import Mode
 
-__all__ = ["Reason", "Suspension", "Verdict", "verdict"]
+__all__ = [
+    "NS_PER_MS",
+    "Numbers",
+    "Reason",
+    "STOPPED",
+    "STOPPED_BOUND",
+    "Step",
+    "Suspension",
+    "VERDICTS_INTERNED_MAX",
+    "Verdict",
+    "ms_ceil",
+    "verdict",
+]
+
+NS_PER_MS = 1_000_000
+STOPPED_BOUND = "stopped:nothing_admitted"
+# Interned verdicts that carry a limit (one set per distinct target_rate ever seen): past
+# this bound `verdict()` builds them fresh instead, so policy churn cannot grow the table
+# without end. Verdicts without a limit are a small finite set and always interned.
+VERDICTS_INTERNED_MAX = 1 << 16
 
 
 class Reason(StrEnum):
@@ -22,6 +51,7 @@ class Reason(StrEnum):
     GLOBAL_LIMIT = "global_limit"  # strict: the mesh's global view vetoed (no credit touched)
     NO_CREDIT = "no_credit"  # strict: the mesh passed it, no credit held; a refill was asked
     TOO_LARGE = "too_large"  # the amount exceeds the burst: it could never be admitted
+    STOPPED = "stopped"  # the node stopped (Mesh.stop / Admission.stop): nothing is admitted
 
 
 class Suspension(StrEnum):
@@ -34,12 +64,40 @@ class Suspension(StrEnum):
     GOVERNOR_UNREACHABLE = "governor_unreachable"
 
 
+class Step(StrEnum):
+    """Which step of admission decided: for a denial, the one that denied."""
+
+    LOCAL = "local"  # this process's GCRA (local mode)
+    SHARE = "share"  # this worker's share of the limit (share mode)
+    MESH = "mesh"  # the mesh's global view (global mode, and strict's veto)
+    STRICT = "strict"  # governord credit (strict mode)
+    QUEUE = "queue"  # admit(): the tenant's wait queue (full, or the deadline passed)
+    POLICY = "policy"  # the policy alone: none known, or disabled
+    STOPPED = "stopped"  # the node stopped
+
+
+class Numbers(NamedTuple):
+    """A view's per-moment numbers for one amount (`Gate.numbers`). None: not known here
+    (`remaining`, `reset_after_ms`) or waiting cannot help (`retry_after_ms`)."""
+
+    remaining: int | None
+    retry_after_ms: int | None
+    reset_after_ms: int | None
+
+
+def ms_ceil(ns: int) -> int:
+    """Nanoseconds as whole milliseconds, rounded up (a wait never comes out short)."""
+    return -(-ns // NS_PER_MS) if ns > 0 else 0
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """allowed or not, why, under which mode, the bound that applied, and any suspension.
+    """allowed or not, why, under which mode, the bound that applied, and any suspension;
+    the policy's limit (units per second) and the step that decided; and, on a detailed
+    verdict only, the per-moment numbers (module docstring; docs/api.md).
 
-    Verdicts are built ahead of time per view and shared, so `try_admit` allocates nothing:
-    treat them as immutable values.
+    Verdicts from `try_admit` are built ahead of time per view and shared, so it allocates
+    nothing: treat them as immutable values.
     """
 
     allowed: bool
@@ -47,12 +105,73 @@ class Verdict:
     mode: Mode | None
     bound: str
     suspended: Suspension | None = None
+    limit: int | None = None
+    step: Step | None = None
+    remaining: int | None = None
+    retry_after_ms: int | None = None
+    reset_after_ms: int | None = None
 
     def __bool__(self) -> bool:
         return self.allowed
 
+    def with_numbers(self, n: Numbers, limit: int | None = None) -> Verdict:
+        """A fresh, detailed copy of this verdict carrying `n` (and `limit` when this one
+        has none: a queue's verdict, filled in from the view)."""
+        return Verdict(
+            self.allowed,
+            self.reason,
+            self.mode,
+            self.bound,
+            self.suspended,
+            self.limit if self.limit is not None else limit,
+            self.step,
+            n.remaining,
+            n.retry_after_ms,
+            n.reset_after_ms,
+        )
 
-_INTERNED: dict[tuple[bool, Reason, Mode | None, str, Suspension | None], Verdict] = {}
+    def shared(self) -> Verdict:
+        """The interned verdict for this one's condition, numbers dropped: what decisions
+        are counted under (telemetry counts by `id()` of a shared verdict). Always an
+        interned object: past VERDICTS_INTERNED_MAX, the condition without its limit."""
+        v = verdict(
+            self.allowed,
+            self.reason,
+            self.mode,
+            self.bound,
+            self.suspended,
+            limit=self.limit,
+            step=self.step,
+        )
+        if v.limit is not None and _INTERNED.get(_key(v)) is not v:
+            v = verdict(
+                self.allowed, self.reason, self.mode, self.bound, self.suspended, step=v.step
+            )
+        return v
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: enum members as their string values, None kept (the API's shape)."""
+        return {
+            "allowed": self.allowed,
+            "reason": self.reason.value,
+            "mode": None if self.mode is None else self.mode.value,
+            "bound": self.bound,
+            "suspended": None if self.suspended is None else self.suspended.value,
+            "limit": self.limit,
+            "step": None if self.step is None else self.step.value,
+            "remaining": self.remaining,
+            "retry_after_ms": self.retry_after_ms,
+            "reset_after_ms": self.reset_after_ms,
+        }
+
+
+_Key = tuple[bool, Reason, Mode | None, str, Suspension | None, int | None, Step | None]
+_INTERNED: dict[_Key, Verdict] = {}
+_with_limit = 0  # interned verdicts that carry a limit (bounded by VERDICTS_INTERNED_MAX)
+
+
+def _key(v: Verdict) -> _Key:
+    return (v.allowed, v.reason, v.mode, v.bound, v.suspended, v.limit, v.step)
 
 
 def verdict(
@@ -61,11 +180,22 @@ def verdict(
     mode: Mode | None,
     bound: str,
     suspended: Suspension | None = None,
+    *,
+    limit: int | None = None,
+    step: Step | None = None,
 ) -> Verdict:
     """The shared Verdict for these values: verdicts carry nothing per key, so every view
     in the same condition hands out the same object (no memory per key, no allocation)."""
-    key = (allowed, reason, mode, bound, suspended)
+    global _with_limit
+    key = (allowed, reason, mode, bound, suspended, limit, step)
     v = _INTERNED.get(key)
     if v is None:
-        v = _INTERNED[key] = Verdict(allowed, reason, mode, bound, suspended)
+        v = Verdict(allowed, reason, mode, bound, suspended, limit, step)
+        if limit is None or _with_limit < VERDICTS_INTERNED_MAX:
+            _INTERNED[key] = v
+            _with_limit += limit is not None
     return v
+
+
+# Every form answers this once the node stopped (`Admission.stop`): waiting cannot help.
+STOPPED = verdict(False, Reason.STOPPED, None, STOPPED_BOUND, step=Step.STOPPED)

@@ -6,11 +6,16 @@
     mesh = Mesh(config); mesh.start()       # threads: a daemon thread runs the loop
     verdict = mesh.try_admit("acme", "read_iops")
     verdict = mesh.admit_blocking("acme", "read_iops", timeout_s=0.5)  # waits, bounded
+    verdict = mesh.try_admit_detailed("acme", "read_iops")  # + remaining, retry_after_ms, ...
     mesh.stop()                             # graceful leave: flush, leave, drain
 
-`try_admit` is synchronous and network-free in both: it reads the local view only. The
-waiting forms (`await admit()`, `admit_blocking()`) wait on the node's loop, where the
-tenant queues are served at every tick.
+`try_admit` is synchronous and network-free in both: it reads the local view only, and
+returns a shared verdict (no allocation). `try_admit_detailed` makes the same decision and
+adds the view's numbers (`remaining`, `retry_after_ms`, `reset_after_ms`; docs/api.md);
+it is what an API in front of the mesh calls. The waiting forms (`await admit()`,
+`admit_blocking()`) wait on the node's loop, where the tenant queues are served at every
+tick, and return detailed verdicts. Once stopping begins, every form answers the shared
+STOPPED verdict (reason `stopped`), and `refund` does nothing.
 """
 
 from __future__ import annotations
@@ -31,11 +36,11 @@ from typing import Any
 from mesh.aio import admit as _admit
 from mesh.config import NodeConfig, load_config, parse_config
 from mesh.coordinator import PolicyFeed, PolicySource
-from mesh.core.admission import DEADLINE, CreditDesk
+from mesh.core.admission import DEADLINE, STOPPED, CreditDesk
 from mesh.core.member import Member
 from mesh.core.policy import PolicyCache, TenantRatePolicy
 from mesh.core.ring import Ring
-from mesh.core.verdict import Verdict, verdict
+from mesh.core.verdict import Verdict
 from mesh.errors import ConfigError
 from mesh.membership import EtcdMembership, MembershipSource
 from mesh.node._build import (
@@ -60,7 +65,6 @@ log = logging.getLogger("mesh.node")
 # How long a blocked thread waits past its own deadline for the node's loop to answer: the
 # loop's timer gives the deadline verdict; this only bounds a loop that stopped answering.
 ADMIT_GRACE_S = 2.0
-_STOPPED = "stopped while this admit was waiting; nothing was admitted"
 
 
 class Mesh:
@@ -102,7 +106,8 @@ class Mesh:
     # -- the hot path ---------------------------------------------------------------------
 
     def try_admit(self, tenant: str, metric: str, amount: int = 1) -> Verdict:
-        """Admit now or say why not: local, synchronous, no network."""
+        """Admit now or say why not: local, synchronous, no network. A shared verdict
+        (no numbers: `try_admit_detailed` has them); STOPPED once stopping began."""
         d = self._driver
         if d is None:
             raise ConfigError("mesh", "not started: use `async with Mesh(...)` or .start()")
@@ -127,8 +132,23 @@ class Mesh:
         except KeyError:
             self._count_first(tenant, metric, v)
 
+    def try_admit_detailed(self, tenant: str, metric: str, amount: int = 1) -> Verdict:
+        """`try_admit`'s decision (counted the same way) as a fresh verdict carrying the
+        view's numbers as of the node's last tick: `remaining`, `retry_after_ms` (0 when
+        allowed; None when waiting cannot help), `reset_after_ms` (docs/api.md). The one
+        call for an API in front of the mesh; `Verdict.to_dict()` is its JSON shape."""
+        d = self._driver
+        if d is None:
+            raise ConfigError("mesh", "not started: use `async with Mesh(...)` or .start()")
+        adm = d.member.admission
+        with self._lock or contextlib.nullcontext():
+            v = adm.try_admit(tenant, metric, amount)
+            if self.count_decisions:
+                self._count(tenant, metric, v)
+            return adm.detail(v, tenant, metric, amount)
+
     def _count_first(self, tenant: str, metric: str, v: Verdict) -> None:
-        shared = verdict(v.allowed, v.reason, v.mode, v.bound, v.suspended)
+        shared = v.shared()  # a detailed verdict counts as its shared equivalent
         self.verdicts[id(shared)] = shared  # kept alive, so its id is never reused
         k = (tenant, metric, id(shared))
         self.decisions[k] = self.decisions.get(k, 0) + 1
@@ -138,7 +158,8 @@ class Mesh:
         return self.try_admit(tenant, metric, nbytes)
 
     def refund(self, tenant: str, metric: str, amount: int) -> None:
-        """Give back bytes charged and not sent (a short send)."""
+        """Give back bytes charged and not sent (a short send). After `stop()` it does
+        nothing (`Admission.refund`)."""
         d = self._require()
         if self._lock is None:
             d.member.admission.refund(tenant, metric, amount)
@@ -153,10 +174,14 @@ class Mesh:
 
         On the node's own loop it waits in place. In threaded mode it may be awaited from
         any other loop too: the wait runs on the node's loop, where the queues are served.
-        Stopping the node fails every waiter with ConfigError rather than leaving it to
-        a deadline on a loop that is going away.
+        The verdict is detailed; one that waiting cannot change (`policy_unknown`,
+        `too_large`, ...) comes at once (`mesh.aio.admit`). Stopping the node answers every
+        waiter, and every later call, with STOPPED rather than leaving it to a deadline on
+        a loop that is going away.
         """
         loop = self._admit_loop()
+        if loop is None:
+            return STOPPED
         coro = self._wait(tenant, metric, amount, timeout_s)
         if asyncio.get_running_loop() is loop:
             return await coro
@@ -168,12 +193,14 @@ class Mesh:
                 "mode (.start()); await it on the node's loop",
             )
         fut = self._submit(coro, loop)
+        if fut is None:
+            return STOPPED
         try:
             return await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if fut.cancelled() and self._closed and not (task and task.cancelling()):
-                raise ConfigError("mesh", _STOPPED) from None
+                return STOPPED  # the node's loop went away under the wait
             raise
 
     def admit_blocking(
@@ -181,31 +208,37 @@ class Mesh:
     ) -> Verdict:
         """`admit()` for threads: block this thread until the verdict, at most `timeout_s`.
 
-        The wait runs on the node's loop (same queues, verdicts and errors as `admit()`);
-        this thread only blocks on its result. Called on the node's own loop thread it
-        raises ConfigError instead of deadlocking: await `admit()` there.
+        The wait runs on the node's loop (same queues, verdicts and errors as `admit()`,
+        STOPPED once stopping began); this thread only blocks on its result. Called on the
+        node's own loop thread it raises ConfigError instead of deadlocking: await
+        `admit()` there.
         """
         loop = self._admit_loop()
+        if loop is None:
+            return STOPPED
         if threading.current_thread() is self._thread or _running_loop() is loop:
             raise ConfigError(
                 "mesh",
                 "admit_blocking() on the node's own event loop would deadlock; await admit() there",
             )
         fut = self._submit(self._wait(tenant, metric, amount, timeout_s), loop)
+        if fut is None:
+            return STOPPED
         try:
             return fut.result(max(timeout_s, 0.0) + ADMIT_GRACE_S)
         except concurrent.futures.CancelledError:
-            raise ConfigError("mesh", _STOPPED) from None
+            return STOPPED  # the node's loop went away under the wait
         except TimeoutError:
             if fut.cancel() or not fut.done():
                 log.warning("admit_blocking: the node's loop did not answer in time")
                 return DEADLINE
             return fut.result()  # answered just as we gave up
 
-    def _admit_loop(self) -> asyncio.AbstractEventLoop:
+    def _admit_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop a wait runs on; None once stopping began (the caller answers STOPPED)."""
         d = self._require()
         if self._closed:
-            raise ConfigError("mesh", "stopped")
+            return None
         loop = self._loop if self._lock is not None else d.loop
         if loop is None:
             raise ConfigError("mesh", "not started")
@@ -226,8 +259,8 @@ class Mesh:
 
     def _submit(
         self, coro: Coroutine[Any, Any, Verdict], loop: asyncio.AbstractEventLoop
-    ) -> concurrent.futures.Future[Verdict]:
-        """Run `coro` on the node's loop, unless stop() got there first."""
+    ) -> concurrent.futures.Future[Verdict] | None:
+        """Run `coro` on the node's loop, unless stop() got there first (then None)."""
         with self._gate:
             if not self._closed:
                 try:
@@ -235,15 +268,20 @@ class Mesh:
                 except RuntimeError:  # the loop is already closed
                     pass
         coro.close()
-        raise ConfigError("mesh", "stopped")
+        return None
 
     def _release_waiters(self) -> None:
-        """Refuse new waits, and fail the parked ones (on the node's loop)."""
+        """Refuse new waits, stop the admission (every form answers STOPPED from here, and
+        its queued waiters get it now), and answer any other parked one (on the node's
+        loop)."""
         with self._gate:
             self._closed = True
+        if self._driver is not None:
+            with self._lock or contextlib.nullcontext():
+                self._driver.member.admission.stop()
         for f in list(self._parked):
             if not f.done():
-                f.set_exception(ConfigError("mesh", _STOPPED))
+                f.set_result(STOPPED)
 
     # -- introspection --------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ PUBLIC = [
     "Reporter",
     "Ring",
     "SnapshotBatch",
+    "Step",
     "Suspension",
     "TenantRatePolicy",
     "Ticker",

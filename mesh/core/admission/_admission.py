@@ -2,7 +2,8 @@
 
 A view per (metric, tenant) holds `avail`; admitting subtracts from it and adds to `pending`.
 Everything that needs time or the network (refill, reports, snapshots, TTLs) happens in
-`tick`/the reporter, off the hot path. Verdicts are prebuilt per view and shared.
+`tick`/the reporter, off the hot path. Verdicts are prebuilt per view and shared; the
+detailed form (`try_admit_detailed`) adds the view's per-moment numbers to a fresh copy.
 """
 
 from __future__ import annotations
@@ -17,18 +18,18 @@ from mesh.core.config import CoreConfig
 from mesh.core.gate import Gate
 from mesh.core.policy import BOUNDS, Metric, Mode, PolicyCache, TenantRatePolicy
 from mesh.core.reporter import GlobalGate, Reporter
-from mesh.core.verdict import Reason, Suspension, Verdict, verdict
+from mesh.core.verdict import STOPPED, Reason, Step, Suspension, Verdict, verdict
 from mesh.errors import ConfigError, ConfigTypeError
 
-__all__ = ["Admission", "UNKNOWN", "QUEUE_FULL", "DEADLINE"]
+__all__ = ["Admission", "UNKNOWN", "QUEUE_FULL", "DEADLINE", "STOPPED"]
 
 _METRICS = {m.value: m for m in Metric}
 # Views the idle sweep visits per tick: with a 5 ms tick, ~400,000 a second, and a slice
 # holds the lock for well under a millisecond (the hot path waits on it in threaded apps).
 VIEWS_SWEEP_SLICE = 2048
 UNKNOWN = unknown_verdict()
-QUEUE_FULL = Verdict(False, Reason.QUEUE_FULL, None, "tenant_queue_bound")
-DEADLINE = Verdict(False, Reason.DEADLINE_EXCEEDED, None, "deadline")
+QUEUE_FULL = verdict(False, Reason.QUEUE_FULL, None, "tenant_queue_bound", step=Step.QUEUE)
+DEADLINE = verdict(False, Reason.DEADLINE_EXCEEDED, None, "deadline", step=Step.QUEUE)
 
 
 class Admission:
@@ -71,6 +72,7 @@ class Admission:
         self._sweep_left: list[tuple[str, list[str]]] = []
         self._swept = 0  # views this pass forgot
         self._sweep_at_ns = now_ns + self.config.views_idle_ns
+        self.stopped = False  # `stop`: every form answers STOPPED
 
     # -- the hot path ---------------------------------------------------------------------
 
@@ -106,14 +108,41 @@ class Admission:
             return v.admit(amount)
         return self._deny(v, amount)
 
+    def try_admit_detailed(
+        self, tenant: str, metric: str, amount: int = 1, *, now_ns: int | None = None
+    ) -> Verdict:
+        """`try_admit`, the same decision, as a fresh verdict carrying the view's numbers at
+        `now_ns` (default: the last tick): `remaining`, `retry_after_ms`, `reset_after_ms`
+        (docs/api.md). It allocates; the hot path stays `try_admit`."""
+        return self.detail(self.try_admit(tenant, metric, amount), tenant, metric, amount, now_ns)
+
+    def detail(
+        self, v: Verdict, tenant: str, metric: str, amount: int, now_ns: int | None = None
+    ) -> Verdict:
+        """`v`, a verdict just given for (`tenant`, `metric`, `amount`), with its view's
+        numbers (`Gate.numbers`). With no view (no policy, stopped) there are none to give:
+        `v` itself, whose `retry_after_ms` None says waiting cannot help. So does a
+        `too_large` amount's."""
+        g = None if self.stopped or v.reason is Reason.POLICY_UNKNOWN else self.gate(tenant, metric)
+        if g is None:
+            return v
+        n = g.numbers(amount, v.allowed, self._now_ns if now_ns is None else now_ns)
+        if v.reason is Reason.TOO_LARGE:
+            n = n._replace(retry_after_ms=None)
+        return v.with_numbers(n, g.ok.limit)
+
     def charge(self, tenant: str, metric: str, nbytes: int) -> Verdict:
         """Pre-charge a transfer chunk before it is sent (byte metrics)."""
         return self.try_admit(tenant, metric, nbytes)
 
     def refund(self, tenant: str, metric: str, amount: int) -> None:
         """Give back what was charged and not used (a short send). The correction reaches
-        the owner in a later report, as a smaller (possibly negative) delta."""
+        the owner in a later report, as a smaller (possibly negative) delta. After `stop`
+        it does nothing: the views are gone, and a refund in an app's cleanup path should
+        not turn a shutdown into an error."""
         _check_amount(amount)
+        if self.stopped:
+            return
         v = self._gates.get(_metric(metric), {}).get(tenant)
         if v is None:
             raise ConfigError("tenant", f"{tenant!r} has no charge on {metric} to refund")
@@ -134,7 +163,10 @@ class Admission:
     def _deny(self, v: Gate, amount: int) -> Verdict:
         _check_amount(amount)
         if amount > v.policy.global_burst and v.avail < amount:
-            return verdict(False, Reason.TOO_LARGE, v.policy.mode, v.no.bound)
+            no = v.no
+            return verdict(
+                False, Reason.TOO_LARGE, v.policy.mode, no.bound, limit=no.limit, step=no.step
+            )
         if isinstance(v, StrictGate):
             return v.admit(amount)
         v.denied += amount
@@ -143,6 +175,8 @@ class Admission:
         return v.no
 
     def _first_use(self, tenant: str, metric: str, amount: int) -> Verdict:
+        if self.stopped:  # `stop` emptied the views: every call lands here
+            return STOPPED
         m = _metric(metric)
         if type(tenant) is not str or not tenant:
             raise ConfigTypeError("tenant", f"must be a non-empty string, got {tenant!r}")
@@ -306,9 +340,38 @@ class Admission:
         """What a waiter gets at its deadline: DEADLINE, carrying the suspension of a strict
         limit that is failing closed (a degraded answer is never silent)."""
         v = self._gates.get(metric, {}).get(tenant)
+        if self.stopped:
+            return STOPPED
         if isinstance(v, StrictGate) and v.no.suspended is not None:
-            return verdict(False, Reason.DEADLINE_EXCEEDED, Mode.STRICT, v.no.bound, v.no.suspended)
+            no = v.no
+            return verdict(
+                False,
+                Reason.DEADLINE_EXCEEDED,
+                Mode.STRICT,
+                no.bound,
+                no.suspended,
+                limit=no.limit,
+                step=Step.QUEUE,
+            )
         return DEADLINE
+
+    def stop(self) -> list[Waiter]:
+        """The worker stopped: from now on `try_admit`, `charge` and the waiting forms
+        answer STOPPED and `refund` does nothing. The views are dropped (`try_admit` then
+        finds none and `_first_use` answers, so the hot path pays nothing for this); what
+        they hold is the reporter's and the credit desk's to flush or give back. Every
+        queued waiter is resolved with STOPPED now; returns them."""
+        self.stopped = True
+        self._gates = {m: {} for m in self._gates}
+        self._settle.clear()
+        self._shares.clear()
+        self._sweep_left = []
+        self.gate_count = 0
+        waiters = [w for w in self.queues.drain() if not w.done]
+        for w in waiters:
+            w.done = True
+            w.resolve(STOPPED)
+        return waiters
 
     def enqueue(
         self,

@@ -8,7 +8,7 @@ from mesh.core.gate import NEVER, Gate
 from mesh.core.gcra import Gcra
 from mesh.core.policy import BOUNDS, TenantRatePolicy
 from mesh.core.shares import share_of
-from mesh.core.verdict import Reason, Suspension, Verdict
+from mesh.core.verdict import Numbers, Reason, Step, Suspension, Verdict, ms_ceil, verdict
 
 __all__ = ["LocalGate", "FixedGate"]
 
@@ -60,6 +60,21 @@ class LocalGate(Gate):
         else:
             self.set_verdicts(BOUNDS["share"])
 
+    def numbers(self, amount: int, allowed: bool, now_ns: int) -> Numbers:
+        """From the meter with what was admitted since the last settle charged as `settle`
+        will charge it: `remaining` is `avail`; `retry_after_ms` the GCRA's wait for
+        `amount` (None past this view's burst, a share smaller than the amount);
+        `reset_after_ms` until the meter is full. Refill shows up at the next tick, so a
+        denial whose refill is already due says 1 ms."""
+        m = self.meter.copy()
+        if self.pending:
+            m.apply(self.settled_ns, self.pending)
+        at = now_ns if now_ns > self.settled_ns else self.settled_ns
+        retry: int | None = 0
+        if not allowed:
+            retry = None if amount > m.burst else max(1, ms_ceil(m.wait_ns(at, amount)))
+        return Numbers(max(self.avail, 0), retry, ms_ceil(m.ahead_ns(at)))
+
 
 class FixedGate(Gate):
     """A view whose answer does not depend on usage: disabled, strict without credit,
@@ -79,10 +94,24 @@ class FixedGate(Gate):
         super().__init__(policy, sink)
         self.flush_at = NEVER
         self.avail = NEVER if allowed else 0
-        self.set_verdicts(bound, suspended, reason)
-        if allowed:
+        if allowed:  # disabled: no limit applies, and the policy alone decided
+            self.set_verdicts(bound, suspended, reason, limited=False, step=Step.POLICY)
             self.no = self.ok
+        else:
+            self.set_verdicts(bound, suspended, reason)
+
+    def numbers(self, amount: int, allowed: bool, now_ns: int) -> Numbers:
+        """Unlimited (remaining None) or shut until the configuration changes (remaining 0,
+        waiting cannot help): nothing here moves with time."""
+        return Numbers(None, 0, None) if allowed else Numbers(0, None, None)
 
 
 def unknown_verdict() -> Verdict:
-    return Verdict(False, Reason.POLICY_UNKNOWN, None, BOUNDS["unknown"], Suspension.POLICY_UNKNOWN)
+    return verdict(
+        False,
+        Reason.POLICY_UNKNOWN,
+        None,
+        BOUNDS["unknown"],
+        Suspension.POLICY_UNKNOWN,
+        step=Step.POLICY,
+    )

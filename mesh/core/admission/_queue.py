@@ -57,6 +57,12 @@ class TenantQueues:
         q.append(w)
         return True
 
+    def drain(self) -> list[Waiter]:
+        """Take every queued waiter out, in queue order per tenant (the node is stopping)."""
+        out = [w for q in self._queues.values() for w in q]
+        self._queues.clear()
+        return out
+
     def service(
         self,
         now_ns: int,

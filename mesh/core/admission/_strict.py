@@ -20,7 +20,7 @@ from mesh.core.effects import Effect, ReserveCredit, ReturnCredit
 from mesh.core.gate import NEVER, Gate
 from mesh.core.policy import BOUNDS, Mode, RateKey, TenantRatePolicy
 from mesh.core.reporter import GlobalGate
-from mesh.core.verdict import Reason, Suspension, Verdict, verdict
+from mesh.core.verdict import Numbers, Reason, Step, Suspension, Verdict, verdict
 from ratemesh.credit import (
     GOVERNOR_UNREACHABLE,
     CreditConfig,
@@ -97,6 +97,8 @@ class StrictGate(Gate):
             Mode.STRICT,
             STRICT_BOUND,
             Suspension.GOVERNOR_UNREACHABLE,
+            limit=policy.target_rate,
+            step=Step.STRICT,
         )
         self.retry_at_ms = _BEFORE_ALL
         self.backoff_ms = 0
@@ -121,7 +123,15 @@ class StrictGate(Gate):
             self.desk.vetoed += amount
             no = front.no
             reason = Reason.GLOBAL_LIMIT if no.reason is Reason.RATE_LIMITED else no.reason
-            return verdict(False, reason, Mode.STRICT, STRICT_BOUND, no.suspended)
+            return verdict(
+                False,
+                reason,
+                Mode.STRICT,
+                STRICT_BOUND,
+                no.suspended,
+                limit=no.limit,
+                step=Step.MESH,
+            )
         now_ns = self.clock_ns()
         block = self.block
         # `now_ms < until_ms` is `now_ns < until_ms * NS_PER_MS` (integers): no division
@@ -139,6 +149,26 @@ class StrictGate(Gate):
             if front.pending >= front.flush_at:
                 front.sink(front)
         return self.ok
+
+    def numbers(self, amount: int, allowed: bool, now_ns: int) -> Numbers:
+        """`remaining`: the credit held that may be spent now (`CreditHolder.held`, at the
+        desk's clock), at most what the mesh's view passes. `retry_after_ms`, denied: the
+        view's own when it vetoes; else until this gate asks governord again (a refill is
+        in flight or asked at once: 1 ms). `reset_after_ms` None: governord holds the
+        bucket, and a worker sees only the blocks it was granted."""
+        self.flush()  # the holder hears of the fast path's spends before its time moves
+        now_ms = self.desk.now_ms()
+        remaining = self.holder.held(now_ms)
+        front = self.front
+        retry: int | None = 0
+        if front is not None:
+            if remaining > front.avail:
+                remaining = max(front.avail, 0)
+            if not allowed and amount > front.avail:
+                return Numbers(remaining, front.numbers(amount, False, now_ns).retry_after_ms, None)
+        if not allowed:
+            retry = max(1, self.retry_at_ms - now_ms)
+        return Numbers(remaining, retry, None)
 
     def flush(self) -> None:
         """Tell the holder the spends made here (before anything that reads its demand or

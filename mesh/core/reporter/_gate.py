@@ -6,10 +6,11 @@ from collections.abc import Callable
 from enum import Enum
 
 from mesh.core.gate import Gate
-from mesh.core.gcra import Gcra
+from mesh.core.gcra import Gcra, refill_ns
 from mesh.core.messages import above_applied
 from mesh.core.policy import RateKey, TenantRatePolicy
 from mesh.core.shares import PPM, share_round, snapshot_allowance_ppm
+from mesh.core.verdict import Numbers, ms_ceil
 
 __all__ = ["GlobalGate", "SnapshotState", "Inflight"]
 
@@ -127,6 +128,34 @@ class GlobalGate(Gate):
             self.avail = 0
         else:
             self.avail = self.floor_left - (self.unacked - self.floor_mark)
+
+    def numbers(self, amount: int, allowed: bool, now_ns: int) -> Numbers:
+        """`remaining` is `avail`. `retry_after_ms`, denied: the earliest the owner's bucket
+        can have refilled what this view lacks for `amount` at R (other workers may take it
+        first, so a retry then may be denied again); from a floor, the floor's own GCRA wait.
+        `reset_after_ms`: with a fresh snapshot, until the owner's bucket is full again as
+        that snapshot showed it, less what this worker used that it does not reflect,
+        refilled at R since (others' use since is not seen here); otherwise None."""
+        p = self.policy
+        remaining = max(self.avail, 0)
+        reset = None
+        if self.state is SnapshotState.FRESH:
+            held = self.snap_remaining - (self.unacked - self.applied_above)
+            reset = ms_ceil(
+                refill_ns(p.global_burst - held, p.target_rate) - (now_ns - self.snap_at_ns)
+            )
+        retry: int | None = 0
+        if allowed:
+            pass
+        elif self.state is SnapshotState.STALE and self.floor is not None:
+            f = self.floor.copy()
+            at = now_ns // PPM  # the floor's time unit (settle_floor)
+            if self.unacked > self.floor_mark:
+                f.apply(at, self.unacked - self.floor_mark)
+            retry = None if amount > f.burst else max(1, ms_ceil(f.wait_ns(at, amount) * PPM))
+        else:
+            retry = max(1, ms_ceil(refill_ns(amount - remaining, p.target_rate)))
+        return Numbers(remaining, retry, reset)
 
     def settle_floor(self, now_ns: int) -> None:
         """Charge the floor with what was admitted since its last settle (as of now: that

@@ -198,16 +198,22 @@ def test_admit_rejects_at_its_deadline_and_when_the_queue_is_full() -> None:
     asyncio.run(main())
 
 
-def test_admit_for_an_unknown_policy_waits_for_the_generation() -> None:
+def test_admit_for_an_unknown_policy_answers_at_once_with_the_real_reason() -> None:
+    """Waiting cannot make a policy known (issue 14): `policy_unknown` comes back at once,
+    suspended, not `deadline_exceeded` after the whole timeout; once the generation is
+    known, the same call admits."""
+
     async def main() -> None:
         a = Admission(cache(), 0)
-        late = await admit(a, "nobody", "read_iops", timeout_s=0.01)
-        assert late.reason is Reason.DEADLINE_EXCEEDED
-        waiting = asyncio.create_task(admit(a, "newcomer", "read_iops", timeout_s=5))
-        await asyncio.sleep(0)
-        a.policies.put(policy("newcomer", mode="local"))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        v = await admit(a, "nobody", "read_iops", timeout_s=5)
+        assert loop.time() - t0 < 0.5, "it must not wait for the deadline"
+        assert v.reason is Reason.POLICY_UNKNOWN and v.suspended is Suspension.POLICY_UNKNOWN
+        assert v.retry_after_ms is None and len(a.queues) == 0
+        a.policies.put(policy("nobody", mode="local"))
         a.tick(MS)
-        assert (await waiting).allowed
+        assert (await admit(a, "nobody", "read_iops", timeout_s=5)).allowed
 
     asyncio.run(main())
 

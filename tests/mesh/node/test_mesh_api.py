@@ -63,8 +63,8 @@ def test_public_names() -> None:
 
 
 def test_mesh_methods() -> None:
-    """The embedding API: hot path, the two waiting forms, both lifecycles, introspection,
-    and reloading the node's policy file."""
+    """The embedding API: hot path and its detailed form, the two waiting forms, both
+    lifecycles, introspection, and reloading the node's policy file."""
     public = sorted(n for n in dir(mesh.node.Mesh) if not n.startswith("_"))
     assert public == [
         "aclose",
@@ -80,4 +80,5 @@ def test_mesh_methods() -> None:
         "start",
         "stop",
         "try_admit",
+        "try_admit_detailed",
     ]
