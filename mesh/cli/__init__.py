@@ -172,6 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     churn.add_argument("--tenants", type=int, default=250_000)
     churn.add_argument("--idle-seconds", dest="idle_seconds", type=float, default=3.0)
     churn.add_argument("--top-k", dest="top_k", type=int, default=50)
+    churn.add_argument("--waves", type=int, default=1, help="waves of new tenants, each then idle")
     _output_flags(churn)
     flood = bsub.add_parser(
         "flood", help="try_admit latency while a ring member sends the largest batches"

@@ -63,6 +63,7 @@ def churn(args: argparse.Namespace) -> int:
             tenants=check_int("--tenants", args.tenants, minimum=1),
             idle_s=positive_s("--idle-seconds", args.idle_seconds),
             top_k=check_int("--top-k", args.top_k, minimum=1, maximum=10_000),
+            waves=check_int("--waves", args.waves, minimum=1, maximum=100),
         ),
         args,
     )

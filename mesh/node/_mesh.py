@@ -412,6 +412,8 @@ class Mesh:
             credit=credit,
         )
         handler.driver = driver
+        if self.count_decisions:  # a forgotten view's counts go with it (Telemetry.forget_view)
+            member.admission.on_forget = tel.forget_view
         self._driver = driver
         await driver.start()
         if cfg.telemetry_listen:

@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from mesh.core.gate import Gate
 from mesh.core.verdict import Reason, Verdict
 
 __all__ = ["Telemetry", "NodeStats", "TOP_K", "OTHER", "DECISIONS_IDLE_S", "DecisionKey"]
@@ -74,6 +75,7 @@ class Telemetry:
         self._lock = threading.Lock()  # scrapes and forget_idle; never the hot path
         self._seen: dict[DecisionKey, int] = {}  # decisions at the last forget_idle
         self._forgotten: dict[Series, int] = {}  # totals of forgotten decision counts
+        self._folded = 0  # counts folded by forget_view since the last forget_idle
         self._decided: _Labelled[Series] = _Labelled()
         self._applied: _Labelled[str] = _Labelled()
         self.report_delay = Histogram(
@@ -98,7 +100,8 @@ class Telemetry:
 
     def forget_idle(self) -> int:
         """Fold the decision counts that did not change since the last call into their
-        series' totals and drop them. Returns how many were dropped.
+        series' totals and drop them. Returns how many were dropped, counting those that
+        `forget_view` dropped since the last call.
 
         The hot path increments without a lock; an entry dropped while a thread is between
         reading and writing it comes back with its old count plus one, and that old count
@@ -121,7 +124,27 @@ class Telemetry:
                 d.clear()
                 d.update(keep)
             self._seen = dict(d)
+            dropped, self._folded = dropped + self._folded, 0
             return dropped
+
+    def forget_view(self, tenant: str, metric: str, gate: Gate) -> None:
+        """The core forgot `tenant`'s view of `metric` (idle): fold the decisions counted
+        under its current verdicts into their series' totals now, rather than at the next
+        `forget_idle`, so that their keys (and the tenant's name) do not outlive the view by
+        a whole period. Under 250,000 one-off tenants those keys were most of what stayed
+        in memory at the peak, and what pinned the allocator's arenas afterwards (issue
+        12). Counts under a verdict the view no longer hands out wait for `forget_idle`.
+        Called on the node's loop, under its lock; the same race as `forget_idle`."""
+        d = self.decisions
+        with self._lock:
+            for v in (gate.ok, gate.no):
+                k = (tenant, metric, id(v))
+                n = d.pop(k, None)
+                if n is not None:
+                    self._seen.pop(k, None)
+                    self._folded += 1
+                    s = self._series(metric, id(v))
+                    self._forgotten[s] = self._forgotten.get(s, 0) + n
 
     def _series(self, metric: str, vid: int) -> Series:
         v = self.verdicts[vid]

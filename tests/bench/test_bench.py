@@ -48,10 +48,11 @@ def test_bench_cluster_keys() -> None:
 
 
 def test_bench_churn_keys() -> None:
-    res = _run("churn", "--tenants", "3000", "--idle-seconds", "3")
+    res = _run("churn", "--tenants", "3000", "--idle-seconds", "3", "--waves", "2")
     for key in (
         "tenants",
         "rss_growth_mb",
+        "rss_growth_by_wave_mb",
         "rss_peak_growth_mb",
         "metrics_bytes",
         "metrics_tenant_labels",
@@ -65,6 +66,8 @@ def test_bench_churn_keys() -> None:
         0,
     ]
     assert isinstance(res["metrics_tenant_labels"], int) and res["metrics_tenant_labels"] <= 51
+    assert len(res["rss_growth_by_wave_mb"]) == 2
+    assert res["rss_growth_mb"] == res["rss_growth_by_wave_mb"][0]
 
 
 def test_bench_flood_keys() -> None:

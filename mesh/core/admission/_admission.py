@@ -73,6 +73,9 @@ class Admission:
         self._swept = 0  # views this pass forgot
         self._sweep_at_ns = now_ns + self.config.views_idle_ns
         self.stopped = False  # `stop`: every form answers STOPPED
+        # Told (tenant, metric value, view) when the idle sweep forgets a view, so that what
+        # a driver keeps per view (the node's decision counts) goes with it (issue 12).
+        self.on_forget: Callable[[str, str, Gate], None] | None = None
 
     # -- the hot path ---------------------------------------------------------------------
 
@@ -263,6 +266,8 @@ class Admission:
 
     def _evict(self, by_tenant: dict[str, Gate], tenant: str) -> None:
         v = by_tenant.pop(tenant)
+        if self.on_forget is not None:
+            self.on_forget(tenant, v.policy.metric.value, v)
         if isinstance(v, StrictGate) and self.credit is not None:
             self.credit.close(v)
         if isinstance(v, LocalGate):

@@ -132,6 +132,34 @@ def test_idle_tenants_decision_counts_are_forgotten() -> None:
     run(config(50, LOCAL), body)
 
 
+def test_a_view_the_core_forgets_takes_its_decision_counts_with_it() -> None:
+    """Issue 12: the counts go when the idle sweep forgets the view, not a period later,
+    and every decision stays counted once in the exported totals."""
+
+    async def body(mesh: Mesh) -> None:
+        tel = mesh._require().telemetry
+        adm = mesh._require().member.admission
+        for i in range(300):
+            mesh.try_admit(f"t{i}", "read_iops")
+        _, before = scrape(mesh)
+        assert len(tel.decisions) == 300
+        for _ in range(200):  # views_idle_ms 100: a sweep pass forgets every full bucket
+            await asyncio.sleep(0.005)
+            if adm.gate_count == 0:
+                break
+        assert adm.gate_count == 0
+        assert not tel.decisions
+        _, after = scrape(mesh)
+        assert sum(after.values()) == sum(before.values()) == 300
+        mesh.try_admit("t1", "read_iops")  # used again: counted anew, once
+        _, again = scrape(mesh)
+        assert sum(again.values()) == 301
+
+    cfg = config(50, LOCAL)
+    cfg["core"] = {"views_idle_ms": 100}
+    run(cfg, body)
+
+
 @pytest.mark.slow
 def test_metrics_at_100000_tenants_stay_under_1_mb_with_at_most_k_plus_1_labels() -> None:
     async def body(mesh: Mesh) -> None:
