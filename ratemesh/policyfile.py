@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ratemesh.errors import ConfigError, ConfigTypeError, RatemeshError
-from ratemesh.policy import Metric, TenantRatePolicy
+from ratemesh.policy import TenantRatePolicy, check_units, split_tenant
 from ratemesh.yamlfile import load_yaml
 
 __all__ = ["POLICIES_PER_FILE_MAX", "Desired", "load_policy_file", "parse_policy_list"]
@@ -49,7 +49,7 @@ def parse_policy_list(
     if len(data) > POLICIES_PER_FILE_MAX:
         raise error(where, f"holds {len(data)} policies; at most {POLICIES_PER_FILE_MAX}")
     out: list[Desired] = []
-    seen: dict[tuple[str, Metric], int] = {}
+    seen: dict[tuple[str, str], int] = {}
     for i, raw in enumerate(data):
         here = f"{where}[{i}]"
         explicit = not isinstance(raw, dict) or "generation" in raw
@@ -58,13 +58,16 @@ def parse_policy_list(
         policy = TenantRatePolicy.from_dict(raw, where=here, error=error)
         key = (policy.tenant_id, policy.metric)
         if one_per_key and key in seen:
+            tenant, desc = split_tenant(policy.tenant_id)
+            shown = tenant if desc is None else f"{tenant}[{desc[0]}={desc[1]}]"
             raise error(
                 f"{here}.tenant_id",
-                f"{policy.tenant_id}/{policy.metric} is already entry [{seen[key]}]; "
-                "one entry per (tenant_id, metric)",
+                f"{shown}/{policy.metric} is already entry [{seen[key]}]; "
+                "one entry per (tenant_id, descriptor, metric)",
             )
         seen[key] = i
         out.append(Desired(policy, explicit))
+    check_units([d.policy for d in out], where=where, error=error)
     return out
 
 

@@ -42,7 +42,7 @@ def import_bootstrap(authority: Authority, settings: CoordinatorSettings) -> lis
 
 def _check_known(e: Engine, p: TenantRatePolicy) -> None:
     key = e.state.policies.keys[(p.tenant_id, p.metric)]
-    name = f"{p.tenant_id}/{p.metric.value} generation {p.generation}"
+    name = f"{p.tenant_id}/{p.metric} generation {p.generation}"
     record = key.find(p.generation)
     if record is not None and record.policy != p:
         raise GenerationConflict(

@@ -23,10 +23,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mesh.core.policy import Metric
 from mesh.errors import ConfigError, MeshError, PeerError
 from ratemesh.apikey import read_api_key
 from ratemesh.checks import check_address
+from ratemesh.policy import check_metric
 from ratemesh.policyfile import load_policy_file
 
 from ._output import one_line
@@ -116,7 +116,7 @@ def _run(args: argparse.Namespace, what: str, body: Callable[[Any], Awaitable[in
         return 1
 
 
-def _last_generations(snap: Any) -> dict[tuple[str, Metric], int]:
+def _last_generations(snap: Any) -> dict[tuple[str, str], int]:
     last = {(p.tenant_id, p.metric): p.generation for p in snap.policies}
     for t in snap.removed:
         last[(t.tenant_id, t.metric)] = max(last.get((t.tenant_id, t.metric), 0), t.generation)
@@ -192,20 +192,16 @@ def list_(args: argparse.Namespace) -> int:
             return 0
         print(f"revision {snap.revision}")
         for p in snap.policies:
-            print(f"{p.tenant_id}/{p.metric.value}  generation {p.generation}: {policy_values(p)}")
+            print(f"{p.tenant_id}/{p.metric}  generation {p.generation}: {policy_values(p)}")
         for t in snap.removed:
-            print(f"{t.tenant_id}/{t.metric.value}  generation {t.generation}: removed")
+            print(f"{t.tenant_id}/{t.metric}  generation {t.generation}: removed")
         return 0
 
     return _run(args, "list", body)
 
 
-def _metric(value: str, flag: str) -> Metric:
-    try:
-        return Metric(value)
-    except ValueError:
-        allowed = ", ".join(m.value for m in Metric)
-        raise ConfigError(flag, f"unknown metric {value!r}; expected one of: {allowed}") from None
+def _metric(value: str, flag: str) -> str:
+    return check_metric(value, field=flag, error=ConfigError)
 
 
 def history(args: argparse.Namespace) -> int:
@@ -221,7 +217,7 @@ def history(args: argparse.Namespace) -> int:
         for e in entries:
             when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(e.at_ms / 1000))
             what = "removed" if e.policy is None else policy_values(e.policy)
-            print(f"{e.tenant_id}/{e.metric.value}  generation {e.generation}  {when}  {what}")
+            print(f"{e.tenant_id}/{e.metric}  generation {e.generation}  {when}  {what}")
         return 0
 
     return _run(args, "history", body)
@@ -234,7 +230,7 @@ def rollback(args: argparse.Namespace) -> int:
 
     async def body(client: Any) -> int:
         entries = await client.history(args.tenant_id, metric)
-        name = f"{args.tenant_id}/{metric.value}"
+        name = f"{args.tenant_id}/{metric}"
         target = next((e for e in entries if e.generation == args.to), None)
         if target is None or target.policy is None:
             kept = ", ".join(str(e.generation) for e in entries if e.policy) or "none"

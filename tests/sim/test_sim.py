@@ -172,7 +172,7 @@ GOOD: dict[str, Any] = {
         ({"fleet": {"workers": 4, "partition_floor_ms": 0.5}}, "fleet.partition_floor_ms"),
         ({"policy": {"rate": -1, "burst": 10, "local_burst_cap": 5}}, "policy.rate"),
         (
-            {"policy": {"rate": 1, "burst": 10, "local_burst_cap": 5, "metric": "iops"}},
+            {"policy": {"rate": 1, "burst": 10, "local_burst_cap": 5, "metric": "IOPS"}},
             "policy.metric",
         ),
         ({"tenants": [{"name": "a", "offered": "lots"}]}, "tenants[0].offered"),

@@ -204,7 +204,7 @@ class Owner:
         retained keys applied plus what forgotten and moved keys had (monotonic)."""
         out = dict(self._applied_retired)
         for key, ks in self.keys.items():
-            scope = (key.tenant_id, key.metric.value)
+            scope = (key.tenant_id, key.metric)
             out[scope] = out.get(scope, 0) + ks.applied
         return out
 
@@ -212,7 +212,7 @@ class Owner:
         """Drop a key, keeping what it applied in the per-scope telemetry total."""
         ks = self.keys.pop(key)
         if ks.applied:
-            scope = (key.tenant_id, key.metric.value)
+            scope = (key.tenant_id, key.metric)
             retired = self._applied_retired
             retired[scope] = retired.get(scope, 0) + ks.applied
             if len(retired) > 2 * RETIRED_SCOPES_MAX + 8:  # amortised: fold now and then

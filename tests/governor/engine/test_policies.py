@@ -138,7 +138,7 @@ def test_bad_input_is_refused_and_changes_nothing() -> None:
     with pytest.raises(InvalidArgument):
         w.put(policy(rate=5), expect_generation=-1)
     with pytest.raises(InvalidArgument):
-        w.engine.remove_policy("acme", "read_iops")  # type: ignore[arg-type]
+        w.engine.remove_policy("acme", "Read IOPS")
     assert w.engine.state.policies.dump() == before and len(w.events) == 1
 
 
@@ -188,7 +188,7 @@ def test_policy_events_round_trip_through_the_codec() -> None:
         assert decode_event(kind, payload) == e
     kind, payload = encode_event(w.events[0])
     with pytest.raises(Exception, match="does not decode"):
-        decode_event(kind, {**payload, "metric": "read_ops"})
+        decode_event(kind, {**payload, "metric": "Read_Ops"})
     put = w.events[0]
     assert isinstance(put, PolicyPut)
     bad = replace(put, target_rate=0)  # a record governord never wrote
