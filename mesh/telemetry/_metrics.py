@@ -9,11 +9,12 @@ then admissions get series of their own; the rest are summed under tenant="other
 tenant with no known policy is never a label value (its decisions count under "other",
 reason="policy_unknown"). Metric names are open (issue 14), so the same holds for them: a
 decision on a metric no current policy declares counts under metric="other". Which tenants
-are labelled may change between scrapes. Counters stay monotonic per label while the set
-of labels changes: a tenant entering the top-K starts a series at 0 (what it had before stays in "other"); one leaving it hands its total
-to "other", which takes its later increments too. Prometheus tolerates series appearing
-and disappearing; summed over labels, a counter never decreases. A tenant named "other"
-has no series of its own (it would collide with the sum).
+are labelled may change between scrapes. Counters stay monotonic per label while the set of
+labels changes: a tenant entering the top-K starts a series at 0 (what it had before stays
+in "other"); one leaving it hands its total to "other", which takes its later increments
+too. Prometheus tolerates series appearing and disappearing; summed over labels, a counter
+never decreases. A tenant named "other" has no series of its own (it would collide with the
+sum).
 
 Forgetting: `forget_idle` (the node calls it every `DECISIONS_IDLE_S`) drops the decision
 counts of tenants that did not change since the previous call, keeping their totals per
