@@ -91,11 +91,11 @@ def parse_rate(
     exact = amount / length_s
     if exact.denominator != 1:
         low, high = int(exact), int(exact) + 1
+        near = [f"{format_rate(n, period)} ({n}/second)" for n in (low, high) if n >= minimum]
         raise error(
             field,
             f"{_q(text)} is {float(exact):.6g} per second, not a whole number; rates are "
-            f"metered in whole units per second, so write {format_rate(low, period)} "
-            f"({low}/second) or {format_rate(high, period)} ({high}/second)",
+            f"metered in whole units per second, so write {' or '.join(near)}",
         )
     return _bounded(field, int(exact), minimum, error, _q(text))
 
