@@ -39,6 +39,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from mesh.core.verdict import Verdict
 from mesh.errors import ConfigError, RateLimited
+from ratemesh.errors import RatemeshError
 from ratemesh.policy import check_metric, descriptor_tenant
 
 __all__ = ["Admits", "Lease", "Limited", "limited"]
@@ -149,7 +150,10 @@ class Limited:
         if type(tenant) is not str or not tenant:
             raise ConfigError("tenant", f"must be a non-empty string, got {tenant!r}")
         self._mesh = mesh
-        self.tenant = tenant if descriptor is None else descriptor_tenant(tenant, descriptor)
+        try:
+            self.tenant = tenant if descriptor is None else descriptor_tenant(tenant, descriptor)
+        except RatemeshError as exc:  # the shared model's family, re-homed in the mesh's
+            raise ConfigError(exc.field, exc.problem) from exc
         self.metric = check_metric(metric, error=ConfigError)
         if type(amount) is not int or amount <= 0:
             raise ConfigError("amount", f"must be an integer > 0, got {amount!r}")
