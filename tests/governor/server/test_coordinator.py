@@ -480,3 +480,60 @@ def test_a_push_that_a_watching_nodes_file_would_refuse_is_refused_at_the_pusher
         # governord logs the refusal it answered with; the log line may trail the answer
         line = "node node-b loads acme/read_iops generation 3"
         assert wait_until(lambda: line in d.stderr(), 10), d.stderr()
+
+
+@pytest.mark.slow
+def test_governord_stores_and_returns_a_unit_a_string_rate_and_a_descriptor(
+    tmp_path: Path,
+) -> None:
+    """Issue 14 through a real governord: the coordinator API takes the new fields, stores them
+    as events, and returns them (also after a SIGKILL); a unit conflict is refused naming both."""
+    tokens = {
+        "tenant_id": "acme",
+        "metric": "tokens",
+        "unit": "tokens",
+        "target_rate": "60k/minute",
+        "global_burst": "8k",
+        "local_burst_cap": "1k",
+        "descriptor": {"route": "/v1/chat"},
+    }
+    with running("sqlite", tmp_path) as d:
+
+        async def put() -> None:
+            c = client(d)
+            try:
+                got = (await c.put(tokens)).policy
+                assert (got.target_rate, got.global_burst, got.unit.value) == (1000, 8000, "tokens")
+                assert got.to_dict()["descriptor"] == {"route": "/v1/chat"}
+                await c.put(dict(POLICY, metric="requests", target_rate="100/second"))
+                with pytest.raises(PeerRefused, match="a metric has one unit"):
+                    await c.put(dict(tokens, tenant_id="beta", unit="usd_micros"))
+            finally:
+                await c.close()
+
+        async def read() -> None:
+            c = client(d, WORKER_KEY)
+            try:
+                snap = await c.list()
+                by_metric = {p.metric: p.to_dict() for p in snap.policies}
+                assert by_metric["tokens"] == {
+                    **tokens,
+                    "generation": 1,
+                    "target_rate": 1000,
+                    "global_burst": 8000,
+                    "local_burst_cap": 1000,
+                    "enabled": True,
+                    "mode": "global",
+                }
+                assert by_metric["requests"]["target_rate"] == 100
+                assert "unit" not in by_metric["requests"]  # the name's default, as before
+                history = await c.history("acme", "tokens")
+                assert [h.generation for h in history] == [1]
+            finally:
+                await c.close()
+
+        asyncio.run(put())
+        asyncio.run(read())
+        d.kill()
+        d.start()
+        asyncio.run(read())
