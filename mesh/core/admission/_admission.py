@@ -27,6 +27,7 @@ __all__ = ["Admission", "UNKNOWN", "QUEUE_FULL", "DEADLINE"]
 # holds the lock for well under a millisecond (the hot path waits on it in threaded apps).
 VIEWS_SWEEP_SLICE = 2048
 UNKNOWN = unknown_verdict()
+_NONE: dict[str, Gate] = {}  # the view map of a metric with none (never written)
 QUEUE_FULL = Verdict(False, Reason.QUEUE_FULL, None, "tenant_queue_bound")
 DEADLINE = Verdict(False, Reason.DEADLINE_EXCEEDED, None, "deadline")
 
@@ -117,8 +118,12 @@ class Admission:
         """Give back what was charged and not used (a short send). The correction reaches
         the owner in a later report, as a smaller (possibly negative) delta."""
         _check_amount(amount)
-        v = self._gates.get(check_metric(metric, error=ConfigError), {}).get(tenant)
+        try:
+            v = self._gates.get(metric, _NONE).get(tenant)
+        except TypeError:  # unhashable: the checks below name it
+            v = None
         if v is None:
+            check_metric(metric, error=ConfigError)  # a bad name says so; checked on a miss only
             raise ConfigError("tenant", f"{tenant!r} has no charge on {metric} to refund")
         if isinstance(v, StrictGate):
             # The mesh's charge goes back; spent credit does not (a unit taken from a block
