@@ -29,8 +29,18 @@ from mesh.testing.fleet import MemoryFleet, Offered, drive
 from ratemesh.policy import descriptor_tenant
 
 REQ = TenantRatePolicy("acme", "requests", 1, 1000, 100, 10)
-TOK = TenantRatePolicy("acme", "tokens", 1, "60k/minute", "8k", "1k", unit="tokens")
-UP = TenantRatePolicy("acme", "requests", 1, 100, 20, 5, descriptor={"route": "/upload"})
+TOK = TenantRatePolicy.from_dict(
+    {
+        "tenant_id": "acme",
+        "metric": "tokens",
+        "generation": 1,
+        "target_rate": "60k/minute",
+        "global_burst": "8k",
+        "local_burst_cap": "1k",
+        "unit": "tokens",
+    }
+)
+UP = TenantRatePolicy("acme", "requests", 1, 100, 20, 5, descriptor=("route", "/upload"))
 
 
 def test_a_declared_name_round_trips_the_wire() -> None:

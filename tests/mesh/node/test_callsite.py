@@ -197,13 +197,14 @@ def test_a_threaded_node_blocks_with_timeout_s() -> None:
 
 def test_bad_arguments_are_config_errors_naming_the_field() -> None:
     async def body(mesh: Mesh) -> None:
-        for kwargs, field in [
+        cases: list[tuple[dict[str, Any], str]] = [
             ({"tenant": ""}, "tenant"),
             ({"metric": "Bad"}, "metric"),
             ({"amount": 0}, "amount"),
             ({"timeout_s": -1}, "timeout_s"),
             ({"descriptor": {"a": "1", "b": "2"}}, "descriptor"),
-        ]:
+        ]
+        for kwargs, field in cases:
             args: dict[str, Any] = {"tenant": "acme", "metric": "requests", **kwargs}
             with pytest.raises(ConfigError) as info:
                 mesh.limited(**args)
