@@ -45,6 +45,7 @@ __all__ = [
     "check_units",
     "default_unit",
     "descriptor_tenant",
+    "scope_name",
     "split_tenant",
 ]
 
@@ -158,6 +159,12 @@ def split_tenant(tenant_id: str) -> tuple[str, Descriptor | None]:
         return tenant_id, None
     key, _, value = rest.partition("=")
     return base, (key, value)
+
+
+def scope_name(tenant_id: str, metric: str) -> str:
+    """`tenant/metric` for messages, with a descriptor shown as `tenant[key=value]`."""
+    tenant, desc = split_tenant(tenant_id)
+    return f"{tenant}/{metric}" if desc is None else f"{tenant}[{desc[0]}={desc[1]}]/{metric}"
 
 
 def _descriptor(value: Any, field: str) -> Descriptor:
@@ -373,9 +380,7 @@ def unit_conflict(
 
 
 def _name(p: TenantRatePolicy) -> str:
-    tenant, desc = split_tenant(p.tenant_id)
-    shown = tenant if desc is None else f"{tenant}[{desc[0]}={desc[1]}]"
-    return f"{shown}/{p.metric} generation {p.generation}"
+    return f"{scope_name(p.tenant_id, p.metric)} generation {p.generation}"
 
 
 _UNITS_BY_NAME = {u.value: u for u in Unit} | {"units": Unit.REQUESTS}

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ratemesh.errors import ConfigError, ConfigTypeError, RatemeshError
-from ratemesh.policy import TenantRatePolicy, check_units, split_tenant
+from ratemesh.policy import TenantRatePolicy, check_units, scope_name
 from ratemesh.yamlfile import load_yaml
 
 __all__ = ["POLICIES_PER_FILE_MAX", "Desired", "load_policy_file", "parse_policy_list"]
@@ -58,11 +58,9 @@ def parse_policy_list(
         policy = TenantRatePolicy.from_dict(raw, where=here, error=error)
         key = (policy.tenant_id, policy.metric)
         if one_per_key and key in seen:
-            tenant, desc = split_tenant(policy.tenant_id)
-            shown = tenant if desc is None else f"{tenant}[{desc[0]}={desc[1]}]"
             raise error(
                 f"{here}.tenant_id",
-                f"{shown}/{policy.metric} is already entry [{seen[key]}]; "
+                f"{scope_name(policy.tenant_id, policy.metric)} is already entry [{seen[key]}]; "
                 "one entry per (tenant_id, descriptor, metric)",
             )
         seen[key] = i

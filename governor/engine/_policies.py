@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ratemesh.checks import INT_MAX
-from ratemesh.policy import METRIC_NAME, METRICS_MAX, TenantRatePolicy, split_tenant
+from ratemesh.policy import METRIC_NAME, METRICS_MAX, TenantRatePolicy, scope_name
 
 from . import _events as ev
 from ._core import _Core, _int
@@ -108,11 +108,13 @@ class PoliciesMixin(_Core):
             raise InvalidArgument("metric", "must be a metric name")
         key = self._state.policies.keys.get((tenant_id, metric))
         if key is None or key.current is None:
-            raise NotFound("tenant_id", f"{tenant_id}/{metric} has no policy to remove")
+            raise NotFound("tenant_id", f"{scope_name(tenant_id, metric)} has no policy to remove")
         last = key.last.generation
         self._check_expected(tenant_id, metric, last, expect_generation)
         if last >= INT_MAX:
-            raise InvalidArgument("generation", f"{tenant_id}/{metric} has no generation left")
+            raise InvalidArgument(
+                "generation", f"{scope_name(tenant_id, metric)} has no generation left"
+            )
         self._emit(ev.PolicyRemoved(self._seq(), now, tenant_id, metric, last + 1))
         return last + 1
 
@@ -146,7 +148,8 @@ class PoliciesMixin(_Core):
         if expect_generation != last:
             raise GenerationConflict(
                 "expect_generation",
-                f"{tenant_id}/{metric} is at generation {last}, not {expect_generation}: "
+                f"{scope_name(tenant_id, metric)} is at generation {last}, "
+                f"not {expect_generation}: "
                 "another change came first; read it again and re-apply",
             )
 
@@ -173,6 +176,4 @@ class PoliciesMixin(_Core):
 
 
 def _name(policy: TenantRatePolicy) -> str:
-    tenant, desc = split_tenant(policy.tenant_id)
-    shown = tenant if desc is None else f"{tenant}[{desc[0]}={desc[1]}]"
-    return f"{shown}/{policy.metric}"
+    return scope_name(policy.tenant_id, policy.metric)

@@ -26,7 +26,7 @@ from governor.engine import _events as ev
 from ratemesh import coordinator as cw
 from ratemesh.checks import check_int, check_keys, check_str
 from ratemesh.errors import MessageError, RatemeshError
-from ratemesh.policy import TenantRatePolicy, descriptor_tenant, split_tenant
+from ratemesh.policy import TenantRatePolicy, descriptor_tenant, scope_name, split_tenant
 
 from ._commit import CommitWaits
 from ._metrics import Metrics
@@ -194,7 +194,7 @@ class CoordinatorService:
             top = max(g for (t, m, g) in self._pins if (t, m) == (policy.tenant_id, policy.metric))
             raise GenerationConflict(
                 "generation",
-                f"node {member or '(unnamed)'} loads {policy.tenant_id}/{policy.metric} "
+                f"node {member or '(unnamed)'} loads {scope_name(policy.tenant_id, policy.metric)} "
                 f"generation {gen} from its own file with other values and would refuse this "
                 "put; let governord import that file (coordinator.policies_file), or push with "
                 f"generation {max(top, last) + 1}",
@@ -226,7 +226,7 @@ class CoordinatorService:
             record = None if key is None else key.find(p.generation)
             if record is not None and record.policy != p:
                 out.append(
-                    f"node {member or '(unnamed)'} loads {p.tenant_id}/{p.metric} "
+                    f"node {member or '(unnamed)'} loads {scope_name(p.tenant_id, p.metric)} "
                     f"generation {p.generation} from its file with other values than "
                     "governord's; it refuses governord's"
                 )

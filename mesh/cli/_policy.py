@@ -26,7 +26,7 @@ from typing import Any
 from mesh.errors import ConfigError, MeshError, PeerError
 from ratemesh.apikey import read_api_key
 from ratemesh.checks import check_address
-from ratemesh.policy import check_metric
+from ratemesh.policy import check_metric, scope_name
 from ratemesh.policyfile import load_policy_file
 
 from ._output import one_line
@@ -192,9 +192,10 @@ def list_(args: argparse.Namespace) -> int:
             return 0
         print(f"revision {snap.revision}")
         for p in snap.policies:
-            print(f"{p.tenant_id}/{p.metric}  generation {p.generation}: {policy_values(p)}")
+            name = scope_name(p.tenant_id, p.metric)
+            print(f"{name}  generation {p.generation}: {policy_values(p)}")
         for t in snap.removed:
-            print(f"{t.tenant_id}/{t.metric}  generation {t.generation}: removed")
+            print(f"{scope_name(t.tenant_id, t.metric)}  generation {t.generation}: removed")
         return 0
 
     return _run(args, "list", body)
@@ -217,7 +218,7 @@ def history(args: argparse.Namespace) -> int:
         for e in entries:
             when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(e.at_ms / 1000))
             what = "removed" if e.policy is None else policy_values(e.policy)
-            print(f"{e.tenant_id}/{e.metric}  generation {e.generation}  {when}  {what}")
+            print(f"{scope_name(e.tenant_id, e.metric)}  generation {e.generation}  {when}  {what}")
         return 0
 
     return _run(args, "history", body)

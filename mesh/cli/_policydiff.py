@@ -9,7 +9,7 @@ from typing import Any
 
 from mesh.core.policy import TenantRatePolicy
 from mesh.errors import ConfigError
-from ratemesh.policy import default_unit
+from ratemesh.policy import default_unit, scope_name
 
 __all__ = ["Change", "Diff", "compute_diff", "policy_values"]
 
@@ -47,7 +47,7 @@ class Change:
         return out
 
     def line(self) -> str:
-        name = f"{self.tenant_id}/{self.metric}"
+        name = scope_name(self.tenant_id, self.metric)
         if self.kind == "added":
             assert self.policy is not None
             return f"+ {name}  generation {self.generation}: {policy_values(self.policy)}"
@@ -106,7 +106,7 @@ def compute_diff(
         named.add(scope)
         was = have.get(scope)
         base = last.get(scope, 0)
-        name = f"{policy.tenant_id}/{policy.metric}"
+        name = scope_name(policy.tenant_id, policy.metric)
         if explicit and was is not None and policy.generation == was.generation:
             if policy != was:
                 raise ConfigError(
@@ -139,5 +139,5 @@ def compute_diff(
             base = last.get(scope, p.generation)
             diff.changes.append(Change("removed", p.tenant_id, p.metric, base + 1, base, None, p))
         else:
-            diff.kept.append(f"{p.tenant_id}/{p.metric}")
+            diff.kept.append(scope_name(p.tenant_id, p.metric))
     return diff

@@ -27,6 +27,7 @@ from ratemesh.policy import (
     METRICS_MAX,
     RateKey,
     TenantRatePolicy,
+    scope_name,
     split_tenant,
     unit_conflict,
 )
@@ -70,7 +71,8 @@ class PolicyCache:
             if old != policy:
                 raise ConfigError(
                     "generation",
-                    f"generation {policy.generation} of {policy.tenant_id}/{policy.metric} "
+                    f"generation {policy.generation} of "
+                    f"{scope_name(policy.tenant_id, policy.metric)} "
                     "is already known with different values; a change needs a new generation",
                 )
             return False
@@ -134,14 +136,14 @@ class PolicyCache:
             if twice is not None and twice != p:
                 raise ConfigError(
                     "generation",
-                    f"generation {p.generation} of {p.tenant_id}/{p.metric} given twice "
+                    f"generation {p.generation} of {scope_name(p.tenant_id, p.metric)} given twice "
                     "with different values",
                 )
             if known is not None and known != p:
                 raise ConfigError(
                     "generation",
-                    f"generation {p.generation} of {p.tenant_id}/{p.metric} is already known "
-                    "with different values; a change needs a new generation",
+                    f"generation {p.generation} of {scope_name(p.tenant_id, p.metric)} is "
+                    "already known with different values; a change needs a new generation",
                 )
             seen[key] = p
         units: dict[str, TenantRatePolicy] = {}
