@@ -296,7 +296,7 @@ class Mesh:
     ) -> Limited:
         """A decorator and context manager (`with`, `async with`) that admits `amount` on
         enter, raises `RateLimited` when denied, and refunds what the block did not use
-        (mesh.callsite; docs/api: call sites)."""
+        (mesh.callsite; README: call sites)."""
         return Limited(
             self,
             tenant,
