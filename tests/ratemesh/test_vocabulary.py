@@ -219,3 +219,17 @@ def test_a_descriptor_resolves_most_specific_first() -> None:
     # Owners resolve the keys the same way, by generation.
     assert cache.get(other.rate_key) == other and cache.get(get.rate_key) == get
     assert cache.get(RateKey(descriptor_tenant("acme", ("route", "/x")), "requests", 9)) is None
+
+
+def test_put_all_refuses_a_unit_conflict_with_the_cache_and_changes_nothing() -> None:
+    llm = pol(metric="llm", unit="tokens")
+    cache = PolicyCache([llm])
+    before = cache.version
+    batch = [pol(tenant_id="beta", metric="requests"), pol(tenant_id="gamma", metric="llm")]
+    with pytest.raises(MeshConfigError, match="a metric has one unit"):
+        cache.put_all(batch)  # gamma/llm says requests (the name's default)
+    assert cache.version == before and cache.current("beta", "requests") is None
+    many = [pol(metric=f"m{i}") for i in range(METRICS_MAX)]
+    with pytest.raises(MeshConfigError, match="METRICS_MAX"):
+        cache.put_all(many)
+    assert cache.version == before

@@ -147,10 +147,17 @@ class PolicyCache:
                 )
             seen[key] = p
         units: dict[str, TenantRatePolicy] = {}
-        for p in batch:
+        for p in batch:  # units and the metric bound, against the batch and the cache
             first = units.setdefault(p.metric, p)
             if first.unit is not p.unit:
                 raise unit_conflict(first, p, where="policy", error=ConfigError)
+            self._check_unit(p)
+        fresh = {m for m in units if m not in self._declared}
+        if len(self._declared) + len(fresh) > METRICS_MAX:
+            raise ConfigError(
+                "metric",
+                f"{len(fresh)} new metric names would make more than {METRICS_MAX} (METRICS_MAX)",
+            )
         changed = False
         for p in batch:
             changed |= self.put(p)
