@@ -417,10 +417,17 @@ def test_malformed_requests_are_refused_naming_the_field_and_change_nothing(
         bad: list[tuple[str, bytes | dict[str, Any], str]] = [
             ("Put", b"\xc1", "put"),
             ("Put", {"policy": 5}, "policy"),
-            ("Put", {"policy": dict(POLICY, metric="read_ops")}, "policy.metric"),
+            ("Put", {"policy": dict(POLICY, metric="Read-Ops")}, "policy.metric"),
+            ("Put", {"policy": dict(POLICY, target_rate="100/fortnight")}, "policy.target_rate"),
+            ("Put", {"policy": dict(POLICY, unit="furlongs")}, "policy.unit"),
             ("Put", {"policy": POLICY, "expect_generation": -1}, "expect_generation"),
             ("Put", {"policy": POLICY, "extra": 1}, "put.extra"),
             ("Remove", {"tenant_id": "acme", "metric": 3}, "metric"),
+            (
+                "Remove",
+                {"tenant_id": "acme", "metric": "read_iops", "descriptor": {"a": "1", "b": "2"}},
+                "descriptor",
+            ),
             ("History", {"tenant_id": ""}, "tenant_id"),
         ]
         try:
