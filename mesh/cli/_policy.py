@@ -26,7 +26,8 @@ from typing import Any
 from mesh.errors import ConfigError, MeshError, PeerError
 from ratemesh.apikey import read_api_key
 from ratemesh.checks import check_address
-from ratemesh.policy import check_metric, scope_name
+from ratemesh.errors import RatemeshError
+from ratemesh.policy import check_metric, descriptor_tenant, scope_name
 from ratemesh.policyfile import load_policy_file
 
 from ._output import one_line
@@ -65,6 +66,7 @@ def add_parser(sub: Any) -> None:
     rb.add_argument("tenant_id")
     rb.add_argument("metric")
     rb.add_argument("--to", dest="to", type=int, required=True, metavar="GEN")
+    rb.add_argument("--descriptor", metavar="KEY=VALUE", help="the key's descriptor, if any")
     rb.add_argument("--dry-run", action="store_true", help="print the change, push nothing")
     _connection_flags(rb)
 
@@ -228,10 +230,17 @@ def rollback(args: argparse.Namespace) -> int:
     metric = _metric(args.metric, "metric")
     if args.to < 1:
         raise ConfigError("--to", f"must be a generation >= 1, got {args.to}")
+    tenant = args.tenant_id
+    if args.descriptor is not None:
+        try:
+            tenant = descriptor_tenant(tenant, args.descriptor, field="--descriptor")
+        except RatemeshError as exc:
+            raise ConfigError(exc.field, exc.problem) from exc
 
     async def body(client: Any) -> int:
-        entries = await client.history(args.tenant_id, metric)
-        name = f"{args.tenant_id}/{metric}"
+        # History lists the tenant's descriptors' keys too: keep this key's only.
+        entries = [e for e in await client.history(args.tenant_id, metric) if e.tenant_id == tenant]
+        name = scope_name(tenant, metric)
         target = next((e for e in entries if e.generation == args.to), None)
         if target is None or target.policy is None:
             kept = ", ".join(str(e.generation) for e in entries if e.policy) or "none"
@@ -244,7 +253,7 @@ def rollback(args: argparse.Namespace) -> int:
             return 0
         change = Change(
             "changed" if last.policy is not None else "added",
-            args.tenant_id,
+            tenant,
             metric,
             last.generation + 1,
             last.generation,

@@ -9,7 +9,7 @@ from typing import Any
 
 from mesh.core.policy import TenantRatePolicy
 from mesh.errors import ConfigError
-from ratemesh.policy import default_unit, scope_name
+from ratemesh.policy import default_unit, scope_name, split_tenant
 
 __all__ = ["Change", "Diff", "compute_diff", "policy_values"]
 
@@ -29,11 +29,14 @@ class Change:
     explicit: bool = False
 
     def to_json(self) -> dict[str, Any]:
+        tenant, desc = split_tenant(self.tenant_id)
         out: dict[str, Any] = {
-            "tenant_id": self.tenant_id,
+            "tenant_id": tenant,
             "metric": self.metric,
             "generation": self.generation,
         }
+        if desc is not None:  # as a policy's mapping shows it
+            out["descriptor"] = {desc[0]: desc[1]}
         if self.was is not None:
             out["from_generation"] = self.was.generation
         if self.policy is not None:

@@ -544,3 +544,23 @@ def test_governord_stores_and_returns_a_unit_a_string_rate_and_a_descriptor(
         d.kill()
         d.start()
         asyncio.run(read())
+
+        async def second() -> None:  # a new generation of the descriptor's key, and acme's own
+            c = client(d)
+            try:
+                assert (await c.put(dict(tokens, target_rate=2000))).policy.generation == 2
+                plain = {k: v for k, v in tokens.items() if k != "descriptor"}
+                assert (await c.put(plain)).policy.generation == 1  # another key
+            finally:
+                await c.close()
+
+        asyncio.run(second())
+        back = mesh_policy(
+            d, "rollback", "acme", "tokens", "--descriptor", "route=/v1/chat", "--to", "1", "--json"
+        )
+        assert back.returncode == 0, back.stderr
+        out = json.loads(back.stdout)
+        assert (out["generation"], out["from_generation"]) == (3, 2), out
+        assert out["changes"] == {"target_rate": [2000, 1000]}
+        assert (out["tenant_id"], out["descriptor"]) == ("acme", {"route": "/v1/chat"})
+        assert "acme[route=/v1/chat]/tokens" in mesh_policy(d, "list").stdout
