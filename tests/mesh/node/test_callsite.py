@@ -229,3 +229,60 @@ def test_an_undeclared_metric_never_becomes_a_label_value() -> None:
         assert unknown == {"other": 20, "tokens": 1}
 
     run(body)
+
+
+@pytest.mark.slow
+def test_two_nodes_meter_an_open_name_and_a_descriptor_end_to_end() -> None:
+    """Two real nodes over the in-memory Transport: "requests" (a rate written as text) and a
+    route's own limit under the tenant, both metered by their owners within the envelope."""
+    from mesh.membership import StaticMembership
+
+    route = {"route": "/upload"}
+    policies = [
+        pol("requests", target_rate="60k/minute", global_burst=100, local_burst_cap=20),
+        pol("requests", target_rate=200, global_burst=20, local_burst_cap=5, descriptor=route),
+    ]
+    policies = [{**p, "mode": "global"} for p in policies]
+
+    async def main() -> None:
+        net = MemoryNetwork()
+        ids = ["a", "b"]
+        meshes = [
+            Mesh(
+                {"member_id": m, "policies": {"inline": policies}},
+                transport=lambda mid, epoch, h: MemoryTransport(net, mid, h.deliver),
+                membership=StaticMembership({i: f"memory:{i}" for i in ids}),
+            )
+            for m in ids
+        ]
+        for mesh in meshes:
+            await mesh.astart()
+        for _ in range(200):
+            if all(len(m.ring) == 2 for m in meshes):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # owners past B/R: keys start full
+        plain = routed = 0
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        while loop.time() - t0 < 1.0:  # about 4x the tenant's limit, 10x the route's
+            for mesh in meshes:
+                plain += sum(mesh.try_admit("acme", "requests").allowed for _ in range(2))
+                try:
+                    async with mesh.limited("acme", "requests", descriptor=("route", "/upload")):
+                        routed += 1
+                except RateLimited:
+                    pass
+            await asyncio.sleep(0.001)
+        elapsed = loop.time() - t0
+        applied = sum(m.health()["owner"]["applied_units"] for m in meshes)
+        for mesh in meshes:
+            await mesh.aclose()
+        d_s = 0.03  # two sync intervals and the loop's own lag, generously
+        assert plain <= 100 + 1000 * elapsed + 2 * 20 + 1000 * d_s, plain
+        assert plain >= 0.8 * 1000 * elapsed, plain
+        assert routed <= 20 + 200 * elapsed + 2 * 5 + 200 * d_s, routed
+        assert routed >= 0.7 * 200 * elapsed, routed
+        assert applied > 0
+
+    asyncio.run(main())
