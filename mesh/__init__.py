@@ -4,6 +4,7 @@ The public API is re-exported here; everything else is private to its package.
 """
 
 from mesh.aio import Ticker, admit
+from mesh.callsite import Lease, Limited, limited
 from mesh.core.admission import Admission
 from mesh.core.config import CoreConfig
 from mesh.core.gcra import Gcra
@@ -13,7 +14,15 @@ from mesh.core.policy import Metric, Mode, PolicyCache, RateKey, TenantRatePolic
 from mesh.core.reporter import Reporter
 from mesh.core.ring import Ring
 from mesh.core.verdict import Reason, Step, Suspension, Verdict
-from mesh.errors import ConfigError, ConfigTypeError, MeshError, MessageError, MessageTypeError
+from mesh.errors import (
+    ConfigError,
+    ConfigTypeError,
+    MeshError,
+    MessageError,
+    MessageTypeError,
+    RateLimited,
+)
+from ratemesh.policy import descriptor_tenant
 
 Policy = TenantRatePolicy
 
@@ -34,6 +43,8 @@ __all__ = [
     "ConfigTypeError",
     "CoreConfig",
     "Gcra",
+    "Lease",
+    "Limited",
     "Mesh",
     "MeshError",
     "MessageError",
@@ -44,6 +55,7 @@ __all__ = [
     "Policy",
     "PolicyCache",
     "RateKey",
+    "RateLimited",
     "RateSnapshot",
     "Reason",
     "ReportBatch",
@@ -58,4 +70,6 @@ __all__ = [
     "UsageReport",
     "Verdict",
     "admit",
+    "descriptor_tenant",
+    "limited",
 ]

@@ -10,9 +10,15 @@ it is a `Verdict` value.
         │   └── ConfigTypeError (TypeError)   the field has the wrong type
         ├── MessageError (ValueError)         a peer's message failed validation; names the field
         │   └── MessageTypeError (TypeError)
-        └── PeerError                         a peer (or membership/coordinator service) failed
-            ├── PeerUnavailable               unreachable, timed out, or gone (retry later)
-            └── PeerRefused                   it answered with an error status (our request)
+        ├── PeerError                         a peer (or membership/coordinator service) failed
+        │   ├── PeerUnavailable               unreachable, timed out, or gone (retry later)
+        │   └── PeerRefused                   it answered with an error status (our request)
+        └── RateLimited                       a call-site helper's admission was denied
+                                              (mesh.callsite; carries the Verdict)
+
+`RateLimited` is the one denial that is an exception, and only because the caller chose
+the call-site helpers (`Mesh.limited`), whose block cannot run without the admission;
+`try_admit`, `admit` and the cores return a denial as a value.
 
 `ConfigError`, `ConfigTypeError`, `MessageError` and `MessageTypeError` also derive from
 their namesakes in `ratemesh.errors`, so one `except ratemesh.errors.ConfigError` at a
@@ -30,7 +36,12 @@ no state: validation happens before anything is mutated.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import ratemesh.errors
+
+if TYPE_CHECKING:
+    from mesh.core.verdict import Verdict
 
 __all__ = [
     "MeshError",
@@ -41,6 +52,7 @@ __all__ = [
     "PeerError",
     "PeerUnavailable",
     "PeerRefused",
+    "RateLimited",
 ]
 
 
@@ -78,3 +90,19 @@ class PeerRefused(PeerError):
 
 ConfigError.type_error = ConfigTypeError
 MessageError.type_error = MessageTypeError
+
+
+class RateLimited(MeshError):
+    """A `Mesh.limited` block or decorated call was denied; `.verdict` says why."""
+
+    def __init__(self, verdict: Verdict, tenant: str, metric: str, amount: int) -> None:
+        self.verdict = verdict
+        self.tenant = tenant
+        self.metric = metric
+        self.amount = amount
+        why = verdict.reason.value
+        if verdict.suspended is not None:
+            why += f", suspended: {verdict.suspended.value}"
+        super().__init__(
+            "amount", f"{amount} {metric} for {tenant!r} denied ({why}; {verdict.bound})"
+        )

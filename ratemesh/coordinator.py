@@ -24,9 +24,9 @@ from typing import Any
 
 import msgpack
 
-from ratemesh.checks import check_choice, check_int, check_str
+from ratemesh.checks import check_int, check_str
 from ratemesh.errors import MessageError, RatemeshError
-from ratemesh.policy import Metric, TenantRatePolicy
+from ratemesh.policy import TenantRatePolicy, check_metric
 
 __all__ = [
     "API_KEY_MD",
@@ -57,7 +57,6 @@ PING_INTERVAL_MIN_MS = KEEPALIVE_MS // 2
 SNAPSHOT_POLICIES_MAX = 6144
 
 Family = type[RatemeshError]
-_METRICS = {m.value: m for m in Metric}
 
 
 def method_path(name: str) -> str:
@@ -75,8 +74,9 @@ def unpack(data: bytes, what: str, error: Family = MessageError) -> Any:
         raise error(what, f"not valid msgpack: {exc}") from exc
 
 
-def decode_metric(field: str, value: Any, error: Family = MessageError) -> Metric:
-    return check_choice(field, value, _METRICS, error=error)  # type: ignore[no-any-return]
+def decode_metric(field: str, value: Any, error: Family = MessageError) -> str:
+    """A metric name from a peer: checked against the one rule, bounded before it is read."""
+    return check_metric(value, field=field, error=error)
 
 
 def _mapping(field: str, obj: Any, error: Family) -> dict[str, Any]:
@@ -98,13 +98,13 @@ class Tombstone:
     """A removal: generation `generation` of (tenant_id, metric) is "no policy of its own"."""
 
     tenant_id: str
-    metric: Metric
+    metric: str
     generation: int
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "tenant_id": self.tenant_id,
-            "metric": self.metric.value,
+            "metric": self.metric,
             "generation": self.generation,
         }
 
@@ -159,7 +159,7 @@ class HistoryEntry:
     the coordinator recorded it (its wall clock, milliseconds since the epoch)."""
 
     tenant_id: str
-    metric: Metric
+    metric: str
     generation: int
     at_ms: int
     policy: TenantRatePolicy | None
@@ -167,7 +167,7 @@ class HistoryEntry:
     def to_wire(self) -> dict[str, Any]:
         return {
             "tenant_id": self.tenant_id,
-            "metric": self.metric.value,
+            "metric": self.metric,
             "generation": self.generation,
             "at_ms": self.at_ms,
             "policy": None if self.policy is None else self.policy.to_dict(),

@@ -1,6 +1,15 @@
 """The one policy model both planes use (issue 13): TenantRatePolicy, the metrics and modes it
 names, and RateKey, the key each limit is metered under.
 
+An open vocabulary (issue 14): a metric is any name that `METRIC_NAME` matches, declared by
+the policies that name it, each with a `Unit` (requests, bytes, tokens, usd_micros; one
+unit per metric across all policies). Seed 004's six names stay as the `Metric` constants,
+and a policy that names no unit gets the one its name implies (`*_bytes`: bytes, else
+requests), so old files and governord logs load unchanged. Rates and bursts may be written
+as text (`ratemesh.rates`). A policy may name a descriptor under its tenant, Envoy style
+(`descriptor: {route: /upload}`); it is folded into the RateKey's tenant part
+(`descriptor_tenant`), so owners, reporters, the ring and the wire need no new field.
+
 The mesh meters a policy; governord stores its generations durably and hands them to the
 nodes. Both import it from here, so a generation means the same thing on both sides. A bad
 value raises `ratemesh.errors.ConfigError` naming the field (`from_dict` re-homes it in the
@@ -9,31 +18,62 @@ family its caller names: the mesh's `ConfigError`, or `MessageError` for a peer'
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
 from ratemesh.checks import check_bool, check_choice, check_int, check_str, rename
 from ratemesh.errors import ConfigError, RatemeshError
+from ratemesh.rates import parse_amount, parse_rate
 
 __all__ = [
     "DEFAULT_TENANT",
+    "DESCRIPTOR_SEP",
+    "DESCRIPTOR_WILDCARD",
+    "METRIC_NAME",
+    "METRICS_MAX",
     "POLICY_FIELDS",
+    "Descriptor",
     "Metric",
     "Mode",
     "RateKey",
     "TenantRatePolicy",
     "Unit",
+    "check_metric",
+    "check_units",
+    "default_unit",
+    "descriptor_tenant",
+    "scope_name",
+    "split_tenant",
 ]
 
 
 class Unit(StrEnum):
-    UNITS = "units"  # requests (IOPS): one admission is one unit
+    """What one unit of a metric counts. "units", the old name of requests, is read as it."""
+
+    REQUESTS = "requests"  # requests (IOPS): one admission is one unit
     BYTES = "bytes"  # transfer: admissions are charged per chunk
+    TOKENS = "tokens"  # model tokens, charged per call and refunded when fewer were used
+    USD_MICROS = "usd_micros"  # spend, in millionths of a US dollar
+    UNITS = "requests"  # alias (the name before issue 14): Unit.UNITS is Unit.REQUESTS
+
+    @classmethod
+    def _missing_(cls, value: object) -> Unit | None:
+        return cls.REQUESTS if value == "units" else None
+
+
+# The one rule a metric name must follow: it is a label value, a wire string and a file key.
+METRIC_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
+# Distinct metric names one policy cache (one node, one governord) holds; each is a map in
+# the admission engine and a label value, so the set has a bound like every other map.
+METRICS_MAX = 256
 
 
 class Metric(StrEnum):
-    """Seed 004's metrics. A StrEnum so a member hashes and compares like its name."""
+    """Seed 004's metrics, the well-known names. A StrEnum so a member hashes and compares
+    like its name; any name `METRIC_NAME` matches is a metric too (`check_metric`)."""
 
     READ_IOPS = "read_iops"
     CLIENT_EGRESS_BYTES = "client_egress_bytes"
@@ -44,10 +84,32 @@ class Metric(StrEnum):
 
     @property
     def unit(self) -> Unit:
-        return _UNITS[self]
+        return default_unit(self.value)
 
 
-_UNITS = {m: Unit.BYTES if m.value.endswith("_bytes") else Unit.UNITS for m in Metric}
+def default_unit(metric: str) -> Unit:
+    """The unit a policy that names none gets (seed 004's names keep theirs)."""
+    return Unit.BYTES if metric.endswith("_bytes") else Unit.REQUESTS
+
+
+def check_metric(
+    value: Any, *, field: str = "metric", error: type[RatemeshError] = ConfigError
+) -> str:
+    """A metric name as a plain str, or `error` naming `field` (a peer's name is untrusted:
+    bounded length and charset before anything else reads it)."""
+    if type(value) is str:
+        if METRIC_NAME.fullmatch(value):
+            return value
+    elif isinstance(value, str):  # a Metric member: the plain name
+        return check_metric(str(value), field=field, error=error)
+    else:
+        raise error.type_error(field, f"must be a metric name, got {type(value).__name__}")
+    shown = value if len(value) <= 70 else value[:64] + "..."
+    raise error(
+        field,
+        f"{shown!r} is not a metric name: lowercase letters, digits and '_', starting "
+        "with a letter, at most 63 characters",
+    )
 
 
 class Mode(StrEnum):
@@ -63,6 +125,80 @@ class Mode(StrEnum):
 # tenant still gets its own RateKey and its own bucket.
 DEFAULT_TENANT = "*"
 
+# The descriptor under a tenant (issue 14) is folded into the RateKey's tenant part as
+# tenant + DESCRIPTOR_SEP + key + "=" + value. ASCII RS (record separator): no tenant id
+# holds a control character, so the encoding is unambiguous both ways.
+DESCRIPTOR_SEP = "\x1e"
+# A descriptor value "*" is the default for its key under the tenant: each value gets its
+# own bucket under that policy, as each tenant does under DEFAULT_TENANT's.
+DESCRIPTOR_WILDCARD = "*"
+DESCRIPTOR_KEY = re.compile(r"[a-z][a-z0-9_]{0,31}")
+DESCRIPTOR_VALUE_MAX = 128
+
+Descriptor = tuple[str, str]  # (key, value): one Envoy-style entry under the tenant
+
+
+def descriptor_tenant(tenant_id: str, descriptor: Any, *, field: str = "descriptor") -> str:
+    """The RateKey tenant part for `tenant_id` narrowed by one descriptor entry.
+
+    `descriptor` is a (key, value) pair, a one-entry mapping `{key: value}`, or the text
+    "key=value". The result is what `Mesh.try_admit` takes as its tenant, so the plain call
+    costs nothing more.
+    """
+    check_str("tenant_id", tenant_id)
+    if DESCRIPTOR_SEP in tenant_id:
+        raise ConfigError("tenant_id", f"{tenant_id!r} already carries a descriptor")
+    key, value = _descriptor(descriptor, field)
+    return f"{tenant_id}{DESCRIPTOR_SEP}{key}={value}"
+
+
+def split_tenant(tenant_id: str) -> tuple[str, Descriptor | None]:
+    """The inverse of `descriptor_tenant`: (tenant, (key, value)) or (tenant, None)."""
+    base, sep, rest = tenant_id.partition(DESCRIPTOR_SEP)
+    if not sep:
+        return tenant_id, None
+    key, _, value = rest.partition("=")
+    return base, (key, value)
+
+
+def scope_name(tenant_id: str, metric: str) -> str:
+    """`tenant/metric` for messages, with a descriptor shown as `tenant[key=value]`."""
+    tenant, desc = split_tenant(tenant_id)
+    return f"{tenant}/{metric}" if desc is None else f"{tenant}[{desc[0]}={desc[1]}]/{metric}"
+
+
+def _descriptor(value: Any, field: str) -> Descriptor:
+    if isinstance(value, dict):
+        if len(value) != 1:
+            raise ConfigError(
+                field,
+                f"must hold exactly one key: value under the tenant, got {len(value)} "
+                "(deeper nesting is not supported: see docs/policies.md)",
+            )
+        ((key, val),) = value.items()
+    elif isinstance(value, str):
+        key, eq, val = value.partition("=")
+        if not eq:
+            raise ConfigError(field, f"{value!r} must be written key=value")
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        key, val = value
+    else:
+        raise ConfigError.type_error(
+            field, f"must be (key, value), {{key: value}} or 'key=value', got {value!r}"
+        )
+    if type(key) is not str or not DESCRIPTOR_KEY.fullmatch(key):
+        raise ConfigError(
+            field, f"key {key!r} must be lowercase letters, digits and '_' (at most 32)"
+        )
+    if type(val) is not str or not val:
+        raise ConfigError(f"{field}.{key}", f"must be a non-empty string, got {val!r}")
+    if len(val) > DESCRIPTOR_VALUE_MAX or not val.isprintable():
+        raise ConfigError(
+            f"{field}.{key}",
+            f"must be printable and at most {DESCRIPTOR_VALUE_MAX} characters",
+        )
+    return key, val
+
 
 class RateKey(NamedTuple):
     """(tenant_id, metric, policy_generation): one independently metered limit.
@@ -72,47 +208,72 @@ class RateKey(NamedTuple):
     """
 
     tenant_id: str
-    metric: Metric
+    metric: str
     policy_generation: int
 
     def ring_token(self) -> str:
         """The string the consistent-hash ring places; stable across processes."""
-        return f"{self.tenant_id}\x1f{self.metric.value}\x1f{self.policy_generation}"
+        return f"{self.tenant_id}\x1f{self.metric}\x1f{self.policy_generation}"
 
 
 @dataclass(frozen=True, slots=True)
 class TenantRatePolicy:
     """One immutable generation of a tenant's limit on one metric (seed 004).
 
-    `target_rate` is R in units (or bytes) per second, `global_burst` is B, and
-    `local_burst_cap` is b, the most one worker may spend ahead of its owner's view.
+    `target_rate` is R in the metric's units per second, `global_burst` is B, and
+    `local_burst_cap` is b, the most one worker may spend ahead of its owner's view; each
+    may be given as text (`"5000/minute"`, `"1MiB"`: `ratemesh.rates`) and is kept as an
+    integer. `unit` defaults from the metric's name. `tenant_id` is the RateKey's tenant
+    part: with a descriptor it is `descriptor_tenant(tenant, descriptor)`; `tenant` and
+    `descriptor` read it back, and a `descriptor=` argument is folded into it.
     """
 
     tenant_id: str
-    metric: Metric
+    metric: str
     generation: int
     target_rate: int
     global_burst: int
     local_burst_cap: int
     enabled: bool = True
     mode: Mode = Mode.GLOBAL
+    unit: Unit = None  # type: ignore[assignment]  # None: the name's (default_unit)
+    descriptor: Descriptor | None = None
     _key: RateKey = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_str("tenant_id", self.tenant_id)
-        object.__setattr__(self, "metric", _metric(self.metric))
+        object.__setattr__(self, "metric", check_metric(self.metric))
         check_int("generation", self.generation, minimum=1)
-        check_int("target_rate", self.target_rate, minimum=1)
-        check_int("global_burst", self.global_burst, minimum=1)
-        check_int("local_burst_cap", self.local_burst_cap, minimum=1)
+        object.__setattr__(self, "target_rate", parse_rate("target_rate", self.target_rate))
+        object.__setattr__(self, "global_burst", parse_amount("global_burst", self.global_burst))
+        object.__setattr__(
+            self, "local_burst_cap", parse_amount("local_burst_cap", self.local_burst_cap)
+        )
         check_bool("enabled", self.enabled)
         object.__setattr__(self, "mode", _mode(self.mode))
+        unit = default_unit(self.metric) if self.unit is None else _unit(self.unit)
+        object.__setattr__(self, "unit", unit)
+        tenant = self.tenant_id
+        if DESCRIPTOR_SEP in tenant:  # already folded (a copy, a key's tenant part)
+            base, desc = split_tenant(tenant)
+            if self.descriptor is not None and _descriptor(self.descriptor, "descriptor") != desc:
+                raise ConfigError("descriptor", f"differs from the one in {tenant!r}")
+            tenant = descriptor_tenant(base, desc)  # validates both parts
+        elif self.descriptor is not None:
+            tenant = descriptor_tenant(tenant, self.descriptor)
+        object.__setattr__(self, "tenant_id", tenant)
+        object.__setattr__(self, "descriptor", split_tenant(tenant)[1])
         # Built once: views and owners key dicts by it, and each copy would cost memory.
         object.__setattr__(self, "_key", RateKey(self.tenant_id, self.metric, self.generation))
 
     @property
     def rate_key(self) -> RateKey:
         return self._key
+
+    @property
+    def tenant(self) -> str:
+        """The tenant without its descriptor."""
+        return split_tenant(self.tenant_id)[0]
 
     def for_tenant(self, tenant_id: str) -> TenantRatePolicy:
         """This default policy as it applies to one concrete tenant."""
@@ -127,6 +288,7 @@ class TenantRatePolicy:
             self.local_burst_cap,
             self.enabled,
             self.mode,
+            self.unit,
         )
 
     def values(self) -> tuple[object, ...]:
@@ -138,12 +300,17 @@ class TenantRatePolicy:
             self.local_burst_cap,
             self.enabled,
             self.mode,
+            self.unit,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "tenant_id": self.tenant_id,
-            "metric": self.metric.value,
+        """The mapping `from_dict` reads. `unit` and `descriptor` appear only when they say
+        something (a unit other than the name's default, a descriptor), so a seed-004
+        policy's mapping is what it was before issue 14 and older peers still read it."""
+        tenant, desc = split_tenant(self.tenant_id)
+        out: dict[str, Any] = {
+            "tenant_id": tenant,
+            "metric": self.metric,
             "generation": self.generation,
             "target_rate": self.target_rate,
             "global_burst": self.global_burst,
@@ -151,6 +318,11 @@ class TenantRatePolicy:
             "enabled": self.enabled,
             "mode": self.mode.value,
         }
+        if self.unit is not default_unit(self.metric):
+            out["unit"] = self.unit.value
+        if desc is not None:
+            out["descriptor"] = {desc[0]: desc[1]}
+        return out
 
     @classmethod
     def from_dict(
@@ -176,7 +348,42 @@ class TenantRatePolicy:
             raise rename(exc, where, error) from exc
 
 
-_METRICS = {m.value: m for m in Metric}
+def check_units(
+    policies: Iterable[TenantRatePolicy],
+    *,
+    where: str = "policies",
+    error: type[RatemeshError] = ConfigError,
+) -> None:
+    """One unit per metric across `policies`, and at most METRICS_MAX metric names; a
+    conflict is one ConfigError naming both policies."""
+    seen: dict[str, TenantRatePolicy] = {}
+    for p in policies:
+        first = seen.setdefault(p.metric, p)
+        if first.unit is not p.unit:
+            raise unit_conflict(first, p, where=where, error=error)
+        if len(seen) > METRICS_MAX:
+            raise error(where, f"names more than {METRICS_MAX} metrics (METRICS_MAX)")
+
+
+def unit_conflict(
+    first: TenantRatePolicy,
+    other: TenantRatePolicy,
+    *,
+    where: str = "policies",
+    error: type[RatemeshError] = ConfigError,
+) -> RatemeshError:
+    return error(
+        f"{where}.unit",
+        f"metric {other.metric!r} is counted in {first.unit.value} by "
+        f"{_name(first)} and in {other.unit.value} by {_name(other)}; a metric has one unit",
+    )
+
+
+def _name(p: TenantRatePolicy) -> str:
+    return f"{scope_name(p.tenant_id, p.metric)} generation {p.generation}"
+
+
+_UNITS_BY_NAME = {u.value: u for u in Unit} | {"units": Unit.REQUESTS}
 _MODES = {m.value: m for m in Mode}
 _REQUIRED = (
     "tenant_id",
@@ -187,13 +394,13 @@ _REQUIRED = (
     "local_burst_cap",
 )
 # Every key a policy mapping may carry (YAML files, the coordinator's wire, governord's log).
-POLICY_FIELDS = (*_REQUIRED, "enabled", "mode")
+POLICY_FIELDS = (*_REQUIRED, "enabled", "mode", "unit", "descriptor")
 
 
-def _metric(value: Any) -> Metric:
-    if isinstance(value, Metric):
+def _unit(value: Any) -> Unit:
+    if isinstance(value, Unit):
         return value
-    return check_choice("metric", value, _METRICS)  # type: ignore[no-any-return]
+    return check_choice("unit", value, _UNITS_BY_NAME)  # type: ignore[no-any-return]
 
 
 def _mode(value: Any) -> Mode:

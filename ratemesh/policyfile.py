@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ratemesh.errors import ConfigError, ConfigTypeError, RatemeshError
-from ratemesh.policy import Metric, TenantRatePolicy
+from ratemesh.policy import TenantRatePolicy, check_units, scope_name
 from ratemesh.yamlfile import load_yaml
 
 __all__ = ["POLICIES_PER_FILE_MAX", "Desired", "load_policy_file", "parse_policy_list"]
@@ -49,7 +49,7 @@ def parse_policy_list(
     if len(data) > POLICIES_PER_FILE_MAX:
         raise error(where, f"holds {len(data)} policies; at most {POLICIES_PER_FILE_MAX}")
     out: list[Desired] = []
-    seen: dict[tuple[str, Metric], int] = {}
+    seen: dict[tuple[str, str], int] = {}
     for i, raw in enumerate(data):
         here = f"{where}[{i}]"
         explicit = not isinstance(raw, dict) or "generation" in raw
@@ -60,11 +60,12 @@ def parse_policy_list(
         if one_per_key and key in seen:
             raise error(
                 f"{here}.tenant_id",
-                f"{policy.tenant_id}/{policy.metric} is already entry [{seen[key]}]; "
-                "one entry per (tenant_id, metric)",
+                f"{scope_name(policy.tenant_id, policy.metric)} is already entry [{seen[key]}]; "
+                "one entry per (tenant_id, descriptor, metric)",
             )
         seen[key] = i
         out.append(Desired(policy, explicit))
+    check_units([d.policy for d in out], where=where, error=error)
     return out
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from mesh.core.config import MS
 from mesh.core.gcra import NS_PER_S
-from mesh.core.policy import Metric, RateKey
+from mesh.core.policy import RateKey
 from mesh.core.ring import Ring
 from sim.measure import Recorder
 from sim.network import ScenarioNetwork
@@ -54,7 +54,7 @@ class _Faults:
         if f.kind == "crash_owner":
             assert f.tenant is not None
             info = self.rec.tenants[f.tenant]
-            return [self.ring.owner_of(RateKey(f.tenant, Metric(info.policy.metric), 1))]
+            return [self.ring.owner_of(RateKey(f.tenant, info.policy.metric, 1))]
         return list(f.members)
 
     def apply(self, phase: str, f: Fault, idx: int, now: int) -> None:

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from mesh.core.config import PARTITION_FLOOR_MS
-from mesh.core.policy import Metric
+from mesh.core.policy import Metric, Unit
 from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.checks import check_bool, check_keys, check_number
+from ratemesh.policy import check_metric, default_unit
 from ratemesh.yamlfile import load_yaml
 
 __all__ = [
@@ -144,7 +145,12 @@ class Policy:
     rate: int
     burst: int
     local_burst_cap: int
-    metric: Metric = Metric.READ_IOPS
+    metric: str = Metric.READ_IOPS
+    unit: Unit | None = None  # None: the metric name's (ratemesh.policy.default_unit)
+
+    @property
+    def metric_unit(self) -> Unit:
+        return default_unit(self.metric) if self.unit is None else self.unit
 
 
 @dataclass(frozen=True)
@@ -210,13 +216,20 @@ class Scenario:
         return [f"w{i:04d}" for i in range(self.fleet.workers)]
 
 
+def _unit(value: str | None) -> Unit | None:
+    return None if value is None else Unit(value)
+
+
 def _policy(data: Any, where: str) -> Policy:
     f = _Fields(data, where)
     p = Policy(
         rate=f.num("rate", required=True, minimum=1, integer=True),
         burst=f.num("burst", required=True, minimum=1, integer=True),
         local_burst_cap=f.num("local_burst_cap", required=True, minimum=1, integer=True),
-        metric=Metric(f.text("metric", "read_iops", choices=tuple(m.value for m in Metric))),
+        metric=check_metric(
+            f.text("metric", "read_iops"), field=f.path("metric"), error=ConfigError
+        ),
+        unit=_unit(f.text("unit", None, choices=tuple(u.value for u in Unit))),
     )
     f.done()
     return p
@@ -364,8 +377,7 @@ def parse(data: Any, *, where: str = "") -> Scenario:
     )
     f.done()
     for i, t in enumerate(tenants):
-        metric = (t.policy or sc.policy).metric
-        if metric.unit.value == "bytes" and t.request_bytes <= 0:
+        if (t.policy or sc.policy).metric_unit is Unit.BYTES and t.request_bytes <= 0:
             raise ConfigError(
                 f"{f.path('tenants')}[{i}].request_bytes", "is required (> 0) for a byte metric"
             )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from mesh.core.gcra import NS_PER_S
-from mesh.core.policy import Metric, Unit
+from mesh.core.policy import Unit
 from sim.scenario import Policy, Scenario, TenantLoad
 
 __all__ = ["Arrival", "Workload", "TenantInfo"]
@@ -50,7 +50,7 @@ class Workload:
         for t in sc.tenants:
             self.tenants[t.name] = TenantInfo(t.name, t.policy or sc.policy, t.quiet, t)
         self._explicit = list(self.tenants.values())
-        self._groups: list[tuple[list[str], list[float], float, Metric]] = []
+        self._groups: list[tuple[list[str], list[float], float, str]] = []
         for g in sc.groups:
             names = [f"{g.prefix}{i:05d}" for i in range(g.count)]
             for n in names:
@@ -91,7 +91,7 @@ class Workload:
             load = info.load
             assert load is not None
             metric = info.policy.metric
-            if metric.unit is Unit.BYTES:
+            if info.policy.metric_unit is Unit.BYTES:
                 n = self._count(info.name, self._rate(load, now_s) * step_s / load.request_bytes)
                 for _ in range(n):
                     first, *rest = self._chunks(info.name, metric, load)
@@ -100,16 +100,16 @@ class Workload:
                         self._later.setdefault(t_ns + i * self.step_ns, []).append(chunk)
             else:
                 n = self._count(info.name, self._rate(load, now_s) * step_s)
-                out += [Arrival(self.worker_for(), info.name, metric.value, 1) for _ in range(n)]
+                out += [Arrival(self.worker_for(), info.name, metric, 1) for _ in range(n)]
         for names, cum, total, metric in self._groups:
             n = self._count(f"group/{names[0]}", total * step_s)
             top = cum[-1]
             for _ in range(n):
                 tenant = names[bisect(cum, self.rng.random() * top)]
-                out.append(Arrival(self.worker_for(), tenant, metric.value, 1))
+                out.append(Arrival(self.worker_for(), tenant, metric, 1))
         return out
 
-    def _chunks(self, tenant: str, metric: Metric, load: TenantLoad) -> list[Arrival]:
+    def _chunks(self, tenant: str, metric: str, load: TenantLoad) -> list[Arrival]:
         worker = self.worker_for()
         left = load.request_bytes
         chunks = []
@@ -119,5 +119,5 @@ class Workload:
             refund = 0
             if load.short_send and self.rng.random() < load.short_send:
                 refund = int(size * self.rng.random())
-            chunks.append(Arrival(worker, tenant, metric.value, size, refund))
+            chunks.append(Arrival(worker, tenant, metric, size, refund))
         return chunks

@@ -31,6 +31,7 @@ BIN = Path(sys.executable).parent  # .venv/bin when run by the README's test com
 PYTHON_BLOCKS = {
     "Using the mesh core": "test_core_example_prints_what_the_readme_shows",
     "Running a mesh node": "test_node_example_stays_inside_its_envelope",
+    "Call sites: a decorator and a context manager": "test_call_site_example_prints_what_it_shows",
     "governord: the daemon and the SDK": "tests/governor/test_readme.py",
 }
 SETUP = "python3.11 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin/mesh demo"
@@ -146,6 +147,13 @@ def test_node_example_stays_inside_its_envelope(tmp_path: Path) -> None:
     assert 0 < admitted <= 2000 and ideal >= 100 + 1000 * 0.5
     assert abs(admitted - ideal - excess) <= 1
     assert m[5] == "True", out
+
+
+@pytest.mark.slow
+def test_call_site_example_prints_what_it_shows(tmp_path: Path) -> None:
+    heading = "Call sites: a decorator and a context manager"
+    out = _python(_block(heading, "python"), tmp_path, timeout=60)
+    assert out == _block(heading, "")
 
 
 # -- the simulator's shell examples ---------------------------------------------------------

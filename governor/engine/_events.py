@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ratemesh.policy import Metric, Mode
+from ratemesh.policy import Mode, Unit, check_metric
 
 from ._codec import decode_value, encode_value
 from ._errors import UnknownEventKind
@@ -246,18 +246,25 @@ class LimitAdjusted:
 @dataclass(frozen=True, slots=True)
 class PolicyPut:
     """A mesh policy stored as generation ``generation`` of (tenant_id, metric): the fields of
-    ``ratemesh.policy.TenantRatePolicy``, flat, so the record says exactly what was stored."""
+    ``ratemesh.policy.TenantRatePolicy``, flat, so the record says exactly what was stored.
+    ``tenant_id`` is the RateKey's tenant part (a descriptor folded in, as the policy's is)."""
 
     seq: int
     at_ms: int
     tenant_id: str
-    metric: Metric
+    metric: str
     generation: int
     target_rate: int
     global_burst: int
     local_burst_cap: int
     enabled: bool
     mode: Mode
+    # Issue 14: records from before it carry none and get the name's (default_unit).
+    unit: Unit | None = None
+
+    def __post_init__(self) -> None:
+        check_metric(self.metric)  # an open name (issue 14), still one rule: a bad one
+        # does not decode (ConfigError is a ValueError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,8 +274,11 @@ class PolicyRemoved:
     seq: int
     at_ms: int
     tenant_id: str
-    metric: Metric
+    metric: str
     generation: int
+
+    def __post_init__(self) -> None:
+        check_metric(self.metric)
 
 
 Event = (

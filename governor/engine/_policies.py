@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ratemesh.checks import INT_MAX
-from ratemesh.policy import Metric, TenantRatePolicy
+from ratemesh.policy import METRIC_NAME, METRICS_MAX, TenantRatePolicy, scope_name
 
 from . import _events as ev
 from ._core import _Core, _int
@@ -53,6 +53,7 @@ class PoliciesMixin(_Core):
         key = self._state.policies.keys.get(scope)
         last = 0 if key is None else key.last.generation
         self._check_expected(policy.tenant_id, policy.metric, last, expect_generation)
+        self._check_unit(policy)
         current = None if key is None else key.current
         if allocate:
             if current is not None and current.values() == policy.values():
@@ -91,6 +92,7 @@ class PoliciesMixin(_Core):
                 p.local_burst_cap,
                 p.enabled,
                 p.mode,
+                p.unit,
             )
         )
         stored = self._state.policies.keys[scope].current
@@ -98,27 +100,47 @@ class PoliciesMixin(_Core):
         return PolicyPutResult(stored, True)
 
     def remove_policy(
-        self, tenant_id: str, metric: Metric, *, expect_generation: int | None = None
+        self, tenant_id: str, metric: str, *, expect_generation: int | None = None
     ) -> int:
         """Remove the key's own policy: a tombstone at its last generation + 1 (returned)."""
         now = self._advance()
-        if not isinstance(metric, Metric):
-            raise InvalidArgument("metric", "must be a Metric")
+        if not isinstance(metric, str) or not METRIC_NAME.fullmatch(metric):
+            raise InvalidArgument("metric", "must be a metric name")
         key = self._state.policies.keys.get((tenant_id, metric))
         if key is None or key.current is None:
-            raise NotFound("tenant_id", f"{tenant_id}/{metric.value} has no policy to remove")
+            raise NotFound("tenant_id", f"{scope_name(tenant_id, metric)} has no policy to remove")
         last = key.last.generation
         self._check_expected(tenant_id, metric, last, expect_generation)
         if last >= INT_MAX:
             raise InvalidArgument(
-                "generation", f"{tenant_id}/{metric.value} has no generation left"
+                "generation", f"{scope_name(tenant_id, metric)} has no generation left"
             )
         self._emit(ev.PolicyRemoved(self._seq(), now, tenant_id, metric, last + 1))
         return last + 1
 
+    def _check_unit(self, policy: TenantRatePolicy) -> None:
+        """One unit per metric across the stored policies (issue 14), and a bound on names."""
+        metrics: set[str] = set()
+        for (tenant_id, metric), key in self._state.policies.keys.items():
+            other = key.current
+            metrics.add(metric)
+            if other is None or metric != policy.metric or tenant_id == policy.tenant_id:
+                continue
+            if other.unit is not policy.unit:
+                raise InvalidArgument(
+                    "unit",
+                    f"metric {policy.metric!r} is counted in {other.unit.value} by "
+                    f"{_name(other)} generation {other.generation}; {_name(policy)} says "
+                    f"{policy.unit.value}: a metric has one unit",
+                )
+        if policy.metric not in metrics and len(metrics) >= METRICS_MAX:
+            raise InvalidArgument(
+                "metric", f"governord holds {METRICS_MAX} metric names (METRICS_MAX)"
+            )
+
     @staticmethod
     def _check_expected(
-        tenant_id: str, metric: Metric, last: int, expect_generation: int | None
+        tenant_id: str, metric: str, last: int, expect_generation: int | None
     ) -> None:
         if expect_generation is None:
             return
@@ -126,7 +148,8 @@ class PoliciesMixin(_Core):
         if expect_generation != last:
             raise GenerationConflict(
                 "expect_generation",
-                f"{tenant_id}/{metric.value} is at generation {last}, not {expect_generation}: "
+                f"{scope_name(tenant_id, metric)} is at generation {last}, "
+                f"not {expect_generation}: "
                 "another change came first; read it again and re-apply",
             )
 
@@ -153,4 +176,4 @@ class PoliciesMixin(_Core):
 
 
 def _name(policy: TenantRatePolicy) -> str:
-    return f"{policy.tenant_id}/{policy.metric.value}"
+    return scope_name(policy.tenant_id, policy.metric)

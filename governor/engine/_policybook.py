@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ratemesh.errors import RatemeshError
-from ratemesh.policy import Metric, Mode, TenantRatePolicy
+from ratemesh.policy import Mode, TenantRatePolicy, Unit, check_metric, default_unit
 
 from . import _events as ev
 
@@ -33,7 +33,7 @@ __all__ = [
 POLICY_KEYS_MAX = 4096
 POLICY_HISTORY_MAX = 16
 
-Scope = tuple[str, Metric]
+Scope = tuple[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +71,7 @@ def policy_of(e: ev.PolicyPut) -> TenantRatePolicy:
         e.local_burst_cap,
         e.enabled,
         e.mode,
+        e.unit or default_unit(e.metric),
     )
 
 
@@ -82,7 +83,7 @@ class PolicyBook:
         self.revision = 0
         self.keys: dict[Scope, PolicyKey] = {}
 
-    def last_generation(self, tenant_id: str, metric: Metric) -> int:
+    def last_generation(self, tenant_id: str, metric: str) -> int:
         key = self.keys.get((tenant_id, metric))
         return 0 if key is None else key.last.generation
 
@@ -95,7 +96,7 @@ class PolicyBook:
                 out.append(policy)
         return out
 
-    def tombstones(self) -> list[tuple[str, Metric, int]]:
+    def tombstones(self) -> list[tuple[str, str, int]]:
         """Every key whose last generation is a removal, in key order."""
         return [
             (t, m, k.last.generation)
@@ -132,7 +133,7 @@ class PolicyBook:
         return {
             "revision": self.revision,
             "keys": [
-                [t, m.value, [_dump_record(r) for r in k.history]]
+                [t, m, [_dump_record(r) for r in k.history]]
                 for (t, m), k in sorted(self.keys.items())
             ],
         }
@@ -145,7 +146,7 @@ class PolicyBook:
             return book
         book.revision = int(data["revision"])
         for tenant_id, metric, records in data["keys"]:
-            scope = (str(tenant_id), Metric(metric))
+            scope = (str(tenant_id), check_metric(metric))
             loaded = [_load_record(scope, r) for r in records]
             if not loaded:
                 raise ValueError(f"policy key {scope} has no generation")
@@ -166,6 +167,8 @@ def _dump_record(r: PolicyRecord) -> list[Any]:
             p.local_burst_cap,
             p.enabled,
             p.mode.value,
+            # The unit only when it is not the name's (issue 14): older snapshots have five.
+            *([] if p.unit is default_unit(p.metric) else [p.unit.value]),
         ]
     )
     return [r.generation, r.at_ms, values]
@@ -175,6 +178,16 @@ def _load_record(scope: Scope, raw: list[Any]) -> PolicyRecord:
     generation, at_ms, values = raw
     if values is None:
         return PolicyRecord(int(generation), int(at_ms), None)
-    rate, burst, cap, enabled, mode = values
-    policy = TenantRatePolicy(scope[0], scope[1], generation, rate, burst, cap, enabled, Mode(mode))
+    rate, burst, cap, enabled, mode, *unit = values
+    policy = TenantRatePolicy(
+        scope[0],
+        scope[1],
+        generation,
+        rate,
+        burst,
+        cap,
+        enabled,
+        Mode(mode),
+        Unit(unit[0]) if unit else default_unit(scope[1]),
+    )
     return PolicyRecord(int(generation), int(at_ms), policy)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from governor.authority import Authority
 from governor.config import CoordinatorSettings
 from governor.engine import Engine, GenerationConflict
-from ratemesh.policy import TenantRatePolicy
+from ratemesh.policy import TenantRatePolicy, scope_name
 
 __all__ = ["import_bootstrap"]
 
@@ -42,7 +42,7 @@ def import_bootstrap(authority: Authority, settings: CoordinatorSettings) -> lis
 
 def _check_known(e: Engine, p: TenantRatePolicy) -> None:
     key = e.state.policies.keys[(p.tenant_id, p.metric)]
-    name = f"{p.tenant_id}/{p.metric.value} generation {p.generation}"
+    name = f"{scope_name(p.tenant_id, p.metric)} generation {p.generation}"
     record = key.find(p.generation)
     if record is not None and record.policy != p:
         raise GenerationConflict(

@@ -26,7 +26,7 @@ from governor.engine import _events as ev
 from ratemesh import coordinator as cw
 from ratemesh.checks import check_int, check_keys, check_str
 from ratemesh.errors import MessageError, RatemeshError
-from ratemesh.policy import Metric, TenantRatePolicy
+from ratemesh.policy import TenantRatePolicy, descriptor_tenant, scope_name, split_tenant
 
 from ._commit import CommitWaits
 from ._metrics import Metrics
@@ -60,7 +60,7 @@ class CoordinatorService:
         # generation) -> watch id -> (member id, policy). A put that would give one of these
         # generations other values is refused at the pusher. Bounded: WATCHERS_MAX watches,
         # SNAPSHOT_POLICIES_MAX declared each.
-        self._pins: dict[tuple[str, Metric, int], dict[int, tuple[str, TenantRatePolicy]]] = {}
+        self._pins: dict[tuple[str, str, int], dict[int, tuple[str, TenantRatePolicy]]] = {}
         self._next_watch = 0
         self.warn: Callable[[str], None] = lambda line: None
         self._warned: dict[str, None] = {}  # lines said already, oldest first
@@ -194,7 +194,7 @@ class CoordinatorService:
             top = max(g for (t, m, g) in self._pins if (t, m) == (policy.tenant_id, policy.metric))
             raise GenerationConflict(
                 "generation",
-                f"node {member or '(unnamed)'} loads {policy.tenant_id}/{policy.metric.value} "
+                f"node {member or '(unnamed)'} loads {scope_name(policy.tenant_id, policy.metric)} "
                 f"generation {gen} from its own file with other values and would refuse this "
                 "put; let governord import that file (coordinator.policies_file), or push with "
                 f"generation {max(top, last) + 1}",
@@ -226,14 +226,14 @@ class CoordinatorService:
             record = None if key is None else key.find(p.generation)
             if record is not None and record.policy != p:
                 out.append(
-                    f"node {member or '(unnamed)'} loads {p.tenant_id}/{p.metric.value} "
+                    f"node {member or '(unnamed)'} loads {scope_name(p.tenant_id, p.metric)} "
                     f"generation {p.generation} from its file with other values than "
                     "governord's; it refuses governord's"
                 )
         return out
 
     async def _remove(self, b: dict[str, Any]) -> dict[str, Any]:
-        _known("remove", b, ("tenant_id", "metric", "expect_generation"))
+        _known("remove", b, ("tenant_id", "metric", "expect_generation", "descriptor"))
         tenant_id, metric = _scope(b)
         expect = _expect(b)
 
@@ -261,7 +261,7 @@ class CoordinatorService:
         def history(e: Engine) -> list[dict[str, Any]]:
             out = []
             for (t, m), key in sorted(e.state.policies.keys.items()):
-                if t != tenant_id or (only is not None and m is not only):
+                if split_tenant(t)[0] != tenant_id or (only is not None and m != only):
                     continue
                 for r in key.history:
                     entry = cw.HistoryEntry(t, m, r.generation, r.at_ms, r.policy)
@@ -386,7 +386,11 @@ def _declared(raw: Any) -> tuple[TenantRatePolicy, ...]:
     return tuple(out)
 
 
-def _scope(b: dict[str, Any]) -> tuple[str, Metric]:
+def _scope(b: dict[str, Any]) -> tuple[str, str]:
+    """(tenant part, metric) a call names; an optional `descriptor` ({key: value}) is folded
+    into the tenant part as a policy's is (ratemesh.policy.descriptor_tenant)."""
     tenant_id = _decode(lambda: check_str("tenant_id", b.get("tenant_id"), error=MessageError))
     metric = _decode(lambda: cw.decode_metric("metric", b.get("metric")))
+    if b.get("descriptor") is not None:
+        tenant_id = _decode(lambda: descriptor_tenant(tenant_id, b["descriptor"]))
     return str(tenant_id), metric

@@ -23,10 +23,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mesh.core.policy import Metric
 from mesh.errors import ConfigError, MeshError, PeerError
 from ratemesh.apikey import read_api_key
 from ratemesh.checks import check_address
+from ratemesh.errors import RatemeshError
+from ratemesh.policy import check_metric, descriptor_tenant, scope_name
 from ratemesh.policyfile import load_policy_file
 
 from ._output import one_line
@@ -65,6 +66,7 @@ def add_parser(sub: Any) -> None:
     rb.add_argument("tenant_id")
     rb.add_argument("metric")
     rb.add_argument("--to", dest="to", type=int, required=True, metavar="GEN")
+    rb.add_argument("--descriptor", metavar="KEY=VALUE", help="the key's descriptor, if any")
     rb.add_argument("--dry-run", action="store_true", help="print the change, push nothing")
     _connection_flags(rb)
 
@@ -116,7 +118,7 @@ def _run(args: argparse.Namespace, what: str, body: Callable[[Any], Awaitable[in
         return 1
 
 
-def _last_generations(snap: Any) -> dict[tuple[str, Metric], int]:
+def _last_generations(snap: Any) -> dict[tuple[str, str], int]:
     last = {(p.tenant_id, p.metric): p.generation for p in snap.policies}
     for t in snap.removed:
         last[(t.tenant_id, t.metric)] = max(last.get((t.tenant_id, t.metric), 0), t.generation)
@@ -192,20 +194,17 @@ def list_(args: argparse.Namespace) -> int:
             return 0
         print(f"revision {snap.revision}")
         for p in snap.policies:
-            print(f"{p.tenant_id}/{p.metric.value}  generation {p.generation}: {policy_values(p)}")
+            name = scope_name(p.tenant_id, p.metric)
+            print(f"{name}  generation {p.generation}: {policy_values(p)}")
         for t in snap.removed:
-            print(f"{t.tenant_id}/{t.metric.value}  generation {t.generation}: removed")
+            print(f"{scope_name(t.tenant_id, t.metric)}  generation {t.generation}: removed")
         return 0
 
     return _run(args, "list", body)
 
 
-def _metric(value: str, flag: str) -> Metric:
-    try:
-        return Metric(value)
-    except ValueError:
-        allowed = ", ".join(m.value for m in Metric)
-        raise ConfigError(flag, f"unknown metric {value!r}; expected one of: {allowed}") from None
+def _metric(value: str, flag: str) -> str:
+    return check_metric(value, field=flag, error=ConfigError)
 
 
 def history(args: argparse.Namespace) -> int:
@@ -221,7 +220,7 @@ def history(args: argparse.Namespace) -> int:
         for e in entries:
             when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(e.at_ms / 1000))
             what = "removed" if e.policy is None else policy_values(e.policy)
-            print(f"{e.tenant_id}/{e.metric.value}  generation {e.generation}  {when}  {what}")
+            print(f"{scope_name(e.tenant_id, e.metric)}  generation {e.generation}  {when}  {what}")
         return 0
 
     return _run(args, "history", body)
@@ -231,10 +230,17 @@ def rollback(args: argparse.Namespace) -> int:
     metric = _metric(args.metric, "metric")
     if args.to < 1:
         raise ConfigError("--to", f"must be a generation >= 1, got {args.to}")
+    tenant = args.tenant_id
+    if args.descriptor is not None:
+        try:
+            tenant = descriptor_tenant(tenant, args.descriptor, field="--descriptor")
+        except RatemeshError as exc:
+            raise ConfigError(exc.field, exc.problem) from exc
 
     async def body(client: Any) -> int:
-        entries = await client.history(args.tenant_id, metric)
-        name = f"{args.tenant_id}/{metric.value}"
+        # History lists the tenant's descriptors' keys too: keep this key's only.
+        entries = [e for e in await client.history(args.tenant_id, metric) if e.tenant_id == tenant]
+        name = scope_name(tenant, metric)
         target = next((e for e in entries if e.generation == args.to), None)
         if target is None or target.policy is None:
             kept = ", ".join(str(e.generation) for e in entries if e.policy) or "none"
@@ -247,7 +253,7 @@ def rollback(args: argparse.Namespace) -> int:
             return 0
         change = Change(
             "changed" if last.policy is not None else "added",
-            args.tenant_id,
+            tenant,
             metric,
             last.generation + 1,
             last.generation,

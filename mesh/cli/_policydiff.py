@@ -7,19 +7,21 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from mesh.core.policy import Metric, TenantRatePolicy
+from mesh.core.policy import TenantRatePolicy
 from mesh.errors import ConfigError
+from ratemesh.policy import default_unit, scope_name, split_tenant
 
 __all__ = ["Change", "Diff", "compute_diff", "policy_values"]
 
-_VALUES = ("target_rate", "global_burst", "local_burst_cap", "enabled", "mode")
+_BASE_VALUES = ("target_rate", "global_burst", "local_burst_cap", "enabled", "mode")
+_VALUES = (*_BASE_VALUES, "unit")
 
 
 @dataclass(slots=True)
 class Change:
     kind: str  # added | changed | removed
     tenant_id: str
-    metric: Metric
+    metric: str
     generation: int  # the generation it gets (a removal: its tombstone's)
     base: int  # the key's last generation the change was computed against (0: none)
     policy: TenantRatePolicy | None  # None for a removal
@@ -27,11 +29,14 @@ class Change:
     explicit: bool = False
 
     def to_json(self) -> dict[str, Any]:
+        tenant, desc = split_tenant(self.tenant_id)
         out: dict[str, Any] = {
-            "tenant_id": self.tenant_id,
-            "metric": self.metric.value,
+            "tenant_id": tenant,
+            "metric": self.metric,
             "generation": self.generation,
         }
+        if desc is not None:  # as a policy's mapping shows it
+            out["descriptor"] = {desc[0]: desc[1]}
         if self.was is not None:
             out["from_generation"] = self.was.generation
         if self.policy is not None:
@@ -45,7 +50,7 @@ class Change:
         return out
 
     def line(self) -> str:
-        name = f"{self.tenant_id}/{self.metric.value}"
+        name = scope_name(self.tenant_id, self.metric)
         if self.kind == "added":
             assert self.policy is not None
             return f"+ {name}  generation {self.generation}: {policy_values(self.policy)}"
@@ -80,13 +85,15 @@ def _plain(v: Any) -> Any:
 
 
 def policy_values(p: TenantRatePolicy) -> str:
-    return ", ".join(f"{k} {_plain(getattr(p, k))}" for k in _VALUES)
+    """The values as a line; the unit only when it is not the metric name's default."""
+    keys = _VALUES if p.unit is not default_unit(p.metric) else _BASE_VALUES
+    return ", ".join(f"{k} {_plain(getattr(p, k))}" for k in keys)
 
 
 def compute_diff(
     desired: list[tuple[TenantRatePolicy, bool]],
     current: list[TenantRatePolicy],
-    last: dict[tuple[str, Metric], int],
+    last: dict[tuple[str, str], int],
     revision: int,
     *,
     prune: bool,
@@ -102,7 +109,7 @@ def compute_diff(
         named.add(scope)
         was = have.get(scope)
         base = last.get(scope, 0)
-        name = f"{policy.tenant_id}/{policy.metric.value}"
+        name = scope_name(policy.tenant_id, policy.metric)
         if explicit and was is not None and policy.generation == was.generation:
             if policy != was:
                 raise ConfigError(
@@ -135,5 +142,5 @@ def compute_diff(
             base = last.get(scope, p.generation)
             diff.changes.append(Change("removed", p.tenant_id, p.metric, base + 1, base, None, p))
         else:
-            diff.kept.append(f"{p.tenant_id}/{p.metric.value}")
+            diff.kept.append(scope_name(p.tenant_id, p.metric))
     return diff

@@ -13,17 +13,15 @@ from dataclasses import replace
 from typing import Any
 
 from mesh.coordinator._source import PolicySnapshot
-from mesh.core.policy import Metric, TenantRatePolicy
+from mesh.core.policy import TenantRatePolicy
 from mesh.errors import ConfigError
 
 __all__ = ["PolicyStore"]
 
-_METRICS = {m.value: m for m in Metric}
-
 
 class PolicyStore:
     def __init__(self, policies: tuple[TenantRatePolicy, ...] = ()) -> None:
-        self._by_key: dict[tuple[str, Metric, int], TenantRatePolicy] = {}
+        self._by_key: dict[tuple[str, str, int], TenantRatePolicy] = {}
         self.revision = 0
         self._changed: asyncio.Event | None = None
         for p in policies:

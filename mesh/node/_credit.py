@@ -155,7 +155,7 @@ class CreditDriver:
             client = await self._session()
             node = self.config.node_for(e.rate_key.tenant_id) or client.scope_id
             await self._learn_burst(client, node, e.rate_key)  # once per key: before its blocks
-            reply = await client.reserve_credit(node, e.rate_key.metric.value, e.request.units)
+            reply = await client.reserve_credit(node, e.rate_key.metric, e.request.units)
         except Denied as exc:
             unreachable = False
             burst = rate_burst(exc.denial)
@@ -204,7 +204,7 @@ class CreditDriver:
             self._looked_up.discard(key)  # read again after the next answer
             log.debug("reading a strict node's rate failed: %r", exc)
             return
-        burst = node_burst(info, key.metric.value)
+        burst = node_burst(info, key.metric)
         if burst is not None:
             with self.lock:
                 self.desk.learned_burst(key, burst)

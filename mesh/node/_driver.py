@@ -150,9 +150,11 @@ class NodeDriver:
         self.recent_delays_ns: deque[int] = deque(maxlen=DELAYS_KEPT)
         self._report_children: dict[str, Any] = {}
         self._snapshot_children: dict[str, Any] = {}
-        for metric in Metric:  # made now, not among the first keys' (they would pin memory)
-            self._histogram(self._report_children, metric.value, True)
-            self._histogram(self._snapshot_children, metric.value, False)
+        for (
+            metric
+        ) in Metric:  # seed 004's names made now, not among the first keys' (they would pin memory)
+            self._histogram(self._report_children, metric, True)
+            self._histogram(self._snapshot_children, metric, False)
         self._forget_at_ns = self.started_ns + FORGET_IDLE_NS
         telemetry.top_k = config.telemetry_top_k
         self._refused_logged_ns = -REFUSED_LOG_NS
@@ -622,12 +624,10 @@ class NodeDriver:
             if t is not None and ack >= t[0]:
                 del sent[key]
                 self.recent_delays_ns.append(now - t[1])
-                self._histogram(self._report_children, key.metric.value, True).observe(
-                    (now - t[1]) / NS
-                )
+                self._histogram(self._report_children, key.metric, True).observe((now - t[1]) / NS)
             prev = last.get(key)
             if prev is not None:
-                self._histogram(self._snapshot_children, key.metric.value, False).observe(
+                self._histogram(self._snapshot_children, key.metric, False).observe(
                     (now - prev) / NS
                 )
             last[key] = now

@@ -25,7 +25,7 @@ def enforced(driver: NodeDriver) -> dict[tuple[str, str], int]:
     """(tenant, metric) -> the newest generation this node enforces: its cache's current
     one, which admission adopts at its next tick (within one sync interval)."""
     with driver.lock:
-        return {(p.tenant_id, p.metric.value): p.generation for p in driver.member.policies}
+        return {(p.tenant_id, p.metric): p.generation for p in driver.member.policies}
 
 
 def d_estimate_ns(driver: NodeDriver) -> int:
@@ -52,7 +52,7 @@ def node_stats(driver: NodeDriver) -> NodeStats:
     with driver.lock:
         s.applied = m.owner.applied_by_scope()  # per tenant/metric, across generations
         for key, ks in list(m.owner.keys.items()):
-            scope = (key.tenant_id, key.metric.value)
+            scope = (key.tenant_id, key.metric)
             n = sum(1 for rs in ks.reporters.values() if rs.lease_until_ns >= now)
             s.active_reporters[scope] = max(s.active_reporters.get(scope, 0), n)
         views = list(m.reporter.gates.values())
@@ -60,7 +60,7 @@ def node_stats(driver: NodeDriver) -> NodeStats:
     n_live = len(m.ring)
     for v in views:
         p = v.policy
-        scope = (p.tenant_id, p.metric.value)
+        scope = (p.tenant_id, p.metric)
         bound = n_live * p.local_burst_cap + p.target_rate * d_s
         # This worker's unacknowledged use, as if every member ran as far ahead, plus what
         # the owner admits while reports are in flight.
@@ -75,19 +75,19 @@ def health(driver: NodeDriver) -> dict[str, Any]:
     limits = []
     suspended = []
     with driver.lock:
-        views = {(v.policy.tenant_id, v.policy.metric.value): v for v in m.admission.gates()}
+        views = {(v.policy.tenant_id, v.policy.metric): v for v in m.admission.gates()}
         policies = list(m.policies)
         held = _credit_held(m.admission.credit)
     d_ms = d_estimate_ns(driver) / 1e6
     for p in policies:
-        v = views.get((p.tenant_id, p.metric.value))
+        v = views.get((p.tenant_id, p.metric))
         bound = v.no.bound if v is not None else BOUNDS[p.mode.value]
         susp = v.no.suspended.value if v is not None and v.no.suspended else None
         if p.mode is Mode.SHARE and mv.stale:
             bound, susp = BOUNDS["share_stale"], "membership_stale"
         entry: dict[str, Any] = {
             "tenant": p.tenant_id,
-            "metric": p.metric.value,
+            "metric": p.metric,
             "generation": p.generation,
             "mode": p.mode.value,
             "bound": bound,
@@ -106,7 +106,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
                 entry["view"] = v.state.value
         limits.append(entry)
         if susp:
-            suspended.append({"tenant": p.tenant_id, "metric": p.metric.value, "reason": susp})
+            suspended.append({"tenant": p.tenant_id, "metric": p.metric, "reason": susp})
     # Views opened for tenants under a default ("*") policy carry their own suspensions.
     listed = {(s["tenant"], s["metric"], s["reason"]) for s in suspended}
     for (tenant, metric), v in sorted(views.items(), key=_first):
@@ -118,7 +118,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             suspended.append({"tenant": tenant, "metric": metric, "reason": reason})
     feed = driver.feed
     shown = [
-        {"tenant": p.tenant_id, "metric": p.metric.value, "generation": p.generation}
+        {"tenant": p.tenant_id, "metric": p.metric, "generation": p.generation}
         for p in policies[:ENFORCED_SHOWN_MAX]
     ]
     return {

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from mesh.aio import admit as _admit
+from mesh.callsite import Limited
 from mesh.config import NodeConfig, load_config, parse_config
 from mesh.coordinator import PolicyFeed, PolicySource
 from mesh.core.admission import DEADLINE, STOPPED, CreditDesk
@@ -321,6 +322,29 @@ class Mesh:
             return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(10)
         return reloader.reload(trigger)
 
+    def limited(
+        self,
+        tenant: str,
+        metric: str,
+        amount: int = 1,
+        *,
+        descriptor: Any = None,
+        timeout_s: float | None = None,
+        refund_on_error: bool = False,
+    ) -> Limited:
+        """A decorator and context manager (`with`, `async with`) that admits `amount` on
+        enter, raises `RateLimited` when denied, and refunds what the block did not use
+        (mesh.callsite; README: call sites)."""
+        return Limited(
+            self,
+            tenant,
+            metric,
+            amount,
+            descriptor=descriptor,
+            timeout_s=timeout_s,
+            refund_on_error=refund_on_error,
+        )
+
     def _foreign_loop(self) -> asyncio.AbstractEventLoop | None:
         """The node's running loop when called from another thread of a threaded node (what
         reads its state must then run there), else None."""
@@ -379,7 +403,10 @@ class Mesh:
         if source is not None:
             poll_s = cfg.coordinator.poll_ttl_ms / 1000 if cfg.coordinator else 1.0
             feed = PolicyFeed(source, policies, poll_ttl_s=poll_s)
-        tel = Telemetry(lambda: node_stats(driver))
+        tel = Telemetry(
+            lambda: node_stats(driver),
+            metric_declared=lambda m: driver.member.policies.unit_of(m) is not None,
+        )
         tel.decisions, tel.verdicts = self.decisions, self.verdicts
         reloader = None
         if cfg.policy_file is not None:

@@ -18,7 +18,7 @@ from grpc import aio
 from mesh.config import TlsConfig
 from mesh.coordinator import PolicySnapshot, PolicyStore
 from mesh.core.messages import MAX_MESSAGE_BYTES
-from mesh.core.policy import Metric, TenantRatePolicy
+from mesh.core.policy import TenantRatePolicy
 from mesh.errors import ConfigError, MessageError
 from mesh.peer._link import open_channel
 from mesh.peer._wire import channel_options, pack, server_options, translate, unpack
@@ -187,7 +187,7 @@ class CoordinatorClient:
         return PutResult(stored, revision, created)
 
     async def remove(
-        self, tenant_id: str, metric: Metric | str, *, expect_generation: int | None = None
+        self, tenant_id: str, metric: str, *, expect_generation: int | None = None
     ) -> Tombstone:
         """Remove the key's own policy (a tombstone generation); returns the tombstone."""
         body: dict[str, Any] = {"tenant_id": tenant_id, "metric": str(metric)}
@@ -200,9 +200,7 @@ class CoordinatorClient:
     async def list(self) -> PolicySnapshot:
         return PolicySnapshot.from_wire(await self._unary("List", {}), MessageError)
 
-    async def history(
-        self, tenant_id: str, metric: Metric | str | None = None
-    ) -> tuple[HistoryEntry, ...]:
+    async def history(self, tenant_id: str, metric: str | None = None) -> tuple[HistoryEntry, ...]:
         """Every kept generation of the tenant's keys (one metric's, if given), oldest first."""
         body: dict[str, Any] = {"tenant_id": tenant_id}
         if metric is not None:

@@ -7,12 +7,14 @@ Histograms: they are observed once per acknowledged report, not per request.
 Bounded labels (issue 12): only the top `top_k` tenants by denials, then excess estimate,
 then admissions get series of their own; the rest are summed under tenant="other", and a
 tenant with no known policy is never a label value (its decisions count under "other",
-reason="policy_unknown"). Which tenants are labelled may change between scrapes. Counters
-stay monotonic per label while the set of labels changes: a tenant entering the top-K
-starts a series at 0 (what it had before stays in "other"); one leaving it hands its total
-to "other", which takes its later increments too. Prometheus tolerates series appearing
-and disappearing; summed over labels, a counter never decreases. A tenant named "other"
-has no series of its own (it would collide with the sum).
+reason="policy_unknown"). Metric names are open (issue 14), so the same holds for them: a
+decision on a metric no current policy declares counts under metric="other". Which tenants
+are labelled may change between scrapes. Counters stay monotonic per label while the set of
+labels changes: a tenant entering the top-K starts a series at 0 (what it had before stays
+in "other"); one leaving it hands its total to "other", which takes its later increments
+too. Prometheus tolerates series appearing and disappearing; summed over labels, a counter
+never decreases. A tenant named "other" has no series of its own (it would collide with the
+sum).
 
 Forgetting: `forget_idle` (the node calls it every `DECISIONS_IDLE_S`) drops the decision
 counts of tenants that did not change since the previous call, keeping their totals per
@@ -67,8 +69,16 @@ class NodeStats:
 
 
 class Telemetry:
-    def __init__(self, stats: Callable[[], NodeStats], *, top_k: int = TOP_K) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], NodeStats],
+        *,
+        top_k: int = TOP_K,
+        metric_declared: Callable[[str], bool] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
+        # Whether a current policy names the metric (the node's policy cache); None: all are.
+        self._metric_declared = metric_declared
         self.top_k = top_k
         self.decisions: dict[DecisionKey, int] = {}
         self.verdicts: dict[int, Verdict] = {}  # keeps each counted verdict (and its id) alive
@@ -148,6 +158,12 @@ class Telemetry:
 
     def _series(self, metric: str, vid: int) -> Series:
         v = self.verdicts[vid]
+        if (
+            v.reason is Reason.POLICY_UNKNOWN
+            and self._metric_declared is not None
+            and not self._metric_declared(metric)
+        ):
+            metric = OTHER  # a name no policy declares is never a label value
         return (
             metric,
             v.mode.value if v.mode else "none",

@@ -29,7 +29,7 @@ class Context:
 
 def to_policy(tenant: str, p: Policy, mode: Mode, generation: int = 1) -> TenantRatePolicy:
     return TenantRatePolicy(
-        tenant, p.metric, generation, p.rate, p.burst, p.local_burst_cap, True, mode
+        tenant, p.metric, generation, p.rate, p.burst, p.local_burst_cap, True, mode, p.metric_unit
     )
 
 

@@ -18,7 +18,7 @@ they next look the key up. The admission arithmetic is the same GCRA the mesh us
 from __future__ import annotations
 
 from mesh.core.gcra import Gcra
-from mesh.core.policy import Metric, RateKey
+from mesh.core.policy import RateKey
 from mesh.core.ring import Ring
 from mesh.testing.fleet import Scheduler
 from sim.scenario import Policy
@@ -75,7 +75,7 @@ class GubernatorStrategy(Strategy):
     # -- placement and buckets ------------------------------------------------------------
 
     def owner_of(self, tenant: str, metric: str = "read_iops") -> str | None:
-        return self.ring.owner_of(RateKey(tenant, Metric(metric), 1))
+        return self.ring.owner_of(RateKey(tenant, metric, 1))
 
     def _new_meter(self, tenant: str, now_ns: int) -> Gcra:
         p = self.policy[tenant]

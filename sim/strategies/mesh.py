@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mesh.core.config import CoreConfig
 from mesh.core.member import Member
-from mesh.core.policy import Metric, Mode, RateKey
+from mesh.core.policy import Mode, RateKey
 from mesh.testing.fleet import MemoryFleet
 from sim.scenario import Policy
 from sim.strategies.base import Context, Strategy, next_generation, policies_for, to_policy
@@ -75,7 +75,7 @@ class MeshStrategy(Strategy):
         self.policies.put(to_policy(tenant, p, Mode.GLOBAL, next_generation(self, tenant)))
 
     def owner_of(self, tenant: str, metric: str) -> str | None:
-        pol = self.policies.current(tenant, Metric(metric))
+        pol = self.policies.current(tenant, metric)
         return (
             None
             if pol is None

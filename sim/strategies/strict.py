@@ -182,12 +182,10 @@ class StrictStrategy(Strategy):
         assert eng is not None
         for tenant in sorted(ctx.tenants):
             p = ctx.tenants[tenant].policy
-            got = eng.create_node(
-                None, ROOT_ID, tenant, rates={p.metric.value: Rate(p.rate, p.burst)}
-            )
+            got = eng.create_node(None, ROOT_ID, tenant, rates={p.metric: Rate(p.rate, p.burst)})
             assert isinstance(got, Created), got
             self.nodes[tenant] = got.node_id
-            self.resources[tenant] = p.metric.value
+            self.resources[tenant] = p.metric
             self.bursts[tenant] = p.burst
         joiners = [f"w{j:04d}" for j in range(len(ctx.workers), len(ctx.workers) + JOINERS_MAX)]
         for i, w in enumerate(ctx.workers + joiners):

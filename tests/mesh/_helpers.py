@@ -22,7 +22,7 @@ def policy(
     gen: int = 1,
     enabled: bool = True,
 ) -> TenantRatePolicy:
-    return TenantRatePolicy(tenant, Metric(metric), gen, rate, burst, b, enabled, mode)  # type: ignore[arg-type]
+    return TenantRatePolicy(tenant, metric, gen, rate, burst, b, enabled, mode)  # type: ignore[arg-type]
 
 
 def cache(*policies: TenantRatePolicy) -> PolicyCache:

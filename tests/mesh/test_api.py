@@ -17,6 +17,8 @@ PUBLIC = [
     "ConfigTypeError",
     "CoreConfig",
     "Gcra",
+    "Lease",
+    "Limited",
     "Mesh",
     "MeshError",
     "MessageError",
@@ -27,6 +29,7 @@ PUBLIC = [
     "Policy",
     "PolicyCache",
     "RateKey",
+    "RateLimited",
     "RateSnapshot",
     "Reason",
     "ReportBatch",
@@ -41,6 +44,8 @@ PUBLIC = [
     "UsageReport",
     "Verdict",
     "admit",
+    "descriptor_tenant",
+    "limited",
 ]
 
 

@@ -172,7 +172,7 @@ GOOD: dict[str, Any] = {
         ({"fleet": {"workers": 4, "partition_floor_ms": 0.5}}, "fleet.partition_floor_ms"),
         ({"policy": {"rate": -1, "burst": 10, "local_burst_cap": 5}}, "policy.rate"),
         (
-            {"policy": {"rate": 1, "burst": 10, "local_burst_cap": 5, "metric": "iops"}},
+            {"policy": {"rate": 1, "burst": 10, "local_burst_cap": 5, "metric": "IOPS"}},
             "policy.metric",
         ),
         ({"tenants": [{"name": "a", "offered": "lots"}]}, "tenants[0].offered"),
@@ -204,3 +204,19 @@ def test_unknown_scenario_and_unreadable_file(tmp_path: Any) -> None:
 
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_file(bad)
+
+
+def test_a_scenario_names_any_metric_with_a_unit() -> None:
+    """Issue 14: a scenario's policy takes an open metric name and a unit; a byte unit needs
+    request sizes, whatever the name."""
+    sc = parse({**GOOD, "policy": {**GOOD["policy"], "metric": "requests"}})
+    assert sc.policy.metric == "requests" and sc.policy.metric_unit.value == "requests"
+    result, _ = run(sc, seed=1, strategies=["mesh"])
+    assert result["strategies"]["mesh"]["admitted"] > 0
+    upload = {**GOOD["policy"], "metric": "upload", "unit": "bytes"}
+    with pytest.raises(ConfigError) as info:
+        parse({**GOOD, "policy": upload})
+    assert info.value.field == "tenants[0].request_bytes"
+    with pytest.raises(ConfigError) as bad:
+        parse({**GOOD, "policy": {**GOOD["policy"], "unit": "furlongs"}})
+    assert bad.value.field == "policy.unit"

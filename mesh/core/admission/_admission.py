@@ -16,18 +16,19 @@ from mesh.core.admission._queue import TenantQueues, Waiter
 from mesh.core.admission._strict import CreditDesk, StrictGate
 from mesh.core.config import CoreConfig
 from mesh.core.gate import Gate
-from mesh.core.policy import BOUNDS, Metric, Mode, PolicyCache, TenantRatePolicy
+from mesh.core.policy import BOUNDS, Mode, PolicyCache, TenantRatePolicy
 from mesh.core.reporter import GlobalGate, Reporter
 from mesh.core.verdict import STOPPED, Reason, Step, Suspension, Verdict, verdict
 from mesh.errors import ConfigError, ConfigTypeError
+from ratemesh.policy import METRICS_MAX, check_metric
 
 __all__ = ["Admission", "UNKNOWN", "QUEUE_FULL", "DEADLINE", "STOPPED"]
 
-_METRICS = {m.value: m for m in Metric}
 # Views the idle sweep visits per tick: with a 5 ms tick, ~400,000 a second, and a slice
 # holds the lock for well under a millisecond (the hot path waits on it in threaded apps).
 VIEWS_SWEEP_SLICE = 2048
 UNKNOWN = unknown_verdict()
+_NONE: dict[str, Gate] = {}  # the view map of a metric with none (never written)
 QUEUE_FULL = verdict(False, Reason.QUEUE_FULL, None, "tenant_queue_bound", step=Step.QUEUE)
 DEADLINE = verdict(False, Reason.DEADLINE_EXCEEDED, None, "deadline", step=Step.QUEUE)
 
@@ -61,7 +62,10 @@ class Admission:
         self.n_live = n_live
         self.membership_stale = membership_stale
         self._now_ns = now_ns
-        self._gates: dict[str, dict[str, Gate]] = {m.value: {} for m in Metric}
+        # metric -> tenant -> view. A metric's map is made at its first admission under a
+        # policy (a name with no policy never gets one), so it holds at most the policy
+        # cache's METRICS_MAX names.
+        self._gates: dict[str, dict[str, Gate]] = {}
         self._settle: set[LocalGate] = set()  # local/share views to settle at the next tick
         self._shares: dict[LocalGate, None] = {}  # share views, in order (a set with order)
         self._policy_version = policies.version
@@ -146,8 +150,12 @@ class Admission:
         _check_amount(amount)
         if self.stopped:
             return
-        v = self._gates.get(_metric(metric), {}).get(tenant)
+        try:
+            v = self._gates.get(metric, _NONE).get(tenant)
+        except TypeError:  # unhashable: the checks below name it
+            v = None
         if v is None:
+            check_metric(metric, error=ConfigError)  # a bad name says so; checked on a miss only
             raise ConfigError("tenant", f"{tenant!r} has no charge on {metric} to refund")
         if isinstance(v, StrictGate):
             # The mesh's charge goes back; spent credit does not (a unit taken from a block
@@ -180,7 +188,7 @@ class Admission:
     def _first_use(self, tenant: str, metric: str, amount: int) -> Verdict:
         if self.stopped:  # `stop` emptied the views: every call lands here
             return STOPPED
-        m = _metric(metric)
+        m = check_metric(metric, error=ConfigError)
         if type(tenant) is not str or not tenant:
             raise ConfigTypeError("tenant", f"must be a non-empty string, got {tenant!r}")
         _check_amount(amount)
@@ -189,9 +197,13 @@ class Admission:
             return UNKNOWN
         if self.gate_count >= self.config.views_max:
             self.evict_idle()
-        self._gates[m.value][tenant] = self._open(policy)
+        by_tenant = self._gates.get(m)
+        if by_tenant is None:
+            assert len(self._gates) < METRICS_MAX, "the policy cache bounds the metric names"
+            by_tenant = self._gates[m] = {}
+        by_tenant[tenant] = self._open(policy)
         self.gate_count += 1
-        return self.try_admit(tenant, m.value, amount)
+        return self.try_admit(tenant, m, amount)
 
     # -- views ----------------------------------------------------------------------------
 
@@ -267,7 +279,7 @@ class Admission:
     def _evict(self, by_tenant: dict[str, Gate], tenant: str) -> None:
         v = by_tenant.pop(tenant)
         if self.on_forget is not None:
-            self.on_forget(tenant, v.policy.metric.value, v)
+            self.on_forget(tenant, v.policy.metric, v)
         if isinstance(v, StrictGate) and self.credit is not None:
             self.credit.close(v)
         if isinstance(v, LocalGate):
@@ -306,7 +318,7 @@ class Admission:
             self._swept = 0
 
     def gate(self, tenant: str, metric: str) -> Gate | None:
-        return self._gates.get(_metric(metric).value, {}).get(tenant)
+        return self._gates.get(check_metric(metric, error=ConfigError), {}).get(tenant)
 
     def gates(self) -> list[Gate]:
         return [v for m in sorted(self._gates) for _, v in sorted(self._gates[m].items())]
@@ -387,7 +399,7 @@ class Admission:
         resolve: Callable[[Verdict], None],
     ) -> Waiter | None:
         """Queue an admission that did not fit; None if the tenant's queue is full."""
-        w = Waiter(tenant, _metric(metric).value, amount, deadline_ns, resolve)
+        w = Waiter(tenant, check_metric(metric, error=ConfigError), amount, deadline_ns, resolve)
         return w if self.queues.push(w) else None
 
     def membership(self, n_live: int, stale: bool, now_ns: int) -> None:
@@ -403,7 +415,7 @@ class Admission:
         for metric, by_tenant in self._gates.items():
             for tenant in list(by_tenant):
                 old = by_tenant[tenant]
-                new = self.policies.current(tenant, _METRICS[metric])
+                new = self.policies.current(tenant, metric)
                 if new == old.policy:
                     continue
                 if isinstance(old, GlobalGate) and self.reporter is not None:
@@ -425,18 +437,6 @@ class Admission:
 def _ignore(v: Gate) -> None:
     v.flush_at = 1 << 62
     v.pending = 0
-
-
-def _metric(metric: object) -> Metric:
-    if isinstance(metric, Metric):
-        return metric
-    if isinstance(metric, str) and metric in _METRICS:
-        return _METRICS[metric]
-    if not isinstance(metric, str):
-        raise ConfigTypeError("metric", f"must be a metric name, got {type(metric).__name__}")
-    raise ConfigError(
-        "metric", f"unknown metric {metric!r}; expected one of: " + ", ".join(sorted(_METRICS))
-    )
 
 
 def _check_amount(amount: object) -> None:

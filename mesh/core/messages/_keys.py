@@ -10,15 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from mesh.core._validate import INT_MAX, STR_MAX, check_int, check_str
-from mesh.core.policy import Metric, RateKey, Unit
+from mesh.core.policy import RateKey
 from mesh.errors import MessageError, MessageTypeError
+from ratemesh.policy import METRIC_NAME, check_metric, default_unit
+from ratemesh.policy import Unit as _Unit
 
 __all__ = [
     "MAX_ITEMS",
     "REPORT_ROWS_MAX",
     "SNAPSHOT_ROWS_MAX",
     "HANDOVER_ROWS_MAX",
-    "BYTE_METRICS",
+    "is_byte_metric",
     "key_from_wire",
     "key_to_wire",
     "check_keys",
@@ -41,24 +43,33 @@ SNAPSHOT_ROWS_MAX = 256
 # message of a leaver (its rings). A leaving owner sends more as more hand-overs.
 HANDOVER_ROWS_MAX = 64
 
-_METRICS = {m.value: m for m in Metric}
-BYTE_METRICS = frozenset(m for m in Metric if m.unit is Unit.BYTES)
-_WIRE_NAMES = {m: m.value for m in Metric}  # Enum.value is a property: look it up once
 _RATE_KEY_ONLY = frozenset((RateKey,))
+# A metric name from a peer is untrusted: it must match the one rule (ratemesh.policy's
+# METRIC_NAME: at most 63 characters of [a-z0-9_]) before anything keys a map by it.
+_METRIC_OK = METRIC_NAME.fullmatch
+
+
+def is_byte_metric(metric: str) -> bool:
+    """Whether a `UsageReport` for `metric` carries `byte_delta` rather than `iops_delta`.
+
+    The key alone says it, by the name's default unit (`*_bytes`), since a report has no
+    policy at hand; the columns a batch carries (`deltas`) are in the policy's unit either
+    way, so the split is only `UsageReport`'s seed-004 shape."""
+    return default_unit(metric) is _Unit.BYTES
 
 
 def key_from_wire(field: str, value: Any) -> RateKey:
     if type(value) is list and len(value) == 3:  # the common case, checked in one go
         tenant, metric, gen = value
-        m = _METRICS.get(metric) if type(metric) is str else None
         if (
-            m is not None
+            type(metric) is str
+            and _METRIC_OK(metric) is not None
             and type(tenant) is str
             and 0 < len(tenant) <= STR_MAX
             and type(gen) is int
             and 1 <= gen <= INT_MAX
         ):
-            return RateKey(tenant, m, gen)
+            return RateKey(tenant, metric, gen)
     return _key_checked(field, value)
 
 
@@ -68,14 +79,15 @@ def _key_checked(field: str, value: Any) -> RateKey:
         raise MessageTypeError(field, "must be [tenant_id, metric, policy_generation]")
     tenant, metric, gen = value
     check_str(f"{field}.tenant_id", tenant, error=MessageError)
-    if type(metric) is not str or metric not in _METRICS:
-        raise MessageError(f"{field}.metric", f"unknown metric {metric!r}")
+    if type(metric) is str and len(metric) > 64:
+        metric = metric[:64] + "..."  # the error quotes it: do not echo a megabyte back
+    check_metric(metric, field=f"{field}.metric", error=MessageError)
     check_int(f"{field}.policy_generation", gen, minimum=1, error=MessageError)
-    return RateKey(tenant, _METRICS[metric], gen)
+    return RateKey(tenant, metric, gen)
 
 
 def key_to_wire(key: RateKey) -> list[Any]:
-    return [key.tenant_id, _WIRE_NAMES[key.metric], key.policy_generation]
+    return [key.tenant_id, str(key.metric), key.policy_generation]
 
 
 def check_keys(field: str, keys: Any) -> int:

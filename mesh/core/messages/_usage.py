@@ -15,8 +15,8 @@ from typing import TypeVar
 
 from mesh.core._validate import INT_MAX, STR_MAX, check_int, check_str
 from mesh.core.messages._columns import check_column, unchecked
-from mesh.core.messages._keys import BYTE_METRICS, REPORT_ROWS_MAX, check_keys
-from mesh.core.policy import RateKey, Unit
+from mesh.core.messages._keys import REPORT_ROWS_MAX, check_keys, is_byte_metric
+from mesh.core.policy import RateKey
 from mesh.errors import MeshError, MessageError, MessageTypeError
 
 __all__ = ["UsageReport", "RejectReason", "Rejection", "ReportBatch"]
@@ -62,7 +62,7 @@ class UsageReport:
             and 0 <= r.denied_delta <= INT_MAX
             and (
                 (r.iops_delta == 0 and -INT_MAX <= r.byte_delta <= INT_MAX)
-                if r.rate_key.metric in BYTE_METRICS
+                if is_byte_metric(r.rate_key.metric)
                 else (r.byte_delta == 0 and -INT_MAX <= r.iops_delta <= INT_MAX)
             )
         ):
@@ -80,7 +80,7 @@ def _validated_report(r: UsageReport, error: type[MeshError]) -> None:
     check_str("worker_id", r.worker_id, error=error)
     check_int("worker_epoch", r.worker_epoch, minimum=0, error=error)
     check_int("sequence", r.sequence, minimum=1, error=error)
-    bytes_metric = r.rate_key.metric.unit is Unit.BYTES
+    bytes_metric = is_byte_metric(r.rate_key.metric)
     if bytes_metric:
         check_int("byte_delta", r.byte_delta, minimum=-INT_MAX, error=error)
         check_int("iops_delta", r.iops_delta, maximum=0, error=error)
@@ -240,7 +240,7 @@ class ReportBatch:
         """The rows as `UsageReport`s (for inspection; the owner reads the columns)."""
         return tuple(
             UsageReport(k, self.sender, self.worker_epoch, s, 0, d, n, u)
-            if k.metric in BYTE_METRICS
+            if is_byte_metric(k.metric)
             else UsageReport(k, self.sender, self.worker_epoch, s, d, 0, n, u)
             for k, s, d, n, u in zip(
                 self.keys, self.sequences, self.deltas, self.denied, self.unacked_from, strict=True

@@ -204,7 +204,7 @@ class Owner:
         sum per metric is monotonic; a tenant's own total lasts while it has keys here."""
         out = {(OTHER_TENANT, metric): n for metric, n in self._applied_retired.items()}
         for key, ks in self.keys.items():
-            scope = (key.tenant_id, key.metric.value)
+            scope = (key.tenant_id, key.metric)
             out[scope] = out.get(scope, 0) + ks.applied
         return out
 
@@ -212,7 +212,7 @@ class Owner:
         """Drop a key, keeping what it applied in the per-scope telemetry total."""
         ks = self.keys.pop(key)
         if ks.applied:
-            retired, metric = self._applied_retired, key.metric.value
+            retired, metric = self._applied_retired, key.metric
             retired[metric] = retired.get(metric, 0) + ks.applied
 
     def is_member(self, now_ns: int, sender: str) -> bool:

@@ -183,7 +183,7 @@ class Reporter:
             v.marked = True
             self._dirty.append(v)
             self._live[v.key] = v
-            unit = v.policy.metric.unit
+            unit = v.policy.unit
             v.flush_at = (
                 self.config.report_threshold_bytes
                 if unit is Unit.BYTES

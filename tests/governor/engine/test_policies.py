@@ -25,7 +25,7 @@ from governor.engine import (
 from governor.engine import _policybook as book_mod
 from governor.engine._events import PolicyPut
 from ratemesh.checks import INT_MAX
-from ratemesh.policy import Metric, Mode, TenantRatePolicy
+from ratemesh.policy import Metric, Mode, TenantRatePolicy, Unit
 
 READ = Metric.READ_IOPS
 
@@ -138,7 +138,7 @@ def test_bad_input_is_refused_and_changes_nothing() -> None:
     with pytest.raises(InvalidArgument):
         w.put(policy(rate=5), expect_generation=-1)
     with pytest.raises(InvalidArgument):
-        w.engine.remove_policy("acme", "read_iops")  # type: ignore[arg-type]
+        w.engine.remove_policy("acme", "Read IOPS")
     assert w.engine.state.policies.dump() == before and len(w.events) == 1
 
 
@@ -188,7 +188,7 @@ def test_policy_events_round_trip_through_the_codec() -> None:
         assert decode_event(kind, payload) == e
     kind, payload = encode_event(w.events[0])
     with pytest.raises(Exception, match="does not decode"):
-        decode_event(kind, {**payload, "metric": "read_ops"})
+        decode_event(kind, {**payload, "metric": "Read_Ops"})
     put = w.events[0]
     assert isinstance(put, PolicyPut)
     bad = replace(put, target_rate=0)  # a record governord never wrote
@@ -204,3 +204,54 @@ def test_the_last_generation_number_is_refused_cleanly() -> None:
     with pytest.raises(InvalidArgument, match="no generation left"):
         w.engine.remove_policy("acme", READ)
     assert len(w.events) == 1
+
+
+# -- an open vocabulary (issue 14) ------------------------------------------------------------
+
+
+def test_unit_string_rate_and_descriptor_are_stored_and_survive_replay() -> None:
+    w = World()
+    tok = TenantRatePolicy.from_dict(
+        {
+            "tenant_id": "acme",
+            "metric": "tokens",
+            "generation": 1,
+            "target_rate": "60k/minute",
+            "global_burst": "8k",
+            "local_burst_cap": "1k",
+            "unit": "tokens",
+            "descriptor": {"route": "/v1/chat"},
+        }
+    )
+    stored = w.put(tok)
+    assert stored == tok and stored.target_rate == 1000 and stored.unit is Unit.TOKENS
+    w.put(policy(metric="requests"))
+    for engine in (w.restored(), w.restored(snapshot_at=1)):
+        got = {(p.tenant_id, p.metric): p for p in engine.state.policies.current()}
+        assert got[(tok.tenant_id, "tokens")] == tok
+        assert got[("acme", "requests")].unit is Unit.REQUESTS
+    assert w.engine.remove_policy(tok.tenant_id, "tokens") == 2  # the descriptor's own key
+
+
+def test_a_metric_has_one_unit_at_governord() -> None:
+    w = World()
+    w.put(policy(metric="llm", unit=Unit.TOKENS))
+    before = w.engine.state.policies.dump()
+    with pytest.raises(InvalidArgument) as info:
+        w.put(policy("beta", metric="llm", unit=Unit.USD_MICROS))
+    assert info.value.field == "unit"
+    assert "counted in tokens by acme/llm generation 1; beta/llm says usd_micros" in str(info.value)
+    assert w.engine.state.policies.dump() == before
+    assert w.put(policy("acme", metric="llm", unit=Unit.USD_MICROS)).generation == 2  # own key
+
+
+def test_an_event_logged_before_units_decodes_with_the_names_unit() -> None:
+    w = World()
+    w.put(policy(metric=Metric.CLIENT_EGRESS_BYTES))
+    kind, payload = encode_event(w.events[0])
+    old = {k: v for k, v in payload.items() if k != "unit"}  # a record from before issue 14
+    e = decode_event(kind, old)
+    assert isinstance(e, PolicyPut) and e.unit is None
+    engine = Engine.restore(None, [e], ManualClock(w.clock.now_ms()), lambda e: None)
+    (p,) = engine.state.policies.current()
+    assert p.unit is Unit.BYTES and p == w.engine.state.policies.current()[0]

@@ -417,10 +417,17 @@ def test_malformed_requests_are_refused_naming_the_field_and_change_nothing(
         bad: list[tuple[str, bytes | dict[str, Any], str]] = [
             ("Put", b"\xc1", "put"),
             ("Put", {"policy": 5}, "policy"),
-            ("Put", {"policy": dict(POLICY, metric="read_ops")}, "policy.metric"),
+            ("Put", {"policy": dict(POLICY, metric="Read-Ops")}, "policy.metric"),
+            ("Put", {"policy": dict(POLICY, target_rate="100/fortnight")}, "policy.target_rate"),
+            ("Put", {"policy": dict(POLICY, unit="furlongs")}, "policy.unit"),
             ("Put", {"policy": POLICY, "expect_generation": -1}, "expect_generation"),
             ("Put", {"policy": POLICY, "extra": 1}, "put.extra"),
             ("Remove", {"tenant_id": "acme", "metric": 3}, "metric"),
+            (
+                "Remove",
+                {"tenant_id": "acme", "metric": "read_iops", "descriptor": {"a": "1", "b": "2"}},
+                "descriptor",
+            ),
             ("History", {"tenant_id": ""}, "tenant_id"),
         ]
         try:
@@ -480,3 +487,80 @@ def test_a_push_that_a_watching_nodes_file_would_refuse_is_refused_at_the_pusher
         # governord logs the refusal it answered with; the log line may trail the answer
         line = "node node-b loads acme/read_iops generation 3"
         assert wait_until(lambda: line in d.stderr(), 10), d.stderr()
+
+
+@pytest.mark.slow
+def test_governord_stores_and_returns_a_unit_a_string_rate_and_a_descriptor(
+    tmp_path: Path,
+) -> None:
+    """Issue 14 through a real governord: the coordinator API takes the new fields, stores them
+    as events, and returns them (also after a SIGKILL); a unit conflict is refused naming both."""
+    tokens = {
+        "tenant_id": "acme",
+        "metric": "tokens",
+        "unit": "tokens",
+        "target_rate": "60k/minute",
+        "global_burst": "8k",
+        "local_burst_cap": "1k",
+        "descriptor": {"route": "/v1/chat"},
+    }
+    with running("sqlite", tmp_path) as d:
+
+        async def put() -> None:
+            c = client(d)
+            try:
+                got = (await c.put(tokens)).policy
+                assert (got.target_rate, got.global_burst, got.unit.value) == (1000, 8000, "tokens")
+                assert got.to_dict()["descriptor"] == {"route": "/v1/chat"}
+                await c.put(dict(POLICY, metric="requests", target_rate="100/second"))
+                with pytest.raises(PeerRefused, match="a metric has one unit"):
+                    await c.put(dict(tokens, tenant_id="beta", unit="usd_micros"))
+            finally:
+                await c.close()
+
+        async def read() -> None:
+            c = client(d, WORKER_KEY)
+            try:
+                snap = await c.list()
+                by_metric = {p.metric: p.to_dict() for p in snap.policies}
+                assert by_metric["tokens"] == {
+                    **tokens,
+                    "generation": 1,
+                    "target_rate": 1000,
+                    "global_burst": 8000,
+                    "local_burst_cap": 1000,
+                    "enabled": True,
+                    "mode": "global",
+                }
+                assert by_metric["requests"]["target_rate"] == 100
+                assert "unit" not in by_metric["requests"]  # the name's default, as before
+                history = await c.history("acme", "tokens")
+                assert [h.generation for h in history] == [1]
+            finally:
+                await c.close()
+
+        asyncio.run(put())
+        asyncio.run(read())
+        d.kill()
+        d.start()
+        asyncio.run(read())
+
+        async def second() -> None:  # a new generation of the descriptor's key, and acme's own
+            c = client(d)
+            try:
+                assert (await c.put(dict(tokens, target_rate=2000))).policy.generation == 2
+                plain = {k: v for k, v in tokens.items() if k != "descriptor"}
+                assert (await c.put(plain)).policy.generation == 1  # another key
+            finally:
+                await c.close()
+
+        asyncio.run(second())
+        back = mesh_policy(
+            d, "rollback", "acme", "tokens", "--descriptor", "route=/v1/chat", "--to", "1", "--json"
+        )
+        assert back.returncode == 0, back.stderr
+        out = json.loads(back.stdout)
+        assert (out["generation"], out["from_generation"]) == (3, 2), out
+        assert out["changes"] == {"target_rate": [2000, 1000]}
+        assert (out["tenant_id"], out["descriptor"]) == ("acme", {"route": "/v1/chat"})
+        assert "acme[route=/v1/chat]/tokens" in mesh_policy(d, "list").stdout

@@ -326,3 +326,32 @@ def test_the_coordinator_key_comes_from_a_file_or_a_variable_never_the_config(
                 {"policies": {"coordinator": {"addr": "127.0.0.1:7443", **extra}}}, base=tmp_path
             )
         assert info.value.field == field, str(info.value)
+
+
+def test_a_node_config_takes_the_open_vocabulary_and_names_a_bad_rate() -> None:
+    """Issue 14: open metric names with a unit, rates as text and descriptors in a node's
+    inline policies; a mistake is one ConfigError naming the entry, field and text."""
+    entry = {
+        "tenant_id": "acme",
+        "metric": "tokens",
+        "unit": "tokens",
+        "generation": 1,
+        "target_rate": "60k/minute",
+        "global_burst": "8k",
+        "local_burst_cap": "1k",
+        "descriptor": {"route": "/v1/chat"},
+    }
+    cfg = parse_config({"member_id": "a", "policies": {"inline": [entry]}})
+    (p,) = cfg.policies
+    assert (p.metric, p.unit.value, p.target_rate, p.descriptor) == (
+        "tokens",
+        "tokens",
+        1000,
+        ("route", "/v1/chat"),
+    )
+    with pytest.raises(ConfigError) as err:
+        parse_config({"policies": {"inline": [{**entry, "target_rate": "100/fortnight"}]}})
+    assert err.value.field.endswith("[0].target_rate")
+    assert err.value.problem == (
+        '"100/fortnight": unknown period "fortnight"; use second, minute, hour or day'
+    )

@@ -11,7 +11,7 @@ from mesh.cli._policydiff import compute_diff
 from mesh.core.policy import Metric, TenantRatePolicy
 from mesh.errors import ConfigError
 
-READ = Metric.READ_IOPS
+READ: str = Metric.READ_IOPS
 
 
 def p(tenant: str = "acme", gen: int = 1, rate: int = 100, **kw: Any) -> TenantRatePolicy:

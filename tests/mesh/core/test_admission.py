@@ -105,7 +105,7 @@ def test_an_amount_larger_than_the_burst_is_too_large_not_rate_limited() -> None
         (("t", "read_iops", -3), ConfigError, "amount"),
         (("t", "read_iops", 1.5), ConfigTypeError, "amount"),
         (("t", "read_iops", "1"), ConfigTypeError, "amount"),
-        (("t", "reads"), ConfigError, "metric"),
+        (("t", "Reads!"), ConfigError, "metric"),
         (("t", 5), ConfigTypeError, "metric"),
         ((None, "read_iops"), ConfigTypeError, "tenant"),
     ],

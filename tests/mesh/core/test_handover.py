@@ -431,7 +431,7 @@ def wire_with(path: tuple[int, ...], value: Any) -> list[Any]:
         ((3,), -1, "ring_epoch"),
         ((4,), "x", "keys"),
         ((4, 0), [1, 2], "keys[0]"),
-        ((4, 0, 0), ["acme", "nope", 1], "keys[0].rate_key.metric"),
+        ((4, 0, 0), ["acme", "no pe", 1], "keys[0].rate_key.metric"),
         ((4, 0, 1), -5, "keys[0].ahead_ns"),
         ((4, 1, 1), 1.5, "keys[1].ahead_ns"),
         ((4, 0, 2), True, "keys[0].owner_epoch"),
@@ -442,7 +442,7 @@ def wire_with(path: tuple[int, ...], value: Any) -> list[Any]:
         ((4, 0, 4, 1, 1), -1, "keys[0].watermarks[1].worker_epoch"),
         ((4, 0, 4, 1, 2), "1", "keys[0].watermarks[1].watermark"),
         ((4, 0, 4, 1, 0), "w1", "keys[0].watermarks[1].worker_id"),  # repeated
-        ((4, 1, 0), [K.tenant_id, K.metric.value, 1], "keys[1].rate_key"),  # repeated key
+        ((4, 1, 0), [K.tenant_id, K.metric, 1], "keys[1].rate_key"),  # repeated key
     ],
 )
 def test_bad_handover_names_the_field(path: tuple[int, ...], value: Any, field: str) -> None:

@@ -317,7 +317,7 @@ def col(*values: int) -> bytes:
         ((2,), "", "sender"),
         ((3,), -1, "ring_epoch"),
         ((4,), "2", "worker_epoch"),
-        ((5, 0, 1), "read_ops", "keys[0].metric"),
+        ((5, 0, 1), "Read-Ops", "keys[0].metric"),
         ((5, 0, 2), 0, "keys[0].policy_generation"),
         ((5, 0, 2), 3.0, "keys[0].policy_generation"),  # equal to a cached key's 3: still refused
         ((5, 0, 2), True, "keys[0].policy_generation"),

@@ -390,7 +390,7 @@ def test_per_key_applied_shrinks_with_the_keys_the_owner_forgets() -> None:
     # The retained keys each have their scope; the forgotten and moved ones fold into one
     # OTHER_TENANT total per metric.
     retired = {s for s in by_scope if s[0] not in {k.tenant_id for k in stays}}
-    assert retired == {(OTHER_TENANT, p.metric.value) for p in pols}
+    assert retired == {(OTHER_TENANT, p.metric) for p in pols}
     assert len(by_scope) == len(stays) + len(retired)
 
 

@@ -60,7 +60,7 @@ def owner() -> Owner:
 
 
 def report(sender: str, seq: int, delta: int, key: RateKey = KEY, epoch: int = 1) -> ReportBatch:
-    if key.metric is Metric.CLIENT_INGRESS_BYTES:
+    if key.metric == Metric.CLIENT_INGRESS_BYTES:
         r = UsageReport(key, sender, epoch, seq, byte_delta=delta, unacked_from=seq)
     else:
         r = UsageReport(key, sender, epoch, seq, iops_delta=delta, unacked_from=seq)

@@ -73,6 +73,7 @@ def test_mesh_methods() -> None:
         "astart",
         "charge",
         "health",
+        "limited",
         "member_id",
         "refund",
         "reload_policies",

@@ -1,0 +1,157 @@
+"""The one parser of rates and amounts written as text (issue 14): `"100/second"`,
+`"5000/minute"`, `"1MiB/second"`, and bursts such as `"1MiB"`.
+
+Grammar (whitespace around the parts is ignored, letters are case-sensitive):
+
+    rate    = amount "/" period              e.g. 100/second, 1.5k/s, 1MiB/second, 2/ms
+            | integer                        per second, as before (YAML 100 or "100")
+    amount  = number [size]                  e.g. 100, 1.5k, 1MiB
+    number  = digits ["." digits]
+    size    = k | M | G                      decimal: 1e3, 1e6, 1e9
+            | KiB | MiB | GiB                binary: 2**10, 2**20, 2**30
+    period  = ms | millisecond               (plural "s" allowed on the long names)
+            | s | sec | second
+            | m | min | minute
+            | h | hour
+            | d | day
+
+The mesh and governord meter whole units per second in exact integer arithmetic (the GCRA
+scales time by R, shares take ceil(R/N), escrow floors, plausibility bounds and credit
+blocks are all integers per second). A rate is therefore kept as an integer per second, and
+one that is not a whole number per second (`"5000/minute"` is 83.33/s) is refused with the
+exact value and the two nearest rates that are, never truncated: see docs/policies.md.
+An amount must come out a whole number of units (`"1.5k"` is 1500; `"1.5"` is refused).
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+from typing import Any
+
+from ratemesh.checks import INT_MAX, check_int
+from ratemesh.errors import ConfigError, RatemeshError
+
+__all__ = ["PERIODS_S", "SIZES", "parse_amount", "parse_rate", "format_rate"]
+
+SIZES: dict[str, int] = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+}
+# Period names to their length in seconds (a Fraction: a millisecond is 1/1000 s).
+PERIODS_S: dict[str, Fraction] = {
+    **dict.fromkeys(("ms", "millisecond", "milliseconds"), Fraction(1, 1000)),
+    **dict.fromkeys(("s", "sec", "second", "seconds"), Fraction(1)),
+    **dict.fromkeys(("m", "min", "minute", "minutes"), Fraction(60)),
+    **dict.fromkeys(("h", "hour", "hours"), Fraction(3600)),
+    **dict.fromkeys(("d", "day", "days"), Fraction(86400)),
+}
+TEXT_MAX = 64  # longer text is certainly a mistake; the error quotes it, so keep it short
+_AMOUNT = re.compile(r"\s*(\d{1,19}(?:\.\d{1,9})?)\s*([A-Za-z]*)\s*")
+_PERIOD_HINT = "use second, minute, hour or day"
+_SIZE_HINT = "use k, M, G (decimal) or KiB, MiB, GiB (binary)"
+
+
+def parse_amount(
+    field: str, value: Any, *, minimum: int = 1, error: type[RatemeshError] = ConfigError
+) -> int:
+    """An integer, or text `number[size]` such as "1MiB", as a whole number of units."""
+    if type(value) is not str:
+        return check_int(field, value, minimum=minimum, error=error)
+    text = _text(field, value, error)
+    return _bounded(field, _amount(field, text, text, error), minimum, error, _q(text))
+
+
+def parse_rate(
+    field: str, value: Any, *, minimum: int = 1, error: type[RatemeshError] = ConfigError
+) -> int:
+    """An integer (per second), or text `amount/period`, as whole units per second."""
+    if type(value) is not str:
+        return check_int(field, value, minimum=minimum, error=error)
+    text = _text(field, value, error)
+    amount_text, slash, period_text = text.partition("/")
+    if not slash:
+        per_s = _amount(field, text, text, error)  # "100" or "1MiB": per second
+        return _bounded(field, per_s, minimum, error, _q(text))
+    amount = _number(field, amount_text, text, error)
+    period = period_text.strip()
+    if not period:
+        raise error(field, f"{_q(text)}: missing period after '/'; {_PERIOD_HINT}")
+    count, unit = _split_period(period)
+    if unit not in PERIODS_S:
+        raise error(field, f"{_q(text)}: unknown period {_q(unit or period)}; {_PERIOD_HINT}")
+    length_s = PERIODS_S[unit] * count
+    if length_s == 0:
+        raise error(field, f"{_q(text)}: the period must be longer than zero")
+    exact = amount / length_s
+    if exact.denominator != 1:
+        low, high = int(exact), int(exact) + 1
+        near = [f"{format_rate(n, period)} ({n}/second)" for n in (low, high) if n >= minimum]
+        raise error(
+            field,
+            f"{_q(text)} is {float(exact):.6g} per second, not a whole number; rates are "
+            f"metered in whole units per second, so write {' or '.join(near)}",
+        )
+    return _bounded(field, int(exact), minimum, error, _q(text))
+
+
+def format_rate(per_s: int, period: str = "second") -> str:
+    """`per_s` units per second written per `period` (a name `parse_rate` reads)."""
+    count, unit = _split_period(period)
+    length = PERIODS_S.get(unit, Fraction(1)) * count
+    amount = per_s * length
+    shown = str(amount.numerator) if amount.denominator == 1 else f"{float(amount):g}"
+    return f'"{shown}/{period}"'
+
+
+def _split_period(period: str) -> tuple[int, str]:
+    """'10s' is ten seconds, 'minute' one minute."""
+    m = re.fullmatch(r"(\d{0,6})\s*([A-Za-z]*)", period.strip())
+    if m is None:
+        return 1, period.strip()
+    digits, unit = m.groups()
+    return (int(digits) if digits else 1), unit
+
+
+def _amount(field: str, part: str, text: str, error: type[RatemeshError]) -> int:
+    amount = _number(field, part, text, error)
+    if amount.denominator != 1:
+        raise error(field, f"{_q(text)} is not a whole number of units")
+    return int(amount)
+
+
+def _number(field: str, part: str, text: str, error: type[RatemeshError]) -> Fraction:
+    m = _AMOUNT.fullmatch(part)
+    if m is None:
+        raise error(
+            field, f"{_q(text)}: expected a number with an optional size, such as 100 or 1MiB"
+        )
+    digits, size = m.groups()
+    if size not in SIZES:
+        raise error(field, f"{_q(text)}: unknown size {_q(size)}; {_SIZE_HINT}")
+    return Fraction(digits) * SIZES[size]
+
+
+def _text(field: str, value: str, error: type[RatemeshError]) -> str:
+    if len(value) > TEXT_MAX:
+        raise error(field, f"must be at most {TEXT_MAX} characters, got {len(value)}")
+    if not value.strip():
+        raise error(field, "must not be empty")
+    return value
+
+
+def _bounded(field: str, n: int, minimum: int, error: type[RatemeshError], shown: str) -> int:
+    if n < minimum:
+        raise error(field, f"{shown} must be >= {minimum}")
+    if n > INT_MAX:
+        raise error(field, f"{shown} must be <= {INT_MAX}")
+    return n
+
+
+def _q(text: str) -> str:
+    return '"' + text.replace('"', '\\"') + '"'
