@@ -36,10 +36,10 @@ def test_public_names() -> None:
         "DECISIONS_IDLE_S",
         "ENFORCED_ROWS_MAX",
         "Enforced",
-        "HttpEndpoint",
         "MemberAnswer",
         "NodeStats",
         "OTHER",
+        "Route",
         "TOP_K",
         "Telemetry",
         "enforced_of",
@@ -47,6 +47,7 @@ def test_public_names() -> None:
         "excess_over_windows",
         "fleet_report",
         "fleet_table",
+        "telemetry_routes",
     ]
     assert {
         "Transport",
