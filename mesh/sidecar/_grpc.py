@@ -70,11 +70,11 @@ def encode_outcomes(outcomes: list[Outcome]) -> bytes:
     """An AdmitResponse, one Verdict per outcome in order (an error one for a bad item)."""
     parts = []
     for o in outcomes:
-        if o.verdict is not None:
-            parts.append(_verdict_bytes(o.verdict))
-        else:
-            err = pb.Verdict(allowed=False, error=o.error).SerializeToString()
+        if o.__class__ is str:
+            err = pb.Verdict(allowed=False, error=o).SerializeToString()  # type: ignore[arg-type]
             parts.append(_framed(0x0A, err))
+        else:
+            parts.append(_verdict_bytes(o))  # type: ignore[arg-type]
     return b"".join(parts)
 
 
@@ -97,15 +97,13 @@ def _items(data: bytes, items_max: int) -> list[Item]:
     n = len(req.items)
     if n > items_max:
         raise ValueError(f"items: {n} in one call; at most {items_max} (split the batch)")
-    return [
-        Item(
-            it.tenant,
-            it.metric,
-            it.amount if it.HasField("amount") else 1,
-            [(d.key, d.value) for d in it.descriptors],
-        )
-        for it in req.items
-    ]
+    out = []
+    for it in req.items:
+        # amount 0 is "absent" unless it was sent (proto3 optional): absent means 1
+        amount = it.amount or (0 if it.HasField("amount") else 1)
+        ds = it.descriptors
+        out.append(Item(it.tenant, it.metric, amount, [(d.key, d.value) for d in ds] if ds else ()))
+    return out
 
 
 class GrpcSidecar:

@@ -121,9 +121,9 @@ class HttpApp:
         outcomes = self.decider.admit(items, charge=route == "charge")
         if not batch:
             o = outcomes[0]
-            if o.verdict is None:
-                raise _BadRequest(400, str(o.error))
-            return 200, verdict_fields(o.verdict)
+            if isinstance(o, str):
+                raise _BadRequest(400, o)
+            return 200, verdict_fields(o)
         return 200, {"verdicts": [_outcome(o) for o in outcomes]}
 
     async def _body(self, receive: Receive) -> bytes:
@@ -191,9 +191,9 @@ def _item(doc: Any, where: str) -> Item:
 
 
 def _outcome(o: Outcome) -> dict[str, Any]:
-    if o.verdict is None:
-        return {"allowed": False, "error": o.error}
-    return verdict_fields(o.verdict)
+    if isinstance(o, str):
+        return {"allowed": False, "error": o}
+    return verdict_fields(o)
 
 
 def _ack(error: str) -> dict[str, Any]:

@@ -52,11 +52,8 @@ class Item(NamedTuple):
     descriptors: Sequence[tuple[Any, Any]] = ()
 
 
-class Outcome(NamedTuple):
-    """A decided item (`verdict`), or why it was not (`error`)."""
-
-    verdict: Verdict | None
-    error: str | None = None
+# A decided item's Verdict, or why it was not decided ("field: what was wrong").
+Outcome = Verdict | str
 
 
 def verdict_fields(v: Verdict) -> dict[str, Any]:
@@ -150,19 +147,28 @@ def admit_items(
     call: Any = admitter.charge if charge else admitter.try_admit
     out: list[Outcome] = []
     for item in items:
-        why = _check(item, descriptors_ok)
-        if why is not None:
-            out.append(Outcome(None, why))
-            continue
+        t, m, a, ds = item
+        if (  # the common item, checked inline (the checks of `_check`, in one expression)
+            ds
+            or t.__class__ is not str
+            or m.__class__ is not str
+            or a.__class__ is not int
+            or not (0 < len(t) <= NAME_MAX_CHARS and 0 < len(m) <= NAME_MAX_CHARS)
+            or not 0 < a <= AMOUNT_MAX
+        ):
+            why = _check(item, descriptors_ok)
+            if why is not None:
+                out.append(why)
+                continue
         try:
-            if item.descriptors:
-                v = call(item.tenant, item.metric, item.amount, descriptors=tuple(item.descriptors))
+            if ds:
+                v = call(t, m, a, descriptors=tuple(ds))
             else:
-                v = call(item.tenant, item.metric, item.amount)
+                v = call(t, m, a)
         except ConfigError as exc:  # the node's own check of a name (e.g. an unknown metric)
-            out.append(Outcome(None, str(exc)))
+            out.append(str(exc))
             continue
-        out.append(Outcome(v))
+        out.append(v)
     return out
 
 
