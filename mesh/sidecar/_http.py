@@ -165,7 +165,8 @@ def _item(doc: Any, where: str) -> Item:
     """An item's shape (a JSON object with known keys); its values are the decider's to
     check, per item. A wrong shape refuses the whole call."""
     if not isinstance(doc, dict):
-        raise _BadRequest(400, f"{where or 'body'}: must be a JSON object with tenant and metric")
+        what = where.rstrip(".") or "body"
+        raise _BadRequest(400, f"{what}: must be a JSON object with tenant and metric")
     stray = sorted(set(doc) - _ITEM_KEYS)
     if stray:
         raise _BadRequest(
