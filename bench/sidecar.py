@@ -13,8 +13,8 @@ grpc_calls_per_s, grpc_p99_us / grpc_p50_us (per call of `batch` items),
 http_requests_per_s, http_p99_us / http_p50_us (per request), each the median over `runs`
 (and `per_run`), plus runs, batch, clients, streams, connections, seconds, and the counts:
 grpc_admissions, http_requests (over all runs), admitted_at_node (the node's
-ratemesh_admitted, from /metrics: the bench's is the only tenant) and counts_match (every admission the
-clients saw allowed is one the node counted).
+ratemesh_admitted, from /metrics: the bench's is the only tenant) and counts_match (every
+admission the clients saw allowed is one the node counted).
 """
 
 from __future__ import annotations
@@ -192,7 +192,10 @@ def run(
         and out["http_requests_per_s"] >= TARGET_HTTP_REQUESTS_PER_S
     )
     out["per_run"] = [
-        {k: r[k] for k in ("grpc_admits_per_s", "grpc_p99_us", "http_requests_per_s", "http_p99_us")}
+        {
+            k: r[k]
+            for k in ("grpc_admits_per_s", "grpc_p99_us", "http_requests_per_s", "http_p99_us")
+        }
         for r in per_run
     ]
     return out

@@ -15,8 +15,8 @@ import logging
 from typing import Any
 
 import grpc
-from grpc import aio
 from google.protobuf.message import DecodeError
+from grpc import aio
 
 from mesh.config import SidecarConfig, TlsConfig, is_loopback
 from mesh.core.verdict import Verdict
@@ -85,7 +85,8 @@ def _encode_acks(errors: list[str | None]) -> bytes:
             resp.acks.add(ok=True)
         else:
             resp.acks.add(ok=False, error=e)
-    return resp.SerializeToString()
+    data: bytes = resp.SerializeToString()
+    return data
 
 
 def _items(data: bytes, items_max: int) -> list[Item]:

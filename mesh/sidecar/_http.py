@@ -29,7 +29,7 @@ from typing import Any
 
 import uvicorn
 
-from mesh.config import SidecarConfig, TlsConfig
+from mesh.config import TlsConfig
 from mesh.errors import ConfigError
 from mesh.sidecar._auth import BearerCheck
 from mesh.sidecar._items import Decider, Item, Outcome, verdict_fields
@@ -201,7 +201,9 @@ def _ack(error: str) -> dict[str, Any]:
     return {"ok": False, "error": error}
 
 
-async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+async def _respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
     headers = [*headers, (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

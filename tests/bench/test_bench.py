@@ -164,10 +164,13 @@ def test_bench_sidecar_keys_and_counts_add_up() -> None:
         "--clients", "2", "--streams", "2", "--connections", "2",
     )  # fmt: skip
     for key in ("grpc_admits_per_s", "http_requests_per_s", "grpc_p99_us", "http_p99_us"):
-        assert isinstance(res[key], (int, float)) and res[key] > 0, key
+        value = res[key]
+        assert isinstance(value, (int, float)) and value > 0, key
     assert (res["runs"], res["batch"], res["clients"]) == (2, 7, 2)
-    assert res["grpc_admissions"] == res["grpc_calls"] * 7 == res["grpc_allowed"]
-    assert res["http_allowed"] == res["http_requests"] > 0
+    calls, requests = res["grpc_calls"], res["http_requests"]
+    assert isinstance(calls, int) and isinstance(requests, int) and requests > 0
+    assert res["grpc_admissions"] == calls * 7 == res["grpc_allowed"]
+    assert res["http_allowed"] == requests
     assert res["grpc_errors"] == res["http_errors"] == 0
     assert res["counts_match"] is True
     assert isinstance(res["per_run"], list) and len(res["per_run"]) == 2

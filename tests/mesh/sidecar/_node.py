@@ -9,11 +9,22 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from mesh import Mesh
+from mesh.node import Mesh
 from mesh.peer import MemoryNetwork, MemoryTransport
 from mesh.sidecar import admission_pb2 as pb
 
-__all__ = ["BYTES", "LIMIT", "SECRET", "admit_call", "insecure", "item", "node", "node_config", "pairs", "wire_fields"]
+__all__ = [
+    "BYTES",
+    "LIMIT",
+    "SECRET",
+    "admit_call",
+    "insecure",
+    "item",
+    "node",
+    "node_config",
+    "pairs",
+    "wire_fields",
+]
 
 # local mode: a verdict depends on this node alone, so two nodes given the same sequence
 # answer alike (a slow refill: the sequence runs well inside one unit's time)

@@ -41,9 +41,7 @@ def test_batch_admit_verdicts_equal_in_process_try_admit() -> None:
         async with node(node_config()) as served, node(node_config()) as local:
             async with insecure(served.sidecar_addresses["grpc"]) as ch:
                 resp = await admit_call(ch)(pb.AdmitRequest(items=seq))
-            want = [
-                verdict_fields(local.try_admit(i.tenant, i.metric, i.amount or 1)) for i in seq
-            ]
+            want = [verdict_fields(local.try_admit(i.tenant, i.metric, i.amount or 1)) for i in seq]
             assert [wire_fields(v) for v in resp.verdicts] == want
             allowed = [v.allowed for v in resp.verdicts]
             assert allowed == [True] * 4 + [False, True, False, False, True, False]

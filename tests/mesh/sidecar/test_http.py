@@ -31,10 +31,17 @@ def test_single_and_batch_admit_answer_as_try_admit_does() -> None:
             assert r.status_code == 200 and r.json() == verdict_fields(
                 local.try_admit("acme", "read_iops")
             )
-            items = [dict(ONE, amount=2), dict(ONE, amount=2), {**ONE, "tenant": "nobody"}]
+            items: list[dict[str, Any]] = [
+                dict(ONE, amount=2),
+                dict(ONE, amount=2),
+                {**ONE, "tenant": "nobody"},
+            ]
             r = await _post(addr, "admit", {"items": items})
             assert r.status_code == 200
-            want = [verdict_fields(local.try_admit(i["tenant"], i["metric"], i.get("amount", 1))) for i in items]  # fmt: skip
+            want = [
+                verdict_fields(local.try_admit(i["tenant"], i["metric"], i.get("amount", 1)))
+                for i in items
+            ]
             assert r.json() == {"verdicts": want}
             # a denial is an answer: 200, allowed false (here: the burst of 5 is spent)
             assert [v["allowed"] for v in want] == [True, True, False]
@@ -56,7 +63,16 @@ def test_charge_and_refund_round_trip() -> None:
             assert r.json()["allowed"] is False
             r = await _post(addr, "refund", dict(egress, amount=600))
             assert (r.status_code, r.json()) == (200, {"ok": True})
-            r = await _post(addr, "refund", {"items": [dict(egress, amount=1), {"tenant": "zed", "metric": "client_egress_bytes"}]})  # fmt: skip
+            r = await _post(
+                addr,
+                "refund",
+                {
+                    "items": [
+                        dict(egress, amount=1),
+                        {"tenant": "zed", "metric": "client_egress_bytes"},
+                    ]
+                },
+            )
             acks = r.json()["acks"]
             assert acks[0] == {"ok": True} and not acks[1]["ok"]
             assert acks[1]["error"].startswith("tenant: ")

@@ -38,11 +38,15 @@ def test_mutual_tls_admits_a_fleet_certificate_and_refuses_none(certs: Path) -> 
             ctx = ssl.create_default_context(cafile=str(certs / "ca.pem"))
             ctx.load_cert_chain(str(certs / "b.pem"), str(certs / "b.key"))
             async with httpx.AsyncClient(verify=ctx, timeout=5) as c:
-                r = await c.post(f"https://{h}/v1/admit", json={"tenant": "acme", "metric": "read_iops"})  # fmt: skip
+                r = await c.post(
+                    f"https://{h}/v1/admit", json={"tenant": "acme", "metric": "read_iops"}
+                )
                 assert r.status_code == 200 and r.json()["allowed"] is True
             bare = ssl.create_default_context(cafile=str(certs / "ca.pem"))
             async with httpx.AsyncClient(verify=bare, timeout=5) as c:
                 with pytest.raises((httpx.HTTPError, ssl.SSLError)):
-                    await c.post(f"https://{h}/v1/admit", json={"tenant": "acme", "metric": "read_iops"})  # fmt: skip
+                    await c.post(
+                        f"https://{h}/v1/admit", json={"tenant": "acme", "metric": "read_iops"}
+                    )
 
     asyncio.run(main())
