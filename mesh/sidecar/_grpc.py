@@ -12,6 +12,7 @@ grpc answers RESOURCE_EXHAUSTED before a handler runs.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -32,7 +33,10 @@ __all__ = ["ADMISSION_SERVICE", "GrpcSidecar", "encode_outcomes"]
 log = logging.getLogger("mesh.sidecar")
 ADMISSION_SERVICE = "ratemesh.sidecar.v1.Admission"
 _ENCODED_MAX = 4096  # encoded verdicts kept (verdicts are shared values; few distinct ones)
-_encoded: dict[Verdict, bytes] = {}
+# id(verdict) -> (the verdict, its encoding). Keeping the verdict keeps its id from being
+# reused while the entry lives, and `is` confirms it: an identity lookup, cheaper than the
+# dataclass's hash of five fields. A verdict built per call (fields per key) just misses.
+_encoded: dict[int, tuple[Verdict, bytes]] = {}
 
 
 def _varint(n: int) -> bytes:
@@ -51,18 +55,14 @@ def _framed(tag: int, payload: bytes) -> bytes:
 
 
 def _verdict_bytes(v: Verdict) -> bytes:
-    """AdmitResponse's field 1 holding `v`, memoised per verdict value (equal verdicts
-    encode equally; a verdict with fields per call just misses and is encoded)."""
-    try:
-        return _encoded[v]
-    except KeyError:
-        pass
-    except TypeError:  # an unhashable verdict: encode it each time
-        return _framed(0x0A, pb.Verdict(**verdict_fields(v)).SerializeToString())
+    """AdmitResponse's field 1 holding `v`, memoised per verdict object."""
+    hit = _encoded.get(id(v))
+    if hit is not None and hit[0] is v:
+        return hit[1]
     data = _framed(0x0A, pb.Verdict(**verdict_fields(v)).SerializeToString())
     if len(_encoded) >= _ENCODED_MAX:
         _encoded.clear()
-    _encoded[v] = data
+    _encoded[id(v)] = (v, data)
     return data
 
 
@@ -89,8 +89,9 @@ def _encode_acks(errors: list[str | None]) -> bytes:
     return data
 
 
-def _items(data: bytes, items_max: int) -> list[Item]:
-    """The call's items, or ValueError saying why the call as a whole is refused."""
+def _items(data: bytes, items_max: int) -> Iterator[Item]:
+    """The call's items (read as they are decided), or ValueError saying why the call as a
+    whole is refused: checked before the first item is read."""
     try:
         req = pb.AdmitRequest.FromString(data)
     except DecodeError as exc:
@@ -98,13 +99,16 @@ def _items(data: bytes, items_max: int) -> list[Item]:
     n = len(req.items)
     if n > items_max:
         raise ValueError(f"items: {n} in one call; at most {items_max} (split the batch)")
-    out = []
-    for it in req.items:
+    return _rows(req.items)
+
+
+def _rows(items: Iterable[pb.AdmitItem]) -> Iterator[Item]:
+    # Plain tuples in Item's order (a NamedTuple's constructor costs a call per item).
+    for it in items:
         # amount 0 is "absent" unless it was sent (proto3 optional): absent means 1
         amount = it.amount or (0 if it.HasField("amount") else 1)
         ds = it.descriptors
-        out.append(Item(it.tenant, it.metric, amount, [(d.key, d.value) for d in ds] if ds else ()))
-    return out
+        yield (it.tenant, it.metric, amount, [(d.key, d.value) for d in ds] if ds else ())  # type: ignore[misc]
 
 
 class GrpcSidecar:
@@ -173,7 +177,9 @@ class GrpcSidecar:
 
     # -- handlers -------------------------------------------------------------------------
 
-    async def _checked(self, data: bytes, context: aio.ServicerContext[bytes, bytes]) -> list[Item]:
+    async def _checked(
+        self, data: bytes, context: aio.ServicerContext[bytes, bytes]
+    ) -> Iterator[Item]:
         self.calls += 1
         if self.auth.required:
             md = context.invocation_metadata() or ()

@@ -9,7 +9,7 @@ out of a batch: the rest of the batch is decided as usual. Nothing is decided fo
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from mesh.core.verdict import Verdict
@@ -133,21 +133,20 @@ class Decider:
         self.admitter = admitter
         self.descriptors_ok = _takes_descriptors(admitter)
 
-    def admit(self, items: Sequence[Item], *, charge: bool = False) -> list[Outcome]:
+    def admit(self, items: Iterable[Item], *, charge: bool = False) -> list[Outcome]:
         return admit_items(self.admitter, items, charge=charge, descriptors_ok=self.descriptors_ok)
 
-    def refund(self, items: Sequence[Item]) -> list[str | None]:
+    def refund(self, items: Iterable[Item]) -> list[str | None]:
         return refund_items(self.admitter, items, descriptors_ok=self.descriptors_ok)
 
 
 def admit_items(
-    admitter: Admitter, items: Sequence[Item], *, charge: bool = False, descriptors_ok: bool
+    admitter: Admitter, items: Iterable[Item], *, charge: bool = False, descriptors_ok: bool
 ) -> list[Outcome]:
     """One Outcome per item, in order."""
     call: Any = admitter.charge if charge else admitter.try_admit
     out: list[Outcome] = []
-    for item in items:
-        t, m, a, ds = item
+    for t, m, a, ds in items:
         if (  # the common item, checked inline (the checks of `_check`, in one expression)
             ds
             or t.__class__ is not str
@@ -156,7 +155,7 @@ def admit_items(
             or not (0 < len(t) <= NAME_MAX_CHARS and 0 < len(m) <= NAME_MAX_CHARS)
             or not 0 < a <= AMOUNT_MAX
         ):
-            why = _check(item, descriptors_ok)
+            why = _check(Item(t, m, a, ds), descriptors_ok)
             if why is not None:
                 out.append(why)
                 continue
@@ -173,11 +172,12 @@ def admit_items(
 
 
 def refund_items(
-    admitter: Admitter, items: Sequence[Item], *, descriptors_ok: bool
+    admitter: Admitter, items: Iterable[Item], *, descriptors_ok: bool
 ) -> list[str | None]:
     """None per item refunded, else why not (nothing was refunded for it)."""
     out: list[str | None] = []
-    for item in items:
+    for row in items:
+        item = Item(*row)
         why = _check(item, descriptors_ok)
         if why is None:
             try:
