@@ -37,8 +37,21 @@ async def _grpc(addr: str, seconds: float, batch: int, streams: int) -> dict[str
     call = channel.unary_unary(
         "/ratemesh.sidecar.v1.Admission/Admit",
         request_serializer=None,
-        response_deserializer=pb.AdmitResponse.FromString,
+        response_deserializer=None,  # bytes: counted below
     )
+    seen: dict[bytes, tuple[int, int]] = {}  # a response's bytes -> (verdicts, allowed)
+
+    def count(data: bytes) -> tuple[int, int]:
+        """Exact counts, decoded once per distinct response (here nearly all are alike):
+        the client's cost shares the host with the server's."""
+        hit = seen.get(data)
+        if hit is None:
+            verdicts = pb.AdmitResponse.FromString(data).verdicts
+            hit = (len(verdicts), sum([v.allowed for v in verdicts]))
+            if len(seen) < 64:
+                seen[data] = hit
+        return hit
+
     await call(req)  # connected and warm
     lat_us: list[float] = []
     counts = {"calls": 0, "admissions": 0, "allowed": 0, "errors": 0}
@@ -47,13 +60,13 @@ async def _grpc(addr: str, seconds: float, batch: int, streams: int) -> dict[str
     async def loop() -> None:
         while time.perf_counter() < end:
             t0 = time.perf_counter()
-            resp = await call(req)
+            data = await call(req)
             lat_us.append((time.perf_counter() - t0) * 1e6)
+            n, allowed = count(data)
             counts["calls"] += 1
-            counts["admissions"] += len(resp.verdicts)
-            allowed = sum([v.allowed for v in resp.verdicts])
+            counts["admissions"] += n
             counts["allowed"] += allowed
-            counts["errors"] += len(resp.verdicts) - allowed  # none is denied: a huge limit
+            counts["errors"] += n - allowed  # none is denied: the limit is too large to reach
 
     t0 = time.perf_counter()
     await asyncio.gather(*(loop() for _ in range(streams)))
