@@ -53,6 +53,14 @@ def validate(args: argparse.Namespace) -> int:
                 *(["mtls"] if cfg.tls is not None and cfg.tls.require_client_cert else []),
                 *(["fleet_secret"] if cfg.fleet_secret is not None else []),
             ],
+            # the admission API's addresses (docs/sidecar.md), and which ask for a token
+            "sidecar": {
+                where.rpartition(".")[2]: {
+                    "address": addr,
+                    "bearer_token": cfg.sidecar.needs_auth(addr) and cfg.fleet_secret is not None,
+                }
+                for where, addr in cfg.sidecar.listens()
+            },
         },
         args,
     )

@@ -73,3 +73,22 @@ def test_mesh_validate_refuses_an_exposed_sidecar_in_one_line(tmp_path: Path) ->
     r = mesh_validate(path)
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "sidecar.http_listen" in r.stderr
+
+
+def test_mesh_validate_names_the_sidecar_addresses(tmp_path: Path) -> None:
+    import json
+
+    path = tmp_path / "node.yaml"
+    cfg = {
+        "member_id": "a",
+        "fleet_secret_file": _secret(tmp_path),
+        "allow_plaintext": True,
+        "sidecar": {"grpc_listen": "127.0.0.1:7002", "http_listen": "0.0.0.0:7003"},
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    r = mesh_validate(path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["sidecar"] == {
+        "grpc_listen": {"address": "127.0.0.1:7002", "bearer_token": False},
+        "http_listen": {"address": "0.0.0.0:7003", "bearer_token": True},
+    }

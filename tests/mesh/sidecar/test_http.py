@@ -204,3 +204,25 @@ def test_auth_a_request_without_the_fleet_secret_is_401(tmp_path: Path, listen: 
                 assert (await c.get(f"http://{addr}/health")).status_code == 200
 
     asyncio.run(main())
+
+
+def test_a_port_in_use_is_refused_naming_the_field_and_stops_what_started() -> None:
+    import socket
+
+    from mesh.errors import ConfigError
+
+    async def main() -> None:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            cfg = node_config({"grpc_listen": "127.0.0.1:0", "http_listen": f"127.0.0.1:{port}"})
+            with pytest.raises(ConfigError) as e:
+                async with node(cfg):
+                    pass
+            assert e.value.field == "sidecar.http_listen" and "in use" in str(e.value)
+        # the gRPC server it had started is gone with it: the node starts again cleanly
+        async with node(node_config()) as mesh:
+            assert (await _post(mesh.sidecar_addresses["http"], "admit", ONE)).status_code == 200
+
+    asyncio.run(main())
