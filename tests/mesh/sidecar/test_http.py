@@ -226,3 +226,19 @@ def test_a_port_in_use_is_refused_naming_the_field_and_stops_what_started() -> N
             assert (await _post(mesh.sidecar_addresses["http"], "admit", ONE)).status_code == 200
 
     asyncio.run(main())
+
+
+def test_a_threaded_node_serves_the_sidecar_from_its_loop_thread() -> None:
+    from mesh.node import Mesh
+    from mesh.peer import MemoryNetwork, MemoryTransport
+
+    net = MemoryNetwork()
+    mesh = Mesh(node_config(), transport=lambda mid, e, h: MemoryTransport(net, mid, h.deliver))
+    mesh.start()
+    try:
+        addr = mesh.sidecar_addresses["http"]
+        r = httpx.post(f"http://{addr}/v1/admit", json={"items": [ONE] * 6}, timeout=5)
+        assert [v["allowed"] for v in r.json()["verdicts"]] == [True] * 5 + [False]
+        assert mesh.try_admit("acme", "read_iops").allowed is False  # the same node's state
+    finally:
+        mesh.stop()
