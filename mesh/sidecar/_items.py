@@ -18,7 +18,9 @@ from mesh.errors import ConfigError
 __all__ = [
     "DESCRIPTORS_MAX",
     "NAME_MAX_CHARS",
+    "AMOUNT_MAX",
     "Admitter",
+    "Decider",
     "Item",
     "Outcome",
     "admit_items",
