@@ -67,6 +67,7 @@ def test_beyond_loopback_with_the_fleet_secret_needs_tls_or_allow_plaintext(
     assert cfg.sidecar.needs_auth("0.0.0.0:7002")
 
 
+@pytest.mark.slow  # starts a process
 def test_mesh_validate_refuses_an_exposed_sidecar_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "node.yaml"
     path.write_text(yaml.safe_dump({"sidecar": {"http_listen": "0.0.0.0:9101"}}))
@@ -75,6 +76,7 @@ def test_mesh_validate_refuses_an_exposed_sidecar_in_one_line(tmp_path: Path) ->
     assert len(r.stderr.strip().splitlines()) == 1 and "sidecar.http_listen" in r.stderr
 
 
+@pytest.mark.slow  # starts a process
 def test_mesh_validate_names_the_sidecar_addresses(tmp_path: Path) -> None:
     import json
 
