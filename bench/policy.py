@@ -231,11 +231,12 @@ async def _generation(addr: str) -> int:
 
 
 async def _get_health(addr: str) -> dict[str, Any]:
-    """GET /health: the node answers once and closes (mesh.telemetry's endpoint)."""
+    """GET /health, asking the node to close after its answer (its HTTP server keeps a
+    connection alive otherwise), so the body is what arrives before the close."""
     host, _, port = addr.rpartition(":")
     reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
     try:
-        writer.write(b"GET /health HTTP/1.1\r\nHost: bench\r\n\r\n")
+        writer.write(b"GET /health HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
         await writer.drain()
         data = await reader.read()
     finally:

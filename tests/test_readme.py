@@ -288,6 +288,7 @@ NOT_MODULES = {
     "mesh.many_keys",
     "governor.v1.Governor",
     "ratemesh.coordinator.v1.Coordinator",  # gRPC service names
+    "ratemesh.sidecar.v1.Admission",
 }
 
 

@@ -38,6 +38,7 @@ COMMANDS: dict[tuple[str, ...], Handler] = {
     ("bench", "flood"): _bench.flood,
     ("bench", "policy"): _bench.policy,
     ("bench", "strict"): _bench.strict,
+    ("bench", "sidecar"): _bench.sidecar,
     **{("policy", name): fn for name, fn in _policy.SUBCOMMANDS.items()},
 }
 
@@ -211,6 +212,20 @@ def _parser() -> argparse.ArgumentParser:
         "alone, the same R and B), to compare",
     )
     _output_flags(st)
+    sc = bsub.add_parser(
+        "sidecar",
+        help="a real mesh node's sidecar API from client processes on this host: "
+        "batched gRPC admissions/s, HTTP requests/s, p99s",
+    )
+    sc.add_argument("--runs", type=int, default=3)
+    sc.add_argument("--seconds", type=float, default=3.0, help="per front end, per run")
+    sc.add_argument("--batch", type=int, default=100, help="items per gRPC Admit call")
+    sc.add_argument("--clients", type=int, default=1, help="client processes")
+    sc.add_argument("--streams", type=int, default=8, help="gRPC calls in flight per client")
+    sc.add_argument(
+        "--connections", type=int, default=8, help="HTTP keep-alive connections per client"
+    )
+    _output_flags(sc)
     _policy.add_parser(sub)
     return p
 

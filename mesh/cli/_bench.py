@@ -1,4 +1,4 @@
-"""`mesh bench hotpath`, `owner`, `cluster`, `churn`, `flood`, `policy` and `strict`:
+"""`mesh bench hotpath`, `owner`, `cluster`, `churn`, `flood`, `policy`, `strict` and `sidecar`:
 benchmarks of the real code, JSON on stdout."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from ratemesh.checks import check_int
 
 from ._output import emit, positive_s
 
-__all__ = ["churn", "cluster", "flood", "hotpath", "owner", "policy", "strict"]
+__all__ = ["churn", "cluster", "flood", "hotpath", "owner", "policy", "sidecar", "strict"]
 
 
 def hotpath(args: argparse.Namespace) -> int:
@@ -110,6 +110,24 @@ def strict(args: argparse.Namespace) -> int:
             seconds=positive_s("--seconds", args.seconds),
             offered_x=positive_s("--offered-x", args.offered_x),
             mode=args.mode,
+        ),
+        args,
+    )
+    return 0
+
+
+def sidecar(args: argparse.Namespace) -> int:
+    from bench.sidecar import CLIENTS_MAX, run
+    from mesh.config import SidecarConfig
+
+    emit(
+        run(
+            runs=check_int("--runs", args.runs, minimum=1, maximum=100),
+            seconds=positive_s("--seconds", args.seconds),
+            batch=check_int("--batch", args.batch, minimum=1, maximum=SidecarConfig().items_max),
+            clients=check_int("--clients", args.clients, minimum=1, maximum=CLIENTS_MAX),
+            streams=check_int("--streams", args.streams, minimum=1, maximum=256),
+            connections=check_int("--connections", args.connections, minimum=1, maximum=256),
         ),
         args,
     )

@@ -53,6 +53,14 @@ def validate(args: argparse.Namespace) -> int:
                 *(["mtls"] if cfg.tls is not None and cfg.tls.require_client_cert else []),
                 *(["fleet_secret"] if cfg.fleet_secret is not None else []),
             ],
+            # the admission API's addresses (docs/sidecar.md), and which ask for a token
+            "sidecar": {
+                where.rpartition(".")[2]: {
+                    "address": addr,
+                    "bearer_token": cfg.sidecar.needs_auth(addr) and cfg.fleet_secret is not None,
+                }
+                for where, addr in cfg.sidecar.listens()
+            },
         },
         args,
     )
@@ -149,17 +157,16 @@ def node(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGHUP, reload)
         try:
             await mesh.astart()
-        except OSError as exc:  # the peer port is translated by the transport; this is the
-            await mesh.aclose()  # telemetry endpoint, the only other socket a node binds
-            raise ConfigError(
-                "telemetry_listen", f"cannot serve on {cfg.telemetry_listen}: {exc.strerror or exc}"
-            ) from exc
+        except OSError as exc:  # each port's bind is a ConfigError naming its field; this is
+            await mesh.aclose()  # a last resort for one that was not
+            raise ConfigError("listen", f"cannot serve: {exc.strerror or exc}") from exc
         print(
             json.dumps(
                 {
                     "member_id": mesh.member_id,
                     "address": mesh.address,
                     "telemetry": mesh.telemetry_address,
+                    "sidecar": mesh.sidecar_addresses,  # {"grpc": ..., "http": ...}, those on
                 }
             ),
             flush=True,

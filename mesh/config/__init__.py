@@ -20,6 +20,7 @@ from mesh.config._node import (
     read_fleet_secret,
     resolve_identity,
 )
+from mesh.config._sidecar import SidecarConfig
 from mesh.config._strict import StrictConfig
 
 __all__ = [
@@ -37,5 +38,6 @@ __all__ = [
     "parse_config",
     "read_fleet_secret",
     "resolve_identity",
+    "SidecarConfig",
     "StrictConfig",
 ]

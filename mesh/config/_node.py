@@ -36,10 +36,14 @@ Shape (every key optional except where said)::
     core: {sync_interval_ms: 5, snapshot_ttl_ms: 20}
     strict: {governord: 127.0.0.1:7443, api_key_file: tenant.key, node: 12}
                                  # credit for strict limits (mesh/config/_strict.py)
+    sidecar: {grpc_listen: 127.0.0.1:7002, http_listen: 127.0.0.1:9101}
+                                 # the admission API for workers in any language, off by
+                                 # default (mesh/config/_sidecar.py, docs/sidecar.md)
 
-Ports are 1..65535. Only `listen` and `telemetry_listen` also take 0, "any free port": the
-node reads the bound port back and reports it (`Mesh.address`, `Mesh.telemetry_address`),
-and what other members dial is that address. An IPv6 host goes in brackets: `[::1]:7001`.
+Ports are 1..65535. Only `listen`, `telemetry_listen` and the sidecar's addresses also take
+0, "any free port": the node reads the bound port back and reports it (`Mesh.address`,
+`Mesh.telemetry_address`, `Mesh.sidecar_addresses`), and what other members dial is that
+address. An IPv6 host goes in brackets: `[::1]:7001`.
 
 Peer identity (docs/architecture.md): with `tls.require_client_cert` a peer's member id must
 match its certificate; with a fleet secret (>= 16 bytes, read from the file or the variable
@@ -61,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from mesh.config._files import config_file
+from mesh.config._sidecar import SidecarConfig, check_sidecar_auth, parse_sidecar
 from mesh.config._strict import StrictConfig, parse_strict
 from mesh.core._validate import check_bool, check_int, check_str
 from mesh.core.config import CoreConfig
@@ -166,6 +171,7 @@ class NodeConfig:
     policy_watch_ms: int = POLICY_WATCH_MS  # 0: reload the file on SIGHUP only
     coordinator: CoordinatorConfig | None = None
     strict: StrictConfig | None = None  # None: strict limits fail closed (no credit source)
+    sidecar: SidecarConfig = field(default_factory=SidecarConfig)  # off: no address set
     core: CoreConfig = field(
         default_factory=lambda: CoreConfig(report_retry_max_ms=NODE_RETRY_MAX_MS)
     )
@@ -295,6 +301,7 @@ _TOP = {
     "policies",
     "core",
     "strict",
+    "sidecar",
 }
 
 
@@ -342,6 +349,8 @@ def parse_config(data: Any, *, base: Path | None = None) -> NodeConfig:
         kw.update(_policies(data["policies"], base))
     if data.get("strict") is not None:
         kw["strict"] = parse_strict(data["strict"], base)
+    if data.get("sidecar") is not None:
+        kw["sidecar"] = parse_sidecar(data["sidecar"])
     core = data.get("core")
     if core is None:
         core = {}
@@ -356,6 +365,13 @@ def parse_config(data: Any, *, base: Path | None = None) -> NodeConfig:
     kw["core"] = CoreConfig.from_dict(core)
     cfg = NodeConfig(**kw)
     _check_plaintext(cfg)
+    check_sidecar_auth(
+        cfg.sidecar,
+        fleet_secret=cfg.fleet_secret is not None,
+        mtls=cfg.tls is not None and cfg.tls.require_client_cert,
+        tls=cfg.tls is not None,
+        allow_plaintext=cfg.allow_plaintext,
+    )
     return cfg
 
 

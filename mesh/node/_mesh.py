@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -55,7 +54,8 @@ from mesh.node._driver import NodeDriver
 from mesh.node._health import health, node_stats, status
 from mesh.node._reload import PolicyReloader
 from mesh.peer import CoordinatorClient, PeerHandler, Transport
-from mesh.telemetry import HttpEndpoint, Telemetry
+from mesh.sidecar import Sidecar
+from mesh.telemetry import Telemetry, telemetry_routes
 
 __all__ = ["Mesh", "TransportFactory"]
 
@@ -92,12 +92,13 @@ class Mesh:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._driver: NodeDriver | None = None
-        self._http: HttpEndpoint | None = None
+        self._sidecar: Sidecar | None = None  # the HTTP and gRPC servers beside the peer port
         self._parked: set[asyncio.Future[Verdict]] = set()  # waiters stop() must release
         self._gate = threading.Lock()  # orders admit submissions against stop()
         self._closed = False
         self.address = ""  # the peer address, once started
         self.telemetry_address = ""
+        self.sidecar_addresses: dict[str, str] = {}  # {"grpc": ..., "http": ...}, those on
         # Decisions by (tenant, metric, id(verdict)) for /metrics: about 0.3 us per call;
         # count_decisions=False drops that (and the admitted/denied families) from try_admit.
         self.count_decisions = count_decisions
@@ -443,19 +444,17 @@ class Mesh:
             member.admission.on_forget = tel.forget_view
         self._driver = driver
         await driver.start()
-        if cfg.telemetry_listen:
-            self._http = HttpEndpoint(
-                cfg.telemetry_listen,
-                {
-                    "/metrics": lambda: (200, "text/plain; version=0.0.4", tel.render()),
-                    "/health": lambda: (
-                        200,
-                        "application/json",
-                        json.dumps(health(driver), sort_keys=True).encode(),
-                    ),
-                },
-            )
-            self.telemetry_address = await self._http.start()
+        # /metrics and /health (telemetry_listen) and the sidecar admission API, on uvicorn
+        # and grpc beside the peer port (mesh/sidecar); a bind that fails stops the node
+        self._sidecar = Sidecar(self, cfg, telemetry_routes(tel, lambda: health(driver)))
+        try:
+            await self._sidecar.start()
+        except BaseException:
+            self._sidecar = None
+            await self.aclose()
+            raise
+        self.telemetry_address = self._sidecar.telemetry_address
+        self.sidecar_addresses = self._sidecar.addresses
         log.info(
             "member %s (%s, stable=%s) serving on %s",
             self.member_id,
@@ -477,9 +476,9 @@ class Mesh:
 
     async def aclose(self) -> None:
         self._release_waiters()
-        if self._http is not None:
-            await self._http.stop()
-            self._http = None
+        if self._sidecar is not None:  # stop accepting callers before the peers go
+            await self._sidecar.stop()
+            self._sidecar = None
         if self._driver is not None:
             await self._driver.close()
 

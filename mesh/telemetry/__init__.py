@@ -1,4 +1,5 @@
-"""SRE telemetry for a mesh node: Prometheus metrics, the excess envelope, /health JSON.
+"""SRE telemetry for a mesh node: Prometheus metrics, the excess envelope, /health JSON
+(the pages as route functions; the sidecar's HTTP server serves them).
 
 Labels are tenant, metric, mode and reason only: never a key generation or another
 worker's id (this process is the worker; its id is a target label, set by the scraper).
@@ -14,8 +15,8 @@ from mesh.telemetry._fleet import (
     fleet_report,
     fleet_table,
 )
-from mesh.telemetry._http import HttpEndpoint
 from mesh.telemetry._metrics import DECISIONS_IDLE_S, OTHER, TOP_K, NodeStats, Telemetry
+from mesh.telemetry._routes import Route, telemetry_routes
 
 __all__ = [
     "DECISIONS_IDLE_S",
@@ -25,11 +26,12 @@ __all__ = [
     "enforced_of",
     "fleet_report",
     "fleet_table",
-    "HttpEndpoint",
     "NodeStats",
     "OTHER",
+    "Route",
     "TOP_K",
     "Telemetry",
     "excess_over_times",
     "excess_over_windows",
+    "telemetry_routes",
 ]

@@ -159,3 +159,32 @@ def test_bench_strict_refuses_a_bad_flag_in_one_line() -> None:
         timeout=60,
     )
     assert out.returncode == 2 and out.stdout == "" and "--mode" in out.stderr
+
+
+def test_bench_sidecar_keys_and_counts_add_up() -> None:
+    res = _run(
+        "sidecar", "--runs", "2", "--seconds", "0.3", "--batch", "7",
+        "--clients", "2", "--streams", "2", "--connections", "2",
+    )  # fmt: skip
+    for key in ("grpc_admits_per_s", "http_requests_per_s", "grpc_p99_us", "http_p99_us"):
+        value = res[key]
+        assert isinstance(value, (int, float)) and value > 0, key
+    assert (res["runs"], res["batch"], res["clients"]) == (2, 7, 2)
+    calls, requests = res["grpc_calls"], res["http_requests"]
+    assert isinstance(calls, int) and isinstance(requests, int) and requests > 0
+    assert res["grpc_admissions"] == calls * 7 == res["grpc_allowed"]
+    assert res["http_allowed"] == requests
+    assert res["grpc_errors"] == res["http_errors"] == 0
+    assert res["counts_match"] is True
+    assert isinstance(res["per_run"], list) and len(res["per_run"]) == 2
+
+
+def test_bench_sidecar_refuses_a_batch_over_items_max_in_one_line() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "mesh.cli", "bench", "sidecar", "--batch", "1001", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and out.stdout == ""
+    assert len(out.stderr.strip().splitlines()) == 1 and "--batch" in out.stderr

@@ -6,6 +6,7 @@ import mesh.coordinator
 import mesh.membership
 import mesh.node
 import mesh.peer
+import mesh.sidecar
 import mesh.telemetry
 
 
@@ -36,10 +37,10 @@ def test_public_names() -> None:
         "DECISIONS_IDLE_S",
         "ENFORCED_ROWS_MAX",
         "Enforced",
-        "HttpEndpoint",
         "MemberAnswer",
         "NodeStats",
         "OTHER",
+        "Route",
         "TOP_K",
         "Telemetry",
         "enforced_of",
@@ -47,6 +48,7 @@ def test_public_names() -> None:
         "excess_over_windows",
         "fleet_report",
         "fleet_table",
+        "telemetry_routes",
     ]
     assert {
         "Transport",
@@ -57,7 +59,25 @@ def test_public_names() -> None:
         "fetch_status",
         "PeerHandler",
     } <= set(mesh.peer.__all__)
-    for mod in (mesh.node, mesh.membership, mesh.coordinator, mesh.telemetry, mesh.peer):
+    assert sorted(mesh.sidecar.__all__) == [
+        "ADMISSION_SERVICE",
+        "AUTH_HEADER",
+        "Admitter",
+        "BearerCheck",
+        "DESCRIPTORS_MAX",
+        "Decider",
+        "GrpcSidecar",
+        "HttpApp",
+        "HttpServer",
+        "Item",
+        "NAME_MAX_CHARS",
+        "Outcome",
+        "Sidecar",
+        "encode_outcomes",
+        "verdict_fields",
+    ]
+    mods = (mesh.node, mesh.membership, mesh.coordinator, mesh.telemetry, mesh.peer, mesh.sidecar)
+    for mod in mods:
         for name in mod.__all__:
             assert hasattr(mod, name), f"{mod.__name__}.{name}"
 

@@ -1,0 +1,206 @@
+"""The gRPC front end: `ratemesh.sidecar.v1.Admission` (admission.proto) on grpc aio with
+generic handlers, on the node's own loop.
+
+A call is checked whole before any item is decided: its bearer token (when the listen
+address needs one), that it decodes as the message, and its item count (`items_max`).
+Any of these failing ends the call with UNAUTHENTICATED / INVALID_ARGUMENT and a message
+that says what was wrong; nothing was decided. A message over `max_message_bytes` is
+refused by grpc itself (RESOURCE_EXHAUSTED), and past `concurrent_max` calls in flight
+grpc answers RESOURCE_EXHAUSTED before a handler runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc import aio
+
+from mesh.config import SidecarConfig, TlsConfig, is_loopback
+from mesh.core.verdict import Verdict
+from mesh.errors import ConfigError
+from mesh.peer import server_credentials
+from mesh.sidecar import admission_pb2 as pb
+from mesh.sidecar._auth import AUTH_HEADER, BearerCheck
+from mesh.sidecar._items import Decider, Item, Outcome, verdict_fields
+from ratemesh.operator import probe_bind
+
+__all__ = ["ADMISSION_SERVICE", "GrpcSidecar", "encode_outcomes"]
+
+log = logging.getLogger("mesh.sidecar")
+ADMISSION_SERVICE = "ratemesh.sidecar.v1.Admission"
+_ENCODED_MAX = 4096  # encoded verdicts kept (verdicts are shared values; few distinct ones)
+# id(verdict) -> (the verdict, its encoding). Keeping the verdict keeps its id from being
+# reused while the entry lives, and `is` confirms it: an identity lookup, cheaper than the
+# dataclass's hash of five fields. A verdict built per call (fields per key) just misses.
+_encoded: dict[int, tuple[Verdict, bytes]] = {}
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _framed(tag: int, payload: bytes) -> bytes:
+    """One length-delimited field (`tag` is its first byte): how a repeated message
+    field is encoded, so a response is its items' encodings joined."""
+    return bytes((tag,)) + _varint(len(payload)) + payload
+
+
+def _verdict_bytes(v: Verdict) -> bytes:
+    """AdmitResponse's field 1 holding `v`, memoised per verdict object."""
+    hit = _encoded.get(id(v))
+    if hit is not None and hit[0] is v:
+        return hit[1]
+    data = _framed(0x0A, pb.Verdict(**verdict_fields(v)).SerializeToString())
+    if len(_encoded) >= _ENCODED_MAX:
+        _encoded.clear()
+    _encoded[id(v)] = (v, data)
+    return data
+
+
+def encode_outcomes(outcomes: list[Outcome]) -> bytes:
+    """An AdmitResponse, one Verdict per outcome in order (an error one for a bad item)."""
+    parts = []
+    for o in outcomes:
+        if o.__class__ is str:
+            err = pb.Verdict(allowed=False, error=o).SerializeToString()  # type: ignore[arg-type]
+            parts.append(_framed(0x0A, err))
+        else:
+            parts.append(_verdict_bytes(o))  # type: ignore[arg-type]
+    return b"".join(parts)
+
+
+def _encode_acks(errors: list[str | None]) -> bytes:
+    resp = pb.RefundResponse()
+    for e in errors:
+        if e is None:
+            resp.acks.add(ok=True)
+        else:
+            resp.acks.add(ok=False, error=e)
+    data: bytes = resp.SerializeToString()
+    return data
+
+
+def _items(data: bytes, items_max: int) -> Iterator[Item]:
+    """The call's items (read as they are decided), or ValueError saying why the call as a
+    whole is refused: checked before the first item is read."""
+    try:
+        req = pb.AdmitRequest.FromString(data)
+    except DecodeError as exc:
+        raise ValueError(f"AdmitRequest: not a valid message ({exc})") from None
+    n = len(req.items)
+    if n > items_max:
+        raise ValueError(f"items: {n} in one call; at most {items_max} (split the batch)")
+    return _rows(req.items)
+
+
+def _rows(items: Iterable[pb.AdmitItem]) -> Iterator[Item]:
+    # Plain tuples in Item's order (a NamedTuple's constructor costs a call per item).
+    for it in items:
+        # amount 0 is "absent" unless it was sent (proto3 optional): absent means 1
+        amount = it.amount or (0 if it.HasField("amount") else 1)
+        ds = it.descriptors
+        yield (it.tenant, it.metric, amount, [(d.key, d.value) for d in ds] if ds else ())  # type: ignore[misc]
+
+
+class GrpcSidecar:
+    def __init__(
+        self,
+        decider: Decider,
+        config: SidecarConfig,
+        *,
+        tls: TlsConfig | None,
+        fleet_secrets: tuple[bytes, ...],
+    ) -> None:
+        assert config.grpc_listen is not None
+        self.listen = config.grpc_listen
+        self.config = config
+        self.decider = decider
+        needs = config.needs_auth(self.listen)
+        self.auth = BearerCheck(fleet_secrets, required=needs and bool(fleet_secrets))
+        # TLS where the address leaves the host and the node has it: the peer port's files
+        self.tls = tls if tls is not None and not is_loopback(self.listen) else None
+        self._server: aio.Server | None = None
+        self.calls = 0
+        self.refused = 0
+        self.address = ""
+
+    async def start(self) -> str:
+        limit = self.config.max_message_bytes
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = aio.server(options=options, maximum_concurrent_rpcs=self.config.concurrent_max)
+        rpc = {
+            "Admit": grpc.unary_unary_rpc_method_handler(self._admit),
+            "Charge": grpc.unary_unary_rpc_method_handler(self._charge),
+            "Refund": grpc.unary_unary_rpc_method_handler(self._refund),
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(ADMISSION_SERVICE, rpc),)
+        )
+        where = "sidecar.grpc_listen"
+        try:
+            probe_bind(self.listen, field=where, error=ConfigError)
+            if self.tls is not None:
+                port = server.add_secure_port(self.listen, server_credentials(self.tls))
+            else:
+                port = server.add_insecure_port(self.listen)
+        except ConfigError:
+            await server.stop(None)
+            raise
+        except RuntimeError as exc:
+            await server.stop(None)
+            raise ConfigError(
+                where, f"cannot serve on {self.listen}: the port is in use or not this host's"
+            ) from exc
+        await server.start()
+        self._server = server
+        host = self.listen.rpartition(":")[0]
+        self.address = f"{host}:{port}"
+        return self.address
+
+    async def stop(self, grace_s: float) -> None:
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None
+
+    # -- handlers -------------------------------------------------------------------------
+
+    async def _checked(
+        self, data: bytes, context: aio.ServicerContext[bytes, bytes]
+    ) -> Iterator[Item]:
+        self.calls += 1
+        if self.auth.required:
+            md = context.invocation_metadata() or ()
+            header = next((v for k, v in md if k == AUTH_HEADER), None)
+            why = self.auth(header)
+            if why is not None:
+                self.refused += 1
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+        try:
+            return _items(data, self.config.items_max)
+        except ValueError as exc:
+            self.refused += 1
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        raise AssertionError("unreachable: abort raises")
+
+    async def _admit(self, data: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
+        return encode_outcomes(self.decider.admit(await self._checked(data, context)))
+
+    async def _charge(self, data: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
+        items = await self._checked(data, context)
+        return encode_outcomes(self.decider.admit(items, charge=True))
+
+    async def _refund(self, data: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
+        return _encode_acks(self.decider.refund(await self._checked(data, context)))

@@ -1,0 +1,81 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Descriptor(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: str
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class AdmitItem(_message.Message):
+    __slots__ = ("tenant", "metric", "amount", "descriptors")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    AMOUNT_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    metric: str
+    amount: int
+    descriptors: _containers.RepeatedCompositeFieldContainer[Descriptor]
+    def __init__(self, tenant: _Optional[str] = ..., metric: _Optional[str] = ..., amount: _Optional[int] = ..., descriptors: _Optional[_Iterable[_Union[Descriptor, _Mapping]]] = ...) -> None: ...
+
+class AdmitRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[AdmitItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[AdmitItem, _Mapping]]] = ...) -> None: ...
+
+class Verdict(_message.Message):
+    __slots__ = ("allowed", "reason", "mode", "bound", "suspended", "limit", "step", "remaining", "retry_after_ms", "reset_after_ms", "stopped", "error")
+    ALLOWED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    SUSPENDED_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    RESET_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    allowed: bool
+    reason: str
+    mode: str
+    bound: str
+    suspended: str
+    limit: int
+    step: str
+    remaining: int
+    retry_after_ms: int
+    reset_after_ms: int
+    stopped: str
+    error: str
+    def __init__(self, allowed: _Optional[bool] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., bound: _Optional[str] = ..., suspended: _Optional[str] = ..., limit: _Optional[int] = ..., step: _Optional[str] = ..., remaining: _Optional[int] = ..., retry_after_ms: _Optional[int] = ..., reset_after_ms: _Optional[int] = ..., stopped: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
+class AdmitResponse(_message.Message):
+    __slots__ = ("verdicts",)
+    VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    verdicts: _containers.RepeatedCompositeFieldContainer[Verdict]
+    def __init__(self, verdicts: _Optional[_Iterable[_Union[Verdict, _Mapping]]] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("ok", "error")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    error: str
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class RefundResponse(_message.Message):
+    __slots__ = ("acks",)
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[Ack]
+    def __init__(self, acks: _Optional[_Iterable[_Union[Ack, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,181 @@
+"""The gRPC Admission service through a real channel on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from mesh.sidecar import admission_pb2 as pb
+from mesh.sidecar import verdict_fields
+from tests.mesh.sidecar._node import (
+    SECRET,
+    admit_call,
+    insecure,
+    item,
+    node,
+    node_config,
+    pairs,
+    wire_fields,
+)
+
+
+def _sequence() -> list[pb.AdmitItem]:
+    """Admissions past the burst, an amount over it, and a tenant without a policy."""
+    return [
+        *(item() for _ in range(4)),
+        item(amount=2),
+        item(amount=1),
+        item(amount=50),
+        item(tenant="nobody"),
+        item(metric="client_egress_bytes", amount=300),
+        item(metric="client_egress_bytes", amount=800),
+    ]
+
+
+def test_batch_admit_verdicts_equal_in_process_try_admit() -> None:
+    async def main() -> None:
+        seq = _sequence()
+        async with node(node_config()) as served, node(node_config()) as local:
+            async with insecure(served.sidecar_addresses["grpc"]) as ch:
+                resp = await admit_call(ch)(pb.AdmitRequest(items=seq))
+            want = [verdict_fields(local.try_admit(i.tenant, i.metric, i.amount or 1)) for i in seq]
+            assert [wire_fields(v) for v in resp.verdicts] == want
+            allowed = [v.allowed for v in resp.verdicts]
+            assert allowed == [True] * 4 + [False, True, False, False, True, False]
+            assert [v.HasField("error") for v in resp.verdicts] == [False] * len(seq)
+
+    asyncio.run(main())
+
+
+def test_charge_and_refund_round_trip() -> None:
+    async def main() -> None:
+        async with node(node_config()) as mesh:
+            async with insecure(mesh.sidecar_addresses["grpc"]) as ch:
+                charge, refund = admit_call(ch, "Charge"), admit_call(ch, "Refund")
+                egress = "client_egress_bytes"
+                r = await charge(pb.AdmitRequest(items=[item(metric=egress, amount=1000)]))
+                assert pairs(r) == [(True, "admitted")]
+                r = await charge(pb.AdmitRequest(items=[item(metric=egress, amount=1)]))
+                assert pairs(r) == [(False, "rate_limited")]
+                ack = await refund(pb.AdmitRequest(items=[item(metric=egress, amount=400)]))
+                assert [(a.ok, a.HasField("error")) for a in ack.acks] == [(True, False)]
+                r = await charge(pb.AdmitRequest(items=[item(metric=egress, amount=400)]))
+                assert pairs(r) == [(True, "admitted")]
+                # a refund for a tenant that never charged: its ack says so, nothing changes
+                ack = await refund(pb.AdmitRequest(items=[item(tenant="zed", metric=egress)]))
+                assert not ack.acks[0].ok and ack.acks[0].error.startswith("tenant: ")
+
+    asyncio.run(main())
+
+
+def test_bad_items_get_their_own_error_and_change_nothing() -> None:
+    async def main() -> None:
+        bad = [
+            item(tenant=""),
+            item(metric="read_lops"),
+            item(amount=0),
+            item(amount=-5),
+            item(tenant="t" * 300),
+            item(descriptors=[("path", "/a")]),
+        ]
+        async with node(node_config()) as mesh:
+            async with insecure(mesh.sidecar_addresses["grpc"]) as ch:
+                admit = admit_call(ch)
+                resp = await admit(pb.AdmitRequest(items=[*bad, item()]))
+                errors = [v.error for v in resp.verdicts[:-1]]
+                assert [e.split(":")[0] for e in errors] == [
+                    "tenant",
+                    "metric",
+                    "amount",
+                    "amount",
+                    "tenant",
+                    "descriptors",
+                ]
+                assert "unknown metric 'read_lops'" in errors[1]
+                assert "not supported by this node yet" in errors[5]
+                assert not any(v.allowed for v in resp.verdicts[:-1])
+                assert pairs(resp)[-1] == (True, "admitted")
+                # the bad items took nothing: the burst (5) has 4 left after the good one
+                resp = await admit(pb.AdmitRequest(items=[item() for _ in range(5)]))
+                assert [v.allowed for v in resp.verdicts] == [True] * 4 + [False]
+
+    asyncio.run(main())
+
+
+def test_malformed_and_oversized_calls_are_refused_whole() -> None:
+    async def main() -> None:
+        cfg = node_config({"grpc_listen": "127.0.0.1:0", "items_max": 10})
+        async with node(cfg) as mesh:
+            async with insecure(mesh.sidecar_addresses["grpc"]) as ch:
+                admit = admit_call(ch)
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await admit(pb.AdmitRequest(items=[item() for _ in range(11)]))
+                assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+                assert e.value.details() == "items: 11 in one call; at most 10 (split the batch)"
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await admit(b"\xff\xff\xff\xff garbage")
+                assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+                assert "AdmitRequest: not a valid message" in (e.value.details() or "")
+                # nothing was decided by either: the whole burst is still there
+                resp = await admit(pb.AdmitRequest(items=[item() for _ in range(6)]))
+                assert [v.allowed for v in resp.verdicts] == [True] * 5 + [False]
+
+    asyncio.run(main())
+
+
+def test_a_message_over_max_message_bytes_is_resource_exhausted() -> None:
+    async def main() -> None:
+        cfg = node_config({"grpc_listen": "127.0.0.1:0", "max_message_bytes": 2048})
+        async with node(cfg) as mesh:
+            async with insecure(mesh.sidecar_addresses["grpc"]) as ch:
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await admit_call(ch)(pb.AdmitRequest(items=[item("x" * 250)] * 20))
+                assert e.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    asyncio.run(main())
+
+
+def _secret_file(tmp_path: Path) -> str:
+    path = tmp_path / "fleet.secret"
+    path.write_text(SECRET + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:0", "0.0.0.0:0"])
+def test_auth_a_call_without_the_fleet_secret_is_unauthenticated(
+    tmp_path: Path, listen: str
+) -> None:
+    async def main() -> None:
+        cfg = node_config(
+            {"grpc_listen": listen, "require_auth": listen.startswith("127.")},
+            fleet_secret_file=_secret_file(tmp_path),
+            allow_plaintext=True,
+        )
+        async with node(cfg) as mesh:
+            port = mesh.sidecar_addresses["grpc"].rpartition(":")[2]
+            async with insecure(f"127.0.0.1:{port}") as ch:
+                admit = admit_call(ch)
+                req = pb.AdmitRequest(items=[item()])
+                for md, why in [
+                    ((), "authorization: required (Bearer <fleet secret>)"),
+                    ((("authorization", "Bearer wrong"),), "authorization: wrong token"),
+                    ((("authorization", SECRET),), "authorization: expected 'Bearer <fleet"),
+                ]:
+                    with pytest.raises(grpc.aio.AioRpcError) as e:
+                        await admit(req, metadata=md)
+                    assert e.value.code() is grpc.StatusCode.UNAUTHENTICATED
+                    assert (e.value.details() or "").startswith(why)
+                resp = await admit(req, metadata=(("authorization", f"Bearer {SECRET}"),))
+                assert pairs(resp) == [(True, "admitted")]
+                # the refused calls decided nothing: 4 of the burst of 5 are left
+                resp = await admit(
+                    pb.AdmitRequest(items=[item()] * 5),
+                    metadata=(("authorization", f"Bearer {SECRET}"),),
+                )
+                assert [v.allowed for v in resp.verdicts] == [True] * 4 + [False]
+
+    asyncio.run(main())

@@ -1,0 +1,107 @@
+"""The committed protobuf module is what admission.proto generates, and a Verdict's fields
+(the ones mesh.core.verdict has today and those it is gaining) reach the wire through the
+one function that converts it (`verdict_fields`)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mesh.core.policy import Mode
+from mesh.core.verdict import Reason, Suspension, verdict
+from mesh.sidecar import admission_pb2 as pb
+from mesh.sidecar import encode_outcomes, verdict_fields
+
+ROOT = Path(__file__).resolve().parents[3]
+GENERATED = ("mesh/sidecar/admission_pb2.py", "mesh/sidecar/admission_pb2.pyi")
+_VERSION = re.compile(r"^# Protobuf Python Version: (.*)$", re.M)
+
+
+def test_the_committed_module_is_what_the_proto_generates(tmp_path: Path) -> None:
+    pytest.importorskip("grpc_tools")
+    subprocess.run(
+        [
+            sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT}",
+            f"--python_out={tmp_path}", f"--pyi_out={tmp_path}",
+            str(ROOT / "mesh/sidecar/admission.proto"),
+        ],
+        check=True, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    fresh = (tmp_path / GENERATED[0]).read_text()
+    committed = (ROOT / GENERATED[0]).read_text()
+    # The message definitions: the serialized descriptor protoc embeds, byte for byte.
+    assert _descriptor(fresh) == _descriptor(committed) == pb.DESCRIPTOR.serialized_pb
+    # The text too, where this grpcio-tools is the one that generated the committed files
+    # (another version writes its own version line and runtime check).
+    if _VERSION.findall(fresh) == _VERSION.findall(committed):
+        for name in GENERATED:
+            assert (tmp_path / name).read_text() == (ROOT / name).read_text(), (
+                f"{name} is stale: regenerate it (docs/sidecar.md, 'Regenerating')"
+            )
+
+
+def _descriptor(source: str) -> bytes:
+    ns: dict[str, Any] = {}
+    start = source.index("AddSerializedFile(") + len("AddSerializedFile(")
+    end = source.index(")\n", start)
+    exec(f"blob = {source[start:end]}", ns)  # a bytes literal protoc wrote
+    blob = ns["blob"]
+    assert isinstance(blob, bytes)
+    return blob
+
+
+class _Richer:
+    """A verdict with the fields mesh.core.verdict is gaining (another branch): they must
+    reach the wire as soon as it has them."""
+
+    allowed = False
+    reason = Reason.RATE_LIMITED
+    mode = Mode.GLOBAL
+    bound = "excess<=N*b+R*d"
+    suspended = Suspension.SNAPSHOT_STALE
+    limit = 100
+    step = "1s"
+    remaining = 0
+    retry_after_ms = 250
+    reset_after_ms = 1000
+    stopped = "tenant"
+
+
+def test_verdict_fields_carries_todays_fields_and_the_coming_ones() -> None:
+    v = verdict(True, Reason.ADMITTED, Mode.LOCAL, "fleet<=N*limit")
+    assert verdict_fields(v) == {
+        "allowed": True,
+        "reason": "admitted",
+        "mode": "local",
+        "bound": "fleet<=N*limit",
+    }
+    fields = verdict_fields(_Richer())  # type: ignore[arg-type]
+    assert fields == {
+        "allowed": False,
+        "reason": "rate_limited",
+        "mode": "global",
+        "bound": "excess<=N*b+R*d",
+        "suspended": "snapshot_stale",
+        "limit": 100,
+        "step": "1s",
+        "remaining": 0,
+        "retry_after_ms": 250,
+        "reset_after_ms": 1000,
+        "stopped": "tenant",
+    }
+    # every key is a field of the wire message, and the encoded response decodes to them
+    resp = pb.AdmitResponse.FromString(encode_outcomes([_Richer(), v, "tenant: required"]))  # type: ignore[list-item]
+    first, second, third = resp.verdicts
+    assert first.remaining == 0 and first.HasField("remaining") and first.stopped == "tenant"
+    assert not second.HasField("remaining") and not second.HasField("suspended")
+    assert third.error == "tenant: required" and not third.allowed
+
+
+def test_policy_unknown_has_no_mode() -> None:
+    v = verdict(False, Reason.POLICY_UNKNOWN, None, "none", Suspension.POLICY_UNKNOWN)
+    assert verdict_fields(v)["mode"] == ""
