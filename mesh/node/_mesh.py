@@ -40,7 +40,7 @@ from mesh.core.admission import DEADLINE, STOPPED, CreditDesk
 from mesh.core.member import Member
 from mesh.core.policy import PolicyCache, TenantRatePolicy
 from mesh.core.ring import Ring
-from mesh.core.verdict import Verdict
+from mesh.core.verdict import Numbers, Verdict
 from mesh.errors import ConfigError
 from mesh.membership import EtcdMembership, MembershipSource
 from mesh.node._build import (
@@ -148,6 +148,47 @@ class Mesh:
             if self.count_decisions:
                 self._count(tenant, metric, v)
             return adm.detail(v, tenant, metric, amount)
+
+    def try_admit_numbers(
+        self, tenant: str, metric: str, amount: int = 1
+    ) -> tuple[Verdict, Numbers | None]:
+        """`try_admit_detailed` without building the detailed verdict: the shared verdict
+        and the view's numbers (None with no view). For an API that encodes both onto a
+        wire itself (the sidecar), so a batch item costs no Verdict of its own."""
+        d = self._driver
+        if d is None:
+            raise ConfigError("mesh", "not started: use `async with Mesh(...)` or .start()")
+        adm = d.member.admission
+        with self._lock or contextlib.nullcontext():
+            v = adm.try_admit(tenant, metric, amount)
+            if self.count_decisions:
+                self._count(tenant, metric, v)
+            return v, adm.numbers(v, tenant, metric, amount)
+
+    def try_admit_numbers_many(
+        self, rows: list[tuple[str, str, int]]
+    ) -> list[tuple[Verdict, Numbers | None] | ConfigError]:
+        """`try_admit_numbers` for each (tenant, metric, amount) in order, under one take of
+        the node's lock (a sidecar batch). A row the node refuses (an invalid metric name,
+        say) is its ConfigError in place of an answer; the rest are decided as usual."""
+        d = self._driver
+        if d is None:
+            raise ConfigError("mesh", "not started: use `async with Mesh(...)` or .start()")
+        adm = d.member.admission
+        admit, numbers = adm.try_admit, adm.numbers
+        count = self._count if self.count_decisions else None
+        out: list[tuple[Verdict, Numbers | None] | ConfigError] = []
+        with self._lock or contextlib.nullcontext():
+            for tenant, metric, amount in rows:
+                try:
+                    v = admit(tenant, metric, amount)
+                except ConfigError as exc:
+                    out.append(exc)
+                    continue
+                if count is not None:
+                    count(tenant, metric, v)
+                out.append((v, numbers(v, tenant, metric, amount)))
+        return out
 
     def _count_first(self, tenant: str, metric: str, v: Verdict) -> None:
         shared = v.shared()  # a detailed verdict counts as its shared equivalent

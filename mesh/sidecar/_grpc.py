@@ -20,12 +20,12 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from mesh.config import SidecarConfig, TlsConfig, is_loopback
-from mesh.core.verdict import Verdict
+from mesh.core.verdict import Numbers, Verdict
 from mesh.errors import ConfigError
 from mesh.peer import server_credentials
 from mesh.sidecar import admission_pb2 as pb
 from mesh.sidecar._auth import AUTH_HEADER, BearerCheck
-from mesh.sidecar._items import Decider, Item, Outcome, verdict_fields
+from mesh.sidecar._items import Decider, Item, Outcome, shared_fields
 from ratemesh.operator import probe_bind
 
 __all__ = ["ADMISSION_SERVICE", "GrpcSidecar", "encode_outcomes"]
@@ -39,7 +39,7 @@ _ENCODED_MAX = 4096  # encoded verdicts kept (verdicts are shared values; few di
 _encoded: dict[int, tuple[Verdict, bytes]] = {}
 
 
-def _varint(n: int) -> bytes:
+def _varint_of(n: int) -> bytes:
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -48,22 +48,55 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+# Varints below 2^14 (one or two bytes: lengths, remaining counts, waits in ms), made once.
+_SMALL_VARINTS = tuple(_varint_of(i) for i in range(1 << 14))
+
+
+def _varint(n: int) -> bytes:
+    """`n` (>= 0) as a protobuf varint."""
+    return _SMALL_VARINTS[n] if n < 16384 else _varint_of(n)
+
+
 def _framed(tag: int, payload: bytes) -> bytes:
     """One length-delimited field (`tag` is its first byte): how a repeated message
     field is encoded, so a response is its items' encodings joined."""
     return bytes((tag,)) + _varint(len(payload)) + payload
 
 
-def _verdict_bytes(v: Verdict) -> bytes:
-    """AdmitResponse's field 1 holding `v`, memoised per verdict object."""
+def _shared_bytes(v: Verdict) -> bytes:
+    """A shared verdict's fields 1-7 as the Verdict message encodes them, memoised per
+    verdict object (shared verdicts are interned: a small, bounded set)."""
     hit = _encoded.get(id(v))
     if hit is not None and hit[0] is v:
         return hit[1]
-    data = _framed(0x0A, pb.Verdict(**verdict_fields(v)).SerializeToString())
+    data: bytes = pb.Verdict(**shared_fields(v)).SerializeToString()
     if len(_encoded) >= _ENCODED_MAX:
         _encoded.clear()
     _encoded[id(v)] = (v, data)
     return data
+
+
+# The per-moment numbers' fields (8, 9, 10: int64, varint-encoded), by position in Numbers.
+_NUMBER_TAGS = (b"\x40", b"\x48", b"\x50")
+_INT64 = (1 << 64) - 1
+_NO_NUMBERS = Numbers(None, None, None)
+
+
+def _verdict_bytes(v: Verdict, n: Numbers | None) -> bytes:
+    """AdmitResponse's field 1 holding `v` with the numbers `n`: the memoised shared part
+    and the numbers appended as protobuf encodes them (fields in order, absent if None;
+    test_proto pins this to the generated encoder)."""
+    body = _shared_bytes(v)
+    if n is None:  # a detailed verdict carries its own
+        n = Numbers(v.remaining, v.retry_after_ms, v.reset_after_ms)
+    if n != _NO_NUMBERS:
+        parts = [body]
+        for tag, value in zip(_NUMBER_TAGS, n, strict=True):
+            if value is not None:
+                parts.append(tag)
+                parts.append(_varint(value & _INT64))
+        body = b"".join(parts)
+    return _framed(0x0A, body)
 
 
 def encode_outcomes(outcomes: list[Outcome]) -> bytes:
@@ -74,7 +107,7 @@ def encode_outcomes(outcomes: list[Outcome]) -> bytes:
             err = pb.Verdict(allowed=False, error=o).SerializeToString()  # type: ignore[arg-type]
             parts.append(_framed(0x0A, err))
         else:
-            parts.append(_verdict_bytes(o))  # type: ignore[arg-type]
+            parts.append(_verdict_bytes(*o))  # type: ignore[misc]
     return b"".join(parts)
 
 

@@ -123,7 +123,7 @@ class HttpApp:
             o = outcomes[0]
             if isinstance(o, str):
                 raise _BadRequest(400, o)
-            return 200, verdict_fields(o)
+            return 200, verdict_fields(*o)
         return 200, {"verdicts": [_outcome(o) for o in outcomes]}
 
     async def _body(self, receive: Receive) -> bytes:
@@ -194,7 +194,7 @@ def _item(doc: Any, where: str) -> Item:
 def _outcome(o: Outcome) -> dict[str, Any]:
     if isinstance(o, str):
         return {"allowed": False, "error": o}
-    return verdict_fields(o)
+    return verdict_fields(*o)
 
 
 def _ack(error: str) -> dict[str, Any]:

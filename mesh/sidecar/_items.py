@@ -1,48 +1,53 @@
 """What both front ends share: an item checked, decided against the node, and its verdict
 as the wire gives it (`verdict_fields`, the one place a Verdict becomes wire data).
 
-An item's mistake (empty tenant, unknown metric, amount <= 0, descriptors the node cannot
-use yet) is that item's answer, `error: "field: what was wrong"`, and is never an exception
-out of a batch: the rest of the batch is decided as usual. Nothing is decided for it.
+An item's mistake (empty tenant, unknown metric, amount <= 0, a bad descriptor) is that
+item's answer, `error: "field: what was wrong"`, and is never an exception out of a batch:
+the rest of the batch is decided as usual. Nothing is decided for it.
+
+Items are decided with `Mesh.try_admit_detailed`, so every verdict on the wire carries the
+numbers a caller acts on (`remaining`, `retry_after_ms`, `reset_after_ms`). A descriptor
+(one key=value pair under the tenant, docs/policies.md) narrows the tenant the way
+`mesh.descriptor_tenant` does in process.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from mesh.core.verdict import Verdict
+from mesh.core.verdict import Numbers, Verdict
 from mesh.errors import ConfigError
+from ratemesh.errors import RatemeshError
+from ratemesh.policy import descriptor_tenant
 
 __all__ = [
     "DESCRIPTORS_MAX",
     "NAME_MAX_CHARS",
     "AMOUNT_MAX",
     "Admitter",
+    "Decided",
     "Decider",
     "Item",
     "Outcome",
     "admit_items",
     "refund_items",
+    "shared_fields",
     "verdict_fields",
 ]
 
 NAME_MAX_CHARS = 256  # a tenant, metric or descriptor key/value; longer is refused per item
-DESCRIPTORS_MAX = 16  # (key, value) pairs on one item
+# (key, value) pairs on one item: one level under the tenant, as policies declare them.
+DESCRIPTORS_MAX = 1
 AMOUNT_MAX = (1 << 63) - 1  # int64, as the gRPC message carries it
-# The fields a Verdict may carry beyond (allowed, reason, mode, bound, suspended): read
-# with getattr so that they flow through as soon as mesh.core.verdict has them.
-_OPTIONAL = ("limit", "step", "remaining", "retry_after_ms", "reset_after_ms", "stopped")
-_INT_FIELDS = frozenset({"limit", "remaining", "retry_after_ms", "reset_after_ms"})
 
 
 class Admitter(Protocol):
-    """What the sidecar asks: `mesh.Mesh` (its hot path, on the node's loop)."""
+    """What the sidecar asks: `mesh.Mesh` (on the node's loop)."""
 
-    def try_admit(self, tenant: str, metric: str, amount: int = 1) -> Verdict: ...
-
-    def charge(self, tenant: str, metric: str, nbytes: int) -> Verdict: ...
+    def try_admit_numbers_many(
+        self, rows: list[tuple[str, str, int]]
+    ) -> list[tuple[Verdict, Numbers | None] | ConfigError]: ...
 
     def refund(self, tenant: str, metric: str, amount: int) -> None: ...
 
@@ -54,40 +59,47 @@ class Item(NamedTuple):
     descriptors: Sequence[tuple[Any, Any]] = ()
 
 
-# A decided item's Verdict, or why it was not decided ("field: what was wrong").
-Outcome = Verdict | str
+# A decided item's (shared verdict, its view's numbers), or why it was not decided
+# ("field: what was wrong"). Not a detailed Verdict: a batch item then costs no Verdict of
+# its own, and the shared part's encoding is memoised (mesh.sidecar._grpc).
+Decided = tuple[Verdict, Numbers | None]
+Outcome = Decided | str
 
 
-def verdict_fields(v: Verdict) -> dict[str, Any]:
-    """A Verdict as the wire carries it (the JSON body; the gRPC message's fields): absent
-    optional fields are left out."""
-    out: dict[str, Any] = {
-        "allowed": bool(v.allowed),
-        "reason": str(v.reason),
-        "mode": "" if v.mode is None else str(v.mode),
-        "bound": v.bound,
-    }
-    if v.suspended is not None:
-        out["suspended"] = str(v.suspended)
-    for name in _OPTIONAL:
-        value = getattr(v, name, None)
-        if value is None:
-            continue
-        if name in _INT_FIELDS:
-            out[name] = int(value)
-        else:
-            out[name] = value if isinstance(value, str) else str(value)
+def verdict_fields(v: Verdict, n: Numbers | None = None) -> dict[str, Any]:
+    """A Verdict, with the numbers `n` if given (else its own), as the wire carries it (the
+    JSON body; the gRPC message's fields): enums as their values, None fields left out
+    (proto3 `optional`: absent)."""
+    out = shared_fields(v)
+    if n is None:
+        n = Numbers(v.remaining, v.retry_after_ms, v.reset_after_ms)
+    if n.remaining is not None:
+        out["remaining"] = n.remaining
+    if n.retry_after_ms is not None:
+        out["retry_after_ms"] = n.retry_after_ms
+    if n.reset_after_ms is not None:
+        out["reset_after_ms"] = n.reset_after_ms
     return out
 
 
-def _takes_descriptors(admitter: Admitter) -> bool:
-    try:
-        return "descriptors" in inspect.signature(admitter.try_admit).parameters
-    except (TypeError, ValueError):
-        return False
+def shared_fields(v: Verdict) -> dict[str, Any]:
+    """The fields a shared verdict carries (all but the per-moment numbers)."""
+    out: dict[str, Any] = {
+        "allowed": v.allowed,
+        "reason": v.reason.value,
+        "mode": "" if v.mode is None else v.mode.value,
+        "bound": v.bound,
+    }
+    if v.suspended is not None:
+        out["suspended"] = v.suspended.value
+    if v.limit is not None:
+        out["limit"] = v.limit
+    if v.step is not None:
+        out["step"] = v.step.value
+    return out
 
 
-def _check(item: Item, descriptors_ok: bool) -> str | None:
+def _check(item: Item) -> str | None:
     """None if `item` may be decided; else "field: what was wrong". The node checks the
     rest (the metric's name, the tenant's type) and says so in a ConfigError."""
     t, m, a = item.tenant, item.metric, item.amount
@@ -106,13 +118,11 @@ def _check(item: Item, descriptors_ok: bool) -> str | None:
     if not 0 < a <= AMOUNT_MAX:
         return f"amount: must be > 0 (and < 2^63), got {a}"
     if item.descriptors:
-        if not descriptors_ok:
-            return (
-                "descriptors: not supported by this node yet (it admits by tenant and "
-                "metric); send the item without them"
-            )
         if len(item.descriptors) > DESCRIPTORS_MAX:
-            return f"descriptors: more than {DESCRIPTORS_MAX} pairs"
+            return (
+                f"descriptors: at most {DESCRIPTORS_MAX} (key, value) pair under the tenant, "
+                f"got {len(item.descriptors)}"
+            )
         for i, (k, val) in enumerate(item.descriptors):
             for what, s in (("key", k), ("value", val)):
                 if type(s) is not str or not s or len(s) > NAME_MAX_CHARS:
@@ -129,25 +139,33 @@ def _show(value: Any) -> str:
 
 
 class Decider:
-    """Decides items against one node; knows once whether the node takes descriptors."""
+    """Decides items against one node."""
 
     def __init__(self, admitter: Admitter) -> None:
         self.admitter = admitter
-        self.descriptors_ok = _takes_descriptors(admitter)
 
     def admit(self, items: Iterable[Item], *, charge: bool = False) -> list[Outcome]:
-        return admit_items(self.admitter, items, charge=charge, descriptors_ok=self.descriptors_ok)
+        """`charge` names the call (Charge pre-charges bytes or tokens); the decision is
+        the same one, `amount` units of the metric."""
+        return admit_items(self.admitter, items)
 
     def refund(self, items: Iterable[Item]) -> list[str | None]:
-        return refund_items(self.admitter, items, descriptors_ok=self.descriptors_ok)
+        return refund_items(self.admitter, items)
 
 
-def admit_items(
-    admitter: Admitter, items: Iterable[Item], *, charge: bool = False, descriptors_ok: bool
-) -> list[Outcome]:
-    """One Outcome per item, in order."""
-    call: Any = admitter.charge if charge else admitter.try_admit
-    out: list[Outcome] = []
+def _tenant(tenant: str, descriptors: Sequence[tuple[Any, Any]]) -> str:
+    """The RateKey tenant part: the tenant, narrowed by its descriptor if it has one."""
+    if not descriptors:
+        return tenant
+    return descriptor_tenant(tenant, tuple(descriptors[0]), field="descriptors[0]")
+
+
+def admit_items(admitter: Admitter, items: Iterable[Item]) -> list[Outcome]:
+    """One Outcome per item, in order: the items are checked here, and the valid ones
+    decided in one call to the node (one take of its lock for the batch)."""
+    out: list[Outcome | None] = []
+    rows: list[tuple[str, str, int]] = []
+    at: list[int] = []  # where each row's answer goes in `out`
     for t, m, a, ds in items:
         if (  # the common item, checked inline (the checks of `_check`, in one expression)
             ds
@@ -157,39 +175,35 @@ def admit_items(
             or not (0 < len(t) <= NAME_MAX_CHARS and 0 < len(m) <= NAME_MAX_CHARS)
             or not 0 < a <= AMOUNT_MAX
         ):
-            why = _check(Item(t, m, a, ds), descriptors_ok)
+            why = _check(Item(t, m, a, ds))
             if why is not None:
                 out.append(why)
                 continue
-        try:
             if ds:
-                v = call(t, m, a, descriptors=tuple(ds))
-            else:
-                v = call(t, m, a)
-        except ConfigError as exc:  # the node's own check of a name (e.g. an unknown metric)
-            out.append(str(exc))
-            continue
-        out.append(v)
-    return out
+                try:
+                    t = _tenant(t, ds)
+                except RatemeshError as exc:
+                    out.append(str(exc))
+                    continue
+        at.append(len(out))
+        out.append(None)
+        rows.append((t, m, a))
+    if rows:
+        for i, answer in zip(at, admitter.try_admit_numbers_many(rows), strict=True):
+            out[i] = str(answer) if isinstance(answer, ConfigError) else answer
+    return out  # type: ignore[return-value]  # every None was filled in
 
 
-def refund_items(
-    admitter: Admitter, items: Iterable[Item], *, descriptors_ok: bool
-) -> list[str | None]:
+def refund_items(admitter: Admitter, items: Iterable[Item]) -> list[str | None]:
     """None per item refunded, else why not (nothing was refunded for it)."""
     out: list[str | None] = []
     for row in items:
         item = Item(*row)
-        why = _check(item, descriptors_ok)
+        why = _check(item)
         if why is None:
             try:
-                if item.descriptors:
-                    admitter.refund(  # type: ignore[call-arg]
-                        item.tenant, item.metric, item.amount, descriptors=tuple(item.descriptors)
-                    )
-                else:
-                    admitter.refund(item.tenant, item.metric, item.amount)
-            except ConfigError as exc:
+                admitter.refund(_tenant(item.tenant, item.descriptors), item.metric, item.amount)
+            except (ConfigError, RatemeshError) as exc:
                 why = str(exc)
         out.append(why)
     return out

@@ -33,7 +33,7 @@ class AdmitRequest(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[AdmitItem, _Mapping]]] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("allowed", "reason", "mode", "bound", "suspended", "limit", "step", "remaining", "retry_after_ms", "reset_after_ms", "stopped", "error")
+    __slots__ = ("allowed", "reason", "mode", "bound", "suspended", "limit", "step", "remaining", "retry_after_ms", "reset_after_ms", "error")
     ALLOWED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -44,7 +44,6 @@ class Verdict(_message.Message):
     REMAINING_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     RESET_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
-    STOPPED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     allowed: bool
     reason: str
@@ -56,9 +55,8 @@ class Verdict(_message.Message):
     remaining: int
     retry_after_ms: int
     reset_after_ms: int
-    stopped: str
     error: str
-    def __init__(self, allowed: _Optional[bool] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., bound: _Optional[str] = ..., suspended: _Optional[str] = ..., limit: _Optional[int] = ..., step: _Optional[str] = ..., remaining: _Optional[int] = ..., retry_after_ms: _Optional[int] = ..., reset_after_ms: _Optional[int] = ..., stopped: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+    def __init__(self, allowed: _Optional[bool] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., bound: _Optional[str] = ..., suspended: _Optional[str] = ..., limit: _Optional[int] = ..., step: _Optional[str] = ..., remaining: _Optional[int] = ..., retry_after_ms: _Optional[int] = ..., reset_after_ms: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
     __slots__ = ("verdicts",)

@@ -18,9 +18,9 @@ from mesh.core.config import CoreConfig
 from mesh.core.gate import Gate
 from mesh.core.policy import BOUNDS, Mode, PolicyCache, TenantRatePolicy
 from mesh.core.reporter import GlobalGate, Reporter
-from mesh.core.verdict import STOPPED, Reason, Step, Suspension, Verdict, verdict
+from mesh.core.verdict import STOPPED, Numbers, Reason, Step, Suspension, Verdict, verdict
 from mesh.errors import ConfigError, ConfigTypeError
-from ratemesh.policy import METRICS_MAX, check_metric
+from ratemesh.policy import DESCRIPTOR_SEP, METRICS_MAX, check_metric
 
 __all__ = ["Admission", "UNKNOWN", "QUEUE_FULL", "DEADLINE", "STOPPED"]
 
@@ -127,16 +127,31 @@ class Admission:
         self, v: Verdict, tenant: str, metric: str, amount: int, now_ns: int | None = None
     ) -> Verdict:
         """`v`, a verdict just given for (`tenant`, `metric`, `amount`), with its view's
-        numbers (`Gate.numbers`). With no view (no policy, stopped) there are none to give:
-        `v` itself, whose `retry_after_ms` None says waiting cannot help. So does a
-        `too_large` amount's."""
+        numbers (`numbers`). With no view (no policy, stopped) there are none to give:
+        `v` itself, whose `retry_after_ms` None says waiting cannot help."""
+        seen = self._view_numbers(v, tenant, metric, amount, now_ns)
+        return v if seen is None else v.with_numbers(seen[1], seen[0].ok.limit)
+
+    def numbers(
+        self, v: Verdict, tenant: str, metric: str, amount: int, now_ns: int | None = None
+    ) -> Numbers | None:
+        """What `detail` adds to a fresh verdict, for callers that put it on a wire without
+        building one (the sidecar): the view's numbers, or None with no view."""
+        seen = self._view_numbers(v, tenant, metric, amount, now_ns)
+        return None if seen is None else seen[1]
+
+    def _view_numbers(
+        self, v: Verdict, tenant: str, metric: str, amount: int, now_ns: int | None
+    ) -> tuple[Gate, Numbers] | None:
+        """`Gate.numbers` of the view that gave `v`; a `too_large` amount's retry is None
+        (waiting cannot help)."""
         g = None if self.stopped or v.reason is Reason.POLICY_UNKNOWN else self.gate(tenant, metric)
         if g is None:
-            return v
+            return None
         n = g.numbers(amount, v.allowed, self._now_ns if now_ns is None else now_ns)
         if v.reason is Reason.TOO_LARGE:
             n = n._replace(retry_after_ms=None)
-        return v.with_numbers(n, g.ok.limit)
+        return g, n
 
     def charge(self, tenant: str, metric: str, nbytes: int) -> Verdict:
         """Pre-charge a transfer chunk before it is sent (byte metrics)."""
@@ -156,6 +171,9 @@ class Admission:
             v = None
         if v is None:
             check_metric(metric, error=ConfigError)  # a bad name says so; checked on a miss only
+            base = self._spends_as(tenant, metric)
+            if base is not None:  # a descriptor charged on its tenant's key
+                return self.refund(base, metric, amount)
             raise ConfigError("tenant", f"{tenant!r} has no charge on {metric} to refund")
         if isinstance(v, StrictGate):
             # The mesh's charge goes back; spent credit does not (a unit taken from a block
@@ -195,6 +213,10 @@ class Admission:
         policy = self.policies.current(tenant, m)
         if policy is None:
             return UNKNOWN
+        if policy.tenant_id != tenant:
+            # A descriptor with no policy of its own spends from its tenant's limit, on the
+            # tenant's key and view (docs/policies.md, resolution step 4): no view of its own.
+            return self.try_admit(policy.tenant_id, m, amount)
         if self.gate_count >= self.config.views_max:
             self.evict_idle()
         by_tenant = self._gates.get(m)
@@ -318,7 +340,23 @@ class Admission:
             self._swept = 0
 
     def gate(self, tenant: str, metric: str) -> Gate | None:
-        return self._gates.get(check_metric(metric, error=ConfigError), {}).get(tenant)
+        """The view `tenant` is decided by: its own, or (a descriptor without a policy of its
+        own) its tenant's."""
+        m = check_metric(metric, error=ConfigError)
+        v = self._gates.get(m, _NONE).get(tenant)
+        if v is None:
+            base = self._spends_as(tenant, m)
+            if base is not None:
+                v = self._gates.get(m, _NONE).get(base)
+        return v
+
+    def _spends_as(self, tenant: str, metric: str) -> str | None:
+        """The tenant whose key a descriptor tenant part spends from when it has no policy
+        of its own; None for any other."""
+        if DESCRIPTOR_SEP not in tenant:
+            return None
+        policy = self.policies.current(tenant, metric)
+        return None if policy is None or policy.tenant_id == tenant else policy.tenant_id
 
     def gates(self) -> list[Gate]:
         return [v for m in sorted(self._gates) for _, v in sorted(self._gates[m].items())]

@@ -135,3 +135,10 @@ def test_a_descriptor_is_its_own_key_and_falls_back_to_the_tenant() -> None:
     assert a.try_admit(search, "requests").allowed  # no policy of its own: the tenant's
     fallback = a.gate(search, "requests")
     assert fallback is not None and fallback.policy.rate_key == REQ.rate_key
+    # ...and the same view as the tenant's: one bucket, one refund path.
+    assert fallback is a.gate("acme", "requests")
+    before = fallback.avail
+    assert a.try_admit(search, "requests").allowed and fallback.avail == before - 1
+    a.refund(search, "requests", 1)
+    assert fallback.avail == before
+    assert a.gate_count == 2  # the upload route's view and the tenant's; none for /search

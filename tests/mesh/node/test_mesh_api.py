@@ -102,4 +102,6 @@ def test_mesh_methods() -> None:
         "stop",
         "try_admit",
         "try_admit_detailed",
+        "try_admit_numbers",
+        "try_admit_numbers_many",
     ]

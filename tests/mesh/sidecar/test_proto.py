@@ -1,9 +1,9 @@
-"""The committed protobuf module is what admission.proto generates, and a Verdict's fields
-(the ones mesh.core.verdict has today and those it is gaining) reach the wire through the
-one function that converts it (`verdict_fields`)."""
+"""The committed protobuf module is what admission.proto generates, and every field of a
+Verdict reaches the wire through the one function that converts it (`verdict_fields`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mesh.core.policy import Mode
-from mesh.core.verdict import Reason, Suspension, verdict
+from mesh.core.verdict import _INTERNED, Numbers, Reason, Step, Suspension, Verdict, verdict
 from mesh.sidecar import admission_pb2 as pb
 from mesh.sidecar import encode_outcomes, verdict_fields
 
@@ -55,24 +57,7 @@ def _descriptor(source: str) -> bytes:
     return blob
 
 
-class _Richer:
-    """A verdict with the fields mesh.core.verdict is gaining (another branch): they must
-    reach the wire as soon as it has them."""
-
-    allowed = False
-    reason = Reason.RATE_LIMITED
-    mode = Mode.GLOBAL
-    bound = "excess<=N*b+R*d"
-    suspended = Suspension.SNAPSHOT_STALE
-    limit = 100
-    step = "1s"
-    remaining = 0
-    retry_after_ms = 250
-    reset_after_ms = 1000
-    stopped = "tenant"
-
-
-def test_verdict_fields_carries_todays_fields_and_the_coming_ones() -> None:
+def test_verdict_fields_carries_every_field_a_verdict_has() -> None:
     v = verdict(True, Reason.ADMITTED, Mode.LOCAL, "fleet<=N*limit")
     assert verdict_fields(v) == {
         "allowed": True,
@@ -80,26 +65,63 @@ def test_verdict_fields_carries_todays_fields_and_the_coming_ones() -> None:
         "mode": "local",
         "bound": "fleet<=N*limit",
     }
-    fields = verdict_fields(_Richer())  # type: ignore[arg-type]
-    assert fields == {
+    rich = Verdict(
+        False,
+        Reason.RATE_LIMITED,
+        Mode.GLOBAL,
+        "excess<=N*b+R*d",
+        Suspension.SNAPSHOT_STALE,
+        limit=100,
+        step=Step.MESH,
+        remaining=0,
+        retry_after_ms=250,
+        reset_after_ms=1000,
+    )
+    assert verdict_fields(rich) == {
         "allowed": False,
         "reason": "rate_limited",
         "mode": "global",
         "bound": "excess<=N*b+R*d",
         "suspended": "snapshot_stale",
         "limit": 100,
-        "step": "1s",
+        "step": "mesh",
         "remaining": 0,
         "retry_after_ms": 250,
         "reset_after_ms": 1000,
-        "stopped": "tenant",
     }
     # every key is a field of the wire message, and the encoded response decodes to them
-    resp = pb.AdmitResponse.FromString(encode_outcomes([_Richer(), v, "tenant: required"]))  # type: ignore[list-item]
+    resp = pb.AdmitResponse.FromString(
+        encode_outcomes([(rich, None), (v, None), "tenant: required"])
+    )
     first, second, third = resp.verdicts
-    assert first.remaining == 0 and first.HasField("remaining") and first.stopped == "tenant"
+    assert first.remaining == 0 and first.HasField("remaining") and first.step == "mesh"
     assert not second.HasField("remaining") and not second.HasField("suspended")
     assert third.error == "tenant: required" and not third.allowed
+    # and every Verdict field has its place on the wire (none is dropped silently)
+    wire = {f.name for f in pb.Verdict.DESCRIPTOR.fields} - {"error"}
+    assert wire == {f.name for f in dataclasses.fields(Verdict)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([v for v in _INTERNED.values()] or [verdict(True, Reason.ADMITTED, None, "b")]),
+    st.one_of(st.none(), st.integers(-(1 << 63), (1 << 63) - 1)),
+    st.one_of(st.none(), st.integers(0, (1 << 63) - 1)),
+    st.one_of(st.none(), st.integers(-(1 << 63), (1 << 63) - 1)),
+)
+def test_the_hand_encoded_numbers_are_what_protobuf_encodes(
+    v: Verdict, remaining: int | None, retry: int | None, reset: int | None
+) -> None:
+    """`_verdict_bytes` appends the numbers to a memoised shared part by hand: pinned to the
+    generated encoder of the whole message."""
+    n = Numbers(remaining, retry, reset)
+    want = pb.Verdict(**verdict_fields(v, n)).SerializeToString()
+    got = pb.AdmitResponse.FromString(encode_outcomes([(v, n)])).verdicts[0]
+    assert got.SerializeToString() == want
+    assert (
+        encode_outcomes([(v, n)])
+        == pb.AdmitResponse(verdicts=[pb.Verdict.FromString(want)]).SerializeToString()
+    )
 
 
 def test_policy_unknown_has_no_mode() -> None:
