@@ -10,19 +10,25 @@
       max_message_bytes: 4194304    # one gRPC message or HTTP body
       concurrent_max: 256           # calls (gRPC) / connections (HTTP) served at once
 
-Auth is the peer port's: a listen address that is not loopback (or `require_auth`) needs
-the fleet secret, sent as `authorization: Bearer <secret>` (gRPC metadata or HTTP header),
-or mutual TLS (`tls.require_client_cert`: a client certificate from the fleet's CA); a
-node with neither refuses to start. With `tls` set, a non-loopback sidecar serves TLS.
+      token_file: /etc/ratemesh/sidecar-token   # the callers' bearer token (or token_env)
+
+A listen address that is not loopback (or `require_auth`) needs a bearer token, sent as
+`authorization: Bearer <token>` (gRPC metadata or HTTP header), or mutual TLS
+(`tls.require_client_cert`: a client certificate from the fleet's CA); a node with neither
+refuses to start. The token is the sidecar's own (`token_file` / `token_env`), so the
+workers that call it never hold the peer port's credential; without one it is the fleet
+secret, which also lets its holder speak to peers as a member. With `tls` set, a
+non-loopback sidecar serves TLS.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mesh.core._validate import check_bool, check_int, check_str
 from mesh.errors import ConfigError, ConfigTypeError
+from ratemesh.apikey import read_api_key
 from ratemesh.checks import check_address, check_keys, is_loopback
 
 __all__ = [
@@ -44,6 +50,8 @@ _KEYS = {
     "items_max",
     "max_message_bytes",
     "concurrent_max",
+    "token_file",
+    "token_env",
 }
 
 
@@ -55,6 +63,7 @@ class SidecarConfig:
     items_max: int = SIDECAR_ITEMS_MAX
     max_message_bytes: int = SIDECAR_MESSAGE_BYTES_MAX
     concurrent_max: int = SIDECAR_CONCURRENT_MAX
+    tokens: tuple[bytes, ...] = field(default=(), repr=False)  # token_file / token_env
 
     def listens(self) -> list[tuple[str, str]]:
         """(field, address) for each address the sidecar binds."""
@@ -90,6 +99,14 @@ def parse_sidecar(data: Any) -> SidecarConfig:
         kw["concurrent_max"] = check_int(
             "sidecar.concurrent_max", data["concurrent_max"], minimum=1, maximum=100_000
         )
+    if data.get("token_file") is not None or data.get("token_env") is not None:
+        token = read_api_key(
+            file=None if data.get("token_file") is None else str(data["token_file"]),
+            env=None if data.get("token_env") is None else str(data["token_env"]),
+            where="sidecar.token",
+            error=ConfigError,
+        )
+        kw["tokens"] = (token.encode(),)
     return SidecarConfig(**kw)
 
 
@@ -102,12 +119,12 @@ def check_sidecar_auth(
         if not sc.needs_auth(addr):
             continue
         loopback = is_loopback(addr)
-        if not fleet_secret and not (mtls and not loopback):
+        if not fleet_secret and not sc.tokens and not (mtls and not loopback):
             why = "require_auth is true" if loopback else f"{addr} is not a loopback address"
             raise ConfigError(
                 where,
-                f"{why}: the sidecar needs the peer port's credentials; set fleet_secret_file "
-                "(or fleet_secret_env: callers send it as a bearer token)"
+                f"{why}: the sidecar needs its callers' credentials; set sidecar.token_file "
+                "(or sidecar.token_env, or the fleet secret: callers send it as a bearer token)"
                 + ("" if loopback else ", or tls with require_client_cert"),
             )
         if not loopback and not tls and not allow_plaintext:

@@ -73,17 +73,17 @@ class Sidecar:
         try:
             if sc.grpc_listen:
                 self.grpc = GrpcSidecar(
-                    self.decider, sc, tls=cfg.tls, fleet_secrets=cfg.fleet_secrets_accepted
+                    self.decider, sc, tls=cfg.tls, fleet_secrets=_tokens(cfg)
                 )
                 self.grpc_address = await self.grpc.start()
             if sc.http_listen:
-                needs = sc.needs_auth(sc.http_listen) and bool(cfg.fleet_secrets_accepted)
+                needs = sc.needs_auth(sc.http_listen) and bool(_tokens(cfg))
                 app = HttpApp(
                     self.routes,
                     self.decider,
                     items_max=sc.items_max,
                     body_max_bytes=sc.max_message_bytes,
-                    auth=BearerCheck(cfg.fleet_secrets_accepted, required=needs),
+                    auth=BearerCheck(_tokens(cfg), required=needs),
                 )
                 tls = cfg.tls if cfg.tls is not None and not is_loopback(sc.http_listen) else None
                 self.http = HttpServer(
@@ -120,6 +120,11 @@ class Sidecar:
             if server is not None:
                 await server.stop()
         self.http = self.telemetry = None
+
+
+def _tokens(cfg: NodeConfig) -> tuple[bytes, ...]:
+    """The bearer tokens callers may send: the sidecar's own, else the fleet secrets."""
+    return cfg.sidecar.tokens or cfg.fleet_secrets_accepted
 
 
 def _same(a: str, b: str | None) -> bool:

@@ -1,5 +1,5 @@
-"""The sidecar's caller check: the fleet secret as a bearer token (the peer port's
-credential, docs/sidecar.md). Mutual TLS, where configured, is checked by the handshake
+"""The sidecar's caller check: a bearer token (the sidecar's own `token_file`, else the
+fleet secret; docs/sidecar.md). Mutual TLS, where configured, is checked by the handshake
 before a call is read."""
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ class BearerCheck:
         if not self.required:
             return None
         if header is None:
-            return f"{AUTH_HEADER}: required (Bearer <fleet secret>)"
+            return f"{AUTH_HEADER}: required (Bearer <token>)"
         if isinstance(header, bytes):
             header = header.decode("latin-1")
         if len(header) > _TOKEN_MAX_CHARS or not header.startswith(_PREFIX):
-            return f"{AUTH_HEADER}: expected 'Bearer <fleet secret>'"
+            return f"{AUTH_HEADER}: expected 'Bearer <token>'"
         token = header[len(_PREFIX) :].strip().encode("latin-1", "replace")
         # every secret compared, whichever matches: no timing tells which one did
         if not any([hmac.compare_digest(token, s) for s in self.secrets]):

@@ -39,7 +39,7 @@ def test_loopback_needs_no_credentials() -> None:
     ("sidecar", "field", "says"),
     [
         ({"grpc_listen": "0.0.0.0:7002"}, "sidecar.grpc_listen", "not a loopback address"),
-        ({"http_listen": "10.0.0.5:80"}, "sidecar.http_listen", "set fleet_secret_file"),
+        ({"http_listen": "10.0.0.5:80"}, "sidecar.http_listen", "set sidecar.token_file"),
         ({"grpc_listen": "[::1]:1", "require_auth": True}, "sidecar.grpc_listen", "require_auth"),
         ({"grpc_listen": "nope"}, "sidecar.grpc_listen", ""),
         ({"grpc_listen": "127.0.0.1:1", "items_max": 0}, "sidecar.items_max", ""),

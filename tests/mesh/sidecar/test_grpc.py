@@ -193,9 +193,9 @@ def test_auth_a_call_without_the_fleet_secret_is_unauthenticated(
                 admit = admit_call(ch)
                 req = pb.AdmitRequest(items=[item()])
                 for md, why in [
-                    ((), "authorization: required (Bearer <fleet secret>)"),
+                    ((), "authorization: required (Bearer <token>)"),
                     ((("authorization", "Bearer wrong"),), "authorization: wrong token"),
-                    ((("authorization", SECRET),), "authorization: expected 'Bearer <fleet"),
+                    ((("authorization", SECRET),), "authorization: expected 'Bearer <token>'"),
                 ]:
                     with pytest.raises(grpc.aio.AioRpcError) as e:
                         await admit(req, metadata=md)
@@ -211,3 +211,46 @@ def test_auth_a_call_without_the_fleet_secret_is_unauthenticated(
                 assert [v.allowed for v in resp.verdicts] == [True] * 4 + [False]
 
     asyncio.run(main())
+
+
+def test_the_sidecars_own_token_replaces_the_fleet_secret(tmp_path: Path) -> None:
+    """With `sidecar.token_file` callers send that token, and the fleet secret (the peer
+    port's credential, which workers then need not hold) is refused here."""
+    token = tmp_path / "sidecar.token"
+    token.write_text("worker-token-0123456789\n")
+
+    async def main() -> None:
+        cfg = node_config(
+            {"grpc_listen": "0.0.0.0:0", "token_file": str(token)},
+            fleet_secret_file=_secret_file(tmp_path),
+            allow_plaintext=True,
+        )
+        async with node(cfg) as mesh:
+            port = mesh.sidecar_addresses["grpc"].rpartition(":")[2]
+            async with insecure(f"127.0.0.1:{port}") as ch:
+                admit = admit_call(ch)
+                req = pb.AdmitRequest(items=[item()])
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await admit(req, metadata=(("authorization", f"Bearer {SECRET}"),))
+                assert e.value.code() is grpc.StatusCode.UNAUTHENTICATED
+                md = (("authorization", "Bearer worker-token-0123456789"),)
+                assert pairs(await admit(req, metadata=md)) == [(True, "admitted")]
+
+    asyncio.run(main())
+
+
+def test_a_token_alone_lets_an_exposed_sidecar_start_and_a_missing_file_is_one_line(
+    tmp_path: Path,
+) -> None:
+    from mesh.config import parse_config
+    from mesh.errors import ConfigError
+
+    token = tmp_path / "t"
+    token.write_text("tok-0123456789\n")
+    side = {"grpc_listen": "0.0.0.0:7002", "token_file": str(token)}
+    cfg = parse_config({"sidecar": side, "allow_plaintext": True})
+    assert cfg.sidecar.tokens == (b"tok-0123456789",)
+    with pytest.raises(ConfigError) as e:
+        parse_config({"sidecar": {**side, "token_file": str(tmp_path / "none")}})
+    assert e.value.field == "sidecar.token_file" and "cannot read" in str(e.value)
+    assert "\n" not in str(e.value)
