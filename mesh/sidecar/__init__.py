@@ -72,9 +72,7 @@ class Sidecar:
         drain_s = cfg.shutdown_drain_ms / 1000
         try:
             if sc.grpc_listen:
-                self.grpc = GrpcSidecar(
-                    self.decider, sc, tls=cfg.tls, fleet_secrets=_tokens(cfg)
-                )
+                self.grpc = GrpcSidecar(self.decider, sc, tls=cfg.tls, fleet_secrets=_tokens(cfg))
                 self.grpc_address = await self.grpc.start()
             if sc.http_listen:
                 needs = sc.needs_auth(sc.http_listen) and bool(_tokens(cfg))
