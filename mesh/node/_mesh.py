@@ -139,15 +139,8 @@ class Mesh:
         view's numbers as of the node's last tick: `remaining`, `retry_after_ms` (0 when
         allowed; None when waiting cannot help), `reset_after_ms` (docs/api.md). The one
         call for an API in front of the mesh; `Verdict.to_dict()` is its JSON shape."""
-        d = self._driver
-        if d is None:
-            raise ConfigError("mesh", "not started: use `async with Mesh(...)` or .start()")
-        adm = d.member.admission
-        with self._lock or contextlib.nullcontext():
-            v = adm.try_admit(tenant, metric, amount)
-            if self.count_decisions:
-                self._count(tenant, metric, v)
-            return adm.detail(v, tenant, metric, amount)
+        v, n = self.try_admit_numbers(tenant, metric, amount)
+        return v if n is None else v.with_numbers(n)
 
     def try_admit_numbers(
         self, tenant: str, metric: str, amount: int = 1
