@@ -14,15 +14,36 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh.core.admission import Admission
+from mesh.core.admission import Admission, CreditDesk, StrictGate
+from mesh.core.effects import ReserveCredit
 from mesh.core.gcra import NS_PER_S
+from mesh.core.member import Member
 from mesh.core.policy import Mode, PolicyCache, TenantRatePolicy
+from mesh.core.ring import Ring
 from mesh.core.verdict import Reason
 from mesh.testing.fleet import MemoryFleet, Offered, drive
+from ratemesh.credit import CreditConfig
 from ratemesh.rates import PERIODS_S
 
 MS = 1_000_000
-PER_MINUTE = TenantRatePolicy("acme", "requests", 1, "5000/minute", 10, 5, mode=Mode.LOCAL)
+
+
+def rated(rate: int | str, burst: int, cap: int, mode: Mode = Mode.GLOBAL) -> TenantRatePolicy:
+    """acme/requests at `rate` (text as in a policy file), through `from_dict`."""
+    return TenantRatePolicy.from_dict(
+        {
+            "tenant_id": "acme",
+            "metric": "requests",
+            "generation": 1,
+            "target_rate": rate,
+            "global_burst": burst,
+            "local_burst_cap": cap,
+            "mode": mode.value,
+        }
+    )
+
+
+PER_MINUTE = rated("5000/minute", 10, 5, Mode.LOCAL)
 
 
 def drain(a: Admission, tenant: str = "acme", metric: str = "requests") -> int:
@@ -47,7 +68,7 @@ def test_the_policy_keeps_sub_units_and_writes_back_what_was_written() -> None:
 
 def test_a_whole_rate_per_second_is_the_policy_it_was() -> None:
     for rate in (100, "100", "100/second", "6000/minute"):
-        p = TenantRatePolicy("acme", "requests", 1, rate, 10, 5)
+        p = rated(rate, 10, 5)
         assert p.scale == 1 and p.target_rate == 100
         assert p.to_dict() == {
             "tenant_id": "acme",
@@ -105,18 +126,19 @@ def test_admitted_never_exceeds_the_rate_and_the_burst_and_reaches_it(
     count: int, n: int, unit: str, burst: int, gaps: list[int], offered: int
 ) -> None:
     """Over [0, T] a local limit admits at most count*T/period + burst, and exactly that
-    (rounded down) when demand always exceeds it and no tick gap overfills the bucket."""
+    (rounded down) when demand always exceeds it and no tick gap overfills the bucket: a
+    gap that refills at most burst - 1 units (what is left after a drain is under one)."""
     text = f"{count}/{n}{unit}"
-    p = TenantRatePolicy("acme", "requests", 1, text, burst, 1, mode=Mode.LOCAL)
+    p = rated(text, burst, 1, Mode.LOCAL)
     rate = Fraction(count) / (PERIODS_S[unit] * n)  # units per second
-    fill_ns = burst / rate * NS_PER_S  # time from empty to full
+    span_ns = max(1, burst - 1) / rate * NS_PER_S  # refills burst - 1 units
     a = Admission(PolicyCache([p]), 0)
     admitted = drain(a)
     t = 0
     overfilled = False
-    for g in gaps:  # a gap is a fraction (per mille) of the fill time, or of 3 fill times
-        gap = max(1, int(fill_ns * g * (1 + 2 * (offered == 0)) / 1000))
-        overfilled |= gap > fill_ns
+    for g in gaps:  # a gap is a fraction (per mille) of the span, or of 3 spans
+        gap = max(1, int(span_ns * g * (1 + 2 * (offered == 0)) / 1000))
+        overfilled |= gap * rate / NS_PER_S > burst - 1
         t += gap
         a.tick(t)
         admitted += drain(a)
@@ -141,7 +163,7 @@ def test_5000_per_minute_through_a_two_member_fleet() -> None:
     Over 120 s at 300/s offered the fleet admits 10,000 (the ideal meter's count without
     the burst it starts with, the owners' conservative start) within N*b + R*d: 83 or 84 a
     second would be 40 or 80 off."""
-    p = TenantRatePolicy("acme", "requests", 1, "5000/minute", 50, 10)
+    p = rated("5000/minute", 50, 10)
     f = MemoryFleet(["w0", "w1"], PolicyCache([p]), seed=5)
     f.run_until(NS_PER_S // 5)  # owners past their conservative start
     d = Offered("acme", 300, metric="requests")
@@ -152,3 +174,25 @@ def test_5000_per_minute_through_a_two_member_fleet() -> None:
     assert abs(d.admitted - 10_000) <= envelope, d.report()
     owner = f.members[f.ring.owner_of(p.rate_key)].owner
     assert p.rate_key in owner.applied
+
+
+def test_strict_spends_scale_sub_units_of_credit_a_unit() -> None:
+    """governord meters the policy in sub-units, so its blocks are sub-units: a unit
+    admitted spends `scale` of them, off the inline fast path (amount_max 0)."""
+    now = [0]
+    desk = CreditDesk(lambda: now[0], CreditConfig())
+    p = rated("5000/minute", 100, 20, Mode.STRICT)
+    m = Member("w", 1, Ring(["w"], 1), PolicyCache([p]), 0, credit=desk)
+    assert m.admission.try_admit("acme", "requests").reason is Reason.NO_CREDIT
+    assert m.credit is not None
+    (ask,) = [e for e in m.credit.take() if isinstance(e, ReserveCredit)]
+    m.credit.granted(ask, 1, 31, 1_000)  # 31 sub-units: 10 units and a third
+    g = m.admission.gate("acme", "requests")
+    assert isinstance(g, StrictGate) and g.amount_max == 0
+    front = g.front
+    assert front is not None
+    room = min(front.avail, 10)
+    admitted = sum(m.admission.try_admit("acme", "requests").allowed for _ in range(room))
+    assert admitted == room and g.admitted_now() == room
+    assert g.holder.held(0) == 31 - 3 * room
+    assert front.pending == room  # the mesh's view is charged in units
