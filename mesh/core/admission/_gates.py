@@ -31,7 +31,7 @@ class LocalGate(Gate):
         super().__init__(policy, sink)
         self.n_live = n_live
         self.meter = Gcra(
-            share_of(policy.target_rate, n_live), share_of(policy.global_burst, n_live), now_ns
+            share_of(policy.target_rate, n_live), _burst_share(policy, n_live), now_ns
         )
         self.avail = self.meter.burst // self.scale
         self.settled_ns = now_ns
@@ -53,7 +53,7 @@ class LocalGate(Gate):
         self.n_live = 1 if stale else n_live
         p = self.policy
         self.meter.retune(
-            share_of(p.target_rate, self.n_live), share_of(p.global_burst, self.n_live), now_ns
+            share_of(p.target_rate, self.n_live), _burst_share(p, self.n_live), now_ns
         )
         self.avail = self.meter.remaining(now_ns) // self.scale
         if stale:
@@ -77,6 +77,12 @@ class LocalGate(Gate):
             need = amount * scale
             retry = None if need > m.burst else max(1, ms_ceil(m.wait_ns(at, need)))
         return Numbers(max(self.avail, 0), retry, ms_ceil(m.ahead_ns(at)))
+
+
+def _burst_share(policy: TenantRatePolicy, n_live: int) -> int:
+    """ceil(B / N) in whole units, in sub-units (`Gate`): a share can always take a unit,
+    as it can with scale 1 (where this is share_of(B, N))."""
+    return share_of(policy.burst_units, n_live) * policy.scale
 
 
 class FixedGate(Gate):

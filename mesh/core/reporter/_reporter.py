@@ -134,8 +134,10 @@ class Reporter:
 
     def bootstrap_allowance(self, policy: TenantRatePolicy) -> int:
         """A small first allowance for a key with no snapshot: ceil(b / N_live), so a fleet
-        that meets a key at once spends about b in all, not N times the global burst."""
-        return -(-policy.local_burst_cap // self._n_live())
+        that meets a key at once spends about b in all, not N times the global burst. In
+        whole units (times `scale` in sub-units), so a view never boots unable to admit one."""
+        scale = policy.scale
+        return -(-(policy.local_burst_cap // scale) // self._n_live()) * scale
 
     def _n_live(self) -> int:
         return max(1, len(self.ring)) * self.config.bootstrap_divisor
