@@ -196,3 +196,24 @@ def test_strict_spends_scale_sub_units_of_credit_a_unit() -> None:
     assert admitted == room and g.admitted_now() == room
     assert g.holder.held(0) == 31 - 3 * room
     assert front.pending == room  # the mesh's view is charged in units
+
+
+@given(
+    count=st.integers(1, 10**6),
+    n=st.integers(1, 10**4),
+    unit=st.sampled_from(["ms", "s", "minute", "h", "d"]),
+    burst=st.integers(1, 10**4),
+    cap=st.integers(1, 100),
+)
+def test_the_text_form_round_trips_to_the_same_policy(
+    count: int, n: int, unit: str, burst: int, cap: int
+) -> None:
+    p = rated(f"{count}/{n}{unit}", burst, cap)
+    rate = Fraction(count) / (PERIODS_S[unit] * n)
+    assert Fraction(p.target_rate, p.scale) == rate and p.scale == rate.denominator
+    assert (p.burst_units, p.local_burst_cap) == (burst, cap * p.scale)
+    d = p.to_dict()
+    assert TenantRatePolicy.from_dict(d) == p
+    assert (d["global_burst"], d["local_burst_cap"]) == (burst, cap)
+    if p.scale == 1:
+        assert d["target_rate"] == p.target_rate  # an integer, as before issue 14
