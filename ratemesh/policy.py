@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from ratemesh.checks import check_bool, check_choice, check_int, check_str, rename
+from ratemesh.checks import INT_MAX, check_bool, check_choice, check_int, check_str, rename
 from ratemesh.errors import ConfigError, RatemeshError
-from ratemesh.rates import parse_amount, parse_rate
+from ratemesh.rates import parse_amount, parse_rate, rate_text
 
 __all__ = [
     "DEFAULT_TENANT",
@@ -223,7 +223,17 @@ class TenantRatePolicy:
     `target_rate` is R in the metric's units per second, `global_burst` is B, and
     `local_burst_cap` is b, the most one worker may spend ahead of its owner's view; each
     may be given as text (`"5000/minute"`, `"1MiB"`: `ratemesh.rates`) and is kept as an
-    integer. `unit` defaults from the metric's name. `tenant_id` is the RateKey's tenant
+    integer.
+
+    A rate that is not a whole number per second (`"5000/minute"`, 250/3 per second) is
+    metered exactly in sub-units: `scale` sub-units make one unit (the rate's denominator,
+    `ratemesh.rates.parse_rate`), and `target_rate`, `global_burst` and `local_burst_cap`
+    are kept in sub-units (250 per second, bursts times 3), so the owner, the wire,
+    governord and the sim meter an ordinary integer policy. Only the admission views convert
+    (a unit admitted costs `scale` sub-units; docs/policies.md). A rate given as text fixes
+    `scale` and its bursts are read in units; `scale` given (a copy, a stored record) means
+    every number is already in sub-units. A whole rate per second has scale 1 and is what it
+    was before. `unit` defaults from the metric's name. `tenant_id` is the RateKey's tenant
     part: with a descriptor it is `descriptor_tenant(tenant, descriptor)`; `tenant` and
     `descriptor` read it back, and a `descriptor=` argument is folded into it.
     """
@@ -238,17 +248,14 @@ class TenantRatePolicy:
     mode: Mode = Mode.GLOBAL
     unit: Unit = None  # type: ignore[assignment]  # None: the name's (default_unit)
     descriptor: Descriptor | None = None
+    scale: int = None  # type: ignore[assignment]  # None: from target_rate (parse_rate)
     _key: RateKey = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_str("tenant_id", self.tenant_id)
         object.__setattr__(self, "metric", check_metric(self.metric))
         check_int("generation", self.generation, minimum=1)
-        object.__setattr__(self, "target_rate", parse_rate("target_rate", self.target_rate))
-        object.__setattr__(self, "global_burst", parse_amount("global_burst", self.global_burst))
-        object.__setattr__(
-            self, "local_burst_cap", parse_amount("local_burst_cap", self.local_burst_cap)
-        )
+        self._set_numbers()
         check_bool("enabled", self.enabled)
         object.__setattr__(self, "mode", _mode(self.mode))
         unit = default_unit(self.metric) if self.unit is None else _unit(self.unit)
@@ -265,6 +272,45 @@ class TenantRatePolicy:
         object.__setattr__(self, "descriptor", split_tenant(tenant)[1])
         # Built once: views and owners key dicts by it, and each copy would cost memory.
         object.__setattr__(self, "_key", RateKey(self.tenant_id, self.metric, self.generation))
+
+    def _set_numbers(self) -> None:
+        """target_rate, the bursts and scale as integers in sub-units (the class docstring)."""
+        rate = parse_rate("target_rate", self.target_rate)
+        burst = parse_amount("global_burst", self.global_burst)
+        cap = parse_amount("local_burst_cap", self.local_burst_cap)
+        if self.scale is None:
+            scale = rate.denominator
+            sub_rate = rate.numerator
+        else:
+            scale = check_int("scale", self.scale, minimum=1)
+            if rate.denominator != 1:
+                raise ConfigError(
+                    "target_rate", "must be whole sub-units per second when scale is given"
+                )
+            for name, n in (("global_burst", burst), ("local_burst_cap", cap)):
+                if n % scale:
+                    raise ConfigError(name, f"{n} sub-units must be a multiple of scale {scale}")
+            burst //= scale
+            cap //= scale
+            sub_rate = int(rate)
+        for name, n in (("global_burst", burst), ("local_burst_cap", cap)):
+            if n * scale > INT_MAX:
+                raise ConfigError(name, f"{n} x scale {scale} must be <= {INT_MAX}")
+        object.__setattr__(self, "target_rate", sub_rate)
+        object.__setattr__(self, "global_burst", burst * scale)
+        object.__setattr__(self, "local_burst_cap", cap * scale)
+        object.__setattr__(self, "scale", scale)
+
+    @property
+    def limit_per_s(self) -> int:
+        """The rate in units per second, rounded down: a verdict's `limit` (0 for a rate
+        below one a second, such as "1/minute")."""
+        return self.target_rate // self.scale
+
+    @property
+    def burst_units(self) -> int:
+        """`global_burst` in units: the largest amount one admission may ask for."""
+        return self.global_burst // self.scale
 
     @property
     def rate_key(self) -> RateKey:
@@ -289,6 +335,7 @@ class TenantRatePolicy:
             self.enabled,
             self.mode,
             self.unit,
+            scale=self.scale,
         )
 
     def values(self) -> tuple[object, ...]:
@@ -301,12 +348,15 @@ class TenantRatePolicy:
             self.enabled,
             self.mode,
             self.unit,
+            self.scale,
         )
 
     def to_dict(self) -> dict[str, Any]:
         """The mapping `from_dict` reads. `unit` and `descriptor` appear only when they say
         something (a unit other than the name's default, a descriptor), so a seed-004
-        policy's mapping is what it was before issue 14 and older peers still read it."""
+        policy's mapping is what it was before issue 14 and older peers still read it. A
+        rate with scale > 1 is written as text (`rate_text`, "5000/minute") and its bursts
+        in units: what the operator wrote, read back to the same policy."""
         tenant, desc = split_tenant(self.tenant_id)
         out: dict[str, Any] = {
             "tenant_id": tenant,
@@ -318,6 +368,10 @@ class TenantRatePolicy:
             "enabled": self.enabled,
             "mode": self.mode.value,
         }
+        if self.scale != 1:
+            out["target_rate"] = rate_text(self.target_rate, self.scale)
+            out["global_burst"] = self.burst_units
+            out["local_burst_cap"] = self.local_burst_cap // self.scale
         if self.unit is not default_unit(self.metric):
             out["unit"] = self.unit.value
         if desc is not None:

@@ -15,11 +15,12 @@ Grammar (whitespace around the parts is ignored, letters are case-sensitive):
             | h | hour
             | d | day
 
-The mesh and governord meter whole units per second in exact integer arithmetic (the GCRA
-scales time by R, shares take ceil(R/N), escrow floors, plausibility bounds and credit
-blocks are all integers per second). A rate is therefore kept as an integer per second, and
-one that is not a whole number per second (`"5000/minute"` is 83.33/s) is refused with the
-exact value and the two nearest rates that are, never truncated: see docs/policies.md.
+A rate is exact: `parse_rate` gives units per second as a reduced Fraction, and
+`"5000/minute"` is 250/3 per second, never truncated. The mesh and governord meter in exact
+integer arithmetic per second, so a policy keeps such a rate as `scale` sub-units per unit
+(the Fraction's denominator, 1 for a whole rate per second) and an integer rate of sub-units
+per second (its numerator): see `ratemesh.policy.TenantRatePolicy` and docs/policies.md.
+`rate_text` writes a (rate, scale) pair back as text `parse_rate` reads to the same pair.
 An amount must come out a whole number of units (`"1.5k"` is 1500; `"1.5"` is refused).
 """
 
@@ -32,7 +33,7 @@ from typing import Any
 from ratemesh.checks import INT_MAX, check_int
 from ratemesh.errors import ConfigError, RatemeshError
 
-__all__ = ["PERIODS_S", "SIZES", "parse_amount", "parse_rate", "format_rate"]
+__all__ = ["PERIODS_S", "SIZES", "parse_amount", "parse_rate", "format_rate", "rate_text"]
 
 SIZES: dict[str, int] = {
     "": 1,
@@ -69,15 +70,17 @@ def parse_amount(
 
 def parse_rate(
     field: str, value: Any, *, minimum: int = 1, error: type[RatemeshError] = ConfigError
-) -> int:
-    """An integer (per second), or text `amount/period`, as whole units per second."""
+) -> Fraction:
+    """An integer (per second), or text `amount/period`, as exact units per second: a reduced
+    Fraction whose numerator and denominator are each at most INT_MAX. `minimum` bounds a
+    rate given as an integer or per second; a rate per period must be above zero."""
     if type(value) is not str:
-        return check_int(field, value, minimum=minimum, error=error)
+        return Fraction(check_int(field, value, minimum=minimum, error=error))
     text = _text(field, value, error)
     amount_text, slash, period_text = text.partition("/")
     if not slash:
         per_s = _amount(field, text, text, error)  # "100" or "1MiB": per second
-        return _bounded(field, per_s, minimum, error, _q(text))
+        return Fraction(_bounded(field, per_s, minimum, error, _q(text)))
     amount = _number(field, amount_text, text, error)
     period = period_text.strip()
     if not period:
@@ -89,15 +92,27 @@ def parse_rate(
     if length_s == 0:
         raise error(field, f"{_q(text)}: the period must be longer than zero")
     exact = amount / length_s
-    if exact.denominator != 1:
-        low, high = int(exact), int(exact) + 1
-        near = [f"{format_rate(n, period)} ({n}/second)" for n in (low, high) if n >= minimum]
-        raise error(
-            field,
-            f"{_q(text)} is {float(exact):.6g} per second, not a whole number; rates are "
-            f"metered in whole units per second, so write {' or '.join(near)}",
-        )
-    return _bounded(field, int(exact), minimum, error, _q(text))
+    if exact.denominator == 1:
+        return Fraction(_bounded(field, int(exact), minimum, error, _q(text)))
+    if exact <= 0:
+        raise error(field, f"{_q(text)} must be above zero")
+    _bounded(field, exact.numerator, 1, error, _q(text))
+    if exact.denominator > INT_MAX:
+        raise error(field, f"{_q(text)}: the period is too long for its amount")
+    return exact
+
+
+def rate_text(rate: int, scale: int = 1) -> str:
+    """`rate`/`scale` units per second as text `parse_rate` reads back exactly: the smallest
+    period of second, minute, hour, day that holds a whole number of units ("5000/minute"),
+    else a count of seconds ("250/7s"); a whole rate per second stays "N/second"."""
+    for name, length in _NAMED_S:
+        if length % scale == 0:
+            return f"{rate * (length // scale)}/{name}"
+    return f"{rate}/{scale}s"  # a period of `scale` seconds: parse_rate's own input shape
+
+
+_NAMED_S = (("second", 1), ("minute", 60), ("hour", 3600), ("day", 86400))
 
 
 def format_rate(per_s: int, period: str = "second") -> str:
@@ -111,7 +126,7 @@ def format_rate(per_s: int, period: str = "second") -> str:
 
 def _split_period(period: str) -> tuple[int, str]:
     """'10s' is ten seconds, 'minute' one minute."""
-    m = re.fullmatch(r"(\d{0,6})\s*([A-Za-z]*)", period.strip())
+    m = re.fullmatch(r"(\d{0,12})\s*([A-Za-z]*)", period.strip())
     if m is None:
         return 1, period.strip()
     digits, unit = m.groups()

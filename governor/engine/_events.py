@@ -261,6 +261,9 @@ class PolicyPut:
     mode: Mode
     # Issue 14: records from before it carry none and get the name's (default_unit).
     unit: Unit | None = None
+    # Sub-units per unit of a rate not whole per second (`TenantRatePolicy.scale`; the
+    # three numbers above are then in sub-units). None for 1: every record before it.
+    scale: int | None = None
 
     def __post_init__(self) -> None:
         check_metric(self.metric)  # an open name (issue 14), still one rule: a bad one

@@ -93,6 +93,7 @@ class PoliciesMixin(_Core):
                 p.enabled,
                 p.mode,
                 p.unit,
+                None if p.scale == 1 else p.scale,
             )
         )
         stored = self._state.policies.keys[scope].current

@@ -72,6 +72,7 @@ def policy_of(e: ev.PolicyPut) -> TenantRatePolicy:
         e.enabled,
         e.mode,
         e.unit or default_unit(e.metric),
+        scale=1 if e.scale is None else e.scale,
     )
 
 
@@ -167,8 +168,10 @@ def _dump_record(r: PolicyRecord) -> list[Any]:
             p.local_burst_cap,
             p.enabled,
             p.mode.value,
-            # The unit only when it is not the name's (issue 14): older snapshots have five.
-            *([] if p.unit is default_unit(p.metric) else [p.unit.value]),
+            # The unit only when it is not the name's or a scale follows (issue 14): older
+            # snapshots have five; the scale only when it is not 1 (sub-units, as stored).
+            *([] if p.unit is default_unit(p.metric) and p.scale == 1 else [p.unit.value]),
+            *([] if p.scale == 1 else [p.scale]),
         ]
     )
     return [r.generation, r.at_ms, values]
@@ -179,6 +182,7 @@ def _load_record(scope: Scope, raw: list[Any]) -> PolicyRecord:
     if values is None:
         return PolicyRecord(int(generation), int(at_ms), None)
     rate, burst, cap, enabled, mode, *unit = values
+    scale = unit[1] if len(unit) > 1 else 1
     policy = TenantRatePolicy(
         scope[0],
         scope[1],
@@ -189,5 +193,6 @@ def _load_record(scope: Scope, raw: list[Any]) -> PolicyRecord:
         enabled,
         Mode(mode),
         Unit(unit[0]) if unit else default_unit(scope[1]),
+        scale=scale,
     )
     return PolicyRecord(int(generation), int(at_ms), policy)

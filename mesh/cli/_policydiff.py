@@ -85,9 +85,11 @@ def _plain(v: Any) -> Any:
 
 
 def policy_values(p: TenantRatePolicy) -> str:
-    """The values as a line; the unit only when it is not the metric name's default."""
+    """The values as a line; the unit only when it is not the metric name's default. As
+    written (`to_dict`): a rate not whole per second as text, its bursts in units."""
     keys = _VALUES if p.unit is not default_unit(p.metric) else _BASE_VALUES
-    return ", ".join(f"{k} {_plain(getattr(p, k))}" for k in keys)
+    written = p.to_dict()
+    return ", ".join(f"{k} {_plain(written.get(k, getattr(p, k)))}" for k in keys)
 
 
 def compute_diff(

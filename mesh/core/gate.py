@@ -5,6 +5,13 @@
 view's `sink` is told (a mode's bookkeeping happens there, off the hot path). Mode-specific
 state lives in subclasses, and so does each one's `numbers` (a detailed verdict's
 remaining / retry_after_ms / reset_after_ms): one formula per gate type, with its state.
+
+`avail`, `pending` and `denied` are in the caller's units. A policy whose rate is not whole
+per second meters `scale` sub-units per unit (`TenantRatePolicy.scale`): its meters,
+allowances and reports are in sub-units, and this is the one boundary that converts, so the
+hot path stays what it was. A gate keeps `avail` as whole units (sub-units // scale, rounded
+down: never more than is there) and multiplies `pending` and `denied` by `scale` where they
+leave the view (a settle, a report); with scale 1 both are the identity.
 """
 
 from __future__ import annotations
@@ -27,10 +34,22 @@ STEPS: dict[Mode, Step] = {
 
 
 class Gate:
-    __slots__ = ("avail", "pending", "denied", "flush_at", "sink", "ok", "no", "policy", "marked")
+    __slots__ = (
+        "avail",
+        "pending",
+        "denied",
+        "flush_at",
+        "sink",
+        "ok",
+        "no",
+        "policy",
+        "marked",
+        "scale",
+    )
 
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[Gate], None]) -> None:
         self.policy = policy
+        self.scale = policy.scale  # sub-units per unit (1: a whole rate per second)
         self.avail = 0
         self.pending = 0
         self.denied = 0
@@ -49,11 +68,11 @@ class Gate:
         step: Step | None = None,
     ) -> None:
         """Swap the shared verdicts when the view's condition changes (off the hot path).
-        They carry the policy's target_rate as `limit` unless not `limited` (disabled), and
-        `step` or else the mode's (STEPS)."""
+        They carry the policy's rate in units per second (`limit_per_s`) as `limit` unless
+        not `limited` (disabled), and `step` or else the mode's (STEPS)."""
         p = self.policy
         mode: Mode = p.mode
-        rate = p.target_rate if limited else None
+        rate = p.limit_per_s if limited else None
         s = STEPS[mode] if step is None else step
         self.ok = verdict(True, Reason.ADMITTED, mode, bound, suspended, limit=rate, step=s)
         self.no = verdict(False, deny_reason, mode, bound, suspended, limit=rate, step=s)

@@ -65,7 +65,8 @@ def node_stats(driver: NodeDriver) -> NodeStats:
         # This worker's unacknowledged use, as if every member ran as far ahead, plus what
         # the owner admits while reports are in flight.
         est = n_live * min(v.unacked, p.local_burst_cap) + p.target_rate * d_s
-        s.excess[scope] = (round(est, 3), round(bound, 3))
+        # Both in sub-units (`TenantRatePolicy.scale`): reported in units.
+        s.excess[scope] = (round(est / p.scale, 3), round(bound / p.scale, 3))
     return s
 
 
@@ -92,15 +93,16 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             "mode": p.mode.value,
             "bound": bound,
             "suspended": susp,
-            "target_rate": p.target_rate,
-            "global_burst": p.global_burst,
-            "local_burst_cap": p.local_burst_cap,
         }
+        # As written (a rate not whole per second as text, its bursts in units; to_dict).
+        written = p.to_dict()
+        for name in ("target_rate", "global_burst", "local_burst_cap"):
+            entry[name] = written[name]
         if p.mode is Mode.STRICT and isinstance(v, StrictGate):
             entry["credit_held"] = held.get(v.key, 0)  # units spendable now, from live blocks
         if p.mode is Mode.GLOBAL:
             entry["envelope"] = round(
-                len(m.ring) * p.local_burst_cap + p.target_rate * d_ms / 1000, 3
+                (len(m.ring) * p.local_burst_cap + p.target_rate * d_ms / 1000) / p.scale, 3
             )
             if isinstance(v, GlobalGate):
                 entry["view"] = v.state.value
@@ -195,7 +197,7 @@ def _credit_held(desk: CreditDesk | None) -> dict[RateKey, int]:
     if desk is None:
         return {}
     now_ms = desk.now_ms()
-    return {key: g.holder.held(now_ms) for key, g in desk.gates.items()}
+    return {key: g.holder.held(now_ms) // g.scale for key, g in desk.gates.items()}
 
 
 def _first(item: tuple[Any, Any]) -> Any:

@@ -241,6 +241,7 @@ class Offered:
         self.ideal = 0
         self.max_excess = 0
         self.meter: Gcra | None = None
+        self.scale = 1  # the policy's sub-units per unit
 
     def report(self) -> dict[str, Any]:
         return {
@@ -265,6 +266,7 @@ def drive(fleet: MemoryFleet, demand: list[Offered], until_ns: int, *, step_ns: 
                 policy = fleet.policies.current(d.tenant, d.metric)  # type: ignore[arg-type]
                 assert policy is not None, f"no policy for {d.tenant}"
                 d.meter = Gcra(policy.target_rate, policy.global_burst, t)
+                d.scale = policy.scale  # the ideal meter is in sub-units too
             per_step = d.per_s * step_ns / NS_PER_S / len(workers)
             for w in workers:
                 c = carry.get((d.tenant, w), 0.0) + per_step * (0.5 + fleet.rng.random())
@@ -273,6 +275,6 @@ def drive(fleet: MemoryFleet, demand: list[Offered], until_ns: int, *, step_ns: 
                 for _ in range(n):
                     d.offered += 1
                     d.admitted += fleet.try_admit(w, d.tenant, d.metric).allowed
-                    d.ideal += d.meter.try_take(t, 1)
+                    d.ideal += d.meter.try_take(t, d.scale)
             if d.admitted - d.ideal > d.max_excess:
                 d.max_excess = d.admitted - d.ideal

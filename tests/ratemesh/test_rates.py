@@ -3,12 +3,15 @@ field and quote the text."""
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ratemesh.errors import ConfigError, ConfigTypeError
-from ratemesh.rates import format_rate, parse_amount, parse_rate
+from ratemesh.rates import PERIODS_S, format_rate, parse_amount, parse_rate, rate_text
 
 
 @pytest.mark.parametrize(
@@ -47,6 +50,37 @@ def test_good_rates(text: Any, per_s: int) -> None:
 
 
 @pytest.mark.parametrize(
+    "text, exact, back",
+    [
+        ("5000/minute", Fraction(250, 3), "5000/minute"),
+        ("1/hour", Fraction(1, 3600), "1/hour"),
+        ("1.5/s", Fraction(3, 2), "90/minute"),
+        ("7/13s", Fraction(7, 13), "7/13s"),
+        ("1/day", Fraction(1, 86400), "1/day"),
+        ("2/1500ms", Fraction(4, 3), "80/minute"),
+        ("1/30d", Fraction(1, 2592000), "1/2592000s"),
+    ],
+)
+def test_rates_not_whole_per_second_are_exact(text: str, exact: Fraction, back: str) -> None:
+    """Issue 14: no longer refused; the exact rate, and text that reads back to it."""
+    got = parse_rate("target_rate", text)
+    assert got == exact
+    assert rate_text(got.numerator, got.denominator) == back
+    assert parse_rate("target_rate", back) == exact
+
+
+@given(
+    st.integers(1, 10**9),
+    st.integers(1, 999_999),
+    st.sampled_from(["ms", "s", "minute", "h", "d"]),
+)
+def test_rate_text_reads_back(count: int, n: int, unit: str) -> None:
+    exact = Fraction(count) / (PERIODS_S[unit] * n)
+    assert parse_rate("r", f"{count}/{n}{unit}") == exact
+    assert parse_rate("r", rate_text(exact.numerator, exact.denominator)) == exact
+
+
+@pytest.mark.parametrize(
     "text, problem",
     [
         (
@@ -54,22 +88,6 @@ def test_good_rates(text: Any, per_s: int) -> None:
             '"100/fortnight": unknown period "fortnight"; use second, minute, hour or day',
         ),
         ("100/", "\"100/\": missing period after '/'; use second, minute, hour or day"),
-        (
-            "5000/minute",
-            '"5000/minute" is 83.3333 per second, not a whole number; rates are metered in '
-            'whole units per second, so write "4980/minute" (83/second) or "5040/minute" '
-            "(84/second)",
-        ),
-        (
-            "1/hour",
-            '"1/hour" is 0.000277778 per second, not a whole number; rates are metered in '
-            'whole units per second, so write "3600/hour" (1/second)',
-        ),
-        (
-            "1.5/s",
-            '"1.5/s" is 1.5 per second, not a whole number; rates are metered in whole '
-            'units per second, so write "1/s" (1/second) or "2/s" (2/second)',
-        ),
         ("1XiB/s", '"1XiB/s": unknown size "XiB"; use k, M, G (decimal) or KiB, MiB, GiB (binary)'),
         ("lots/s", '"lots/s": expected a number with an optional size, such as 100 or 1MiB'),
         ("-5/s", '"-5/s": expected a number with an optional size, such as 100 or 1MiB'),

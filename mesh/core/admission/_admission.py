@@ -191,7 +191,7 @@ class Admission:
 
     def _deny(self, v: Gate, amount: int) -> Verdict:
         _check_amount(amount)
-        if amount > v.policy.global_burst and v.avail < amount:
+        if amount > v.policy.burst_units and v.avail < amount:
             no = v.no
             return verdict(
                 False, Reason.TOO_LARGE, v.policy.mode, no.bound, limit=no.limit, step=no.step

@@ -31,20 +31,21 @@ class LocalGate(Gate):
         super().__init__(policy, sink)
         self.n_live = n_live
         self.meter = Gcra(
-            share_of(policy.target_rate, n_live), share_of(policy.global_burst, n_live), now_ns
+            share_of(policy.target_rate, n_live), _burst_share(policy, n_live), now_ns
         )
-        self.avail = self.meter.burst
+        self.avail = self.meter.burst // self.scale
         self.settled_ns = now_ns
 
     def settle(self, now_ns: int) -> bool:
         """Charge what was admitted since the last tick and refill. True if now full."""
         if self.pending:
-            self.meter.apply(self.settled_ns, self.pending)
+            self.meter.apply(self.settled_ns, self.pending * self.scale)
             self.pending = 0
         self.settled_ns = now_ns
         self.denied = 0
-        self.avail = self.meter.remaining(now_ns)
-        return self.avail >= self.meter.burst
+        left = self.meter.remaining(now_ns)
+        self.avail = left // self.scale
+        return left >= self.meter.burst
 
     def resize(self, n_live: int, stale: bool, now_ns: int) -> None:
         """Membership changed (share mode): re-split the limit; stale membership => N=1."""
@@ -52,9 +53,9 @@ class LocalGate(Gate):
         self.n_live = 1 if stale else n_live
         p = self.policy
         self.meter.retune(
-            share_of(p.target_rate, self.n_live), share_of(p.global_burst, self.n_live), now_ns
+            share_of(p.target_rate, self.n_live), _burst_share(p, self.n_live), now_ns
         )
-        self.avail = self.meter.remaining(now_ns)
+        self.avail = self.meter.remaining(now_ns) // self.scale
         if stale:
             self.set_verdicts(BOUNDS["share_stale"], Suspension.MEMBERSHIP_STALE)
         else:
@@ -67,13 +68,21 @@ class LocalGate(Gate):
         `reset_after_ms` until the meter is full. Refill shows up at the next tick, so a
         denial whose refill is already due says 1 ms."""
         m = self.meter.copy()
+        scale = self.scale
         if self.pending:
-            m.apply(self.settled_ns, self.pending)
+            m.apply(self.settled_ns, self.pending * scale)
         at = now_ns if now_ns > self.settled_ns else self.settled_ns
         retry: int | None = 0
         if not allowed:
-            retry = None if amount > m.burst else max(1, ms_ceil(m.wait_ns(at, amount)))
+            need = amount * scale
+            retry = None if need > m.burst else max(1, ms_ceil(m.wait_ns(at, need)))
         return Numbers(max(self.avail, 0), retry, ms_ceil(m.ahead_ns(at)))
+
+
+def _burst_share(policy: TenantRatePolicy, n_live: int) -> int:
+    """ceil(B / N) in whole units, in sub-units (`Gate`): a share can always take a unit,
+    as it can with scale 1 (where this is share_of(B, N))."""
+    return share_of(policy.burst_units, n_live) * policy.scale
 
 
 class FixedGate(Gate):

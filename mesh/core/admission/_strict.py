@@ -97,7 +97,7 @@ class StrictGate(Gate):
             Mode.STRICT,
             STRICT_BOUND,
             Suspension.GOVERNOR_UNREACHABLE,
-            limit=policy.target_rate,
+            limit=policy.limit_per_s,
             step=Step.STRICT,
         )
         self.retry_at_ms = _BEFORE_ALL
@@ -110,8 +110,11 @@ class StrictGate(Gate):
         self.mark = 0
         self.batch_ms = _BEFORE_ALL
         self.batch_end_ns = _BEFORE_ALL
-        self.admitted = 0  # units admitted here and told (`admitted_now` adds the rest)
-        self.amount_max = policy.global_burst  # larger asks are TOO_LARGE (Admission._deny)
+        self.admitted = 0  # sub-units admitted here and told (`admitted_now` adds the rest)
+        # Larger asks are TOO_LARGE (Admission._deny). With scale > 1 (a rate not whole per
+        # second) 0, so every ask takes `admit`, which spends `scale` sub-units of credit a
+        # unit: the inline fast path stays the scale-1 path it was.
+        self.amount_max = policy.global_burst if policy.scale == 1 else 0
 
     def admit(self, amount: int) -> Verdict:
         """The mesh's veto, then credit; the mesh is charged only if both admit."""
@@ -134,14 +137,15 @@ class StrictGate(Gate):
             )
         now_ns = self.clock_ns()
         block = self.block
+        need = amount * self.scale  # credit is in sub-units, as governord meters the policy
         # `now_ms < until_ms` is `now_ns < until_ms * NS_PER_MS` (integers): no division
-        if now_ns < self.until_ns and amount <= block.left:
+        if now_ns < self.until_ns and need <= block.left:
             if now_ns >= self.batch_end_ns:  # a new millisecond: tell the last one's spends
                 self.flush()
                 now_ms = now_ns // NS_PER_MS
                 self.batch_ms, self.batch_end_ns = now_ms, (now_ms + 1) * NS_PER_MS
-            block.left -= amount
-        elif not self._spend(now_ns // NS_PER_MS, amount):
+            block.left -= need
+        elif not self._spend(now_ns // NS_PER_MS, need):
             return self.no
         if front is not None:
             front.avail -= amount
@@ -158,7 +162,7 @@ class StrictGate(Gate):
         bucket, and a worker sees only the blocks it was granted."""
         self.flush()  # the holder hears of the fast path's spends before its time moves
         now_ms = self.desk.now_ms()
-        remaining = self.holder.held(now_ms)
+        remaining = self.holder.held(now_ms) // self.scale
         front = self.front
         retry: int | None = 0
         if front is not None:
@@ -181,8 +185,9 @@ class StrictGate(Gate):
             self.mark = left
 
     def admitted_now(self) -> int:
-        """Units admitted here, told to the holder or not yet."""
-        return self.admitted + self.mark - self.block.left
+        """Units admitted here, told to the holder or not yet (`admitted` and the blocks
+        count sub-units: `scale` a unit)."""
+        return (self.admitted + self.mark - self.block.left) // self.scale
 
     def forget_fast(self) -> None:
         """The holder's blocks changed (a grant): the next spend goes through it."""
@@ -206,7 +211,7 @@ class StrictGate(Gate):
         self.until_ns = _BEFORE_ALL
         self.no = self.no_unreachable if spend.reason == GOVERNOR_UNREACHABLE else self.no_credit
         desk = self.desk
-        desk.credit_denied += amount
+        desk.credit_denied += amount // self.scale  # `amount` is in sub-units here: units
         desk.ask(self, now_ms, amount)
         return False
 

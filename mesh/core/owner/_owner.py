@@ -201,11 +201,12 @@ class Owner:
     def applied_by_scope(self) -> dict[tuple[str, str], int]:
         """Telemetry: usage applied per (tenant, metric) across the retained keys'
         generations, and per (OTHER_TENANT, metric) what forgotten and moved keys had: the
-        sum per metric is monotonic; a tenant's own total lasts while it has keys here."""
+        sum per metric is monotonic; a tenant's own total lasts while it has keys here.
+        In units: a key meters sub-units (`TenantRatePolicy.scale`), `scale` a unit."""
         out = {(OTHER_TENANT, metric): n for metric, n in self._applied_retired.items()}
         for key, ks in self.keys.items():
             scope = (key.tenant_id, key.metric)
-            out[scope] = out.get(scope, 0) + ks.applied
+            out[scope] = out.get(scope, 0) + ks.applied // ks.policy.scale
         return out
 
     def _forget(self, key: RateKey) -> None:
@@ -213,7 +214,7 @@ class Owner:
         ks = self.keys.pop(key)
         if ks.applied:
             retired, metric = self._applied_retired, key.metric
-            retired[metric] = retired.get(metric, 0) + ks.applied
+            retired[metric] = retired.get(metric, 0) + ks.applied // ks.policy.scale
 
     def is_member(self, now_ns: int, sender: str) -> bool:
         """Whether `sender` may report or hand over to us: us, a member of our ring, or

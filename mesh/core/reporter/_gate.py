@@ -117,17 +117,18 @@ class GlobalGate(Gate):
 
     @property
     def unacked(self) -> int:
-        return self.inflight_sum + self.pending
+        """In sub-units, as the owner counts (`Gate`: `pending` is in units)."""
+        return self.inflight_sum + self.pending * self.scale
 
     def recompute(self) -> None:
         """avail from allowance and what is unacknowledged; when stale, what the floor has
         left (0 without one)."""
         if self.state is not SnapshotState.STALE:
-            self.avail = self.allowance - self.unacked + self.applied_above
+            self.avail = (self.allowance - self.unacked + self.applied_above) // self.scale
         elif self.floor is None:
             self.avail = 0
         else:
-            self.avail = self.floor_left - (self.unacked - self.floor_mark)
+            self.avail = (self.floor_left - (self.unacked - self.floor_mark)) // self.scale
 
     def numbers(self, amount: int, allowed: bool, now_ns: int) -> Numbers:
         """`remaining` is `avail`. `retry_after_ms`, denied: the earliest the owner's bucket
@@ -138,6 +139,7 @@ class GlobalGate(Gate):
         refilled at R since (others' use since is not seen here); otherwise None."""
         p = self.policy
         remaining = max(self.avail, 0)
+        scale = self.scale
         reset = None
         if self.state is SnapshotState.FRESH:
             held = self.snap_remaining - (self.unacked - self.applied_above)
@@ -152,9 +154,10 @@ class GlobalGate(Gate):
             at = now_ns // PPM  # the floor's time unit (settle_floor)
             if self.unacked > self.floor_mark:
                 f.apply(at, self.unacked - self.floor_mark)
-            retry = None if amount > f.burst else max(1, ms_ceil(f.wait_ns(at, amount) * PPM))
+            need = amount * scale
+            retry = None if need > f.burst else max(1, ms_ceil(f.wait_ns(at, need) * PPM))
         else:
-            retry = max(1, ms_ceil(refill_ns(amount - remaining, p.target_rate)))
+            retry = max(1, ms_ceil(refill_ns((amount - remaining) * scale, p.target_rate)))
         return Numbers(remaining, retry, reset)
 
     def settle_floor(self, now_ns: int) -> None:

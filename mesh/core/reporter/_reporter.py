@@ -134,8 +134,10 @@ class Reporter:
 
     def bootstrap_allowance(self, policy: TenantRatePolicy) -> int:
         """A small first allowance for a key with no snapshot: ceil(b / N_live), so a fleet
-        that meets a key at once spends about b in all, not N times the global burst."""
-        return -(-policy.local_burst_cap // self._n_live())
+        that meets a key at once spends about b in all, not N times the global burst. In
+        whole units (times `scale` in sub-units), so a view never boots unable to admit one."""
+        scale = policy.scale
+        return -(-(policy.local_burst_cap // scale) // self._n_live()) * scale
 
     def _n_live(self) -> int:
         return max(1, len(self.ring)) * self.config.bootstrap_divisor
@@ -189,11 +191,12 @@ class Reporter:
                 if unit is Unit.BYTES
                 else self.config.report_threshold_units
             )
-            if v.state is SnapshotState.BOOT and not v.inflight and v.allowance < v.flush_at:
+            allowance = v.allowance // v.scale  # flush_at counts `pending`: units
+            if v.state is SnapshotState.BOOT and not v.inflight and allowance < v.flush_at:
                 # It admits nothing past its bootstrap allowance until its owner answers its
                 # first report: that goes once the allowance is spent, not at the next tick
                 # (a flash crowd on a cold key, issue 12).
-                v.flush_at = v.allowance if v.allowance > 0 else 1
+                v.flush_at = allowance if allowance > 0 else 1
             if v.pending < v.flush_at:
                 return
         v.flush_at = NEVER
@@ -217,12 +220,14 @@ class Reporter:
                 continue
             if not v.inflight:
                 v.inflight = []  # replace the shared empty list before the first append
-            v.inflight.append(Inflight(v.next_sequence, v.pending, v.denied, now_ns))
+            # Reports are in sub-units, as the owner meters (`Gate`: scale 1 is units).
+            delta = v.pending * v.scale
+            v.inflight.append(Inflight(v.next_sequence, delta, v.denied * v.scale, now_ns))
             v.next_sequence += 1
             if v.state is SnapshotState.BOOT and v.boot_since_ns < 0:
                 v.boot_since_ns = now_ns
                 v.fresh_until_ns = now_ns + cfg.snapshot_ttl_ns
-            v.inflight_sum += v.pending
+            v.inflight_sum += delta
             v.pending = 0
             v.denied = 0
             self._unacked[v.key] = v

@@ -255,3 +255,44 @@ def test_an_event_logged_before_units_decodes_with_the_names_unit() -> None:
     engine = Engine.restore(None, [e], ManualClock(w.clock.now_ms()), lambda e: None)
     (p,) = engine.state.policies.current()
     assert p.unit is Unit.BYTES and p == w.engine.state.policies.current()[0]
+
+
+def test_a_rate_per_minute_is_stored_in_sub_units_and_survives_replay() -> None:
+    """Issue 14: "5000/minute" is kept as scale 3 sub-units per unit; the event and the
+    snapshot carry the scale, and replay gives back the same policy and its text form."""
+    w = World()
+    p = TenantRatePolicy.from_dict(
+        {
+            "tenant_id": "acme",
+            "metric": "requests",
+            "generation": 1,
+            "target_rate": "5000/minute",
+            "global_burst": 10,
+            "local_burst_cap": 5,
+        }
+    )
+    stored = w.put(p)
+    assert stored == p and (stored.scale, stored.target_rate, stored.global_burst) == (3, 250, 30)
+    put = w.events[-1]
+    assert isinstance(put, PolicyPut) and put.scale == 3 and put.target_rate == 250
+    w.put(policy(metric="other_requests"))
+    assert w.events[-1].scale is None  # type: ignore[union-attr]  # a whole rate: as before
+    for engine in (w.restored(), w.restored(snapshot_at=1), w.restored(snapshot_at=2)):
+        got = {(q.tenant_id, q.metric): q for q in engine.state.policies.current()}
+        assert got[("acme", "requests")] == p
+        assert got[("acme", "requests")].to_dict()["target_rate"] == "5000/minute"
+        assert got[("acme", "other_requests")].scale == 1
+    assert w.put(p).generation == 1  # unchanged values: no new generation
+
+
+def test_an_event_logged_before_scales_decodes_as_scale_1() -> None:
+    w = World()
+    w.put(policy())
+    kind, payload = encode_event(w.events[0])
+    assert payload["scale"] is None
+    old = {k: v for k, v in payload.items() if k != "scale"}  # a record from before
+    e = decode_event(kind, old)
+    assert isinstance(e, PolicyPut) and e.scale is None
+    engine = Engine.restore(None, [e], ManualClock(w.clock.now_ms()), lambda e: None)
+    (p,) = engine.state.policies.current()
+    assert p.scale == 1 and p == w.engine.state.policies.current()[0]
