@@ -5,11 +5,14 @@ The node is one `mesh node` process (its own member, static membership of one) w
 `local`-mode limit too large to deny, so the figures are the sidecar's cost (decode, the
 hot path, encode, the transport), not a limit's. Each run starts `clients` client processes
 (`bench.sidecar_client`) at once: each drives `streams` concurrent batched gRPC Admit calls
-of `batch` items for `seconds`, then `connections` HTTP/1.1 keep-alive connections each
+of `batch` items for `seconds`, then as many AdmitStream streams of the same batches, then `connections` HTTP/1.1 keep-alive connections each
 sending POST /v1/admit (one item) back to back for `seconds`.
 
-Keys: grpc_admits_per_s (admissions, i.e. items, per second over all clients),
-grpc_calls_per_s, grpc_p99_us / grpc_p50_us (per call of `batch` items),
+Keys: grpc_admits_per_s (admissions, i.e. items, per second over all clients, batches of
+`batch` over AdmitStream: one long-lived stream per in-flight batch, the transport for a
+worker that batches), grpc_calls_per_s, grpc_p99_us / grpc_p50_us (per batch of `batch`
+items), grpc_unary_admits_per_s and grpc_unary_p99_us (the same batches as unary Admit
+calls, a call each: grpcio's cost per call is most of a call of 100),
 http_requests_per_s, http_p99_us / http_p50_us (per request), each the median over `runs`
 (and `per_run`), plus runs, batch, clients, streams, connections, seconds, and the counts:
 grpc_admissions, http_requests (over all runs), admitted_at_node (the node's
@@ -98,7 +101,10 @@ def _one_run(
         for p in procs:
             stop(p)
     g = [r["grpc"] for r in results]
+    u = [r["grpc_unary"] for r in results]
     h = [r["http"] for r in results]
+    u_lat = [x for r in u for x in r["latencies_us"]]
+    u_s = max(r["elapsed_s"] for r in u)
     g_lat = [x for r in g for x in r["latencies_us"]]
     h_lat = [x for r in h for x in r["latencies_us"]]
     g_s = max(r["elapsed_s"] for r in g)
@@ -108,13 +114,15 @@ def _one_run(
         "grpc_calls_per_s": round(sum(r["calls"] for r in g) / g_s),
         "grpc_p50_us": round(_p(g_lat, 0.50), 1),
         "grpc_p99_us": round(_p(g_lat, 0.99), 1),
+        "grpc_unary_admits_per_s": round(sum(r["admissions"] for r in u) / u_s),
+        "grpc_unary_p99_us": round(_p(u_lat, 0.99), 1),
         "http_requests_per_s": round(sum(r["requests"] for r in h) / h_s),
         "http_p50_us": round(_p(h_lat, 0.50), 1),
         "http_p99_us": round(_p(h_lat, 0.99), 1),
-        "grpc_calls": sum(r["calls"] for r in g),
-        "grpc_admissions": sum(r["admissions"] for r in g),
-        "grpc_allowed": sum(r["allowed"] for r in g),
-        "grpc_errors": sum(r["errors"] for r in g),
+        "grpc_calls": sum(r["calls"] for r in g) + sum(r["calls"] for r in u),
+        "grpc_admissions": sum(r["admissions"] for r in g) + sum(r["admissions"] for r in u),
+        "grpc_allowed": sum(r["allowed"] for r in g) + sum(r["allowed"] for r in u),
+        "grpc_errors": sum(r["errors"] for r in g) + sum(r["errors"] for r in u),
         "http_requests": sum(r["requests"] for r in h),
         "http_allowed": sum(r["allowed"] for r in h),
         "http_errors": sum(r["errors"] for r in h),
@@ -166,6 +174,8 @@ def run(
         "grpc_calls_per_s",
         "grpc_p50_us",
         "grpc_p99_us",
+        "grpc_unary_admits_per_s",
+        "grpc_unary_p99_us",
         "http_requests_per_s",
         "http_p50_us",
         "http_p99_us",
@@ -182,8 +192,9 @@ def run(
     ):
         out[key] = sum(r[key] for r in per_run)
     out["admitted_at_node"] = admitted
-    # The clients' warm-up call (one batch each per run) is admitted too.
-    warmup = runs * clients * batch
+    # The clients' warm-up calls (one batch before the unary and one before the stream
+    # phase, each client and run) are admitted too.
+    warmup = 2 * runs * clients * batch
     out["counts_match"] = admitted == out["grpc_allowed"] + out["http_allowed"] + warmup
     out["target_grpc_admits_per_s"] = TARGET_GRPC_ADMITS_PER_S
     out["target_http_requests_per_s"] = TARGET_HTTP_REQUESTS_PER_S
@@ -194,7 +205,13 @@ def run(
     out["per_run"] = [
         {
             k: r[k]
-            for k in ("grpc_admits_per_s", "grpc_p99_us", "http_requests_per_s", "http_p99_us")
+            for k in (
+                "grpc_admits_per_s",
+                "grpc_p99_us",
+                "grpc_unary_admits_per_s",
+                "http_requests_per_s",
+                "http_p99_us",
+            )
         }
         for r in per_run
     ]

@@ -1,4 +1,5 @@
-"""One client process of `mesh bench sidecar`: batched gRPC Admit calls, then HTTP/1.1
+"""One client process of `mesh bench sidecar`: batched gRPC Admit calls, the same batches
+over AdmitStream, then HTTP/1.1
 keep-alive POST /v1/admit requests, against a `mesh node` on this host.
 
     python -m bench.sidecar_client --grpc ADDR --http ADDR --seconds S --batch B \
@@ -29,7 +30,11 @@ METRIC = "read_iops"
 SAMPLES_MAX = 200_000  # latencies kept per front end (every k-th past it)
 
 
-async def _grpc(addr: str, seconds: float, batch: int, streams: int) -> dict[str, Any]:
+async def _grpc(
+    addr: str, seconds: float, batch: int, streams: int, *, stream: bool = False
+) -> dict[str, Any]:
+    """`streams` loops of batched calls for `seconds`: unary Admit calls, or (`stream`) one
+    AdmitStream each, a request written and its response read in turn."""
     req = pb.AdmitRequest(
         items=[pb.AdmitItem(tenant=TENANT, metric=METRIC) for _ in range(batch)]
     ).SerializeToString()
@@ -57,19 +62,38 @@ async def _grpc(addr: str, seconds: float, batch: int, streams: int) -> dict[str
     counts = {"calls": 0, "admissions": 0, "allowed": 0, "errors": 0}
     end = time.perf_counter() + seconds
 
+    def record(t0: float, data: bytes) -> None:
+        lat_us.append((time.perf_counter() - t0) * 1e6)
+        n, allowed = count(data)
+        counts["calls"] += 1
+        counts["admissions"] += n
+        counts["allowed"] += allowed
+        counts["errors"] += n - allowed  # none is denied: the limit is too large to reach
+
     async def loop() -> None:
         while time.perf_counter() < end:
             t0 = time.perf_counter()
-            data = await call(req)
-            lat_us.append((time.perf_counter() - t0) * 1e6)
-            n, allowed = count(data)
-            counts["calls"] += 1
-            counts["admissions"] += n
-            counts["allowed"] += allowed
-            counts["errors"] += n - allowed  # none is denied: the limit is too large to reach
+            record(t0, await call(req))
+
+    open_stream = channel.stream_stream(
+        "/ratemesh.sidecar.v1.Admission/AdmitStream",
+        request_serializer=None,
+        response_deserializer=None,
+    )
+
+    async def stream_loop() -> None:
+        s = open_stream()
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            await s.write(req)
+            data = await s.read()
+            assert isinstance(data, bytes), "the stream ended early"
+            record(t0, data)
+        await s.done_writing()
+        await s.code()  # the stream's status: OK once the server answered every request
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(loop() for _ in range(streams)))
+    await asyncio.gather(*((stream_loop if stream else loop)() for _ in range(streams)))
     elapsed = time.perf_counter() - t0
     await channel.close()
     return {**counts, "elapsed_s": elapsed, "latencies_us": _thin(lat_us)}
@@ -123,7 +147,8 @@ def _thin(xs: list[float]) -> list[float]:
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if args.grpc:
-        out["grpc"] = await _grpc(args.grpc, args.seconds, args.batch, args.streams)
+        out["grpc_unary"] = await _grpc(args.grpc, args.seconds, args.batch, args.streams)
+        out["grpc"] = await _grpc(args.grpc, args.seconds, args.batch, args.streams, stream=True)
     if args.http:
         out["http"] = await _http(args.http, args.seconds, args.connections)
     return out

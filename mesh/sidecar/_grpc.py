@@ -12,7 +12,7 @@ grpc answers RESOURCE_EXHAUSTED before a handler runs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -178,6 +178,7 @@ class GrpcSidecar:
             "Admit": grpc.unary_unary_rpc_method_handler(self._admit),
             "Charge": grpc.unary_unary_rpc_method_handler(self._charge),
             "Refund": grpc.unary_unary_rpc_method_handler(self._refund),
+            "AdmitStream": grpc.stream_stream_rpc_method_handler(self._admit_stream),
         }
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(ADMISSION_SERVICE, rpc),)
@@ -210,10 +211,8 @@ class GrpcSidecar:
 
     # -- handlers -------------------------------------------------------------------------
 
-    async def _checked(
-        self, data: bytes, context: aio.ServicerContext[bytes, bytes]
-    ) -> Iterator[Item]:
-        self.calls += 1
+    async def _authorised(self, context: aio.ServicerContext[bytes, bytes]) -> None:
+        """Abort the call UNAUTHENTICATED unless its metadata carries an accepted token."""
         if self.auth.required:
             md = context.invocation_metadata() or ()
             header = next((v for k, v in md if k == AUTH_HEADER), None)
@@ -221,6 +220,18 @@ class GrpcSidecar:
             if why is not None:
                 self.refused += 1
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+
+    async def _checked(
+        self, data: bytes, context: aio.ServicerContext[bytes, bytes]
+    ) -> Iterator[Item]:
+        self.calls += 1
+        await self._authorised(context)
+        return await self._read(data, context)
+
+    async def _read(
+        self, data: bytes, context: aio.ServicerContext[bytes, bytes]
+    ) -> Iterator[Item]:
+        """The message's items, or abort INVALID_ARGUMENT saying why (nothing decided)."""
         try:
             return _items(data, self.config.items_max)
         except ValueError as exc:
@@ -230,6 +241,18 @@ class GrpcSidecar:
 
     async def _admit(self, data: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
         return encode_outcomes(self.decider.admit(await self._checked(data, context)))
+
+    async def _admit_stream(
+        self, requests: AsyncIterator[bytes], context: aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
+        """One AdmitResponse per AdmitRequest, in order, until the caller closes its side.
+        The token is checked once, when the stream opens; a malformed message ends the
+        stream INVALID_ARGUMENT (the batches before it were decided and answered)."""
+        self.calls += 1
+        await self._authorised(context)
+        async for data in requests:
+            items = await self._read(data, context)
+            yield encode_outcomes(self.decider.admit(items))
 
     async def _charge(self, data: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
         items = await self._checked(data, context)

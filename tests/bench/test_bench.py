@@ -167,7 +167,13 @@ def test_bench_sidecar_keys_and_counts_add_up() -> None:
         "sidecar", "--runs", "2", "--seconds", "0.3", "--batch", "7",
         "--clients", "2", "--streams", "2", "--connections", "2",
     )  # fmt: skip
-    for key in ("grpc_admits_per_s", "http_requests_per_s", "grpc_p99_us", "http_p99_us"):
+    for key in (
+        "grpc_admits_per_s",
+        "grpc_unary_admits_per_s",
+        "http_requests_per_s",
+        "grpc_p99_us",
+        "http_p99_us",
+    ):
         value = res[key]
         assert isinstance(value, (int, float)) and value > 0, key
     assert (res["runs"], res["batch"], res["clients"]) == (2, 7, 2)

@@ -254,3 +254,51 @@ def test_a_token_alone_lets_an_exposed_sidecar_start_and_a_missing_file_is_one_l
         parse_config({"sidecar": {**side, "token_file": str(tmp_path / "none")}})
     assert e.value.field == "sidecar.token_file" and "cannot read" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_admit_stream_answers_each_batch_in_order_as_admit_does(tmp_path: Path) -> None:
+    """AdmitStream: one response per request, in order, decided as Admit decides them (the
+    burst of 5 spent across batches, a bad item its own error); the token is checked when
+    the stream opens; a malformed message ends the stream INVALID_ARGUMENT."""
+
+    async def main() -> None:
+        cfg = node_config(
+            {"grpc_listen": "127.0.0.1:0", "require_auth": True},
+            fleet_secret_file=_secret_file(tmp_path),
+        )
+        md = (("authorization", f"Bearer {SECRET}"),)
+        async with node(cfg) as mesh:
+            async with insecure(mesh.sidecar_addresses["grpc"]) as ch:
+                open_stream = ch.stream_stream(
+                    "/ratemesh.sidecar.v1.Admission/AdmitStream",
+                    request_serializer=pb.AdmitRequest.SerializeToString,
+                    response_deserializer=pb.AdmitResponse.FromString,
+                )
+                s = open_stream(metadata=md)
+                seen = []
+                for batch in ([item(), item()], [item(), item(tenant="")], [item()] * 3):
+                    await s.write(pb.AdmitRequest(items=batch))
+                    resp = await s.read()
+                    assert isinstance(resp, pb.AdmitResponse)
+                    seen.append([(v.allowed, v.error.split(":")[0]) for v in resp.verdicts])
+                await s.done_writing()
+                assert await s.code() is grpc.StatusCode.OK
+                assert seen == [
+                    [(True, ""), (True, "")],
+                    [(True, ""), (False, "tenant")],
+                    [(True, ""), (True, ""), (False, "")],
+                ]
+                # without the token: refused when the stream opens, nothing decided
+                s = open_stream()
+                await s.write(pb.AdmitRequest(items=[item()]))
+                assert await s.code() is grpc.StatusCode.UNAUTHENTICATED
+                # a malformed message: the stream ends INVALID_ARGUMENT
+                raw = ch.stream_stream(
+                    "/ratemesh.sidecar.v1.Admission/AdmitStream",
+                    request_serializer=None,
+                    response_deserializer=None,
+                )(metadata=md)
+                await raw.write(b"\xff\xff\xff")
+                assert await raw.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+    asyncio.run(main())
