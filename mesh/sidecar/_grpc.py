@@ -76,10 +76,8 @@ def _shared_bytes(v: Verdict) -> bytes:
     return data
 
 
-# The per-moment numbers' fields (8, 9, 10: int64, varint-encoded), by position in Numbers.
-_NUMBER_TAGS = (b"\x40", b"\x48", b"\x50")
+# The per-moment numbers are fields 8, 9 and 10 (int64, varint): tags 0x40, 0x48, 0x50.
 _INT64 = (1 << 64) - 1
-_NO_NUMBERS = Numbers(None, None, None)
 
 
 def _verdict_bytes(v: Verdict, n: Numbers | None) -> bytes:
@@ -89,14 +87,15 @@ def _verdict_bytes(v: Verdict, n: Numbers | None) -> bytes:
     body = _shared_bytes(v)
     if n is None:  # a detailed verdict carries its own
         n = Numbers(v.remaining, v.retry_after_ms, v.reset_after_ms)
-    if n != _NO_NUMBERS:
-        parts = [body]
-        for tag, value in zip(_NUMBER_TAGS, n, strict=True):
-            if value is not None:
-                parts.append(tag)
-                parts.append(_varint(value & _INT64))
-        body = b"".join(parts)
-    return _framed(0x0A, body)
+    remaining, retry, reset = n
+    if remaining is not None:
+        body += b"\x40" + _varint(remaining & _INT64)
+    if retry is not None:
+        body += b"\x48" + _varint(retry & _INT64)
+    if reset is not None:
+        body += b"\x50" + _varint(reset & _INT64)
+    size = len(body)
+    return b"\x0a" + (_SMALL_VARINTS[size] if size < 16384 else _varint_of(size)) + body
 
 
 def encode_outcomes(outcomes: list[Outcome]) -> bytes:

@@ -145,7 +145,12 @@ class Admission:
     ) -> tuple[Gate, Numbers] | None:
         """`Gate.numbers` of the view that gave `v`; a `too_large` amount's retry is None
         (waiting cannot help)."""
-        g = None if self.stopped or v.reason is Reason.POLICY_UNKNOWN else self.gate(tenant, metric)
+        g = None
+        if not self.stopped and v.reason is not Reason.POLICY_UNKNOWN:
+            # the view `try_admit` just used, as it found it (a valid name: it decided)
+            g = self._gates.get(metric, _NONE).get(tenant) if metric.__class__ is str else None
+            if g is None:
+                g = self.gate(tenant, metric)
         if g is None:
             return None
         n = g.numbers(amount, v.allowed, self._now_ns if now_ns is None else now_ns)
