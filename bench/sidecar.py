@@ -5,8 +5,9 @@ The node is one `mesh node` process (its own member, static membership of one) w
 `local`-mode limit too large to deny, so the figures are the sidecar's cost (decode, the
 hot path, encode, the transport), not a limit's. Each run starts `clients` client processes
 (`bench.sidecar_client`) at once: each drives `streams` concurrent batched gRPC Admit calls
-of `batch` items for `seconds`, then as many AdmitStream streams of the same batches, then `connections` HTTP/1.1 keep-alive connections each
-sending POST /v1/admit (one item) back to back for `seconds`.
+of `batch` items for `seconds`, then as many AdmitStream streams of the same batches, then
+`connections` HTTP/1.1 keep-alive connections each sending POST /v1/admit (one item) back
+to back for `seconds`.
 
 Keys: grpc_admits_per_s (admissions, i.e. items, per second over all clients, batches of
 `batch` over AdmitStream: one long-lived stream per in-flight batch, the transport for a
