@@ -82,11 +82,24 @@ class Gcra:
         """Nanoseconds until `amount` would conform (0 if it does now)."""
         if amount > self.burst:
             raise ConfigError("amount", f"{amount} can never conform to burst {self.burst}")
-        now_s = now_ns * self.rate
-        excess = (self._tat if self._tat > now_s else now_s) + amount * NS_PER_S - now_s - self._tau
+        return self._wait(self._tat, now_ns * self.rate, amount)
+
+    def _wait(self, tat: int, now_s: int, amount: int) -> int:
+        excess = (tat if tat > now_s else now_s) + amount * NS_PER_S - now_s - self._tau
         if excess <= 0:
             return 0
         return -(-excess // self.rate)
+
+    def forecast(self, used_at_ns: int, used: int, now_ns: int, amount: int) -> tuple[int, int]:
+        """(`wait_ns(now_ns, amount)`, `ahead_ns(now_ns)`) as they would be after
+        `apply(used_at_ns, used)`, without changing this meter or copying it (a view's
+        numbers, asked on every detailed verdict). `amount` must be within the burst."""
+        tat = self._tat
+        if used:  # apply's arithmetic, on a local
+            at_s = used_at_ns * self.rate
+            tat = (tat if tat > at_s else at_s) + used * NS_PER_S
+        now_s = now_ns * self.rate
+        return self._wait(tat, now_s, amount), self._ahead(tat, now_s)
 
     def copy(self) -> Gcra:
         """An independent meter in the same state (to ask what-if questions of)."""
@@ -106,7 +119,10 @@ class Gcra:
     def ahead_ns(self, now_ns: int) -> int:
         """How far the TAT is ahead of `now_ns`, in ns rounded up (0: full). The meter's
         state without an absolute time: another process resumes it with `hold`."""
-        ahead = self._tat - now_ns * self.rate
+        return self._ahead(self._tat, now_ns * self.rate)
+
+    def _ahead(self, tat: int, now_s: int) -> int:
+        ahead = tat - now_s
         return -(-ahead // self.rate) if ahead > 0 else 0
 
     def hold(self, now_ns: int, ahead_ns: int) -> None:

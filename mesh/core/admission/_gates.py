@@ -67,16 +67,14 @@ class LocalGate(Gate):
         `amount` (None past this view's burst, a share smaller than the amount);
         `reset_after_ms` until the meter is full. Refill shows up at the next tick, so a
         denial whose refill is already due says 1 ms."""
-        m = self.meter.copy()
-        scale = self.scale
-        if self.pending:
-            m.apply(self.settled_ns, self.pending * scale)
+        m, scale = self.meter, self.scale
         at = now_ns if now_ns > self.settled_ns else self.settled_ns
+        need = amount * scale
+        wait, ahead = m.forecast(self.settled_ns, self.pending * scale, at, min(need, m.burst))
         retry: int | None = 0
         if not allowed:
-            need = amount * scale
-            retry = None if need > m.burst else max(1, ms_ceil(m.wait_ns(at, need)))
-        return Numbers(max(self.avail, 0), retry, ms_ceil(m.ahead_ns(at)))
+            retry = None if need > m.burst else max(1, ms_ceil(wait))
+        return Numbers(max(self.avail, 0), retry, ms_ceil(ahead))
 
 
 def _burst_share(policy: TenantRatePolicy, n_live: int) -> int:

@@ -6,7 +6,7 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh.core.gcra import NS_PER_S, Gcra
@@ -129,3 +129,23 @@ def test_bad_arguments_name_the_field(
         Gcra(*args)
     assert info.value.field == field
     assert field in str(info.value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 10**6),
+    st.integers(1, 10**4),
+    st.integers(0, 10**10),
+    st.integers(0, 10**5),
+    st.integers(0, 10**10),
+    st.data(),
+)
+def test_forecast_is_apply_then_wait_and_ahead_on_a_copy(
+    rate: int, burst: int, used_at: int, used: int, later: int, data: st.DataObject
+) -> None:
+    amount = data.draw(st.integers(1, burst))
+    g = Gcra(rate, burst, 0)
+    m = g.copy()
+    m.apply(used_at, used)
+    now = used_at + later
+    assert g.forecast(used_at, used, now, amount) == (m.wait_ns(now, amount), m.ahead_ns(now))

@@ -127,3 +127,14 @@ def test_the_hand_encoded_numbers_are_what_protobuf_encodes(
 def test_policy_unknown_has_no_mode() -> None:
     v = verdict(False, Reason.POLICY_UNKNOWN, None, "none", Suspension.POLICY_UNKNOWN)
     assert verdict_fields(v)["mode"] == ""
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(0, (1 << 64) - 1))
+def test_the_varint_tables_encode_as_protobuf_does(n: int) -> None:
+    from mesh.sidecar._grpc import _varint, _varint_of
+
+    assert _varint(n) == _varint_of(n)
+    assert pb.Verdict(limit=n if n < 1 << 63 else n - (1 << 64)).SerializeToString() == (
+        b"\x30" + _varint(n)
+    )
