@@ -13,6 +13,7 @@ from mesh.core.policy import BOUNDS, Mode, RateKey
 from mesh.core.reporter._gate import GlobalGate
 from mesh.node._driver import NodeDriver
 from mesh.telemetry import NodeStats
+from ratemesh.policy import split_tenant
 
 __all__ = ["health", "status", "node_stats", "d_estimate_ns", "enforced", "ENFORCED_SHOWN_MAX"]
 
@@ -75,6 +76,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
     mv = driver.membership_view
     limits = []
     suspended = []
+    listed: set[tuple[str, str, str]] = set()  # (tenant part, metric, reason) in `suspended`
     with driver.lock:
         views = {(v.policy.tenant_id, v.policy.metric): v for v in m.admission.gates()}
         policies = list(m.policies)
@@ -87,7 +89,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         if p.mode is Mode.SHARE and mv.stale:
             bound, susp = BOUNDS["share_stale"], "membership_stale"
         entry: dict[str, Any] = {
-            "tenant": p.tenant_id,
+            **_who(p.tenant_id),
             "metric": p.metric,
             "generation": p.generation,
             "mode": p.mode.value,
@@ -108,19 +110,19 @@ def health(driver: NodeDriver) -> dict[str, Any]:
                 entry["view"] = v.state.value
         limits.append(entry)
         if susp:
-            suspended.append({"tenant": p.tenant_id, "metric": p.metric, "reason": susp})
+            listed.add((p.tenant_id, p.metric, susp))
+            suspended.append({**_who(p.tenant_id), "metric": p.metric, "reason": susp})
     # Views opened for tenants under a default ("*") policy carry their own suspensions.
-    listed = {(s["tenant"], s["metric"], s["reason"]) for s in suspended}
     for (tenant, metric), v in sorted(views.items(), key=_first):
         if tenant != v.policy.tenant_id or v.no.suspended is None:
             continue
         reason = v.no.suspended.value
         if (tenant, metric, reason) not in listed:  # a set: 10,000 suspended views are common
             listed.add((tenant, metric, reason))
-            suspended.append({"tenant": tenant, "metric": metric, "reason": reason})
+            suspended.append({**_who(tenant), "metric": metric, "reason": reason})
     feed = driver.feed
     shown = [
-        {"tenant": p.tenant_id, "metric": p.metric, "generation": p.generation}
+        {**_who(p.tenant_id), "metric": p.metric, "generation": p.generation}
         for p in policies[:ENFORCED_SHOWN_MAX]
     ]
     return {
@@ -202,3 +204,12 @@ def _credit_held(desk: CreditDesk | None) -> dict[RateKey, int]:
 
 def _first(item: tuple[Any, Any]) -> Any:
     return item[0]
+
+
+def _who(tenant_id: str) -> dict[str, str]:
+    """A RateKey's tenant part as /health shows it: `tenant`, and `descriptor`
+    ("key=value") for a descriptor's own key, rather than the encoded part."""
+    tenant, desc = split_tenant(tenant_id)
+    if desc is None:
+        return {"tenant": tenant}
+    return {"tenant": tenant, "descriptor": f"{desc[0]}={desc[1]}"}

@@ -286,3 +286,18 @@ def test_two_nodes_meter_an_open_name_and_a_descriptor_end_to_end() -> None:
         assert applied > 0
 
     asyncio.run(main())
+
+
+def test_health_shows_a_descriptors_key_as_tenant_and_descriptor() -> None:
+    """/health names a descriptor's own limit by its tenant and `descriptor`, never by the
+    encoded tenant part."""
+
+    async def body(mesh: Mesh) -> None:
+        limits = mesh.health()["limits"]
+        routed = [e for e in limits if "descriptor" in e]
+        assert [(e["tenant"], e["descriptor"], e["metric"]) for e in routed] == [
+            ("acme", "route=/upload", "requests")
+        ]
+        assert not any("\x1e" in str(e) for e in limits)
+
+    run(body)
