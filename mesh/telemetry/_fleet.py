@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mesh.errors import MessageError
+from ratemesh.policy import DESCRIPTOR_SEP
 
 __all__ = [
     "ENFORCED_ROWS_MAX",
@@ -60,6 +61,11 @@ def enforced_of(status: Any) -> Enforced:
             raise MessageError(f"policies.enforced[{i}]", "tenant and metric must be names")
         if type(gen) is not int or not 0 <= gen < 1 << 63:
             raise MessageError(f"policies.enforced[{i}].generation", "must be an integer >= 0")
+        desc = row.get("descriptor")
+        if desc is not None:  # a descriptor's own limit (/health shows its key apart)
+            if not isinstance(desc, str) or "=" not in desc or len(desc) > NAME_MAX:
+                raise MessageError(f"policies.enforced[{i}].descriptor", "must be key=value")
+            tenant = f"{tenant}{DESCRIPTOR_SEP}{desc}"
         out[(tenant, metric)] = gen
     return out
 
@@ -73,9 +79,11 @@ def fleet_report(answers: list[MemberAnswer]) -> dict[str, Any]:
     rows = []
     for tenant, metric in limits:
         gens = {a.member_id: (a.enforced or {}).get((tenant, metric)) for a in answered}
+        base, sep, desc = tenant.partition(DESCRIPTOR_SEP)
         rows.append(
             {
-                "tenant": tenant,
+                "tenant": base,
+                **({"descriptor": desc} if sep else {}),
                 "metric": metric,
                 "generations": gens,
                 "diverged": len(set(gens.values())) > 1,

@@ -301,3 +301,17 @@ def test_health_shows_a_descriptors_key_as_tenant_and_descriptor() -> None:
         assert not any("\x1e" in str(e) for e in limits)
 
     run(body)
+
+
+def test_fleet_comparison_keeps_a_descriptors_limit_apart_from_its_tenants() -> None:
+    from mesh.telemetry import MemberAnswer, enforced_of, fleet_report
+
+    async def body(mesh: Mesh) -> None:
+        enforced = enforced_of({"policies": mesh.health()["policies"]})
+        upload = descriptor_tenant("acme", ("route", "/upload"))
+        assert (upload, "requests") in enforced and ("acme", "requests") in enforced
+        report = fleet_report([MemberAnswer("a", "a:1", enforced)])
+        rows = [r for r in report["limits"] if r.get("descriptor")]
+        assert [(r["tenant"], r["descriptor"]) for r in rows] == [("acme", "route=/upload")]
+
+    run(body)
