@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector
 
 from mesh.core.gate import Gate
 from mesh.core.verdict import Reason, Verdict
+from ratemesh.policy import DESCRIPTOR_SEP
 
 __all__ = ["Telemetry", "NodeStats", "TOP_K", "OTHER", "DECISIONS_IDLE_S", "DecisionKey"]
 
@@ -232,7 +233,7 @@ class _Collector(Collector):
             labels=["tenant", "metric"],
         )
         for t, m, n in sorted(applied):
-            fam.add_metric([t, m], n)
+            fam.add_metric([_label(t), m], n)
         yield fam
         top = self.tel._applied._top
         active = GaugeMetricFamily(
@@ -241,7 +242,7 @@ class _Collector(Collector):
             labels=["tenant", "metric"],
         )
         for (t, m), r in sorted(_fold(top, s.active_reporters).items()):
-            active.add_metric([t, m], int(r))
+            active.add_metric([_label(t), m], int(r))
         yield active
         est = GaugeMetricFamily(
             "ratemesh_excess_estimate",
@@ -254,8 +255,8 @@ class _Collector(Collector):
         ests = _fold(top, {k: e for k, (e, _) in s.excess.items()})
         bounds = _fold(top, {k: b for k, (_, b) in s.excess.items()})
         for k in sorted(ests):
-            est.add_metric(list(k), round(ests[k], 3))
-            bound.add_metric(list(k), round(bounds[k], 3))
+            est.add_metric([_label(k[0]), k[1]], round(ests[k], 3))
+            bound.add_metric([_label(k[0]), k[1]], round(bounds[k], 3))
         yield est
         yield bound
         yield GaugeMetricFamily("ratemesh_members", "Live members in the ring", value=s.members)
@@ -345,7 +346,7 @@ def _policy_families(s: NodeStats, top: set[str], k: int) -> Iterator[Metric]:
         labels=["tenant", "metric"],
     )
     for key, g in sorted(gens.items()):
-        fam.add_metric(list(key), g)
+        fam.add_metric([_label(key[0]), key[1]], g)
     yield fam
     yield CounterMetricFamily(
         "ratemesh_policy_reloads",
@@ -380,12 +381,19 @@ def _decision_families(rows: list[tuple[str, Series, int]]) -> Iterator[Metric]:
     susp_sum: dict[tuple[str, str, str, str], int] = {}
     for t, (metric, mode, reason, susp), n in sorted(rows):
         fam = admitted if reason == Reason.ADMITTED.value else denied
-        fam.add_metric([t, metric, mode, reason], n)
+        fam.add_metric([_label(t), metric, mode, reason], n)
         if reason in _STALE:
-            stale.add_metric([t, metric, mode, reason], n)
+            stale.add_metric([_label(t), metric, mode, reason], n)
         if susp:
-            sk = (t, metric, mode, susp)
+            sk = (_label(t), metric, mode, susp)
             susp_sum[sk] = susp_sum.get(sk, 0) + n
     for sk, n in sorted(susp_sum.items()):
         suspended.add_metric(list(sk), n)
     yield from (admitted, denied, stale, suspended)
+
+
+def _label(tenant: str) -> str:
+    """A tenant label value: a descriptor's own key as `tenant[key=value]` (the operator's
+    form, as in CLI messages), not its encoded tenant part."""
+    base, sep, desc = tenant.partition(DESCRIPTOR_SEP)
+    return f"{base}[{desc}]" if sep else tenant

@@ -315,3 +315,15 @@ def test_fleet_comparison_keeps_a_descriptors_limit_apart_from_its_tenants() -> 
         assert [(r["tenant"], r["descriptor"]) for r in rows] == [("acme", "route=/upload")]
 
     run(body)
+
+
+def test_metrics_label_a_descriptors_key_in_the_operators_form() -> None:
+    async def body(mesh: Mesh) -> None:
+        upload = descriptor_tenant("acme", ("route", "/upload"))
+        assert mesh.try_admit(upload, "requests").allowed
+        text, samples = scrape(mesh)
+        assert "\x1e" not in text
+        labels = {dict(k[1]).get("tenant") for k in samples}
+        assert "acme[route=/upload]" in labels
+
+    run(body)
