@@ -17,7 +17,7 @@ from mesh.peer._grpc import GrpcTransport
 from mesh.peer._link import PeerLink
 from mesh.peer._server import PeerHandler, PeerServer
 from mesh.peer._status import fetch_status
-from mesh.peer._tls import server_credentials
+from mesh.peer._tls import bind_port, server_credentials
 from mesh.peer._transport import Deliver, MemoryNetwork, MemoryTransport, Transport
 from mesh.peer._wire import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA_MD, STATUS
 
@@ -44,5 +44,6 @@ __all__ = [
     "coordinator_handler",
     "fetch_fleet",
     "fetch_status",
+    "bind_port",
     "server_credentials",
 ]

@@ -28,7 +28,7 @@ from grpc import aio
 
 from mesh.config import TlsConfig
 from mesh.core.messages import Handover, Message, ReportBatch, decode
-from mesh.errors import ConfigError, MessageError
+from mesh.errors import MessageError
 from mesh.peer._identity import (
     AUTH_MD,
     REASONS,
@@ -39,7 +39,7 @@ from mesh.peer._identity import (
     check_certificate,
     check_mac,
 )
-from mesh.peer._tls import server_credentials
+from mesh.peer._tls import bind_port
 from mesh.peer._wire import (
     EPOCH_MD,
     MEMBER_MD,
@@ -49,7 +49,6 @@ from mesh.peer._wire import (
     pack,
     server_options,
 )
-from ratemesh.operator import probe_bind
 
 __all__ = ["PeerHandler", "PeerServer", "STREAM_QUEUE_MAX", "STREAMS_MAX", "STREAMS_PER_PEER_MAX"]
 
@@ -139,25 +138,10 @@ class PeerServer:
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(PEER_SERVICE, rpc), *self._extra)
         )
-        try:
-            probe_bind(self.listen, error=ConfigError)
-            if self.tls is not None:
-                port = server.add_secure_port(self.listen, server_credentials(self.tls))
-            else:
-                port = server.add_insecure_port(self.listen)
-        except ConfigError:
-            await server.stop(None)
-            raise
-        except RuntimeError as exc:  # grpc's "Failed to bind to address ..."; the probe
-            await server.stop(None)  # lost a race
-            raise ConfigError(
-                "listen",
-                f"cannot serve on {self.listen}: the port is in use or "
-                "the address is not this host's",
-            ) from exc
+        port = await bind_port(server, self.listen, self.tls, field="listen")
         await server.start()
         self._server = server
-        return int(port)
+        return port
 
     def send(self, member: str, data: bytes) -> bool:
         """Queue a snapshot batch on `member`'s stream; False if it has none (or it is full)."""

@@ -1,4 +1,5 @@
-"""grpc credentials from the certificate files named in the node config."""
+"""grpc credentials from the certificate files named in the node config, and binding a
+grpc server's port with them (the peer port and the sidecar's)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from pathlib import Path
 import grpc
 
 from mesh.config import TlsConfig
+from mesh.errors import ConfigError
+from ratemesh.operator import probe_bind
 
-__all__ = ["server_credentials", "channel_credentials"]
+__all__ = ["bind_port", "server_credentials", "channel_credentials"]
 
 
 def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
@@ -28,3 +31,26 @@ def channel_credentials(tls: TlsConfig) -> grpc.ChannelCredentials:
         private_key=Path(tls.key).read_bytes(),
         certificate_chain=Path(tls.cert).read_bytes(),
     )
+
+
+async def bind_port(
+    server: grpc.aio.Server, listen: str, tls: TlsConfig | None, *, field: str
+) -> int:
+    """Bind `server` to `listen` (TLS when `tls` is set) and return the port, or stop the
+    server and raise ConfigError naming `field`: a taken port is one clear line, whether
+    the probe saw it or grpc lost the race to bind it."""
+    try:
+        probe_bind(listen, field=field, error=ConfigError)
+        if tls is not None:
+            port = server.add_secure_port(listen, server_credentials(tls))
+        else:
+            port = server.add_insecure_port(listen)
+    except ConfigError:
+        await server.stop(None)
+        raise
+    except RuntimeError as exc:  # grpc's "Failed to bind to address ..."
+        await server.stop(None)
+        raise ConfigError(
+            field, f"cannot serve on {listen}: the port is in use or the address is not this host's"
+        ) from exc
+    return int(port)

@@ -21,12 +21,10 @@ from grpc import aio
 
 from mesh.config import SidecarConfig, TlsConfig, is_loopback
 from mesh.core.verdict import Numbers, Verdict
-from mesh.errors import ConfigError
-from mesh.peer import server_credentials
+from mesh.peer import bind_port
 from mesh.sidecar import admission_pb2 as pb
 from mesh.sidecar._auth import AUTH_HEADER, BearerCheck
 from mesh.sidecar._items import Decider, Item, Outcome, shared_fields
-from ratemesh.operator import probe_bind
 
 __all__ = ["ADMISSION_SERVICE", "GrpcSidecar", "encode_outcomes"]
 
@@ -189,21 +187,7 @@ class GrpcSidecar:
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(ADMISSION_SERVICE, rpc),)
         )
-        where = "sidecar.grpc_listen"
-        try:
-            probe_bind(self.listen, field=where, error=ConfigError)
-            if self.tls is not None:
-                port = server.add_secure_port(self.listen, server_credentials(self.tls))
-            else:
-                port = server.add_insecure_port(self.listen)
-        except ConfigError:
-            await server.stop(None)
-            raise
-        except RuntimeError as exc:
-            await server.stop(None)
-            raise ConfigError(
-                where, f"cannot serve on {self.listen}: the port is in use or not this host's"
-            ) from exc
+        port = await bind_port(server, self.listen, self.tls, field="sidecar.grpc_listen")
         await server.start()
         self._server = server
         host = self.listen.rpartition(":")[0]
