@@ -238,23 +238,6 @@ class Limited:
 _LEASES: ContextVar[tuple[tuple[Limited, Lease], ...]] = ContextVar("mesh_leases", default=())
 
 
-def limited(
-    mesh: Admits,
-    tenant: str,
-    metric: str,
-    amount: int = 1,
-    *,
-    descriptor: Any = None,
-    timeout_s: float | None = None,
-    refund_on_error: bool = False,
-) -> Limited:
-    """`mesh.limited(...)` as a function (module docstring)."""
-    return Limited(
-        mesh,
-        tenant,
-        metric,
-        amount,
-        descriptor=descriptor,
-        timeout_s=timeout_s,
-        refund_on_error=refund_on_error,
-    )
+# `mesh.limited(admitter, ...)`, for any admitter (module docstring): the class itself, so
+# its signature is written once.
+limited = Limited

@@ -148,15 +148,10 @@ class Mesh:
         """`try_admit_detailed` without building the detailed verdict: the shared verdict
         and the view's numbers (None with no view). For an API that encodes both onto a
         wire itself (the sidecar), so a batch item costs no Verdict of its own."""
-        d = self._driver
-        if d is None:
-            raise ConfigError("mesh", "not started: use `async with Mesh(...)` or .start()")
-        adm = d.member.admission
-        with self._lock or contextlib.nullcontext():
-            v = adm.try_admit(tenant, metric, amount)
-            if self.count_decisions:
-                self._count(tenant, metric, v)
-            return v, adm.numbers(v, tenant, metric, amount)
+        (answer,) = self.try_admit_numbers_many([(tenant, metric, amount)])
+        if isinstance(answer, ConfigError):
+            raise answer
+        return answer
 
     def try_admit_numbers_many(
         self, rows: list[tuple[str, str, int]]
