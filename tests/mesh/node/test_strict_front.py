@@ -161,11 +161,14 @@ def test_strict_admissions_keep_the_envelope_through_a_governord_sigkill(
     assert excess <= RATE * CLOCK_GRAIN_S, excess
     assert all(v.bound == STRICT_BOUND for _, v in seen)
     reasons = {v.reason for _, v in seen}
+    # SNAPSHOT_STALE: the mesh front's view went stale (a loaded machine delays its owner's
+    # snapshots past their TTL) and it vetoed, disclosed; the front passes that reason on.
     assert reasons <= {
         Reason.ADMITTED,
         Reason.NO_CREDIT,
         Reason.GLOBAL_LIMIT,
         Reason.GOVERNOR_UNREACHABLE,
+        Reason.SNAPSHOT_STALE,
     }
     assert Reason.NO_CREDIT in reasons  # credit, not the mesh, was acme's bottleneck
     # noisy was turned away by the mesh first (its demand never reached governord), within
