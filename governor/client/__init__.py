@@ -23,6 +23,7 @@ from ._errors import (
 )
 from ._httpx import GovernedAsyncTransport, GovernedTransport
 from ._retry import retry
+from ._slot import Slot, cooldown, slot
 from ._sync import SyncClient, SyncTask, current_sync_task
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "RequestError",
     "ScopeError",
     "SessionLost",
+    "Slot",
     "StrictCredit",
     "SyncClient",
     "SyncTask",
@@ -47,8 +49,10 @@ __all__ = [
     "Unavailable",
     "acquire",
     "consume",
+    "cooldown",
     "current_sync_task",
     "current_task",
     "retry",
+    "slot",
     "validate",
 ]

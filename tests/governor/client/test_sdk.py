@@ -41,10 +41,10 @@ def test_public_api_is_pinned() -> None:
     assert set(sdk.__all__) == {
         "AcquireTimeout", "AuthError", "Client", "Denied", "GovernedAsyncTransport",
         "GovernedTransport", "GovernorClientError", "Group", "Lease", "LeaseEnded", "NodeEnded",
-        "RequestError", "ScopeError", "SessionLost", "StrictCredit", "SyncClient", "SyncTask",
-        "Task",
-        "Unavailable", "acquire", "consume", "current_sync_task", "current_task", "retry",
-        "validate",
+        "RequestError", "ScopeError", "SessionLost", "Slot", "StrictCredit", "SyncClient",
+        "SyncTask", "Task",
+        "Unavailable", "acquire", "consume", "cooldown", "current_sync_task", "current_task",
+        "retry", "slot", "validate",
     }  # fmt: skip
 
 
