@@ -2,20 +2,79 @@
 
 The same slots, windows, cooldown and fail-open as the `gov` command (governor.gov): a
 block waits out a cooldown and a full set of slots for its priority's window, then runs
-anyway and says so (stderr and `$GOV_DIR/gov.log`). `Slot.saw_429()` (or `cooldown()`)
-trips the machine's cooldown from Python, as a 429 in a command's output does for `gov run`.
+anyway and says so (stderr and `$GOV_DIR/gov.log`). With `GOVERNOR_ADDR` set the slot is a
+governord lease, so `max` holds across machines (`LeaseSlot`); when governord does not
+answer, the machine-local semaphore stands in, disclosed. `Slot.saw_429()` (or
+`cooldown()`) trips the machine's cooldown from Python, as a 429 in a command's output does
+for `gov run`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
+import time
+from collections.abc import Callable
 from types import TracebackType
 
 from governor.gov import COOLDOWN_DEFAULT_S, Acquired, Cooldown, GovDir, gov_dir
 from governor.gov._slots import TTL_DEFAULT_S, Attempt, release_slot
 
-__all__ = ["Slot", "slot", "cooldown"]
+from ._leaseslot import LeaseSlot, governord_addr
+
+__all__ = ["Slot", "slot", "cooldown", "take_slot"]
+
+
+def take_slot(
+    attempt: Attempt,
+    remote: LeaseSlot | None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Acquired:
+    """The whole wait: the cooldown, then a governord lease (when configured and answering)
+    or a local slot, then fail open once the window is spent."""
+    try:
+        if remote is not None:
+            while True:
+                got, pause = attempt.cooling()
+                if got is not None:
+                    return got
+                if pause <= 0:
+                    break
+                sleep(pause)
+            waited = attempt.window - attempt.left_s()
+            reason = remote.take(attempt.left_s())
+            if reason is None:
+                return attempt.done(Acquired(attempt.name, None, waited, lease=True))
+            if not remote.unreachable:
+                return attempt.done(Acquired(attempt.name, None, waited, reason))
+            _disclose_fallback(attempt, reason)
+        while True:
+            got, pause = attempt.step()
+            if got is not None:
+                return got
+            sleep(pause)
+    finally:
+        attempt.cancel()
+
+
+def _disclose_fallback(attempt: Attempt, reason: str) -> None:
+    print(
+        f"gov: {reason}: using this machine's {attempt.name!r} slots (max {attempt.max} on "
+        "this machine only, not across the fleet)",
+        file=sys.stderr,
+        flush=True,
+    )
+    attempt.root.log(
+        {
+            "event": "governord_fallback",
+            "name": attempt.name,
+            "reason": reason,
+            "pid": attempt.holder.pid,
+            "command": attempt.holder.command,
+            "time": time.time(),
+        }
+    )
 
 
 class Slot:
@@ -30,6 +89,7 @@ class Slot:
         wait_s: float | None = None,
         ttl_s: float = TTL_DEFAULT_S,
         root: GovDir | None = None,
+        governord: bool | None = None,
     ) -> None:
         self.root = root or gov_dir()
         self._attempt = Attempt(
@@ -42,13 +102,16 @@ class Slot:
             root=self.root,
         )
         self.name = self._attempt.name
+        use_remote = governord_addr() is not None if governord is None else governord
+        self.remote = LeaseSlot(self.name, self._attempt.max) if use_remote else None
         self.got: Acquired | None = None
         self._stop = threading.Event()
 
     @property
     def held(self) -> bool:
-        """True if the block holds a slot; False if it failed open."""
-        return self.got is not None and self.got.claim is not None
+        """True if the block holds a slot (local or a governord lease); False if it failed
+        open."""
+        return self.got is not None and self.got.held
 
     def saw_429(self, seconds: float = COOLDOWN_DEFAULT_S, *, name_only: bool = False) -> None:
         """The work in this block was told 429: back the machine (or this name) off."""
@@ -56,18 +119,8 @@ class Slot:
             seconds, self.name if name_only else None, f"429 reported by slot({self.name!r})"
         )
 
-    # -- sync -----------------------------------------------------------------------------
-
     def __enter__(self) -> Slot:
-        try:
-            while True:
-                got, pause = self._attempt.step()
-                if got is not None:
-                    break
-                self._stop.wait(pause)
-        finally:
-            self._attempt.cancel()
-        self._started(got)
+        self._started(take_slot(self._attempt, self.remote, self._stop.wait))
         return self
 
     def __exit__(
@@ -78,17 +131,19 @@ class Slot:
     ) -> None:
         self._release()
 
-    # -- async ----------------------------------------------------------------------------
-
     async def __aenter__(self) -> Slot:
-        try:
-            while True:
-                got, pause = self._attempt.step()
-                if got is not None:
-                    break
-                await asyncio.sleep(pause)
-        finally:
-            self._attempt.cancel()
+        if self.remote is not None:  # the SDK's sync client blocks: wait off the loop
+            got = await asyncio.to_thread(take_slot, self._attempt, self.remote)
+        else:
+            try:
+                while True:
+                    done, pause = self._attempt.step()
+                    if done is not None:
+                        got = done
+                        break
+                    await asyncio.sleep(pause)
+            finally:
+                self._attempt.cancel()
         self._started(got)
         return self
 
@@ -98,7 +153,10 @@ class Slot:
         ev: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._release()
+        if self.remote is not None:
+            await asyncio.to_thread(self._release)
+        else:
+            self._release()
 
     def _started(self, got: Acquired) -> None:
         self.got = got
@@ -117,6 +175,8 @@ class Slot:
         self._stop.set()
         if self.got is not None:
             release_slot(self.root, self.got)
+        if self.remote is not None:
+            self.remote.give_back()
 
 
 def slot(

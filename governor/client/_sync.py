@@ -50,7 +50,13 @@ class SyncClient:
         async def make() -> Client:
             return await Client(*args, **kwargs).connect()
 
-        self.aio = self._run(make())
+        try:
+            self.aio = self._run(make())
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)  # no thread left behind
+            self._thread.join()
+            self._loop.close()
+            raise
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

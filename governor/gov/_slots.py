@@ -55,6 +55,11 @@ class Acquired:
     waited_s: float
     fail_open: str | None = None
     cooled_s: float = 0.0  # of the wait, how long was spent waiting out a cooldown
+    lease: bool = False  # held as a governord lease (fleet-wide), not a local slot
+
+    @property
+    def held(self) -> bool:
+        return self.claim is not None or self.lease
 
 
 class Attempt:
@@ -104,6 +109,31 @@ class Attempt:
         self._wait_here()
         pause, self._poll = min(self._poll, left), min(self._poll * 2, POLL_MAX_S)
         return None, pause
+
+    def cooling(self) -> tuple[Acquired | None, float]:
+        """The cooldown part of `step` alone (a governord lease is taken after it): (a
+        fail-open once the window is spent, or None; seconds to sleep, 0 when it is over)."""
+        left = self.window - (time.monotonic() - self.started)
+        cool = self.cooldown.remaining_s(self.name)
+        if cool <= 0:
+            return None, 0.0
+        if left <= 0:
+            return self.step()[0], 0.0
+        self._wait_here()
+        pause = min(cool, left, 1.0)
+        self.cooled_s += pause
+        return None, pause
+
+    def left_s(self) -> float:
+        return max(0.0, self.window - (time.monotonic() - self.started))
+
+    def done(self, got: Acquired) -> Acquired:
+        """Finish with an outcome decided elsewhere (a lease, or its refusal: fail open)."""
+        got.cooled_s = self.cooled_s
+        self._unwait()
+        if got.fail_open is not None:
+            fail_open(self.root, got, self.holder)
+        return got
 
     def cancel(self) -> None:
         self._unwait()

@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-GOV = [sys.executable, "-m", "governor.gov.cli"]
+GOV = [sys.executable, "-m", "governor.gov_cli"]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

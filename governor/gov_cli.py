@@ -18,14 +18,15 @@ import sys
 import time
 from typing import Any
 
+from governor.client._leaseslot import LeaseSlot, governord_addr
+from governor.client._slot import take_slot
+from governor.gov._cooldown import COOLDOWN_DEFAULT_S, PATTERNS_DEFAULT, Cooldown, matcher
+from governor.gov._paths import DEFAULT_NAME, GovDir, check_name, gov_dir, read_json
+from governor.gov._run import exit_like, run_command
+from governor.gov._semaphore import LocalSemaphore, alive
+from governor.gov._slots import PRIORITIES, TTL_DEFAULT_S, Attempt
 from ratemesh.errors import ConfigError
 from ratemesh.operator import EXIT_USAGE, OneLineParser, one_line
-
-from ._cooldown import COOLDOWN_DEFAULT_S, PATTERNS_DEFAULT, Cooldown, matcher
-from ._paths import DEFAULT_NAME, GovDir, check_name, gov_dir, read_json
-from ._run import exit_like, run_command
-from ._semaphore import LocalSemaphore, alive
-from ._slots import PRIORITIES, TTL_DEFAULT_S, acquire_slot
 
 __all__ = ["main", "status"]
 
@@ -148,7 +149,7 @@ def _run(args: Any, root: GovDir) -> int:
         raise ConfigError("CMD", "gov run needs a command after --")
     check_name(args.name)
     pattern = matcher(_patterns(args.pattern))
-    got = acquire_slot(
+    attempt = Attempt(
         args.name,
         args.max,
         priority=args.priority,
@@ -157,14 +158,20 @@ def _run(args: Any, root: GovDir) -> int:
         ttl_s=args.ttl_s,
         root=root,
     )
-    status_ = run_command(
-        argv,
-        got,
-        root,
-        pattern=pattern,
-        cooldown_s=args.cooldown_s,
-        cooldown_name=args.name if args.name_cooldown else None,
-    )
+    remote = LeaseSlot(args.name, args.max) if governord_addr() else None
+    got = take_slot(attempt, remote)
+    try:
+        status_ = run_command(
+            argv,
+            got,
+            root,
+            pattern=pattern,
+            cooldown_s=args.cooldown_s,
+            cooldown_name=args.name if args.name_cooldown else None,
+        )
+    finally:
+        if remote is not None:
+            remote.give_back()
     return exit_like(status_)
 
 
