@@ -29,7 +29,7 @@ __all__ = ["Slot", "slot", "cooldown", "take_slot"]
 def take_slot(
     attempt: Attempt,
     remote: LeaseSlot | None,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], object] = time.sleep,
 ) -> Acquired:
     """The whole wait: the cooldown, then a governord lease (when configured and answering)
     or a local slot, then fail open once the window is spent."""
