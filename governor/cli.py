@@ -54,6 +54,13 @@ def _parser() -> argparse.ArgumentParser:
     for b in (eng, st, sc):
         b.add_argument("--json", action="store_true", help="print JSON (the default)")
         b.add_argument("--table", action="store_true", help="print a table instead of JSON")
+    hook = sub.add_parser("hook", help="a PreToolUse hook for agent CLIs (governor/hook.py)")
+    hook.add_argument("--source", choices=["claude", "codex"], default="claude")
+    hook.add_argument("--tool-calls", type=int, default=500, help="tool calls per run")
+    hook.add_argument("--subagents", type=int, default=20, help="subagents per run")
+    hook.add_argument("--minutes", type=float, default=None, help="the run's time budget")
+    hook.add_argument("--addr", default=None, help="governord (default: GOVERNOR_ADDR)")
+    hook.add_argument("--timeout-s", type=float, default=5.0, help="then it fails closed")
     val = sub.add_parser("validate", help="check a configuration file")
     val.add_argument("--config", dest="validate_config", required=True)
     return p
@@ -158,6 +165,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "validate":
         return _validate(args.validate_config)
+    if args.command == "hook":
+        from governor.hook import HookLimits, run_hook
+
+        limits = HookLimits(
+            tool_calls=check_int("--tool-calls", args.tool_calls, minimum=1),
+            subagents=check_int("--subagents", args.subagents, minimum=1),
+            minutes=None if args.minutes is None else check_float("--minutes", args.minutes),
+            source=args.source,
+            timeout_s=check_float("--timeout-s", args.timeout_s, minimum=0.1),
+        )
+        return run_hook(limits, addr=args.addr)
     return _daemon(args.config)
 
 
