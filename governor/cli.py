@@ -61,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     hook.add_argument("--minutes", type=float, default=None, help="the run's time budget")
     hook.add_argument("--addr", default=None, help="governord (default: GOVERNOR_ADDR)")
     hook.add_argument("--timeout-s", type=float, default=5.0, help="then it fails closed")
+    ui = sub.add_parser("ui", help="a terminal screen over your subtree (textual)")
+    ui.add_argument("--addr", default=None, help="governord (default: GOVERNOR_ADDR)")
     val = sub.add_parser("validate", help="check a configuration file")
     val.add_argument("--config", dest="validate_config", required=True)
     return p
@@ -165,6 +167,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "validate":
         return _validate(args.validate_config)
+    if args.command == "ui":
+        try:
+            from governor.tui import GovernorUI
+        except ImportError as exc:
+            raise ConfigError("ui", f"needs textual: pip install 'ratemesh[ui]' ({exc})") from exc
+        GovernorUI(args.addr).run()
+        return 0
     if args.command == "hook":
         from governor.hook import HookLimits, run_hook
 

@@ -134,6 +134,25 @@ class Engine(CreditMixin, LeasingMixin, HousekeepingMixin, PoliciesMixin):
     def queued(self) -> list[Waiter]:
         return [w for q in self._queues.values() for w in q.waiters()]
 
+    def activity(self, node_id: int) -> tuple[dict[str, int], dict[str, int]]:
+        """What a node has in flight beyond its counters, for GetNode and the terminal UI:
+        acquires waiting in the fair queue per class, and units of unexpired credit blocks
+        out per rated resource. Off the hot path (it scans the node's queues and blocks)."""
+        if _ident("node_id", node_id) not in self._state.nodes:
+            raise NotFound("node_id", f"no node {node_id!r}")
+        waiting: dict[str, int] = {}
+        for cls, q in sorted(self._queues.items()):
+            n = sum(1 for w in q.waiters() if w.node_id == node_id)
+            if n:
+                waiting[cls] = n
+        now = self._now()
+        credit = {
+            resource: b.outstanding(now)
+            for (nid, resource), b in sorted(self._state.credit.buckets.items())
+            if nid == node_id and b.blocks
+        }
+        return waiting, {k: v for k, v in credit.items() if v}
+
     # ---- sessions ------------------------------------------------------------------------
 
     def open_session(self, scope_id: int, ttl_ms: int, token_sha256: str) -> tuple[int, int]:

@@ -90,6 +90,7 @@ def _in_scope(engine: Engine, scope_id: int, node_id: int) -> bool:
 
 def _node_info(engine: Engine, node_id: int) -> dict[str, Any]:
     n = engine.state.nodes[node_id]
+    waiting, credit = engine.activity(node_id)
     return {
         "node_id": n.id,
         "parent_id": n.parent,
@@ -104,6 +105,8 @@ def _node_info(engine: Engine, node_id: int) -> dict[str, Any]:
         "deadline_ms": n.deadline_ms,
         "effective_deadline_ms": engine.effective_deadline_ms(n.id),
         "children": sorted(n.children),
+        "waiting": waiting,  # acquires queued per class
+        "credit_outstanding": credit,  # units of live credit blocks per rated resource
         **_rates_info(engine, n.id),
     }
 
