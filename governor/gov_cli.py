@@ -18,8 +18,8 @@ import sys
 import time
 from typing import Any
 
-from governor.client._leaseslot import LeaseSlot, governord_addr
-from governor.client._slot import take_slot
+from governor.client._leaseslot import FLEET, LeaseSlot, fleet_cooldown, governord_addr
+from governor.client._slot import publish, take_slot
 from governor.gov._cooldown import COOLDOWN_DEFAULT_S, PATTERNS_DEFAULT, Cooldown, matcher
 from governor.gov._paths import DEFAULT_NAME, GovDir, check_name, gov_dir, read_json
 from governor.gov._run import exit_like, run_command
@@ -168,6 +168,7 @@ def _run(args: Any, root: GovDir) -> int:
             pattern=pattern,
             cooldown_s=args.cooldown_s,
             cooldown_name=args.name if args.name_cooldown else None,
+            on_trip=lambda s: publish(remote, s, args.name_cooldown),
         )
     finally:
         if remote is not None:
@@ -199,7 +200,13 @@ def main(argv: list[str] | None = None) -> int:
             name = None if args.name is None else check_name(args.name)
             until = Cooldown(root).set(args.seconds, name)
             left = max(0.0, until - time.time())
-            print(f"gov: cooldown {left:.0f}s for {'this machine' if name is None else name}")
+            where = "this machine" if name is None else name
+            if governord_addr() and fleet_cooldown():
+                remote = LeaseSlot(name or FLEET, 1)
+                failed = remote.publish_cooldown(args.seconds, name is not None, replace=True)
+                remote.give_back()
+                where += " on every machine" if failed is None else f" ({failed})"
+            print(f"gov: cooldown {left:.0f}s for {where}")
             return 0
     except (ConfigError, ValueError) as exc:
         print(f"gov: {one_line(exc)}", file=sys.stderr)

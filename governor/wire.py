@@ -123,6 +123,16 @@ METHODS: dict[str, Method] = {
         _m("SetLimit", {"node_id": "int", "cls": "str", "limit": "int?", "request_id": "str?"}),
         _m("SetDefaults", {"node_id": "int", "defaults": "defaults?", "request_id": "str?"}),
         _m(
+            "SetCooldown",
+            {
+                "node_id": "int",
+                "name": "str",
+                "duration_ms": "int",
+                "replace": "bool?",
+                "request_id": "str?",
+            },
+        ),
+        _m(
             "ReserveCredit",
             {"node_id": "int", "resource": "str", "units": "int", "request_id": "str?"},
         ),

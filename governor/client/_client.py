@@ -268,6 +268,20 @@ class Client:
         body = {"node_id": node_id, "cls": cls, "limit": limit, "request_id": _rid()}
         await self.call("SetLimit", body)
 
+    async def set_cooldown(
+        self, node_id: int, name: str, seconds: float, *, replace: bool = False
+    ) -> int:
+        """Back every caller of `name` under `node_id` off for `seconds` (docs/gov.md);
+        returns the cooldown's end, epoch ms."""
+        body = {
+            "node_id": node_id,
+            "name": name,
+            "duration_ms": int(seconds * 1000),
+            "replace": replace,
+            "request_id": _rid(),
+        }
+        return int((await self.call("SetCooldown", body))["until_ms"])
+
     async def set_rate(self, node_id: int, resource: str, rate: tuple[int, int] | None) -> None:
         """Set a node's rate for ``resource`` as (units per second, burst); None removes it."""
         per_s, burst = rate if rate is not None else (None, None)

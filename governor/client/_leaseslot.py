@@ -15,15 +15,32 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from governor.gov import Cooldown
+
 from ._client import Lease
 from ._errors import AcquireTimeout, GovernorClientError
 from ._sync import SyncClient
 
-__all__ = ["LeaseSlot", "GOV_NODE", "governord_addr", "CONNECT_TIMEOUT_S", "SESSION_TTL_MS"]
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "FLEET",
+    "GOV_NODE",
+    "SESSION_TTL_MS",
+    "LeaseSlot",
+    "fleet_cooldown",
+    "governord_addr",
+]
 
 GOV_NODE = "gov"  # the node under the tenant whose limits are the gov slot names
 CONNECT_TIMEOUT_S = 3.0  # past this, governord "does not answer": fall back, disclosed
 SESSION_TTL_MS = 10_000  # a killed holder's lease is freed within this (governord's bounds)
+FLEET = "all"  # the cooldown name on the gov node that backs every name off
+
+
+def fleet_cooldown(environ: dict[str, str] | None = None) -> bool:
+    """Whether cooldowns go through governord to every machine (GOV_FLEET_COOLDOWN=1): opt-in."""
+    env = os.environ if environ is None else environ
+    return env.get("GOV_FLEET_COOLDOWN", "").lower() in ("1", "true", "yes")
 
 
 def governord_addr(environ: dict[str, str] | None = None) -> str | None:
@@ -45,9 +62,10 @@ class LeaseSlot:
     client: SyncClient | None = None
     lease: Lease | None = None
     unreachable: bool = False
+    node_id: int | None = None
 
-    def take(self, window_s: float) -> str | None:
-        try:
+    def _connect(self) -> SyncClient:
+        if self.client is None:
             self.client = SyncClient(
                 self.addr,
                 self.api_key,
@@ -55,7 +73,46 @@ class LeaseSlot:
                 connect_timeout_s=self.connect_timeout_s,
             )
             c = self.client
-            node = c._run(c.aio.create_node(GOV_NODE, ensure=True, limits={self.name: self.max}))
+            self.node_id = c._run(
+                c.aio.create_node(GOV_NODE, ensure=True)
+            )  # the limit is set by `take`: its max is the caller's
+        return self.client
+
+    def mirror_cooldowns(self, cooldown: Cooldown) -> str | None:
+        """Copy the fleet's live cooldowns for this name (and `all`) from the gov node into
+        this machine's cooldown, which the wait then honours. None, or why it could not
+        (governord unreachable: the caller goes on with what this machine knows)."""
+        try:
+            c = self._connect()
+            assert self.node_id is not None
+            info = c._run(c.aio.get_node(self.node_id))
+        except (GovernorClientError, OSError) as exc:
+            self.unreachable = True
+            self._close()
+            return f"governord unreachable ({type(exc).__name__}: {exc})"
+        held = info.get("cooldowns") or {}
+        cooldown.mirror(self.name, held.get(FLEET, 0) / 1000, held.get(self.name, 0) / 1000)
+        return None
+
+    def publish_cooldown(
+        self, seconds: float, name_only: bool, *, replace: bool = False
+    ) -> str | None:
+        """Back every machine off through governord. None, or why not (fail-open: this
+        machine's own cooldown is set either way)."""
+        try:
+            c = self._connect()
+            assert self.node_id is not None
+            name = self.name if name_only else FLEET
+            c._run(c.aio.set_cooldown(self.node_id, name, seconds, replace=replace))
+            return None
+        except (GovernorClientError, OSError) as exc:
+            return f"not published through governord ({type(exc).__name__}: {exc})"
+
+    def take(self, window_s: float) -> str | None:
+        try:
+            c = self._connect()
+            assert self.node_id is not None
+            node = self.node_id
             c._run(c.aio.set_limit(node, self.name, self.max))
             self.lease = c._run(c.aio.acquire_at(node, self.name, timeout=window_s))
             return None

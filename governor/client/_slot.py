@@ -21,7 +21,7 @@ from types import TracebackType
 from governor.gov import COOLDOWN_DEFAULT_S, Acquired, Cooldown, GovDir, gov_dir
 from governor.gov._slots import TTL_DEFAULT_S, Attempt, release_slot
 
-from ._leaseslot import LeaseSlot, governord_addr
+from ._leaseslot import LeaseSlot, fleet_cooldown, governord_addr
 
 __all__ = ["Slot", "slot", "cooldown", "take_slot"]
 
@@ -34,6 +34,10 @@ def take_slot(
     """The whole wait: the cooldown, then a governord lease (when configured and answering)
     or a local slot, then fail open once the window is spent."""
     try:
+        if remote is not None and fleet_cooldown():
+            if remote.mirror_cooldowns(attempt.cooldown) is not None:
+                _disclose_fallback(attempt, "governord unreachable")
+                remote = None
         if remote is not None:
             while True:
                 got, pause = attempt.cooling()
@@ -77,6 +81,17 @@ def _disclose_fallback(attempt: Attempt, reason: str) -> None:
     )
 
 
+def publish(remote: LeaseSlot | None, seconds: float, name_only: bool) -> None:
+    """Send a tripped cooldown to every machine through governord when that is switched on
+    (GOV_FLEET_COOLDOWN=1); fail-open and said on stderr when governord does not take it."""
+    if remote is None or not fleet_cooldown():
+        return
+    failed = remote.publish_cooldown(seconds, name_only)
+    where = "every machine" if failed is None else "this machine only"
+    note = "" if failed is None else f": {failed}"
+    print(f"gov: cooldown of {seconds:g}s for {where}{note}", file=sys.stderr, flush=True)
+
+
 class Slot:
     """One use of a slot: a context manager, sync or async (not both at once)."""
 
@@ -118,6 +133,7 @@ class Slot:
         Cooldown(self.root).trip(
             seconds, self.name if name_only else None, f"429 reported by slot({self.name!r})"
         )
+        publish(self.remote, seconds, name_only)
 
     def __enter__(self) -> Slot:
         self._started(take_slot(self._attempt, self.remote, self._stop.wait))

@@ -46,10 +46,14 @@ from ._types import (
     Granted,
     NodeState,
     Rate,
+    RequestTag,
     SessionState,
 )
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "COOLDOWN_MS_MAX", "COOLDOWNS_PER_NODE_MAX"]
+
+COOLDOWN_MS_MAX = 86_400_000  # a day: a cooldown is a back-off, not a switch
+COOLDOWNS_PER_NODE_MAX = 64  # live named cooldowns one node holds
 
 
 class Engine(CreditMixin, LeasingMixin, HousekeepingMixin, PoliciesMixin):
@@ -403,6 +407,40 @@ class Engine(CreditMixin, LeasingMixin, HousekeepingMixin, PoliciesMixin):
             request_id,
             ("deadline", node_id, deadline_ms),
             lambda seq, now, tag: ev.DeadlineSet(seq, now, node_id, deadline_ms, session_id, tag),
+        )
+
+    def set_cooldown(
+        self,
+        session_id: int | None,
+        node_id: int,
+        name: str,
+        duration_ms: int,
+        *,
+        replace: bool = False,
+        request_id: str | None = None,
+    ) -> Edited:
+        """Back callers of `name` off until now + `duration_ms`. A cooldown only grows
+        (a later, shorter one keeps the longer end) unless `replace` (the operator's `gov
+        cooldown`; 0 with replace clears it)."""
+        _name("name", name)
+        if type(duration_ms) is not int or not 0 <= duration_ms <= COOLDOWN_MS_MAX:
+            raise InvalidArgument("duration_ms", f"must be 0..{COOLDOWN_MS_MAX} ms")
+        node = self._state.nodes.get(_ident("node_id", node_id))
+        if node is not None:
+            now = self._now()
+            live = {k for k, v in node.cooldowns.items() if v > now}
+            if name not in live and len(live) >= COOLDOWNS_PER_NODE_MAX:
+                raise InvalidArgument(
+                    "name", f"node {node_id} has {COOLDOWNS_PER_NODE_MAX} live cooldowns"
+                )
+
+        def make(seq: int, now: int, tag: RequestTag | None) -> ev.Event:
+            current = self._state.nodes[node_id].cooldowns.get(name, 0)
+            until = now + duration_ms if replace else max(current, now + duration_ms)
+            return ev.CooldownSet(seq, now, node_id, name, until, session_id, tag)
+
+        return self._edit(
+            session_id, node_id, request_id, ("cooldown", node_id, name, duration_ms, replace), make
         )
 
     def set_adaptive(self, cls: str, config: AdaptiveConfig | None) -> None:

@@ -19,6 +19,7 @@ from ._types import AdaptiveConfig, Defaults, LeaseEnd, NodeState, Rate, Request
 __all__ = [
     "AdaptiveSet",
     "Charged",
+    "CooldownSet",
     "DeadlineSet",
     "DefaultsSet",
     "Event",
@@ -191,6 +192,19 @@ class DeadlineSet:
 
 
 @dataclass(frozen=True, slots=True)
+class CooldownSet:
+    """A named cooldown on a node now ends at `until_ms` (at or before `at_ms`: cleared)."""
+
+    seq: int
+    at_ms: int
+    node_id: int
+    name: str
+    until_ms: int
+    session_id: int | None
+    request: RequestTag | None
+
+
+@dataclass(frozen=True, slots=True)
 class NodeEnded:
     """One node reached a terminal state; a cascade is one event per node, top first."""
 
@@ -298,6 +312,7 @@ Event = (
     | DefaultsSet
     | WeightSet
     | DeadlineSet
+    | CooldownSet
     | NodeEnded
     | LeaseGranted
     | LeaseEnded
@@ -323,6 +338,7 @@ EVENT_KINDS: dict[str, type[Any]] = {
         DefaultsSet,
         WeightSet,
         DeadlineSet,
+        CooldownSet,
         NodeEnded,
         LeaseGranted,
         LeaseEnded,

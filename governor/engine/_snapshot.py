@@ -63,6 +63,7 @@ def dump_state(state: State) -> dict[str, Any]:
                 "used": _ints(n.used),
                 "direct": _ints(n.direct),
                 "absorbed": _ints(n.absorbed),
+                "cooldowns": _ints(n.cooldowns),
             }
         )
     sessions = []
@@ -151,6 +152,7 @@ def _load(data: dict[str, Any], config: EngineConfig) -> State:
             dict(d["direct"]),
             dict(d["absorbed"]),
         )
+        node.cooldowns = dict(d.get("cooldowns", {}))  # absent in snapshots before issue 17
         state.nodes[node.id] = node
     for node in sorted(state.nodes.values(), key=lambda n: n.id):
         if node.parent is not None:

@@ -59,6 +59,9 @@ class Node:
     absorbed: dict[str, int] = field(default_factory=dict)  # usage of removed children
     held: dict[str, int] = field(default_factory=dict)  # live leases in the subtree, per class
     children: set[int] = field(default_factory=set)
+    # name -> until (epoch ms): a fleet-wide "back off" set by a caller that saw a 429
+    # (`gov`, docs/gov.md); at most COOLDOWNS_PER_NODE_MAX live ones, expired ones dropped.
+    cooldowns: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -144,6 +147,7 @@ class State:
             ev.DefaultsSet: self._defaults_set,
             ev.WeightSet: self._weight_set,
             ev.DeadlineSet: self._deadline_set,
+            ev.CooldownSet: self._cooldown_set,
             ev.NodeEnded: self._node_ended,
             ev.LeaseGranted: self._lease_granted,
             ev.LeaseEnded: self._lease_ended,
@@ -261,6 +265,15 @@ class State:
 
     def _deadline_set(self, e: ev.DeadlineSet) -> None:
         self.nodes[e.node_id].deadline_ms = e.deadline_ms
+        self.remember(e.session_id, e.request, Edited(e.node_id))
+
+    def _cooldown_set(self, e: ev.CooldownSet) -> None:
+        node = self.nodes[e.node_id]
+        node.cooldowns = {k: v for k, v in node.cooldowns.items() if v > e.at_ms}
+        if e.until_ms > e.at_ms:
+            node.cooldowns[e.name] = e.until_ms
+        else:
+            node.cooldowns.pop(e.name, None)
         self.remember(e.session_id, e.request, Edited(e.node_id))
 
     def _node_ended(self, e: ev.NodeEnded) -> None:

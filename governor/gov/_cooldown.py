@@ -43,8 +43,17 @@ class Cooldown:
     def remaining_s(self, name: str | None = None, now: float | None = None) -> float:
         """Seconds left of the longest cooldown that applies to `name` (0 when none)."""
         t = time.time() if now is None else now
-        until = max(self._until(None), self._until(name) if name is not None else 0.0)
+        until = max(self._until(None), self._until(None, fleet=True))
+        if name is not None:
+            until = max(until, self._until(name), self._until(name, fleet=True))
         return max(0.0, until - t)
+
+    def mirror(self, name: str, all_until: float, name_until: float) -> None:
+        """Replace this machine's copy of the fleet's cooldowns (epoch s; 0: none) with
+        what governord holds now."""
+        tmp = self.root.tmp()
+        write_atomic(self.root.cooldown_file(None, fleet=True), {"until": all_until}, tmp)
+        write_atomic(self.root.cooldown_file(name, fleet=True), {"until": name_until}, tmp)
 
     def trip(self, seconds: float, name: str | None = None, reason: str = "") -> float:
         """Extend the cooldown to at least `seconds` from now; returns its `until`."""
@@ -60,8 +69,8 @@ class Cooldown:
         self._write(name, until, reason, now)
         return until
 
-    def _until(self, name: str | None) -> float:
-        rec = read_json(self.root.cooldown_file(name))
+    def _until(self, name: str | None, *, fleet: bool = False) -> float:
+        rec = read_json(self.root.cooldown_file(name, fleet=fleet))
         try:
             return float((rec or {}).get("until", 0.0))
         except (TypeError, ValueError):

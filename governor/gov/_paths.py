@@ -46,9 +46,11 @@ class GovDir:
     def tmp(self) -> Path:
         return self._dir("tmp")
 
-    def cooldown_file(self, name: str | None) -> Path:
-        self._dir()
-        return self.root / ("cooldown.json" if name is None else f"cooldown-{name}.json")
+    def cooldown_file(self, name: str | None, *, fleet: bool = False) -> Path:
+        """This machine's cooldown (or `name`'s); `fleet`: the copy of the fleet's, as
+        governord last said it (replaced at each read, so a fleet-wide clear reaches here)."""
+        d = self._dir("fleet") if fleet else self._dir()
+        return d / ("cooldown.json" if name is None else f"cooldown-{name}.json")
 
     @property
     def log_file(self) -> Path:

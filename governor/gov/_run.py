@@ -81,6 +81,7 @@ def run_command(
     pattern: re.Pattern[bytes],
     cooldown_s: float = COOLDOWN_DEFAULT_S,
     cooldown_name: str | None = None,
+    on_trip: Callable[[float], None] | None = None,
 ) -> int:
     """Run `argv` under `got` and return the exit status gov should end with (a negative
     number -N: the command was ended by signal N, which the caller re-raises)."""
@@ -96,6 +97,8 @@ def run_command(
             file=sys.stderr,
             flush=True,
         )
+        if on_trip is not None:
+            on_trip(cooldown_s)
 
     scan = Scan(pattern, tripped)
     try:

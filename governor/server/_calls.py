@@ -107,6 +107,7 @@ def _node_info(engine: Engine, node_id: int) -> dict[str, Any]:
         "children": sorted(n.children),
         "waiting": waiting,  # acquires queued per class
         "credit_outstanding": credit,  # units of live credit blocks per rated resource
+        "cooldowns": dict(sorted(n.cooldowns.items())),  # name -> until (epoch ms)
         **_rates_info(engine, n.id),
     }
 
@@ -377,6 +378,25 @@ class CallsMixin:
         return await self._edit(
             lambda e: e.set_limit(sid, b["node_id"], b["cls"], b["limit"], b["request_id"])
         )
+
+    async def _SetCooldown(self, who: Principal | None, b: dict[str, Any]) -> dict[str, Any]:
+        assert who is not None
+        sid = who.session_id
+
+        def go(e: Engine) -> dict[str, Any]:
+            r = e.set_cooldown(
+                sid,
+                b["node_id"],
+                b["name"],
+                b["duration_ms"],
+                replace=bool(b["replace"]),
+                request_id=b["request_id"],
+            )
+            until = e.state.nodes[r.node_id].cooldowns.get(b["name"], 0)
+            return {"node_id": r.node_id, "until_ms": until}
+
+        reply: dict[str, Any] = await self._step(go)
+        return reply
 
     async def _SetDefaults(self, who: Principal | None, b: dict[str, Any]) -> dict[str, Any]:
         assert who is not None

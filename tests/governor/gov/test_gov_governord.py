@@ -4,9 +4,11 @@ it falls back to the machine's own slots and says so."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,3 +71,33 @@ def test_no_answer_falls_back_to_this_machine_disclosed(tmp_path: Path) -> None:
     assert b"governord unreachable" in out.stderr and b"this machine only" in out.stderr
     log = (tmp_path / "m" / "gov.log").read_text()
     assert '"event": "governord_fallback"' in log
+
+
+def test_a_429_on_one_machine_backs_off_another_through_governord(
+    governord: Daemon, tmp_path: Path
+) -> None:
+    env_a = {**_env(tmp_path, "machine-a", governord.addr), "GOV_FLEET_COOLDOWN": "1"}
+    env_b = {**_env(tmp_path, "machine-b", governord.addr), "GOV_FLEET_COOLDOWN": "1"}
+    hit = subprocess.run(
+        [*GOV, "run", "--", "sh", "-c", "echo 'status 429' >&2"], env=env_a, capture_output=True
+    )
+    assert b"cooldown of 90s for every machine" in hit.stderr, hit.stderr
+    t0 = time.monotonic()
+    other = subprocess.run(
+        [*GOV, "run", "--priority", "high", "--wait-s", "1", "--", "true"],
+        env=env_b,
+        capture_output=True,
+        timeout=60,
+    )
+    assert time.monotonic() - t0 >= 1.0  # machine b waited out the fleet's cooldown
+    assert b"fail-open" in other.stderr and b"cooldown" in other.stderr
+    status = json.loads(
+        subprocess.run([*GOV, "status", "--json"], env=env_b, capture_output=True).stdout
+    )
+    assert 80 < status["cooldown_remaining_s"] <= 90
+    cleared = subprocess.run([*GOV, "cooldown", "0"], env=env_a, capture_output=True, text=True)
+    assert "on every machine" in cleared.stdout
+    again = subprocess.run(
+        [*GOV, "run", "--wait-s", "5", "--", "true"], env=env_b, capture_output=True, timeout=60
+    )
+    assert again.returncode == 0 and b"fail-open" not in again.stderr
