@@ -13,6 +13,7 @@ import asyncio
 import sqlite3
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import psycopg
@@ -73,7 +74,8 @@ class _Sqlite:
         self._path = path
 
     def __call__(self) -> None:
-        conn = sqlite3.connect(f"file:{self._path}?mode=ro", uri=True, timeout=PROBE_TIMEOUT_S)
+        uri = Path(self._path).absolute().as_uri() + "?mode=ro"  # as_uri quotes ? and #
+        conn = sqlite3.connect(uri, uri=True, timeout=PROBE_TIMEOUT_S)
         try:
             conn.execute("SELECT max(version) FROM governor_schema").fetchone()
         finally:

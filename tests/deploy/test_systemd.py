@@ -102,3 +102,16 @@ def test_the_config_a_unit_starts_passes_its_validator(
     if tool == "mesh":
         result = json.loads(done.stdout)
         assert result["ok"] and result["identity"]["source"] == "env"
+
+
+@pytest.mark.slow
+def test_the_dns_example_validates_with_the_name_its_header_describes(tmp_path: Path) -> None:
+    """deploy/mesh-node-dns.yaml (SRV members named by target) beside deploy's policies."""
+    for name in ("mesh-node-dns.yaml", "policies.yaml"):
+        shutil.copy(DEPLOY / name, tmp_path / name)
+    fqdn = "ratemesh-0.ratemesh.prod.svc.cluster.local"
+    done = validate("mesh", tmp_path / "mesh-node-dns.yaml", {"POD_FQDN": fqdn})
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["ok"] and result["identity"]["member_id"] == fqdn
+    assert result["membership"] == "dns"
