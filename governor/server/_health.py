@@ -35,11 +35,13 @@ class Health:
         *,
         draining: Callable[[], bool],
         facts: dict[str, Any] | None = None,
+        stall_after_s: float = COMMIT_STALL_S,
     ) -> None:
         self._authority = authority
         self._probe = probe
         self._draining = draining
         self._facts = dict(facts or {})  # listen, tls, tenants: what the page repeats
+        self._stall_after_s = stall_after_s
         self._started = time.monotonic()
         self._last_commit = time.monotonic()
         authority.log.commit_listeners.append(self._on_commit)
@@ -51,13 +53,13 @@ class Health:
         committed = self._authority.log.committed_seq
         pending = max(0, self._authority.engine.last_seq - committed)
         since = time.monotonic() - self._last_commit
-        stalled = pending > 0 and since > COMMIT_STALL_S
+        stalled = pending > 0 and since > self._stall_after_s
         return {
             "ok": not stalled,
             "committed_seq": committed,
             "pending_events": pending,
             "since_last_commit_s": round(since, 3),
-            "stall_after_s": COMMIT_STALL_S,
+            "stall_after_s": self._stall_after_s,
         }
 
     async def report(self) -> dict[str, Any]:

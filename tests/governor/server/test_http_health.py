@@ -17,6 +17,7 @@ import pytest
 from governor.authority import Authority
 from governor.client import Client
 from governor.config import GovernordConfig
+from governor.engine import ROOT_ID
 from governor.server._health import Health
 from governor.server._http import HEAD_BYTES_MAX, HttpServer
 from governor.server._metrics import Metrics
@@ -234,3 +235,44 @@ def test_a_page_that_fails_is_a_500_and_the_server_keeps_serving() -> None:
             await http.close()
 
     asyncio.run(main())
+
+
+def test_a_writer_that_cannot_commit_is_not_live_until_it_commits_again(tmp_path: Path) -> None:
+    """Another connection holds the SQLite file's write lock: events wait for their commit,
+    so past the stall bound governord is not live (a supervisor should restart it); once the
+    lock goes the commit lands and it is live again."""
+    import sqlite3
+
+    from governor.store import SqliteBackend
+
+    path = str(tmp_path / "g.db")
+    failed: list[BaseException] = []
+    log = EventLog(SqliteBackend(path, busy_timeout_ms=20_000), on_fatal=failed.append)
+    authority = Authority(log)
+    health = Health(
+        authority, probe_for("sqlite", path, "t"), draining=lambda: False, stall_after_s=0.3
+    )
+    blocker = sqlite3.connect(path, isolation_level=None)
+
+    async def main() -> None:
+        assert (await health.report())["live"] is True
+        blocker.execute("BEGIN EXCLUSIVE")
+        try:
+            _, error, seq = authority.step(lambda e: e.open_session(ROOT_ID, 60_000, "f" * 64))
+            assert error is None and seq > log.committed_seq
+            await asyncio.sleep(0.6)
+            report = await health.report()
+            assert report["live"] is False and report["ready"] is False, report
+            assert report["status"] == "not_live"
+            assert report["checks"]["writer"]["pending_events"] >= 1
+        finally:
+            blocker.execute("ROLLBACK")
+        await asyncio.to_thread(log.wait, seq, 10)
+        assert (await health.report())["live"] is True
+
+    try:
+        asyncio.run(main())
+    finally:
+        blocker.close()
+        authority.close()
+    assert failed == []
