@@ -37,6 +37,15 @@ def _emit(result: dict[str, Any], table: bool) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="governord", description="ratemesh's strict authority")
     p.add_argument("--config", help="run the daemon with this YAML file (default: built-in)")
+    p.add_argument(
+        "--log-format",
+        choices=["json", "text"],
+        default="json",
+        help="the daemon's log on stderr: one JSON event a line (default) or text",
+    )
+    p.add_argument(
+        "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO", type=str.upper
+    )
     sub = p.add_subparsers(dest="command")
     bench = sub.add_parser("bench", help="benchmarks; each prints one JSON object")
     bsub = bench.add_subparsers(dest="bench", required=True)
@@ -90,7 +99,7 @@ def _validate(path: str) -> int:
 TLS13_ONLY = "PSK-AES128-CBC-SHA"
 
 
-def _daemon(path: str | None) -> int:
+def _daemon(path: str | None, log_format: str, log_level: str) -> int:
     if "grpc" not in sys.modules:
         os.environ.setdefault("GRPC_SSL_CIPHER_SUITES", TLS13_ONLY)
     from governor.config import TenantConfig, default_config, load_config
@@ -115,7 +124,7 @@ def _daemon(path: str | None) -> int:
         )
     else:
         cfg = load_config(path)
-    return run(cfg)
+    return run(cfg, log_format=log_format, log_level=log_level)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,7 +194,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             timeout_s=check_float("--timeout-s", args.timeout_s, minimum=0.1),
         )
         return run_hook(limits, addr=args.addr)
-    return _daemon(args.config)
+    return _daemon(args.config, args.log_format, args.log_level)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@ at once with status 70 (the log's ``on_fatal``): serving from memory that is ahe
 would hand out answers that can un-happen. SIGHUP re-reads the TLS certificate and key; new
 connections use them, no restart needed.
 
+The ``metrics`` address serves governord's HTTP pages (``_routes``: ``/metrics``, ``/health``,
+``/health/live``, ``/health/ready``). Its log is one JSON event per line on stderr
+(``_logs``); the ``LISTENING`` line on stdout is for the process that started it.
+
 Starting is where the operator's settings meet the machine: a store that cannot be opened,
 reached or trusted, an address that cannot be bound, a certificate that cannot be read. Each
 is translated here into a ``ConfigError`` naming the setting (``store``, ``listen``,
@@ -16,28 +20,39 @@ already started is closed first.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 from grpc import aio
-from prometheus_client import start_http_server
 
 from governor.authority import Authority
 from governor.config import ConfigError, GovernordConfig, TlsFiles, is_loopback
 from governor.engine import RecordError
-from governor.store import EventLog, MemoryBackend, PostgresBackend, SqliteBackend, StoreError
+from governor.store import (
+    EXIT_COMMIT_FAILED,
+    EventLog,
+    MemoryBackend,
+    PostgresBackend,
+    SqliteBackend,
+    StoreError,
+)
 from ratemesh.coordinator import PING_INTERVAL_MIN_MS
 from ratemesh.operator import one_line, probe_bind
 
 from ._bootstrap import import_bootstrap
 from ._coordinator import CoordinatorService
+from ._health import Health
+from ._http import HttpServer
+from ._logs import configure, event
 from ._metrics import Metrics
+from ._probe import StoreProbe, probe_for
 from ._reconcile import apply_config
+from ._routes import Site, routes
 from ._service import GovernorService
 
 __all__ = ["CertReloader", "serve", "run"]
@@ -52,8 +67,23 @@ KEEPALIVE_SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 
 
+log = logging.getLogger("governord")
+
+
 def _say(text: str) -> None:
-    print(f"governord: {text}", file=sys.stderr, flush=True)
+    log.info(text)
+
+
+def _commit_failed(exc: BaseException) -> None:
+    """The log's ``on_fatal``: say why as a log event, then stop at once (status 70)."""
+    log.critical(
+        "commit failed, stopping so a supervisor restarts from the record: %s",
+        one_line(exc),
+        extra={"fields": {"exit_status": EXIT_COMMIT_FAILED}},
+    )
+    for handler in log.handlers:
+        handler.flush()
+    os._exit(EXIT_COMMIT_FAILED)
 
 
 class CertReloader:
@@ -79,7 +109,7 @@ class CertReloader:
         try:
             config = self._config()
         except OSError as exc:
-            _say(f"certificate reload failed, keeping the old one: {exc}")
+            log.warning(f"certificate reload failed, keeping the old one: {exc}")
             return None
         self.reloads += 1
         _say("certificate reloaded")
@@ -94,13 +124,17 @@ class CertReloader:
 def _open_log(cfg: GovernordConfig) -> EventLog:
     kind, target = cfg.store_kind()
     if kind == "sqlite":
-        return EventLog(SqliteBackend(target))
+        return EventLog(SqliteBackend(target), on_fatal=_commit_failed)
     if kind == "memory":
-        _say("store memory: NOT durable (benchmarks only)")
-        return EventLog(MemoryBackend())
+        log.warning("store memory: NOT durable (benchmarks only)")
+        return EventLog(MemoryBackend(), on_fatal=_commit_failed)
     schema = os.environ.get("GOVERNOR_PG_SCHEMA", "governor")
-    app = os.environ.get("GOVERNOR_PG_APP_NAME", "governord")
-    return EventLog(PostgresBackend(target, schema=schema, application_name=app))
+    backend = PostgresBackend(target, schema=schema, application_name=_pg_app())
+    return EventLog(backend, on_fatal=_commit_failed)
+
+
+def _pg_app() -> str:
+    return os.environ.get("GOVERNOR_PG_APP_NAME", "governord")
 
 
 def _open_authority(cfg: GovernordConfig) -> Authority:
@@ -134,21 +168,27 @@ def _bind(server: aio.Server, addr: str, reloader: CertReloader | None) -> str:
     return f"{addr.rpartition(':')[0]}:{port}"
 
 
-def _serve_metrics(address: str, metrics: Metrics) -> None:
-    host, _, port_s = address.rpartition(":")
-    try:
-        start_http_server(int(port_s), addr=host.strip("[]"), registry=metrics.registry)
-    except OSError as exc:
-        raise ConfigError("metrics", f"cannot serve on {address}: {exc.strerror}") from exc
+async def _serve_http(
+    cfg: GovernordConfig, site: Site
+) -> HttpServer | None:  # the pages, on the ``metrics`` address
+    if not cfg.metrics:
+        return None
+    http = HttpServer(routes(site))
+    await http.start(cfg.metrics)
+    return http
 
 
 async def serve(
     cfg: GovernordConfig, *, on_listening: Callable[[list[str]], None] | None = None
 ) -> int:
+    if not log.handlers:  # embedded (tests): the default log, unless the caller chose one
+        configure()
     if cfg.tls is None and not cfg.allow_plaintext:
         bad = [a for a in cfg.listen if not is_loopback(a)]
         if bad:
-            _say(f"refusing to serve {bad[0]} without TLS (set allow_plaintext: true to allow)")
+            log.error(
+                f"refusing to serve {bad[0]} without TLS (set allow_plaintext: true to allow)"
+            )
             return 2
     loop = asyncio.get_running_loop()
     authority = _open_authority(cfg)
@@ -160,25 +200,32 @@ async def serve(
             *KEEPALIVE_SERVER_OPTIONS,
         ]
     )
+    kind, target = cfg.store_kind()
+    probe: StoreProbe = probe_for(kind, target, _pg_app())
+    http: HttpServer | None = None
     try:
         tenants = apply_config(authority, cfg)
         metrics = Metrics()
         metrics.attach(authority)
         service = GovernorService(authority, cfg, tenants, metrics, loop)
         for warning in import_bootstrap(authority, cfg.coordinator):
-            _say(warning)
+            log.warning(warning)
         coordinator = CoordinatorService(
             authority, service.commits, cfg.coordinator.keys, metrics, loop
         )
-        coordinator.warn = _say
+        coordinator.warn = log.warning
         authority.start_reaper(0.02)
         server.add_generic_rpc_handlers((service.handler(), coordinator.handler()))
         reloader = CertReloader(cfg.tls) if cfg.tls is not None else None
         bound = [_bind(server, addr, reloader) for addr in cfg.listen]
-        if cfg.metrics:
-            _serve_metrics(cfg.metrics, metrics)
+        facts = {"listen": bound, "tls": reloader is not None, "tenants": len(cfg.tenants)}
+        health = Health(authority, probe, draining=lambda: service.draining, facts=facts)
+        http = await _serve_http(cfg, Site(authority, cfg, metrics, health))
     except BaseException:
+        if http is not None:
+            await http.close()
         await server.stop(None)
+        probe.close()
         authority.close()
         raise
     await server.start()
@@ -189,27 +236,37 @@ async def serve(
         loop.add_signal_handler(signal.SIGHUP, reloader.request)
     else:
         loop.add_signal_handler(signal.SIGHUP, lambda: _say("SIGHUP: no TLS, nothing to reload"))
-    kind, target = cfg.store_kind()
     where = target if kind == "sqlite" else "postgresql"
-    _say(
+    event(
+        log,
+        logging.INFO,
         f"listening on {', '.join(bound)} ({'TLS' if reloader else 'plaintext'}), "
         f"store {kind} {where}, {len(cfg.tenants)} tenant(s)"
-        + (f", metrics on {cfg.metrics}" if cfg.metrics else "")
+        + (f", metrics and health on {http.address}" if http else ""),
+        listen=bound,
+        tls=reloader is not None,
+        store=kind,
+        tenants=len(cfg.tenants),
+        http=http.address if http else None,
     )
     print(f"LISTENING {' '.join(bound)}", flush=True)
     if on_listening is not None:
         on_listening(bound)
     await stop.wait()
     _say(f"stopping: draining for up to {cfg.drain_s} s")
-    service.draining = True
+    service.draining = True  # /health/ready answers 503 from here on
     coordinator.stop()
     await server.stop(cfg.drain_s)
+    if http is not None:
+        await http.close()
+    probe.close()
     authority.close()
     _say("stopped")
     return 0
 
 
-def run(cfg: GovernordConfig) -> int:
+def run(cfg: GovernordConfig, *, log_format: str = "json", log_level: str = "INFO") -> int:
+    configure(log_format, log_level)
     factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     try:
         import uvloop

@@ -10,6 +10,7 @@ gets the same answer (in-flight idempotency; the engine's durable memory covers 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,6 +31,7 @@ from governor.engine import _events as ev
 
 from ._calls import CallsMixin, Principal
 from ._commit import CommitWaits
+from ._logs import FIELDS
 from ._metrics import Metrics
 from ._multiplex import Metadata, MuxStream
 from ._status import Fail, error_fail, key_session_hash, sha256_hex
@@ -39,6 +41,38 @@ __all__ = ["GovernorService", "KEY_SESSION_TTL_MS"]
 KEY_SESSION_TTL_MS = 10 * 365 * 24 * 3600 * 1000  # a bare API key's session: hooks, no leases
 ENDED_TOKENS_MAX = 65_536
 INFLIGHT_MAX = 65_536
+
+log = logging.getLogger("governord.call")
+# A call is logged at DEBUG (one line per call is too many for a busy governord) unless its
+# code says the store or governord itself is in trouble.
+_LOG_LEVELS = {
+    grpc.StatusCode.INTERNAL: logging.ERROR,
+    grpc.StatusCode.DATA_LOSS: logging.ERROR,
+    grpc.StatusCode.UNAVAILABLE: logging.WARNING,
+}
+
+
+def _call_fields(
+    method: wire.Method,
+    body: dict[str, Any],
+    who: Principal | None,
+    code: grpc.StatusCode,
+    reason: str | None,
+    t0: float,
+) -> dict[str, Any]:
+    """A call's log fields: what an operator greps for (the request id first)."""
+    fields: dict[str, Any] = {"method": method.name, "code": code.name}
+    rid = body.get("request_id")
+    if rid is not None:
+        fields["request_id"] = rid
+    if reason is not None:
+        fields["reason"] = reason
+    if who is not None:
+        fields["session_id"] = who.session_id
+        if who.tenant:
+            fields["tenant"] = who.tenant
+    fields["took_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+    return fields
 
 
 class GovernorService(CallsMixin):
@@ -127,6 +161,9 @@ class GovernorService(CallsMixin):
         """
         t0 = time.perf_counter()
         code = grpc.StatusCode.OK
+        reason: str | None = None
+        body: dict[str, Any] = {}
+        who: Principal | None = None
         try:
             if self._drain.is_set():
                 raise Fail(grpc.StatusCode.UNAVAILABLE, "draining", "governord is stopping")
@@ -134,16 +171,25 @@ class GovernorService(CallsMixin):
             who = await self._authenticate(method, md)
             return await self._once(method, who, body, raw, self._impls[method.name])
         except Fail as f:
-            code = f.code
+            code, reason = f.code, f.detail["reason"]
             raise
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
             raise
         except Exception:
             code = grpc.StatusCode.UNKNOWN  # a bug: gRPC reports it as UNKNOWN
+            log.exception(
+                "call failed: a bug",
+                extra={FIELDS: _call_fields(method, body, who, code, None, t0)},
+            )
             raise
         finally:
             self._count(method.name, code, time.perf_counter() - t0)
+            level = _LOG_LEVELS.get(code, logging.DEBUG)
+            if code is not grpc.StatusCode.UNKNOWN and log.isEnabledFor(level):
+                log.log(
+                    level, "call", extra={FIELDS: _call_fields(method, body, who, code, reason, t0)}
+                )
 
     def _count(self, method: str, code: grpc.StatusCode, took: float) -> None:
         key = (method, code)

@@ -59,6 +59,7 @@ class Daemon:
         self.proc: subprocess.Popen[bytes] | None = None
         self.stderr_path = tmp / "governord.stderr"
         self.starts = 0
+        self.args: list[str] = []  # more governord flags (--log-level DEBUG)
 
     def env(self) -> dict[str, str]:
         env = {**os.environ, **KEYS, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0"}
@@ -71,7 +72,7 @@ class Daemon:
         self.config_path.write_text(yaml.safe_dump(self.config))
         err = open(self.stderr_path, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "governor.cli", "--config", str(self.config_path)],
+            [sys.executable, "-m", "governor.cli", "--config", str(self.config_path), *self.args],
             stdout=subprocess.PIPE,
             stderr=err,
             env=self.env(),

@@ -1,0 +1,85 @@
+"""governord's HTTP pages: the one table of path -> page (``routes``), served by ``_http``.
+
+A page is an async function of nothing that returns a ``Reply``; what a page reads comes from
+the ``Site`` it closes over. A new page is one line in ``routes``. A path not in the table is
+404, so a probe or a scrape aimed at the wrong path fails loudly instead of reading metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from governor.authority import Authority
+from governor.config import GovernordConfig
+
+from ._health import Health
+from ._metrics import Metrics
+
+__all__ = ["JSON", "Page", "Reply", "Site", "json_reply", "routes"]
+
+JSON = "application/json"
+
+
+class Reply(NamedTuple):
+    status: int
+    content_type: str
+    body: bytes
+
+
+Page = Callable[[], Awaitable[Reply]]
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """What governord's pages read."""
+
+    authority: Authority
+    config: GovernordConfig
+    metrics: Metrics
+    health: Health
+
+
+def json_reply(status: int, doc: Any) -> Reply:
+    return Reply(status, JSON, json.dumps(doc, sort_keys=True).encode() + b"\n")
+
+
+async def metrics_page(site: Site) -> Reply:
+    """Prometheus text; rendered in a thread, as the tree is read under the engine's lock."""
+    body = await asyncio.to_thread(generate_latest, site.metrics.registry)
+    return Reply(200, CONTENT_TYPE_LATEST, body)
+
+
+async def health_page(site: Site) -> Reply:
+    """The whole report; 200 when ready, 503 otherwise."""
+    report = await site.health.report()
+    return json_reply(200 if report["ready"] else 503, report)
+
+
+async def live_page(site: Site) -> Reply:
+    report = await site.health.report()
+    return json_reply(200 if report["live"] else 503, _one(report, "live"))
+
+
+async def ready_page(site: Site) -> Reply:
+    report = await site.health.report()
+    return json_reply(200 if report["ready"] else 503, _one(report, "ready"))
+
+
+def _one(report: dict[str, Any], question: str) -> dict[str, Any]:
+    return {question: report[question], "status": report["status"], "checks": report["checks"]}
+
+
+def routes(site: Site) -> dict[str, Page]:
+    """GET (and HEAD) paths governord answers; anything else is 404."""
+    return {
+        "/metrics": lambda: metrics_page(site),
+        "/health": lambda: health_page(site),
+        "/health/live": lambda: live_page(site),
+        "/health/ready": lambda: ready_page(site),
+    }
