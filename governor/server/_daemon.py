@@ -25,7 +25,6 @@ from pathlib import Path
 
 import grpc
 from grpc import aio
-from prometheus_client import start_http_server
 
 from governor.authority import Authority
 from governor.config import ConfigError, GovernordConfig, TlsFiles, is_loopback
@@ -39,6 +38,7 @@ from ._coordinator import CoordinatorService
 from ._metrics import Metrics
 from ._reconcile import apply_config
 from ._service import GovernorService
+from ._ui import serve_metrics_and_ui
 
 __all__ = ["CertReloader", "serve", "run"]
 
@@ -134,10 +134,10 @@ def _bind(server: aio.Server, addr: str, reloader: CertReloader | None) -> str:
     return f"{addr.rpartition(':')[0]}:{port}"
 
 
-def _serve_metrics(address: str, metrics: Metrics) -> None:
+def _serve_metrics(address: str, metrics: Metrics, authority: Authority) -> None:
     host, _, port_s = address.rpartition(":")
-    try:
-        start_http_server(int(port_s), addr=host.strip("[]"), registry=metrics.registry)
+    try:  # /metrics, and the live page /ui (governor/server/_ui.py)
+        serve_metrics_and_ui(host.strip("[]"), int(port_s), metrics.registry, authority)
     except OSError as exc:
         raise ConfigError("metrics", f"cannot serve on {address}: {exc.strerror}") from exc
 
@@ -176,7 +176,7 @@ async def serve(
         reloader = CertReloader(cfg.tls) if cfg.tls is not None else None
         bound = [_bind(server, addr, reloader) for addr in cfg.listen]
         if cfg.metrics:
-            _serve_metrics(cfg.metrics, metrics)
+            _serve_metrics(cfg.metrics, metrics, authority)
     except BaseException:
         await server.stop(None)
         authority.close()

@@ -67,6 +67,9 @@ class NodeStats:
     enforced: dict[tuple[str, str], int] = field(default_factory=dict)
     policy_reloads: int = 0  # policy file reloads accepted
     policy_reloads_refused: dict[str, int] = field(default_factory=dict)  # by reason
+    # the strict credit client's counters (mesh/node/_credit.py stats(); empty without a
+    # `strict:` section): a fixed set of event names, never a tenant
+    strict: dict[str, int] = field(default_factory=dict)
 
 
 class Telemetry:
@@ -104,10 +107,28 @@ class Telemetry:
             buckets=DELAY_BUCKETS_S,
             registry=self.registry,
         )
-        self.registry.register(_Collector(self, stats))
+        self._collector = _Collector(self, stats)
+        self.registry.register(self._collector)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def limit_numbers(self) -> dict[tuple[str, str], dict[str, float]]:
+        """Per (tenant label, metric): this member's admitted and denied decisions and the
+        excess estimate beside its bound, as /metrics exports them (the same top-K labels,
+        the rest under "other"), for /health and the /ui page. Counting them is a scrape's
+        ranking step, so the exported counters stay monotonic."""
+        s = self._collector.stats()
+        with self._lock:
+            decided, _ = self._collector._rank(s)
+        out: dict[tuple[str, str], dict[str, float]] = {}
+        for t, (metric, _mode, reason, _susp), n in decided:
+            row = out.setdefault((_label(t), metric), {"admitted": 0, "denied": 0})
+            row["admitted" if reason == Reason.ADMITTED.value else "denied"] += n
+        for (tenant, metric), (est, bound) in s.excess.items():
+            row = out.setdefault((_label(tenant), metric), {"admitted": 0, "denied": 0})
+            row["excess_estimate"], row["excess_bound"] = est, bound
+        return out
 
     def forget_idle(self) -> int:
         """Fold the decision counts that did not change since the last call into their
@@ -276,6 +297,15 @@ class _Collector(Collector):
             refused.add_metric([reason], n)
         yield refused
         yield from _policy_families(s, top, self.tel.top_k)
+        credit = CounterMetricFamily(
+            "ratemesh_strict_credit_events",
+            "The strict credit client's events (admitted, vetoed by the mesh, credit_denied, "
+            "reserves, granted, refused, unreachable, returned, returns_dropped, ...)",
+            labels=["event"],
+        )
+        for event, n in sorted(s.strict.items()):
+            credit.add_metric([event], n)
+        yield credit
 
     def _rank(
         self, s: NodeStats
