@@ -54,7 +54,7 @@ def test_every_alert_has_a_summary_and_a_description_linking_a_runbook_section()
 def test_the_first_row_is_the_excess_envelope_estimate_beside_bound() -> None:
     panels = dashboard()["panels"]
     assert panels[0]["type"] == "row" and "Excess envelope" in panels[0]["title"]
-    first_row = []
+    first_row: list[set[str]] = []
     for p in panels[1:]:
         if p["type"] == "row":
             break
