@@ -75,7 +75,7 @@ function render(h, prev, dt){
     ['admitted/s'],['limit/s'],['burst'],['denied'],['excess estimate'],['excess bound'],
     ['bound','l'],['suspended','l']], h.limits.map(x=>{
       const tr=el('tr'); tr.dataset.key=key(x); const p=before[key(x)];
-      const rate=(p&&dt>0&&x.admitted!==undefined)?(x.admitted-p.admitted)/dt:null;
+      const rate=(p&&dt>0&&x.admitted>=p.admitted)?(x.admitted-p.admitted)/dt:null;
       cell(tr,'tenant',x.tenant+(x.descriptor?'['+x.descriptor+']':''),'l');
       cell(tr,'metric',x.metric,'l'); cell(tr,'mode',x.mode,'l');
       cell(tr,'generation',x.generation); cell(tr,'admitted',num(x.admitted));

@@ -90,6 +90,9 @@ class Telemetry:
         self._seen: dict[DecisionKey, int] = {}  # decisions at the last forget_idle
         self._forgotten: dict[Series, int] = {}  # totals of forgotten decision counts
         self._folded = 0  # counts folded by forget_view since the last forget_idle
+        # /health's per-limit counts of dropped entries, (tenant, metric) -> [admitted,
+        # denied], kept while the limit has a live entry (so bounded by the live ones)
+        self._limit_folded: dict[tuple[str, str], list[int]] = {}
         self._decided: _Labelled[Series] = _Labelled()
         self._applied: _Labelled[str] = _Labelled()
         self.report_delay = Histogram(
@@ -114,17 +117,26 @@ class Telemetry:
         return generate_latest(self.registry)
 
     def limit_numbers(self) -> dict[tuple[str, str], dict[str, float]]:
-        """Per (tenant label, metric): this member's admitted and denied decisions and the
-        excess estimate beside its bound, as /metrics exports them (the same top-K labels,
-        the rest under "other"), for /health and the /ui page. Counting them is a scrape's
-        ranking step, so the exported counters stay monotonic."""
+        """Per (tenant label, metric): this member's admitted and denied decisions, and the
+        excess estimate beside its bound, for /health and the /ui page. The counts run
+        since the limit was last idle (all its decision counts forgotten, `forget_idle` or
+        `forget_view`: it starts again from 0) and never go down in between. Reads the
+        counts without ranking them, so scrapes see nothing of it."""
         s = self._collector.stats()
-        with self._lock:
-            decided, _ = self._collector._rank(s)
         out: dict[tuple[str, str], dict[str, float]] = {}
-        for t, (metric, _mode, reason, _susp), n in decided:
-            row = out.setdefault((_label(t), metric), {"admitted": 0, "denied": 0})
-            row["admitted" if reason == Reason.ADMITTED.value else "denied"] += n
+        with self._lock:
+            counted = list(self.decisions.items())
+            verdicts = self.verdicts
+            for (tenant, metric), (adm, den) in self._limit_folded.items():
+                row = out.setdefault((_label(tenant), metric), {"admitted": 0, "denied": 0})
+                row["admitted"] += adm
+                row["denied"] += den
+            for (tenant, metric, vid), n in counted:
+                v = verdicts.get(vid)
+                if v is None:
+                    continue
+                row = out.setdefault((_label(tenant), metric), {"admitted": 0, "denied": 0})
+                row["admitted" if v.reason is Reason.ADMITTED else "denied"] += n
         for (tenant, metric), (est, bound) in s.excess.items():
             row = out.setdefault((_label(tenant), metric), {"admitted": 0, "denied": 0})
             row["excess_estimate"], row["excess_bound"] = est, bound
@@ -148,6 +160,8 @@ class Telemetry:
                     s = self._series(k[1], k[2])
                     self._forgotten[s] = self._forgotten.get(s, 0) + n
                     dropped += 1
+                    row = self._limit_folded.setdefault((k[0], k[1]), [0, 0])
+                    row[0 if s[2] == Reason.ADMITTED.value else 1] += n
             if dropped > max(len(d), 1024):
                 # A dict keeps its largest table through deletions: rebuild it in place
                 # (the hot path holds it). A count made between the copy and the update
@@ -156,6 +170,9 @@ class Telemetry:
                 d.clear()
                 d.update(keep)
             self._seen = dict(d)
+            live = {(t, m) for t, m, _ in d}
+            for lk in [lk for lk in self._limit_folded if lk not in live]:
+                del self._limit_folded[lk]  # idle: its counts start again from 0
             dropped, self._folded = dropped + self._folded, 0
             return dropped
 
@@ -175,6 +192,7 @@ class Telemetry:
                 if n is not None:
                     self._seen.pop(k, None)
                     self._folded += 1
+                    self._limit_folded.pop((tenant, metric), None)
                     s = self._series(metric, id(v))
                     self._forgotten[s] = self._forgotten.get(s, 0) + n
 

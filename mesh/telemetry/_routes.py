@@ -3,8 +3,7 @@
 `http_listen` alike.
 
 /health carries, per limit, this member's decisions and its excess estimate beside the
-bound (`Telemetry.limit_numbers`, the numbers /metrics exports), so the /ui page reads one
-JSON document (ratemesh/ui.py) and its numbers are the scrape's."""
+bound (`Telemetry.limit_numbers`), so the /ui page (ratemesh/ui.py) reads one JSON document."""
 
 from __future__ import annotations
 
@@ -40,8 +39,8 @@ def telemetry_routes(tel: Telemetry, health: Callable[[], dict[str, Any]]) -> di
 
 def with_numbers(tel: Telemetry, h: dict[str, Any]) -> dict[str, Any]:
     """Each limit of `h` with `admitted`, `denied`, `excess_estimate` and `excess_bound`
-    where telemetry has them (a limit's tenant labelled as /metrics labels it: a default
-    "*" policy's tenants and those past the top-K are counted under tenant "other")."""
+    where telemetry has them (matched by the tenant as /metrics labels it; a default "*"
+    policy's row has none: its tenants are counted under their own names)."""
     numbers = tel.limit_numbers()
     for entry in h.get("limits", []):
         label = entry["tenant"]
