@@ -2,7 +2,9 @@
 own port) and three `mesh node` processes (static membership, /metrics, /health and /ui on
 `telemetry_listen`, the sidecar's HTTP admission API), under load from a thread that asks
 every node for a global limit ("hot"), a strict one spending governord credit ("acme") and
-a quiet one ("calm")."""
+a quiet one ("calm"). The static membership lists a fourth member, "d", that is down (being
+replaced): the limit it owns ("ghost") is answered `suspended: owner_unreachable`, so the
+pages have a suspension to show. The other tenants' names are picked among owners a-c."""
 
 from __future__ import annotations
 
@@ -18,19 +20,50 @@ import httpx
 import yaml
 
 from bench._procs import free_port, read_ready, spawn, stop
+from mesh.core.policy import Metric, RateKey
+from mesh.core.ring import Ring
 from tests.governor._daemon import KEYS, Daemon
 from tests.governor._stores import StoreTarget
 
 IDS = ["a", "b", "c"]
-HOT = {"tenant_id": "hot", "metric": "read_iops", "generation": 1, "mode": "global"}
+DOWN = "d"
+RING = Ring([*IDS, DOWN], 1)
+
+
+def _owned(*names: str, by_down: bool = False) -> str:
+    """The first of `names` (then `names[0]` numbered) whose key the down member does (not)
+    own."""
+    for name in [*names, *(f"{names[0]}{i}" for i in range(2, 1000))]:
+        if (RING.owner_of(RateKey(name, Metric.READ_IOPS, 1)) == DOWN) == by_down:
+            return name
+    raise AssertionError(f"no tenant name for {names[0]}")
+
+
+HOT = {
+    "tenant_id": _owned("hot", "noisy", "heavy", "loud"),
+    "metric": "read_iops",
+    "generation": 1,
+    "mode": "global",
+}
 HOT.update(target_rate=500, global_burst=100, local_burst_cap=20)
-CALM = dict(HOT, tenant_id="calm", target_rate=1000, global_burst=200)
-ACME = {"tenant_id": "acme", "metric": "read_iops", "generation": 1, "mode": "strict"}
+CALM = dict(HOT, tenant_id=_owned("calm", "quiet", "steady"), target_rate=1000, global_burst=200)
+GHOST = dict(
+    HOT,
+    tenant_id=_owned("ghost", "orphan", "stranded", by_down=True),
+    target_rate=100,
+    global_burst=20,
+)
+ACME = {
+    "tenant_id": _owned("acme", "initech", "globex"),
+    "metric": "read_iops",
+    "generation": 1,
+    "mode": "strict",
+}
 ACME.update(target_rate=1000, global_burst=200, local_burst_cap=200)
 STRICT_RATE, STRICT_BURST = 50, 20  # governord's rate on tenant a's node for read_iops
-BATCH = [{"tenant": "hot", "metric": "read_iops"}] * 8 + [
-    {"tenant": "acme", "metric": "read_iops"},
-    {"tenant": "calm", "metric": "read_iops"},
+BATCH = [{"tenant": HOT["tenant_id"], "metric": "read_iops"}] * 8 + [
+    {"tenant": t, "metric": "read_iops"}
+    for t in (ACME["tenant_id"], CALM["tenant_id"], GHOST["tenant_id"])
 ]
 
 
@@ -82,7 +115,7 @@ def running_fleet(tmp: Path) -> Iterator[Fleet]:
     loader = threading.Thread(target=_load, args=(fleet, done), daemon=True)
     try:
         daemon.start()
-        members = {m: f"127.0.0.1:{free_port()}" for m in IDS}
+        members = {m: f"127.0.0.1:{free_port()}" for m in [*IDS, DOWN]}  # d: nothing there
         for m in IDS:
             cfg = {
                 "member_id": m,
@@ -90,7 +123,7 @@ def running_fleet(tmp: Path) -> Iterator[Fleet]:
                 "telemetry_listen": "127.0.0.1:0",
                 "shutdown_drain_ms": 300,
                 "membership": {"source": "static", "members": members},
-                "policies": {"inline": [HOT, CALM, ACME]},
+                "policies": {"inline": [HOT, CALM, ACME, GHOST]},
                 "sidecar": {"http_listen": "127.0.0.1:0"},
                 "strict": {
                     "governord": daemon.addr,

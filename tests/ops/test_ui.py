@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.mesh._util import require_binary
-from tests.ops._fleet import running_fleet
+from tests.ops._fleet import GHOST, HOT, running_fleet
 from tests.ops._kit import ROOT
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ def browser() -> Iterator[Any]:
     opts.binary_location = require_binary("chromium", "chromium")
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
         opts.add_argument(arg)
-    opts.add_argument("--window-size=1400,900")
+    opts.add_argument("--window-size=1400,1000")
     service = Service(executable_path=require_binary("chromedriver", "chromium-driver"))
     driver = webdriver.Chrome(options=opts, service=service)
     try:
@@ -87,7 +87,7 @@ def test_the_node_page_shows_the_numbers_of_health_under_load(tmp_path: Path, br
         h0, page, h1 = _read_after(browser, lambda: fleet.health("a"))
         assert not fleet.errors, fleet.errors
         doc, cells = page["doc"], page["cells"]
-        assert doc["member_id"] == "a" and doc["membership"]["N"] == 3
+        assert doc["member_id"] == "a" and doc["membership"]["N"] == 4
         before = {_key(x): x for x in h0["limits"]}
         after = {_key(x): x for x in h1["limits"]}
         assert set(before) == set(after) == {_key(x) for x in doc["limits"]}
@@ -105,11 +105,15 @@ def test_the_node_page_shows_the_numbers_of_health_under_load(tmp_path: Path, br
             assert row["admitted_rate"] != "-", k  # a rate between two refreshes
             assert row["suspended"] == (x["suspended"] or "-")
         assert doc["limits"] and all(x["admitted"] > 0 for x in doc["limits"])
-        assert after["hot|read_iops"]["denied"] > 0  # the load is past hot's limit
+        assert after[f"{HOT['tenant_id']}|read_iops"]["denied"] > 0  # past hot's limit
         suspended = {k for k in cells if k.startswith("suspended ")}
         assert suspended == {f"suspended {_key(s)}|{s['reason']}" for s in doc["suspended"]}
+        # the limit the down member owns: suspended, with its reason, on the page
+        ghost = f"{GHOST['tenant_id']}|read_iops"
+        assert f"suspended {ghost}|owner_unreachable" in suspended
+        assert cells[f"limits {ghost}"]["suspended"] == "owner_unreachable"
         members = {k.split(" ", 1)[1] for k in cells if k.startswith("members ")}
-        assert members == set(h1["membership"]["members"]) == {"a", "b", "c"}
+        assert members == set(h1["membership"]["members"]) == {"a", "b", "c", "d"}
         assert cells["members a"]["self"] == "yes"
         for e in h1["policies"]["enforced"]:
             assert cells[f"enforced {_key(e)}"]["generation"] == str(e["generation"])
