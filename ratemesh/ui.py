@@ -115,7 +115,7 @@ function render(d){
   s.textContent='nodes '+d.nodes+' ('+d.nodes_omitted+' not shown), sessions '+d.sessions+
     ', queued '+d.queued;
   table('tree',[['node','l'],['resource','l'],['used'],['cap'],['held'],['limit'],
-    ['credit level'],['credit outstanding']], d.tree.flatMap(n=>{
+    ['rate/s'],['burst'],['credit level'],['credit outstanding']], d.tree.flatMap(n=>{
       const names=[...new Set([...Object.keys(n.used),...Object.keys(n.quotas),
         ...Object.keys(n.held),...Object.keys(n.limits),...Object.keys(n.credit)])].sort();
       if(!names.length)names.push('');
@@ -125,7 +125,10 @@ function render(d){
           cap===undefined?null:bar(n.used[r]||0,cap));
         cell(tr,'cap',num(cap)); cell(tr,'held',num(n.held[r]));
         cell(tr,'limit',num(n.limits[r])); const c=n.credit[r]||{};
-        cell(tr,'credit_level',num(c.level)); cell(tr,'credit_outstanding',num(c.outstanding));
+        cell(tr,'per_s',num(c.per_s)); cell(tr,'burst',num(c.burst));
+        cell(tr,'credit_level',num(c.level),null,c.burst?bar(c.level,c.burst):null);
+        cell(tr,'credit_outstanding',num(c.outstanding),null,
+          c.burst?bar(c.outstanding,c.burst):null);
         return tr;});}));
 }
 """
@@ -158,5 +161,6 @@ def node_page() -> bytes:
 
 def governord_page() -> bytes:
     """governord's page: the tree (root, tenants, their tasks) with used against cap,
-    leases held against limit, and rated tenants' credit level and outstanding credit."""
+    leases held against limit, and each rated node's rate, credit level and outstanding
+    credit (both against its burst)."""
     return _page("governord", "/ui/status", _GOVERNORD_BODY, _GOVERNORD_JS)

@@ -44,7 +44,13 @@ def tree_status(engine: Engine) -> dict[str, Any]:
         for res in sorted(r for (cid, r) in st.credit.buckets if cid == nid):
             view = engine.credit_level(nid, res)
             if view is not None:
-                credit[res] = {"level": view[0], "outstanding": view[1]}
+                level, out, rate = view
+                credit[res] = {
+                    "level": level,
+                    "outstanding": out,
+                    "per_s": rate.per_s,
+                    "burst": rate.burst,
+                }
         tree.append(
             {
                 "id": nid,

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.mesh._util import require_binary
-from tests.ops._fleet import GHOST, HOT, running_fleet
+from tests.ops._fleet import GHOST, HOT, STRICT_BURST, STRICT_RATE, running_fleet
 from tests.ops._kit import ROOT
 
 pytestmark = pytest.mark.slow
@@ -132,6 +132,7 @@ def test_the_node_page_shows_the_numbers_of_health_under_load(tmp_path: Path, br
         row = gcells[f"tree {a['path']}|read_iops"]
         assert _num(row["credit_outstanding"]) == a["credit"]["read_iops"]["outstanding"]
         assert _num(row["credit_level"]) == a["credit"]["read_iops"]["level"]
+        assert row["per_s"] == str(STRICT_RATE) and row["burst"] == str(STRICT_BURST)
         used0 = next(n for n in s0["tree"] if n["path"] == a["path"])["used"].get("read_iops", 0)
         used1 = next(n for n in s1["tree"] if n["path"] == a["path"])["used"].get("read_iops", 0)
         assert used0 <= a["used"].get("read_iops", 0) <= used1
