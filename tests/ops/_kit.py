@@ -44,6 +44,16 @@ def expressions() -> dict[str, str]:
     return out
 
 
+def rule_test_series() -> set[str]:
+    """The metric names the rules' unit tests feed promtool."""
+    doc = yaml.safe_load(RULE_TESTS.read_text())
+    return {
+        s["series"].split("{", 1)[0].strip()
+        for t in doc["tests"]
+        for s in t.get("input_series", [])
+    }
+
+
 def github_anchors(markdown: str) -> set[str]:
     """The anchors GitHub gives the headings of a Markdown page."""
     anchors = set()

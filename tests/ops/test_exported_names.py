@@ -12,7 +12,7 @@ import pytest
 
 from tests.mesh._util import require_binary
 from tests.ops._fleet import IDS, running_fleet
-from tests.ops._kit import expressions
+from tests.ops._kit import expressions, rule_test_series
 from tests.ops._promql import SYNTHETIC, exported_names, metric_names
 
 pytestmark = pytest.mark.slow
@@ -45,6 +45,8 @@ def test_every_metric_the_dashboard_and_rules_name_is_exported(tmp_path: Path) -
         if metric_names(expr) - exported
     }
     assert missing == {}
+    # the rules' unit tests feed the names the daemons export, not names of their own
+    assert rule_test_series() - exported == set()
     # what each names is a sample of a live scrape, not only a declared family
     sampled = " ".join(scraped.values())
     for name in (

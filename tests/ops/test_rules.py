@@ -67,6 +67,23 @@ def test_the_first_row_is_the_excess_envelope_estimate_beside_bound() -> None:
     assert any("Credit" in r for r in rows)
 
 
+def test_the_dashboard_is_well_formed_for_grafana() -> None:
+    d = dashboard()
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids))
+    variables = {v["name"] for v in d["templating"]["list"]}
+    assert {"datasource", "job", "governord_job"} <= variables
+    for p in d["panels"]:
+        assert {"h", "w", "x", "y"} <= set(p["gridPos"]) and p["gridPos"]["x"] + p["gridPos"][
+            "w"
+        ] <= 24
+        if p["type"] == "row":
+            continue
+        assert p["datasource"]["uid"] == "${datasource}" and p["targets"], p["title"]
+        refs = [t["refId"] for t in p["targets"]]
+        assert len(refs) == len(set(refs)) and all(t["expr"].strip() for t in p["targets"])
+
+
 @pytest.mark.parametrize(
     ("expr", "names"),
     [
