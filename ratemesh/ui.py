@@ -7,7 +7,7 @@ the node's `/health` (mesh/telemetry/_routes.py adds the per-limit numbers), gov
 `/ui/status` (governor/server/_ui.py). Every value is written with `textContent`, never as
 HTML, so a tenant's name cannot inject markup. Cells carry `data-field` and rows `data-key`,
 and the last document drawn is `window.lastDoc` with its count `window.refreshes`: the
-browser test (tests/deploy/test_ui.py) reads them to check the page against the JSON.
+browser test (tests/ops/test_ui.py) reads them to check the page against the JSON.
 """
 
 from __future__ import annotations
