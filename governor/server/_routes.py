@@ -20,6 +20,7 @@ from governor.config import GovernordConfig
 
 from ._health import Health
 from ._metrics import Metrics
+from ._ui import Route, ui_routes
 
 __all__ = ["JSON", "Page", "Reply", "Site", "json_reply", "routes"]
 
@@ -82,4 +83,14 @@ def routes(site: Site) -> dict[str, Page]:
         "/health": lambda: health_page(site),
         "/health/live": lambda: live_page(site),
         "/health/ready": lambda: ready_page(site),
+        **{path: _threaded(route) for path, route in ui_routes(site.authority).items()},
     }
+
+
+def _threaded(route: Route) -> Page:
+    """A page that reads under the engine's lock, run off the event loop."""
+
+    async def page() -> Reply:
+        return Reply(*await asyncio.to_thread(route))
+
+    return page

@@ -46,6 +46,7 @@ def node_stats(driver: NodeDriver) -> NodeStats:
         messages_sent=driver.messages_sent,
         peer_refused=dict(driver.transport.stats().get("refused", {})),
         enforced=enforced(driver),
+        strict={} if driver.credit is None else driver.credit.stats(),
     )
     if driver.reloader is not None:
         s.policy_reloads = driver.reloader.stats.ok

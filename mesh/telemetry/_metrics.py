@@ -67,6 +67,9 @@ class NodeStats:
     enforced: dict[tuple[str, str], int] = field(default_factory=dict)
     policy_reloads: int = 0  # policy file reloads accepted
     policy_reloads_refused: dict[str, int] = field(default_factory=dict)  # by reason
+    # the strict credit client's counters (mesh/node/_credit.py stats(); empty without a
+    # `strict:` section): a fixed set of event names, never a tenant
+    strict: dict[str, int] = field(default_factory=dict)
 
 
 class Telemetry:
@@ -87,6 +90,9 @@ class Telemetry:
         self._seen: dict[DecisionKey, int] = {}  # decisions at the last forget_idle
         self._forgotten: dict[Series, int] = {}  # totals of forgotten decision counts
         self._folded = 0  # counts folded by forget_view since the last forget_idle
+        # /health's per-limit counts of dropped entries, (tenant, metric) -> [admitted,
+        # denied], kept while the limit has a live entry (so bounded by the live ones)
+        self._limit_folded: dict[tuple[str, str], list[int]] = {}
         self._decided: _Labelled[Series] = _Labelled()
         self._applied: _Labelled[str] = _Labelled()
         self.report_delay = Histogram(
@@ -104,10 +110,37 @@ class Telemetry:
             buckets=DELAY_BUCKETS_S,
             registry=self.registry,
         )
-        self.registry.register(_Collector(self, stats))
+        self._collector = _Collector(self, stats)
+        self.registry.register(self._collector)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def limit_numbers(self) -> dict[tuple[str, str], dict[str, float]]:
+        """Per (tenant label, metric): this member's admitted and denied decisions, and the
+        excess estimate beside its bound, for /health and the /ui page. The counts run
+        since the limit was last idle (all its decision counts forgotten, `forget_idle` or
+        `forget_view`: it starts again from 0) and never go down in between. Reads the
+        counts without ranking them, so scrapes see nothing of it."""
+        s = self._collector.stats()
+        out: dict[tuple[str, str], dict[str, float]] = {}
+        with self._lock:
+            counted = list(self.decisions.items())
+            verdicts = self.verdicts
+            for (tenant, metric), (adm, den) in self._limit_folded.items():
+                row = out.setdefault((_label(tenant), metric), {"admitted": 0, "denied": 0})
+                row["admitted"] += adm
+                row["denied"] += den
+            for (tenant, metric, vid), n in counted:
+                v = verdicts.get(vid)
+                if v is None:
+                    continue
+                row = out.setdefault((_label(tenant), metric), {"admitted": 0, "denied": 0})
+                row["admitted" if v.reason is Reason.ADMITTED else "denied"] += n
+        for (tenant, metric), (est, bound) in s.excess.items():
+            row = out.setdefault((_label(tenant), metric), {"admitted": 0, "denied": 0})
+            row["excess_estimate"], row["excess_bound"] = est, bound
+        return out
 
     def forget_idle(self) -> int:
         """Fold the decision counts that did not change since the last call into their
@@ -127,6 +160,8 @@ class Telemetry:
                     s = self._series(k[1], k[2])
                     self._forgotten[s] = self._forgotten.get(s, 0) + n
                     dropped += 1
+                    row = self._limit_folded.setdefault((k[0], k[1]), [0, 0])
+                    row[0 if s[2] == Reason.ADMITTED.value else 1] += n
             if dropped > max(len(d), 1024):
                 # A dict keeps its largest table through deletions: rebuild it in place
                 # (the hot path holds it). A count made between the copy and the update
@@ -135,6 +170,9 @@ class Telemetry:
                 d.clear()
                 d.update(keep)
             self._seen = dict(d)
+            live = {(t, m) for t, m, _ in d}
+            for lk in [lk for lk in self._limit_folded if lk not in live]:
+                del self._limit_folded[lk]  # idle: its counts start again from 0
             dropped, self._folded = dropped + self._folded, 0
             return dropped
 
@@ -154,6 +192,7 @@ class Telemetry:
                 if n is not None:
                     self._seen.pop(k, None)
                     self._folded += 1
+                    self._limit_folded.pop((tenant, metric), None)
                     s = self._series(metric, id(v))
                     self._forgotten[s] = self._forgotten.get(s, 0) + n
 
@@ -276,6 +315,15 @@ class _Collector(Collector):
             refused.add_metric([reason], n)
         yield refused
         yield from _policy_families(s, top, self.tel.top_k)
+        credit = CounterMetricFamily(
+            "ratemesh_strict_credit_events",
+            "The strict credit client's events (admitted, vetoed by the mesh, credit_denied, "
+            "reserves, granted, refused, unreachable, returned, returns_dropped, ...)",
+            labels=["event"],
+        )
+        for event, n in sorted(s.strict.items()):
+            credit.add_metric([event], n)
+        yield credit
 
     def _rank(
         self, s: NodeStats
