@@ -6,7 +6,6 @@ numbers checked against /health fetched before and after, and governord's /ui ag
 from __future__ import annotations
 
 import os
-
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
