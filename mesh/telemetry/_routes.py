@@ -23,11 +23,11 @@ def telemetry_routes(tel: Telemetry, health: Callable[[], dict[str, Any]]) -> di
     """GET /metrics (Prometheus text), GET /health (JSON) and GET /ui (the live page)."""
 
     def health_json() -> tuple[int, str, bytes]:
-        return (
-            200,
-            "application/json",
-            json.dumps(with_numbers(tel, health()), sort_keys=True).encode(),
-        )
+        """200 while serving; 503 once the node is closing (a graceful leave hands its keys
+        over), so a readiness probe takes it out of rotation before it stops."""
+        h = health()
+        code = 503 if h.get("status") == "closing" else 200
+        return code, "application/json", json.dumps(with_numbers(tel, h), sort_keys=True).encode()
 
     page = node_page()
     return {
