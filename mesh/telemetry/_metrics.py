@@ -67,6 +67,11 @@ class NodeStats:
     enforced: dict[tuple[str, str], int] = field(default_factory=dict)
     policy_reloads: int = 0  # policy file reloads accepted
     policy_reloads_refused: dict[str, int] = field(default_factory=dict)  # by reason
+    # redis mode (docs/redis.md): None without a tier; decisions Redis made, the embedded
+    # limiter's answers by cause, and 1 while the breaker is not closed
+    redis_answered: int | None = None
+    redis_fallbacks: dict[str, int] = field(default_factory=dict)
+    redis_breaker_open: int = 0
 
 
 class Telemetry:
@@ -276,6 +281,8 @@ class _Collector(Collector):
             refused.add_metric([reason], n)
         yield refused
         yield from _policy_families(s, top, self.tel.top_k)
+        if s.redis_answered is not None:
+            yield from _redis_families(s)
 
     def _rank(
         self, s: NodeStats
@@ -362,6 +369,29 @@ def _policy_families(s: NodeStats, top: set[str], k: int) -> Iterator[Metric]:
     for reason, n in sorted(s.policy_reloads_refused.items()):
         refused.add_metric([reason], n)
     yield refused
+
+
+def _redis_families(s: NodeStats) -> Iterator[Metric]:
+    """Redis mode's tier: a fixed set of causes, never a key or a tenant."""
+    yield CounterMetricFamily(
+        "ratemesh_redis_answered",
+        "Redis-mode decisions the shared counter made",
+        value=s.redis_answered or 0,
+    )
+    fam = CounterMetricFamily(
+        "ratemesh_redis_fallbacks",
+        "Redis-mode decisions the embedded limiter made instead (suspended "
+        "redis_unreachable), by cause",
+        labels=["cause"],
+    )
+    for cause, n in sorted(s.redis_fallbacks.items()):
+        fam.add_metric([cause], n)
+    yield fam
+    yield GaugeMetricFamily(
+        "ratemesh_redis_breaker_open",
+        "1 while the redis tier's circuit breaker is open or half-open",
+        value=s.redis_breaker_open,
+    )
 
 
 def _decision_families(rows: list[tuple[str, Series, int]]) -> Iterator[Metric]:
