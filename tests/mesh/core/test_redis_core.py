@@ -116,7 +116,7 @@ def test_a_late_good_answer_closes_an_open_breaker() -> None:
         b.record(False, False, 0)
     assert b.state is BreakerState.OPEN
     b.record(True, False, MS)  # a call begun while closed answered: Redis is back
-    assert b.state is BreakerState.CLOSED and b.call(MS) == (True, False)
+    assert b.state.value == "closed" and b.call(MS) == (True, False)
 
 
 # -- the GCRA step ------------------------------------------------------------------------
@@ -170,7 +170,15 @@ REPLIES = [
     ([0, 0, 3, 9], CounterReply(CounterOutcome.OK, False, 0, 3, 9)),
     ((1, 0, 0, 0), CounterReply(CounterOutcome.OK, True, 0, 0, 0)),
 ]
-MALFORMED = [None, b"OK", [1, 2, 3], [1, 2, 3, 4, 5], [2, 0, 0, 0], [1, -1, 0, 0], [1, 101, 0, 0]]
+MALFORMED: list[object] = [
+    None,
+    b"OK",
+    [1, 2, 3],
+    [1, 2, 3, 4, 5],
+    [2, 0, 0, 0],
+    [1, -1, 0, 0],
+    [1, 101, 0, 0],
+]
 MALFORMED += [[1, 0, -1, 0], [1, 0, 0, -5], [1, "0", 0, 0], [True, 0, 0, 0], [1.0, 0, 0, 0]]
 
 
@@ -257,7 +265,7 @@ def test_every_failure_falls_back_disclosed_then_the_breaker_opens(
     clock.ns += BREAKER_PROBE_NS
     v, _ = _decide(adm, counter)
     assert v.step is Step.REDIS and v.suspended is None
-    assert desk.breaker.state is BreakerState.CLOSED and counter.steps == BREAKER_FAILURES + 1
+    assert desk.breaker.state.value == "closed" and counter.steps == BREAKER_FAILURES + 1
 
 
 def test_the_embedded_limiter_hears_what_redis_admitted() -> None:
@@ -280,7 +288,7 @@ def test_too_large_needs_no_round_trip_and_refund_changes_nothing() -> None:
 
 
 def test_sub_unit_rates_meter_in_sub_units() -> None:
-    p = TenantRatePolicy("t", "read_iops", 1, "300/minute", 5, 5, mode=Mode.REDIS)
+    p = TenantRatePolicy("t", "read_iops", 1, "300/minute", 5, 5, mode=Mode.REDIS)  # type: ignore[arg-type]
     adm, _, counter, clock = _setup(p)
     assert [_decide(adm, counter)[0].allowed for _ in range(6)] == [True] * 5 + [False]
     clock.ns += 200 * MS  # one unit is 0.2 s at 300/minute

@@ -10,8 +10,8 @@ import time
 
 import redis
 
-from mesh import Mesh
 from mesh.core.verdict import Step, Suspension
+from mesh.node import Mesh
 from tests.mesh.sharedstate._redis import SHARED, redis_config, unique
 
 RATE, BURST = 400, 40

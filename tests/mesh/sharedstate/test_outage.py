@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from mesh import Mesh
 from mesh.core.admission._breaker import BREAKER_FAILURES, BREAKER_PROBE_NS
 from mesh.core.verdict import Step, Suspension, Verdict
+from mesh.node import Mesh
 from mesh.sharedstate import RedisCounter
 from tests.mesh.sharedstate._redis import RedisServer, redis_config, unique
 
