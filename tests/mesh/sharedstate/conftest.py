@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.mesh.sharedstate._redis import RedisServer, require_shared_redis
+from tests.mesh.sharedstate._redis import RedisServer, own_server, require_shared_redis
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def shared_redis() -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
+    server = own_server(tmp_path)
     server.start()
     try:
         yield server
