@@ -337,13 +337,13 @@ def _stub(path: Path, body: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("present", [(), ("etcd", "dnsmasq", "iptables")])
+@pytest.mark.parametrize("present", [(), ("etcd", "dnsmasq", "iptables", "redis-server")])
 def test_install_deps_installs_only_what_is_missing(
     tmp_path: Path, present: tuple[str, ...]
 ) -> None:
-    """scripts/install-deps on a machine without etcd, dnsmasq and iptables asks apt-get for
-    them (update, then install -y), and leaves apt alone when they are there. Every program it
-    runs is a stub that logs its arguments; only bash and env are real."""
+    """scripts/install-deps on a machine without etcd, dnsmasq, iptables and redis-server asks
+    apt-get for them (update, then install -y), and leaves apt alone when they are there. Every
+    program it runs is a stub that logs its arguments; only bash and env are real."""
     repo, bin_ = tmp_path / "repo", tmp_path / "bin"
     (repo / "scripts").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "install-deps", repo / "scripts" / "install-deps")
@@ -367,4 +367,7 @@ def test_install_deps_installs_only_what_is_missing(
     if present:
         assert apt == []
     else:
-        assert apt == ["apt-get update -qq", "apt-get install -y -qq etcd-server dnsmasq iptables"]
+        assert apt == [
+            "apt-get update -qq",
+            "apt-get install -y -qq etcd-server dnsmasq iptables redis-server",
+        ]
