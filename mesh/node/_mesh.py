@@ -10,7 +10,9 @@
     mesh.stop()                             # graceful leave: flush, leave, drain
 
 `try_admit` is synchronous and network-free in both: it reads the local view only, and
-returns a shared verdict (no allocation). `try_admit_detailed` makes the same decision and
+returns a shared verdict (no allocation). The one exception is a `redis`-mode limit: one
+round trip to the shared counter, bounded at 5 ms, made with the node's lock released
+(mesh/node/_redis.py, docs/redis.md). `try_admit_detailed` makes the same decision and
 adds the view's numbers (`remaining`, `retry_after_ms`, `reset_after_ms`; docs/api.md);
 it is what an API in front of the mesh calls. The waiting forms (`await admit()`,
 `admit_blocking()`) wait on the node's loop, where the tenant queues are served at every
@@ -116,8 +118,9 @@ class Mesh:
     # -- the hot path ---------------------------------------------------------------------
 
     def try_admit(self, tenant: str, metric: str, amount: int = 1) -> Verdict:
-        """Admit now or say why not: local, synchronous, no network. A shared verdict
-        (no numbers: `try_admit_detailed` has them); STOPPED once stopping began."""
+        """Admit now or say why not: local, synchronous, no network (but for a redis-mode
+        limit's one bounded round trip). A shared verdict (no numbers: `try_admit_detailed`
+        has them); STOPPED once stopping began."""
         d = self._driver
         if d is None:
             raise ConfigError("mesh", "not started: use `async with Mesh(...)` or .start()")

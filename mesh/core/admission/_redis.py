@@ -9,7 +9,8 @@ says whether the call may go out), makes the round trip with no lock held
 outcome on the breaker and returns the verdict: Redis's, or the embedded limiter's when
 Redis did not answer (breaker open, deadline exceeded, refused, a fatal reply, a malformed
 one). `RedisDesk.decide` is the three steps in a row, for a caller with no lock (tests,
-the simulator).
+the simulator): whoever drives an `Admission` that has a desk must answer REDIS_ASK so,
+as `mesh.node.Mesh` does for every form (`mesh.aio.admit`'s queues do not).
 
 Every fallback verdict carries the suspension `redis_unreachable` and the bound
 `redis_unreachable:fleet<=N*limit`: each process then enforces the whole limit alone. The
