@@ -128,7 +128,7 @@ class Mesh:
             with self._lock:  # the count too: `+=` on a shared dict is not atomic everywhere
                 v = d.member.admission.try_admit(tenant, metric, amount)
                 if v is REDIS_ASK:  # the round trip is made with the lock dropped
-                    pending = self._rounds.begin(d.member.admission, amount)
+                    pending = self._rounds.begin(d.member.admission, tenant, metric, amount)
                 elif self.count_decisions:
                     self._count(tenant, metric, v)
             if v is REDIS_ASK:
@@ -136,7 +136,7 @@ class Mesh:
             return v
         v = d.member.admission.try_admit(tenant, metric, amount)
         if v is REDIS_ASK:
-            pending = self._rounds.begin(d.member.admission, amount)
+            pending = self._rounds.begin(d.member.admission, tenant, metric, amount)
             return self._rounds.end(pending, tenant, metric, amount)[0]
         if self.count_decisions:
             try:  # count by the verdict's identity: verdicts are interned, shared values
@@ -198,7 +198,8 @@ class Mesh:
                         out.append(exc)
                         continue
                     if v is REDIS_ASK:
-                        asked = (self._rounds.begin(adm, amount), tenant, metric, amount)
+                        pending = self._rounds.begin(adm, tenant, metric, amount)
+                        asked = (pending, tenant, metric, amount)
                         break
                     if count is not None:
                         count(tenant, metric, v)

@@ -29,7 +29,8 @@ Count = Callable[[str, str, Verdict], None]
 class Pending(NamedTuple):
     desk: RedisDesk
     gate: RedisGate
-    ask: Ask | None  # None: the breaker is open, the embedded limiter answers
+    ask: Ask | None  # None: the breaker is open, the embedded limiter answered (`done`)
+    done: tuple[Verdict, Numbers] | None = None
 
 
 class RedisRounds:
@@ -43,16 +44,25 @@ class RedisRounds:
         self.lock = lock
         self.count = count
 
-    def begin(self, adm: Admission, amount: int) -> Pending:
-        """Right after `try_admit` answered REDIS_ASK, under the same take of the lock."""
+    def begin(self, adm: Admission, tenant: str, metric: str, amount: int) -> Pending:
+        """Right after `try_admit` answered REDIS_ASK, under the same take of the lock. With
+        no round trip to make (the breaker open) the embedded limiter answers here and now,
+        so an outage costs no second take of the lock."""
         gate, desk = adm.asked, adm.redis
         assert gate is not None and desk is not None, "REDIS_ASK names a view of a desk"
         adm.asked = None
         ask = desk.begin(gate, amount) if self.counter is not None else None
+        if ask is None:
+            done = desk.finish(gate, amount, None, None)
+            if self.count is not None:
+                self.count(tenant, metric, done[0])
+            return Pending(desk, gate, None, done)
         return Pending(desk, gate, ask)
 
     def end(self, p: Pending, tenant: str, metric: str, amount: int) -> tuple[Verdict, Numbers]:
         """The round trip (no lock held), then the verdict under the lock, counted."""
+        if p.done is not None:  # answered (and counted) by `begin`
+            return p.done
         ask = p.ask
         reply = None
         if ask is not None and self.counter is not None:
@@ -73,7 +83,7 @@ class RedisRounds:
                 if self.count is not None:
                     self.count(tenant, metric, v)
                 return v, adm.numbers(v, tenant, metric, amount)
-            pending = self.begin(adm, amount)
+            pending = self.begin(adm, tenant, metric, amount)
         return self.end(pending, tenant, metric, amount)
 
     def applies(self, adm: Admission, tenant: str, metric: str) -> bool:
