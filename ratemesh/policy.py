@@ -119,6 +119,7 @@ class Mode(StrEnum):
     SHARE = "share"
     GLOBAL = "global"
     STRICT = "strict"
+    REDIS = "redis"  # one atomic GCRA step per admission against a shared Redis (docs/redis.md)
 
 
 # A policy for this tenant id applies to every tenant that has no policy of its own; each

@@ -338,15 +338,16 @@ def _stub(path: Path, body: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "present", [(), ("etcd", "dnsmasq", "iptables", "promtool", "chromium", "chromedriver")]
+    "present",
+    [(), ("etcd", "dnsmasq", "iptables", "redis-server", "promtool", "chromium", "chromedriver")],
 )
 def test_install_deps_installs_only_what_is_missing(
     tmp_path: Path, present: tuple[str, ...]
 ) -> None:
-    """scripts/install-deps on a machine without etcd, dnsmasq, iptables, promtool and
-    chromium (with its driver) asks apt-get for
-    them (update, then install -y), and leaves apt alone when they are there. Every program it
-    runs is a stub that logs its arguments; only bash and env are real."""
+    """scripts/install-deps on a machine without etcd, dnsmasq, iptables, redis-server,
+    promtool and chromium (with its driver) asks apt-get for them (update, then install -y),
+    and leaves apt alone when they are there. Every program it runs is a stub that logs its
+    arguments; only bash and env are real."""
     repo, bin_ = tmp_path / "repo", tmp_path / "bin"
     (repo / "scripts").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "install-deps", repo / "scripts" / "install-deps")
@@ -372,6 +373,6 @@ def test_install_deps_installs_only_what_is_missing(
     else:
         assert apt == [
             "apt-get update -qq",
-            "apt-get install -y -qq etcd-server dnsmasq iptables prometheus chromium"
-            " chromium-driver",
+            "apt-get install -y -qq etcd-server dnsmasq iptables redis-server prometheus"
+            " chromium chromium-driver",
         ]

@@ -39,6 +39,7 @@ COMMANDS: dict[tuple[str, ...], Handler] = {
     ("bench", "policy"): _bench.policy,
     ("bench", "strict"): _bench.strict,
     ("bench", "sidecar"): _bench.sidecar,
+    ("bench", "redis"): _bench.redis,
     **{("policy", name): fn for name, fn in _policy.SUBCOMMANDS.items()},
 }
 
@@ -226,6 +227,20 @@ def _parser() -> argparse.ArgumentParser:
         "--connections", type=int, default=8, help="HTTP keep-alive connections per client"
     )
     _output_flags(sc)
+    rd = bsub.add_parser(
+        "redis",
+        help="redis mode on real workers against a redis-server it starts: exact while it "
+        "answers, then frozen (SIGSTOP), gone (SIGKILL) and back",
+    )
+    rd.add_argument("--workers", type=int, default=4)
+    rd.add_argument(
+        "--seconds",
+        type=float,
+        default=4.0,
+        help="up, frozen and down together (half, a quarter, a quarter); the breaker's "
+        "recovery adds about 5 s",
+    )
+    _output_flags(rd)
     _policy.add_parser(sub)
     return p
 

@@ -1,5 +1,5 @@
-"""`mesh bench hotpath`, `owner`, `cluster`, `churn`, `flood`, `policy`, `strict` and `sidecar`:
-benchmarks of the real code, JSON on stdout."""
+"""`mesh bench hotpath`, `owner`, `cluster`, `churn`, `flood`, `policy`, `strict`, `sidecar` and
+`redis`: benchmarks of the real code, JSON on stdout."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ratemesh.checks import check_int
 
 from ._output import emit, positive_s
 
-__all__ = ["churn", "cluster", "flood", "hotpath", "owner", "policy", "sidecar", "strict"]
+__all__ = ["churn", "cluster", "flood", "hotpath", "owner", "policy", "redis", "sidecar", "strict"]
 
 
 def hotpath(args: argparse.Namespace) -> int:
@@ -128,6 +128,19 @@ def sidecar(args: argparse.Namespace) -> int:
             clients=check_int("--clients", args.clients, minimum=1, maximum=CLIENTS_MAX),
             streams=check_int("--streams", args.streams, minimum=1, maximum=256),
             connections=check_int("--connections", args.connections, minimum=1, maximum=256),
+        ),
+        args,
+    )
+    return 0
+
+
+def redis(args: argparse.Namespace) -> int:
+    from bench.redis import WORKERS_MAX, run
+
+    emit(
+        run(
+            workers=check_int("--workers", args.workers, minimum=1, maximum=WORKERS_MAX),
+            seconds=positive_s("--seconds", args.seconds),
         ),
         args,
     )

@@ -48,6 +48,10 @@ def validate(args: argparse.Namespace) -> int:
                 "stable": ident.stable,
             },
             "membership": cfg.membership.source if cfg.membership else None,
+            # the coordination tier the node may dial (docs/redis.md); None: nothing dials
+            "shared_state": {
+                "redis": None if cfg.shared_state.redis is None else cfg.shared_state.redis.addr
+            },
             # what proves a peer's member id (docs/architecture.md): [] is a warning
             "peer_identity": [
                 *(["mtls"] if cfg.tls is not None and cfg.tls.require_client_cert else []),

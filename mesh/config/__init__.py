@@ -20,6 +20,7 @@ from mesh.config._node import (
     read_fleet_secret,
     resolve_identity,
 )
+from mesh.config._sharedstate import RedisConfig, SharedStateConfig
 from mesh.config._sidecar import SidecarConfig
 from mesh.config._strict import StrictConfig
 
@@ -38,6 +39,8 @@ __all__ = [
     "parse_config",
     "read_fleet_secret",
     "resolve_identity",
+    "RedisConfig",
+    "SharedStateConfig",
     "SidecarConfig",
     "StrictConfig",
 ]

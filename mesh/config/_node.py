@@ -39,6 +39,10 @@ Shape (every key optional except where said)::
     sidecar: {grpc_listen: 127.0.0.1:7002, http_listen: 127.0.0.1:9101}
                                  # the admission API for workers in any language, off by
                                  # default (mesh/config/_sidecar.py, docs/sidecar.md)
+    shared_state:
+      redis: {external: allow, addr: 10.0.0.10:6379, password_env: NAME, tls: true}
+                                 # consent to dial a network redis for redis-mode limits
+                                 # (mesh/config/_sharedstate.py, docs/redis.md)
 
 Ports are 1..65535. Only `listen`, `telemetry_listen` and the sidecar's addresses also take
 0, "any free port": the node reads the bound port back and reports it (`Mesh.address`,
@@ -65,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from mesh.config._files import config_file
+from mesh.config._sharedstate import SharedStateConfig, parse_shared_state
 from mesh.config._sidecar import SidecarConfig, check_sidecar_auth, parse_sidecar
 from mesh.config._strict import StrictConfig, parse_strict
 from mesh.core._validate import check_bool, check_int, check_str
@@ -172,6 +177,7 @@ class NodeConfig:
     coordinator: CoordinatorConfig | None = None
     strict: StrictConfig | None = None  # None: strict limits fail closed (no credit source)
     sidecar: SidecarConfig = field(default_factory=SidecarConfig)  # off: no address set
+    shared_state: SharedStateConfig = field(default_factory=SharedStateConfig)  # none: no dial
     core: CoreConfig = field(
         default_factory=lambda: CoreConfig(report_retry_max_ms=NODE_RETRY_MAX_MS)
     )
@@ -216,6 +222,15 @@ class NodeConfig:
             out.append(
                 "strict: a strict-mode policy with no strict section (no governord credit); "
                 "it is refused with governor_unreachable"
+            )
+        redis = self.shared_state.redis
+        if redis is not None:
+            out += redis.warnings()
+        elif any(p.mode is Mode.REDIS for p in self.policies):
+            out.append(
+                "shared_state.redis: a redis-mode policy with no shared_state.redis (nothing "
+                "dials); each process enforces it alone (fleet <= N x limit), every verdict "
+                "suspended redis_unreachable"
             )
         if not self.policies and self.coordinator is None:
             out.append(
@@ -302,6 +317,7 @@ _TOP = {
     "core",
     "strict",
     "sidecar",
+    "shared_state",
 }
 
 
@@ -351,6 +367,8 @@ def parse_config(data: Any, *, base: Path | None = None) -> NodeConfig:
         kw["strict"] = parse_strict(data["strict"], base)
     if data.get("sidecar") is not None:
         kw["sidecar"] = parse_sidecar(data["sidecar"])
+    if data.get("shared_state") is not None:
+        kw["shared_state"] = parse_shared_state(data["shared_state"])
     core = data.get("core")
     if core is None:
         core = {}

@@ -30,6 +30,7 @@ STEPS: dict[Mode, Step] = {
     Mode.SHARE: Step.SHARE,
     Mode.GLOBAL: Step.MESH,
     Mode.STRICT: Step.STRICT,
+    Mode.REDIS: Step.REDIS,
 }
 
 

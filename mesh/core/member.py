@@ -7,7 +7,7 @@ carry out the effects it returns.
 
 from __future__ import annotations
 
-from mesh.core.admission import Admission, CreditDesk
+from mesh.core.admission import Admission, CreditDesk, RedisDesk
 from mesh.core.config import CoreConfig
 from mesh.core.effects import Effect
 from mesh.core.messages import Handover, Message, ReportBatch, SnapshotBatch
@@ -32,6 +32,7 @@ class Member:
         *,
         config: CoreConfig | None = None,
         credit: CreditDesk | None = None,
+        redis: RedisDesk | None = None,
     ) -> None:
         self.member_id = member_id
         self.config = config or CoreConfig()
@@ -47,6 +48,7 @@ class Member:
             config=self.config,
             n_live=len(ring),
             credit=credit,
+            redis=redis,
         )
         self.credit = credit  # strict limits' credit blocks (None: strict fails closed)
 

@@ -62,6 +62,7 @@ class Suspension(StrEnum):
     MEMBERSHIP_STALE = "membership_stale"
     POLICY_UNKNOWN = "policy_unknown"
     GOVERNOR_UNREACHABLE = "governor_unreachable"
+    REDIS_UNREACHABLE = "redis_unreachable"  # redis mode: the embedded local limiter answered
 
 
 class Step(StrEnum):
@@ -71,6 +72,7 @@ class Step(StrEnum):
     SHARE = "share"  # this worker's share of the limit (share mode)
     MESH = "mesh"  # the mesh's global view (global mode, and strict's veto)
     STRICT = "strict"  # governord credit (strict mode)
+    REDIS = "redis"  # the shared Redis counter's script step (redis mode)
     QUEUE = "queue"  # admit(): the tenant's wait queue (full, or the deadline passed)
     POLICY = "policy"  # the policy alone: none known, or disabled
     STOPPED = "stopped"  # the node stopped

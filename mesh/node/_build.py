@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from mesh.config import NodeConfig
 from mesh.coordinator import PolicySource
+from mesh.core.admission import Counter
 from mesh.errors import ConfigError, PeerError
 from mesh.membership import (
     DnsMembership,
@@ -16,7 +17,13 @@ from mesh.membership import (
 )
 from mesh.peer import CoordinatorClient, GrpcTransport, PeerHandler, Transport, fetch_status
 
-__all__ = ["build_transport", "build_membership", "build_policy_source", "claim_static_id"]
+__all__ = [
+    "build_transport",
+    "build_membership",
+    "build_policy_source",
+    "build_redis",
+    "claim_static_id",
+]
 
 STATIC_PROBE_S = 2.0  # how long the static identity check waits for our listed address
 
@@ -99,6 +106,16 @@ def build_policy_source(cfg: NodeConfig, member_id: str = "") -> PolicySource | 
         declared=cfg.policies,
         member_id=member_id,
     )
+
+
+def build_redis(cfg: NodeConfig) -> Counter | None:
+    """Redis limits' shared counter, only when the config consents (shared_state.redis with
+    external: allow). Lazy: it dials at the first admission of a redis limit."""
+    if cfg.shared_state.redis is None:
+        return None
+    from mesh.sharedstate import RedisCounter  # redis-py loads only for a node that uses it
+
+    return RedisCounter.from_config(cfg.shared_state.redis)
 
 
 async def claim_static_id(cfg: NodeConfig, member_id: str) -> None:

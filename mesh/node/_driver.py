@@ -22,6 +22,7 @@ from typing import Any
 
 from mesh.config import Identity, NodeConfig
 from mesh.coordinator import PolicyFeed
+from mesh.core.admission import Counter
 from mesh.core.effects import Effect, FetchPolicy, ReserveCredit, ReturnCredit, Send
 from mesh.core.member import Member
 from mesh.core.messages import REPORT_ROWS_MAX, Handover, Message, ReportBatch, SnapshotBatch
@@ -118,6 +119,7 @@ class NodeDriver:
         clock_ns: Callable[[], int] = time.monotonic_ns,
         reloader: PolicyReloader | None = None,
         credit: CreditDriver | None = None,
+        redis: Counter | None = None,
     ) -> None:
         self.config = config
         self.identity = identity
@@ -128,6 +130,7 @@ class NodeDriver:
         self.telemetry = telemetry
         self.reloader = reloader  # the local policy file's reloads (None: no policies.file)
         self.credit = credit  # strict limits' calls to governord (None: no `strict:` section)
+        self.redis = redis  # redis limits' shared counter (None: no shared_state.redis)
         self.lock = lock or contextlib.nullcontext()
         self.threaded = lock is not None
         self.clock_ns = clock_ns

@@ -15,7 +15,15 @@ from mesh.node._driver import NodeDriver
 from mesh.telemetry import NodeStats
 from ratemesh.policy import split_tenant
 
-__all__ = ["health", "status", "node_stats", "d_estimate_ns", "enforced", "ENFORCED_SHOWN_MAX"]
+__all__ = [
+    "health",
+    "status",
+    "node_stats",
+    "d_estimate_ns",
+    "enforced",
+    "redis_health",
+    "ENFORCED_SHOWN_MAX",
+]
 
 # Limits listed in `policies.enforced` (and so in a Status answer, which `mesh status --fleet`
 # compares across members); past it the rest are counted in `enforced_omitted`.
@@ -48,6 +56,12 @@ def node_stats(driver: NodeDriver) -> NodeStats:
         enforced=enforced(driver),
         strict={} if driver.credit is None else driver.credit.stats(),
     )
+    desk = m.admission.redis
+    if desk is not None:
+        with driver.lock:
+            s.redis_answered = desk.answered
+            s.redis_fallbacks = {c.value: n for c, n in desk.fallbacks.items()}
+            s.redis_breaker_open = int(desk.breaker.state.value != "closed")
     if driver.reloader is not None:
         s.policy_reloads = driver.reloader.stats.ok
         s.policy_reloads_refused = dict(driver.reloader.stats.refused)
@@ -170,6 +184,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         "peer": driver.transport.stats(),
         # strict limits' credit (None without a `strict:` section): units admitted, vetoed
         # by the mesh first, denied by credit; reserves, grants, refusals, returns
+        "redis": redis_health(driver),
         "strict": None
         if driver.credit is None
         else {"governord": driver.credit.config.governord, **driver.credit.stats()},
@@ -186,6 +201,18 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             "handover_keys_late": driver.handover_keys_late,
         },
     }
+
+
+def redis_health(driver: NodeDriver) -> dict[str, Any]:
+    """What redis mode knows (docs/redis.md): whether a tier is configured and where, the
+    breaker, round trips and Redis's decisions, and the embedded limiter's answers by cause
+    (the verdicts' suspension stays redis_unreachable for all of them), the last error."""
+    counter, desk = driver.redis, driver.member.admission.redis
+    if counter is None or desk is None:
+        return {"configured": False, "addr": None}
+    with driver.lock:
+        known = desk.health()
+    return {"configured": True, "addr": getattr(counter, "addr", None), **known}
 
 
 def status(driver: NodeDriver) -> dict[str, Any]:

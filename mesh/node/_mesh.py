@@ -10,7 +10,9 @@
     mesh.stop()                             # graceful leave: flush, leave, drain
 
 `try_admit` is synchronous and network-free in both: it reads the local view only, and
-returns a shared verdict (no allocation). `try_admit_detailed` makes the same decision and
+returns a shared verdict (no allocation). The one exception is a `redis`-mode limit: one
+round trip to the shared counter, bounded at 5 ms, made with the node's lock released
+(mesh/node/_redis.py, docs/redis.md). `try_admit_detailed` makes the same decision and
 adds the view's numbers (`remaining`, `retry_after_ms`, `reset_after_ms`; docs/api.md);
 it is what an API in front of the mesh calls. The waiting forms (`await admit()`,
 `admit_blocking()`) wait on the node's loop, where the tenant queues are served at every
@@ -36,7 +38,7 @@ from mesh.aio import admit as _admit
 from mesh.callsite import Limited
 from mesh.config import NodeConfig, load_config, parse_config
 from mesh.coordinator import PolicyFeed, PolicySource
-from mesh.core.admission import DEADLINE, STOPPED, CreditDesk
+from mesh.core.admission import DEADLINE, REDIS_ASK, STOPPED, Counter, CreditDesk, RedisDesk
 from mesh.core.member import Member
 from mesh.core.policy import PolicyCache, TenantRatePolicy
 from mesh.core.ring import Ring
@@ -46,12 +48,14 @@ from mesh.membership import EtcdMembership, MembershipSource
 from mesh.node._build import (
     build_membership,
     build_policy_source,
+    build_redis,
     build_transport,
     claim_static_id,
 )
 from mesh.node._credit import CreditDriver
 from mesh.node._driver import NodeDriver
 from mesh.node._health import health, node_stats, status
+from mesh.node._redis import RedisRounds
 from mesh.node._reload import PolicyReloader
 from mesh.peer import CoordinatorClient, PeerHandler, Transport
 from mesh.sidecar import Sidecar
@@ -78,6 +82,7 @@ class Mesh:
         policy_source: PolicySource | None = None,
         environ: dict[str, str] | None = None,
         count_decisions: bool = True,
+        redis_counter: Counter | None = None,
     ) -> None:
         if isinstance(config, (str, Path)):
             config = load_config(config)
@@ -88,6 +93,11 @@ class Mesh:
         self._transport_arg = transport
         self._membership_arg = membership
         self._source_arg = policy_source
+        # redis limits' shared counter: this one (tests, the simulator's MemoryCounter), else
+        # the one shared_state.redis names (mesh.sharedstate), else none: nothing dials
+        self._counter_arg = redis_counter
+        self._counter: Counter | None = None
+        self._rounds = RedisRounds(None, contextlib.nullcontext(), None)
         self._lock: threading.Lock | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -108,18 +118,26 @@ class Mesh:
     # -- the hot path ---------------------------------------------------------------------
 
     def try_admit(self, tenant: str, metric: str, amount: int = 1) -> Verdict:
-        """Admit now or say why not: local, synchronous, no network. A shared verdict
-        (no numbers: `try_admit_detailed` has them); STOPPED once stopping began."""
+        """Admit now or say why not: local, synchronous, no network (but for a redis-mode
+        limit's one bounded round trip). A shared verdict (no numbers: `try_admit_detailed`
+        has them); STOPPED once stopping began."""
         d = self._driver
         if d is None:
             raise ConfigError("mesh", "not started: use `async with Mesh(...)` or .start()")
         if self._lock is not None:
             with self._lock:  # the count too: `+=` on a shared dict is not atomic everywhere
                 v = d.member.admission.try_admit(tenant, metric, amount)
-                if self.count_decisions:
+                if v is REDIS_ASK:  # the round trip is made with the lock dropped
+                    pending = self._rounds.begin(d.member.admission, tenant, metric, amount)
+                elif self.count_decisions:
                     self._count(tenant, metric, v)
+            if v is REDIS_ASK:
+                return self._rounds.end(pending, tenant, metric, amount)[0]
             return v
         v = d.member.admission.try_admit(tenant, metric, amount)
+        if v is REDIS_ASK:
+            pending = self._rounds.begin(d.member.admission, tenant, metric, amount)
+            return self._rounds.end(pending, tenant, metric, amount)[0]
         if self.count_decisions:
             try:  # count by the verdict's identity: verdicts are interned, shared values
                 self.decisions[(tenant, metric, id(v))] += 1
@@ -158,7 +176,8 @@ class Mesh:
     ) -> list[tuple[Verdict, Numbers | None] | ConfigError]:
         """`try_admit_numbers` for each (tenant, metric, amount) in order, under one take of
         the node's lock (a sidecar batch). A row the node refuses (an invalid metric name,
-        say) is its ConfigError in place of an answer; the rest are decided as usual."""
+        say) is its ConfigError in place of an answer; the rest are decided as usual. A
+        redis row drops the lock for its round trip and takes it again for the rest."""
         d = self._driver
         if d is None:
             raise ConfigError("mesh", "not started: use `async with Mesh(...)` or .start()")
@@ -166,16 +185,27 @@ class Mesh:
         admit, numbers = adm.try_admit, adm.numbers
         count = self._count if self.count_decisions else None
         out: list[tuple[Verdict, Numbers | None] | ConfigError] = []
-        with self._lock or contextlib.nullcontext():
-            for tenant, metric, amount in rows:
-                try:
-                    v = admit(tenant, metric, amount)
-                except ConfigError as exc:
-                    out.append(exc)
-                    continue
-                if count is not None:
-                    count(tenant, metric, v)
-                out.append((v, numbers(v, tenant, metric, amount)))
+        i, n_rows = 0, len(rows)
+        while i < n_rows:
+            asked = None
+            with self._lock or contextlib.nullcontext():
+                while i < n_rows:
+                    tenant, metric, amount = rows[i]
+                    i += 1
+                    try:
+                        v = admit(tenant, metric, amount)
+                    except ConfigError as exc:
+                        out.append(exc)
+                        continue
+                    if v is REDIS_ASK:
+                        pending = self._rounds.begin(adm, tenant, metric, amount)
+                        asked = (pending, tenant, metric, amount)
+                        break
+                    if count is not None:
+                        count(tenant, metric, v)
+                    out.append((v, numbers(v, tenant, metric, amount)))
+            if asked is not None:
+                out.append(self._rounds.end(*asked))
         return out
 
     def _count_first(self, tenant: str, metric: str, v: Verdict) -> None:
@@ -213,6 +243,9 @@ class Mesh:
         loop = self._admit_loop()
         if loop is None:
             return STOPPED
+        adm = self._require().member.admission
+        if self._rounds.applies(adm, tenant, metric):  # asks again itself, on this loop
+            return await self._rounds.wait(adm, tenant, metric, amount, timeout_s, self._is_closed)
         coro = self._wait(tenant, metric, amount, timeout_s)
         if asyncio.get_running_loop() is loop:
             return await coro
@@ -252,6 +285,11 @@ class Mesh:
                 "mesh",
                 "admit_blocking() on the node's own event loop would deadlock; await admit() there",
             )
+        adm = self._require().member.admission
+        if self._rounds.applies(adm, tenant, metric):  # asks again itself, on this thread
+            return self._rounds.wait_blocking(
+                adm, tenant, metric, amount, timeout_s, self._is_closed
+            )
         fut = self._submit(self._wait(tenant, metric, amount, timeout_s), loop)
         if fut is None:
             return STOPPED
@@ -264,6 +302,9 @@ class Mesh:
                 log.warning("admit_blocking: the node's loop did not answer in time")
                 return DEADLINE
             return fut.result()  # answered just as we gave up
+
+    def _is_closed(self) -> bool:
+        return self._closed
 
     def _admit_loop(self) -> asyncio.AbstractEventLoop | None:
         """The loop a wait runs on; None once stopping began (the caller answers STOPPED)."""
@@ -412,8 +453,23 @@ class Mesh:
         desk = None
         if cfg.strict is not None:  # strict limits spend governord credit (else fail closed)
             desk = CreditDesk(time.monotonic_ns, cfg.strict.credit)
+        counter = self._counter_arg or build_redis(cfg)  # lazy: nothing dials yet
+        self._counter = counter
+        redis_desk = None if counter is None else RedisDesk(time.monotonic_ns)
         member = Member(
-            self.member_id, worker_epoch, ring, policies, now, config=cfg.core, credit=desk
+            self.member_id,
+            worker_epoch,
+            ring,
+            policies,
+            now,
+            config=cfg.core,
+            credit=desk,
+            redis=redis_desk,
+        )
+        self._rounds = RedisRounds(
+            counter,
+            self._lock or contextlib.nullcontext(),
+            self._count if self.count_decisions else None,
         )
         handler = _Handler()
         make = self._transport_arg or partial(build_transport, cfg)
@@ -467,6 +523,7 @@ class Mesh:
             lock=self._lock,
             reloader=reloader,
             credit=credit,
+            redis=counter,
         )
         handler.driver = driver
         if self.count_decisions:  # a forgotten view's counts go with it (Telemetry.forget_view)
@@ -510,6 +567,9 @@ class Mesh:
             self._sidecar = None
         if self._driver is not None:
             await self._driver.close()
+        close = getattr(self._counter, "close", None)
+        if close is not None and self._counter is not self._counter_arg:
+            close()  # ours (built from shared_state.redis): its sockets go
 
     # -- threaded lifecycle ---------------------------------------------------------------
 

@@ -70,6 +70,11 @@ class NodeStats:
     # the strict credit client's counters (mesh/node/_credit.py stats(); empty without a
     # `strict:` section): a fixed set of event names, never a tenant
     strict: dict[str, int] = field(default_factory=dict)
+    # redis mode (docs/redis.md): None without a tier; decisions Redis made, the embedded
+    # limiter's answers by cause, and 1 while the breaker is not closed
+    redis_answered: int | None = None
+    redis_fallbacks: dict[str, int] = field(default_factory=dict)
+    redis_breaker_open: int = 0
 
 
 class Telemetry:
@@ -324,6 +329,8 @@ class _Collector(Collector):
         for event, n in sorted(s.strict.items()):
             credit.add_metric([event], n)
         yield credit
+        if s.redis_answered is not None:
+            yield from _redis_families(s)
 
     def _rank(
         self, s: NodeStats
@@ -410,6 +417,29 @@ def _policy_families(s: NodeStats, top: set[str], k: int) -> Iterator[Metric]:
     for reason, n in sorted(s.policy_reloads_refused.items()):
         refused.add_metric([reason], n)
     yield refused
+
+
+def _redis_families(s: NodeStats) -> Iterator[Metric]:
+    """Redis mode's tier: a fixed set of causes, never a key or a tenant."""
+    yield CounterMetricFamily(
+        "ratemesh_redis_answered",
+        "Redis-mode decisions the shared counter made",
+        value=s.redis_answered or 0,
+    )
+    fam = CounterMetricFamily(
+        "ratemesh_redis_fallbacks",
+        "Redis-mode decisions the embedded limiter made instead (suspended "
+        "redis_unreachable), by cause",
+        labels=["cause"],
+    )
+    for cause, n in sorted(s.redis_fallbacks.items()):
+        fam.add_metric([cause], n)
+    yield fam
+    yield GaugeMetricFamily(
+        "ratemesh_redis_breaker_open",
+        "1 while the redis tier's circuit breaker is open or half-open",
+        value=s.redis_breaker_open,
+    )
 
 
 def _decision_families(rows: list[tuple[str, Series, int]]) -> Iterator[Metric]:

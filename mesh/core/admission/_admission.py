@@ -13,6 +13,7 @@ from collections.abc import Callable
 from mesh.core._validate import check_int
 from mesh.core.admission._gates import FixedGate, LocalGate, unknown_verdict
 from mesh.core.admission._queue import TenantQueues, Waiter
+from mesh.core.admission._redis import REDIS_ASK, RedisDesk, RedisGate
 from mesh.core.admission._strict import CreditDesk, StrictGate
 from mesh.core.config import CoreConfig
 from mesh.core.gate import Gate
@@ -46,6 +47,7 @@ class Admission:
         n_live: int = 1,
         membership_stale: bool = False,
         credit: CreditDesk | None = None,
+        redis: RedisDesk | None = None,
     ) -> None:
         if not isinstance(policies, PolicyCache):
             raise ConfigTypeError(
@@ -58,6 +60,10 @@ class Admission:
         self.policies = policies
         self.reporter = reporter
         self.credit = credit  # strict limits' credit; None: they fail closed
+        # redis limits' breaker and counts; None (no shared_state.redis): each process
+        # enforces them alone, suspended redis_unreachable (docs/redis.md)
+        self.redis = redis
+        self.asked: RedisGate | None = None  # the view of the last REDIS_ASK (_redis.py)
         self.config = config or (reporter.config if reporter else CoreConfig())
         self.n_live = n_live
         self.membership_stale = membership_stale
@@ -186,6 +192,8 @@ class Admission:
             if v.front is None:
                 return
             v = v.front
+        if isinstance(v, RedisGate):
+            return  # the script is acquire-only: what Redis admitted stays spent
         v.pending -= amount
         if isinstance(v, GlobalGate):
             v.recompute()
@@ -203,6 +211,9 @@ class Admission:
             )
         if isinstance(v, StrictGate):
             return v.admit(amount)
+        if v.__class__ is RedisGate:  # the driver makes the round trip (_redis.py)
+            self.asked = v
+            return REDIS_ASK
         v.denied += amount
         if not v.marked:
             v.sink(v)
@@ -249,6 +260,16 @@ class Admission:
                     Reason.OWNER_UNREACHABLE,
                 )
             return self.reporter.open_gate(policy)
+        if mode is Mode.REDIS:
+            if self.redis is not None:
+                return self.redis.open(policy, self._now_ns)
+            # No shared_state.redis: nothing dials. This process enforces the whole limit
+            # alone (local mode's view), and every verdict says so.
+            alone = LocalGate(policy, self._mark_local, self._now_ns, 1)
+            alone.set_verdicts(
+                BOUNDS["redis_unreachable"], Suspension.REDIS_UNREACHABLE, step=Step.LOCAL
+            )
+            return alone
         if mode is Mode.STRICT:
             if self.credit is not None:
                 front = None if self.reporter is None else self.reporter.open_gate(policy)
@@ -301,6 +322,8 @@ class Admission:
             )
         if isinstance(v, LocalGate):
             return not v.marked
+        if isinstance(v, RedisGate):
+            return v.holds_nothing(self._now_ns)
         return isinstance(v, FixedGate)
 
     def _evict(self, by_tenant: dict[str, Gate], tenant: str) -> None:

@@ -19,6 +19,10 @@ BOUNDS: dict[str, str] = {
     "global_floor": "excess<=N*b+R*d;owner_unreachable=>floor_R/N_escrowed",
     # Credit blocks from governord, the mesh's global view vetoing first (docs/strict.md).
     "strict": "admitted<=R*(t1-t0)+B;governor_unreachable=>fail_closed",
+    # One GCRA script step against a shared Redis per admission, exact while it answers;
+    # while it does not, each process's embedded limiter answers alone (docs/redis.md).
+    "redis": "exact;redis_unreachable=>fleet<=N*limit",
+    "redis_unreachable": "redis_unreachable:fleet<=N*limit",
     "disabled": "unlimited:policy_disabled",
     "unknown": "policy_unknown:fail_closed",
 }

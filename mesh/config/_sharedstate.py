@@ -1,0 +1,107 @@
+"""The `shared_state:` section of a node's config: consent to dial a network Redis.
+
+    shared_state:
+      redis:
+        external: allow              # the literal consent string; without it nothing dials
+        addr: "10.0.0.10:6379"
+        password_env: RATEMESH_REDIS_PASSWORD   # the variable's name, never the secret
+        tls: true                    # verified against the system's trust store
+
+With no `shared_state.redis` the node opens no coordination connection at all, and a
+redis-mode policy is enforced by each process alone, suspended `redis_unreachable`
+(docs/redis.md). An address without `external: allow` is a ConfigError naming the field,
+not a quiet skip. Four keys and no more: the deadline (5 ms) and the breaker (5 failures,
+5 s probe) are not config. Loading reads the password's variable and dials nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from mesh.core._validate import check_bool, check_str
+from mesh.errors import ConfigError, ConfigTypeError
+from ratemesh.checks import check_address, check_keys, is_loopback
+
+__all__ = ["CONSENT", "RedisConfig", "SharedStateConfig", "parse_shared_state"]
+
+CONSENT = "allow"  # shared_state.redis.external: the one value that lets the node dial
+_KEYS = {"external", "addr", "password_env", "tls"}
+
+
+@dataclass(frozen=True, slots=True)
+class RedisConfig:
+    addr: str  # host:port
+    password: str | None = field(default=None, repr=False)  # read from $password_env
+    password_env: str | None = None
+    tls: bool = False
+
+    @property
+    def host(self) -> str:
+        host = self.addr.rpartition(":")[0]
+        return host[1:-1] if host.startswith("[") else host
+
+    @property
+    def port(self) -> int:
+        return int(self.addr.rpartition(":")[2])
+
+    def warnings(self) -> list[str]:
+        """What consent gives up (seed 002: printed at every `mesh validate`)."""
+        out = [
+            f'shared_state.redis: a network redis at "{self.addr}" is enabled — the '
+            "process-local posture is broken for the coordination tier: redis-mode limits "
+            "take one round trip per admission, and while it does not answer each process "
+            "enforces the whole limit alone (fleet <= N x limit, suspended "
+            "redis_unreachable; docs/redis.md)"
+        ]
+        if not self.tls and not is_loopback(self.addr):
+            out.append(
+                f'shared_state.redis.tls: false for "{self.addr}": admissions and the '
+                "password cross the network in plaintext"
+            )
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class SharedStateConfig:
+    redis: RedisConfig | None = None  # None: nothing dials; redis limits run alone
+
+
+def parse_shared_state(data: Any) -> SharedStateConfig:
+    """Validate the section; every mistake is a ConfigError naming `shared_state.<key>`."""
+    if not isinstance(data, dict):
+        raise ConfigTypeError("shared_state", f"must be a mapping, got {type(data).__name__}")
+    check_keys("shared_state", data, {"redis"}, error=ConfigError)
+    raw = data.get("redis")
+    if raw is None:
+        return SharedStateConfig()
+    return SharedStateConfig(_redis(raw))
+
+
+def _redis(data: Any) -> RedisConfig:
+    where = "shared_state.redis"
+    if not isinstance(data, dict):
+        raise ConfigTypeError(where, f"must be a mapping, got {type(data).__name__}")
+    check_keys(where, data, _KEYS, error=ConfigError)
+    if data.get("addr") is None:
+        raise ConfigError(f"{where}.addr", 'is required (host:port, e.g. "10.0.0.10:6379")')
+    addr = check_str(f"{where}.addr", data["addr"])
+    check_address(f"{where}.addr", addr, error=ConfigError)
+    if data.get("external") != CONSENT:
+        got = "missing" if "external" not in data else f"got {data['external']!r}"
+        raise ConfigError(
+            f"{where}.external",
+            f'must be "{CONSENT}" to dial the network redis at {addr} ({got}); '
+            "without the consent string nothing dials",
+        )
+    password, env = None, data.get("password_env")
+    if env is not None:
+        env = check_str(f"{where}.password_env", env, max_len=256)
+        password = os.environ.get(env)
+        if password is None:
+            raise ConfigError(
+                f"{where}.password_env", f"${env} is not set (it should hold redis's password)"
+            )
+    tls = check_bool(f"{where}.tls", data.get("tls", False))
+    return RedisConfig(addr, password, env, tls)
