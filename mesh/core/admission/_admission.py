@@ -17,6 +17,7 @@ from mesh.core.admission._strict import CreditDesk, StrictGate
 from mesh.core.config import CoreConfig
 from mesh.core.gate import Gate
 from mesh.core.policy import BOUNDS, Mode, PolicyCache, TenantRatePolicy
+from mesh.core.quota import QuotaDesk, QuotaGate
 from mesh.core.reporter import GlobalGate, Reporter
 from mesh.core.verdict import STOPPED, Numbers, Reason, Step, Suspension, Verdict, verdict
 from mesh.errors import ConfigError, ConfigTypeError
@@ -46,6 +47,7 @@ class Admission:
         n_live: int = 1,
         membership_stale: bool = False,
         credit: CreditDesk | None = None,
+        quotas: QuotaDesk | None = None,
     ) -> None:
         if not isinstance(policies, PolicyCache):
             raise ConfigTypeError(
@@ -58,6 +60,7 @@ class Admission:
         self.policies = policies
         self.reporter = reporter
         self.credit = credit  # strict limits' credit; None: they fail closed
+        self.quotas = quotas  # spend quotas' ledger (docs/quotas.md); None: they fail closed
         self.config = config or (reporter.config if reporter else CoreConfig())
         self.n_live = n_live
         self.membership_stale = membership_stale
@@ -130,6 +133,8 @@ class Admission:
         numbers (`numbers`). With no view (no policy, stopped) there are none to give:
         `v` itself, whose `retry_after_ms` None says waiting cannot help."""
         seen = self._view_numbers(v, tenant, metric, amount, now_ns)
+        if seen is not None and isinstance(seen[0], QuotaGate):
+            return seen[0].detailed(v, seen[1])  # with the disclosed lag beside the cap
         return v if seen is None else v.with_numbers(seen[1], seen[0].ok.limit)
 
     def numbers(
@@ -196,6 +201,8 @@ class Admission:
 
     def _deny(self, v: Gate, amount: int) -> Verdict:
         _check_amount(amount)
+        if v.policy.quota is not None:  # a spend quota: the ledger decides (no burst, no GCRA)
+            return v.admit(amount) if isinstance(v, QuotaGate) else v.no
         if amount > v.policy.burst_units and v.avail < amount:
             no = v.no
             return verdict(
@@ -238,6 +245,13 @@ class Admission:
         mode = policy.mode
         if not policy.enabled:
             return FixedGate(policy, _ignore, True, BOUNDS["disabled"])
+        if policy.quota is not None:
+            if self.quotas is not None:
+                return self.quotas.open(policy)
+            # No quota ledger attached (no wall clock given): fail closed and say so.
+            return FixedGate(
+                policy, _ignore, False, BOUNDS["quota_unattached"], None, Reason.QUOTA_EXHAUSTED
+            )
         if mode is Mode.GLOBAL:
             if self.reporter is None:
                 return FixedGate(
@@ -301,7 +315,7 @@ class Admission:
             )
         if isinstance(v, LocalGate):
             return not v.marked
-        return isinstance(v, FixedGate)
+        return isinstance(v, (FixedGate, QuotaGate))  # a quota's state is the ledger's
 
     def _evict(self, by_tenant: dict[str, Gate], tenant: str) -> None:
         v = by_tenant.pop(tenant)
