@@ -24,9 +24,17 @@ from mesh.config import Identity, NodeConfig
 from mesh.coordinator import PolicyFeed
 from mesh.core.effects import Effect, FetchPolicy, ReserveCredit, ReturnCredit, Send
 from mesh.core.member import Member
-from mesh.core.messages import REPORT_ROWS_MAX, Handover, Message, ReportBatch, SnapshotBatch
+from mesh.core.messages import (
+    REPORT_ROWS_MAX,
+    CellPublish,
+    Handover,
+    Message,
+    ReportBatch,
+    SnapshotBatch,
+)
 from mesh.core.owner._owner import FETCHING_MAX
 from mesh.core.policy import Metric, RateKey
+from mesh.core.quota import CellTier
 from mesh.core.ring import Ring
 from mesh.membership import MembershipSource, MembershipView
 from mesh.node._credit import CreditDriver
@@ -185,6 +193,13 @@ class NodeDriver:
         self._refused_at_ns = 0  # when the refused count last grew
         self.refused_collections = 0  # young collections run because streams were refused
         self.refused_full_collections = 0
+        # Spend quotas' shared cell tier (docs/quotas.md; None: owners' folds alone). Cells
+        # to write wait here, newest burn per (key, period), for one task that calls the
+        # tier off the loop; bounded by the ledger's keys (QUOTA_KEYS_MAX).
+        self.cell_tier: CellTier | None = None
+        self._tier_pending: dict[tuple[RateKey, int], int] = {}
+        self._tier_wake = asyncio.Event()
+        self.tier_errors = 0
 
     @property
     def member_id(self) -> str:
@@ -199,6 +214,8 @@ class NodeDriver:
         self._spawn(self._ticker(), "mesh-tick")
         self._spawn(self._run_membership(), "mesh-membership")
         self._spawn(self._collect_refused(), "mesh-refused-gc")
+        if self.cell_tier is not None and self.member.quotas is not None:
+            self._spawn(self._run_tier(), "mesh-cell-tier")
         if self.reloader is not None and self.reloader.watch_ms > 0:
             self._spawn(self.reloader.watch(), "mesh-policy-file")
         if self.feed is not None:
@@ -525,15 +542,49 @@ class NodeDriver:
                     # and their resends filled the backlog (issue 12, `mesh bench churn`).
                     assert self.loop is not None
                     self.loop.call_soon(self._apply, e.message)
+                    if isinstance(e.message, CellPublish) and self.cell_tier is not None:
+                        self._to_tier(e.message)
                     continue
                 if isinstance(e.message, ReportBatch):
                     self._time_reports(now, e.message)
+                elif isinstance(e.message, CellPublish) and self.cell_tier is not None:
+                    self._to_tier(e.message)
                 self.messages_sent += 1
                 self.transport.send(e.to, e.message)
             elif isinstance(e, FetchPolicy):
                 self._want_policy(now, e.rate_key)
             elif isinstance(e, (ReserveCredit, ReturnCredit)) and self.credit is not None:
                 self.credit.carry([e])
+
+    # -- the spend quotas' cell tier --------------------------------------------------------
+
+    def _to_tier(self, msg: CellPublish) -> None:
+        for c in msg.cells:
+            self._tier_pending[(c.rate_key, c.period_index)] = c.burn
+        self._tier_wake.set()
+
+    async def _run_tier(self) -> None:
+        """Write the pending cells to the tier, one blocking call at a time in a thread,
+        and fold each answer into the ledger (remote = max(owner fold, tier fold))."""
+        tier, quotas = self.cell_tier, self.member.quotas
+        assert tier is not None and quotas is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._tier_wake.wait()
+            self._tier_wake.clear()
+            while self._tier_pending:
+                (key, index), burn = self._tier_pending.popitem()
+                now_ms = quotas.wall_ms()
+                try:
+                    cells = await loop.run_in_executor(
+                        None, tier.exchange, now_ms, key, index, self.member_id, burn
+                    )
+                except Exception as exc:  # noqa: BLE001 - the tier is best effort beside the owners
+                    self.tier_errors += 1
+                    log.debug("cell tier: %s", exc)
+                    continue
+                with self.lock:
+                    quotas.ledger.tier_folded(quotas.wall_ms(), key, index, cells)
 
     # -- policy fetches -------------------------------------------------------------------
 

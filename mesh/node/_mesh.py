@@ -39,6 +39,7 @@ from mesh.coordinator import PolicyFeed, PolicySource
 from mesh.core.admission import DEADLINE, STOPPED, CreditDesk
 from mesh.core.member import Member
 from mesh.core.policy import PolicyCache, TenantRatePolicy
+from mesh.core.quota import QuotaDesk
 from mesh.core.ring import Ring
 from mesh.core.verdict import Numbers, Verdict
 from mesh.errors import ConfigError
@@ -412,8 +413,17 @@ class Mesh:
         desk = None
         if cfg.strict is not None:  # strict limits spend governord credit (else fail closed)
             desk = CreditDesk(time.monotonic_ns, cfg.strict.credit)
+        # Spend quotas run on the wall clock (UTC calendar periods, docs/quotas.md).
+        quotas = QuotaDesk(self.member_id, policies, _wall_ms, publish_ms=cfg.core.quota_publish_ms)
         member = Member(
-            self.member_id, worker_epoch, ring, policies, now, config=cfg.core, credit=desk
+            self.member_id,
+            worker_epoch,
+            ring,
+            policies,
+            now,
+            config=cfg.core,
+            credit=desk,
+            quotas=quotas,
         )
         handler = _Handler()
         make = self._transport_arg or partial(build_transport, cfg)
@@ -559,6 +569,11 @@ class Mesh:
                 t.cancel()
             loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
+
+
+def _wall_ms() -> int:
+    """Epoch milliseconds: spend quotas' periods are UTC calendar days and months."""
+    return time.time_ns() // 1_000_000
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

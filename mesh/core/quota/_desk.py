@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from mesh.core.effects import Effect, Send
 from mesh.core.gate import Gate
@@ -122,6 +123,40 @@ class QuotaDesk:
         self.folds_received += 1
         self.ledger.folded(now_ms, msg)
         return []
+
+    def health(self, shown_max: int) -> dict[str, Any]:
+        """/health's `quotas` section: per quota key this worker spends from (at most
+        `shown_max`, the rest counted), its cap, own, remote and lag_ms; the owner side's
+        folds and the cells it refused, by reason."""
+        now_ms = self.wall_ms()
+        rows = []
+        keys = self.ledger.keys()
+        for key in keys[:shown_max]:
+            p = self.policies.get(key)
+            lag = None if p is None else self.ledger.state(now_ms, p)
+            if p is None or lag is None:
+                continue
+            assert p.period is not None
+            rows.append(
+                {
+                    "tenant_id": key.tenant_id,
+                    "metric": key.metric,
+                    "generation": key.policy_generation,
+                    "period": p.period.value,
+                    "period_index": self.ledger.index_of(key),
+                    **lag._asdict(),
+                }
+            )
+        return {
+            "publish_ms": self.ledger.publish_ms,
+            "retention_ms": self.folds.retention_ms,
+            "quotas": rows,
+            "quotas_omitted": max(0, len(keys) - shown_max),
+            "folds": len(self.folds),
+            "cells_received": self.cells_received,
+            "folds_received": self.folds_received,
+            "refused": dict(sorted(self.folds.refused.items())),
+        }
 
     def ring_changed(self) -> None:
         self.ledger.ring_changed()

@@ -35,9 +35,12 @@ __all__ = ["QUOTA_PUBLISH_MS", "QUOTA_REFRESH_MS", "QuotaLedger"]
 # How often a worker publishes the cells that changed (seed 002's one-second flush); the
 # node's `quota_publish_ms` default.
 QUOTA_PUBLISH_MS = 1_000
-# How often every current cell is re-published, changed or not: well inside the owner's
-# CELL_RETENTION_MS, so a live worker's idle cell never ages out, and a new owner is
-# rebuilt within it even if no ring change was seen (a ring change re-publishes at once).
+# A cell spent from (or asked) within this long is re-published every `publish_ms`, changed
+# or not, so its worker's remote stays one cadence fresh; an idle one is re-published this
+# often: well inside the owner's CELL_RETENTION_MS, so a live worker's idle cell never ages
+# out, and a new owner is rebuilt within it even if no ring change was seen (a ring change
+# re-publishes at once). An idle entry touched again with its fold older than two cadences
+# is published at the next tick.
 QUOTA_REFRESH_MS = 60_000
 
 
@@ -51,6 +54,7 @@ class _Entry:
     tier_remote: int = 0
     folded_at_ms: int = -1  # last fold from either source; -1: none yet
     sent_at_ms: int = -1
+    touched_ms: int = -1  # the last try_spend on it
     dirty: bool = True  # publish at the next flush
     synced: bool = False  # a fold has told us our own cell (restart recovery)
 
@@ -109,6 +113,9 @@ class QuotaLedger:
             return verdict(
                 False, Reason.QUOTA_EXHAUSTED, policy.mode, BOUNDS["quota_full"], step=Step.QUOTA
             )
+        if now_ms - e.folded_at_ms > 2 * self.publish_ms:
+            self.fresh = True  # idle a while (or never folded): publish at the next tick
+        e.touched_ms = now_ms
         if e.folded_at_ms >= 0:
             bound, room = BOUNDS["quota"], cap
         else:
@@ -157,7 +164,9 @@ class QuotaLedger:
         self.fresh = False
         by_owner: dict[str, list[Cell]] = {}
         for key, e in self._entries.items():
-            if not (e.dirty or e.own != e.published or now_ms - e.sent_at_ms >= self.refresh_ms):
+            busy = now_ms - e.touched_ms < self.refresh_ms
+            due = now_ms - e.sent_at_ms >= self.refresh_ms
+            if not (busy or due or e.dirty or e.own != e.published):
                 continue
             owner = owner_of(key)
             if owner is None:
