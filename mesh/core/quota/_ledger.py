@@ -50,6 +50,7 @@ class _Entry:
     period_index: int
     own: int = 0
     published: int = 0  # own as last published (unsynced: 0 was)
+    acked: int = 0  # our cell as the owner's last fold held it: below own, publish again
     owner_remote: int = 0
     tier_remote: int = 0
     folded_at_ms: int = -1  # last fold from either source; -1: none yet
@@ -166,7 +167,8 @@ class QuotaLedger:
         for key, e in self._entries.items():
             busy = now_ms - e.touched_ms < self.refresh_ms
             due = now_ms - e.sent_at_ms >= self.refresh_ms
-            if not (busy or due or e.dirty or e.own != e.published):
+            unacked = e.synced and e.acked < e.own  # a lost publish is sent again
+            if not (busy or due or unacked or e.dirty or e.own != e.published):
                 continue
             owner = owner_of(key)
             if owner is None:
@@ -200,6 +202,7 @@ class QuotaLedger:
             if e is None or e.period_index != r.period_index:
                 continue
             self._recover(e, r.own)
+            e.acked = max(e.acked, r.own)
             # The peers' part as the owner holds it: combined minus *our* cell there (own
             # may have grown since the publish it answers, so combined - own would be low).
             e.owner_remote = r.combined - r.own
