@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from mesh.core.member import Member
 from mesh.core.policy import PolicyCache, TenantRatePolicy
 from mesh.core.quota import QuotaDesk
 from mesh.core.ring import Ring
-from mesh.core.verdict import Numbers, Verdict
+from mesh.core.verdict import Numbers, Step, Verdict
 from mesh.errors import ConfigError
 from mesh.membership import EtcdMembership, MembershipSource
 from mesh.node._build import (
@@ -141,7 +142,14 @@ class Mesh:
         allowed; None when waiting cannot help), `reset_after_ms` (docs/api.md). The one
         call for an API in front of the mesh; `Verdict.to_dict()` is its JSON shape."""
         v, n = self.try_admit_numbers(tenant, metric, amount)
-        return v if n is None else v.with_numbers(n)
+        if n is None:
+            return v
+        out = v.with_numbers(n)
+        d = self._driver
+        if v.step is Step.QUOTA and d is not None and d.member.quotas is not None:
+            with d.lock:  # a spend quota: the disclosed lag beside the cap
+                out = replace(out, quota=d.member.quotas.lag_for(tenant, metric))
+        return out
 
     def try_admit_numbers(
         self, tenant: str, metric: str, amount: int = 1

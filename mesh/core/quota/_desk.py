@@ -22,7 +22,7 @@ from mesh.core.quota._fold import CELL_RETENTION_MS, QuotaFolds
 from mesh.core.quota._ledger import QUOTA_PUBLISH_MS, QuotaLedger
 from mesh.core.quota._period import period_end_ms
 from mesh.core.ring import Ring
-from mesh.core.verdict import Numbers, Reason, Step, Verdict
+from mesh.core.verdict import Numbers, QuotaLag, Reason, Step, Verdict
 from ratemesh.policy import Period
 
 __all__ = ["QuotaDesk", "QuotaGate", "EXPIRE_EVERY_MS"]
@@ -123,6 +123,14 @@ class QuotaDesk:
         self.folds_received += 1
         self.ledger.folded(now_ms, msg)
         return []
+
+    def lag_for(self, tenant: str, metric: str) -> QuotaLag | None:
+        """The disclosed numbers for the quota `tenant` spends from on `metric` (None: not
+        a quota here, or no entry yet): what a detailed verdict carries beside the cap."""
+        p = self.policies.current(tenant, metric)
+        if p is None or p.quota is None:
+            return None
+        return self.ledger.state(self.wall_ms(), p)
 
     def health(self, shown_max: int) -> dict[str, Any]:
         """/health's `quotas` section: per quota key this worker spends from (at most
