@@ -167,5 +167,5 @@ class QuotaDesk:
         }
 
     def ring_changed(self) -> None:
-        self.ledger.ring_changed()
+        self.ledger.ring_changed(self.wall_ms())
         self._publish_at_ms = 0  # at the next tick: a new owner is rebuilt from the cells

@@ -57,11 +57,13 @@ class _Entry:
     sent_at_ms: int = -1
     touched_ms: int = -1  # the last try_spend on it
     dirty: bool = True  # publish at the next flush
+    floor: int = 0  # remote before a ring change, held while the new owner is rebuilt
+    floor_until_ms: int = -1
     synced: bool = False  # a fold has told us our own cell (restart recovery)
 
     @property
     def remote(self) -> int:
-        return max(self.owner_remote, self.tier_remote)
+        return max(self.owner_remote, self.tier_remote, self.floor)
 
 
 class QuotaLedger:
@@ -186,11 +188,16 @@ class QuotaLedger:
                 out.append(Send(owner, CellPublish(self.member_id, ring_epoch, chunk)))
         return out
 
-    def ring_changed(self) -> None:
+    def ring_changed(self, now_ms: int) -> None:
         """Every cell goes to its (possibly new) owner at the next flush: a new owner's
-        fold is rebuilt from the workers' cumulative cells."""
+        fold is rebuilt from the workers' cumulative cells. Until every peer has had a
+        cadence to re-publish there, its folds are partial: the remote known before the
+        change is held as a floor (peers' burn only grows within a period, so it is still
+        a lower bound) for two cadences, then the folds alone count again."""
         for e in self._entries.values():
             e.dirty = True
+            e.floor = e.remote
+            e.floor_until_ms = now_ms + 2 * self.publish_ms
 
     def folded(self, now_ms: int, msg: CellFold) -> int:
         """Take an owner's fold rows; the rows applied (others: an old period, a key no
@@ -207,6 +214,8 @@ class QuotaLedger:
             # may have grown since the publish it answers, so combined - own would be low).
             e.owner_remote = r.combined - r.own
             e.folded_at_ms = max(e.folded_at_ms, now_ms)
+            if e.floor and now_ms >= e.floor_until_ms:
+                e.floor = 0  # the new owner has had every peer's cell by now
             applied += 1
         return applied
 

@@ -266,7 +266,7 @@ def test_a_new_owner_is_rebuilt_from_the_workers_cells() -> None:
     fl.sync()
     fl.owner = _folds(100)  # the owner crashed: its folds are gone
     for led in fl.ledgers.values():
-        led.ring_changed()
+        led.ring_changed(fl.now)
     fl.sync()
     assert fl.owner.fold(K, DAY) == (50, {"a": 30, "b": 20})
     fl.now += 1000

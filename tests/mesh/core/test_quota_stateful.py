@@ -109,7 +109,7 @@ class QuotaMachine(RuleBasedStateMachine):
         self.owner = self._owner()
         self.net = [(to, msg) for to, msg in self.net if not isinstance(msg, CellPublish)]
         for led in self.ledgers.values():
-            led.ring_changed()
+            led.ring_changed(self.now)
 
     @rule(ms=st.integers(1, 2000))
     def advance(self, ms: int) -> None:
@@ -139,7 +139,7 @@ class QuotaMachine(RuleBasedStateMachine):
         """Liveness: heal the link and let every worker publish and fold twice."""
         self.net.clear()
         for led in self.ledgers.values():
-            led.ring_changed()  # re-publish everything once
+            led.ring_changed(self.now)  # re-publish everything once
         for _ in range(3):
             self.advance(1000)
             for m in IDS:
