@@ -48,7 +48,7 @@ def _policies(sc: Scenario, names: list[str]) -> list[TenantRatePolicy]:
             1,
             unit=sc.policy.metric_unit,
             period=Period.DAY,
-            quota=sc.quota.cap,
+            quota=cap,
         )
         for n in names
     ]
