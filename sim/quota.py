@@ -183,6 +183,7 @@ class _Run:
             "ideal": sum(ideal.values()),
             "max_excess": max(excess.values()),
             "mean_excess": round(sum(excess.values()) / len(excess), 3),
+            "mean_excess_pct_of_rate": round(100 * sum(excess.values()) / len(excess) / cap, 3),
             "bound": bound,
             "within_bound": max(excess.values()) <= bound,
             "utilisation": round(sum(self.admitted.values()) / max(sum(ideal.values()), 1), 4),
