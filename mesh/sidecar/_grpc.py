@@ -24,7 +24,7 @@ from mesh.core.verdict import Numbers, Verdict
 from mesh.peer import bind_port
 from mesh.sidecar import admission_pb2 as pb
 from mesh.sidecar._auth import AUTH_HEADER, BearerCheck
-from mesh.sidecar._items import Decider, Item, Outcome, shared_fields
+from mesh.sidecar._items import Decider, Item, Outcome, quota_fields, shared_fields
 
 __all__ = ["ADMISSION_SERVICE", "GrpcSidecar", "encode_outcomes"]
 
@@ -100,6 +100,9 @@ def _verdict_bytes(v: Verdict, n: Numbers | None) -> bytes:
         body += b"\x48" + _varint(retry & _INT64)
     if reset is not None:
         body += b"\x50" + _varint(reset & _INT64)
+    if v.quota is not None:  # field 13, a QuotaLag message: after the numbers, in order
+        lag = pb.QuotaLag(**quota_fields(v.quota)).SerializeToString()
+        body += b"\x6a" + _varint(len(lag)) + lag
     return b"\x0a" + _varint(len(body)) + body
 
 
