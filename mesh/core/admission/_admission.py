@@ -185,6 +185,8 @@ class Admission:
             if base is not None:  # a descriptor charged on its tenant's key
                 return self.refund(base, metric, amount)
             raise ConfigError("tenant", f"{tenant!r} has no charge on {metric} to refund")
+        if isinstance(v, QuotaGate):
+            return  # a spend quota is spent, never refunded: a cell only grows (docs/quotas.md)
         if isinstance(v, StrictGate):
             # The mesh's charge goes back; spent credit does not (a unit taken from a block
             # stays spent, which only ever lowers what is admitted).

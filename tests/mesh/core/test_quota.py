@@ -375,3 +375,12 @@ def test_admission_without_a_quota_desk_fails_closed() -> None:
     a = Admission(PolicyCache([quota()]), 0)
     v = a.try_admit("t", "spend", 1)
     assert not v.allowed and v.bound == BOUNDS["quota_unattached"]
+
+
+def test_a_refund_on_a_quota_gives_nothing_back() -> None:
+    now = [T0]
+    cache = PolicyCache([quota(3)])
+    m = Member("a", 1, Ring(["a"], 1), cache, 0, quotas=QuotaDesk("a", cache, lambda: now[0]))
+    assert sum(m.admission.try_admit("t", "spend", 1).allowed for _ in range(5)) == 3
+    m.admission.refund("t", "spend", 2)
+    assert not m.admission.try_admit("t", "spend", 1).allowed
