@@ -199,7 +199,9 @@ class NodeDriver:
         self.cell_tier: CellTier | None = None
         self._tier_pending: dict[tuple[RateKey, int], int] = {}
         self._tier_wake = asyncio.Event()
+        self._tier_running = False  # the task that calls the tier, started at first use
         self.tier_errors = 0
+        self.tier_folds = 0  # tier answers folded into the ledger
 
     @property
     def member_id(self) -> str:
@@ -214,8 +216,6 @@ class NodeDriver:
         self._spawn(self._ticker(), "mesh-tick")
         self._spawn(self._run_membership(), "mesh-membership")
         self._spawn(self._collect_refused(), "mesh-refused-gc")
-        if self.cell_tier is not None and self.member.quotas is not None:
-            self._spawn(self._run_tier(), "mesh-cell-tier")
         if self.reloader is not None and self.reloader.watch_ms > 0:
             self._spawn(self.reloader.watch(), "mesh-policy-file")
         if self.feed is not None:
@@ -561,6 +561,9 @@ class NodeDriver:
     def _to_tier(self, msg: CellPublish) -> None:
         for c in msg.cells:
             self._tier_pending[(c.rate_key, c.period_index)] = c.burn
+        if not self._tier_running and self.member.quotas is not None and not self.closing:
+            self._tier_running = True  # one task for the node's life: set cell_tier any time
+            self._spawn(self._run_tier(), "mesh-cell-tier")
         self._tier_wake.set()
 
     async def _run_tier(self) -> None:
@@ -585,6 +588,7 @@ class NodeDriver:
                     continue
                 with self.lock:
                     quotas.ledger.tier_folded(quotas.wall_ms(), key, index, cells)
+                self.tier_folds += 1
 
     # -- policy fetches -------------------------------------------------------------------
 

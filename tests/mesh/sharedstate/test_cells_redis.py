@@ -4,7 +4,6 @@ retention, hashed keys, and the ledger taking remote = max(owner fold, tier fold
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,21 +17,17 @@ from mesh.core.quota import QuotaLedger, period_index
 from mesh.sharedstate import RedisCellTier
 from mesh.sharedstate._cells import cell_key
 from ratemesh.policy import Period
-
-K = RateKey("tenant-secret", "spend", 1)
+from tests.mesh._redis import connect
 
 
 @pytest.fixture
 def client() -> Iterator[redis.Redis]:
-    c = redis.Redis(host="127.0.0.1", port=6379, socket_timeout=2)
-    try:
-        c.ping()
-    except redis.RedisError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"Redis on 127.0.0.1:6379 is not answering: {exc}")
-        pytest.skip(f"no Redis on 127.0.0.1:6379: {exc}")
+    c = connect()
     yield c
     c.close()
+
+
+K = RateKey("tenant-secret", "spend", 1)
 
 
 @pytest.fixture
