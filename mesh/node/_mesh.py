@@ -142,14 +142,7 @@ class Mesh:
         allowed; None when waiting cannot help), `reset_after_ms` (docs/api.md). The one
         call for an API in front of the mesh; `Verdict.to_dict()` is its JSON shape."""
         v, n = self.try_admit_numbers(tenant, metric, amount)
-        if n is None:
-            return v
-        out = v.with_numbers(n)
-        d = self._driver
-        if v.step is Step.QUOTA and d is not None and d.member.quotas is not None:
-            with d.lock:  # a spend quota: the disclosed lag beside the cap
-                out = replace(out, quota=d.member.quotas.lag_for(tenant, metric))
-        return out
+        return v if n is None else v.with_numbers(n)
 
     def try_admit_numbers(
         self, tenant: str, metric: str, amount: int = 1
@@ -167,12 +160,15 @@ class Mesh:
     ) -> list[tuple[Verdict, Numbers | None] | ConfigError]:
         """`try_admit_numbers` for each (tenant, metric, amount) in order, under one take of
         the node's lock (a sidecar batch). A row the node refuses (an invalid metric name,
-        say) is its ConfigError in place of an answer; the rest are decided as usual."""
+        say) is its ConfigError in place of an answer; the rest are decided as usual. A
+        spend quota's row is a detailed verdict (numbers None: it carries its own) with the
+        disclosed lag beside the cap (`Verdict.quota`, docs/quotas.md)."""
         d = self._driver
         if d is None:
             raise ConfigError("mesh", "not started: use `async with Mesh(...)` or .start()")
         adm = d.member.admission
         admit, numbers = adm.try_admit, adm.numbers
+        quotas = d.member.quotas
         count = self._count if self.count_decisions else None
         out: list[tuple[Verdict, Numbers | None] | ConfigError] = []
         with self._lock or contextlib.nullcontext():
@@ -184,7 +180,12 @@ class Mesh:
                     continue
                 if count is not None:
                     count(tenant, metric, v)
-                out.append((v, numbers(v, tenant, metric, amount)))
+                n = numbers(v, tenant, metric, amount)
+                if v.step is Step.QUOTA and n is not None and quotas is not None:
+                    lag = quotas.lag_for(tenant, metric)
+                    out.append((replace(v.with_numbers(n), quota=lag), None))
+                    continue
+                out.append((v, n))
         return out
 
     def _count_first(self, tenant: str, metric: str, v: Verdict) -> None:

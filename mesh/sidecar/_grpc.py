@@ -90,7 +90,9 @@ def _verdict_bytes(v: Verdict, n: Numbers | None) -> bytes:
     """AdmitResponse's field 1 holding `v` with the numbers `n`: the memoised shared part
     and the numbers appended as protobuf encodes them (fields in order, absent if None;
     test_proto pins this to the generated encoder)."""
-    body = _shared_bytes(v)
+    # a detailed quota verdict is fresh each time: its shared part is memoised as the
+    # interned verdict's, so the memo holds only interned verdicts
+    body = _shared_bytes(v if v.quota is None else v.shared())
     if n is None:  # a detailed verdict carries its own
         n = Numbers(v.remaining, v.retry_after_ms, v.reset_after_ms)
     remaining, retry, reset = n
