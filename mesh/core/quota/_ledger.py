@@ -116,8 +116,13 @@ class QuotaLedger:
             return verdict(
                 False, Reason.QUOTA_EXHAUSTED, policy.mode, BOUNDS["quota_full"], step=Step.QUOTA
             )
-        if now_ms - e.folded_at_ms > 2 * self.publish_ms:
-            self.fresh = True  # idle a while (or never folded): publish at the next tick
+        if (
+            now_ms - e.folded_at_ms > 2 * self.publish_ms
+            and now_ms - e.sent_at_ms > self.publish_ms
+        ):
+            # idle a while (or never folded), and not sent this cadence: publish at the next
+            # tick (not every tick while an owner does not answer)
+            self.fresh = True
         e.touched_ms = now_ms
         if e.folded_at_ms >= 0:
             bound, room = BOUNDS["quota"], cap

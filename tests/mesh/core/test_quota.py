@@ -384,3 +384,13 @@ def test_a_refund_on_a_quota_gives_nothing_back() -> None:
     assert sum(m.admission.try_admit("t", "spend", 1).allowed for _ in range(5)) == 3
     m.admission.refund("t", "spend", 2)
     assert not m.admission.try_admit("t", "spend", 1).allowed
+
+
+def test_an_unanswered_worker_publishes_once_a_cadence_not_every_tick() -> None:
+    led = QuotaLedger("a")
+    p = quota()
+    led.try_spend(T0, p, 1)
+    assert led.fresh and len(led.flush(T0, 1, lambda _k: "o")) == 1
+    for ms in range(5, 1000, 5):  # ticks while the owner does not answer
+        led.try_spend(T0 + ms, p, 1)
+        assert not led.fresh, ms
