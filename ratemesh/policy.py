@@ -38,6 +38,7 @@ __all__ = [
     "Descriptor",
     "Metric",
     "Mode",
+    "Period",
     "RateKey",
     "TenantRatePolicy",
     "Unit",
@@ -120,6 +121,13 @@ class Mode(StrEnum):
     GLOBAL = "global"
     STRICT = "strict"
     REDIS = "redis"  # one atomic GCRA step per admission against a shared Redis (docs/redis.md)
+
+
+class Period(StrEnum):
+    """The UTC calendar period a spend quota runs over (docs/quotas.md)."""
+
+    DAY = "day"
+    MONTH = "month"
 
 
 # A policy for this tenant id applies to every tenant that has no policy of its own; each
@@ -242,20 +250,23 @@ class TenantRatePolicy:
     tenant_id: str
     metric: str
     generation: int
-    target_rate: int
-    global_burst: int
-    local_burst_cap: int
+    target_rate: int = None  # type: ignore[assignment]  # None: a quota policy's 0 (no rate)
+    global_burst: int = None  # type: ignore[assignment]
+    local_burst_cap: int = None  # type: ignore[assignment]
     enabled: bool = True
     mode: Mode = Mode.GLOBAL
     unit: Unit = None  # type: ignore[assignment]  # None: the name's (default_unit)
     descriptor: Descriptor | None = None
     scale: int = None  # type: ignore[assignment]  # None: from target_rate (parse_rate)
+    period: Period | None = None  # a spend quota's UTC period (docs/quotas.md)
+    quota: int | None = None  # the cap per period, in the metric's unit
     _key: RateKey = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_str("tenant_id", self.tenant_id)
         object.__setattr__(self, "metric", check_metric(self.metric))
         check_int("generation", self.generation, minimum=1)
+        self._set_quota()
         self._set_numbers()
         check_bool("enabled", self.enabled)
         object.__setattr__(self, "mode", _mode(self.mode))
@@ -274,11 +285,36 @@ class TenantRatePolicy:
         # Built once: views and owners key dicts by it, and each copy would cost memory.
         object.__setattr__(self, "_key", RateKey(self.tenant_id, self.metric, self.generation))
 
+    def _set_quota(self) -> None:
+        """period and quota: both or neither (docs/quotas.md). A quota policy needs no rate
+        fields: those it leaves out are 0, which says "no rate limit, only the quota"."""
+        if self.period is None and self.quota is None:
+            for name in ("target_rate", "global_burst", "local_burst_cap"):
+                if getattr(self, name) is None:
+                    raise ConfigError(name, "is required (or give period and quota)")
+            return
+        if self.period is None:
+            raise ConfigError("period", "is required with quota: day or month")
+        if self.quota is None:
+            raise ConfigError("quota", "is required with period: the cap per period")
+        if not isinstance(self.period, Period):
+            object.__setattr__(self, "period", check_choice("period", self.period, _PERIODS))
+        object.__setattr__(self, "quota", parse_amount("quota", self.quota))
+        for name in ("target_rate", "global_burst", "local_burst_cap"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, 0)
+
+    @property
+    def is_quota(self) -> bool:
+        """Whether this policy carries a spend quota (period and quota)."""
+        return self.quota is not None
+
     def _set_numbers(self) -> None:
         """target_rate, the bursts and scale as integers in sub-units (the class docstring)."""
-        rate = parse_rate("target_rate", self.target_rate)
-        burst = parse_amount("global_burst", self.global_burst)
-        cap = parse_amount("local_burst_cap", self.local_burst_cap)
+        low = 0 if self.quota is not None else 1  # a quota policy may carry no rate
+        rate = parse_rate("target_rate", self.target_rate, minimum=low)
+        burst = parse_amount("global_burst", self.global_burst, minimum=low)
+        cap = parse_amount("local_burst_cap", self.local_burst_cap, minimum=low)
         if self.scale is None:
             scale = rate.denominator
             sub_rate = rate.numerator
@@ -337,6 +373,8 @@ class TenantRatePolicy:
             self.mode,
             self.unit,
             scale=self.scale,
+            period=self.period,
+            quota=self.quota,
         )
 
     def values(self) -> tuple[object, ...]:
@@ -350,6 +388,8 @@ class TenantRatePolicy:
             self.mode,
             self.unit,
             self.scale,
+            self.period,
+            self.quota,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -377,6 +417,13 @@ class TenantRatePolicy:
             out["unit"] = self.unit.value
         if desc is not None:
             out["descriptor"] = {desc[0]: desc[1]}
+        if self.quota is not None:  # only when set: older peers and logs read the rest
+            assert self.period is not None
+            out["period"] = self.period.value
+            out["quota"] = self.quota
+            for name in ("target_rate", "global_burst", "local_burst_cap"):
+                if out[name] == 0:
+                    del out[name]  # a quota policy with no rate writes none
         return out
 
     @classmethod
@@ -390,7 +437,9 @@ class TenantRatePolicy:
         """Build from a mapping (YAML, coordinator), naming `where.key` in any error."""
         if not isinstance(data, dict):
             raise error(where, f"must be a mapping, got {type(data).__name__}")
-        required = _REQUIRED
+        # A quota policy (period or quota given) needs no rate fields (docs/quotas.md).
+        quota = "period" in data or "quota" in data
+        required = _REQUIRED[:3] if quota else _REQUIRED
         unknown = sorted(set(map(str, data)) - set(POLICY_FIELDS))
         if unknown:
             raise error(f"{where}.{unknown[0]}", "unknown key")
@@ -449,7 +498,8 @@ _REQUIRED = (
     "local_burst_cap",
 )
 # Every key a policy mapping may carry (YAML files, the coordinator's wire, governord's log).
-POLICY_FIELDS = (*_REQUIRED, "enabled", "mode", "unit", "descriptor")
+POLICY_FIELDS = (*_REQUIRED, "enabled", "mode", "unit", "descriptor", "period", "quota")
+_PERIODS = {p.value: p for p in Period}
 
 
 def _unit(value: Any) -> Unit:

@@ -177,6 +177,10 @@ def run(
     sc: Scenario, seed: int, strategies: list[str] | None = None
 ) -> tuple[dict[str, Any], list[StrategyRun]]:
     """Every strategy on the scenario; the mesh first, so its measured d sets the bound."""
+    if sc.quota is not None:  # a spend-quota scenario: its own run over the quota core
+        from sim.quota import run_quota
+
+        return run_quota(sc, seed, strategies), []
     names = list(strategies or sc.strategies)
     if "mesh" in names:
         names.remove("mesh")

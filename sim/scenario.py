@@ -24,6 +24,7 @@ __all__ = [
     "TenantGroup",
     "NetworkSpec",
     "Fault",
+    "QuotaSpec",
     "load",
     "load_file",
     "parse",
@@ -198,6 +199,15 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class QuotaSpec:
+    """A spend-quota scenario (sim/quota.py, docs/quotas.md): each tenant's cap for the
+    run's period and the workers' publish cadence."""
+
+    cap: int
+    publish_ms: int = 1000
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     description: str
@@ -211,6 +221,7 @@ class Scenario:
     strategies: tuple[str, ...] = STRATEGIES
     warmup_s: float = 0.5
     step_ms: float = 1.0
+    quota: QuotaSpec | None = None  # a spend-quota scenario (sim/quota.py) when set
 
     def worker_ids(self) -> list[str]:
         return [f"w{i:04d}" for i in range(self.fleet.workers)]
@@ -218,6 +229,18 @@ class Scenario:
 
 def _unit(value: str | None) -> Unit | None:
     return None if value is None else Unit(value)
+
+
+def _quota(data: Any, where: str) -> QuotaSpec | None:
+    if data is None:
+        return None
+    f = _Fields(data, where)
+    q = QuotaSpec(
+        cap=f.num("cap", required=True, minimum=1, integer=True),
+        publish_ms=f.num("publish_ms", 1000, minimum=1, maximum=600_000, integer=True),
+    )
+    f.done()
+    return q
 
 
 def _policy(data: Any, where: str) -> Policy:
@@ -374,6 +397,7 @@ def parse(data: Any, *, where: str = "") -> Scenario:
         strategies=tuple(strategies),
         warmup_s=f.num("warmup_s", 0.5, maximum=60),
         step_ms=f.num("step_ms", 1.0, minimum=0.1, maximum=100),
+        quota=_quota(f.get("quota"), f.path("quota")),
     )
     f.done()
     for i, t in enumerate(tenants):

@@ -27,7 +27,9 @@ def sweep(
         rows = [run(sc, seed, list(strategies))[0]["strategies"] for seed in range(seeds)]
         per: dict[str, Any] = {}
         for strat in strategies:
-            figs = [r[strat] for r in rows]
+            figs = [r[strat] for r in rows if strat in r]
+            if not figs:  # not a strategy of this scenario (spend-quota runs mesh, local)
+                continue
             per[strat] = {
                 "runs": len(figs),
                 "within_bound": sum(f["within_bound"] for f in figs),

@@ -72,6 +72,9 @@ class CoreConfig:
     # for at most this long, and the owner charges the key an escrow for it. 0: no floor, a
     # cut-off view admits nothing.
     partition_floor_ms: int = PARTITION_FLOOR_MS
+    # Spend quotas (docs/quotas.md): how often a worker publishes its changed cells to each
+    # key's owner (seed 002's one-second flush); a peer's unfolded burn is at most this old.
+    quota_publish_ms: int = 1_000
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -10,9 +10,10 @@ from __future__ import annotations
 from mesh.core.admission import Admission, CreditDesk, RedisDesk
 from mesh.core.config import CoreConfig
 from mesh.core.effects import Effect
-from mesh.core.messages import Handover, Message, ReportBatch, SnapshotBatch
+from mesh.core.messages import CellFold, CellPublish, Handover, Message, ReportBatch, SnapshotBatch
 from mesh.core.owner import Owner
 from mesh.core.policy import PolicyCache
+from mesh.core.quota import QuotaDesk
 from mesh.core.reporter import Reporter
 from mesh.core.ring import Ring
 
@@ -33,6 +34,7 @@ class Member:
         config: CoreConfig | None = None,
         credit: CreditDesk | None = None,
         redis: RedisDesk | None = None,
+        quotas: QuotaDesk | None = None,
     ) -> None:
         self.member_id = member_id
         self.config = config or CoreConfig()
@@ -49,8 +51,10 @@ class Member:
             n_live=len(ring),
             credit=credit,
             redis=redis,
+            quotas=quotas,
         )
         self.credit = credit  # strict limits' credit blocks (None: strict fails closed)
+        self.quotas = quotas  # spend quotas (None: quota policies fail closed)
 
     @property
     def ring(self) -> Ring:
@@ -62,6 +66,8 @@ class Member:
         effects = self.reporter.flush(now_ns) + self.owner.tick(now_ns)
         if self.credit is not None:
             effects += self.credit.take()
+        if self.quotas is not None:
+            effects += self.quotas.tick(self.ring)
         return effects
 
     def flush(self, now_ns: int) -> list[Effect]:
@@ -79,12 +85,17 @@ class Member:
         if isinstance(message, Handover):
             self.owner.take_handover(now_ns, message)
             return []
+        if isinstance(message, (CellPublish, CellFold)):
+            # The sender is the stream's authenticated member (mesh.peer checked the claim).
+            return [] if self.quotas is None else self.quotas.receive(message.sender, message)
         raise TypeError(f"not a mesh message: {type(message).__name__}")
 
     def ring_changed(self, now_ns: int, ring: Ring, *, stale: bool = False) -> None:
         self.reporter.ring_changed(ring)
         self.owner.ring_changed(now_ns, ring)
         self.admission.membership(len(ring), stale, now_ns)
+        if self.quotas is not None:
+            self.quotas.ring_changed()
 
     def leave(self, now_ns: int) -> list[Effect]:
         """Graceful leave: hand every held key to its next owner, then route by the ring

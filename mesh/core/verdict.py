@@ -20,6 +20,7 @@ from mesh.core.policy import Mode
 __all__ = [
     "NS_PER_MS",
     "Numbers",
+    "QuotaLag",
     "Reason",
     "STOPPED",
     "STOPPED_BOUND",
@@ -50,6 +51,7 @@ class Reason(StrEnum):
     GOVERNOR_UNREACHABLE = "governor_unreachable"  # strict: governord not answering, nothing held
     GLOBAL_LIMIT = "global_limit"  # strict: the mesh's global view vetoed (no credit touched)
     NO_CREDIT = "no_credit"  # strict: the mesh passed it, no credit held; a refill was asked
+    QUOTA_EXHAUSTED = "quota_exhausted"  # a spend quota: own + remote + amount > cap
     TOO_LARGE = "too_large"  # the amount exceeds the burst: it could never be admitted
     STOPPED = "stopped"  # the node stopped (Mesh.stop / Admission.stop): nothing is admitted
 
@@ -73,9 +75,22 @@ class Step(StrEnum):
     MESH = "mesh"  # the mesh's global view (global mode, and strict's veto)
     STRICT = "strict"  # governord credit (strict mode)
     REDIS = "redis"  # the shared Redis counter's script step (redis mode)
+    QUOTA = "quota"  # a spend quota's per-period cap (docs/quotas.md)
     QUEUE = "queue"  # admit(): the tenant's wait queue (full, or the deadline passed)
     POLICY = "policy"  # the policy alone: none known, or disabled
     STOPPED = "stopped"  # the node stopped
+
+
+class QuotaLag(NamedTuple):
+    """What a spend-quota verdict discloses beside its cap (docs/quotas.md): this worker's
+    own burn, the peers' burn as last folded (`remote`), the age of that fold (`lag_ms`;
+    None: no fold yet) and own burn not yet published (`unpublished`)."""
+
+    cap: int
+    own: int
+    remote: int
+    lag_ms: int | None
+    unpublished: int
 
 
 class Numbers(NamedTuple):
@@ -112,6 +127,7 @@ class Verdict:
     remaining: int | None = None
     retry_after_ms: int | None = None
     reset_after_ms: int | None = None
+    quota: QuotaLag | None = None  # a detailed spend-quota verdict only
 
     def __bool__(self) -> bool:
         return self.allowed
@@ -153,7 +169,7 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: enum members as their string values, None kept (the API's shape)."""
-        return {
+        out: dict[str, Any] = {
             "allowed": self.allowed,
             "reason": self.reason.value,
             "mode": None if self.mode is None else self.mode.value,
@@ -165,6 +181,9 @@ class Verdict:
             "retry_after_ms": self.retry_after_ms,
             "reset_after_ms": self.reset_after_ms,
         }
+        if self.quota is not None:  # only on a quota verdict: the API's shape is unchanged
+            out["quota"] = self.quota._asdict()
+        return out
 
 
 _Key = tuple[bool, Reason, Mode | None, str, Suspension | None, int | None, Step | None]

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from mesh.config import NodeConfig
 from mesh.coordinator import PolicySource
 from mesh.core.admission import Counter
+from mesh.core.quota import CellTier
 from mesh.errors import ConfigError, PeerError
 from mesh.membership import (
     DnsMembership,
@@ -116,6 +117,21 @@ def build_redis(cfg: NodeConfig) -> Counter | None:
     from mesh.sharedstate import RedisCounter  # redis-py loads only for a node that uses it
 
     return RedisCounter.from_config(cfg.shared_state.redis)
+
+
+# The cell tier's round trips are a flush a second per quota key, off the event loop and
+# off the hot path: they get a wider deadline than redis mode's 5 ms admission step.
+CELL_TIER_DEADLINE_MS = 250
+
+
+def build_cell_tier(cfg: NodeConfig) -> CellTier | None:
+    """Spend quotas' shared cell tier (seed 002), when the config consents to a Redis: the
+    fold from the workers' cells in Redis, beside the owners' (docs/quotas.md). Lazy."""
+    if cfg.shared_state.redis is None:
+        return None
+    from mesh.sharedstate import RedisCellTier, redis_client
+
+    return RedisCellTier(redis_client(cfg.shared_state.redis, deadline_ms=CELL_TIER_DEADLINE_MS))
 
 
 async def claim_static_id(cfg: NodeConfig, member_id: str) -> None:

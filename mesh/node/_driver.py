@@ -25,9 +25,17 @@ from mesh.coordinator import PolicyFeed
 from mesh.core.admission import Counter
 from mesh.core.effects import Effect, FetchPolicy, ReserveCredit, ReturnCredit, Send
 from mesh.core.member import Member
-from mesh.core.messages import REPORT_ROWS_MAX, Handover, Message, ReportBatch, SnapshotBatch
+from mesh.core.messages import (
+    REPORT_ROWS_MAX,
+    CellPublish,
+    Handover,
+    Message,
+    ReportBatch,
+    SnapshotBatch,
+)
 from mesh.core.owner._owner import FETCHING_MAX
 from mesh.core.policy import Metric, RateKey
+from mesh.core.quota import CellTier
 from mesh.core.ring import Ring
 from mesh.membership import MembershipSource, MembershipView
 from mesh.node._credit import CreditDriver
@@ -188,6 +196,15 @@ class NodeDriver:
         self._refused_at_ns = 0  # when the refused count last grew
         self.refused_collections = 0  # young collections run because streams were refused
         self.refused_full_collections = 0
+        # Spend quotas' shared cell tier (docs/quotas.md; None: owners' folds alone). Cells
+        # to write wait here, newest burn per (key, period), for one task that calls the
+        # tier off the loop; bounded by the ledger's keys (QUOTA_KEYS_MAX).
+        self.cell_tier: CellTier | None = None
+        self._tier_pending: dict[tuple[RateKey, int], int] = {}
+        self._tier_wake = asyncio.Event()
+        self._tier_running = False  # the task that calls the tier, started at first use
+        self.tier_errors = 0
+        self.tier_folds = 0  # tier answers folded into the ledger
 
     @property
     def member_id(self) -> str:
@@ -528,15 +545,53 @@ class NodeDriver:
                     # and their resends filled the backlog (issue 12, `mesh bench churn`).
                     assert self.loop is not None
                     self.loop.call_soon(self._apply, e.message)
+                    if isinstance(e.message, CellPublish) and self.cell_tier is not None:
+                        self._to_tier(e.message)
                     continue
                 if isinstance(e.message, ReportBatch):
                     self._time_reports(now, e.message)
+                elif isinstance(e.message, CellPublish) and self.cell_tier is not None:
+                    self._to_tier(e.message)
                 self.messages_sent += 1
                 self.transport.send(e.to, e.message)
             elif isinstance(e, FetchPolicy):
                 self._want_policy(now, e.rate_key)
             elif isinstance(e, (ReserveCredit, ReturnCredit)) and self.credit is not None:
                 self.credit.carry([e])
+
+    # -- the spend quotas' cell tier --------------------------------------------------------
+
+    def _to_tier(self, msg: CellPublish) -> None:
+        for c in msg.cells:
+            self._tier_pending[(c.rate_key, c.period_index)] = c.burn
+        if not self._tier_running and self.member.quotas is not None and not self.closing:
+            self._tier_running = True  # one task for the node's life: set cell_tier any time
+            self._spawn(self._run_tier(), "mesh-cell-tier")
+        self._tier_wake.set()
+
+    async def _run_tier(self) -> None:
+        """Write the pending cells to the tier, one blocking call at a time in a thread,
+        and fold each answer into the ledger (remote = max(owner fold, tier fold))."""
+        tier, quotas = self.cell_tier, self.member.quotas
+        assert tier is not None and quotas is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._tier_wake.wait()
+            self._tier_wake.clear()
+            while self._tier_pending:
+                (key, index), burn = self._tier_pending.popitem()
+                now_ms = quotas.wall_ms()
+                try:
+                    cells = await loop.run_in_executor(
+                        None, tier.exchange, now_ms, key, index, self.member_id, burn
+                    )
+                except Exception as exc:  # noqa: BLE001 - the tier is best effort beside the owners
+                    self.tier_errors += 1
+                    log.debug("cell tier: %s", exc)
+                    continue
+                with self.lock:
+                    quotas.ledger.tier_folded(quotas.wall_ms(), key, index, cells)
+                self.tier_folds += 1
 
     # -- policy fetches -------------------------------------------------------------------
 

@@ -96,6 +96,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         views = {(v.policy.tenant_id, v.policy.metric): v for v in m.admission.gates()}
         policies = list(m.policies)
         held = _credit_held(m.admission.credit)
+        quotas = None if m.quotas is None else m.quotas.health(ENFORCED_SHOWN_MAX)
     d_ms = d_estimate_ns(driver) / 1e6
     for p in policies:
         v = views.get((p.tenant_id, p.metric))
@@ -114,7 +115,9 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         # As written (a rate not whole per second as text, its bursts in units; to_dict).
         written = p.to_dict()
         for name in ("target_rate", "global_burst", "local_burst_cap"):
-            entry[name] = written[name]
+            entry[name] = written.get(name, 0)  # a quota policy may write no rate
+        if p.quota is not None:  # a spend quota (docs/quotas.md)
+            entry["period"], entry["quota"] = written["period"], written["quota"]
         if p.mode is Mode.STRICT and isinstance(v, StrictGate):
             entry["credit_held"] = held.get(v.key, 0)  # units spendable now, from live blocks
         if p.mode is Mode.GLOBAL:
@@ -154,6 +157,8 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         "d_ms": round(d_ms, 3),
         "limits": limits,
         "suspended": suspended,
+        # spend quotas' convergence (docs/quotas.md): per quota cap, own, remote, lag_ms
+        "quotas": quotas,
         "policies": {
             "count": len(policies),
             "enforced": shown,  # per limit, the generation enforced (sorted by limit)

@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -41,11 +42,13 @@ from mesh.coordinator import PolicyFeed, PolicySource
 from mesh.core.admission import DEADLINE, REDIS_ASK, STOPPED, Counter, CreditDesk, RedisDesk
 from mesh.core.member import Member
 from mesh.core.policy import PolicyCache, TenantRatePolicy
+from mesh.core.quota import QuotaDesk
 from mesh.core.ring import Ring
-from mesh.core.verdict import Numbers, Verdict
+from mesh.core.verdict import Numbers, Step, Verdict
 from mesh.errors import ConfigError
 from mesh.membership import EtcdMembership, MembershipSource
 from mesh.node._build import (
+    build_cell_tier,
     build_membership,
     build_policy_source,
     build_redis,
@@ -177,12 +180,15 @@ class Mesh:
         """`try_admit_numbers` for each (tenant, metric, amount) in order, under one take of
         the node's lock (a sidecar batch). A row the node refuses (an invalid metric name,
         say) is its ConfigError in place of an answer; the rest are decided as usual. A
-        redis row drops the lock for its round trip and takes it again for the rest."""
+        redis row drops the lock for its round trip and takes it again for the rest. A spend
+        quota's row is a detailed verdict (numbers None: it carries its own) with the
+        disclosed lag beside the cap (`Verdict.quota`, docs/quotas.md)."""
         d = self._driver
         if d is None:
             raise ConfigError("mesh", "not started: use `async with Mesh(...)` or .start()")
         adm = d.member.admission
         admit, numbers = adm.try_admit, adm.numbers
+        quotas = d.member.quotas
         count = self._count if self.count_decisions else None
         out: list[tuple[Verdict, Numbers | None] | ConfigError] = []
         i, n_rows = 0, len(rows)
@@ -203,7 +209,12 @@ class Mesh:
                         break
                     if count is not None:
                         count(tenant, metric, v)
-                    out.append((v, numbers(v, tenant, metric, amount)))
+                    n = numbers(v, tenant, metric, amount)
+                    if v.step is Step.QUOTA and n is not None and quotas is not None:
+                        lag = quotas.lag_for(tenant, metric)
+                        out.append((replace(v.with_numbers(n), quota=lag), None))
+                        continue
+                    out.append((v, n))
             if asked is not None:
                 out.append(self._rounds.end(*asked))
         return out
@@ -456,6 +467,8 @@ class Mesh:
         counter = self._counter_arg or build_redis(cfg)  # lazy: nothing dials yet
         self._counter = counter
         redis_desk = None if counter is None else RedisDesk(time.monotonic_ns)
+        # Spend quotas run on the wall clock (UTC calendar periods, docs/quotas.md).
+        quotas = QuotaDesk(self.member_id, policies, _wall_ms, publish_ms=cfg.core.quota_publish_ms)
         member = Member(
             self.member_id,
             worker_epoch,
@@ -465,6 +478,7 @@ class Mesh:
             config=cfg.core,
             credit=desk,
             redis=redis_desk,
+            quotas=quotas,
         )
         self._rounds = RedisRounds(
             counter,
@@ -526,6 +540,7 @@ class Mesh:
             redis=counter,
         )
         handler.driver = driver
+        driver.cell_tier = build_cell_tier(cfg)  # None without shared_state.redis
         if self.count_decisions:  # a forgotten view's counts go with it (Telemetry.forget_view)
             member.admission.on_forget = tel.forget_view
         self._driver = driver
@@ -619,6 +634,11 @@ class Mesh:
                 t.cancel()
             loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
+
+
+def _wall_ms() -> int:
+    """Epoch milliseconds: spend quotas' periods are UTC calendar days and months."""
+    return time.time_ns() // 1_000_000
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -27,7 +27,7 @@ import grpc
 from grpc import aio
 
 from mesh.config import TlsConfig
-from mesh.core.messages import Handover, Message, ReportBatch, decode
+from mesh.core.messages import CellPublish, Handover, Message, ReportBatch, decode
 from mesh.errors import MessageError
 from mesh.peer._identity import (
     AUTH_MD,
@@ -299,10 +299,18 @@ class PeerServer:
                     f"sender: {msg.sender!r} is not this stream's member {member!r}",
                 )
             return msg
+        if isinstance(msg, CellPublish):  # spend-quota cells: a sender writes only its own
+            if msg.sender != member:
+                raise _Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"sender: {msg.sender!r} is not this stream's member {member!r}",
+                )
+            return msg
         if not isinstance(msg, ReportBatch):
             raise _Refused(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                "kind: only report batches and hand-overs may be sent on this stream",
+                "kind: only report batches, cell publishes and hand-overs may be sent on "
+                "this stream",
             )
         if msg.sender != member:
             raise _Refused(

@@ -24,7 +24,7 @@ from mesh.core.verdict import Numbers, Verdict
 from mesh.peer import bind_port
 from mesh.sidecar import admission_pb2 as pb
 from mesh.sidecar._auth import AUTH_HEADER, BearerCheck
-from mesh.sidecar._items import Decider, Item, Outcome, shared_fields
+from mesh.sidecar._items import Decider, Item, Outcome, quota_fields, shared_fields
 
 __all__ = ["ADMISSION_SERVICE", "GrpcSidecar", "encode_outcomes"]
 
@@ -90,7 +90,9 @@ def _verdict_bytes(v: Verdict, n: Numbers | None) -> bytes:
     """AdmitResponse's field 1 holding `v` with the numbers `n`: the memoised shared part
     and the numbers appended as protobuf encodes them (fields in order, absent if None;
     test_proto pins this to the generated encoder)."""
-    body = _shared_bytes(v)
+    # a detailed quota verdict is fresh each time: its shared part is memoised as the
+    # interned verdict's, so the memo holds only interned verdicts
+    body = _shared_bytes(v if v.quota is None else v.shared())
     if n is None:  # a detailed verdict carries its own
         n = Numbers(v.remaining, v.retry_after_ms, v.reset_after_ms)
     remaining, retry, reset = n
@@ -100,6 +102,9 @@ def _verdict_bytes(v: Verdict, n: Numbers | None) -> bytes:
         body += b"\x48" + _varint(retry & _INT64)
     if reset is not None:
         body += b"\x50" + _varint(reset & _INT64)
+    if v.quota is not None:  # field 13, a QuotaLag message: after the numbers, in order
+        lag = pb.QuotaLag(**quota_fields(v.quota)).SerializeToString()
+        body += b"\x6a" + _varint(len(lag)) + lag
     return b"\x0a" + _varint(len(body)) + body
 
 

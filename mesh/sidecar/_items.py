@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from mesh.core.verdict import Numbers, Verdict
+from mesh.core.verdict import Numbers, QuotaLag, Verdict
 from mesh.errors import ConfigError
 from ratemesh.errors import RatemeshError
 from ratemesh.policy import descriptor_tenant
@@ -79,7 +79,14 @@ def verdict_fields(v: Verdict, n: Numbers | None = None) -> dict[str, Any]:
         out["retry_after_ms"] = n.retry_after_ms
     if n.reset_after_ms is not None:
         out["reset_after_ms"] = n.reset_after_ms
+    if v.quota is not None:  # a detailed spend-quota verdict (docs/quotas.md)
+        out["quota"] = quota_fields(v.quota)
     return out
+
+
+def quota_fields(q: QuotaLag) -> dict[str, int]:
+    """A spend quota's disclosed numbers as the wire carries them (lag_ms absent: no fold)."""
+    return {k: x for k, x in q._asdict().items() if x is not None}
 
 
 def shared_fields(v: Verdict) -> dict[str, Any]:

@@ -33,7 +33,7 @@ class AdmitRequest(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[AdmitItem, _Mapping]]] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("allowed", "reason", "mode", "bound", "suspended", "limit", "step", "remaining", "retry_after_ms", "reset_after_ms", "error")
+    __slots__ = ("allowed", "reason", "mode", "bound", "suspended", "limit", "step", "remaining", "retry_after_ms", "reset_after_ms", "error", "quota")
     ALLOWED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class Verdict(_message.Message):
     RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     RESET_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
     allowed: bool
     reason: str
     mode: str
@@ -56,7 +57,22 @@ class Verdict(_message.Message):
     retry_after_ms: int
     reset_after_ms: int
     error: str
-    def __init__(self, allowed: _Optional[bool] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., bound: _Optional[str] = ..., suspended: _Optional[str] = ..., limit: _Optional[int] = ..., step: _Optional[str] = ..., remaining: _Optional[int] = ..., retry_after_ms: _Optional[int] = ..., reset_after_ms: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    quota: QuotaLag
+    def __init__(self, allowed: _Optional[bool] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., bound: _Optional[str] = ..., suspended: _Optional[str] = ..., limit: _Optional[int] = ..., step: _Optional[str] = ..., remaining: _Optional[int] = ..., retry_after_ms: _Optional[int] = ..., reset_after_ms: _Optional[int] = ..., error: _Optional[str] = ..., quota: _Optional[_Union[QuotaLag, _Mapping]] = ...) -> None: ...
+
+class QuotaLag(_message.Message):
+    __slots__ = ("cap", "own", "remote", "lag_ms", "unpublished")
+    CAP_FIELD_NUMBER: _ClassVar[int]
+    OWN_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_FIELD_NUMBER: _ClassVar[int]
+    LAG_MS_FIELD_NUMBER: _ClassVar[int]
+    UNPUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    cap: int
+    own: int
+    remote: int
+    lag_ms: int
+    unpublished: int
+    def __init__(self, cap: _Optional[int] = ..., own: _Optional[int] = ..., remote: _Optional[int] = ..., lag_ms: _Optional[int] = ..., unpublished: _Optional[int] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
     __slots__ = ("verdicts",)

@@ -18,6 +18,7 @@ from mesh.core.admission._strict import CreditDesk, StrictGate
 from mesh.core.config import CoreConfig
 from mesh.core.gate import Gate
 from mesh.core.policy import BOUNDS, Mode, PolicyCache, TenantRatePolicy
+from mesh.core.quota import QuotaDesk, QuotaGate
 from mesh.core.reporter import GlobalGate, Reporter
 from mesh.core.verdict import STOPPED, Numbers, Reason, Step, Suspension, Verdict, verdict
 from mesh.errors import ConfigError, ConfigTypeError
@@ -48,6 +49,7 @@ class Admission:
         membership_stale: bool = False,
         credit: CreditDesk | None = None,
         redis: RedisDesk | None = None,
+        quotas: QuotaDesk | None = None,
     ) -> None:
         if not isinstance(policies, PolicyCache):
             raise ConfigTypeError(
@@ -64,6 +66,7 @@ class Admission:
         # enforces them alone, suspended redis_unreachable (docs/redis.md)
         self.redis = redis
         self.asked: RedisGate | None = None  # the view of the last REDIS_ASK (_redis.py)
+        self.quotas = quotas  # spend quotas' ledger (docs/quotas.md); None: they fail closed
         self.config = config or (reporter.config if reporter else CoreConfig())
         self.n_live = n_live
         self.membership_stale = membership_stale
@@ -136,6 +139,8 @@ class Admission:
         numbers (`numbers`). With no view (no policy, stopped) there are none to give:
         `v` itself, whose `retry_after_ms` None says waiting cannot help."""
         seen = self._view_numbers(v, tenant, metric, amount, now_ns)
+        if seen is not None and isinstance(seen[0], QuotaGate):
+            return seen[0].detailed(v, seen[1])  # with the disclosed lag beside the cap
         return v if seen is None else v.with_numbers(seen[1], seen[0].ok.limit)
 
     def numbers(
@@ -186,6 +191,8 @@ class Admission:
             if base is not None:  # a descriptor charged on its tenant's key
                 return self.refund(base, metric, amount)
             raise ConfigError("tenant", f"{tenant!r} has no charge on {metric} to refund")
+        if isinstance(v, QuotaGate):
+            return  # a spend quota is spent, never refunded: a cell only grows (docs/quotas.md)
         if isinstance(v, StrictGate):
             # The mesh's charge goes back; spent credit does not (a unit taken from a block
             # stays spent, which only ever lowers what is admitted).
@@ -204,6 +211,8 @@ class Admission:
 
     def _deny(self, v: Gate, amount: int) -> Verdict:
         _check_amount(amount)
+        if v.policy.quota is not None:  # a spend quota: the ledger decides (no burst, no GCRA)
+            return v.admit(amount) if isinstance(v, QuotaGate) else v.no
         if amount > v.policy.burst_units and v.avail < amount:
             no = v.no
             return verdict(
@@ -249,6 +258,13 @@ class Admission:
         mode = policy.mode
         if not policy.enabled:
             return FixedGate(policy, _ignore, True, BOUNDS["disabled"])
+        if policy.quota is not None:
+            if self.quotas is not None:
+                return self.quotas.open(policy)
+            # No quota ledger attached (no wall clock given): fail closed and say so.
+            return FixedGate(
+                policy, _ignore, False, BOUNDS["quota_unattached"], None, Reason.QUOTA_EXHAUSTED
+            )
         if mode is Mode.GLOBAL:
             if self.reporter is None:
                 return FixedGate(
@@ -324,7 +340,7 @@ class Admission:
             return not v.marked
         if isinstance(v, RedisGate):
             return v.holds_nothing(self._now_ns)
-        return isinstance(v, FixedGate)
+        return isinstance(v, (FixedGate, QuotaGate))  # a quota's state is the ledger's
 
     def _evict(self, by_tenant: dict[str, Gate], tenant: str) -> None:
         v = by_tenant.pop(tenant)

@@ -11,10 +11,13 @@ Private modules, each importing only those above it in this list:
     _usage      UsageReport, RejectReason, Rejection, ReportBatch
     _snapshot   RateSnapshot, SnapshotBatch
     _handover   ReporterWatermark, KeyHandover, Handover
+    _cells      Cell, CellPublish, FoldRow, CellFold (spend-quota cells, docs/quotas.md)
     _codec      SCHEMA_VERSION, the size limits, the key cache, encode/decode
 """
 
 # `X as X`: importable, as before, but outside __all__ (plain-value codec halves, bounds).
+from mesh.core.messages._cells import CELL_ROWS_MAX as CELL_ROWS_MAX
+from mesh.core.messages._cells import Cell, CellFold, CellPublish, FoldRow
 from mesh.core.messages._codec import MAX_ITEMS as MAX_ITEMS
 from mesh.core.messages._codec import MAX_MESSAGE_BYTES, SCHEMA_VERSION, Message, decode, encode
 from mesh.core.messages._codec import REPORT_ROWS_MAX as REPORT_ROWS_MAX
@@ -41,6 +44,10 @@ __all__ = [
     "Handover",
     "KeyHandover",
     "ReporterWatermark",
+    "Cell",
+    "CellPublish",
+    "FoldRow",
+    "CellFold",
     "Message",
     "encode",
     "decode",

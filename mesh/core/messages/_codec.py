@@ -15,6 +15,7 @@ from typing import Any
 import msgpack
 
 from mesh.core._validate import rename
+from mesh.core.messages._cells import CELL_ROWS_MAX, Cell, CellFold, CellPublish, FoldRow
 from mesh.core.messages._columns import pack_column, unpack_column
 from mesh.core.messages._handover import (
     HANDOVER_WATERMARKS_MAX,
@@ -68,7 +69,7 @@ _SNAPSHOT_COLUMNS = (
 _REASONS = {r.value: r for r in RejectReason}
 _INT_ONLY = frozenset((int,))
 
-Message = ReportBatch | SnapshotBatch | Handover
+Message = ReportBatch | SnapshotBatch | Handover | CellPublish | CellFold
 
 
 def to_wire(msg: Message) -> list[Any]:
@@ -113,6 +114,12 @@ def to_wire(msg: Message) -> list[Any]:
         ]
     if isinstance(msg, Handover):
         return _handover_wire(msg)
+    if isinstance(msg, CellPublish):
+        cells = [[key_to_wire(c.rate_key), c.period_index, c.burn] for c in msg.cells]
+        return [SCHEMA_VERSION, "cells", msg.sender, msg.ring_epoch, cells]
+    if isinstance(msg, CellFold):
+        rows = [[key_to_wire(r.rate_key), r.period_index, r.combined, r.own] for r in msg.rows]
+        return [SCHEMA_VERSION, "folds", msg.sender, msg.ring_epoch, rows]
     raise TypeError(f"not a mesh message: {type(msg).__name__}")
 
 
@@ -145,6 +152,24 @@ def _array(field: str, value: Any, limit: int, width: int) -> Any:
         if not isinstance(it, (list, tuple)) or len(it) != width:
             raise MessageTypeError(f"{field}[{i}]", f"must be an array of {width} fields")
     return value
+
+
+def _cells_from_wire(obj: Any) -> CellPublish | CellFold:
+    """A CellPublish ("cells", rows of 3) or a CellFold ("folds", rows of 4): the row
+    count is checked before any row is built (_array)."""
+    _, kind, sender, ring_epoch, items = obj
+    publish = kind == "cells"
+    width = 3 if publish else 4
+    out: list[Any] = []
+    for i, it in enumerate(_array("cells" if publish else "rows", items, CELL_ROWS_MAX, width)):
+        try:
+            key = key_from_wire("rate_key", list(it[0]) if type(it[0]) is tuple else it[0])
+            out.append(Cell(key, *it[1:]) if publish else FoldRow(key, *it[1:]))
+        except MeshError as exc:
+            raise rename(exc, f"{'cells' if publish else 'rows'}[{i}]", MessageError) from exc
+    if publish:
+        return CellPublish(sender, ring_epoch, tuple(out))
+    return CellFold(sender, ring_epoch, tuple(out))
 
 
 def _handover_from_wire(obj: Any) -> Handover:
@@ -286,6 +311,8 @@ def from_wire(obj: Any) -> Message:
         )
     if kind == "handover" and len(obj) == 5:
         return _handover_from_wire(obj)
+    if kind in ("cells", "folds") and len(obj) == 5:
+        return _cells_from_wire(obj)
     raise MessageError("kind", f"unknown message kind {kind!r} with {len(obj)} fields")
 
 

@@ -23,6 +23,15 @@ BOUNDS: dict[str, str] = {
     # while it does not, each process's embedded limiter answers alone (docs/redis.md).
     "redis": "exact;redis_unreachable=>fleet<=N*limit",
     "redis_unreachable": "redis_unreachable:fleet<=N*limit",
+    # Spend quotas (docs/quotas.md): own + remote against the cap, remote folded from the
+    # peers' published cells; what peers burned since their last publish is not folded yet.
+    "quota": "quota<=cap+peer_burn_since_last_fold",
+    # No fold has reached this worker for the key yet: it spends at most cap/N_live alone.
+    "quota_unfolded": "quota<=cap+peer_burn;unfolded:own<=cap/N_live",
+    # The worker's quota ledger is at its bound (QUOTA_KEYS_MAX): a new quota key fails closed.
+    "quota_full": "quota_keys_full:fail_closed",
+    # A quota policy where no ledger is attached (an Admission built without a QuotaDesk).
+    "quota_unattached": "quota:no_ledger:fail_closed",
     "disabled": "unlimited:policy_disabled",
     "unknown": "policy_unknown:fail_closed",
 }

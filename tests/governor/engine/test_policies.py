@@ -296,3 +296,13 @@ def test_an_event_logged_before_scales_decodes_as_scale_1() -> None:
     engine = Engine.restore(None, [e], ManualClock(w.clock.now_ms()), lambda e: None)
     (p,) = engine.state.policies.current()
     assert p.scale == 1 and p == w.engine.state.policies.current()[0]
+
+
+def test_a_quota_policy_is_refused_whole_naming_period() -> None:
+    """governord's PolicyPut event has no period/quota yet: refused, nothing stored."""
+    w = World()
+    q = TenantRatePolicy("acme", "spend", 1, unit=Unit.USD_MICROS, period="day", quota=5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument) as exc:
+        w.engine.put_policy(q, allocate=True)
+    assert exc.value.field == "period" and "quota" in str(exc.value)
+    assert w.events == [] and w.engine.state.policies.revision == 0

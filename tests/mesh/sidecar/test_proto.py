@@ -15,7 +15,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh.core.policy import Mode
-from mesh.core.verdict import _INTERNED, Numbers, Reason, Step, Suspension, Verdict, verdict
+from mesh.core.verdict import (
+    _INTERNED,
+    Numbers,
+    QuotaLag,
+    Reason,
+    Step,
+    Suspension,
+    Verdict,
+    verdict,
+)
 from mesh.sidecar import admission_pb2 as pb
 from mesh.sidecar import encode_outcomes, verdict_fields
 
@@ -138,3 +147,16 @@ def test_the_varint_tables_encode_as_protobuf_does(n: int) -> None:
     assert pb.Verdict(limit=n if n < 1 << 63 else n - (1 << 64)).SerializeToString() == (
         b"\x30" + _varint(n)
     )
+
+
+def test_a_quota_verdict_carries_its_lag_on_the_wire() -> None:
+    v = dataclasses.replace(
+        verdict(False, Reason.QUOTA_EXHAUSTED, Mode.GLOBAL, "quota<=cap+peer_burn_since_last_fold"),
+        remaining=0,
+        quota=QuotaLag(100, 40, 60, None, 3),
+    )
+    fields = verdict_fields(v)
+    assert fields["quota"] == {"cap": 100, "own": 40, "remote": 60, "unpublished": 3}
+    got = pb.AdmitResponse.FromString(encode_outcomes([(v, None)])).verdicts[0]
+    assert got.SerializeToString() == pb.Verdict(**fields).SerializeToString()
+    assert got.quota.remote == 60 and not got.quota.HasField("lag_ms")
