@@ -11,6 +11,7 @@ from mesh.core.admission import CreditDesk, StrictGate
 from mesh.core.gcra import NS_PER_S
 from mesh.core.policy import BOUNDS, Mode, RateKey
 from mesh.core.reporter._gate import GlobalGate
+from mesh.node._capability import capability
 from mesh.node._driver import NodeDriver
 from mesh.telemetry import NodeStats
 from ratemesh.policy import split_tenant
@@ -139,6 +140,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             listed.add((tenant, metric, reason))
             suspended.append({**_who(tenant), "metric": metric, "reason": reason})
     feed = driver.feed
+    redis = redis_health(driver)
     shown = [
         {**_who(p.tenant_id), "metric": p.metric, "generation": p.generation}
         for p in policies[:ENFORCED_SHOWN_MAX]
@@ -189,7 +191,9 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         "peer": driver.transport.stats(),
         # strict limits' credit (None without a `strict:` section): units admitted, vetoed
         # by the mesh first, denied by credit; reserves, grants, refusals, returns
-        "redis": redis_health(driver),
+        "redis": redis,
+        # seed 002's capability block: tiers, modes and their bounds, convergence, suspensions
+        "capability": capability(driver, policies, suspended, quotas, redis),
         "strict": None
         if driver.credit is None
         else {"governord": driver.credit.config.governord, **driver.credit.stats()},
