@@ -278,6 +278,10 @@ class PolicyPut:
     # Sub-units per unit of a rate not whole per second (`TenantRatePolicy.scale`; the
     # three numbers above are then in sub-units). None for 1: every record before it.
     scale: int | None = None
+    # Issue 15: a spend quota's UTC period ("day", "month") and its cap per period; None on
+    # every rate policy and on every record before it.
+    period: str | None = None
+    quota: int | None = None
 
     def __post_init__(self) -> None:
         check_metric(self.metric)  # an open name (issue 14), still one rule: a bad one

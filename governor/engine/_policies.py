@@ -49,14 +49,6 @@ class PoliciesMixin(_Core):
         now = self._advance()
         if not isinstance(policy, TenantRatePolicy):
             raise InvalidArgument("policy", "must be a TenantRatePolicy")
-        if policy.quota is not None:
-            # The PolicyPut event (and so the durable log) has no period/quota fields yet:
-            # refused whole rather than stored without its cap (docs/quotas.md).
-            raise InvalidArgument(
-                "period",
-                f"{_name(policy)} is a spend quota; governord does not store quota policies "
-                "yet: declare it in the nodes' policy files (docs/quotas.md)",
-            )
         scope = (policy.tenant_id, policy.metric)
         key = self._state.policies.keys.get(scope)
         last = 0 if key is None else key.last.generation
@@ -102,6 +94,8 @@ class PoliciesMixin(_Core):
                 p.mode,
                 p.unit,
                 None if p.scale == 1 else p.scale,
+                None if p.period is None else p.period.value,
+                p.quota,
             )
         )
         stored = self._state.policies.keys[scope].current

@@ -73,6 +73,8 @@ def policy_of(e: ev.PolicyPut) -> TenantRatePolicy:
         e.mode,
         e.unit or default_unit(e.metric),
         scale=1 if e.scale is None else e.scale,
+        period=e.period,  # type: ignore[arg-type]  # the policy reads the text
+        quota=e.quota,
     )
 
 
@@ -170,11 +172,22 @@ def _dump_record(r: PolicyRecord) -> list[Any]:
             p.mode.value,
             # The unit only when it is not the name's or a scale follows (issue 14): older
             # snapshots have five; the scale only when it is not 1 (sub-units, as stored).
-            *([] if p.unit is default_unit(p.metric) and p.scale == 1 else [p.unit.value]),
-            *([] if p.scale == 1 else [p.scale]),
+            *(
+                []
+                if p.unit is default_unit(p.metric) and p.scale == 1 and p.quota is None
+                else [p.unit.value]
+            ),
+            *([] if p.scale == 1 and p.quota is None else [p.scale]),
+            # A spend quota (issue 15): its period and cap, last, as a mapping.
+            *([] if p.quota is None or p.period is None else [_quota_of(p)]),
         ]
     )
     return [r.generation, r.at_ms, values]
+
+
+def _quota_of(p: TenantRatePolicy) -> dict[str, Any]:
+    assert p.period is not None
+    return {"period": p.period.value, "quota": p.quota}
 
 
 def _load_record(scope: Scope, raw: list[Any]) -> PolicyRecord:
@@ -182,6 +195,7 @@ def _load_record(scope: Scope, raw: list[Any]) -> PolicyRecord:
     if values is None:
         return PolicyRecord(int(generation), int(at_ms), None)
     rate, burst, cap, enabled, mode, *unit = values
+    quota = unit.pop() if unit and isinstance(unit[-1], dict) else {}
     scale = unit[1] if len(unit) > 1 else 1
     policy = TenantRatePolicy(
         scope[0],
@@ -194,5 +208,7 @@ def _load_record(scope: Scope, raw: list[Any]) -> PolicyRecord:
         Mode(mode),
         Unit(unit[0]) if unit else default_unit(scope[1]),
         scale=scale,
+        period=quota.get("period"),
+        quota=quota.get("quota"),
     )
     return PolicyRecord(int(generation), int(at_ms), policy)

@@ -4,6 +4,7 @@ and a refused put changes nothing."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 from typing import Any
@@ -298,11 +299,26 @@ def test_an_event_logged_before_scales_decodes_as_scale_1() -> None:
     assert p.scale == 1 and p == w.engine.state.policies.current()[0]
 
 
-def test_a_quota_policy_is_refused_whole_naming_period() -> None:
-    """governord's PolicyPut event has no period/quota yet: refused, nothing stored."""
+def test_a_quota_policy_is_stored_and_survives_replay_and_snapshot() -> None:
+    """A spend quota's period and cap are in the PolicyPut event and the snapshot, so a
+    coordinator can push quotas like any other policy (issue 15)."""
     w = World()
     q = TenantRatePolicy("acme", "spend", 1, unit=Unit.USD_MICROS, period="day", quota=5)  # type: ignore[arg-type]
-    with pytest.raises(InvalidArgument) as exc:
-        w.engine.put_policy(q, allocate=True)
-    assert exc.value.field == "period" and "quota" in str(exc.value)
-    assert w.events == [] and w.engine.state.policies.revision == 0
+    stored = w.engine.put_policy(q, allocate=True).policy
+    assert stored.quota == 5 and stored.period is not None and stored.period.value == "day"
+    (e,) = w.events
+    kind, data = encode_event(e)
+    assert decode_event(kind, json.loads(json.dumps(data))) == e
+    clock = ManualClock(w.clock.now_ms())
+    by_events = Engine.restore(None, w.events, clock, lambda e: None)
+    snap = json.loads(json.dumps(w.engine.snapshot()))
+    by_snapshot = Engine.restore(snap, [], clock, lambda e: None)
+    for engine in (by_events, by_snapshot):
+        (p,) = engine.state.policies.current()
+        assert p == stored and p.quota == 5 and p.unit is Unit.USD_MICROS
+    rate = TenantRatePolicy("acme", "read_iops", 1, 100, 10, 2)
+    w.engine.put_policy(rate, allocate=True)
+    assert (
+        "period" not in encode_event(w.events[-1])[1]
+        or encode_event(w.events[-1])[1]["period"] is None
+    )
