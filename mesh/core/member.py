@@ -9,8 +9,20 @@ from __future__ import annotations
 
 from mesh.core.admission import Admission, CreditDesk, RedisDesk
 from mesh.core.config import CoreConfig
+from mesh.core.cooldown import CooldownDesk
 from mesh.core.effects import Effect
-from mesh.core.messages import CellFold, CellPublish, Handover, Message, ReportBatch, SnapshotBatch
+from mesh.core.messages import (
+    COOLDOWN_MS_MAX,
+    CellFold,
+    CellPublish,
+    CooldownNotice,
+    CooldownReport,
+    CooldownRow,
+    Handover,
+    Message,
+    ReportBatch,
+    SnapshotBatch,
+)
 from mesh.core.owner import Owner
 from mesh.core.policy import PolicyCache
 from mesh.core.quota import QuotaDesk
@@ -55,6 +67,7 @@ class Member:
         )
         self.credit = credit  # strict limits' credit blocks (None: strict fails closed)
         self.quotas = quotas  # spend quotas (None: quota policies fail closed)
+        self.cooldown = CooldownDesk(member_id)  # the fleet's 429 cooldown
 
     @property
     def ring(self) -> Ring:
@@ -68,6 +81,23 @@ class Member:
             effects += self.credit.take()
         if self.quotas is not None:
             effects += self.quotas.tick(self.ring)
+        if self.cooldown.until:
+            effects += self.cooldown.tick(now_ns, self.ring, self.owner)
+        return effects
+
+    def report_429(self, now_ns: int, tenant: str, metric: str, ms: int) -> list[Effect]:
+        """The service behind (`tenant`, `metric`)'s limit said 429: cool the limit here now
+        and, through its owner, on every worker that uses it (docs/cooldown.md). Nothing
+        for a pair with no policy (nothing is admitted for it anyway)."""
+        policy = self.policies.current(tenant, metric)
+        if policy is None:
+            return []
+        key = policy.for_tenant(tenant).rate_key if policy.tenant_id != tenant else policy.rate_key
+        effects = self.cooldown.report(now_ns, key, ms, self.ring, self.admission)
+        if self.ring.owner_of(key) == self.member_id:  # we own it: record it as its owner
+            ms = max(1, min(ms, COOLDOWN_MS_MAX))
+            own = CooldownReport(self.member_id, self.ring.epoch, (CooldownRow(key, ms),))
+            effects += self.cooldown.receive_report(now_ns, own, self.ring, self.owner)
         return effects
 
     def flush(self, now_ns: int) -> list[Effect]:
@@ -84,6 +114,11 @@ class Member:
             return []
         if isinstance(message, Handover):
             self.owner.take_handover(now_ns, message)
+            return []
+        if isinstance(message, CooldownReport):
+            return self.cooldown.receive_report(now_ns, message, self.ring, self.owner)
+        if isinstance(message, CooldownNotice):
+            self.cooldown.notice(now_ns, message, self.ring, self.admission)
             return []
         if isinstance(message, (CellPublish, CellFold)):
             # The sender is the stream's authenticated member (mesh.peer checked the claim).

@@ -54,6 +54,7 @@ class Reason(StrEnum):
     QUOTA_EXHAUSTED = "quota_exhausted"  # a spend quota: own + remote + amount > cap
     TOO_LARGE = "too_large"  # the amount exceeds the burst: it could never be admitted
     STOPPED = "stopped"  # the node stopped (Mesh.stop / Admission.stop): nothing is admitted
+    COOLDOWN = "cooldown"  # a 429 behind this limit: the fleet backs off (docs/cooldown.md)
 
 
 class Suspension(StrEnum):
@@ -65,6 +66,7 @@ class Suspension(StrEnum):
     POLICY_UNKNOWN = "policy_unknown"
     GOVERNOR_UNREACHABLE = "governor_unreachable"
     REDIS_UNREACHABLE = "redis_unreachable"  # redis mode: the embedded local limiter answered
+    COOLDOWN = "cooldown"  # a 429 behind this limit: nothing admitted until it ends
 
 
 class Step(StrEnum):

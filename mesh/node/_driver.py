@@ -535,6 +535,14 @@ class NodeDriver:
             self.member.owner.refused,
         )
 
+    def report_429(self, tenant: str, metric: str, ms: int) -> None:
+        """On the node's loop: the 429 cooldown of (`tenant`, `metric`), here and through its
+        owner on every worker that uses the limit (docs/cooldown.md)."""
+        now = self.clock_ns()
+        with self.lock:
+            effects = self.member.report_429(now, tenant, metric, ms)
+        self._carry(now, effects)
+
     def _carry(self, now: int, effects: list[Effect]) -> None:
         for e in effects:
             if isinstance(e, Send):

@@ -192,6 +192,16 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         # strict limits' credit (None without a `strict:` section): units admitted, vetoed
         # by the mesh first, denied by credit; reserves, grants, refusals, returns
         "redis": redis,
+        # the fleet's 429 cooldown (docs/cooldown.md): limits cooling here, 429s reported
+        # here, owners' notices taken, keys this member owns a cooldown for, refusals
+        "cooldown": {
+            "cooling": len(m.admission.cooldowns),
+            "cooling_refused": m.admission.cooldowns_refused,
+            "reported": m.cooldown.reported,
+            "noticed": m.cooldown.noticed,
+            "owned": len(m.cooldown.until),
+            "refused": dict(sorted(m.cooldown.refused.items())),
+        },
         # seed 002's capability block: tiers, modes and their bounds, convergence, suspensions
         "capability": capability(driver, policies, suspended, quotas, redis),
         "strict": None

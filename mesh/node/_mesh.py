@@ -41,6 +41,7 @@ from mesh.config import NodeConfig, load_config, parse_config
 from mesh.coordinator import PolicyFeed, PolicySource
 from mesh.core.admission import DEADLINE, REDIS_ASK, STOPPED, Counter, CreditDesk, RedisDesk
 from mesh.core.member import Member
+from mesh.core.messages import COOLDOWN_MS_MAX
 from mesh.core.policy import PolicyCache, TenantRatePolicy
 from mesh.core.quota import QuotaDesk
 from mesh.core.ring import Ring
@@ -63,6 +64,7 @@ from mesh.node._reload import PolicyReloader
 from mesh.peer import CoordinatorClient, PeerHandler, Transport
 from mesh.sidecar import Sidecar
 from mesh.telemetry import Telemetry, telemetry_routes
+from ratemesh.policy import check_metric
 
 __all__ = ["Mesh", "TransportFactory"]
 
@@ -403,6 +405,33 @@ class Mesh:
 
             return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(10)
         return reloader.reload(trigger)
+
+    def report_429(self, tenant: str, metric: str, cooldown_s: float = 90.0) -> None:
+        """The service behind (`tenant`, `metric`)'s limit answered 429: back the whole fleet
+        off. This worker admits nothing for it from now on; the key's owner tells every
+        worker that uses the limit within d, and their verdicts say `suspended: cooldown`
+        with the time left (`retry_after_ms`) until it ends (docs/cooldown.md)."""
+        d = self._require()
+        check_metric(metric, error=ConfigError)
+        if type(tenant) is not str or not tenant:
+            raise ConfigError("tenant", f"must be a non-empty string, got {tenant!r}")
+        if isinstance(cooldown_s, bool) or not isinstance(cooldown_s, (int, float)):
+            raise ConfigError("cooldown_s", f"must be a number of seconds, got {cooldown_s!r}")
+        if not 0 < cooldown_s <= COOLDOWN_MS_MAX / 1000:
+            raise ConfigError(
+                "cooldown_s", f"must be in (0, {COOLDOWN_MS_MAX // 1000}], got {cooldown_s}"
+            )
+        ms = max(1, int(cooldown_s * 1000))
+        loop = self._foreign_loop()
+        if loop is not None:
+            loop.call_soon_threadsafe(d.report_429, tenant, metric, ms)
+            # cooled here at once too, so this thread's next try_admit already sees it
+            with self._lock or contextlib.nullcontext():
+                policy = d.member.policies.current(tenant, metric)
+                if policy is not None:
+                    d.member.admission.cool(tenant, metric, d.clock_ns() + ms * 1_000_000)
+        else:
+            d.report_429(tenant, metric, ms)
 
     def limited(
         self,

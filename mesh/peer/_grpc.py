@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from mesh.config import TlsConfig
-from mesh.core.messages import CellPublish, Handover, Message, ReportBatch, encode
+from mesh.core.messages import CellPublish, CooldownReport, Handover, Message, ReportBatch, encode
 from mesh.peer._link import PeerLink
 from mesh.peer._server import IsMember, PeerHandler, PeerServer
 
@@ -79,7 +79,7 @@ class GrpcTransport:
 
     def send(self, to: str, message: Message) -> bool:
         data = encode(message)
-        if isinstance(message, (ReportBatch, Handover, CellPublish)):  # ours: on our link
+        if isinstance(message, (ReportBatch, Handover, CellPublish, CooldownReport)):  # ours
             link = self.links.get(to)
             if link is None:
                 addr = self._addresses.get(to)

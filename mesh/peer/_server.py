@@ -27,7 +27,14 @@ import grpc
 from grpc import aio
 
 from mesh.config import TlsConfig
-from mesh.core.messages import CellPublish, Handover, Message, ReportBatch, decode
+from mesh.core.messages import (
+    CellPublish,
+    CooldownReport,
+    Handover,
+    Message,
+    ReportBatch,
+    decode,
+)
 from mesh.errors import MessageError
 from mesh.peer._identity import (
     AUTH_MD,
@@ -299,7 +306,7 @@ class PeerServer:
                     f"sender: {msg.sender!r} is not this stream's member {member!r}",
                 )
             return msg
-        if isinstance(msg, CellPublish):  # spend-quota cells: a sender writes only its own
+        if isinstance(msg, (CellPublish, CooldownReport)):  # cells, 429s: the sender's own
             if msg.sender != member:
                 raise _Refused(
                     grpc.StatusCode.INVALID_ARGUMENT,
@@ -309,8 +316,8 @@ class PeerServer:
         if not isinstance(msg, ReportBatch):
             raise _Refused(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                "kind: only report batches, cell publishes and hand-overs may be sent on "
-                "this stream",
+                "kind: only report batches, cell publishes, cooldown reports and hand-overs "
+                "may be sent on this stream",
             )
         if msg.sender != member:
             raise _Refused(

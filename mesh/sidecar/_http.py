@@ -6,6 +6,8 @@ loop), for the sidecar's JSON routes and the node's /metrics and /health.
     POST /v1/admit   {"items": [{...}, ...]}  -> 200 {"verdicts": [{...}, ...]}
     POST /v1/charge  the same shapes (amount: the bytes or tokens)
     POST /v1/refund  one item -> 200 {"ok": true}; a batch -> 200 {"acks": [{"ok": ...}]}
+    POST /v1/cooldown {"tenant", "metric", "cooldown_s"?} -> 200 {"ok": true}: the service
+                     behind the limit said 429; the fleet backs off (docs/cooldown.md)
     GET  /metrics, GET /health   (the telemetry routes, `mesh.telemetry.telemetry_routes`)
 
 A denial is an answer, not an HTTP error: 200 with `"allowed": false` (as the JSON
@@ -101,7 +103,7 @@ class HttpApp:
 
     async def _post(self, route: str, scope: Scope, receive: Receive) -> tuple[int, Any]:
         assert self.decider is not None
-        if route not in ("admit", "charge", "refund"):
+        if route not in ("admit", "charge", "refund", "cooldown"):
             raise _BadRequest(404, f"path: /v1/{route[:100]} is not served here")
         if self.auth.required:
             header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
@@ -109,6 +111,15 @@ class HttpApp:
             if why is not None:
                 raise _BadRequest(401, why)
         doc = _json(await self._body(receive))
+        if route == "cooldown":
+            if not isinstance(doc, dict) or set(doc) - {"tenant", "metric", "cooldown_s"}:
+                raise _BadRequest(400, "body: must be {tenant, metric, cooldown_s?}")
+            why = self.decider.cooldown(
+                doc.get("tenant"), doc.get("metric"), doc.get("cooldown_s", 90.0)
+            )
+            if why is not None:
+                raise _BadRequest(400, why)
+            return 200, {"ok": True}
         batch = isinstance(doc, dict) and "items" in doc
         items = self._batch(doc) if batch else [_item(doc, "")]
         if route == "refund":

@@ -51,6 +51,8 @@ class Admitter(Protocol):
 
     def refund(self, tenant: str, metric: str, amount: int) -> None: ...
 
+    def report_429(self, tenant: str, metric: str, cooldown_s: float = 90.0) -> None: ...
+
 
 class Item(NamedTuple):
     tenant: Any
@@ -158,6 +160,17 @@ class Decider:
 
     def refund(self, items: Iterable[Item]) -> list[str | None]:
         return refund_items(self.admitter, items)
+
+    def cooldown(self, tenant: Any, metric: Any, cooldown_s: Any) -> str | None:
+        """The fleet's 429 cooldown for (tenant, metric) (docs/cooldown.md); None, or why
+        not (nothing changed)."""
+        if not isinstance(tenant, str) or not isinstance(metric, str):
+            return "tenant, metric: must be strings"
+        try:
+            self.admitter.report_429(tenant, metric, cooldown_s)
+        except ConfigError as exc:
+            return str(exc)
+        return None
 
 
 def _tenant(tenant: str, descriptors: Sequence[tuple[Any, Any]]) -> str:

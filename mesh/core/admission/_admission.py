@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mesh.core._validate import check_int
+from mesh.core.admission._cooldown import CooldownGate
 from mesh.core.admission._gates import FixedGate, LocalGate, unknown_verdict
 from mesh.core.admission._queue import TenantQueues, Waiter
 from mesh.core.admission._redis import REDIS_ASK, RedisDesk, RedisGate
@@ -26,6 +27,9 @@ from ratemesh.policy import DESCRIPTOR_SEP, METRICS_MAX, check_metric
 
 __all__ = ["Admission", "UNKNOWN", "QUEUE_FULL", "DEADLINE", "STOPPED"]
 
+# (metric, tenant) pairs cooling down at once (`cool`): a peer's notice names keys, so the
+# map has a bound like every other; past it a new cooldown is refused (and counted).
+COOLDOWNS_MAX = 4096
 # Views the idle sweep visits per tick: with a 5 ms tick, ~400,000 a second, and a slice
 # holds the lock for well under a millisecond (the hot path waits on it in threaded apps).
 VIEWS_SWEEP_SLICE = 2048
@@ -86,6 +90,10 @@ class Admission:
         self._swept = 0  # views this pass forgot
         self._sweep_at_ns = now_ns + self.config.views_idle_ns
         self.stopped = False  # `stop`: every form answers STOPPED
+        # (metric, tenant) -> until (ns, this worker's clock): the fleet's 429 cooldowns
+        # (`cool`, docs/cooldown.md); a view under one is wrapped in a CooldownGate.
+        self.cooldowns: dict[tuple[str, str], int] = {}
+        self.cooldowns_refused = 0
         # Told (tenant, metric value, view) when the idle sweep forgets a view, so that what
         # a driver keeps per view (the node's decision counts) goes with it (issue 12).
         self.on_forget: Callable[[str, str, Gate], None] | None = None
@@ -193,6 +201,8 @@ class Admission:
             raise ConfigError("tenant", f"{tenant!r} has no charge on {metric} to refund")
         if isinstance(v, QuotaGate):
             return  # a spend quota is spent, never refunded: a cell only grows (docs/quotas.md)
+        if isinstance(v, CooldownGate):
+            v = v.inner  # what was charged before the cooldown goes back as usual
         if isinstance(v, StrictGate):
             # The mesh's charge goes back; spent credit does not (a unit taken from a block
             # stays spent, which only ever lowers what is admitted).
@@ -248,9 +258,48 @@ class Admission:
         if by_tenant is None:
             assert len(self._gates) < METRICS_MAX, "the policy cache bounds the metric names"
             by_tenant = self._gates[m] = {}
-        by_tenant[tenant] = self._open(policy)
+        by_tenant[tenant] = self._cooled(self._open(policy), m, tenant)
         self.gate_count += 1
         return self.try_admit(tenant, m, amount)
+
+    # -- the fleet's 429 cooldown (docs/cooldown.md) ---------------------------------------
+
+    def cool(self, tenant: str, metric: str, until_ns: int) -> bool:
+        """Admit nothing for (`tenant`, `metric`) until `until_ns` (a cooldown only grows).
+        False if COOLDOWNS_MAX pairs are already cooling (refused, counted)."""
+        k = (metric, tenant)
+        if k not in self.cooldowns and len(self.cooldowns) >= COOLDOWNS_MAX:
+            self.cooldowns_refused += 1
+            return False
+        until = max(self.cooldowns.get(k, 0), until_ns)
+        self.cooldowns[k] = until
+        by_tenant = self._gates.get(metric)
+        v = None if by_tenant is None else by_tenant.get(tenant)
+        if v is not None and by_tenant is not None:
+            if isinstance(v, CooldownGate):
+                v.until_ns = until
+            else:
+                by_tenant[tenant] = CooldownGate(v, until)
+        return True
+
+    def cooling_ms(self, tenant: str, metric: str, now_ns: int | None = None) -> int:
+        """What is left of (`tenant`, `metric`)'s cooldown, in ms (0: none)."""
+        until = self.cooldowns.get((metric, tenant), 0)
+        return max(0, until - (self._now_ns if now_ns is None else now_ns)) // 1_000_000
+
+    def _cooled(self, v: Gate, metric: str, tenant: str) -> Gate:
+        until = self.cooldowns.get((metric, tenant))
+        return v if until is None or until <= self._now_ns else CooldownGate(v, until)
+
+    def _cool_tick(self, now_ns: int) -> None:
+        """Put back the views whose cooldown ended."""
+        for k in [k for k, until in self.cooldowns.items() if until <= now_ns]:
+            del self.cooldowns[k]
+            metric, tenant = k
+            by_tenant = self._gates.get(metric)
+            v = None if by_tenant is None else by_tenant.get(tenant)
+            if by_tenant is not None and isinstance(v, CooldownGate):
+                by_tenant[tenant] = v.inner
 
     # -- views ----------------------------------------------------------------------------
 
@@ -327,7 +376,10 @@ class Admission:
 
     def _holds_nothing(self, v: Gate) -> bool:
         """A global view with everything acknowledged and no fresh snapshot (the reporter
-        drops it too), a local or share view whose bucket is full, a fixed verdict."""
+        drops it too), a local or share view whose bucket is full, a fixed verdict. A view
+        cooling down is kept until its cooldown ends."""
+        if isinstance(v, CooldownGate):
+            return False
         if isinstance(v, GlobalGate):
             return self.reporter is not None and self.reporter.forget_if_idle(v.key)
         if isinstance(v, StrictGate):
@@ -427,6 +479,8 @@ class Admission:
             self.credit.tick(now_ns)
         if self._sweep_left or now_ns >= self._sweep_at_ns:
             self._sweep(now_ns)
+        if self.cooldowns:
+            self._cool_tick(now_ns)
         return self.service(now_ns)
 
     def service(self, now_ns: int) -> int:
@@ -464,6 +518,7 @@ class Admission:
         self._gates = {m: {} for m in self._gates}
         self._settle.clear()
         self._shares.clear()
+        self.cooldowns.clear()
         self._sweep_left = []
         self.gate_count = 0
         waiters = [w for w in self.queues.drain() if not w.done]
@@ -500,6 +555,8 @@ class Admission:
                 new = self.policies.current(tenant, metric)
                 if new == old.policy:
                     continue
+                if isinstance(old, CooldownGate):
+                    old = old.inner  # the cooldown is the pair's, not the generation's
                 if isinstance(old, GlobalGate) and self.reporter is not None:
                     self.reporter.retire(old.key)
                 if isinstance(old, StrictGate) and self.credit is not None:
@@ -513,7 +570,7 @@ class Admission:
                     del by_tenant[tenant]
                     self.gate_count -= 1
                 else:
-                    by_tenant[tenant] = self._open(new)
+                    by_tenant[tenant] = self._cooled(self._open(new), metric, tenant)
 
 
 def _ignore(v: Gate) -> None:

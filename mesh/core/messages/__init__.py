@@ -12,6 +12,7 @@ Private modules, each importing only those above it in this list:
     _snapshot   RateSnapshot, SnapshotBatch
     _handover   ReporterWatermark, KeyHandover, Handover
     _cells      Cell, CellPublish, FoldRow, CellFold (spend-quota cells, docs/quotas.md)
+    _cooldown   CooldownRow, CooldownReport, CooldownNotice (the fleet's 429 cooldown)
     _codec      SCHEMA_VERSION, the size limits, the key cache, encode/decode
 """
 
@@ -23,6 +24,8 @@ from mesh.core.messages._codec import MAX_MESSAGE_BYTES, SCHEMA_VERSION, Message
 from mesh.core.messages._codec import REPORT_ROWS_MAX as REPORT_ROWS_MAX
 from mesh.core.messages._codec import from_wire as from_wire
 from mesh.core.messages._codec import to_wire as to_wire
+from mesh.core.messages._cooldown import COOLDOWN_MS_MAX as COOLDOWN_MS_MAX
+from mesh.core.messages._cooldown import CooldownNotice, CooldownReport, CooldownRow
 from mesh.core.messages._handover import HANDOVER_WATERMARKS_MAX as HANDOVER_WATERMARKS_MAX
 from mesh.core.messages._handover import Handover, KeyHandover, ReporterWatermark
 from mesh.core.messages._keys import HANDOVER_ROWS_MAX as HANDOVER_ROWS_MAX
@@ -48,6 +51,9 @@ __all__ = [
     "CellPublish",
     "FoldRow",
     "CellFold",
+    "CooldownRow",
+    "CooldownReport",
+    "CooldownNotice",
     "Message",
     "encode",
     "decode",

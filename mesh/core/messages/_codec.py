@@ -17,6 +17,12 @@ import msgpack
 from mesh.core._validate import rename
 from mesh.core.messages._cells import CELL_ROWS_MAX, Cell, CellFold, CellPublish, FoldRow
 from mesh.core.messages._columns import pack_column, unpack_column
+from mesh.core.messages._cooldown import (
+    COOLDOWN_ROWS_MAX,
+    CooldownNotice,
+    CooldownReport,
+    CooldownRow,
+)
 from mesh.core.messages._handover import (
     HANDOVER_WATERMARKS_MAX,
     Handover,
@@ -69,7 +75,15 @@ _SNAPSHOT_COLUMNS = (
 _REASONS = {r.value: r for r in RejectReason}
 _INT_ONLY = frozenset((int,))
 
-Message = ReportBatch | SnapshotBatch | Handover | CellPublish | CellFold
+Message = (
+    ReportBatch
+    | SnapshotBatch
+    | Handover
+    | CellPublish
+    | CellFold
+    | CooldownReport
+    | CooldownNotice
+)
 
 
 def to_wire(msg: Message) -> list[Any]:
@@ -120,6 +134,10 @@ def to_wire(msg: Message) -> list[Any]:
     if isinstance(msg, CellFold):
         rows = [[key_to_wire(r.rate_key), r.period_index, r.combined, r.own] for r in msg.rows]
         return [SCHEMA_VERSION, "folds", msg.sender, msg.ring_epoch, rows]
+    if isinstance(msg, (CooldownReport, CooldownNotice)):
+        kind = "cooldown" if isinstance(msg, CooldownReport) else "cooldown_left"
+        rows = [[key_to_wire(r.rate_key), r.ms] for r in msg.rows]
+        return [SCHEMA_VERSION, kind, msg.sender, msg.ring_epoch, rows]
     raise TypeError(f"not a mesh message: {type(msg).__name__}")
 
 
@@ -170,6 +188,20 @@ def _cells_from_wire(obj: Any) -> CellPublish | CellFold:
     if publish:
         return CellPublish(sender, ring_epoch, tuple(out))
     return CellFold(sender, ring_epoch, tuple(out))
+
+
+def _cooldown_from_wire(obj: Any) -> CooldownReport | CooldownNotice:
+    """A CooldownReport ("cooldown") or CooldownNotice ("cooldown_left"), rows of 2."""
+    _, kind, sender, ring_epoch, items = obj
+    out: list[CooldownRow] = []
+    for i, it in enumerate(_array("rows", items, COOLDOWN_ROWS_MAX, 2)):
+        try:
+            key = key_from_wire("rate_key", list(it[0]) if type(it[0]) is tuple else it[0])
+            out.append(CooldownRow(key, it[1]))
+        except MeshError as exc:
+            raise rename(exc, f"rows[{i}]", MessageError) from exc
+    cls = CooldownReport if kind == "cooldown" else CooldownNotice
+    return cls(sender, ring_epoch, tuple(out))
 
 
 def _handover_from_wire(obj: Any) -> Handover:
@@ -313,6 +345,8 @@ def from_wire(obj: Any) -> Message:
         return _handover_from_wire(obj)
     if kind in ("cells", "folds") and len(obj) == 5:
         return _cells_from_wire(obj)
+    if kind in ("cooldown", "cooldown_left") and len(obj) == 5:
+        return _cooldown_from_wire(obj)
     raise MessageError("kind", f"unknown message kind {kind!r} with {len(obj)} fields")
 
 

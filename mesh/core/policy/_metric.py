@@ -32,6 +32,9 @@ BOUNDS: dict[str, str] = {
     "quota_full": "quota_keys_full:fail_closed",
     # A quota policy where no ledger is attached (an Admission built without a QuotaDesk).
     "quota_unattached": "quota:no_ledger:fail_closed",
+    # A 429 from the service behind the limit, reported by a worker and spread by the key's
+    # owner (docs/cooldown.md): nothing is admitted until the cooldown ends.
+    "cooldown": "cooldown:nothing_admitted_until_it_ends",
     "disabled": "unlimited:policy_disabled",
     "unknown": "policy_unknown:fail_closed",
 }

@@ -97,6 +97,7 @@ def test_mesh_methods() -> None:
         "member_id",
         "refund",
         "reload_policies",
+        "report_429",
         "ring",
         "start",
         "stop",

@@ -250,3 +250,25 @@ def test_a_threaded_node_serves_the_sidecar_from_its_loop_thread() -> None:
         assert mesh.try_admit("acme", "read_iops").allowed is False  # the same node's state
     finally:
         mesh.stop()
+
+
+def test_cooldown_backs_the_limit_off_and_says_so() -> None:
+    async def main() -> None:
+        async with node(node_config()) as mesh:
+            addr = mesh.sidecar_addresses["http"]
+            for bad, field in (
+                ({**ONE, "cooldown_s": -1}, "cooldown_s"),
+                ({**ONE, "cooldown_s": "long"}, "cooldown_s"),
+                ({**ONE, "extra": 1}, "body"),
+                ({"tenant": "acme", "metric": "Bad Name"}, "metric"),
+            ):
+                r = await _post(addr, "cooldown", bad)
+                assert r.status_code == 400 and r.json()["error"].startswith(field), r.json()
+            assert (await _post(addr, "admit", ONE)).json()["allowed"] is True
+            r = await _post(addr, "cooldown", {**ONE, "cooldown_s": 30})
+            assert (r.status_code, r.json()) == (200, {"ok": True})
+            v = (await _post(addr, "admit", ONE)).json()
+            assert v["allowed"] is False and v["suspended"] == "cooldown"
+            assert 0 < v["retry_after_ms"] <= 30_000
+
+    asyncio.run(main())
