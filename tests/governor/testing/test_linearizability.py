@@ -423,7 +423,7 @@ def test_bad_histories_name_the_field(patch: dict[str, Any], field: str) -> None
 
 
 def test_bad_ops_name_the_field() -> None:
-    good = {
+    good: dict[str, Any] = {
         "client": "a",
         "call": "acquire",
         "args": {"node_id": 2, "cls": "db"},
@@ -432,7 +432,7 @@ def test_bad_ops_name_the_field() -> None:
         "outcome": "ok",
         "result": {"lease_id": 1},
     }
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"args": {"node_id": "2", "cls": "db"}}, "ops[0].args.node_id"),
         ({"result": {}}, "ops[0].result.lease_id"),
         ({"complete_ns": 4}, "ops[0].complete_ns"),
