@@ -152,7 +152,7 @@ def check_fencing(ops: Sequence[Op]) -> list[Violation]:
         if len(same) > 1:
             out.append(Violation("fencing", f"id {gid} was granted {len(same)} times", tuple(same)))
     # sweep: for each grant b, the largest id among grants completed before b was invoked
-    done = sorted((op.complete_ns or 0, gid, op) for gid, op in grants)
+    done = sorted(((op.complete_ns or 0, gid, op) for gid, op in grants), key=lambda d: d[:2])
     completes = [d[0] for d in done]
     best: list[tuple[int, Op]] = []
     for _, gid, op in done:

@@ -3,12 +3,23 @@ reported with the operations involved; the history format round-trips and refuse
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from governor.client import (
+    AcquireTimeout,
+    Denied,
+    LeaseEnded,
+    RequestError,
+    SessionLost,
+    Unavailable,
+)
 from governor.testing.linearizability import (
     History,
     HistoryError,
@@ -18,6 +29,8 @@ from governor.testing.linearizability import (
     Tree,
     TreeNode,
     check,
+    check_fencing,
+    outcome_of,
     partitions,
 )
 from governor.testing.linearizability.__main__ import main
@@ -453,3 +466,39 @@ def test_a_full_history_refuses_the_call() -> None:
     with pytest.raises(HistoryFull):
         h.invoke("a", "validate", {"lease_id": 1}, 1)
     assert len(h) == 1
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 10), st.integers(1, 12)), max_size=12))
+def test_the_fencing_sweep_matches_every_pair(grants: list[tuple[int, int, int]]) -> None:
+    """The sweep reports a violation exactly when some real-time pair is out of id order
+    (or an id repeats)."""
+    b = B()
+    for i, (inv, dur, gid) in enumerate(grants):
+        b.ok(f"c{i}", "acquire", inv, inv + dur, node_id=3, cls="db", lease_id=gid)
+    ops = b.h.ops
+    ids = [op.result["lease_id"] for op in ops]
+    bad = len(set(ids)) < len(ids) or any(
+        (a.complete_ns or 0) < c.invoke_ns and ids[a.id] >= ids[c.id] for a in ops for c in ops
+    )
+    assert bool(check_fencing(ops)) is bad
+
+
+@pytest.mark.parametrize(
+    ("exc", "outcome"),
+    [
+        (Denied("x", "RESOURCE_EXHAUSTED", {"denial": {"reason": "quota"}}), ("fail", "quota")),
+        (
+            LeaseEnded("x", "FAILED_PRECONDITION", {"end": "session_expired"}),
+            ("fail", "lease_ended"),
+        ),
+        (AcquireTimeout("x", "DEADLINE_EXCEEDED"), ("fail", "timeout")),
+        (RequestError("x", "NOT_FOUND", {"reason": "not_found"}), ("fail", "not_found")),
+        (Unavailable("x", "UNAVAILABLE"), ("unknown", "")),
+        (SessionLost("x", "SESSION_LOST"), ("unknown", "")),
+        (TimeoutError(), ("unknown", "")),
+        (asyncio.CancelledError(), ("unknown", "")),
+    ],
+)
+def test_sdk_errors_become_outcomes(exc: BaseException, outcome: tuple[str, str]) -> None:
+    assert outcome_of(exc) == outcome
