@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from governor.client import Client, GovernorClientError, Lease
-from governor.testing.linearizability import History, Recorder, Tree, TreeNode, check
+from governor.testing.linearizability import History, Op, Recorder, Tree, TreeNode, check
 from tests.governor._daemon import KEYS, Daemon
 
 CLIENTS = 8
@@ -111,3 +111,12 @@ def test_sdk_history_across_a_sigkill_is_linearizable(
     # the run did what it is for: calls on both sides of the kill, denials, no silent skip
     assert outcomes["ok"] > 100 and after > 20, detail
     assert any(op.error == "quota" for op in ops), detail
+    # and the same history with one stale read planted (a validate that says live after the
+    # lease's release completed) is caught
+    release = next(op for op in ops if op.call == "release" and op.result.get("released"))
+    t = release.complete_ns or 0
+    lid = release.args["lease_id"]
+    history.add(Op(0, "z", "validate", {"lease_id": lid}, t + 1, t + 2, "ok", {"live": True}))
+    stale = check(history)
+    assert stale.verdict == "violation", stale.explain()
+    assert f"validate says lease {lid} is live, but it is released" in stale.explain()
