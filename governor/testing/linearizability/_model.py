@@ -36,13 +36,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ._history import Op, Tree
 
-__all__ = ["Model", "State", "Step"]
+__all__ = ["CLOSURE_STATES_MAX", "Model", "Pending", "State", "Step"]
 
 NS_PER_MS = 1_000_000
 UNKNOWN_UNITS_MAX = 256  # grants of an unknown reserve the model enumerates (sizes 1..this)
+CLOSURE_STATES_MAX = 100_000  # states one closure over pending unknown calls may reach
+CLOSURE_CACHE_MAX = 65_536  # closures remembered (the search asks for the same one often)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,12 @@ class State:
     anon: tuple[tuple[int, str], ...] = ()
     blocks: frozenset[tuple[int, int, int]] = frozenset()
     blocks_ended: frozenset[int] = frozenset()
+    pending: tuple[Pending, ...] = ()
+
+
+# An unknown call that may still take effect: (call, its arguments as sorted pairs). Calls
+# with the same arguments are interchangeable, so the pool is a sorted multiset of these.
+Pending = tuple[str, tuple[tuple[str, Any], ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,9 @@ class Model:
             (n.id, c) for n in tree.nodes.values() for c in n.limits
         )
         self._qi = {k: i for i, k in enumerate(self.quota_keys)}
+        self._quota_chains: dict[tuple[int, str], list[int]] = {}
+        self._limit_chains: dict[tuple[int, str], list[int]] = {}
+        self._closures: dict[frozenset[State], frozenset[State]] = {}
         self._li = {k: i for i, k in enumerate(self.limit_keys)}
         # grants the history knows: id -> (node, cls) for leases, (node, resource) for blocks
         self.leases: dict[int, tuple[int, str]] = {}
@@ -128,15 +140,74 @@ class Model:
         return fn(self, s, op)
 
     def step_all(self, states: Iterable[State], op: Op) -> tuple[frozenset[State], str]:
-        """The powerset step: every state any of ``states`` can lead to; a reason if none."""
+        """The powerset step: every state any of ``states`` can lead to; a reason if none.
+
+        An unknown call enters the pool of pending calls (validate, a read, enters nothing);
+        before a known call, any pending calls may take effect first (the closure)."""
+        if op.outcome == "unknown":
+            if op.call == "validate":
+                return frozenset(states), ""
+            sig: Pending = (op.call, tuple(sorted(op.args.items())))
+            return frozenset(
+                replace(s, pending=tuple(sorted((*s.pending, sig)))) for s in states
+            ), ""
         out: set[State] = set()
         reason = ""
-        for s in states:
+        for s in self.closure(states):
             st = self.step(s, op)
-            out.update(st.states)
+            out.update(self._prune(t) for t in st.states)
             if not st.states and not reason:
                 reason = st.reason
         return frozenset(out), reason
+
+    def closure(self, states: Iterable[State]) -> frozenset[State]:
+        """``states`` and every state reachable by pending calls taking effect, each at most
+        once, in any order (bounded by ``CLOSURE_STATES_MAX``: past it, the rest is left out
+        and the search may report a violation that is not one, so the bound is large)."""
+        given = frozenset(states)
+        if not any(s.pending for s in given):
+            return given
+        known = self._closures.get(given)
+        if known is not None:
+            return known
+        out = set(given)
+        frontier = [s for s in out if s.pending]
+        while frontier and len(out) < CLOSURE_STATES_MAX:
+            s = frontier.pop()
+            for i, sig in enumerate(s.pending):
+                if i and s.pending[i - 1] == sig:
+                    continue  # the same call again: the same successors
+                rest = replace(s, pending=s.pending[:i] + s.pending[i + 1 :])
+                probe = Op(-1, "", sig[0], dict(sig[1]), 0, None, "unknown")
+                for t in self.step(rest, probe).states[1:]:
+                    if t not in out:
+                        out.add(t)
+                        if t.pending:
+                            frontier.append(t)
+        result = frozenset(out)
+        if len(self._closures) >= CLOSURE_CACHE_MAX:
+            self._closures.clear()
+        self._closures[given] = result
+        return result
+
+    def _prune(self, s: State) -> State:
+        """Drop pending calls that can never take effect again (a release of an ended lease,
+        a return of an ended block), so equal states compare equal."""
+        if not s.pending:
+            return s
+        keep = tuple(
+            sig
+            for sig in s.pending
+            if not (
+                (
+                    sig[0] == "release"
+                    and self._lease_state(s, dict(sig[1])["lease_id"])
+                    in ("released", "expired", "foreign")
+                )
+                or (sig[0] == "return_credit" and dict(sig[1])["block_id"] in s.blocks_ended)
+            )
+        )
+        return s if len(keep) == len(s.pending) else replace(s, pending=keep)
 
     # ---- leases ------------------------------------------------------------------------
 
@@ -211,7 +282,6 @@ class Model:
                     t,
                     anon=tuple(sorted(t.anon + ((node, cls),))),
                     held=self._add(t.held, self.limit_chain(node, cls), 1),
-                    max_id=t.max_id + 1,
                 )
                 for t in self._room(s, node, cls)
             ]
@@ -371,10 +441,7 @@ class Model:
             return Step(
                 (
                     s,
-                    *(
-                        replace(s, used=self._add(s.used, idx, u), max_id=s.max_id + 1)
-                        for u in sizes
-                    ),
+                    *(replace(s, used=self._add(s.used, idx, u)) for u in sizes),
                 )
             )
         bid, units, ttl_ms = op.result["block_id"], op.result["units"], op.result["ttl_ms"]

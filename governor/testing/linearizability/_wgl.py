@@ -85,10 +85,12 @@ def search(model: Model, ops: Sequence[Op], max_states: int = SEARCH_STATES_MAX)
     best: tuple[int, ...] = ()
     best_states = states
     entry = nxt[head]
+    unknown = [op.outcome == "unknown" or op.complete_ns is None for op in ops]
     while nxt[head] != -1:
         if len(seen) > max_states:
             return Search("unknown", best, best_states, len(seen))
-        if kind[entry] == 0:
+        back = kind[entry] == 1
+        if not back:
             i = opi[entry]
             after, _ = model.step_all(states, ops[i])
             if after:
@@ -103,12 +105,20 @@ def search(model: Model, ops: Sequence[Op], max_states: int = SEARCH_STATES_MAX)
                         best_states = states
                     entry = nxt[head]
                     continue
-            entry = nxt[entry]
-        else:
+                # an unknown call entering the pool as early as it can dominates every
+                # order that takes it later: seen here means those were searched too
+                back = unknown[i]
+            if not back:
+                entry = nxt[entry]
+                continue
+        # backtrack past unknown calls to the last known one, and try what follows it
+        while True:
             if not stack:
                 return Search("violation", best, best_states, len(seen))
             entry, states = stack.pop()
             linearized &= ~(1 << opi[entry])
             unlift(entry)
-            entry = nxt[entry]
+            if not unknown[opi[entry]]:
+                break
+        entry = nxt[entry]
     return Search("ok", tuple(opi[p] for p, _ in stack), states, len(seen))
