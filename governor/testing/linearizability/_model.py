@@ -100,6 +100,9 @@ class Model:
         self._closures: dict[frozenset[State], frozenset[State]] = {}
         self._li = {k: i for i, k in enumerate(self.limit_keys)}
         # grants the history knows: id -> (node, cls) for leases, (node, resource) for blocks
+        # with no credit return in the history, used only grows: a pending charge that does
+        # not fit now never will (the pool drops it)
+        self.refunds = any(op.call == "return_credit" for op in ops)
         self.leases: dict[int, tuple[int, str]] = {}
         self.blocks: dict[int, tuple[int, str]] = {}
         for op in ops:
@@ -119,7 +122,12 @@ class Model:
         ]
 
     def limit_chain(self, node_id: int, cls: str) -> list[int]:
-        return [self._li[(n.id, cls)] for n in self.tree.chain(node_id) if cls in n.limits]
+        key = (node_id, cls)
+        found = self._limit_chains.get(key)
+        if found is None:
+            found = [self._li[(n.id, cls)] for n in self.tree.chain(node_id) if cls in n.limits]
+            self._limit_chains[key] = found
+        return found
 
     def bursts(self, node_id: int, resource: str) -> list[tuple[int, int]]:
         """(node id, burst) of the rated nodes on the chain."""
@@ -155,7 +163,10 @@ class Model:
         reason = ""
         for s in self.closure(states):
             st = self.step(s, op)
-            out.update(self._prune(t) for t in st.states)
+            if op.call == "acquire" and not self.lease_expiry:
+                out.update(st.states)  # ends no lease, charges no cap: nothing to prune
+            else:
+                out.update(self._prune(t) for t in st.states)
             if not st.states and not reason:
                 reason = st.reason
         return frozenset(out), reason
@@ -190,6 +201,12 @@ class Model:
         self._closures[given] = result
         return result
 
+    def _dead(self, s: State, sig: Pending) -> bool:
+        """A pending charge that does not fit on its chain's caps now."""
+        a = dict(sig[1])
+        amount = a["amount"] if sig[0] == "consume" else 1
+        return bool(self._over(s, self.quota_chain(a["node_id"], a["resource"]), amount))
+
     def _prune(self, s: State) -> State:
         """Drop pending calls that can never take effect again (a release of an ended lease,
         a return of an ended block), so equal states compare equal."""
@@ -205,6 +222,11 @@ class Model:
                     in ("released", "expired", "foreign")
                 )
                 or (sig[0] == "return_credit" and dict(sig[1])["block_id"] in s.blocks_ended)
+                or (
+                    not self.refunds
+                    and sig[0] in ("consume", "reserve_credit")
+                    and self._dead(s, sig)
+                )
             )
         )
         return s if len(keep) == len(s.pending) else replace(s, pending=keep)
