@@ -219,6 +219,13 @@ def check(
         budget = max_states - visited
         found = search(model, part, max(budget, 0))
         visited += found.visited
+        if found.verdict == "violation" and model.truncated:
+            unknown = True
+            notes.append(
+                f"a closure over pending unknown calls reached CLOSURE_STATES_MAX in a "
+                f"partition of {len(part)} operations (from #{part[0].id}); its verdict is unknown"
+            )
+            break
         if found.verdict == "violation":
             violations.append(_explain(model, part, found.prefix, found.states))
         elif found.verdict == "unknown":

@@ -98,6 +98,7 @@ class Model:
         self._quota_chains: dict[tuple[int, str], list[int]] = {}
         self._limit_chains: dict[tuple[int, str], list[int]] = {}
         self._closures: dict[frozenset[State], frozenset[State]] = {}
+        self.truncated = False  # a closure reached CLOSURE_STATES_MAX (a violation is then unsure)
         self._li = {k: i for i, k in enumerate(self.limit_keys)}
         # grants the history knows: id -> (node, cls) for leases, (node, resource) for blocks
         # with no credit return in the history, used only grows: a pending charge that does
@@ -174,7 +175,7 @@ class Model:
     def closure(self, states: Iterable[State]) -> frozenset[State]:
         """``states`` and every state reachable by pending calls taking effect, each at most
         once, in any order (bounded by ``CLOSURE_STATES_MAX``: past it, the rest is left out
-        and the search may report a violation that is not one, so the bound is large)."""
+        and ``truncated`` is set, so the checker turns a violation into ``unknown``)."""
         given = frozenset(states)
         if not any(s.pending for s in given):
             return given
@@ -195,6 +196,8 @@ class Model:
                         out.add(t)
                         if t.pending:
                             frontier.append(t)
+        if frontier:
+            self.truncated = True
         result = frozenset(out)
         if len(self._closures) >= CLOSURE_CACHE_MAX:
             self._closures.clear()

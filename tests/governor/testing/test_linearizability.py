@@ -502,3 +502,18 @@ def test_the_fencing_sweep_matches_every_pair(grants: list[tuple[int, int, int]]
 )
 def test_sdk_errors_become_outcomes(exc: BaseException, outcome: tuple[str, str]) -> None:
     assert outcome_of(exc) == outcome
+
+
+def test_a_truncated_closure_turns_a_violation_into_unknown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from governor.testing.linearizability import _model
+
+    b = B()
+    for i in range(5):
+        b.unknown(f"c{i}", "consume", 0, node_id=4, resource="http", amount=i + 1)
+    b.ok("z", "consume", 10, 11, node_id=4, resource="http", amount=6)  # over the cap of 5
+    assert b.check().verdict == "violation"
+    monkeypatch.setattr(_model, "CLOSURE_STATES_MAX", 2)
+    result = b.check()
+    assert result.verdict == "unknown" and "CLOSURE_STATES_MAX" in result.explain()
