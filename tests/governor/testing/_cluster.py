@@ -56,11 +56,14 @@ class Leader:
         if not self.alive:
             return None
         answer = engine_call(self.engine, session_id, call, args)
-        if self.check_epoch and self.db.epoch != self.epoch:
+        deposed = self.db.epoch != self.epoch
+        if deposed and self.check_epoch:
             self.alive = False  # the commit (or the epoch confirmation of a read) failed
             self.pending.clear()
             return None
-        self.db.events.extend(self.pending)
+        if not deposed:
+            self.db.events.extend(self.pending)
+        # deposed without the check: "committed" where no leader replays it, and answered
         self.pending.clear()
         return answer
 

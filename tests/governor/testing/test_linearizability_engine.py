@@ -147,21 +147,24 @@ def test_planted_bug_standby_serving_before_replay_is_caught() -> None:
     assert "no room for one more db lease" in text or "http cap 5" in text, text
 
 
-@pytest.mark.parametrize("seed", range(30))
-def test_random_takeovers_are_linearizable(seed: int) -> None:
-    """Random calls through a leader that is replaced at a random point (and again), with the
-    deposed leader still being called: every run checks ok. Seed in the test id."""
+def random_takeover(seed: int, *, bug: str = "") -> tuple[Result, Recording]:
+    """Random calls through a leader that is replaced at random points, with deposed leaders
+    still being called now and then. ``bug``: ``"epoch"`` (deposed leaders commit without the
+    epoch check) or ``"replay"`` (a new leader serves after replaying only the setup)."""
     rng = random.Random(seed)
     clock = ManualClock(0)
     db = Db()
     leaders = [Leader(db, clock)]
     sessions = build_tree(leaders[0], 4)
+    setup_events = len(db.events)
     rec = Recording(clock, leaders[0])
     leases: list[tuple[int, int]] = []
-    for _ in range(60):
+    for i in range(80):
         clock.advance(rng.randrange(3))
-        if rng.random() < 0.05:
-            leaders.append(Leader(db, clock))
+        if i in (25, 55) or rng.random() < 0.02:
+            for old in leaders:
+                old.check_epoch = bug != "epoch"
+            leaders.append(Leader(db, clock, replay=setup_events if bug == "replay" else None))
         leader = leaders[-1] if rng.random() < 0.8 else rng.choice(leaders)
         c = rng.randrange(4)
         sid = sessions[c]
@@ -176,10 +179,8 @@ def test_random_takeovers_are_linearizable(seed: int) -> None:
             call, args = "validate", {"lease_id": rng.choice(leases)[0]}
         else:
             amount = rng.randrange(1, 5)
-            call, args = (
-                "consume",
-                {"node_id": rng.choice(NODES), "resource": "http", "amount": amount},
-            )
+            node = rng.choice(NODES)
+            call, args = "consume", {"node_id": node, "resource": "http", "amount": amount}
         answer = rec.add(
             leader,
             f"c{c}",
@@ -191,5 +192,20 @@ def test_random_takeovers_are_linearizable(seed: int) -> None:
         )
         if answer is not None and call == "acquire" and answer[0] == "ok":
             leases.append((answer[1]["lease_id"], sid))
-    result = check(rec.history)
+    return check(rec.history), rec
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_takeovers_are_linearizable(seed: int) -> None:
+    """Every correct run checks ok (the seed is in the test id)."""
+    result, rec = random_takeover(seed)
     assert result.ok, f"seed {seed}\n" + explain(result, rec)
+
+
+@pytest.mark.parametrize("bug", ["epoch", "replay"])
+def test_random_takeovers_with_a_planted_bug_are_caught(bug: str) -> None:
+    """The same random runs with either bug: nearly every seed is caught (a run can miss the
+    bug only if no call ever observes the stale state)."""
+    results = {seed: random_takeover(seed, bug=bug)[0] for seed in range(20)}
+    missed = [seed for seed, r in results.items() if r.verdict != "violation"]
+    assert len(missed) <= 2, f"{bug}: missed seeds {missed}"
