@@ -417,6 +417,9 @@ def test_json_round_trip_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[s
     path.write_text("{")
     assert main([str(path)]) == 64
     assert "is not JSON" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as bad:
+        main([str(path), "--max-states", "many"])
+    assert bad.value.code == 64
 
 
 @pytest.mark.parametrize(
