@@ -4,7 +4,9 @@
 a canonical form of the durable state; `fuzz` runs one seed of random operations with restarts
 and replays, checking after every step (``python -m governor.testing.fuzz --seeds 0:40``);
 `credit` is the ledger of credit blocks (C1-C4, docs/strict.md) and `creditfuzz` the fuzzer's
-credit workers.
+credit workers; `linearizability` checks recorded client histories of acquire, release,
+consume, reserve/return credit and validate against a sequential model of governord (WGL,
+Porcupine-style; docs/linearizability.md, ``python -m governor.testing.linearizability h.json``).
 The tests and ``bench/governor_fuzz.py`` use them. Never imported by governor's engine, store,
 server, client or authority (an import-linter contract says so).
 """
