@@ -53,11 +53,7 @@ def take_slot(
             if not remote.unreachable:
                 return attempt.done(Acquired(attempt.name, None, waited, reason))
             _disclose_fallback(attempt, reason)
-        while True:
-            got, pause = attempt.step()
-            if got is not None:
-                return got
-            sleep(pause)
+        return attempt.wait(sleep)
     finally:
         attempt.cancel()
 

@@ -138,6 +138,17 @@ class Attempt:
     def cancel(self) -> None:
         self._unwait()
 
+    def wait(self, sleep: Callable[[float], object] = time.sleep) -> Acquired:
+        """`step` until there is an outcome, sleeping between steps (the blocking form)."""
+        try:
+            while True:
+                got, pause = self.step()
+                if got is not None:
+                    return got
+                sleep(pause)
+        finally:
+            self.cancel()
+
     def _done(self, claim: Claim | None, waited: float, reason: str | None) -> Acquired:
         self._unwait()
         got = Acquired(self.name, claim, waited, reason, self.cooled_s)
@@ -173,14 +184,7 @@ def acquire_slot(
     attempt = Attempt(
         name, max_slots, priority=priority, wait_s=wait_s, command=command, ttl_s=ttl_s, root=root
     )
-    try:
-        while True:
-            got, pause = attempt.step()
-            if got is not None:
-                return got
-            sleep(pause)
-    finally:
-        attempt.cancel()
+    return attempt.wait(sleep)
 
 
 def release_slot(root: GovDir, got: Acquired) -> None:
