@@ -1,26 +1,17 @@
-"""The real Redis on 127.0.0.1:6379: under CI=true a missing Redis fails the test,
-elsewhere it skips."""
+"""The real Redis on 127.0.0.1:6379 for tests outside tests/mesh/sharedstate: the same
+connection rule as there (under CI=true a missing Redis fails the test, elsewhere it skips)."""
 
 from __future__ import annotations
 
-import os
-
-import pytest
 import redis
+
+from tests.mesh.sharedstate._redis import require_shared_redis
 
 __all__ = ["connect", "text"]
 
 
 def connect() -> redis.Redis:
-    c = redis.Redis(host="127.0.0.1", port=6379, socket_timeout=2)
-    try:
-        c.ping()
-    except redis.RedisError as exc:
-        c.close()
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"Redis on 127.0.0.1:6379 is not answering: {exc}")
-        pytest.skip(f"no Redis on 127.0.0.1:6379: {exc}")
-    return c
+    return require_shared_redis()
 
 
 def text(v: bytes | str) -> str:
