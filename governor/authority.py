@@ -23,7 +23,7 @@ from governor.engine import (
     Queued,
 )
 from governor.engine import _events as ev
-from governor.store import EventLog
+from governor.store import EventLog, Loaded
 
 __all__ = ["Authority", "WallClock"]
 
@@ -48,7 +48,9 @@ class Authority:
         clock: Any = None,
         config: EngineConfig | None = None,
         snapshot_every: int = 10_000,
+        loaded: Loaded | None = None,
     ) -> None:
+        """``loaded``: the record as a standby already read it (``log.load``); else read now."""
         self.log = log
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a queued acquire may have an outcome
@@ -60,7 +62,8 @@ class Authority:
         # a queued acquire may have an outcome. The server uses them for metrics and async waits.
         self.event_listeners: list[Callable[[Event], None]] = []
         self.change_listeners: list[Callable[[], None]] = []
-        loaded = log.load()
+        if loaded is None:
+            loaded = log.load()
         with self._lock:
             self.engine = Engine.restore(
                 loaded.snapshot,

@@ -34,6 +34,7 @@ __all__ = [
     "CoordinatorKey",
     "CoordinatorSettings",
     "GovernordConfig",
+    "HaSettings",
     "TenantConfig",
     "TlsFiles",
     "default_config",
@@ -49,6 +50,12 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 DRAIN_S_MAX = 3600.0
 TTL_MS_MAX = 7 * 86_400_000
 SNAPSHOT_EVERY_MAX = 1_000_000_000
+# Leadership on PostgreSQL (``ha``): the takeover bound when a leader is cut off is about
+# lease_ms + renew_ms + the replay; a killed leader is replaced within about renew_ms + replay.
+HA_LEASE_MS = 1500
+HA_RENEW_MS = 250
+HA_LEASE_MS_MIN = 100
+HA_LEASE_MS_MAX = 60_000
 PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1  # the engine's floor; a symmetric ceiling
 PERMILLE_MAX = 1000
 RATE_PER_S_MAX = 10**9  # as the engine's (governor.engine._credit)
@@ -112,6 +119,17 @@ class CoordinatorSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class HaSettings:
+    """Leader and standbys on one PostgreSQL database (docs/failover.md). A standby takes over
+    at once when the leader's process is gone, and at most ``lease_ms`` after its last renewal
+    when it is cut off; it looks every ``renew_ms``, the interval the leader renews at."""
+
+    lease_ms: int = HA_LEASE_MS
+    renew_ms: int = HA_RENEW_MS
+    advertise: str | None = None  # what standbys tell clients; default: the first listen address
+
+
+@dataclass(frozen=True, slots=True)
 class GovernordConfig:
     listen: tuple[str, ...] = (DEFAULT_LISTEN,)
     store: str = DEFAULT_STORE
@@ -129,6 +147,7 @@ class GovernordConfig:
     adaptive: dict[str, AdaptiveConfig] = field(default_factory=dict)
     tenants: tuple[TenantConfig, ...] = ()
     coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)
+    ha: HaSettings = field(default_factory=HaSettings)
 
     def store_kind(self) -> tuple[str, str]:
         """(``sqlite``, path), (``postgres``, dsn) or (``memory``, "") - not durable, benchmarks."""
@@ -303,6 +322,27 @@ def _adaptive(key: str, value: Any) -> AdaptiveConfig:
     return AdaptiveConfig(**args)
 
 
+def _ha(value: Any, store: str) -> HaSettings:
+    if value is None:
+        return HaSettings()
+    _type("ha", value, dict, "a map with lease_ms, renew_ms, advertise")
+    _keys("ha", value, {"lease_ms", "renew_ms", "advertise"})
+    if not store.startswith(("postgresql://", "postgres://", "host=")):
+        raise ConfigError(
+            "ha", "standbys need a postgresql store; SQLite is the single-process default"
+        )
+    lease = _pos(
+        "ha.lease_ms", value.get("lease_ms", HA_LEASE_MS), HA_LEASE_MS_MIN, HA_LEASE_MS_MAX
+    )
+    renew = _pos("ha.renew_ms", value.get("renew_ms", HA_RENEW_MS), 10, HA_LEASE_MS_MAX)
+    if renew * 3 > lease:
+        raise ConfigError("ha.renew_ms", f"must be at most a third of ha.lease_ms ({lease})")
+    advertise = (
+        None if value.get("advertise") is None else _addr("ha.advertise", value["advertise"])
+    )
+    return HaSettings(lease, renew, advertise)
+
+
 def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfig:
     """Validate a decoded YAML document; raises ConfigError naming the key."""
     env = dict(os.environ) if env is None else env
@@ -322,6 +362,7 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
         "drain_s",
         "snapshot_every",
         "coordinator",
+        "ha",
     }
     _keys("", data, top)
     listen_raw = data.get("listen", DEFAULT_LISTEN)
@@ -398,6 +439,7 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
         adaptive={str(c): _adaptive(f"adaptive.{c}", v) for c, v in adaptive_raw.items()},
         tenants=tenants,
         coordinator=coordinator,
+        ha=_ha(data.get("ha"), store),
     )
     if not cfg.session_ttl_min_ms <= cfg.session_ttl_ms <= cfg.session_ttl_max_ms:
         raise ConfigError("session.ttl_ms", "must lie in [min_ttl_ms, max_ttl_ms]")

@@ -37,6 +37,7 @@ from governor.engine import (
     SessionState,
 )
 
+from ._commit import CommitWaits
 from ._status import Fail, denial_fail, error_fail, sha256_hex
 
 __all__ = ["CallsMixin", "Principal"]
@@ -136,6 +137,7 @@ def _credit_info(engine: Engine, node_id: int) -> dict[str, Any]:
 class CallsMixin:
     authority: Authority
     config: GovernordConfig
+    commits: CommitWaits
     _changed: asyncio.Event
 
     async def _step(self, fn: Callable[[Engine], Any]) -> Any:
@@ -357,6 +359,7 @@ class CallsMixin:
     async def _Validate(self, who: Principal | None, b: dict[str, Any]) -> dict[str, Any]:
         status = await self._step(lambda e: e.validate(b["lease_id"]))
         assert isinstance(status, LeaseStatus)
+        await self.commits.confirm()  # a deposed leader must not call a lease live
         return {
             "lease_id": status.lease_id,
             "live": status.live,

@@ -1,5 +1,6 @@
 """Async waits for the record: a future per reply, resolved by the log's writer thread after
-each group commit (one ``call_soon_threadsafe`` per batch, not per call)."""
+each group commit (one ``call_soon_threadsafe`` per batch, not per call), and waits for a commit
+round that proves this process still leads (``confirm``: a read that must not be stale)."""
 
 from __future__ import annotations
 
@@ -19,18 +20,35 @@ class CommitWaits:
         self._log = authority.log
         self._loop = loop
         self._heap: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._rounds: list[tuple[int, int, asyncio.Future[None]]] = []
         self._count = itertools.count()
         self._log.commit_listeners.append(self._on_commit)
+        self._log.round_listeners.append(self._on_round)
 
     def _on_commit(self, seq: int, _n: int, _took: float) -> None:
         self._loop.call_soon_threadsafe(self._resolve, seq)
 
+    def _on_round(self, done: int) -> None:
+        self._loop.call_soon_threadsafe(self._resolve_rounds, done)
+
     def _resolve(self, seq: int) -> None:
-        heap = self._heap
-        while heap and heap[0][0] <= seq:
-            _, _, fut = heapq.heappop(heap)
-            if not fut.done():
-                fut.set_result(None)
+        _pop_up_to(self._heap, seq)
+
+    def _resolve_rounds(self, done: int) -> None:
+        _pop_up_to(self._rounds, done)
+
+    async def confirm(self) -> None:
+        """Return once a commit round that started after this call has renewed this process's
+        leader row: nothing answered after it can come from a deposed leader. Immediate where
+        governord runs alone (SQLite)."""
+        want = self._log.want_round()
+        if want == 0 or self._log.rounds_done >= want:
+            return
+        fut = self._loop.create_future()
+        heapq.heappush(self._rounds, (want, next(self._count), fut))
+        if self._log.rounds_done >= want:
+            self._resolve_rounds(self._log.rounds_done)
+        await fut
 
     async def wait(self, seq: int) -> None:
         if self._log.committed_seq >= seq:
@@ -40,3 +58,10 @@ class CommitWaits:
         if self._log.committed_seq >= seq:  # committed between the check and the push
             self._resolve(self._log.committed_seq)
         await fut
+
+
+def _pop_up_to(heap: list[tuple[int, int, asyncio.Future[None]]], upto: int) -> None:
+    while heap and heap[0][0] <= upto:
+        _, _, fut = heapq.heappop(heap)
+        if not fut.done():
+            fut.set_result(None)

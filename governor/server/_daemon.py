@@ -26,6 +26,7 @@ import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc import aio
@@ -36,6 +37,7 @@ from governor.engine import RecordError
 from governor.store import (
     EXIT_COMMIT_FAILED,
     EventLog,
+    Loaded,
     MemoryBackend,
     PostgresBackend,
     SqliteBackend,
@@ -48,12 +50,14 @@ from ._bootstrap import import_bootstrap
 from ._coordinator import CoordinatorService
 from ._health import Health
 from ._http import HttpServer
+from ._leadership import Candidate, holder_id
 from ._logs import configure, event
 from ._metrics import Metrics
 from ._probe import StoreProbe, probe_for
 from ._reconcile import apply_config
 from ._routes import Site, routes
 from ._service import GovernorService
+from ._standby import NotLeader, Switch
 
 __all__ = ["CertReloader", "serve", "run"]
 
@@ -137,17 +141,22 @@ def _pg_app() -> str:
     return os.environ.get("GOVERNOR_PG_APP_NAME", "governord")
 
 
-def _open_authority(cfg: GovernordConfig) -> Authority:
-    """The record opened and loaded. A database that cannot be opened, reached or migrated,
-    or a record that cannot be trusted, is the ``store`` setting for the operator to fix."""
+def _open_record(cfg: GovernordConfig) -> EventLog:
+    """The record opened (not yet loaded). A database that cannot be opened, reached or
+    migrated is the ``store`` setting for the operator to fix."""
     try:
-        log = _open_log(cfg)
+        return _open_log(cfg)
     except StoreError as exc:  # its message names the database: the path, or host and port
         raise ConfigError("store", one_line(exc)) from exc
+
+
+def _open_authority(
+    cfg: GovernordConfig, record: EventLog, loaded: Loaded | None = None
+) -> Authority:
+    """The record loaded (a record that cannot be trusted is the ``store`` setting's too)."""
     try:
-        return Authority(log, snapshot_every=cfg.snapshot_every)
+        return Authority(record, snapshot_every=cfg.snapshot_every, loaded=loaded)
     except (StoreError, RecordError) as exc:
-        log.close()
         raise ConfigError("store", f"cannot load the record: {one_line(exc)}") from exc
 
 
@@ -168,14 +177,147 @@ def _bind(server: aio.Server, addr: str, reloader: CertReloader | None) -> str:
     return f"{addr.rpartition(':')[0]}:{port}"
 
 
-async def _serve_http(
-    cfg: GovernordConfig, site: Site
-) -> HttpServer | None:  # the pages, on the ``metrics`` address
-    if not cfg.metrics:
-        return None
-    http = HttpServer(routes(site))
-    await http.start(cfg.metrics)
-    return http
+class _Process:
+    """What one governord holds while it runs; ``close`` undoes whatever was started."""
+
+    def __init__(self, cfg: GovernordConfig, loop: asyncio.AbstractEventLoop) -> None:
+        self.cfg = cfg
+        self.loop = loop
+        self.kind, self.target = cfg.store_kind()
+        self.record: EventLog | None = None
+        self.authority: Authority | None = None
+        self.service: GovernorService | None = None
+        self.coordinator: CoordinatorService | None = None
+        self.candidate: Candidate | None = None
+        self.epoch: int | None = None
+        self.http: HttpServer | None = None
+        self.metrics = Metrics()
+        self.probe: StoreProbe = probe_for(self.kind, self.target, _pg_app())
+        self.switch = Switch(NotLeader(self._leader))
+        self.server = aio.server(
+            options=[
+                ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
+                ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
+                ("grpc.so_reuseport", 0),  # a second governord on the port fails, not shares it
+                *KEEPALIVE_SERVER_OPTIONS,
+            ]
+        )
+        self.server.add_generic_rpc_handlers((self.switch,))
+        self.reloader = CertReloader(cfg.tls) if cfg.tls is not None else None
+        self.bound: list[str] = []
+
+    def _leader(self) -> tuple[str, int]:
+        if self.candidate is None:
+            return "", 0
+        return self.candidate.leader()
+
+    def leadership(self) -> dict[str, Any]:
+        """The health page's leader check: this process's role and who leads."""
+        if self.kind != "postgres":
+            return {"role": "leader", "leader": None, "epoch": None}
+        if self.switch.leading:
+            address = self.candidate.address if self.candidate else None
+            return {"role": "leader", "leader": address, "epoch": self.epoch}
+        address, epoch = self._leader()
+        return {"role": "standby", "leader": address or None, "epoch": epoch}
+
+    def draining(self) -> bool:
+        return self.service is not None and self.service.draining
+
+    def _site(self) -> Site:
+        facts = {"listen": self.bound, "tls": self.reloader is not None}
+        facts["tenants"] = len(self.cfg.tenants)
+        health = Health(
+            self.authority,
+            self.probe,
+            draining=self.draining,
+            facts=facts,
+            leadership=self.leadership,
+        )
+        return Site(self.authority, self.cfg, self.metrics, health)
+
+    async def bind(self) -> None:
+        self.bound = [_bind(self.server, addr, self.reloader) for addr in self.cfg.listen]
+        if self.cfg.metrics:
+            self.http = HttpServer(routes(self._site()))
+            await self.http.start(self.cfg.metrics)
+
+    def advertise(self) -> str:
+        return self.cfg.ha.advertise or self.bound[0]
+
+    def lead(self, loaded: Loaded | None) -> None:
+        """Load the record (through ``loaded``, a standby's tail), apply the config, serve."""
+        assert self.record is not None
+        self.authority = _open_authority(self.cfg, self.record, loaded)
+        authority = self.authority
+        tenants = apply_config(authority, self.cfg)
+        self.metrics.attach(authority)
+        self.service = GovernorService(authority, self.cfg, tenants, self.metrics, self.loop)
+        for warning in import_bootstrap(authority, self.cfg.coordinator):
+            log.warning(warning)
+        self.coordinator = CoordinatorService(
+            authority, self.service.commits, self.cfg.coordinator.keys, self.metrics, self.loop
+        )
+        self.coordinator.warn = log.warning
+        authority.start_reaper(0.02)
+        self.switch.lead((self.service.handler(), self.coordinator.handler()))
+        self.metrics.leader.set(1)
+        if self.http is not None:
+            self.http.pages = routes(self._site())
+
+    async def close(self, drain_s: float | None) -> None:
+        if self.service is not None:
+            self.service.draining = True  # /health/ready answers 503 from here on
+        if self.coordinator is not None:
+            self.coordinator.stop()
+        await self.server.stop(drain_s)
+        if self.http is not None:
+            await self.http.close()
+        self.probe.close()
+        if self.authority is not None:
+            self.authority.close()
+        elif self.record is not None:
+            self.record.close()
+
+
+async def _elect(proc: _Process, stop: asyncio.Event, announce: Callable[[], None]) -> bool:
+    """On PostgreSQL: campaign until this process leads (True) or is stopped (False)."""
+    assert proc.record is not None
+    backend = proc.record.backend
+    proc.candidate = Candidate(proc.record, backend, proc.cfg.ha, proc.advertise(), holder_id())  # type: ignore[arg-type]
+    elected = await proc.candidate.campaign(stop, first=True)
+    if elected is None and not stop.is_set():
+        address, epoch = proc.candidate.leader()
+        event(
+            log,
+            logging.INFO,
+            f"standby: the leader is {address or 'unknown'} (epoch {epoch})",
+            role="standby",
+            leader=address,
+            epoch=epoch,
+        )
+        proc.metrics.epoch.set(epoch)
+        announce()
+        elected = await proc.candidate.campaign(stop)
+    if elected is None:
+        return False
+    ha = proc.cfg.ha
+    proc.record.fence(renew_every_s=ha.renew_ms / 1000, lease_s=ha.lease_ms / 1000)
+    proc.epoch = elected.epoch
+    proc.metrics.epoch.set(elected.epoch)
+    took = elected.replaced
+    event(
+        log,
+        logging.INFO,
+        f"leading with epoch {elected.epoch}"
+        + (f", taking over from {took.holder} at {took.address}" if took else ""),
+        role="leader",
+        epoch=elected.epoch,
+        replaced=took.holder if took else None,
+        replay_events=len(elected.loaded.events),
+    )
+    proc.lead(elected.loaded)
+    return True
 
 
 async def serve(
@@ -191,76 +333,62 @@ async def serve(
             )
             return 2
     loop = asyncio.get_running_loop()
-    authority = _open_authority(cfg)
-    server = aio.server(
-        options=[
-            ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
-            ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
-            ("grpc.so_reuseport", 0),  # a second governord on the port fails, not shares it
-            *KEEPALIVE_SERVER_OPTIONS,
-        ]
-    )
-    kind, target = cfg.store_kind()
-    probe: StoreProbe = probe_for(kind, target, _pg_app())
-    http: HttpServer | None = None
-    try:
-        tenants = apply_config(authority, cfg)
-        metrics = Metrics()
-        metrics.attach(authority)
-        service = GovernorService(authority, cfg, tenants, metrics, loop)
-        for warning in import_bootstrap(authority, cfg.coordinator):
-            log.warning(warning)
-        coordinator = CoordinatorService(
-            authority, service.commits, cfg.coordinator.keys, metrics, loop
-        )
-        coordinator.warn = log.warning
-        authority.start_reaper(0.02)
-        server.add_generic_rpc_handlers((service.handler(), coordinator.handler()))
-        reloader = CertReloader(cfg.tls) if cfg.tls is not None else None
-        bound = [_bind(server, addr, reloader) for addr in cfg.listen]
-        facts = {"listen": bound, "tls": reloader is not None, "tenants": len(cfg.tenants)}
-        health = Health(authority, probe, draining=lambda: service.draining, facts=facts)
-        http = await _serve_http(cfg, Site(authority, cfg, metrics, health))
-    except BaseException:
-        if http is not None:
-            await http.close()
-        await server.stop(None)
-        probe.close()
-        authority.close()
-        raise
-    await server.start()
+    proc = _Process(cfg, loop)
     stop = asyncio.Event()
+    announced = False
+
+    def announce() -> None:
+        nonlocal announced
+        if announced:
+            return
+        announced = True
+        print(f"LISTENING {' '.join(proc.bound)}", flush=True)
+        if on_listening is not None:
+            on_listening(proc.bound)
+
+    try:
+        proc.record = _open_record(cfg)
+        await proc.bind()
+        if proc.kind != "postgres":
+            proc.lead(None)
+        await proc.server.start()
+    except BaseException:
+        await proc.close(None)
+        raise
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if reloader is not None:
-        loop.add_signal_handler(signal.SIGHUP, reloader.request)
+    if proc.reloader is not None:
+        loop.add_signal_handler(signal.SIGHUP, proc.reloader.request)
     else:
         loop.add_signal_handler(signal.SIGHUP, lambda: _say("SIGHUP: no TLS, nothing to reload"))
-    where = target if kind == "sqlite" else "postgresql"
+    if proc.kind == "postgres":
+        try:
+            leading = await _elect(proc, stop, announce)
+        except BaseException:
+            await proc.close(None)
+            raise
+        if not leading:
+            await proc.close(cfg.drain_s)
+            _say("stopped (a standby)")
+            return 0
+    where = proc.target if proc.kind == "sqlite" else "postgresql"
+    http = proc.http
     event(
         log,
         logging.INFO,
-        f"listening on {', '.join(bound)} ({'TLS' if reloader else 'plaintext'}), "
-        f"store {kind} {where}, {len(cfg.tenants)} tenant(s)"
+        f"listening on {', '.join(proc.bound)} ({'TLS' if proc.reloader else 'plaintext'}), "
+        f"store {proc.kind} {where}, {len(cfg.tenants)} tenant(s)"
         + (f", metrics and health on {http.address}" if http else ""),
-        listen=bound,
-        tls=reloader is not None,
-        store=kind,
+        listen=proc.bound,
+        tls=proc.reloader is not None,
+        store=proc.kind,
         tenants=len(cfg.tenants),
         http=http.address if http else None,
     )
-    print(f"LISTENING {' '.join(bound)}", flush=True)
-    if on_listening is not None:
-        on_listening(bound)
+    announce()
     await stop.wait()
     _say(f"stopping: draining for up to {cfg.drain_s} s")
-    service.draining = True  # /health/ready answers 503 from here on
-    coordinator.stop()
-    await server.stop(cfg.drain_s)
-    if http is not None:
-        await http.close()
-    probe.close()
-    authority.close()
+    await proc.close(cfg.drain_s)
     _say("stopped")
     return 0
 

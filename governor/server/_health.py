@@ -7,9 +7,10 @@
 * **ready** - live, the store answers its own probe (``_probe``), this process is the leader,
   and it is not draining. A load balancer sends calls only to a ready governord.
 
-Leadership: today governord runs alone and is always the leader; issue 18 adds standbys, which
-are live but not ready. ``/health`` answers 200 when ready and 503 otherwise; ``/health/live``
-and ``/health/ready`` answer one question each, for Kubernetes probes.
+Leadership: on SQLite governord runs alone and always leads. On PostgreSQL a standby (no engine
+yet: ``authority`` is None) is live but not ready, and its report names the leader it sends
+clients to (docs/failover.md). ``/health`` answers 200 when ready and 503 otherwise;
+``/health/live`` and ``/health/ready`` answer one question each, for Kubernetes probes.
 """
 
 from __future__ import annotations
@@ -27,29 +28,38 @@ __all__ = ["COMMIT_STALL_S", "Health"]
 COMMIT_STALL_S = 10.0  # events waiting this long for their commit: the writer is wedged
 
 
+def _alone() -> dict[str, Any]:
+    return {"role": "leader", "leader": None, "epoch": None}
+
+
 class Health:
     def __init__(
         self,
-        authority: Authority,
+        authority: Authority | None,
         probe: StoreProbe,
         *,
         draining: Callable[[], bool],
         facts: dict[str, Any] | None = None,
         stall_after_s: float = COMMIT_STALL_S,
+        leadership: Callable[[], dict[str, Any]] = _alone,
     ) -> None:
         self._authority = authority
+        self._leadership = leadership
         self._probe = probe
         self._draining = draining
         self._facts = dict(facts or {})  # listen, tls, tenants: what the page repeats
         self._stall_after_s = stall_after_s
         self._started = time.monotonic()
         self._last_commit = time.monotonic()
-        authority.log.commit_listeners.append(self._on_commit)
+        if authority is not None:
+            authority.log.commit_listeners.append(self._on_commit)
 
     def _on_commit(self, _seq: int, _n: int, _took: float) -> None:
         self._last_commit = time.monotonic()  # the writer thread; a float store is atomic
 
     def _writer(self) -> dict[str, Any]:
+        if self._authority is None:  # a standby writes nothing
+            return {"ok": True, "committed_seq": None, "pending_events": 0}
         committed = self._authority.log.committed_seq
         pending = max(0, self._authority.engine.last_seq - committed)
         since = time.monotonic() - self._last_commit
@@ -75,10 +85,11 @@ class Health:
         if probe.error is not None:
             store["error"] = probe.error
         draining = self._draining()
+        lead = self._leadership()
         checks = {
             "writer": writer,
             "store": store,
-            "leader": {"ok": True, "role": "leader", "standbys": 0},
+            "leader": {"ok": lead["role"] == "leader", **lead},
             "serving": {"ok": not draining, "draining": draining},
         }
         live = writer["ok"]
@@ -87,7 +98,7 @@ class Health:
             "status": "ready" if ready else ("live" if live else "not_live"),
             "live": live,
             "ready": ready,
-            "role": "leader",
+            "role": lead["role"],
             "checks": checks,
             "uptime_s": round(time.monotonic() - self._started, 3),
             **self._facts,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -114,6 +114,14 @@ class Metrics:
             registry=r,
         )
         self.events = Counter("governor_events", "Events by kind", ["kind"], registry=r)
+        self.leader = Gauge(
+            "governor_leader", "1 while this governord leads, 0 while it is a standby", registry=r
+        )
+        self.epoch = Gauge(
+            "governor_leader_epoch",
+            "The leader row's epoch as this process last saw it",
+            registry=r,
+        )
         self.commit_seconds = Histogram(
             "governor_commit_seconds",
             "Duration of one group commit",

@@ -38,9 +38,9 @@ Page = Callable[[], Awaitable[Reply]]
 
 @dataclass(frozen=True, slots=True)
 class Site:
-    """What governord's pages read."""
+    """What governord's pages read (``authority`` is None on a standby: no engine, no UI)."""
 
-    authority: Authority
+    authority: Authority | None
     config: GovernordConfig
     metrics: Metrics
     health: Health
@@ -83,7 +83,11 @@ def routes(site: Site) -> dict[str, Page]:
         "/health": lambda: health_page(site),
         "/health/live": lambda: live_page(site),
         "/health/ready": lambda: ready_page(site),
-        **{path: _threaded(route) for path, route in ui_routes(site.authority).items()},
+        **(
+            {path: _threaded(route) for path, route in ui_routes(site.authority).items()}
+            if site.authority is not None
+            else {}
+        ),
     }
 
 

@@ -6,8 +6,8 @@ SQLite (embedded default: WAL, synchronous FULL) and PostgreSQL (psycopg 3) sit 
 
 from ratemesh.errors import ConfigError
 
-from ._backend import Backend, Batch, Rows
-from ._errors import CommitFailed, StoreError, StoreUnavailable
+from ._backend import Backend, Batch, LeaderRow, Leadership, Rows
+from ._errors import CommitFailed, Deposed, StoreError, StoreUnavailable
 from ._log import EXIT_COMMIT_FAILED, EventLog, Loaded, exit_process
 from ._memory import MemoryBackend
 from ._postgres import PostgresBackend
@@ -18,7 +18,10 @@ __all__ = [
     "Backend",
     "Batch",
     "CommitFailed",
+    "Deposed",
     "EventLog",
+    "LeaderRow",
+    "Leadership",
     "Loaded",
     "MemoryBackend",
     "PostgresBackend",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Backend", "Batch", "Rows"]
+__all__ = ["Backend", "Batch", "LeaderRow", "Leadership", "Rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,23 @@ class Batch:
 class Rows:
     snapshot: tuple[int, str] | None
     events: list[tuple[int, str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderRow:
+    """Who leads, as the database sees it (``renewed_age_ms`` by the database's own clock)."""
+
+    epoch: int
+    holder: str
+    address: str
+    pid: int  # the holder's backend: gone when the holder's process is
+    lease_ms: int
+    renewed_age_ms: int
+    alive: bool  # the holder's backend is still connected
+
+    @property
+    def takeable(self) -> bool:
+        return not self.alive or self.renewed_age_ms > self.lease_ms
 
 
 class Backend(Protocol):
@@ -49,3 +66,17 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class Leadership(Backend, Protocol):
+    """A backend several governords share (PostgreSQL): one leads, fenced by an epoch."""
+
+    epoch: int | None
+
+    def leader(self) -> LeaderRow | None: ...
+
+    def try_lead(self, holder: str, address: str, lease_ms: int) -> int | None: ...
+
+    def step_down(self) -> None: ...
+
+    def read_after(self, snapshot_seq: int, after: int) -> Rows | None: ...

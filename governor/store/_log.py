@@ -9,6 +9,12 @@ Write before reply, in three steps:
 Events are numbered under one lock and written in that order, so the record is always a prefix
 of what happened. A failed commit leaves memory ahead of the record; the log then calls
 ``on_fatal`` (default: exit the process with status 70) and never rolls memory back.
+
+A leader on a shared database (``fence``) also commits an empty batch every ``renew_every_s``
+when idle (each commit renews its leader row), answers ``want_round``: a commit round that
+starts after the ask proves the epoch is still this process's (``Validate`` waits for one), and
+calls ``on_fatal`` when one round has been in the database for longer than the lease: past that
+a standby may have taken over, so the process stops instead of waiting on a partition.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from governor.engine import (
 from governor.engine import _events as ev
 
 from ._backend import Backend, Batch
-from ._errors import CommitFailed
+from ._errors import CommitFailed, Deposed
 
 __all__ = ["EventLog", "Loaded", "exit_process"]
 
@@ -56,10 +62,14 @@ class Loaded:
     events: list[Event]
 
     @property
+    def snapshot_seq(self) -> int:
+        return int(self.snapshot["seq"]) if self.snapshot else 0
+
+    @property
     def last_seq(self) -> int:
         if self.events:
             return self.events[-1].seq
-        return int(self.snapshot["seq"]) if self.snapshot else 0
+        return self.snapshot_seq
 
 
 class EventLog:
@@ -81,16 +91,35 @@ class EventLog:
         self._failed: BaseException | None = None
         self._closing = False
         self._writer: threading.Thread | None = None
+        self._watchdog: threading.Thread | None = None
+        self._renew_every_s: float | None = None
+        self._lease_s: float | None = None
+        self._round = 0  # commit rounds started; a round after ``want_round`` confirms the epoch
+        self._rounds_done = 0
+        self._round_wanted = False
+        self._round_started_at: float | None = None  # monotonic start of the round in flight
         self.batches = 0
         # Called by the writer after each commit, outside the lock: (committed seq, events in
         # the batch, seconds the commit took). The async server resolves its waits here.
         self.commit_listeners: list[Callable[[int, int, float], None]] = []
+        # Called by the writer after each round (the round's number), outside the lock.
+        self.round_listeners: list[Callable[[int], None]] = []
         self.backend.migrate()
 
     # ---- loading ---------------------------------------------------------------------------
 
-    def load(self) -> Loaded:
-        """Read and check the record: a gap, an unknown kind or a misfit snapshot refuses."""
+    def load(self, prior: Loaded | None = None) -> Loaded:
+        """Read and check the record: a gap, an unknown kind or a misfit snapshot refuses.
+
+        ``prior``: what an earlier load read (a standby tailing the log); only the events after
+        it are read, unless a newer snapshot has replaced the one it started from."""
+        if prior is not None and hasattr(self.backend, "read_after"):
+            rows = self.backend.read_after(prior.snapshot_seq, prior.last_seq)
+            if rows is not None:
+                more = _decode(rows.events, prior.last_seq + 1)
+                loaded = Loaded(prior.snapshot, prior.events + more)
+                self._committed = self._appended = loaded.last_seq
+                return loaded
         rows = self.backend.read()
         snapshot = None
         start = 1
@@ -103,26 +132,34 @@ class EventLog:
             if not isinstance(snapshot, dict) or snapshot.get("seq") != seq:
                 raise SnapshotMismatch(f"snapshot row says seq {seq}, its state says otherwise")
             start = seq + 1
-        events: list[Event] = []
-        for i, (seq, kind, payload) in enumerate(rows.events):
-            expected = start + i
-            if seq != expected:
-                if i == 0 and seq < start:
-                    raise SnapshotMismatch(
-                        f"event {seq} is covered by the snapshot at {start - 1} but was not deleted"
-                    )
-                raise LogGap(f"event log has a gap: expected seq {expected}, found {seq}")
-            try:
-                data = json.loads(payload)
-            except ValueError as exc:
-                raise UnknownEventKind(f"event {seq} payload is not JSON") from exc
-            event = decode_event(kind, data)
-            if event.seq != seq:
-                raise LogGap(f"event row {seq} carries seq {event.seq}")
-            events.append(event)
-        loaded = Loaded(snapshot, events)
+        if rows.events and rows.events[0][0] < start:
+            raise SnapshotMismatch(
+                f"event {rows.events[0][0]} is covered by the snapshot at {start - 1} but was not "
+                "deleted"
+            )
+        loaded = Loaded(snapshot, _decode(rows.events, start))
         self._committed = self._appended = loaded.last_seq
         return loaded
+
+    # ---- leadership (a shared database) ------------------------------------------------------
+
+    def fence(self, *, renew_every_s: float, lease_s: float) -> None:
+        """This process leads: renew when idle, and stop if a round outlives the lease."""
+        self._renew_every_s = renew_every_s
+        self._lease_s = lease_s
+
+    def want_round(self) -> int:
+        """The round whose completion proves this process still leads (0: nothing to prove)."""
+        if self._lease_s is None:
+            return 0
+        with self._lock:
+            self._round_wanted = True
+            self._work.notify()
+            return self._round + 1
+
+    @property
+    def rounds_done(self) -> int:
+        return self._rounds_done
 
     # ---- the hot path (under the engine lock: no I/O) ---------------------------------------
 
@@ -160,6 +197,29 @@ class EventLog:
     def start(self) -> None:
         self._writer = threading.Thread(target=self._run, name="governor-writer", daemon=True)
         self._writer.start()
+        if self._lease_s is not None:
+            self._watchdog = threading.Thread(
+                target=self._watch, name="governor-watchdog", daemon=True
+            )
+            self._watchdog.start()
+
+    def _watch(self) -> None:
+        """A round in the database for longer than the lease: this process may be deposed."""
+        assert self._lease_s is not None
+        lease_s = self._lease_s
+        while not self._closing and self._failed is None:
+            time.sleep(min(0.05, lease_s / 10))
+            started = self._round_started_at
+            if started is not None and time.monotonic() - started > lease_s:
+                exc = Deposed(
+                    f"a commit has waited on the database for more than the {lease_s * 1000:.0f}"
+                    " ms leader lease; a standby may lead now"
+                )
+                with self._lock:
+                    self._failed = exc
+                    self._done.notify_all()
+                self._on_fatal(exc)
+                return
 
     def close(self) -> None:
         """Commit what is pending, stop the writer, close the database."""
@@ -170,16 +230,26 @@ class EventLog:
             self._writer.join()
         self.backend.close()
 
+    def _has_work(self) -> bool:
+        return bool(self._pending) or self._snapshot is not None or self._round_wanted
+
     def _run(self) -> None:
         while True:
             with self._lock:
-                self._work.wait_for(
-                    lambda: self._pending or self._snapshot is not None or self._closing
+                got = self._work.wait_for(
+                    lambda: self._has_work() or self._closing, self._renew_every_s
                 )
-                if not self._pending and self._snapshot is None:
+                if self._closing and not self._has_work():
                     return
+                renewing = not got  # idle past the renew interval: an empty round renews
+                if not (self._has_work() or renewing):
+                    continue
                 events, self._pending = self._pending, []
                 snapshot, self._snapshot = self._snapshot, None
+                self._round += 1
+                this_round = self._round
+                self._round_wanted = False
+                self._round_started_at = time.monotonic()
             started = time.perf_counter()
             try:
                 self.backend.commit(self._batch(events, snapshot))
@@ -190,14 +260,19 @@ class EventLog:
                 self._on_fatal(exc)
                 return
             with self._lock:
+                self._round_started_at = None
+                self._rounds_done = this_round
                 if events:
                     self._committed = events[-1].seq
                 self.batches += 1
                 self._done.notify_all()
                 committed = self._committed
             took = time.perf_counter() - started
-            for listener in self.commit_listeners:
-                listener(committed, len(events), took)
+            if events or snapshot is not None:
+                for listener in self.commit_listeners:
+                    listener(committed, len(events), took)
+            for on_round in self.round_listeners:
+                on_round(this_round)
 
     @staticmethod
     def _batch(events: list[Event], snapshot: tuple[int, dict[str, Any]] | None) -> Batch:
@@ -215,3 +290,21 @@ class EventLog:
         if snapshot is not None:
             snap = (snapshot[0], json.dumps(snapshot[1], separators=(",", ":")))
         return Batch(rows, tokens, ended, snap)
+
+
+def _decode(rows: list[tuple[int, str, str]], start: int) -> list[Event]:
+    """Event rows from ``start`` on, checked: contiguous, known kinds, their own seq."""
+    events: list[Event] = []
+    for i, (seq, kind, payload) in enumerate(rows):
+        expected = start + i
+        if seq != expected:
+            raise LogGap(f"event log has a gap: expected seq {expected}, found {seq}")
+        try:
+            data = json.loads(payload)
+        except ValueError as exc:
+            raise UnknownEventKind(f"event {seq} payload is not JSON") from exc
+        event = decode_event(kind, data)
+        if event.seq != seq:
+            raise LogGap(f"event row {seq} carries seq {event.seq}")
+        events.append(event)
+    return events

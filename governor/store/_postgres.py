@@ -1,18 +1,30 @@
-"""PostgreSQL backend (psycopg 3): for a governord that serves several machines.
+"""PostgreSQL backend (psycopg 3): for a governord that serves several machines, with standbys.
 
 All tables live in one schema (default ``governor``), so tests and several deployments can share
 a database. Commits use the server's default ``synchronous_commit = on``.
+
+Leadership (docs/failover.md) is the ``leader`` row: an epoch, the holder, the address clients
+are sent to, the holder's backend pid and when it last renewed, by the database's clock. Every
+commit first renews the row *for its own epoch* inside its transaction, so a deposed leader's
+commit changes nothing and fails (``Deposed``). A standby takes the row (epoch + 1) when its
+holder's backend is gone (a killed process's connection closes at once) or its renewal is older
+than its lease; it terminates the old holder's backend first, so a commit that hangs in a
+partition rolls back instead of blocking the takeover.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 from psycopg import sql
 
-from ._backend import Batch, Rows
-from ._errors import CommitFailed, StoreUnavailable
+from ._backend import Batch, LeaderRow, Rows
+from ._errors import CommitFailed, Deposed, StoreUnavailable
 
 __all__ = ["PostgresBackend"]
+
+TAKEOVER_LOCK_TIMEOUT_MS = 2000  # a takeover waits this long for the leader row, then retries
 
 MIGRATIONS: list[list[str]] = [
     [
@@ -23,7 +35,24 @@ MIGRATIONS: list[list[str]] = [
         "CREATE TABLE {s}.tokens (sha256 TEXT PRIMARY KEY, session_id BIGINT NOT NULL)",
         "CREATE INDEX ON {s}.tokens (session_id)",
     ],
+    [
+        "CREATE TABLE {s}.leader (id INTEGER PRIMARY KEY CHECK (id = 1), epoch BIGINT NOT NULL,"
+        " holder TEXT NOT NULL, address TEXT NOT NULL, pid INTEGER NOT NULL,"
+        " lease_ms INTEGER NOT NULL, renewed_at TIMESTAMPTZ NOT NULL)",
+    ],
 ]
+
+_LEADER_ROW = (
+    "SELECT epoch, holder, address, pid, lease_ms,"
+    " (extract(epoch FROM now() - renewed_at) * 1000)::bigint,"
+    " EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.pid)"
+    " FROM {s}.leader l WHERE id = 1"
+)
+# The row may be taken when its holder's backend is gone or its lease has run out.
+_TAKEABLE = (
+    "(NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.pid)"
+    " OR now() - renewed_at > make_interval(secs => lease_ms / 1000.0))"
+)
 
 
 class PostgresBackend:
@@ -39,6 +68,7 @@ class PostgresBackend:
             raise StoreUnavailable(f"postgres: {exc}") from exc
         self.schema = schema
         self._s = sql.Identifier(schema)
+        self.epoch: int | None = None  # set once this process leads: every commit checks it
 
     def _q(self, text: str) -> sql.Composed:
         return sql.SQL(text).format(s=self._s)
@@ -75,6 +105,8 @@ class PostgresBackend:
         try:
             with self._conn.transaction():
                 cur = self._conn.cursor()
+                if self.epoch is not None:
+                    self._fence(cur, self.epoch)
                 if batch.events:
                     with cur.copy(
                         self._q("COPY {s}.events (seq, kind, payload) FROM STDIN")
@@ -108,6 +140,123 @@ class PostgresBackend:
         except psycopg.Error as exc:
             raise CommitFailed(f"postgres commit failed: {exc}") from exc
 
+    def _fence(self, cur: psycopg.Cursor[Any], epoch: int) -> None:
+        """Renew the leader row for ``epoch``, inside the commit's transaction, or refuse."""
+        cur.execute(
+            self._q("UPDATE {s}.leader SET renewed_at = now() WHERE id = 1 AND epoch = %s"),
+            (epoch,),
+        )
+        if cur.rowcount != 1:
+            cur.execute(self._q("SELECT epoch, address FROM {s}.leader WHERE id = 1"))
+            row = cur.fetchone()
+            who = f"epoch {row[0]} at {row[1]}" if row else "nobody"
+            raise Deposed(f"this governord (epoch {epoch}) was deposed; the leader is {who}")
+
+    # ---- leadership ------------------------------------------------------------------------
+
+    def leader(self) -> LeaderRow | None:
+        """The leader row as the database sees it now (None: nobody ever led)."""
+        try:
+            cur = self._conn.cursor()
+            cur.execute(self._q(_LEADER_ROW))
+            row = cur.fetchone()
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"postgres: cannot read the leader row: {exc}") from exc
+        if row is None:
+            return None
+        epoch, holder, address, pid, lease_ms, age_ms, alive = row
+        return LeaderRow(
+            int(epoch), str(holder), str(address), int(pid), int(lease_ms), int(age_ms), bool(alive)
+        )
+
+    def try_lead(self, holder: str, address: str, lease_ms: int) -> int | None:
+        """Take the leader row if nobody holds it, or its holder is gone or out of lease:
+        the new epoch, or None (someone else leads). The holder's backend is terminated first,
+        so a commit of the old leader that hangs (a partition) rolls back instead of waiting."""
+        try:
+            with self._conn.transaction():
+                cur = self._conn.cursor()
+                cur.execute(f"SET LOCAL lock_timeout = {TAKEOVER_LOCK_TIMEOUT_MS}")
+                cur.execute(
+                    self._q(
+                        "INSERT INTO {s}.leader (id, epoch, holder, address, pid, lease_ms,"
+                        " renewed_at) VALUES (1, 1, %s, %s, pg_backend_pid(), %s, now())"
+                        " ON CONFLICT (id) DO NOTHING RETURNING epoch"
+                    ),
+                    (holder, address, lease_ms),
+                )
+                row = cur.fetchone()
+                if row is not None:
+                    self.epoch = int(row[0])
+                    return self.epoch
+                cur.execute(
+                    self._q("SELECT l.epoch, l.pid FROM {s}.leader l WHERE id = 1 AND " + _TAKEABLE)
+                )
+                seen = cur.fetchone()
+            if seen is None:
+                return None
+            old_epoch, old_pid = int(seen[0]), int(seen[1])
+            self._terminate(old_pid)
+            with self._conn.transaction():
+                cur = self._conn.cursor()
+                cur.execute(f"SET LOCAL lock_timeout = {TAKEOVER_LOCK_TIMEOUT_MS}")
+                cur.execute(
+                    self._q(
+                        "UPDATE {s}.leader l SET epoch = epoch + 1, holder = %s, address = %s,"
+                        " pid = pg_backend_pid(), lease_ms = %s, renewed_at = now()"
+                        " WHERE id = 1 AND epoch = %s AND " + _TAKEABLE + " RETURNING epoch"
+                    ),
+                    (holder, address, lease_ms, old_epoch),
+                )
+                row = cur.fetchone()
+        except psycopg.errors.LockNotAvailable:
+            return None  # the old holder's transaction still holds the row: try again later
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"postgres: taking the leader row failed: {exc}") from exc
+        if row is None:
+            return None
+        self.epoch = int(row[0])
+        return self.epoch
+
+    def _terminate(self, pid: int) -> None:
+        """End the old holder's backend, if it is still there (and ours to end)."""
+        if pid == self._conn.info.backend_pid:
+            return
+        try:
+            self._conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        except psycopg.Error:
+            pass  # not allowed (another role): the takeover waits out the row lock instead
+
+    def step_down(self) -> None:
+        """A clean stop: give the row up (its lease ends now), so a standby takes over at once."""
+        if self.epoch is None:
+            return
+        try:
+            self._conn.execute(
+                self._q(
+                    "UPDATE {s}.leader SET renewed_at = '-infinity' WHERE id = 1 AND epoch = %s"
+                ),
+                (self.epoch,),
+            )
+        except psycopg.Error:
+            pass  # the database is gone: the lease runs out by itself
+        self.epoch = None
+
+    def read_after(self, snapshot_seq: int, after: int) -> Rows | None:
+        """Events after ``after`` if the snapshot row is still the one at ``snapshot_seq``
+        (a standby tailing the log); None if a newer snapshot replaced it (read it all again)."""
+        cur = self._conn.cursor()
+        cur.execute(self._q("SELECT seq FROM {s}.snapshot WHERE id = 1"))
+        snap = cur.fetchone()
+        if (int(snap[0]) if snap else 0) != snapshot_seq:
+            return None
+        cur.execute(
+            self._q("SELECT seq, kind, payload FROM {s}.events WHERE seq > %s ORDER BY seq"),
+            (after,),
+        )
+        events = [(int(a), str(b), str(c)) for a, b, c in cur.fetchall()]
+        return Rows(None, events)
+
     def token_session(self, sha256: str) -> int | None:
         cur = self._conn.cursor()
         cur.execute(self._q("SELECT session_id FROM {s}.tokens WHERE sha256 = %s"), (sha256,))
@@ -130,4 +279,5 @@ class PostgresBackend:
         self._conn.execute(self._q("DROP SCHEMA IF EXISTS {s} CASCADE"))
 
     def close(self) -> None:
+        self.step_down()
         self._conn.close()
