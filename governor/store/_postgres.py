@@ -234,7 +234,7 @@ class PostgresBackend:
         try:
             self._conn.execute(
                 self._q(
-                    "UPDATE {s}.leader SET renewed_at = '-infinity' WHERE id = 1 AND epoch = %s"
+                    "UPDATE {s}.leader SET renewed_at = 'epoch' WHERE id = 1 AND epoch = %s"
                 ),
                 (self.epoch,),
             )

@@ -93,3 +93,21 @@ def test_coordinator_keys_scopes_and_bootstrap_file(tmp_path: Path) -> None:
                 env={"K_A": "a", "K_C": "c"},
             )
         assert e.value.key == key, (section, str(e.value))
+
+
+def test_ha_settings_need_postgresql_and_a_renewal_well_inside_the_lease() -> None:
+    pg = "postgresql://127.0.0.1/test"
+    cfg = parse_config({"store": pg}, env={})
+    assert (cfg.ha.lease_ms, cfg.ha.renew_ms, cfg.ha.advertise) == (1500, 250, None)
+    cfg = parse_config(
+        {"store": pg, "ha": {"lease_ms": 900, "renew_ms": 300, "advertise": "gov-1:7443"}}, env={}
+    )
+    assert (cfg.ha.lease_ms, cfg.ha.renew_ms, cfg.ha.advertise) == (900, 300, "gov-1:7443")
+    with pytest.raises(ConfigError, match="^ha: standbys need a postgresql store"):
+        parse_config({"store": "sqlite:/tmp/g.db", "ha": {}}, env={})
+    with pytest.raises(ConfigError, match="^ha.renew_ms: must be at most a third"):
+        parse_config({"store": pg, "ha": {"lease_ms": 900, "renew_ms": 301}}, env={})
+    with pytest.raises(ConfigError, match="^ha.lease_ms"):
+        parse_config({"store": pg, "ha": {"lease_ms": 10}}, env={})
+    with pytest.raises(ConfigError, match="^ha.lease: unknown key"):
+        parse_config({"store": pg, "ha": {"lease": 900}}, env={})
