@@ -60,7 +60,13 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("--dsn", default=None, help="PostgreSQL DSN for the overhead figures")
     sc.add_argument("--quick", action="store_true", help="smaller runs (tests)")
     sc.add_argument("--only", default=None, help="comma-separated scenario names")
-    for b in (eng, st, sc):
+    fo = bsub.add_parser("failover", help="leader failovers under load, checked by the clients")
+    fo.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: 127.0.0.1:5432/test)")
+    fo.add_argument("--failovers", type=int, default=20)
+    fo.add_argument("--callers", type=int, default=16)
+    fo.add_argument("--seed", type=int, default=0)
+    fo.add_argument("--history", default=None, help="save the recorded history (JSON) here")
+    for b in (eng, st, sc, fo):
         b.add_argument("--json", action="store_true", help="print JSON (the default)")
         b.add_argument("--table", action="store_true", help="print a table instead of JSON")
     hook = sub.add_parser("hook", help="a PreToolUse hook for agent CLIs (governor/hook.py)")
@@ -150,6 +156,18 @@ def _dispatch(args: argparse.Namespace) -> int:
 
             only = args.only.split(",") if args.only else None
             _emit(scenarios.run(dsn=args.dsn, quick=args.quick, only=only), args.table)
+            return 0
+        if args.bench == "failover":
+            from governor.bench import failover
+
+            params = failover.Params(
+                failovers=check_int("--failovers", args.failovers, minimum=1),
+                callers=check_int("--callers", args.callers, minimum=1),
+                seed=check_int("--seed", args.seed, minimum=0),
+                dsn=args.dsn or failover.DEFAULT_DSN,
+                history_path=args.history,
+            )
+            _emit(failover.run(params), args.table)
             return 0
         if args.bench == "engine":
             from governor.bench import engine

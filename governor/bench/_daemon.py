@@ -28,12 +28,22 @@ def _free_port() -> int:
 class Governord:
     """``with Governord(store, root_limits=..., adaptive=...) as g: g.addr``."""
 
-    def __init__(self, store: str = "sqlite", *, dsn: str | None = None, **config: Any) -> None:
+    def __init__(
+        self,
+        store: str = "sqlite",
+        *,
+        dsn: str | None = None,
+        schema: str | None = None,
+        **config: Any,
+    ) -> None:
+        """``schema``: a PostgreSQL schema several processes share (leader and standbys); the
+        caller then drops it (``__exit__`` drops only a schema of this process's own)."""
         self._dir = tempfile.TemporaryDirectory(prefix="governord-scenario-")
         where = Path(self._dir.name)
         self.port = _free_port()
         self.addr = f"127.0.0.1:{self.port}"
-        self.schema = f"governor_scen_{os.getpid()}_{self.port}"
+        self.shared = schema is not None
+        self.schema = schema or f"governor_scen_{os.getpid()}_{self.port}"
         self.dsn = dsn
         target = {"sqlite": f"sqlite:{where / 'governor.db'}", "memory": "memory:"}.get(
             store, dsn or ""
@@ -80,13 +90,17 @@ class Governord:
         if self.proc is not None and self.proc.stdout is not None:
             self.proc.stdout.close()
 
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
     def __enter__(self) -> Governord:
         self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
-        if self.store == "postgres" and self.dsn:
+        if self.store == "postgres" and self.dsn and not self.shared:
             import psycopg
 
             with psycopg.connect(self.dsn, autocommit=True) as conn:

@@ -233,9 +233,7 @@ class PostgresBackend:
             return
         try:
             self._conn.execute(
-                self._q(
-                    "UPDATE {s}.leader SET renewed_at = 'epoch' WHERE id = 1 AND epoch = %s"
-                ),
+                self._q("UPDATE {s}.leader SET renewed_at = 'epoch' WHERE id = 1 AND epoch = %s"),
                 (self.epoch,),
             )
         except psycopg.Error:
