@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 from governor.engine import (
     Denial,
@@ -25,12 +25,19 @@ from governor.engine import (
 from governor.engine import _events as ev
 from governor.store import EventLog, Loaded
 
-__all__ = ["Authority", "WallClock"]
+__all__ = ["Authority", "Step", "WallClock"]
 
 T = TypeVar("T")
 # Events after which a queued acquire may have an outcome (a grant, or a denial because its
 # session or node ended).
 _ENDS_WAITS = (ev.SessionClosed, ev.SessionExpired, ev.NodeEnded)
+
+
+class Step(NamedTuple):
+    result: Any
+    error: GovernorError | None
+    seq: int  # reply once this is committed
+    wrote: bool  # the step recorded events (its commit proves the epoch)
 
 
 class WallClock:
@@ -96,21 +103,25 @@ class Authority:
             self._since_snapshot = 0
         return seq
 
-    def step(self, fn: Callable[[Engine], T]) -> tuple[T | None, GovernorError | None, int]:
+    def step(self, fn: Callable[[Engine], T]) -> Step:
         """Run ``fn(engine)`` as one atomic step without waiting for the record.
 
-        Returns ``(result, error, seq)``: the caller must not reply before ``seq`` is committed
-        (the async server awaits it instead of blocking a thread in ``log.wait``).
+        Returns ``(result, error, seq, wrote)``: the caller must not reply before ``seq`` is
+        committed (the async server awaits it instead of blocking a thread in ``log.wait``).
+        ``wrote`` is False when the step recorded nothing (a read, a denial, a resend): on a
+        shared database its answer is a read, which the server confirms before replying.
         """
         error: GovernorError | None = None
         result: T | None = None
         with self._lock:
+            before = self.engine.last_seq
             try:
                 result = fn(self.engine)
             except GovernorError as exc:
                 error = exc
+            wrote = self.engine.last_seq != before
             seq = self._seq_to_wait_for()
-        return result, error, seq
+        return Step(result, error, seq, wrote)
 
     def read(self, fn: Callable[[Engine], T]) -> T:
         """Run a read-only ``fn(engine)`` under the lock (metrics, watches); no record to wait."""
@@ -123,11 +134,11 @@ class Authority:
         A caller error is raised only after the record has caught up too: the call may have
         brought time up to date first (an expiry, say), and its answer can depend on that.
         """
-        result, error, seq = self.step(fn)
+        result, error, seq, _ = self.step(fn)
         self.log.wait(seq)
         if error is not None:
             raise error
-        return result  # type: ignore[return-value]
+        return cast(T, result)
 
     def acquire(
         self,

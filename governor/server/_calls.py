@@ -358,8 +358,7 @@ class CallsMixin:
 
     async def _Validate(self, who: Principal | None, b: dict[str, Any]) -> dict[str, Any]:
         status = await self._step(lambda e: e.validate(b["lease_id"]))
-        assert isinstance(status, LeaseStatus)
-        await self.commits.confirm()  # a deposed leader must not call a lease live
+        assert isinstance(status, LeaseStatus)  # _step confirmed the epoch: a read
         return {
             "lease_id": status.lease_id,
             "live": status.live,

@@ -142,8 +142,10 @@ class CoordinatorService:
             )
 
     async def _step(self, fn: Callable[[Engine], Any]) -> Any:
-        result, error, seq = self.authority.step(fn)
+        result, error, seq, wrote = self.authority.step(fn)
         await self.commits.wait(seq)
+        if not wrote:  # a read: on a shared database, prove this process still leads
+            await self.commits.confirm()
         if error is not None:
             raise error_fail(error)
         return result
@@ -153,6 +155,7 @@ class CoordinatorService:
         everything up to that moment (memory may run ahead of the record; a reply never)."""
         result, seq = self.authority.read(lambda e: (fn(e), e.last_seq))
         await self.commits.wait(seq)
+        await self.commits.confirm()
         return result
 
     # ---- the calls -------------------------------------------------------------------------

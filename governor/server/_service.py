@@ -125,8 +125,10 @@ class GovernorService(CallsMixin):
                     self._ended_tokens.popitem(last=False)
 
     async def _step(self, fn: Callable[[Engine], Any]) -> Any:
-        result, error, seq = self.authority.step(fn)
+        result, error, seq, wrote = self.authority.step(fn)
         await self.commits.wait(seq)
+        if not wrote:  # a read: on a shared database, prove this process still leads
+            await self.commits.confirm()
         if error is not None:
             raise error
         return result

@@ -258,7 +258,7 @@ def test_a_writer_that_cannot_commit_is_not_live_until_it_commits_again(tmp_path
         assert (await health.report())["live"] is True
         blocker.execute("BEGIN EXCLUSIVE")
         try:
-            _, error, seq = authority.step(lambda e: e.open_session(ROOT_ID, 60_000, "f" * 64))
+            _, error, seq, _ = authority.step(lambda e: e.open_session(ROOT_ID, 60_000, "f" * 64))
             assert error is None and seq > log.committed_seq
             await asyncio.sleep(0.6)
             report = await health.report()

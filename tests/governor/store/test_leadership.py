@@ -150,7 +150,8 @@ def test_a_standby_tails_the_record_and_takes_over_with_all_of_it(pg: StoreTarge
     tail = standby_log.load()
     try:
         for i in range(5):
-            leader.call(lambda e, i=i: e.set_quota(None, ROOT_ID, f"r{i}", 10, None))
+            name = f"r{i}"
+            leader.call(lambda e: e.set_quota(None, ROOT_ID, name, 10, None))  # noqa: B023
         tail = standby_log.load(tail)  # only what is new
         assert tail.last_seq == leader.engine.last_seq
         leader.snapshot_now()  # a snapshot replaces the events it covers: read it all again
