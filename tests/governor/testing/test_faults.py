@@ -298,13 +298,18 @@ def test_grpc_through_the_proxy_with_a_delay_a_blackhole_and_a_cut() -> None:
 
 
 @pytest.fixture
-def netns() -> Iterator[Netns]:
+def netns_ok() -> None:
+    """Skip without root, iproute2 or iptables; under CI=true, fail instead."""
     try:
         faults.check_available()
     except NetnsUnavailable as exc:
         if os.environ.get("CI") == "true":
             pytest.fail(f"the namespace tests need root, iproute2 and iptables: {exc}")
         pytest.skip(str(exc))
+
+
+@pytest.fixture
+def netns(netns_ok: None) -> Iterator[Netns]:
     with Netns() as ns:
         yield ns
 
@@ -414,3 +419,54 @@ def test_a_partition_hangs_the_query_inside_and_healing_completes_it(
     assert _line(p, HEAL_S) == "2", "the held query did not complete after healing"
     p.stdin.close()
     assert p.wait(HEAL_S) == 0
+
+
+def _exists(name: str) -> bool:
+    listed = subprocess.run(
+        [faults.check_available()[0], "netns", "list"], capture_output=True, text=True, timeout=30
+    ).stdout
+    return any(line.split(" ", 1)[0] == name for line in listed.splitlines())
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("netns_ok")
+def test_cleanup_deletes_the_namespace_veth_and_processes_after_a_failure() -> None:
+    with pytest.raises(RuntimeError, match="the body failed"):
+        with Netns() as ns:
+            name, veth = ns.name, ns.host_if
+            p = ns.popen(["sleep", "600"])
+            ns.partition(True)
+            raise RuntimeError("the body failed")
+    assert p.poll() is not None, "a process started inside outlived the namespace"
+    assert not _exists(name)
+    link = subprocess.run(
+        [faults.check_available()[0], "link", "show", veth], capture_output=True, timeout=30
+    )
+    assert link.returncode != 0, f"the veth {veth} outlived the namespace"
+
+
+@pytest.mark.slow
+def test_namespaces_of_a_dead_process_are_swept(netns: Netns) -> None:
+    ip = faults.check_available()[0]
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"govf-{dead.pid}-0"
+    subprocess.run([ip, "netns", "add", stale], check=True, capture_output=True, timeout=30)
+    try:
+        assert stale in faults.sweep_stale()
+        assert not _exists(stale)
+        assert _exists(netns.name), "a live process's namespace was swept"
+    finally:
+        subprocess.run([ip, "netns", "del", stale], capture_output=True, timeout=30)
+
+
+def test_a_missing_tool_or_root_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from governor.testing.faults._netns import tool
+
+    with pytest.raises(NetnsUnavailable, match="`no-such-tool-here` is not installed"):
+        tool("no-such-tool-here")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(NetnsUnavailable, match="need root"):
+        Netns().create()
+    with pytest.raises(faults.NetnsError, match="not created"):
+        Netns().partition(True)
