@@ -241,6 +241,9 @@ class Client:
         await self.call("Consume", body)
 
     async def acquire_at(self, node_id: int, cls: str, timeout: float | None = None) -> Lease:
+        """One lease of ``cls`` at ``node_id``, waiting in the fair queue (at most ``timeout``
+        seconds). A wait cut by a leader change raises LeaderChanged (an Unavailable): the
+        caller holds no lease and may retry; it is not queued again behind its back."""
         body: dict[str, Any] = {"node_id": node_id, "cls": cls, "request_id": _rid()}
         if timeout is not None:
             body["timeout_ms"] = int(timeout * 1000)
