@@ -13,7 +13,7 @@ import asyncio
 import contextvars
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -76,13 +76,15 @@ def _rid() -> str:
 
 class Client:
     """``async with Client() as client:`` dials with arguments or GOVERNOR_* variables.
+    ``addr`` may name several governords ("a:7443,b:7443", or a list): calls follow the
+    leader, and the session (its token is in the shared record) carries on across a takeover.
 
     Short calls share one Multiplex stream (many per message); ``multiplex=False`` gives each
     call a unary call of its own (same answers, same errors, more CPU per call)."""
 
     def __init__(
         self,
-        addr: str | None = None,
+        addr: str | Sequence[str] | None = None,
         api_key: str | None = None,
         *,
         tls: bool | None = None,
@@ -239,6 +241,9 @@ class Client:
         await self.call("Consume", body)
 
     async def acquire_at(self, node_id: int, cls: str, timeout: float | None = None) -> Lease:
+        """One lease of ``cls`` at ``node_id``, waiting in the fair queue (at most ``timeout``
+        seconds). A wait cut by a leader change raises LeaderChanged (an Unavailable): the
+        caller holds no lease and may retry; it is not queued again behind its back."""
         body: dict[str, Any] = {"node_id": node_id, "cls": cls, "request_id": _rid()}
         if timeout is not None:
             body["timeout_ms"] = int(timeout * 1000)

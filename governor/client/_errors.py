@@ -10,6 +10,7 @@ GovernorClientError
 ├── RequestError            a malformed call or argument (INVALID_ARGUMENT, NOT_FOUND, ...)
 ├── AcquireTimeout          no lease within the timeout
 └── Unavailable             governord could not be reached before giving up
+    └── LeaderChanged       a waiting acquire was cut by a leader change (not resent: retry)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "AuthError",
     "Denied",
     "GovernorClientError",
+    "LeaderChanged",
     "LeaseEnded",
     "NodeEnded",
     "RequestError",
@@ -78,3 +80,9 @@ class AcquireTimeout(GovernorClientError):
 
 class Unavailable(GovernorClientError):
     pass
+
+
+class LeaderChanged(Unavailable):
+    """A waiting ``Acquire`` lost its governord (deposed, or gone) while it waited. Its wait
+    lived in that process's fair queue, so it is not resent behind the caller's back: the
+    caller retries (or not) knowing it waited and has no lease."""

@@ -1,5 +1,6 @@
-"""The SDK's transport: a grpc aio channel, msgpack bodies, status -> SDK error, and resends
-with the same request id while governord is unavailable (a restart, a network blip).
+"""The SDK's transport: grpc aio channels, msgpack bodies, status -> SDK error, and resends
+with the same request id while governord is unavailable (a restart, a network blip, a
+takeover: with several addresses, calls follow the leader, see ``Rpc``).
 
 The short calls travel on Multiplex (``_mux``), many per message; ``OpenSession`` (which
 establishes the credentials a stream carries), the waiting ``Acquire`` and the ``WatchNode``
@@ -10,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from ._errors import (
     AuthError,
     Denied,
     GovernorClientError,
+    LeaderChanged,
     LeaseEnded,
     NodeEnded,
     RequestError,
@@ -34,41 +36,72 @@ from ._errors import (
 )
 from ._mux import CallFailed, Metadata, Mux, status_of
 
-__all__ = ["Dial", "Rpc", "translate", "translate_status"]
+__all__ = ["Dial", "Rpc", "split_addrs", "translate", "translate_status"]
 
 _RESEND = {grpc.StatusCode.UNAVAILABLE}
 BACKOFF_MIN_S = 0.02
 BACKOFF_MAX_S = 0.5
+ADDRS_MAX = 16  # governords one client may name (one record: a leader and its standbys)
+NOT_LEADER = "not_leader"  # a standby's (or deposed leader's) reason; ``leader``: the hint
+# Calls that wait in the leader's memory (its fair queue): one cut by a leader change is not
+# resent behind the caller's back (LeaderChanged), see Rpc.call.
+_WAITING = frozenset({"Acquire"})
+
+
+def split_addrs(addr: str | Sequence[str], where: str = "addr") -> tuple[str, ...]:
+    """``"a:1,b:2"`` (or a sequence of them) as a tuple of addresses, duplicates dropped;
+    ValueError naming ``where`` for an empty one."""
+    parts = addr.split(",") if isinstance(addr, str) else list(addr)
+    out: list[str] = []
+    for part in parts:
+        if not isinstance(part, str) or not part.strip():
+            raise ValueError(f"{where}: {addr!r} names an empty address (want host:port,...)")
+        if part.strip() not in out:
+            out.append(part.strip())
+    if len(out) > ADDRS_MAX:
+        raise ValueError(f"{where}: {len(out)} addresses; at most {ADDRS_MAX}")
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
 class Dial:
-    """Where and how to reach governord; ``from_env`` reads the GOVERNOR_* variables."""
+    """Where and how to reach governord; ``from_env`` reads the GOVERNOR_* variables.
+
+    ``addr`` is one ``host:port`` or several, comma-separated: the governords that share one
+    record (a leader and its standbys); ``addrs`` is that list. Calls follow the leader."""
 
     addr: str
     api_key: str
     tls: bool = False
     ca_file: str | None = None
     server_name: str | None = None
+    addrs: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        addrs = split_addrs(self.addr)
+        object.__setattr__(self, "addrs", addrs)
+        object.__setattr__(self, "addr", ",".join(addrs))
 
     @classmethod
     def from_env(
         cls,
-        addr: str | None = None,
+        addr: str | Sequence[str] | None = None,
         api_key: str | None = None,
         tls: bool | None = None,
         ca_file: str | None = None,
         server_name: str | None = None,
     ) -> Dial:
         env = os.environ
+        where = "addr" if addr else "GOVERNOR_ADDR"
         addr = addr or env.get("GOVERNOR_ADDR") or "127.0.0.1:7443"
+        joined = ",".join(split_addrs(addr, where))
         key = api_key or env.get("GOVERNOR_API_KEY")
         if not key:
             raise AuthError("no API key: pass api_key= or set GOVERNOR_API_KEY")
         ca_file = ca_file or env.get("GOVERNOR_CA_FILE")
         if tls is None:
             tls = env.get("GOVERNOR_TLS", "").lower() in ("1", "true", "yes") or bool(ca_file)
-        return cls(addr, key, tls, ca_file, server_name)
+        return cls(joined, key, tls, ca_file, server_name)
 
 
 def translate(err: grpc.RpcError) -> GovernorClientError:
@@ -106,7 +139,14 @@ def translate_status(
 
 
 class Rpc:
-    """Calls to governord. ``multiplex=False`` sends every call on its own (unary) call."""
+    """Calls to governord. ``multiplex=False`` sends every call on its own (unary) call.
+
+    With several addresses: one channel each (opened at first use), and calls go to the
+    current one (``leader``). UNAVAILABLE there moves on: to the leader a standby names when
+    that is one of ours, else to the next address; the call is then resent with the same
+    bytes (same request id, which governord keeps durably: a call that straddles a takeover
+    takes effect at most once). A Multiplex stream belongs to one channel, so a resend on
+    another address travels on that address's stream, under a new call id."""
 
     def __init__(self, dial: Dial, *, multiplex: bool = True) -> None:
         self.dial = dial
@@ -119,16 +159,40 @@ class Rpc:
         ]
         if dial.server_name:
             options.append(("grpc.ssl_target_name_override", dial.server_name))
+        self._options = options
+        self._creds: grpc.ChannelCredentials | None = None
         if dial.tls:
             ca = Path(dial.ca_file).read_bytes() if dial.ca_file else None
-            creds = grpc.ssl_channel_credentials(root_certificates=ca)
-            self.channel = aio.secure_channel(dial.addr, creds, options=options)
-        else:
-            self.channel = aio.insecure_channel(dial.addr, options=options)
-        self._calls: dict[str, Any] = {}
-        self._muxes: dict[Metadata, Mux] = {}
+            self._creds = grpc.ssl_channel_credentials(root_certificates=ca)
+        self._channels: dict[int, aio.Channel] = {}
+        self._current = 0  # index into dial.addrs of the address calls go to
+        self._answered: int | None = None  # the address that answered last (the leader)
+        self._calls: dict[tuple[int, str], Any] = {}
+        self._muxes: dict[tuple[int, Metadata], Mux] = {}
         self.multiplex = multiplex
         self.token: str | None = None
+        self.switches = 0  # times calls moved to another address (diagnostics, tests)
+
+    @property
+    def leader(self) -> str:
+        """The address calls go to now: the one that answered last, or the next to try."""
+        return self.dial.addrs[self._current]
+
+    def _channel(self, at: int) -> aio.Channel:
+        channel = self._channels.get(at)
+        if channel is None:
+            addr = self.dial.addrs[at]
+            if self._creds is not None:
+                channel = aio.secure_channel(addr, self._creds, options=self._options)
+            else:
+                channel = aio.insecure_channel(addr, options=self._options)
+            self._channels[at] = channel
+        return channel
+
+    @property
+    def channel(self) -> aio.Channel:
+        """The current address's channel."""
+        return self._channel(self._current)
 
     def _md(self, auth: str) -> Metadata:
         if auth == "token":
@@ -136,8 +200,8 @@ class Rpc:
             return ((wire.TOKEN_MD, self.token),)
         return ((wire.KEY_MD, self.dial.api_key),)
 
-    def _mux(self, method: str, md: Metadata, data: bytes) -> Mux | None:
-        """The stream this call travels on, or None for a call of its own."""
+    def _mux(self, at: int, method: str, md: Metadata, data: bytes) -> Mux | None:
+        """The stream this call travels on at address ``at``, or None for a call of its own."""
         spec = wire.METHODS.get(method)
         if (
             not self.multiplex
@@ -147,10 +211,28 @@ class Rpc:
             or len(data) > wire.MUX_BODY_MAX
         ):
             return None
-        mux = self._muxes.get(md)
+        mux = self._muxes.get((at, md))
         if mux is None:
-            mux = self._muxes[md] = Mux(self.channel, md)
+            mux = self._muxes[(at, md)] = Mux(self._channel(at), md)
         return mux
+
+    def _move(self, at: int, failed: CallFailed) -> bool:
+        """Address ``at`` was unavailable: go to the leader it named if that is one of ours,
+        else to the next address. True when the call may go again at once: it was redirected
+        (not a guess), or another call had already moved on from ``at``."""
+        addrs = self.dial.addrs
+        if self._answered == at:
+            self._answered = None
+        if self._current != at:
+            return True
+        hint = failed.detail.get("leader") if failed.detail.get("reason") == NOT_LEADER else None
+        if isinstance(hint, str) and hint in addrs and hint != addrs[at]:
+            self._current = addrs.index(hint)
+        else:
+            self._current = (at + 1) % len(addrs)
+        if self._current != at:
+            self.switches += 1
+        return self._current != at and isinstance(hint, str) and hint in addrs
 
     async def call(
         self,
@@ -162,33 +244,60 @@ class Rpc:
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """One call; resent (same body, same request id) while governord is unavailable, until
-        ``give_up_at`` (monotonic seconds)."""
+        ``give_up_at`` (monotonic seconds), following the leader among ``dial.addrs``.
+
+        A waiting call (``Acquire``) cut by a leader change is not resent: it waited in the
+        old leader's queue, and the caller learns it (LeaderChanged) instead of waiting again
+        unknowingly. Cut means UNAVAILABLE from the address that had answered last, when that
+        address says it is not the leader or when there is another address to take over
+        (with one address, a restart of that governord is resent as before)."""
         data = wire.pack({"v": wire.SCHEMA_VERSION, **body})
         md = self._md(auth)
-        mux = self._mux(method, md, data)
-        cid = 0 if mux is None else mux.new_id()
         backoff = BACKOFF_MIN_S
+        redirected = False
+        last: tuple[Mux, int] | None = None
         while True:
+            at = self._current
+            was_leader = self._answered == at
+            mux = self._mux(at, method, md, data)
+            if mux is not None:
+                if last is None or last[0] is not mux:
+                    last = (mux, mux.new_id())  # a resend on the same stream keeps its id
+                cid = last[1]
             try:
                 if mux is not None:
-                    return await mux.call(cid, method, data, timeout_s)
-                return await self._unary(method, data, md, timeout_s)
+                    reply = await mux.call(cid, method, data, timeout_s)
+                else:
+                    reply = await self._unary(at, method, data, md, timeout_s)
+                self._answered = at
+                return reply
             except CallFailed as failed:
                 if failed.stream and failed.code is grpc.StatusCode.UNIMPLEMENTED:
-                    self.multiplex, mux = False, None  # an older governord: calls of their own
+                    self.multiplex = False  # an older governord: calls of their own
                     continue
-                if failed.code in _RESEND and (give_up_at is None or time.monotonic() < give_up_at):
-                    await asyncio.sleep(backoff)
-                    backoff = min(BACKOFF_MAX_S, backoff * 2)
+                if failed.code not in _RESEND:
+                    if failed.detail:  # governord's own answer: this is the leader
+                        self._answered = at
+                    raise translate_status(failed.code, failed.details, failed.detail) from None
+                not_leader = failed.detail.get("reason") == NOT_LEADER
+                hinted = self._move(at, failed) if len(self.dial.addrs) > 1 or not_leader else False
+                if method in _WAITING and was_leader and (not_leader or len(self.dial.addrs) > 1):
+                    raise _leader_changed(self.dial.addrs[at], failed) from None
+                if give_up_at is not None and time.monotonic() >= give_up_at:
+                    raise translate_status(failed.code, failed.details, failed.detail) from None
+                if hinted and not redirected:
+                    redirected = True  # follow a redirect at once; a second one backs off
                     continue
-                raise translate_status(failed.code, failed.details, failed.detail) from None
+                redirected = False
+                await asyncio.sleep(backoff)
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
 
     async def _unary(
-        self, method: str, data: bytes, md: Metadata, timeout_s: float | None
+        self, at: int, method: str, data: bytes, md: Metadata, timeout_s: float | None
     ) -> dict[str, Any]:
-        fn = self._calls.get(method)
+        fn = self._calls.get((at, method))
         if fn is None:
-            fn = self._calls[method] = self.channel.unary_unary(wire.path(method))
+            fn = self._calls[(at, method)] = self._channel(at).unary_unary(wire.path(method))
         try:
             reply = await fn(data, metadata=md, timeout=timeout_s)
         except grpc.RpcError as err:
@@ -198,16 +307,33 @@ class Rpc:
         return result
 
     async def stream(self, method: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        fn = self.channel.unary_stream(wire.path(method))
+        """A server stream from the current address; not resent (the caller reopens it), but
+        an UNAVAILABLE moves the next call on like a unary one's."""
+        at = self._current
+        fn = self._channel(at).unary_stream(wire.path(method))
         call = fn(wire.pack({"v": wire.SCHEMA_VERSION, **body}), metadata=self._md("token"))
         try:
             async for item in call:
+                self._answered = at
                 yield wire.unpack(item)
         except grpc.RpcError as err:
-            raise translate(err) from None
+            failed = status_of(err)
+            if failed.code in _RESEND and len(self.dial.addrs) > 1:
+                self._move(at, failed)
+            raise translate_status(failed.code, failed.details, failed.detail) from None
 
     async def close(self) -> None:
         muxes, self._muxes = list(self._muxes.values()), {}
         for mux in muxes:
             await mux.close()
-        await self.channel.close()
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
+
+
+def _leader_changed(addr: str, failed: CallFailed) -> LeaderChanged:
+    message = (
+        f"the leader changed while the acquire waited; retry ({addr}: "
+        f"{failed.code.name}: {failed.details})"
+    )
+    return LeaderChanged(message, failed.code.name, failed.detail)

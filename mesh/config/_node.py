@@ -32,7 +32,9 @@ Shape (every key optional except where said)::
       inline: [{tenant_id: acme, metric: read_iops, generation: 1, ...}]
       coordinator: {addr: 127.0.0.1:7100, poll_ttl_ms: 1000, api_key_file: worker.key}
                                  # governord; or api_key_env: NAME (a worker-scope key);
-                                 # ca: F verifies governord's TLS certificate
+                                 # ca: F verifies governord's TLS certificate; addr may
+                                 # list governord's leader and standbys ([a:7100, b:7100]
+                                 # or "a:7100,b:7100"): the node follows the leader
     core: {sync_interval_ms: 5, snapshot_ttl_ms: 20}
     strict: {governord: 127.0.0.1:7443, api_key_file: tenant.key, node: 12}
                                  # credit for strict limits (mesh/config/_strict.py)
@@ -68,6 +70,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mesh.config._addrs import governord_addrs
 from mesh.config._files import config_file
 from mesh.config._sharedstate import SharedStateConfig, parse_shared_state
 from mesh.config._sidecar import SidecarConfig, check_sidecar_auth, parse_sidecar
@@ -137,7 +140,7 @@ class MembershipConfig:
 
 @dataclass(frozen=True, slots=True)
 class CoordinatorConfig:
-    addr: str
+    addr: str  # host:port, or several comma-separated (governord's leader and standbys)
     poll_ttl_ms: int = 1000  # polling fallback period while the watch is down
     # governord's coordinator API key (a worker-scope key: list, watch, history), read from
     # api_key_file or api_key_env; None for a coordinator without auth (tests, demos)
@@ -670,8 +673,7 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
         )
         if "addr" not in coord:
             raise ConfigError("policies.coordinator.addr", "is required")
-        addr = check_str("policies.coordinator.addr", coord["addr"])
-        _address("policies.coordinator.addr", addr)
+        addr = ",".join(governord_addrs("policies.coordinator.addr", coord["addr"]))
         out["coordinator"] = CoordinatorConfig(
             addr,
             check_int(

@@ -1,7 +1,9 @@
 """The `strict:` section of a node's config: where strict limits get their credit.
 
     strict:
-      governord: 127.0.0.1:7443   # required: governord's session API
+      governord: 127.0.0.1:7443   # required: governord's session API; several governords
+                                  # on one record (a leader and its standbys): a list, or
+                                  # comma-separated "a:7443,b:7443"; calls follow the leader
       api_key_file: tenant.key    # or api_key_env: NAME (exactly one): a tenant's API key
       ca: ca.pem                  # verify governord's TLS certificate (turns TLS on)
       node: 12                    # the quota node strict limits spend from (default: the
@@ -22,11 +24,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from mesh.config._addrs import governord_addrs
 from mesh.config._files import config_file
 from mesh.core._validate import check_int, check_str
 from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.apikey import read_api_key
-from ratemesh.checks import check_address, check_keys
+from ratemesh.checks import check_keys
 from ratemesh.credit import CreditConfig
 from ratemesh.errors import ConfigError as SharedConfigError
 
@@ -40,7 +43,7 @@ _CREDIT_KEYS = {f.name for f in fields(CreditConfig)}
 
 @dataclass(frozen=True, slots=True)
 class StrictConfig:
-    governord: str
+    governord: str  # host:port, or several comma-separated (a leader and its standbys)
     api_key: str = field(repr=False)
     ca: str | None = None
     node: int | None = None  # None: the API key's tenant node
@@ -60,8 +63,7 @@ def parse_strict(data: Any, base: Path | None) -> StrictConfig:
     check_keys("strict", data, _KEYS | {"credit"}, error=ConfigError)
     if "governord" not in data:
         raise ConfigError("strict.governord", "is required (governord's address, host:port)")
-    addr = check_str("strict.governord", data["governord"])
-    check_address("strict.governord", addr, error=ConfigError)
+    addr = ",".join(governord_addrs("strict.governord", data["governord"]))
     file, env = data.get("api_key_file"), data.get("api_key_env")
     if file is None and env is None:
         raise ConfigError("strict.api_key_file", "is required (or api_key_env): a tenant's key")

@@ -7,19 +7,21 @@ shared with governord: `ratemesh.coordinator`."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
+import msgpack
 from grpc import aio
 
-from mesh.config import TlsConfig
+from mesh.config import TlsConfig, governord_addrs
 from mesh.coordinator import PolicySnapshot, PolicyStore
 from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.core.policy import TenantRatePolicy
-from mesh.errors import ConfigError, MessageError
+from mesh.errors import ConfigError, MessageError, PeerUnavailable
 from mesh.peer._link import open_channel
 from mesh.peer._wire import channel_options, pack, server_options, translate, unpack
 from ratemesh.coordinator import (
@@ -37,6 +39,28 @@ __all__ = [
     "CoordinatorClient",
     "CoordinatorServer",
 ]
+
+# governord's detail map in an error's trailing metadata (governor.wire.ERROR_MD): a standby
+# (or deposed leader) answers UNAVAILABLE with reason `not_leader` and `leader`, the address
+# of the one that leads (or "" when it does not know).
+GOVERNORD_ERROR_MD = "governor-error-bin"
+NOT_LEADER = "not_leader"
+
+
+def _leader_hint(exc: grpc.RpcError) -> str:
+    """The leader a standby named in governord's detail map, or ""."""
+    trailing = exc.trailing_metadata() if isinstance(exc, grpc.aio.AioRpcError) else None
+    for key, value in trailing or ():
+        if key != GOVERNORD_ERROR_MD or not isinstance(value, bytes):
+            continue
+        try:
+            detail = msgpack.unpackb(value, raw=False)
+        except (msgpack.UnpackException, ValueError):
+            return ""
+        if isinstance(detail, dict) and detail.get("reason") == NOT_LEADER:
+            leader = detail.get("leader")
+            return leader if isinstance(leader, str) else ""
+    return ""
 
 
 def coordinator_handler(store: PolicyStore) -> grpc.GenericRpcHandler:
@@ -123,11 +147,19 @@ class CoordinatorClient:
     """`PolicySource` over gRPC, plus the writes a coordinator makes (put, remove) and the
     history. `api_key` names the caller to governord (a worker's key may list, watch and read
     history; a coordinator's may write). Errors arrive as PeerUnavailable/PeerRefused; a
-    refusal's message is governord's, naming what was wrong."""
+    refusal's message is governord's, naming what was wrong.
+
+    `addr` may name several governords ("a:1,b:2" or a sequence; ConfigError naming `addr`
+    for a bad one): a leader and its standbys.
+    A call that finds its address unavailable goes on to the leader that address named (a
+    standby answers `not_leader` with a hint), else to the next address, once round the list;
+    a watch whose stream breaks reopens the same way, from the last revision it yielded. A
+    put resent after a lost reply is stored once when it names its generation (the second
+    finds the same values there: `created` False)."""
 
     def __init__(
         self,
-        addr: str,
+        addr: str | Sequence[str],
         *,
         tls: TlsConfig | None = None,
         timeout_s: float = 5.0,
@@ -142,26 +174,66 @@ class CoordinatorClient:
         `declared`: the generations this node has from its own file; each watch sends them,
         so governord refuses a put that would give one of them other values, at the pusher
         (a node that reloads its file sets `declared` again; the next watch carries it)."""
-        self.addr = addr
+        self.addrs = governord_addrs("addr", addr)
         self.timeout_s = timeout_s
         self.declared = declared
         self.member_id = member_id
         self._metadata = () if api_key is None else ((API_KEY_MD, api_key),)
-        if server_ca is not None:
-            creds = grpc.ssl_channel_credentials(root_certificates=Path(server_ca).read_bytes())
-            options = channel_options(MAX_MESSAGE_BYTES)
-            self._channel = aio.secure_channel(addr, creds, options=options)
+        self._tls = tls
+        self._server_ca = None if server_ca is None else Path(server_ca).read_bytes()
+        self._channels: dict[int, aio.Channel] = {}
+        self._current = 0
+        self.switches = 0  # times calls moved to another address
+
+    @property
+    def addr(self) -> str:
+        """The address calls go to now (the leader, as far as this client knows)."""
+        return self.addrs[self._current]
+
+    def _channel(self, at: int) -> aio.Channel:
+        channel = self._channels.get(at)
+        if channel is None:
+            addr = self.addrs[at]
+            if self._server_ca is not None:
+                creds = grpc.ssl_channel_credentials(root_certificates=self._server_ca)
+                options = channel_options(MAX_MESSAGE_BYTES)
+                channel = aio.secure_channel(addr, creds, options=options)
+            else:
+                channel = open_channel(addr, self._tls, MAX_MESSAGE_BYTES)
+            self._channels[at] = channel
+        return channel
+
+    def _move(self, at: int, exc: grpc.RpcError) -> None:
+        """Address `at` was unavailable: on to the leader it named, if ours, else the next."""
+        if self._current != at:
+            return  # another call moved on already
+        hint = _leader_hint(exc)
+        if hint in self.addrs and hint != self.addrs[at]:
+            self._current = self.addrs.index(hint)
         else:
-            self._channel = open_channel(addr, tls, MAX_MESSAGE_BYTES)
+            self._current = (at + 1) % len(self.addrs)
+        if self._current != at:
+            self.switches += 1
 
     async def _unary(self, name: str, body: dict[str, Any]) -> Any:
-        try:
-            data = await self._channel.unary_unary(method_path(name))(
-                pack(body), timeout=self.timeout_s, metadata=self._metadata
-            )
-        except grpc.RpcError as exc:
-            raise translate(exc, f"coordinator.{name.lower()}") from exc
-        return unpack(data, name.lower())
+        data = pack(body)
+        tries = len(self.addrs) + 1  # once round the list, plus a redirect
+        for attempt in range(1, tries + 1):
+            at = self._current
+            try:
+                reply = await self._channel(at).unary_unary(method_path(name))(
+                    data, timeout=self.timeout_s, metadata=self._metadata
+                )
+            except grpc.RpcError as exc:
+                error = translate(exc, f"coordinator.{name.lower()}")
+                if not isinstance(error, PeerUnavailable) or len(self.addrs) == 1:
+                    raise error from exc
+                self._move(at, exc)
+                if attempt == tries:
+                    raise error from exc
+                continue
+            return unpack(reply, name.lower())
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def put(
         self,
@@ -208,19 +280,57 @@ class CoordinatorClient:
         return tuple(HistoryEntry.list_from_wire(await self._unary("History", body), MessageError))
 
     async def watch(self, after_revision: int) -> AsyncIterator[PolicySnapshot]:
+        """Snapshots past `after_revision`. A stream that breaks (PeerUnavailable) reopens on
+        the next address (or the leader a standby named) from the last revision yielded; one
+        that fails on every address in turn without yielding raises, and the feed polls."""
+        failed = 0  # opens in a row that broke without yielding
+        while True:
+            at = self._current
+            try:
+                async with contextlib.aclosing(self._watch_one(at, after_revision)) as snaps:
+                    async for snap in snaps:
+                        failed = 0
+                        after_revision = max(after_revision, snap.revision)
+                        yield snap
+                return  # the coordinator ended the stream: the feed decides what next
+            except _WatchBroke as broke:
+                failed += 1
+                if len(self.addrs) == 1 or failed > len(self.addrs):
+                    raise broke.error from broke.cause
+                self._move(at, broke.cause)
+
+    async def _watch_one(
+        self, at: int, after_revision: int
+    ) -> AsyncGenerator[PolicySnapshot, None]:
         body: dict[str, Any] = {"after_revision": after_revision}
         if self.declared:
             body["declared"] = [p.to_dict() for p in self.declared]
         if self.member_id:
             body["member_id"] = self.member_id
-        call = self._channel.unary_stream(method_path("Watch"))(pack(body), metadata=self._metadata)
+        call = self._channel(at).unary_stream(method_path("Watch"))(
+            pack(body), metadata=self._metadata
+        )
         try:
             async for data in call:
                 yield PolicySnapshot.from_wire(unpack(data, "watch"), MessageError)
         except grpc.RpcError as exc:
-            raise translate(exc, "coordinator.watch") from exc
+            error = translate(exc, "coordinator.watch")
+            if isinstance(error, PeerUnavailable):
+                raise _WatchBroke(error, exc) from exc
+            raise error from exc
         finally:
             call.cancel()
 
     async def close(self) -> None:
-        await self._channel.close(None)
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close(None)
+
+
+class _WatchBroke(Exception):
+    """A watch stream broke (PeerUnavailable): `watch` may reopen it elsewhere."""
+
+    def __init__(self, error: PeerUnavailable, cause: grpc.RpcError) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.cause = cause

@@ -40,7 +40,8 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
 def test_public_api_is_pinned() -> None:
     assert set(sdk.__all__) == {
         "AcquireTimeout", "AuthError", "Client", "Denied", "GovernedAsyncTransport",
-        "GovernedTransport", "GovernorClientError", "Group", "Lease", "LeaseEnded", "NodeEnded",
+        "GovernedTransport", "GovernorClientError", "Group", "LeaderChanged", "Lease",
+        "LeaseEnded", "NodeEnded",
         "RequestError", "ScopeError", "SessionLost", "Slot", "StrictCredit", "SyncClient",
         "SyncTask", "Task",
         "Unavailable", "acquire", "consume", "cooldown", "current_sync_task", "current_task",

@@ -1,0 +1,62 @@
+"""governord's address in a node's config (issue 18): one host:port, a YAML list, or a
+comma-separated string naming a leader and its standbys; every mistake is a ConfigError
+naming the field (or the list's entry)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mesh.config import GOVERNORD_ADDRS_MAX, governord_addrs, parse_config
+from mesh.errors import ConfigError
+
+
+def _coordinator(addr: Any) -> dict[str, Any]:
+    return {"policies": {"coordinator": {"addr": addr}}}
+
+
+def _strict(addr: Any) -> dict[str, Any]:
+    return {"strict": {"governord": addr, "api_key_env": "TENANT_KEY"}}
+
+
+@pytest.mark.parametrize(
+    "addr",
+    ["a:7443,b:7443", " a:7443 , b:7443", ["a:7443", "b:7443"], ("a:7443", "b:7443")],
+)
+def test_a_list_or_a_comma_separated_string(addr: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TENANT_KEY", "k")
+    coordinator = parse_config(_coordinator(addr)).coordinator
+    assert coordinator is not None and coordinator.addr == "a:7443,b:7443"
+    strict = parse_config(_strict(addr)).strict
+    assert strict is not None and strict.governord == "a:7443,b:7443"
+    assert parse_config(_strict("a:7443")).strict.governord == "a:7443"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "addr, where",
+    [
+        ("", ""),
+        ([], ""),
+        ("a:7443,,b:7443", ""),
+        ("a:7443,nowhere", ""),
+        (["a:7443", "nowhere"], "[1]"),
+        (["a:7443", 7443], "[1]"),
+        (["a:7443", "a:7443"], "[1]"),
+        ("a:7443,a:7443", ""),
+        (7443, ""),
+        ({"a": 1}, ""),
+        ([f"h{i}:1" for i in range(GOVERNORD_ADDRS_MAX + 1)], ""),
+    ],
+)
+def test_mistakes_name_the_field(addr: Any, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TENANT_KEY", "k")
+    for data, field in (
+        (_coordinator(addr), "policies.coordinator.addr"),
+        (_strict(addr), "strict.governord"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            parse_config(data)
+        assert err.value.field == field + where, err.value
+    with pytest.raises(ConfigError):
+        governord_addrs("x", addr)
