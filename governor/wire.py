@@ -136,7 +136,7 @@ METHODS: dict[str, Method] = {
             "ReserveCredit",
             {"node_id": "int", "resource": "str", "units": "int", "request_id": "str?"},
         ),
-        _m("ReturnCredit", {"block_id": "int", "unused": "int"}, mutates=False),
+        _m("ReturnCredit", {"block_id": "int", "unused": "int", "request_id": "str?"}),
         _m(
             "SetRate",
             {

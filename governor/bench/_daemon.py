@@ -61,18 +61,21 @@ class Governord:
         }
         cfg.update(config)
         self.config_path = where / "governord.yaml"
+        self.stderr_path = where / "governord.stderr"  # appended to by every start
         self.config_path.write_text(yaml.safe_dump(cfg))
         self.store = store
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = {**os.environ, **KEYS, "GOVERNOR_PG_SCHEMA": self.schema}
+        err = open(self.stderr_path, "ab")  # noqa: SIM115 - handed to the process
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "governor.cli", "--config", str(self.config_path)],
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=err,
             env=env,
         )
+        err.close()
         assert self.proc.stdout is not None
         timer = threading.Timer(60, self.proc.kill)
         timer.start()
@@ -89,6 +92,9 @@ class Governord:
             self.proc.wait()
         if self.proc is not None and self.proc.stdout is not None:
             self.proc.stdout.close()
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text() if self.stderr_path.exists() else ""
 
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:

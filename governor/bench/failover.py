@@ -74,7 +74,7 @@ class Params:
 class _Run:
     history: History
     t0_ns: int
-    oks_after: list[int]  # completion times (ns) of ok calls, in order
+    oks: list[tuple[int, int]]  # (invoked, completed) ns of calls governord answered, in order
     acked_consumes: dict[int, int]
     unknown_consumes: dict[int, int]
     open_leases: dict[int, int]  # lease id -> task node: acked and not (surely) released
@@ -85,11 +85,12 @@ class _Caller:
         self.i, self.rec, self.node, self.run, self.rng = i, rec, node_id, run, rng
         self.leases: list[Lease] = []
 
-    def _ok(self) -> None:
-        self.run.oks_after.append(time.monotonic_ns())
+    def _ok(self, invoked: int) -> None:
+        self.run.oks.append((invoked, time.monotonic_ns()))
 
     async def step(self) -> None:
         r = self.rng.random()
+        t = time.monotonic_ns()
         try:
             if r < 0.35:
                 await self.rec.consume(self.node, RESOURCE, 1)
@@ -106,12 +107,13 @@ class _Caller:
                 await self.rec.validate(self.rng.choice(self.leases).lease_id)
             else:
                 block = await self.rec.reserve_credit(self.node, RATED, BLOCK_UNITS)
-                self._ok()
+                self._ok(t)
+                t = time.monotonic_ns()
                 used = self.rng.randrange(int(block["units"]) + 1)
                 await self.rec.return_credit(int(block["block_id"]), int(block["units"]) - used)
-            self._ok()
+            self._ok(t)
         except (Denied, AcquireTimeout):
-            self._ok()  # governord answered
+            self._ok(t)  # governord answered
         except GovernorClientError:
             if r < 0.35:
                 self.run.unknown_consumes[self.node] += 1
@@ -135,10 +137,10 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 async def _first_ok_after(run: _Run, since_ns: int, timeout_s: float) -> float | None:
-    """Milliseconds from ``since_ns`` to the first ok completion after it."""
+    """Milliseconds from ``since_ns`` to the first answer to a call invoked after it."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        later = [t for t in run.oks_after[-200:] if t > since_ns]
+        later = [done for invoked, done in run.oks[-200:] if invoked > since_ns]
         if later:
             return (min(later) - since_ns) / 1e6
         await asyncio.sleep(0.005)
@@ -216,8 +218,8 @@ async def _main(p: Params, procs: list[Governord]) -> dict[str, Any]:
     by_addr = {g.addr: g for g in procs}
     try:
         for k in range(p.failovers):
-            target = len(run.oks_after) + p.ops_between
-            while len(run.oks_after) < target:
+            target = len(run.oks) + p.ops_between
+            while len(run.oks) < target:
                 await asyncio.sleep(0.01)
             address = await asyncio.to_thread(_leader_address, p.dsn, procs[0].schema)
             leader = by_addr.get(address or "")
@@ -232,14 +234,15 @@ async def _main(p: Params, procs: list[Governord]) -> dict[str, Any]:
                 await asyncio.to_thread(leader.kill)
             took = await _first_ok_after(run, at, 30.0)
             if took is None:
-                raise RuntimeError(f"no call succeeded within 30 s of failover {k + 1}")
+                logs = "\n".join(f"--- {g.addr}\n{g.stderr()[-3000:]}" for g in procs)
+                raise RuntimeError(f"no call succeeded within 30 s of failover {k + 1}\n{logs}")
             takeovers.append(took)
             if pause:
                 leader.signal(signal.SIGCONT)  # it finds its epoch taken and exits 70
                 await asyncio.to_thread(_wait_exit, leader)
             await asyncio.to_thread(leader.start)  # back as a standby
-        target = len(run.oks_after) + p.ops_between
-        while len(run.oks_after) < target:
+        target = len(run.oks) + p.ops_between
+        while len(run.oks) < target:
             await asyncio.sleep(0.01)
     finally:
         stop.set()
@@ -275,6 +278,7 @@ async def _main(p: Params, procs: list[Governord]) -> dict[str, Any]:
         "fencing_ids_reused": len(ids) - len(set(ids)),
         "linearizability_violations": len(verdict.violations),
         "linearizability_verdict": verdict.verdict,
+        "linearizability_explained": [v.explain() for v in verdict.violations[:3]],
         "strict_max_excess": _excess(history),
         "operations": len(history.ops),
         "callers": p.callers,

@@ -308,7 +308,8 @@ class Client:
 
     async def return_credit(self, block_id: int, unused: int) -> bool:
         """Give back a block's unused units; False for a second return or an expired block."""
-        reply = await self.call("ReturnCredit", {"block_id": block_id, "unused": unused})
+        body = {"block_id": block_id, "unused": unused, "request_id": _rid()}
+        reply = await self.call("ReturnCredit", body)
         return bool(reply["returned"])
 
     async def watch(self, node_id: int) -> AsyncIterator[dict[str, Any]]:

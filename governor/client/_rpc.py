@@ -46,6 +46,11 @@ NOT_LEADER = "not_leader"  # a standby's (or deposed leader's) reason; ``leader`
 # Calls that wait in the leader's memory (its fair queue): one cut by a leader change is not
 # resent behind the caller's back (LeaderChanged), see Rpc.call.
 _WAITING = frozenset({"Acquire"})
+# With several addresses, one attempt of a call that does not wait gives up after this long
+# and goes to the next address (same bytes, same request id): a leader that is paused or cut
+# off keeps its connections open, so only a deadline moves the caller on.
+ATTEMPT_TIMEOUT_S = 0.75
+ELECTION_BACKOFF_MAX_S = 0.1
 
 
 def split_addrs(addr: str | Sequence[str], where: str = "addr") -> tuple[str, ...]:
@@ -255,6 +260,10 @@ class Rpc:
         md = self._md(auth)
         backoff = BACKOFF_MIN_S
         redirected = False
+        attempt_s = timeout_s
+        if len(self.dial.addrs) > 1 and method not in _WAITING:
+            attempt_s = min(timeout_s or ATTEMPT_TIMEOUT_S, ATTEMPT_TIMEOUT_S)
+        timed_attempt = attempt_s is not None and attempt_s != timeout_s
         last: tuple[Mux, int] | None = None
         while True:
             at = self._current
@@ -266,15 +275,21 @@ class Rpc:
                 cid = last[1]
             try:
                 if mux is not None:
-                    reply = await mux.call(cid, method, data, timeout_s)
+                    reply = await mux.call(cid, method, data, attempt_s)
                 else:
-                    reply = await self._unary(at, method, data, md, timeout_s)
+                    reply = await self._unary(at, method, data, md, attempt_s)
                 self._answered = at
                 return reply
             except CallFailed as failed:
                 if failed.stream and failed.code is grpc.StatusCode.UNIMPLEMENTED:
                     self.multiplex = False  # an older governord: calls of their own
                     continue
+                if (
+                    timed_attempt
+                    and failed.code is grpc.StatusCode.DEADLINE_EXCEEDED
+                    and not failed.detail
+                ):  # this attempt's own deadline: that address may be paused or cut off
+                    failed = CallFailed(grpc.StatusCode.UNAVAILABLE, failed.details, {})
                 if failed.code not in _RESEND:
                     if failed.detail:  # governord's own answer: this is the leader
                         self._answered = at
@@ -290,7 +305,9 @@ class Rpc:
                     continue
                 redirected = False
                 await asyncio.sleep(backoff)
-                backoff = min(BACKOFF_MAX_S, backoff * 2)
+                # several addresses: an election is short, so keep looking for the new leader
+                cap = ELECTION_BACKOFF_MAX_S if len(self.dial.addrs) > 1 else BACKOFF_MAX_S
+                backoff = min(cap, backoff * 2)
 
     async def _unary(
         self, at: int, method: str, data: bytes, md: Metadata, timeout_s: float | None

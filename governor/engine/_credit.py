@@ -128,13 +128,19 @@ class CreditMixin(_Core):
         )
         return CreditGrant(block_id, node.id, resource, grant, ttl, now + ttl)
 
-    def return_credit(self, session_id: int, block_id: int, unused: int) -> CreditReturn:
+    def return_credit(
+        self, session_id: int, block_id: int, unused: int, *, request_id: str | None = None
+    ) -> CreditReturn:
         """Give back a block's unused units. Applied once per block id: a second return, or
-        one after the block expired (its units then stay spent), is a no-op answer."""
+        one after the block expired (its units then stay spent), is a no-op answer; a resend
+        under the same ``request_id`` gets the first answer."""
         now = self._advance()
         session = self._session(session_id)
         _ident("block_id", block_id)
         _int("unused", unused, 0)
+        tag, hit = self._recall(session, request_id, ("return", block_id, unused))
+        if hit is not None:
+            return hit  # type: ignore[return-value]
         block = self._state.credit.blocks.get(block_id)
         if block is None:
             if not 0 < block_id < self._state.next_id:
@@ -149,7 +155,7 @@ class CreditMixin(_Core):
             return CreditReturn(block_id, unused, False, BlockEnd.RETURNED)
         if block.node_id not in self._state.nodes:  # purged: credit_ttl_ms < retention_ms
             return CreditReturn(block_id, unused, False, BlockEnd.EXPIRED)
-        self._emit(ev.CreditReturned(self._seq(), now, block_id, unused))
+        self._emit(ev.CreditReturned(self._seq(), now, block_id, unused, tag))
         return CreditReturn(block_id, unused, True, BlockEnd.RETURNED)
 
     def set_rate(

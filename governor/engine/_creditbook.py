@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _events as ev
 from ._bucket import MILLI, Bucket, level_at
-from ._types import CreditGrant, Edited, Rate
+from ._types import BlockEnd, CreditGrant, CreditReturn, Edited, Rate
 
 if TYPE_CHECKING:
     from ._state import State
@@ -115,6 +115,9 @@ class CreditBook:
                 room = (bucket.rate.burst - bucket.outstanding(e.at_ms)) * MILLI
                 bucket.level_mu = min(level + e.unused * MILLI, max(level, room))
         st.nodes[block.node_id].direct[block.resource] -= e.unused
+        st.remember(
+            block.session_id, e.request, CreditReturn(e.block_id, e.unused, True, BlockEnd.RETURNED)
+        )
 
     # ---- time (purges are a pure function of time, like tombstones) ----------------------
 

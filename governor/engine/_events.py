@@ -131,12 +131,15 @@ class CreditGranted:
 
 @dataclass(frozen=True, slots=True)
 class CreditReturned:
-    """The unused units of a live block came back: applied once per block id."""
+    """The unused units of a live block came back: applied once per block id. ``request``
+    (a later field: records written before it decode with None) lets a resend of the return,
+    one that straddled a restart or a takeover, get the first answer."""
 
     seq: int
     at_ms: int
     block_id: int
     unused: int
+    request: RequestTag | None = None
 
 
 @dataclass(frozen=True, slots=True)

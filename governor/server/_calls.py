@@ -437,7 +437,9 @@ class CallsMixin:
         """Unused units back, once per block id; a second return is a no-op answer."""
         assert who is not None
         result = await self._step(
-            lambda e: e.return_credit(who.session_id, b["block_id"], b["unused"])
+            lambda e: e.return_credit(
+                who.session_id, b["block_id"], b["unused"], request_id=b["request_id"]
+            )
         )
         assert isinstance(result, CreditReturn)
         return {

@@ -54,9 +54,11 @@ class Candidate:
         self.looks = 0
 
     def leader(self) -> tuple[str, int]:
-        """(address, epoch) of whoever leads, as last seen: what a standby tells clients."""
+        """(address, epoch) of whoever leads, as last seen: what a standby tells clients. A
+        leader that has missed two renewals is not named (it may be paused or cut off): the
+        client then tries another address instead of going back to it."""
         row = self.seen
-        if row is None or row.takeable:
+        if row is None or row.takeable or row.renewed_age_ms > 2 * self._ha.renew_ms:
             return "", row.epoch if row else 0
         return row.address, row.epoch
 

@@ -174,26 +174,25 @@ class PostgresBackend:
         the new epoch, or None (someone else leads). The holder's backend is terminated first,
         so a commit of the old leader that hangs (a partition) rolls back instead of waiting."""
         try:
-            with self._conn.transaction():
-                cur = self._conn.cursor()
-                cur.execute(f"SET LOCAL lock_timeout = {TAKEOVER_LOCK_TIMEOUT_MS}")
-                cur.execute(
-                    self._q(
-                        "INSERT INTO {s}.leader (id, epoch, holder, address, pid, lease_ms,"
-                        " renewed_at) VALUES (1, 1, %s, %s, pg_backend_pid(), %s, now())"
-                        " ON CONFLICT (id) DO NOTHING RETURNING epoch"
-                    ),
-                    (holder, address, lease_ms),
-                )
-                row = cur.fetchone()
-                if row is not None:
-                    self.epoch = int(row[0])
-                    return self.epoch
-                cur.execute(
-                    self._q("SELECT l.epoch, l.pid FROM {s}.leader l WHERE id = 1 AND " + _TAKEABLE)
-                )
-                seen = cur.fetchone()
-            if seen is None:
+            cur = self._conn.cursor()
+            cur.execute(self._q("SELECT l.epoch, l.pid, " + _TAKEABLE + " FROM {s}.leader l"))
+            seen = cur.fetchone()
+            if seen is None:  # nobody ever led (a plain read: a held row lock cannot stall it)
+                with self._conn.transaction():
+                    cur.execute(
+                        self._q(
+                            "INSERT INTO {s}.leader (id, epoch, holder, address, pid, lease_ms,"
+                            " renewed_at) VALUES (1, 1, %s, %s, pg_backend_pid(), %s, now())"
+                            " ON CONFLICT (id) DO NOTHING RETURNING epoch"
+                        ),
+                        (holder, address, lease_ms),
+                    )
+                    row = cur.fetchone()
+                if row is None:
+                    return None  # another process inserted it first
+                self.epoch = int(row[0])
+                return self.epoch
+            if not seen[2]:
                 return None
             old_epoch, old_pid = int(seen[0]), int(seen[1])
             self._terminate(old_pid)

@@ -110,6 +110,25 @@ def test_a_return_gives_back_the_unused_units_once() -> None:
     assert len(w.events) == n and canonical(w.engine) == before
 
 
+def test_a_resent_return_gets_the_first_answer_even_after_a_restore() -> None:
+    """A return that straddles a takeover is resent under its request id: applied once, and
+    the resend says ``returned`` as the first answer did (a second return would say not)."""
+    w = World()
+    tenant = w.node(quotas={"http": 100}, rates={"http": Rate(0, 50)})
+    sid = w.session(tenant)
+    g = w.grant(sid, tenant, 50)
+    first = w.engine.return_credit(sid, g.block_id, 30, request_id="ret-1")
+    assert first.applied
+    n = len(w.events)
+    for engine in (w.engine, w.restored()):
+        again = engine.return_credit(sid, g.block_id, 30, request_id="ret-1")
+        assert again == first
+        other = engine.return_credit(sid, g.block_id, 30, request_id="ret-2")
+        assert not other.applied
+    assert len(w.events) == n
+    assert w.engine.state.nodes[tenant].used["http"] == 20
+
+
 def test_a_block_counts_until_its_ttl_even_after_its_session_ends() -> None:
     """The worker may spend until its local expiry, so the session's end frees nothing."""
     w = World(EngineConfig(credit_ttl_ms=5_000))

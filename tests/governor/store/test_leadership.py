@@ -172,3 +172,24 @@ def test_a_standby_tails_the_record_and_takes_over_with_all_of_it(pg: StoreTarge
         assert got["nodes"] == expected["nodes"]
     finally:
         follower.close()
+
+
+def test_a_leader_paused_inside_a_commit_is_taken_over_past_its_lease(pg: StoreTarget) -> None:
+    """The leader stopped between its commit's first statement and the end (SIGSTOP, a
+    partition): its transaction holds the row. The standby ends that backend and takes it."""
+    a, b = _backend(pg), _backend(pg)
+    try:
+        assert a.try_lead("a", "x:1", LEASE_MS) == 1
+        a._conn.execute("BEGIN")
+        a._fence(a._conn.cursor(), 1)  # holds the leader row, never commits
+        time.sleep(LEASE_MS / 1000 + 0.2)
+        end = time.monotonic() + 10
+        epoch = None
+        while epoch is None and time.monotonic() < end:
+            epoch = b.try_lead("b", "x:2", LEASE_MS)
+        assert epoch == 2
+        with pytest.raises(psycopg.Error):  # its backend was ended: the commit rolled back
+            a._conn.execute("COMMIT")
+    finally:
+        b.close()
+        a._conn.close()
