@@ -53,6 +53,7 @@ from ._http import HttpServer
 from ._leadership import Candidate, holder_id
 from ._logs import configure, event
 from ._metrics import Metrics
+from ._plant import planted
 from ._probe import StoreProbe, probe_for
 from ._reconcile import apply_config
 from ._routes import Site, routes
@@ -285,6 +286,12 @@ async def _elect(proc: _Process, stop: asyncio.Event, announce: Callable[[], Non
     assert proc.record is not None
     backend = proc.record.backend
     proc.candidate = Candidate(proc.record, backend, proc.cfg.ha, proc.advertise(), holder_id())  # type: ignore[arg-type]
+    bug = planted()
+    if bug is not None:
+        log.warning(f"planted bug {bug}: this governord is broken on purpose (tests only)")
+    if bug == "skip_epoch_check":
+        backend.check_epoch = backend.end_old_holder = False  # type: ignore[attr-defined]
+    proc.candidate.tail = bug != "serve_before_replay"
     elected = await proc.candidate.campaign(stop, first=True)
     if elected is None and not stop.is_set():
         address, epoch = proc.candidate.leader()
@@ -317,6 +324,9 @@ async def _elect(proc: _Process, stop: asyncio.Event, announce: Callable[[], Non
         replay_events=len(elected.loaded.events),
     )
     proc.lead(elected.loaded)
+    if bug == "skip_epoch_check":
+        assert proc.service is not None and proc.coordinator is not None
+        proc.service.commits.confirm_reads = False
     return True
 
 

@@ -52,6 +52,7 @@ class Candidate:
         self.seen: LeaderRow | None = None  # the leader row at the last look
         self.loaded: Loaded | None = None  # the record as tailed so far
         self.looks = 0
+        self.tail = True  # False only in a planted-bug test (``_plant``, serve_before_replay)
 
     def leader(self) -> tuple[str, int]:
         """(address, epoch) of whoever leads, as last seen: what a standby tells clients. A
@@ -71,7 +72,8 @@ class Candidate:
         epoch = None
         if row is None or row.takeable:
             epoch = self._backend.try_lead(self.holder, self.address, self._ha.lease_ms)
-        self.loaded = self._log.load(self.loaded)
+        if self.tail or self.loaded is None:
+            self.loaded = self._log.load(self.loaded)
         if epoch is None:
             return None
         return Elected(epoch, self.loaded, row)

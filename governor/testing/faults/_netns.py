@@ -139,6 +139,7 @@ class Netns:
         self._ip = ""
         self._iptables = ""
         self._partitioned = False
+        self._partition_port: int | None = None
         self._procs: list[subprocess.Popen[Any]] = []
         self._proxies: list[DelayProxy] = []
         self._created = False
@@ -247,20 +248,25 @@ class Netns:
 
     # -- faults ----------------------------------------------------------------------------
 
-    def partition(self, on: bool) -> None:
+    def partition(self, on: bool, *, port: int | None = None) -> None:
         """Drop (True) or stop dropping (False) every packet between the namespace and the
-        host's end of the pair. Idempotent; returns once the rules are in place."""
+        host's end of the pair; with ``port``, only TCP to and from that host port (cut a
+        process off from its database's proxy while its clients still reach it). Idempotent;
+        returns once the rules are in place."""
         self._require()
         if on == self._partitioned:
             return
+        if not on:
+            port = self._partition_port  # remove exactly the rules that were added
         op = "-A" if on else "-D"
-        for chain, flag in (("INPUT", "-s"), ("OUTPUT", "-d")):
-            _sh(
-                self.exec_argv(
-                    [self._iptables, op, chain, flag, f"{self.host_address}/32", "-j", "DROP"]
-                )
-            )
+        rules = [("INPUT", "-s", "--sport"), ("OUTPUT", "-d", "--dport")]
+        for chain, flag, port_flag in rules:
+            match = [flag, f"{self.host_address}/32"]
+            if port is not None:
+                match += ["-p", "tcp", port_flag, str(port)]
+            _sh(self.exec_argv([self._iptables, op, chain, *match, "-j", "DROP"]))
         self._partitioned = on
+        self._partition_port = port
 
     @property
     def partitioned(self) -> bool:
