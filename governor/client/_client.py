@@ -35,6 +35,7 @@ __all__ = [
 T = TypeVar("T")
 LOCAL_DEADLINE_SHARE = 0.8
 HEARTBEATS_PER_TTL = 3
+CLOSE_GIVE_UP_S = 2.0  # close() tries to end the session on governord this long
 
 
 @dataclass(slots=True)
@@ -143,7 +144,9 @@ class Client:
                 pass
         if self.session_id and self.lost is None:
             try:
-                await self._rpc.call("CloseSession", {}, timeout_s=2.0)
+                # bounded: a governord that stays down must not keep close() waiting
+                give_up = time.monotonic() + CLOSE_GIVE_UP_S
+                await self._rpc.call("CloseSession", {}, timeout_s=2.0, give_up_at=give_up)
             except GovernorClientError:
                 pass
         await self._rpc.close()

@@ -60,19 +60,29 @@ class Daemon:
         self.stderr_path = tmp / "governord.stderr"
         self.starts = 0
         self.args: list[str] = []  # more governord flags (--log-level DEBUG)
+        self.extra_env: dict[str, str] = {}  # GOVERNOR_PLANT_BUG, ...
+        self.argv_prefix: list[str] = []  # run it inside something: ip netns exec NAME
 
     def env(self) -> dict[str, str]:
         env = {**os.environ, **KEYS, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0"}
         if self.store.kind == "postgres":
             env["GOVERNOR_PG_SCHEMA"] = self.store.schema
             env["GOVERNOR_PG_APP_NAME"] = f"governord-{self.store.schema}"
-        return env
+        return {**env, **self.extra_env}
 
     def start(self, timeout_s: float = 30.0) -> None:
         self.config_path.write_text(yaml.safe_dump(self.config))
         err = open(self.stderr_path, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "governor.cli", "--config", str(self.config_path), *self.args],
+            [
+                *self.argv_prefix,
+                sys.executable,
+                "-m",
+                "governor.cli",
+                "--config",
+                str(self.config_path),
+                *self.args,
+            ],
             stdout=subprocess.PIPE,
             stderr=err,
             env=self.env(),
