@@ -65,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     fo.add_argument("--failovers", type=int, default=20)
     fo.add_argument("--callers", type=int, default=16)
     fo.add_argument("--seed", type=int, default=0)
+    fo.add_argument(
+        "--pause-every", type=int, default=4, help="every Nth failover pauses the leader (0: none)"
+    )
     fo.add_argument("--history", default=None, help="save the recorded history (JSON) here")
     for b in (eng, st, sc, fo):
         b.add_argument("--json", action="store_true", help="print JSON (the default)")
@@ -164,6 +167,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 failovers=check_int("--failovers", args.failovers, minimum=1),
                 callers=check_int("--callers", args.callers, minimum=1),
                 seed=check_int("--seed", args.seed, minimum=0),
+                pause_every=check_int("--pause-every", args.pause_every, minimum=0),
                 dsn=args.dsn or failover.DEFAULT_DSN,
                 history_path=args.history,
             )

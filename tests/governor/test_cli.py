@@ -74,3 +74,31 @@ def test_bench_scenarios_json_keys() -> None:
     assert isinstance(dead, dict)
     assert dead["late_releases_refused"] == dead["leases_held"] == 4
     assert dead["pool_usable_after_ms"] <= dead["ttl_ms"] + 1000  # generous: shared CI cores
+
+
+FAILOVER_KEYS = {
+    "failovers",
+    "takeover_p50_ms",
+    "takeover_p99_ms",
+    "acked_lost",
+    "fencing_ids_reused",
+    "linearizability_violations",
+    "strict_max_excess",
+}
+
+
+@pytest.mark.postgres
+def test_bench_failover_json_keys_and_its_safety_figures() -> None:
+    """A short run (3 failovers, one a pause past the lease): the safety figures hold; the
+    speed figures are reported, never asserted."""
+    result = _governord(
+        "bench", "failover", "--json", "--failovers", "3", "--callers", "4", "--pause-every", "3",
+        "--dsn", pg_dsn(),
+    )  # fmt: skip
+    assert FAILOVER_KEYS <= set(result)
+    assert result["failovers"] == 3 and result["paused_failovers"] == 1
+    assert result["acked_lost"] == 0
+    assert result["fencing_ids_reused"] == 0
+    assert result["linearizability_violations"] == 0, result["linearizability_explained"]
+    assert result["linearizability_verdict"] == "ok"
+    assert result["strict_max_excess"] <= 0
