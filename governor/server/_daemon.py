@@ -1,5 +1,10 @@
 """governord, the process: open the record, apply the config, serve, drain, stop.
 
+On PostgreSQL the process first binds its addresses as a standby (``_standby``: every call
+answered ``not_leader`` with the leader's address) and campaigns (``_leadership``): it tails
+the record and, once it holds the leader row's next epoch, loads the rest, applies its config
+and serves as the leader (docs/failover.md). On SQLite it leads at once, as it always has.
+
 Shutdown is a designed phase: on SIGTERM/SIGINT stop taking new calls, let running ones finish
 for ``drain_s``, then cancel the rest and close the record. A failed commit stops the process
 at once with status 70 (the log's ``on_fatal``): serving from memory that is ahead of the record

@@ -23,9 +23,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from mesh.config import governord_addrs
 from mesh.errors import ConfigError, MeshError, PeerError
 from ratemesh.apikey import read_api_key
-from ratemesh.checks import check_address
 from ratemesh.errors import RatemeshError
 from ratemesh.policy import check_metric, descriptor_tenant, scope_name
 from ratemesh.policyfile import load_policy_file
@@ -39,7 +39,12 @@ API_KEY_ENV = "RATEMESH_API_KEY"  # the key's variable when no --api-key-file/--
 
 
 def _connection_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--coordinator", required=True, metavar="HOST:PORT", help="governord")
+    p.add_argument(
+        "--coordinator",
+        required=True,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="governord (several: leader and standbys; calls follow the leader)",
+    )
     p.add_argument("--api-key-file", help="a file holding the API key (its first line)")
     p.add_argument("--api-key-env", help=f"a variable holding the API key (default ${API_KEY_ENV})")
     p.add_argument("--ca", help="verify governord's TLS certificate against this CA file")
@@ -79,7 +84,7 @@ def _connect(args: argparse.Namespace) -> Callable[[], Any]:
     made inside the event loop, which grpc's channels belong to."""
     from mesh.peer import CoordinatorClient  # grpc only when a command talks to governord
 
-    addr = check_address("--coordinator", args.coordinator, error=ConfigError)
+    addr = ",".join(governord_addrs("--coordinator", args.coordinator))
     if args.api_key_file is None and args.api_key_env is None:
         env = API_KEY_ENV if API_KEY_ENV in os.environ else None
         if env is None:
