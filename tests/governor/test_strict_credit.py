@@ -1,5 +1,6 @@
-"""The strict guarantee end to end: real governord (SQLite, PostgreSQL), several SDK clients
-spending credit blocks concurrently, governord SIGKILLed and restarted mid-run. Then, from
+"""The strict guarantee end to end: real governord (SQLite, PostgreSQL, and a PostgreSQL leader
+with a standby), several SDK clients spending credit blocks concurrently, governord SIGKILLed
+and restarted mid-run (with a standby: the leader SIGKILLed, the standby taking over). Then, from
 outside: the recorded admissions against ``admitted(t0, t1) <= R * (t1 - t0) + B`` for every
 rated node and against the caps (``ratemesh.envelope``), each spend against its block's life on
 record (C2), and the durable record replayed event by event with C1 (level + outstanding <= B)
@@ -25,7 +26,11 @@ from tests.governor._stores import StoreTarget, make_target
 
 pytestmark = pytest.mark.slow
 
-KINDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+KINDS = [
+    "sqlite",
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("failover", marks=pytest.mark.postgres),  # a leader and a standby
+]
 TENANT_RATE = (120, 60)  # tenant a, from governord.yaml
 PARENT_RATE = (100, 40)  # the strict node: 100 units/s, burst 40
 CHILD_RATE = (60, 20)  # one of its two children is rated too
@@ -43,25 +48,36 @@ CLOCK_GRAIN_S = 0.001
 def test_the_strict_guarantee_holds_through_a_sigkill(kind: str, tmp_path: Path) -> None:
     seed = random.randrange(2**32)
     print(f"seed {seed}")
-    for store in make_target(kind, tmp_path):
-        daemon = Daemon(tmp_path, store)
-        daemon.config["tenants"]["a"]["rates"] = {
-            "http": {"per_s": TENANT_RATE[0], "burst": TENANT_RATE[1]}
-        }
-        daemon.start()
+    for store in make_target("postgres" if kind == "failover" else kind, tmp_path):
+        daemons = []
+        for i in range(2 if kind == "failover" else 1):
+            (tmp_path / f"d{i}").mkdir()
+            daemon = Daemon(tmp_path / f"d{i}", store)
+            if kind == "failover":
+                daemon.config["ha"] = {"lease_ms": 600, "renew_ms": 100}
+            daemon.config["tenants"]["a"]["rates"] = {
+                "http": {"per_s": TENANT_RATE[0], "burst": TENANT_RATE[1]}
+            }
+            daemon.start()
+            daemons.append(daemon)
         try:
-            spends, nodes = asyncio.run(_run(daemon, random.Random(seed)))
-            daemon.stop()
+            spends, nodes = asyncio.run(_run(daemons, random.Random(seed)))
+            for daemon in daemons:
+                daemon.stop()
             _check(store, spends, nodes, seed)
         finally:
-            daemon.close()
+            for daemon in daemons:
+                daemon.close()
 
 
 Spend = tuple[int, int, int, int, int]  # (time ms, session id, block id, units, node id)
 
 
-async def _run(daemon: Daemon, rng: random.Random) -> tuple[list[Spend], dict[str, int]]:
-    async with Client(daemon.addr, KEYS["KEY_A"]) as admin:
+async def _run(daemons: list[Daemon], rng: random.Random) -> tuple[list[Spend], dict[str, int]]:
+    """Workers spend; the first daemon (the leader) is SIGKILLed at KILL_AT_S and started again
+    (alone: the same process comes back; with a standby: the standby takes over first)."""
+    daemon, addrs = daemons[0], ",".join(d.addr for d in daemons)
+    async with Client(addrs, KEYS["KEY_A"]) as admin:
         strict = await admin.create_node("strict", rates={"http": PARENT_RATE})
         rated = await admin.create_node("rated", parent_id=strict, rates={"http": CHILD_RATE})
         plain = await admin.create_node("plain", parent_id=strict)
@@ -75,7 +91,7 @@ async def _run(daemon: Daemon, rng: random.Random) -> tuple[list[Spend], dict[st
         node = rated if i % 2 else plain
         config = CreditConfig(horizon_ms=200, lead_ms=100, idle_ms=300)
         # a session TTL well above a restart, so the workers keep their sessions through it
-        async with Client(daemon.addr, KEYS["KEY_A"], ttl_ms=10_000) as client:
+        async with Client(addrs, KEYS["KEY_A"], ttl_ms=10_000) as client:
             async with StrictCredit(client, node, "http", config) as credit:
                 while time.monotonic() - started < RUN_S:
                     verdict = await credit.admit(1, timeout_s=0.05)
