@@ -249,7 +249,9 @@ class _Process:
             await self.http.start(self.cfg.metrics)
 
     def advertise(self) -> str:
-        return self.cfg.ha.advertise or self.bound[0]
+        """What standbys tell clients: ``GOVERNOR_ADVERTISE`` (one per pod, from its name),
+        else ``ha.advertise``, else the first address bound."""
+        return os.environ.get("GOVERNOR_ADVERTISE") or self.cfg.ha.advertise or self.bound[0]
 
     def lead(self, loaded: Loaded | None) -> None:
         """Load the record (through ``loaded``, a standby's tail), apply the config, serve."""

@@ -103,7 +103,10 @@ def test_governord_is_a_statefulset_on_postgres_with_the_password_from_a_secret(
     pg_env = {e["name"]: e for e in postgres["containers"][0]["env"]}
     assert pg_env["POSTGRES_PASSWORD"]["valueFrom"] == env["PGPASSWORD"]["valueFrom"]
     assert pg_env["POSTGRES_USER"]["value"] == "governord"
-    assert by_kind("StatefulSet")["governord"]["spec"]["replicas"] == 1  # one leader
+    governord = by_kind("StatefulSet")["governord"]["spec"]
+    assert governord["replicas"] == 2  # a leader and a standby on the PostgreSQL record
+    assert governord["podManagementPolicy"] == "Parallel"  # a standby is never ready
+    assert cfg["ha"] == {"lease_ms": 1500, "renew_ms": 250}
 
 
 @pytest.mark.parametrize(
