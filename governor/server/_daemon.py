@@ -381,6 +381,14 @@ async def serve(
     if proc.kind == "postgres":
         try:
             leading = await _elect(proc, stop, announce)
+        except (StoreError, RecordError) as exc:  # the database went away under a standby
+            log.critical(
+                "cannot take part in the election, stopping so a supervisor restarts: %s",
+                one_line(exc),
+                extra={"fields": {"exit_status": EXIT_COMMIT_FAILED}},
+            )
+            await proc.close(None)
+            return EXIT_COMMIT_FAILED
         except BaseException:
             await proc.close(None)
             raise

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psycopg
 import pytest
 
 from tests.governor._daemon import KEYS, Daemon, Raw, free_port, wait_until
@@ -129,3 +130,24 @@ def test_a_stopped_leader_hands_over_at_once(pair: tuple[Daemon, Daemon]) -> Non
     assert time.monotonic() - stopped < TAKEOVER_S
     ra.close()
     rb.close()
+
+
+def test_a_standby_that_loses_its_database_stops_with_status_70(
+    pair: tuple[Daemon, Daemon],
+) -> None:
+    a, b = pair
+    store = b.store
+    with psycopg.connect(store.target, autocommit=True) as conn:
+        row = conn.execute(f'SELECT pid FROM "{store.schema}".leader').fetchone()
+        assert row is not None
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = %s AND pid <> %s",
+            (f"governord-{store.schema}", row[0]),
+        )
+    assert b.proc is not None
+    assert b.proc.wait(15) == 70
+    assert "cannot take part in the election" in b.stderr()
+    assert "Traceback" not in b.stderr()
+    token = Raw(a.addr).session(A)
+    assert _leads(Raw(a.addr), token)  # the leader is untouched
