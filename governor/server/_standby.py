@@ -39,7 +39,7 @@ class NotLeader:
             "epoch": epoch,
         }
 
-    async def _refuse(self, context: aio.ServicerContext[Any, Any]) -> None:
+    async def refuse(self, context: aio.ServicerContext[Any, Any]) -> None:
         d = self.detail()
         await context.abort(
             grpc.StatusCode.UNAVAILABLE, d["message"], ((wire.ERROR_MD, wire.pack(d)),)
@@ -50,19 +50,19 @@ class NotLeader:
         service, _, name = method.lstrip("/").partition("/")
 
         async def unary(_req: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
-            await self._refuse(context)
+            await self.refuse(context)
             raise AssertionError("unreachable: abort raises")
 
         async def stream(
             _req: bytes, context: aio.ServicerContext[bytes, bytes]
         ) -> AsyncIterator[bytes]:
-            await self._refuse(context)
+            await self.refuse(context)
             yield b""  # pragma: no cover - abort raises
 
         async def bidi(
             _reqs: AsyncIterator[bytes], context: aio.ServicerContext[bytes, bytes]
         ) -> AsyncIterator[bytes]:
-            await self._refuse(context)
+            await self.refuse(context)
             yield b""  # pragma: no cover - abort raises
 
         if service == wire.SERVICE:

@@ -21,16 +21,12 @@ import grpc
 from grpc import aio
 
 from governor import wire
+from governor.server._standby import NotLeader
 from ratemesh.coordinator import COORDINATOR_SERVICE
 
-__all__ = ["Relay", "Standby", "not_leader_detail"]
+__all__ = ["Relay", "Standby"]
 
 _STREAMS = {"WatchNode", "Watch"}  # server-streaming methods of the two services
-
-
-def not_leader_detail(leader: str, epoch: int) -> dict[str, Any]:
-    message = f"not the leader: the leader is {leader or 'unknown'}"
-    return {"reason": "not_leader", "message": message, "leader": leader, "epoch": epoch}
 
 
 class _Fake:
@@ -42,21 +38,16 @@ class _Fake:
         self.calls: collections.Counter[str] = collections.Counter()
         self.addr = ""
         self._server: aio.Server | None = None
+        # governord's own refusals, naming this stand-in's leader
+        self.not_leader = NotLeader(lambda: (self.leader, self.epoch))
 
     @property
     def refused(self) -> int:
         """Calls of every method it saw."""
         return sum(self.calls.values())
 
-    def _detail(self) -> dict[str, Any]:
-        return not_leader_detail(self.leader, self.epoch)
-
-    async def _refuse(self, context: aio.ServicerContext[Any, Any]) -> None:
-        detail = self._detail()
-        md = ((wire.ERROR_MD, wire.pack(detail)),)
-        await context.abort(grpc.StatusCode.UNAVAILABLE, detail["message"], md)
-
-    def handler(self, name: str) -> grpc.RpcMethodHandler | None:
+    def handler(self, method: str) -> grpc.RpcMethodHandler | None:
+        """The handler for ``/service/Name``."""
         raise NotImplementedError
 
     async def start(self) -> str:
@@ -68,7 +59,7 @@ class _Fake:
                 if service not in (wire.SERVICE, COORDINATOR_SERVICE):
                     return None
                 fake.calls[name] += 1
-                return fake.handler(name)
+                return fake.handler(details.method)
 
         self._server = aio.server()
         self._server.add_generic_rpc_handlers((Handler(),))
@@ -84,30 +75,10 @@ class _Fake:
 
 
 class Standby(_Fake):
-    """Every call: UNAVAILABLE not_leader naming ``leader``."""
+    """Every call: UNAVAILABLE not_leader naming ``leader``, as governord's standby answers."""
 
-    def handler(self, name: str) -> grpc.RpcMethodHandler:
-        async def unary(request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
-            await self._refuse(context)
-            raise AssertionError("unreachable: abort raises")
-
-        async def streamed(
-            request: bytes, context: aio.ServicerContext[bytes, bytes]
-        ) -> AsyncIterator[bytes]:
-            await self._refuse(context)
-            yield b""  # unreachable: an async generator, as a streaming handler is
-
-        async def both(
-            requests: AsyncIterator[bytes], context: aio.ServicerContext[bytes, bytes]
-        ) -> AsyncIterator[bytes]:
-            await self._refuse(context)
-            yield b""
-
-        if name == wire.MULTIPLEX:
-            return grpc.stream_stream_rpc_method_handler(both)
-        if name in _STREAMS:
-            return grpc.unary_stream_rpc_method_handler(streamed)
-        return grpc.unary_unary_rpc_method_handler(unary)
+    def handler(self, method: str) -> grpc.RpcMethodHandler | None:
+        return self.not_leader.handler(method)
 
 
 class Relay(_Fake):
@@ -145,12 +116,14 @@ class Relay(_Fake):
             return err.code().name, detail or {"message": err.details() or ""}
         return "reply", wire.unpack(reply)
 
-    def handler(self, name: str) -> grpc.RpcMethodHandler | None:
+    def handler(self, method: str) -> grpc.RpcMethodHandler | None:
+        name = method.rpartition("/")[2]
+
         async def unary(request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
             md = _md(context)
             kind, answer = await self._pass(name, request, md)
             if self.deposed:
-                await self._refuse(context)
+                await self.not_leader.refuse(context)
             if kind != "reply":
                 out = ((wire.ERROR_MD, wire.pack(answer)),)
                 await context.abort(grpc.StatusCode[kind], str(answer.get("message")), out)
@@ -165,7 +138,7 @@ class Relay(_Fake):
                 for call in wire.unpack(data)["calls"]:
                     kind, answer = await self._pass(call["method"], call["body"], md)
                     if self.deposed:
-                        kind, answer = "UNAVAILABLE", self._detail()
+                        kind, answer = "UNAVAILABLE", self.not_leader.detail()
                     if kind == "reply":
                         replies.append({"id": call["id"], "reply": answer})
                     else:
