@@ -16,8 +16,9 @@ What comes out (DESIGN.md section 5):
 * ``fencing_ids_reused``: lease and block ids granted twice;
 * ``linearizability_violations``: the checker's verdict on the whole history
   (``governor.testing.linearizability``);
-* ``strict_max_excess``: the most credit the clients held beyond ``burst + rate * t`` at any
-  grant (must be <= 0: strict credit survives a takeover).
+* ``strict_max_excess``: ``admitted(t0, t1) - R * (t1 - t0) - B`` at its worst over every
+  interval (``ratemesh.envelope.rate_excess``), the units each caller spent from a block
+  counted at the block's grant on record (must be <= 0: strict credit survives a takeover).
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ from governor.client import (
     GovernorClientError,
     Lease,
 )
+from governor.engine import _events as ev
+from governor.store import EventLog, PostgresBackend
 from governor.testing.linearizability import History, Recorder, Tree, TreeNode, check
+from ratemesh.envelope import rate_excess
 
 from ._daemon import KEYS, Governord
 
@@ -52,6 +56,7 @@ RESOURCE, CLS, RATED = "http", "db", "api"
 RATE_PER_S, RATE_BURST = 400, 100
 TASK_QUOTA, TASK_LIMIT = 1_000_000, 2
 BLOCK_UNITS = 10
+NS_PER_MS = 1_000_000
 SESSION_TTL_MS = 600_000  # outlasts the run: leases end only by release (the model's default)
 
 
@@ -78,6 +83,7 @@ class _Run:
     acked_consumes: dict[int, int]
     unknown_consumes: dict[int, int]
     open_leases: dict[int, int]  # lease id -> task node: acked and not (surely) released
+    spent: dict[int, int]  # block id -> units its caller spent from it
 
 
 class _Caller:
@@ -110,6 +116,7 @@ class _Caller:
                 self._ok(t)
                 t = time.monotonic_ns()
                 used = self.rng.randrange(int(block["units"]) + 1)
+                self.run.spent[int(block["block_id"])] = used
                 await self.rec.return_credit(int(block["block_id"]), int(block["units"]) - used)
             self._ok(t)
         except (Denied, AcquireTimeout):
@@ -147,28 +154,31 @@ async def _first_ok_after(run: _Run, since_ns: int, timeout_s: float) -> float |
     return None
 
 
-def _excess(history: History) -> int:
-    """The most credit clients held beyond ``burst + rate * t`` at any ok grant (t from the
-    first reserve's invocation, when the bucket was at most full)."""
-    events: list[tuple[int, int]] = []
-    first: int | None = None
-    for op in history.ops:
-        if op.call == "reserve_credit":
-            first = op.invoke_ns if first is None else min(first, op.invoke_ns)
-            if op.outcome == "ok" and op.complete_ns is not None:
-                events.append((op.complete_ns, int(op.result["units"])))
-        elif op.call == "return_credit" and op.outcome == "ok" and op.result.get("returned"):
-            if op.invoke_ns is not None:
-                events.append((op.invoke_ns, -int(op.args["unused"])))
-    if first is None:
-        return 0
-    worst, held = -RATE_BURST, 0
-    for at, units in sorted(events):
-        held += units
-        if units > 0:
-            allowed = RATE_BURST + RATE_PER_S * (at - first) / 1e9
-            worst = max(worst, int(held - allowed))
-    return worst
+def _grants_on_record(dsn: str, schema: str) -> dict[int, tuple[int, int]]:
+    """block id -> (granted at, ms on governord's clock; node id), from the shared record."""
+    log = EventLog(PostgresBackend(dsn, schema=schema, application_name="bench-failover"))
+    try:
+        loaded = log.load()
+    finally:
+        log.backend.close()
+    if loaded.snapshot is not None:  # snapshot_every is set above what a run writes
+        raise RuntimeError("the record was snapshotted: grants before it are not on record")
+    return {
+        e.block_id: (e.at_ms, e.node_id) for e in loaded.events if isinstance(e, ev.CreditGranted)
+    }
+
+
+def _excess(run: _Run, grants: dict[int, tuple[int, int]], tree: Tree, scope: int) -> float:
+    """The worst interval's lead of spent credit over ``R * (t1 - t0) + B`` at the rated
+    tenant, the spends timed by their blocks' grants on governord's own clock."""
+    admissions = sorted(
+        (grants[bid][0] * NS_PER_MS, grants[bid][1], used)
+        for bid, used in run.spent.items()
+        if used > 0
+    )
+    parents = {n.id: n.parent for n in tree.nodes.values()}
+    worst = rate_excess(admissions, parents, {scope: (RATE_PER_S, RATE_BURST)}).get(scope)
+    return -float(RATE_BURST) if worst is None or worst == float("-inf") else round(worst, 3)
 
 
 async def _main(p: Params, procs: list[Governord]) -> dict[str, Any]:
@@ -193,7 +203,7 @@ async def _main(p: Params, procs: list[Governord]) -> dict[str, Any]:
     )
     history = History(tree)
     run = _Run(
-        history, time.monotonic_ns(), [], dict.fromkeys(nodes, 0), dict.fromkeys(nodes, 0), {}
+        history, time.monotonic_ns(), [], dict.fromkeys(nodes, 0), dict.fromkeys(nodes, 0), {}, {}
     )
     callers = [
         _Caller(
@@ -264,6 +274,7 @@ async def _main(p: Params, procs: list[Governord]) -> dict[str, Any]:
         for k in ("lease_id", "block_id")
         if k in op.result and op.call in ("acquire", "reserve_credit")
     ]
+    grants = await asyncio.to_thread(_grants_on_record, p.dsn, procs[0].schema)
     if p.history_path:
         history.save(p.history_path)
     started = time.perf_counter()
@@ -279,7 +290,7 @@ async def _main(p: Params, procs: list[Governord]) -> dict[str, Any]:
         "linearizability_violations": len(verdict.violations),
         "linearizability_verdict": verdict.verdict,
         "linearizability_explained": [v.explain() for v in verdict.violations[:3]],
-        "strict_max_excess": _excess(history),
+        "strict_max_excess": _excess(run, grants, tree, scope),
         "operations": len(history.ops),
         "callers": p.callers,
         "processes": p.processes,
