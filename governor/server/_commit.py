@@ -38,6 +38,13 @@ class CommitWaits:
     def _resolve_rounds(self, done: int) -> None:
         _pop_up_to(self._rounds, done)
 
+    async def reply_ready(self, seq: int, wrote: bool) -> None:
+        """Return once a step's answer may be sent: its record is durable and, for a step that
+        recorded nothing (a read, a denial, a resend), the epoch has been confirmed."""
+        await self.wait(seq)
+        if not wrote:
+            await self.confirm()
+
     async def confirm(self) -> None:
         """Return once a commit round that started after this call has renewed this process's
         leader row: nothing answered after it can come from a deposed leader. Immediate where

@@ -143,9 +143,7 @@ class CoordinatorService:
 
     async def _step(self, fn: Callable[[Engine], Any]) -> Any:
         result, error, seq, wrote = self.authority.step(fn)
-        await self.commits.wait(seq)
-        if not wrote:  # a read: on a shared database, prove this process still leads
-            await self.commits.confirm()
+        await self.commits.reply_ready(seq, wrote)
         if error is not None:
             raise error_fail(error)
         return result

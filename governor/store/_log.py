@@ -116,8 +116,8 @@ class EventLog:
         if prior is not None and hasattr(self.backend, "read_after"):
             rows = self.backend.read_after(prior.snapshot_seq, prior.last_seq)
             if rows is not None:
-                more = _decode(rows.events, prior.last_seq + 1)
-                loaded = Loaded(prior.snapshot, prior.events + more)
+                prior.events.extend(_decode(rows.events, prior.last_seq + 1))  # no copy
+                loaded = prior
                 self._committed = self._appended = loaded.last_seq
                 return loaded
         rows = self.backend.read()
