@@ -46,6 +46,9 @@ SCHEMA_VERSION = 1
 KEY_MD = "x-governor-key"
 TOKEN_MD = "x-governor-token"
 ERROR_MD = "governor-error-bin"
+# The reason a standby (or a deposed leader) gives, with ``leader``: the address that leads,
+# "" while an election is under way (docs/failover.md).
+NOT_LEADER = "not_leader"
 MESSAGE_BYTES_MAX = 1 << 20
 MULTIPLEX = "Multiplex"
 CALLS_PER_BATCH_MAX = 4096

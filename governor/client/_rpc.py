@@ -42,7 +42,7 @@ _RESEND = {grpc.StatusCode.UNAVAILABLE}
 BACKOFF_MIN_S = 0.02
 BACKOFF_MAX_S = 0.5
 ADDRS_MAX = 16  # governords one client may name (one record: a leader and its standbys)
-NOT_LEADER = "not_leader"  # a standby's (or deposed leader's) reason; ``leader``: the hint
+NOT_LEADER = wire.NOT_LEADER  # a standby's (or deposed leader's) reason; ``leader``: the hint
 # Calls that wait in the leader's memory (its fair queue): one cut by a leader change is not
 # resent behind the caller's back (LeaderChanged), see Rpc.call.
 _WAITING = frozenset({"Acquire"})

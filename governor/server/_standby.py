@@ -33,7 +33,7 @@ class NotLeader:
         address, epoch = self._leader()
         where = address or "unknown (an election is under way)"
         return {
-            "reason": "not_leader",
+            "reason": wire.NOT_LEADER,
             "message": f"not the leader: the leader is {where}",
             "leader": address,
             "epoch": epoch,

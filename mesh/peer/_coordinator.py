@@ -17,6 +17,7 @@ import grpc
 import msgpack
 from grpc import aio
 
+from governor import wire
 from mesh.config import TlsConfig, governord_addrs
 from mesh.coordinator import PolicySnapshot, PolicyStore
 from mesh.core.messages import MAX_MESSAGE_BYTES
@@ -40,11 +41,11 @@ __all__ = [
     "CoordinatorServer",
 ]
 
-# governord's detail map in an error's trailing metadata (governor.wire.ERROR_MD): a standby
-# (or deposed leader) answers UNAVAILABLE with reason `not_leader` and `leader`, the address
-# of the one that leads (or "" when it does not know).
-GOVERNORD_ERROR_MD = "governor-error-bin"
-NOT_LEADER = "not_leader"
+# governord's detail map in an error's trailing metadata: a standby (or deposed leader)
+# answers UNAVAILABLE with reason `not_leader` and `leader`, the address of the one that leads
+# (or "" when it does not know). The names are governord's wire contract.
+GOVERNORD_ERROR_MD = wire.ERROR_MD
+NOT_LEADER = wire.NOT_LEADER
 
 
 def _leader_hint(exc: grpc.RpcError) -> str:
