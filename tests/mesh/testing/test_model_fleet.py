@@ -92,7 +92,6 @@ class Schedule:
     # -- the workload -----------------------------------------------------------------
 
     def offer(self, worker: str, amount: int) -> None:
-        now = self.fleet.now_ns
         if worker in self.crashed:
             return
         if amount > self.b:
