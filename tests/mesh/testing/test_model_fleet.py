@@ -27,8 +27,6 @@ import os
 import random
 from dataclasses import dataclass, field
 
-import pytest
-
 from mesh.core.config import CoreConfig
 from mesh.core.gcra import NS_PER_S
 from mesh.core.policy import PolicyCache
@@ -293,22 +291,51 @@ def test_traffic_that_returns_after_an_idle_is_metered_again() -> None:
 
 
 def test_amounts_of_b_from_two_workers_are_served() -> None:
-    """b=2, amount 2 from two members: each member's even cap was b/N = 1, so nothing ever
-    fit, and the verdict said rate_limited with a retry."""
+    """b=2, amount 2 from two members, each asking every 40 ms (100 units/s against 50/s):
+    each member's even cap was b/N = 1, so nothing ever fit (0 in 6 s), and every verdict
+    said rate_limited with a retry."""
     s = Schedule(2, 50, 10, 2, ["a", "b", "c"], idle_ms=1500)
-    s.serve(["a", "b"], 60, 6000, [2])  # 120 units/s offered against 50/s
-    assert s.admitted >= 0.8 * 50 * 6, s.admitted
+    start, got = s.fleet.now_ns, 0
+    for ms in range(6000):
+        w = "a" if ms % 40 == 0 else "b" if ms % 40 == 20 else None
+        if w is not None and s.fleet.try_admit(w, T, M, 2).allowed:
+            got += 2
+            s.history.setdefault(1, []).append((s.fleet.now_ns, 2))
+        s.fleet.run_until(start + (ms + 1) * MS)
+    assert got >= 0.8 * (50 * 6 + 10), got
     assert s.check() == []
 
 
-@pytest.mark.parametrize("amount", [6, 7, 16])
-def test_an_amount_above_the_even_share_passes_on_a_cold_key(amount: int) -> None:
-    """R=400, B=80, b=16 on three members: ceil(b/N) = 6 passed, 7 never did."""
+def test_an_amount_above_the_even_share_passes_within_a_round_trip() -> None:
+    """R=400, B=80, b=16 on three members. On a cold key a view starts from ceil(b/N) = 6:
+    a first ask of 7 is denied with a short retry_after_ms, and the retry after one round
+    trip to the owner passes (the view's next snapshot lets it hold what it was denied)."""
     s = Schedule(3, 400, 80, 16, ["a", "b", "c"], idle_ms=1500)
-    s.serve(["a", "b", "c"], 100, 500, [amount])
-    ideal = min(100 * 0.5 * amount, 400 * 0.5 + 80)  # what was offered, or the bucket
-    assert s.admitted >= 0.8 * ideal, s.admitted
-    assert s.check() == []
+    for k in range(19):
+        s.fleet.policies.put(policy(f"cold{k}", rate=400, burst=80, b=16))
+    for k in range(19):
+        adm = s.fleet.members["a"].admission
+        first = adm.try_admit_detailed(f"cold{k}", M, 7)
+        if not first.allowed:
+            assert first.reason is Reason.RATE_LIMITED and first.retry_after_ms is not None
+            assert first.retry_after_ms <= 20, first
+        s.fleet.run_until(s.fleet.now_ns + s.fleet.propagation_delay_ns())
+        assert first.allowed or s.fleet.try_admit("a", f"cold{k}", M, 7).allowed, k
+
+
+def test_amounts_up_to_b_on_a_warm_key_pass_and_above_b_are_too_large() -> None:
+    """The same limit warm: 16 (= b) passes; 17 was denied rate_limited with a 3 ms retry
+    forever; it is too_large now, retry_after_ms null."""
+    s = Schedule(4, 400, 80, 16, ["a", "b", "c"], idle_ms=1500)
+    s.serve(["a", "b", "c"], 100, 200, [1])
+    adm = s.fleet.members["b"].admission
+    passed = 0
+    for _ in range(19):
+        passed += adm.try_admit(T, M, 16).allowed
+        s.fleet.run_until(s.fleet.now_ns + 50 * MS)
+    assert passed >= 15, passed
+    v = adm.try_admit_detailed(T, M, 17)
+    assert (v.allowed, v.reason, v.retry_after_ms) == (False, Reason.TOO_LARGE, None)
 
 
 def test_an_amount_above_b_is_too_large_with_no_retry() -> None:
