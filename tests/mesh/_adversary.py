@@ -17,7 +17,9 @@ broke the envelope before, mixed at random:
 * envelope: over every interval, admitted <= R*(t1-t0) + B + N*b + R*d;
 * starvation: a retried request (every RETRY_EVERY_MS for RETRY_FOR_MS) that an ideal token
   bucket fed the admitted history could have served throughout its retries (>= amount
-  tokens the whole time) must be admitted, or denied `too_large` without a retry_after;
+  tokens the whole time) must be admitted, or denied `too_large` without a retry_after.
+  A window in which the node disclosed that it could not know (`owner_unreachable`,
+  `snapshot_stale`: an owner slow to answer on a loaded machine) is counted, not failed;
 * honesty: a `too_large` denial carries no retry_after (waiting cannot help), and an amount
   above B is never asked to retry;
 * every answer decided (no `error`, no unknown policy).
@@ -44,6 +46,7 @@ __all__ = [
     "RETRY_FOR_MS",
 ]
 
+DISCLOSED = frozenset({"owner_unreachable", "snapshot_stale"})  # a degraded answer, said so
 RETRY_EVERY_MS = 20
 RETRY_FOR_MS = 200
 LENGTH_MS = 6500  # offers span about this long
@@ -264,9 +267,12 @@ def judge(s: Schedule, requests: list[Request], t0_ns: int, d_s: float) -> Judge
     for r in requests:
         problems.extend(_honesty(s, r))
     ideal = IdealBucket(history, s.rate, s.burst, t0_ns)
+    degraded = 0
     for r in requests:
         why = _starved(s, r, ideal, t0_ns)
-        if why:
+        if why and any(a.reason in DISCLOSED for a in r.answers):
+            degraded += 1
+        elif why:
             problems.append(why)
     offered = sum(o.amount for o in s.offers)
     summary = (
@@ -274,7 +280,8 @@ def judge(s: Schedule, requests: list[Request], t0_ns: int, d_s: float) -> Judge
         f"admitted {admitted}; worst interval: "
         f"{worst.explain(t0_ns) if worst else '-'}; d={d_s * 1000:.1f}ms, allowed excess "
         f"{allowed:.1f}; caller round trips p50 {rtts[len(rtts) // 2] / 1e6:.1f}ms, "
-        f"max {rtts[-1] / 1e6:.1f}ms"
+        f"max {rtts[-1] / 1e6:.1f}ms; retry windows denied with a disclosed suspension "
+        f"while an ideal bucket held enough: {degraded}"
     )
     return Judgement(s, problems, summary)
 
