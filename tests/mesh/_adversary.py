@@ -214,6 +214,8 @@ class Answer:
     reason: str
     retry_after_ms: int | None  # None: absent (waiting cannot help)
     error: str | None
+    remaining: int | None = None  # what the node said it could still admit
+    suspended: str | None = None
 
 
 @dataclass
@@ -313,11 +315,13 @@ def _starved(s: Schedule, r: Request, ideal: IdealBucket, t0_ns: int) -> str | N
     least = ideal.least(first_ns, last_ns)
     if least < o.amount:
         return None  # an exact limiter could have said no somewhere in the window too
-    said = sorted({(a.reason, a.retry_after_ms) for a in r.answers}, key=str)
+    said = sorted(
+        {(a.reason, a.retry_after_ms, a.remaining, a.suspended) for a in r.answers}, key=str
+    )
     kind = "starved within b" if o.amount <= s.cap else "starved above b"
     return (
         f"{kind}: amount {o.amount} (b={s.cap}) via member {o.node} retried "
         f"{len(r.answers)}x over [{(first_ns - t0_ns) / 1e9:.3f} s, "
         f"{(last_ns - t0_ns) / 1e9:.3f} s] while an ideal bucket held >= {least:.1f}; "
-        f"answers {said}"
+        f"answers (reason, retry_after_ms, remaining, suspended) {said}"
     )
