@@ -227,6 +227,15 @@ class _Fleet:
 
 BATCH_MAX = 256  # items per AdmitStream message
 D_POLL_S = 0.1
+WARMUP_S = 1.5
+WARMUP: dict[str, Any] = {  # the warm-up's own tenant, over its limit from every node
+    "tenant_id": "warmup",
+    "metric": METRIC,
+    "generation": 1,
+    "target_rate": 100,
+    "global_burst": 10,
+    "local_burst_cap": 2,
+}
 
 
 class _Stream:
@@ -286,13 +295,22 @@ class _Caller:
         self.channels = [grpc.aio.insecure_channel(n["sidecar"]["grpc"]) for n in fleet.ready]
         self.streams: list[_Stream] = []
 
-    async def warm(self) -> None:
-        """Connect every channel before the clock starts (a first call waits for it)."""
+    async def warm(self) -> int:
+        """Connect every channel and run every node's paths once before the clock starts:
+        a first call waits for its connection, and a node's first seconds of traffic
+        (views, owner keys, reports) were seen to stall it for up to 2 s on this machine."""
         for ch in self.channels:
             await asyncio.wait_for(ch.channel_ready(), 10)
         self.streams = [_Stream(ch) for ch in self.channels]
-        for node in range(len(self.streams)):
-            await self.ask(node, "warmup", 1)  # no policy: policy_unknown, nothing spent
+        loop = asyncio.get_running_loop()
+        end, admitted = loop.time() + WARMUP_S, 0
+        while loop.time() < end:
+            said = await asyncio.gather(
+                *(self.ask(n, WARMUP["tenant_id"], 1) for n in range(len(self.streams)))
+            )
+            admitted += sum(a.allowed for a in said)
+            await asyncio.sleep(0.002)
+        return admitted
 
     async def ask(self, node: int, tenant: str, amount: int) -> Answer:
         item = pb.AdmitItem(tenant=tenant, metric=METRIC, amount=amount)
@@ -346,22 +364,25 @@ async def _run_schedule(caller: _Caller, s: Schedule) -> tuple[int, list[Request
 
 async def _run_all(
     fleet: _Fleet, schedules: list[Schedule]
-) -> tuple[dict[int, tuple[int, list[Request]]], float]:
-    """Every schedule, WAVE at a time; the worst d_ms any node reported meanwhile."""
+) -> tuple[dict[int, tuple[int, list[Request]]], float, int]:
+    """Every schedule, WAVE at a time, after the warm-up: their records, the worst d_ms any
+    node reported meanwhile, and the units the warm-up admitted."""
     caller = _Caller(fleet)
     out: dict[int, tuple[int, list[Request]]] = {}
     worst = [0.0]
-    watch = asyncio.create_task(_watch_d(fleet, worst))
+    watch = None
     try:
-        await caller.warm()
+        warmed = await caller.warm()
+        watch = asyncio.create_task(_watch_d(fleet, worst))
         for k in range(0, len(schedules), WAVE):
             wave = schedules[k : k + WAVE]
             done = await asyncio.gather(*(_run_schedule(caller, s) for s in wave))
             out.update({s.seed: res for s, res in zip(wave, done, strict=True)})
     finally:
-        watch.cancel()
+        if watch is not None:
+            watch.cancel()
         await caller.close()
-    return out, max(worst[0], *(fleet.health(i)["d_ms"] for i in range(MEMBERS)))
+    return out, max(worst[0], *(fleet.health(i)["d_ms"] for i in range(MEMBERS))), warmed
 
 
 async def _watch_d(fleet: _Fleet, worst: list[float]) -> None:
@@ -389,7 +410,7 @@ def _selected_seeds(request: pytest.FixtureRequest) -> list[int]:
 @dataclass
 class _Run:
     judged: dict[int, Judgement]
-    admitted: int  # units, over every schedule
+    admitted: int  # units, over every schedule and the warm-up
     applied: int  # units the owners applied, over every member
     wall_s: float
 
@@ -411,10 +432,13 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     ]
     for s in schedules:
         print(s.describe())
-    fleet = _Fleet(tmp_path_factory.mktemp("fleet"), [s.policy(METRIC) for s in schedules])
+    policies = [WARMUP, *(s.policy(METRIC) for s in schedules)]
+    fleet = _Fleet(tmp_path_factory.mktemp("fleet"), policies)
     try:
-        records, d_ms = asyncio.run(_run_all(fleet, schedules))
-        admitted = sum(r.offer.amount for _, reqs in records.values() for r in reqs if r.admitted)
+        records, d_ms, warmed = asyncio.run(_run_all(fleet, schedules))
+        admitted = warmed + sum(
+            r.offer.amount for _, reqs in records.values() for r in reqs if r.admitted
+        )
         deadline = time.monotonic() + 3  # the last reports reach their owners
         while (applied := fleet.applied_units()) < admitted and time.monotonic() < deadline:
             time.sleep(0.05)
