@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import gc
 import os
 import secrets
@@ -380,8 +381,10 @@ async def _run_all(
             done = await asyncio.gather(*(_run_schedule(caller, s) for s in wave))
             out.update({s.seed: res for s, res in zip(wave, done, strict=True)})
     finally:
-        if watch is not None:
+        if watch is not None:  # and wait for it, so its client closes its connections
             watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
         await caller.close()
     return out, max(worst[0], *(fleet.health(i)["d_ms"] for i in range(MEMBERS))), warmed
 
