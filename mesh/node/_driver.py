@@ -317,9 +317,8 @@ class NodeDriver:
         while True:
             now = self.clock_ns()
             with self.lock:
-                settling = self.units.settling(self.member.admission)
+                self.units.settling(self.member.admission)
                 effects = self.member.tick(now)
-            self.units.settled(settling)
             self.ticks += 1
             self._carry(now, effects)
             held = self._fetch_held
@@ -363,7 +362,7 @@ class NodeDriver:
         self._forget_at_ns = now + FORGET_IDLE_NS
         with self.lock:
             self.member.ring.forget_lookups()
-            self.units.forget_idle(self.member.reporter.gates)
+            self.units.forget_idle()
         dropped = self.telemetry.forget_idle()
         old = now - FORGET_IDLE_NS
         self._report_sent = {k: t for k, t in self._report_sent.items() if t[1] > old}

@@ -69,7 +69,7 @@ def node_stats(driver: NodeDriver) -> NodeStats:
     with driver.lock:
         s.applied = m.owner.applied_by_scope()  # per tenant/metric, across generations
         s.admitted_units = driver.units.by_limit()
-        s.admitted_units_totals = dict(driver.units.totals)
+        s.admitted_units_totals = driver.units.totals()
         for p in m.policies:  # R and B of each policy by name (`rate_and_burst`)
             numbers = rate_and_burst(p)
             if numbers is not None:

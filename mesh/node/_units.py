@@ -17,15 +17,14 @@ never goes down and `rate()` of it is the admitted rate net of refunds. A `redis
 answered by the shared counter is not counted here (Redis meters it), nor is a spend quota
 (no rate) or a disabled limit (no limit).
 
-Bounds: `_last_sequence` holds the global views counted since the last `forget_idle`,
-pruned then to the views the reporter still has; `_limits` holds the limits that moved
-since the previous `forget_idle` (an idle limit's net is dropped and its total kept in
-`totals`, per (metric, mode): the exported sum over tenants never goes down).
+Bound: `_views` holds the views counted since the previous `forget_idle` (the node calls it
+every `FORGET_IDLE_NS`); a view whose count did not move since is dropped, its count kept
+in a total per (metric, mode), so the exported sum over tenants never goes down.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from mesh.core.admission import Admission
 from mesh.core.gate import Gate
@@ -42,61 +41,82 @@ class AdmittedUnits:
     """Per limit (tenant part, metric, mode): the units admitted here, net of refunds."""
 
     def __init__(self) -> None:
-        # limit -> [net, highest net]: the highest is what is exported (monotonic)
-        self._limits: dict[Limit, list[int]] = {}
-        self._seen: dict[Limit, int] = {}  # highest nets at the last forget_idle
-        # (metric, mode) -> the sum of the highest nets of every limit ever counted, the
-        # forgotten ones included
-        self.totals: dict[tuple[str, str], int] = {}
-        self._last_sequence: dict[GlobalGate, int] = {}  # view -> last report counted
+        # view -> [net, highest net, last report sequence counted]. Keyed by the view (an
+        # identity hash): the counts run on the node loop once per settle or report, and
+        # what they belong to is only looked up at a scrape (`by_limit`).
+        self._views: dict[Gate, list[int]] = {}
+        self._seen: dict[Gate, int] = {}  # highest nets at the last forget_idle
+        # (metric, mode) -> the highest nets of the views forgotten since the start
+        self._forgotten: dict[tuple[str, str], int] = {}
 
     def add(self, gate: Gate, units: int) -> None:
-        p = gate.policy
-        k = (p.tenant_id, p.metric, p.mode.value)
-        row = self._limits.get(k)
+        row = self._views.get(gate)
         if row is None:
-            row = self._limits[k] = [0, 0]
+            row = self._views[gate] = [0, 0, 0]
         row[0] += units
         if row[0] > row[1]:
-            s = (k[1], k[2])
-            self.totals[s] = self.totals.get(s, 0) + row[0] - row[1]
             row[1] = row[0]
 
     def reported(self, gates: Mapping[RateKey, GlobalGate], batch: ReportBatch) -> None:
         """Count the reports of `batch` (ours, on its way out) not counted before. A view's
         sequences only grow, so a sequence above the last one counted is a report never
         counted; a resend repeats one at or below it."""
-        last = self._last_sequence
+        views = self._views
         for key, seq, delta in zip(batch.keys, batch.sequences, batch.deltas, strict=True):
             v = gates.get(key)
-            if v is None or seq <= last.get(v, 0):
+            if v is None:
                 continue
-            last[v] = seq
-            self.add(v, delta // v.scale)  # deltas are in sub-units (`Gate`)
+            row = views.get(v)
+            if row is None:
+                row = views[v] = [0, 0, 0]
+            elif seq <= row[2]:
+                continue
+            row[2] = seq
+            row[0] += delta // v.scale  # deltas are in sub-units (`Gate`)
+            if row[0] > row[1]:
+                row[1] = row[0]
 
-    @staticmethod
-    def settling(admission: Admission) -> list[tuple[Gate, int]]:
-        """What the local and share views waiting for the next tick's settle hold: the
-        tick charges all of it (`LocalGate.settle`), so call it just before the tick,
-        under the same hold of the node's lock, and hand the result to `settled`.
-        Reads `Admission._settle`: the core keeps that set for this very tick."""
-        return [(v, v.pending) for v in admission._settle if v.pending]
+    def settling(self, admission: Admission) -> None:
+        """Count what the local and share views waiting for the next tick's settle hold:
+        the tick charges all of it (`LocalGate.settle` empties `pending`). Call it just
+        before the tick, under the same hold of the node's lock. Reads
+        `Admission._settle`: the core keeps that set for this very tick."""
+        views = self._views
+        for v in admission._settle:  # `add`, inlined: a tick may settle many views
+            units = v.pending
+            if units:
+                row = views.get(v)
+                if row is None:
+                    row = views[v] = [0, 0, 0]
+                row[0] += units
+                if row[0] > row[1]:
+                    row[1] = row[0]
 
-    def settled(self, held: Iterable[tuple[Gate, int]]) -> None:
-        for v, units in held:
-            self.add(v, units)
-
-    def forget_idle(self, gates: Mapping[RateKey, GlobalGate]) -> None:
-        """Drop the limits whose count did not move since the last call (their totals stay
-        in `totals`), and the sequences of views the reporter no longer holds."""
-        seen = self._seen
-        for k in [k for k, row in self._limits.items() if seen.get(k) == row[1]]:
-            del self._limits[k]
-        self._seen = {k: row[1] for k, row in self._limits.items()}
-        self._last_sequence = {
-            v: s for v, s in self._last_sequence.items() if gates.get(v.key) is v
-        }
+    def forget_idle(self) -> None:
+        """Drop the views whose count did not move since the last call (the core forgets
+        idle views too): their counts stay in the totals."""
+        seen, gone, views = self._seen, self._forgotten, self._views
+        for v in [v for v, row in views.items() if seen.get(v) == row[1]]:
+            p = v.policy
+            s = (p.metric, p.mode.value)
+            gone[s] = gone.get(s, 0) + views.pop(v)[1]
+        self._seen = {v: row[1] for v, row in views.items()}
 
     def by_limit(self) -> dict[Limit, int]:
-        """Each limit counted since it was last idle: its highest net."""
-        return {k: row[1] for k, row in self._limits.items()}
+        """Each limit's count since it was last idle: the highest nets of its views (its
+        generations, a view forgotten and opened again), summed."""
+        out: dict[Limit, int] = {}
+        for v, row in self._views.items():
+            p = v.policy
+            k = (p.tenant_id, p.metric, p.mode.value)
+            out[k] = out.get(k, 0) + row[1]
+        return out
+
+    def totals(self) -> dict[tuple[str, str], int]:
+        """Per (metric, mode), every limit ever counted, the forgotten ones included:
+        never goes down."""
+        out = dict(self._forgotten)
+        for v, row in self._views.items():
+            s = (v.policy.metric, v.policy.mode.value)
+            out[s] = out.get(s, 0) + row[1]
+        return out
