@@ -49,14 +49,6 @@ class AdmittedUnits:
         # (metric, mode) -> the highest nets of the views forgotten since the start
         self._forgotten: dict[tuple[str, str], int] = {}
 
-    def add(self, gate: Gate, units: int) -> None:
-        row = self._views.get(gate)
-        if row is None:
-            row = self._views[gate] = [0, 0, 0]
-        row[0] += units
-        if row[0] > row[1]:
-            row[1] = row[0]
-
     def reported(self, gates: Mapping[RateKey, GlobalGate], batch: ReportBatch) -> None:
         """Count the reports of `batch` (ours, on its way out) not counted before. A view's
         sequences only grow, so a sequence above the last one counted is a report never
@@ -82,7 +74,7 @@ class AdmittedUnits:
         before the tick, under the same hold of the node's lock. Reads
         `Admission._settle`: the core keeps that set for this very tick."""
         views = self._views
-        for v in admission._settle:  # `add`, inlined: a tick may settle many views
+        for v in admission._settle:
             units = v.pending
             if units:
                 row = views.get(v)

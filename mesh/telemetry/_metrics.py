@@ -93,8 +93,8 @@ class NodeStats:
     redis_fallbacks: dict[str, int] = field(default_factory=dict)
     redis_breaker_open: int = 0
     # Units admitted here per (tenant, metric, mode) since the limit was last idle (the
-    # node's AdmittedUnits, monotonic per entry), and per (metric, mode) ever, forgotten
-    # limits included
+    # node's AdmittedUnits, net of refunds, at their highest), and per (metric, mode)
+    # ever, the limits forgotten since included
     admitted_units: dict[tuple[str, str, str], int] = field(default_factory=dict)
     admitted_units_totals: dict[tuple[str, str], int] = field(default_factory=dict)
     # (tenant, metric) -> (R in units per second, B in units) of each current policy by
