@@ -40,6 +40,7 @@ from mesh.core.ring import Ring
 from mesh.membership import MembershipSource, MembershipView
 from mesh.node._credit import CreditDriver
 from mesh.node._reload import PolicyReloader
+from mesh.node._units import AdmittedUnits
 from mesh.peer import Transport
 from mesh.telemetry import DECISIONS_IDLE_S, Telemetry
 
@@ -205,6 +206,9 @@ class NodeDriver:
         self._tier_running = False  # the task that calls the tier, started at first use
         self.tier_errors = 0
         self.tier_folds = 0  # tier answers folded into the ledger
+        # Units admitted per limit, counted as reports go out and views settle, never on
+        # the hot path (`ratemesh_admitted_units_total`, mesh/node/_units.py)
+        self.units = AdmittedUnits()
 
     @property
     def member_id(self) -> str:
@@ -313,6 +317,7 @@ class NodeDriver:
         while True:
             now = self.clock_ns()
             with self.lock:
+                self.units.settling(self.member.admission)
                 effects = self.member.tick(now)
             self.ticks += 1
             self._carry(now, effects)
@@ -357,6 +362,7 @@ class NodeDriver:
         self._forget_at_ns = now + FORGET_IDLE_NS
         with self.lock:
             self.member.ring.forget_lookups()
+            self.units.forget_idle()
         dropped = self.telemetry.forget_idle()
         old = now - FORGET_IDLE_NS
         self._report_sent = {k: t for k, t in self._report_sent.items() if t[1] > old}
@@ -546,6 +552,8 @@ class NodeDriver:
     def _carry(self, now: int, effects: list[Effect]) -> None:
         for e in effects:
             if isinstance(e, Send):
+                if isinstance(e.message, ReportBatch):  # ours, going out: count new usage
+                    self.units.reported(self.member.reporter.gates, e.message)
                 if e.to == self.member_id:  # our own keys: a local call, not a message
                     # Applied whole, not in slices: our own reports come from our own flush
                     # (as long a hold as the flush was), and held in a backlog behind

@@ -13,7 +13,7 @@ from mesh.core.policy import BOUNDS, Mode, RateKey
 from mesh.core.reporter._gate import GlobalGate
 from mesh.node._capability import capability
 from mesh.node._driver import NodeDriver
-from mesh.telemetry import NodeStats
+from mesh.telemetry import NodeStats, rate_and_burst
 from ratemesh.policy import split_tenant
 
 __all__ = [
@@ -68,6 +68,12 @@ def node_stats(driver: NodeDriver) -> NodeStats:
         s.policy_reloads_refused = dict(driver.reloader.stats.refused)
     with driver.lock:
         s.applied = m.owner.applied_by_scope()  # per tenant/metric, across generations
+        s.admitted_units = driver.units.by_limit()
+        s.admitted_units_totals = driver.units.totals()
+        for p in m.policies:  # R and B of each policy by name (`rate_and_burst`)
+            numbers = rate_and_burst(p)
+            if numbers is not None:
+                s.limits[(p.tenant_id, p.metric)] = numbers
         for key, ks in list(m.owner.keys.items()):
             scope = (key.tenant_id, key.metric)
             n = sum(1 for rs in ks.reporters.values() if rs.lease_until_ns >= now)

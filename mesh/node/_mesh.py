@@ -535,6 +535,7 @@ class Mesh:
         tel = Telemetry(
             lambda: node_stats(driver),
             metric_declared=lambda m: driver.member.policies.unit_of(m) is not None,
+            policy_of=lambda t, m: driver.member.policies.current(t, m),
         )
         tel.decisions, tel.verdicts = self.decisions, self.verdicts
         reloader = None

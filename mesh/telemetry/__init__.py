@@ -15,7 +15,14 @@ from mesh.telemetry._fleet import (
     fleet_report,
     fleet_table,
 )
-from mesh.telemetry._metrics import DECISIONS_IDLE_S, OTHER, TOP_K, NodeStats, Telemetry
+from mesh.telemetry._metrics import (
+    DECISIONS_IDLE_S,
+    OTHER,
+    TOP_K,
+    NodeStats,
+    Telemetry,
+    rate_and_burst,
+)
 from mesh.telemetry._routes import Route, telemetry_routes
 
 __all__ = [
@@ -33,5 +40,6 @@ __all__ = [
     "Telemetry",
     "excess_over_times",
     "excess_over_windows",
+    "rate_and_burst",
     "telemetry_routes",
 ]

@@ -19,6 +19,14 @@ sum).
 Forgetting: `forget_idle` (the node calls it every `DECISIONS_IDLE_S`) drops the decision
 counts of tenants that did not change since the previous call, keeping their totals per
 series, so the hot path's dict holds recently active tenants only.
+
+Units admitted (`ratemesh_admitted_units_total`, counted by the node off the hot path:
+mesh/node/_units.py) follow the same labelled tenants and the same rules as the decision
+counters. Each limit's numbers (`ratemesh_limit_rate`, `ratemesh_limit_burst`) are gauges
+for the same tenants, plus tenants with a policy by name in the slots left free (as
+`ratemesh_policy_generation`); tenant="other" carries the largest among the limits without
+a series of their own, per metric, the default policies' ("*") always among them, since
+they apply to every tenant not labelled (docs/telemetry.md).
 """
 
 from __future__ import annotations
@@ -27,17 +35,26 @@ import heapq
 import threading
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from mesh.core.gate import Gate
+from mesh.core.policy import DEFAULT_TENANT, TenantRatePolicy
 from mesh.core.verdict import Reason, Verdict
-from ratemesh.policy import DESCRIPTOR_SEP
+from ratemesh.policy import DESCRIPTOR_SEP, DESCRIPTOR_WILDCARD, split_tenant
 
-__all__ = ["Telemetry", "NodeStats", "TOP_K", "OTHER", "DECISIONS_IDLE_S", "DecisionKey"]
+__all__ = [
+    "Telemetry",
+    "NodeStats",
+    "TOP_K",
+    "OTHER",
+    "DECISIONS_IDLE_S",
+    "DecisionKey",
+    "rate_and_burst",
+]
 
 TOP_K = 50  # tenants with series of their own (node config: telemetry_top_k)
 OTHER = "other"  # the label the remaining tenants are summed under
@@ -75,6 +92,22 @@ class NodeStats:
     redis_answered: int | None = None
     redis_fallbacks: dict[str, int] = field(default_factory=dict)
     redis_breaker_open: int = 0
+    # Units admitted here per (tenant, metric, mode) since the limit was last idle (the
+    # node's AdmittedUnits, net of refunds, at their highest), and per (metric, mode)
+    # ever, the limits forgotten since included
+    admitted_units: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    admitted_units_totals: dict[tuple[str, str], int] = field(default_factory=dict)
+    # (tenant, metric) -> (R in units per second, B in units) of each current policy by
+    # name that has a rate (`rate_and_burst`)
+    limits: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+
+
+def rate_and_burst(p: TenantRatePolicy) -> tuple[float, float] | None:
+    """A limit's R (units per second, exact for a rate not whole per second: "1/minute" is
+    1/60) and B (units); None for a policy with no rate to export (disabled, a quota)."""
+    if not p.enabled or p.quota is not None or p.target_rate <= 0:
+        return None
+    return p.target_rate / p.scale, p.global_burst / p.scale
 
 
 class Telemetry:
@@ -84,10 +117,14 @@ class Telemetry:
         *,
         top_k: int = TOP_K,
         metric_declared: Callable[[str], bool] | None = None,
+        policy_of: Callable[[str, str], TenantRatePolicy | None] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         # Whether a current policy names the metric (the node's policy cache); None: all are.
         self._metric_declared = metric_declared
+        # The current policy for a (tenant, metric) (the node's policy cache, defaults
+        # resolved): the numbers of a labelled tenant's limit that has no policy by name.
+        self._policy_of = policy_of
         self.top_k = top_k
         self.decisions: dict[DecisionKey, int] = {}
         self.verdicts: dict[int, Verdict] = {}  # keeps each counted verdict (and its id) alive
@@ -100,6 +137,8 @@ class Telemetry:
         self._limit_folded: dict[tuple[str, str], list[int]] = {}
         self._decided: _Labelled[Series] = _Labelled()
         self._applied: _Labelled[str] = _Labelled()
+        self._retired: dict[str, int] = {}  # the owner's forgotten keys' units, per metric
+        self._units: _Labelled[tuple[str, str]] = _Labelled()  # series: (metric, mode)
         self.report_delay = Histogram(
             "ratemesh_report_delay_seconds",
             "From sending a usage report to the owner's snapshot acknowledging it (d)",
@@ -228,8 +267,16 @@ class _Labelled(Generic[S]):
         self._other: dict[S, int] = {}
 
     def update(
-        self, top: set[str], per_tenant: dict[tuple[str, S], int], totals: dict[S, int]
+        self,
+        top: set[str],
+        per_tenant: dict[tuple[str, S], int],
+        totals: dict[S, int],
+        net: set[S] | frozenset[S] = frozenset(),
     ) -> list[tuple[str, S, int]]:
+        """`net`: the series whose source counts went down since the last update only by
+        refunds (a net of usage), not by forgetting: a labelled count of theirs then keeps
+        its highest, and counts again once past it (the highest net reached). For the other
+        series, a lower count is a source forgotten and started again: counted from it."""
         base: dict[tuple[str, S], int] = {}
         out: dict[tuple[str, S], int] = {}
         for k, n in per_tenant.items():
@@ -239,7 +286,7 @@ class _Labelled(Generic[S]):
             if prev is None:  # new to the top: its past stays in "other"
                 prev = 0 if k[0] in self._top else n
             out[k] = self._out.get(k, 0) + max(0, n - prev)
-            base[k] = n
+            base[k] = max(n, prev) if k[1] in net else n
         for k, got in self._out.items():
             if k[0] in top and k not in out:  # its source count was forgotten meanwhile
                 out[k], base[k] = got, 0
@@ -269,8 +316,18 @@ class _Collector(Collector):
     def collect(self) -> Iterator[Metric]:
         s = self.stats()
         with self.tel._lock:
-            decided, applied = self._rank(s)
+            ranked = self._rank(s)
+        decided, applied = ranked.decided, ranked.applied
         yield from _decision_families(decided)
+        units = CounterMetricFamily(
+            "ratemesh_admitted_units",
+            "Units (or bytes) admitted by this member per limit, net of refunds: counted "
+            "as its reports go out (global, strict) and at its settles (local, share)",
+            labels=["tenant", "metric", "mode"],
+        )
+        for t, (m, mode), n in sorted(ranked.units):
+            units.add_metric([_label(t), m, mode], n)
+        yield units
         fam = CounterMetricFamily(
             "ratemesh_owner_applied",
             "Usage applied by this member as owner (units or bytes)",
@@ -279,7 +336,7 @@ class _Collector(Collector):
         for t, m, n in sorted(applied):
             fam.add_metric([_label(t), m], n)
         yield fam
-        top = self.tel._applied._top
+        top = ranked.top
         active = GaugeMetricFamily(
             "ratemesh_active_reporters",
             "Active reporters of keys this member owns",
@@ -319,7 +376,9 @@ class _Collector(Collector):
         for reason, n in sorted(s.peer_refused.items()):
             refused.add_metric([reason], n)
         yield refused
-        yield from _policy_families(s, top, self.tel.top_k)
+        labelled = _named_labelled(s, top, self.tel.top_k)
+        yield from _policy_families(s, labelled)
+        yield from _limit_families(s, labelled, top, ranked.active, self.tel._policy_of)
         credit = CounterMetricFamily(
             "ratemesh_strict_credit_events",
             "The strict credit client's events (admitted, vetoed by the mesh, credit_denied, "
@@ -332,19 +391,19 @@ class _Collector(Collector):
         if s.redis_answered is not None:
             yield from _redis_families(s)
 
-    def _rank(
-        self, s: NodeStats
-    ) -> tuple[list[tuple[str, Series, int]], list[tuple[str, str, int]]]:
-        """Pick the top-K tenants and update both labelled counters (under the lock)."""
+    def _rank(self, s: NodeStats) -> _Ranked:
+        """Pick the top-K tenants and update the labelled counters (under the lock)."""
         tel = self.tel
         score: dict[str, tuple[int, float, int]] = {}  # denied, excess, admitted
         per_tenant: dict[tuple[str, Series], int] = {}
         totals = dict(tel._forgotten)
+        active: set[tuple[str, str]] = set()  # (tenant, metric) with a decision under a policy
         for (tenant, metric, vid), n in list(tel.decisions.items()):
             series = tel._series(metric, vid)
             totals[series] = totals.get(series, 0) + n
             if series[2] == Reason.POLICY_UNKNOWN.value or tenant == OTHER:
                 continue  # no known policy: never a label value
+            active.add((tenant, metric))
             k = (tenant, series)
             per_tenant[k] = per_tenant.get(k, 0) + n
             d, e, a = score.get(tenant, (0, 0.0, 0))
@@ -355,6 +414,14 @@ class _Collector(Collector):
         for (tenant, _), (est, _) in s.excess.items():
             d, e, a = score.get(tenant, (0, 0.0, 0))
             score[tenant] = (d, e + est, a)
+        units: dict[tuple[str, tuple[str, str]], int] = {}
+        for (tenant, metric, mode), n in s.admitted_units.items():
+            if tenant == OTHER:
+                continue
+            active.add((tenant, metric))
+            units[(tenant, (metric, mode))] = n
+            if tenant not in score:  # decisions not counted (count_decisions=False)
+                score[tenant] = (0, 0.0, n)
         for tenant, _ in (*s.applied, *s.active_reporters):
             if tenant and tenant != OTHER and tenant not in score:
                 score[tenant] = (0, 0.0, 0)
@@ -362,12 +429,31 @@ class _Collector(Collector):
         decided = tel._decided.update(top, per_tenant, totals)
         by_metric: dict[str, int] = {}
         mine: dict[tuple[str, str], int] = {}
+        retired: dict[str, int] = {}
         for (tenant, metric), n in s.applied.items():
             by_metric[metric] = by_metric.get(metric, 0) + n
-            if tenant:  # "" is the owner's sum of folded scopes
+            if tenant:
                 mine[(tenant, metric)] = n
-        applied = [(t, m, n) for t, m, n in tel._applied.update(top, mine, by_metric)]
-        return decided, applied
+            else:  # "" is the owner's sum of forgotten and moved keys, per metric
+                retired[metric] = n
+        # A tenant's applied units go down when a refund is applied, or when one of its
+        # keys is forgotten or moves (its units go to the per-metric sum): for a metric
+        # whose sum did not grow, only the first, so its counters keep their highest net.
+        net = {m for m in by_metric if retired.get(m, 0) == tel._retired.get(m, 0)}
+        tel._retired = retired
+        applied = [(t, m, n) for t, m, n in tel._applied.update(top, mine, by_metric, net)]
+        admitted = tel._units.update(top, units, dict(s.admitted_units_totals))
+        return _Ranked(top, decided, applied, admitted, active)
+
+
+class _Ranked(NamedTuple):
+    """One scrape's labelled tenants and the counters' rows for them (`_Collector._rank`)."""
+
+    top: set[str]
+    decided: list[tuple[str, Series, int]]
+    applied: list[tuple[str, str, int]]
+    units: list[tuple[str, tuple[str, str], int]]
+    active: set[tuple[str, str]]  # (tenant, metric) pairs used here under a policy
 
 
 def _fold(top: set[str], values: Mapping[tuple[str, str], float]) -> dict[tuple[str, str], float]:
@@ -379,17 +465,23 @@ def _fold(top: set[str], values: Mapping[tuple[str, str], float]) -> dict[tuple[
     return out
 
 
-def _policy_families(s: NodeStats, top: set[str], k: int) -> Iterator[Metric]:
-    """The enforced generation per limit, and the policy file's reloads (issue 13).
-
-    Tenants labelled: those of the other families' top-K, then, in the slots they leave
-    free, tenants with a policy by name (an idle tenant's limit is still worth seeing, and
-    members pick the same ones), so that the page never holds more than K tenant labels and
-    "other". The rest go under "other" with the highest generation among them, per metric.
-    """
+def _named_labelled(s: NodeStats, top: set[str], k: int) -> set[str]:
+    """The tenants with a policy by name that get series of their own in the per-limit
+    gauges: those of the other families' top-K, then, in the slots they leave free, the
+    others by name (an idle tenant's limit is still worth seeing, and members pick the same
+    ones), so that the page never holds more than K tenant labels and "other"."""
     tenants = sorted({t for t, _ in s.enforced if t != OTHER})
     labelled = {t for t in tenants if t in top}
     labelled.update([t for t in tenants if t not in labelled][: max(0, k - len(top))])
+    return labelled
+
+
+def _policy_families(s: NodeStats, labelled: set[str]) -> Iterator[Metric]:
+    """The enforced generation per limit, and the policy file's reloads (issue 13).
+
+    Tenants labelled: `_named_labelled`. The rest go under "other" with the highest
+    generation among them, per metric.
+    """
     gens: dict[tuple[str, str], int] = {}
     for (tenant, metric), g in s.enforced.items():
         key = (tenant if tenant in labelled else OTHER, metric)
@@ -417,6 +509,61 @@ def _policy_families(s: NodeStats, top: set[str], k: int) -> Iterator[Metric]:
     for reason, n in sorted(s.policy_reloads_refused.items()):
         refused.add_metric([reason], n)
     yield refused
+
+
+def _limit_families(
+    s: NodeStats,
+    labelled: set[str],
+    top: set[str],
+    active: set[tuple[str, str]],
+    policy_of: Callable[[str, str], TenantRatePolicy | None] | None,
+) -> Iterator[Metric]:
+    """Each limit's R and B as gauges, so that a rule can set a limit's admitted units
+    (summed over members) beside its rate. Series of their own: the tenants with a policy
+    by name that are labelled (`_named_labelled`), and the top-K tenants that use a limit
+    here under a default policy (resolved by `policy_of`). tenant="other": per metric, the
+    largest R and the largest B among the rest, the default policies' always among them
+    (every tenant without a series of its own may spend under one)."""
+    numbers: dict[tuple[str, str], tuple[float, float]] = {}
+    for (tenant, metric), (r, b) in s.limits.items():
+        keys = [(tenant, metric)] if tenant in labelled else []
+        if tenant not in labelled or _is_default(tenant):
+            keys.append((OTHER, metric))
+        for key in keys:
+            r0, b0 = numbers.get(key, (0.0, 0.0))
+            numbers[key] = (max(r0, r), max(b0, b))
+    if policy_of is not None:
+        for tenant, metric in sorted(active):
+            if (tenant not in top and tenant not in labelled) or (tenant, metric) in numbers:
+                continue
+            p = policy_of(tenant, metric)
+            rb = None if p is None else rate_and_burst(p)
+            if rb is not None:
+                numbers[(tenant, metric)] = rb
+    rate = GaugeMetricFamily(
+        "ratemesh_limit_rate",
+        "The limit's rate R in units (or bytes) per second (tenant=other: the largest "
+        "among the limits without a series of their own)",
+        labels=["tenant", "metric"],
+    )
+    burst = GaugeMetricFamily(
+        "ratemesh_limit_burst",
+        "The limit's burst B in units (or bytes) (tenant=other: the largest among the "
+        "limits without a series of their own)",
+        labels=["tenant", "metric"],
+    )
+    for (tenant, metric), (r, b) in sorted(numbers.items()):
+        rate.add_metric([_label(tenant), metric], r)
+        burst.add_metric([_label(tenant), metric], b)
+    yield rate
+    yield burst
+
+
+def _is_default(tenant: str) -> bool:
+    """A default policy's scope ("*", or a descriptor default): it applies to tenants
+    that have no policy by name."""
+    base, desc = split_tenant(tenant)
+    return base == DEFAULT_TENANT or (desc is not None and desc[1] == DESCRIPTOR_WILDCARD)
 
 
 def _redis_families(s: NodeStats) -> Iterator[Metric]:

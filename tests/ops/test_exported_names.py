@@ -52,6 +52,10 @@ def test_every_metric_the_dashboard_and_rules_name_is_exported(tmp_path: Path) -
     for name in (
         "ratemesh_excess_estimate",
         "ratemesh_excess_bound",
+        "ratemesh_admitted_units_total",
+        "ratemesh_limit_rate",
+        "ratemesh_limit_burst",
+        "ratemesh_owner_applied_total",
         "governor_credit_outstanding",
     ):
         assert f"\n{name}{{" in sampled, name

@@ -48,6 +48,7 @@ def test_public_names() -> None:
         "excess_over_windows",
         "fleet_report",
         "fleet_table",
+        "rate_and_burst",
         "telemetry_routes",
     ]
     assert {
