@@ -85,9 +85,12 @@ def node_stats(driver: NodeDriver) -> NodeStats:
         p = v.policy
         scope = (p.tenant_id, p.metric)
         bound = n_live * p.local_burst_cap + p.target_rate * d_s
-        # This worker's unacknowledged use, as if every member ran as far ahead, plus what
-        # the owner admits while reports are in flight.
-        est = n_live * min(v.unacked, p.local_burst_cap) + p.target_rate * d_s
+        # This worker's unacknowledged use, as if every other member ran as far ahead (at
+        # most b each), plus what the owner admits while reports are in flight. Its own is
+        # not capped: a worker whose usage is not reaching its owner (reports lost, a
+        # stream down) shows all it admitted unheard, and can pass the bound.
+        ahead = max(v.unacked, 0)
+        est = ahead + (n_live - 1) * min(ahead, p.local_burst_cap) + p.target_rate * d_s
         # Both in sub-units (`TenantRatePolicy.scale`): reported in units.
         s.excess[scope] = (round(est / p.scale, 3), round(bound / p.scale, 3))
     return s

@@ -41,7 +41,8 @@ class AdmittedUnits:
     """Per limit (tenant part, metric, mode): the units admitted here, net of refunds."""
 
     def __init__(self) -> None:
-        # view -> [net, highest net, last report sequence counted]. Keyed by the view (an
+        # view -> [net, highest net, last report sequence counted, a local view's charged
+        # total counted]. Keyed by the view (an
         # identity hash): the counts run on the node loop once per settle or report, and
         # what they belong to is only looked up at a scrape (`by_limit`).
         self._views: dict[Gate, list[int]] = {}
@@ -60,7 +61,7 @@ class AdmittedUnits:
                 continue
             row = views.get(v)
             if row is None:
-                row = views[v] = [0, 0, 0]
+                row = views[v] = [0, 0, 0, 0]
             elif seq <= row[2]:
                 continue
             row[2] = seq
@@ -70,16 +71,23 @@ class AdmittedUnits:
 
     def settling(self, admission: Admission) -> None:
         """Count what the local and share views waiting for the next tick's settle hold:
-        the tick charges all of it (`LocalGate.settle` empties `pending`). Call it just
+        the tick charges all of it (`LocalGate.settle` empties `pending`; a refund charges it
+        at once, into `charged`). Call it just
         before the tick, under the same hold of the node's lock. Reads
         `Admission._settle`: the core keeps that set for this very tick."""
         views = self._views
         for v in admission._settle:
-            units = v.pending
+            # What it charged (net of refunds, which charge what is pending first) and what
+            # the tick will charge: the part not counted yet.
+            total = v.charged + v.pending
+            row = views.get(v)
+            if row is None:
+                if not total:
+                    continue
+                row = views[v] = [0, 0, 0, 0]
+            units = total - row[3]
             if units:
-                row = views.get(v)
-                if row is None:
-                    row = views[v] = [0, 0, 0]
+                row[3] = total
                 row[0] += units
                 if row[0] > row[1]:
                     row[1] = row[0]

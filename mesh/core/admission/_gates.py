@@ -27,7 +27,7 @@ class LocalGate(Gate):
     (the order of admissions and refunds is kept): tokens come back, never past full.
     """
 
-    __slots__ = ("meter", "n_live", "settled_ns")
+    __slots__ = ("meter", "n_live", "settled_ns", "charged")
 
     def __init__(
         self, policy: TenantRatePolicy, sink: Callable[[Gate], None], now_ns: int, n_live: int
@@ -40,6 +40,7 @@ class LocalGate(Gate):
         self.largest = self.meter.burst // self.scale
         self.avail = self.largest
         self.settled_ns = now_ns
+        self.charged = 0  # units charged to the meter, net of refunds (telemetry reads it)
 
     def settle(self, now_ns: int) -> bool:
         """Charge what was admitted since the last settle, as of the tick it followed, and
@@ -47,6 +48,7 @@ class LocalGate(Gate):
         m = self.meter
         if self.pending:
             m.apply(self.settled_ns, self.pending * self.scale)
+            self.charged += self.pending
             self.pending = 0
         self.settled_ns = now_ns
         self.denied = 0
@@ -60,8 +62,10 @@ class LocalGate(Gate):
         m, at, scale = self.meter, self.settled_ns, self.scale
         if self.pending:
             m.apply(at, self.pending * scale)
+            self.charged += self.pending
             self.pending = 0
-        m.apply(at, -amount * scale)  # below `at` is full: the next charge starts from `at`
+        m.apply(at, -amount * scale)
+        self.charged -= amount  # below `at` is full: the next charge starts from `at`
         self.avail = m.remaining(at) // scale
 
     def resize(self, n_live: int, stale: bool, now_ns: int) -> None:

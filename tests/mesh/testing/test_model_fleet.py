@@ -38,7 +38,15 @@ from tests.mesh._helpers import MS, policy
 SCHEDULES = int(os.environ.get("RATEMESH_FLEET_SCHEDULES", "320"))
 T, M = "t", "read_iops"
 # (R, B, b): the users' reports (50/10/2 and 400/80/16) and wider ones
-LIMITS = [(50, 10, 2), (400, 80, 16), (2000, 200, 40), (100, 100, 20), (1000, 60, 12)]
+LIMITS = [
+    (50, 10, 2),
+    (400, 80, 16),
+    (2000, 200, 40),
+    (100, 100, 20),
+    (1000, 60, 12),
+    (50, 4, 1),
+    (80, 10, 3),
+]
 STARVE_MS = 60  # a served request's longest wait while the reference held it (d is ~13 ms)
 CHANGE_QUIET_MS = 200  # after a member or ring change, waits are not judged for B/R + this
 QUEUE_MAX = 32  # requests one worker keeps waiting; more are abandoned (not judged)
