@@ -17,7 +17,8 @@ broke the envelope before, mixed at random:
 * envelope: over every interval, admitted <= R*(t1-t0) + B + N*b + R*d;
 * starvation: a retried request (every RETRY_EVERY_MS for RETRY_FOR_MS) that an ideal token
   bucket fed the admitted history could have served throughout its retries (>= amount
-  tokens the whole time) must be admitted, or denied `too_large` without a retry_after.
+  tokens the whole time, beyond what owners may escrow for the floors of members that went
+  silent lately: `_reserved`) must be admitted, or denied `too_large` without a retry_after.
   A window in which the node disclosed that it could not know (`owner_unreachable`,
   `snapshot_stale`: an owner slow to answer on a loaded machine) is counted, not failed;
 * honesty: a `too_large` denial carries no retry_after (waiting cannot help), and an amount
@@ -27,6 +28,7 @@ broke the envelope before, mixed at random:
 
 from __future__ import annotations
 
+import bisect
 import collections
 import random
 from dataclasses import dataclass, field
@@ -270,8 +272,13 @@ def judge(s: Schedule, requests: list[Request], t0_ns: int, d_s: float) -> Judge
         problems.extend(_honesty(s, r))
     ideal = IdealBucket(history, s.rate, s.burst, t0_ns)
     degraded = 0
+    seen: dict[int, list[int]] = collections.defaultdict(list)  # member -> its answers' times
     for r in requests:
-        why = _starved(s, r, ideal, t0_ns)
+        seen[r.offer.node].extend(a.send_ns for a in r.answers)
+    for times in seen.values():
+        times.sort()
+    for r in requests:
+        why = _starved(s, r, ideal, t0_ns, _reserved(s, r, seen))
         if why and any(a.reason in DISCLOSED for a in r.answers):
             degraded += 1
         elif why:
@@ -302,7 +309,34 @@ def _honesty(s: Schedule, r: Request) -> list[str]:
     return out
 
 
-def _starved(s: Schedule, r: Request, ideal: IdealBucket, t0_ns: int) -> str | None:
+# An owner escrows the floor of a member gone silent, at most R / N a second, from
+# `escrow_after_ns` after its last report until its idle mark (`idle_mark_ns`) arrives, a
+# TTL later at most (docs/partitions.md): what the bucket holds for the others is that much
+# less. 250 ms covers the defaults (200 + 30 + 20).
+ESCROW_HORIZON_MS = 250
+
+
+def _reserved(s: Schedule, r: Request, seen: dict[int, list[int]]) -> float:
+    """What owners may hold back from the bucket during `r`'s retries for the floors of the
+    other members that asked within ESCROW_HORIZON_MS before (a member active throughout
+    holds none, so this only ever excuses more)."""
+    if not r.answers:
+        return 0.0
+    lo = r.answers[0].send_ns - ESCROW_HORIZON_MS * 1_000_000
+    hi = r.answers[-1].send_ns
+    others = 0
+    for node, times in seen.items():
+        if node == r.offer.node:
+            continue
+        i = bisect.bisect_left(times, lo)
+        if i < len(times) and times[i] <= hi:
+            others += 1
+    return others * s.rate / s.members * ESCROW_HORIZON_MS / 1000
+
+
+def _starved(
+    s: Schedule, r: Request, ideal: IdealBucket, t0_ns: int, reserved: float = 0.0
+) -> str | None:
     o = r.offer
     if not o.retry or r.admitted is not None or not r.answers:
         return None
@@ -313,7 +347,7 @@ def _starved(s: Schedule, r: Request, ideal: IdealBucket, t0_ns: int) -> str | N
     if last_ns - first_ns < (RETRY_FOR_MS - RETRY_EVERY_MS) * 1_000_000:
         return None  # retries cut short: not a full window
     least = ideal.least(first_ns, last_ns)
-    if least < o.amount:
+    if least < o.amount + reserved:
         return None  # an exact limiter could have said no somewhere in the window too
     said = sorted(
         {(a.reason, a.retry_after_ms, a.remaining, a.suspended) for a in r.answers}, key=str
@@ -322,6 +356,7 @@ def _starved(s: Schedule, r: Request, ideal: IdealBucket, t0_ns: int) -> str | N
     return (
         f"{kind}: amount {o.amount} (b={s.cap}) via member {o.node} retried "
         f"{len(r.answers)}x over [{(first_ns - t0_ns) / 1e9:.3f} s, "
-        f"{(last_ns - t0_ns) / 1e9:.3f} s] while an ideal bucket held >= {least:.1f}; "
+        f"{(last_ns - t0_ns) / 1e9:.3f} s] while an ideal bucket held >= {least:.1f} "
+        f"(escrow allowance {reserved:.1f}); "
         f"answers (reason, retry_after_ms, remaining, suspended) {said}"
     )

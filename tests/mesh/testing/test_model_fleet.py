@@ -13,8 +13,10 @@ its instant and held against `mesh.testing.reference`, which shares no code with
   admitted(t0, t1) <= R*(t1 - t0) + B + N*b + R*d over every interval (refunds give back);
 * no starvation: a request of amount <= b, retried every millisecond, is admitted within
   STARVE_MS while the reference bucket (R, B) fed the fleet's admissions holds it and 2*R*d
-  more all along, unless its verdict discloses a degraded state or a member or the ring
-  changed meanwhile (the reference starts empty then: a new owner starts exhausted);
+  more all along, beyond what owners may escrow for members that went silent lately,
+  unless its verdict discloses a degraded state or a member or the ring changed meanwhile
+  (the reference is held empty for B/R then: an owner opening a key within B/R of a ring
+  change starts it exhausted, seed 004);
 * amounts above b are `too_large` at once, and none at or below b is.
 
 SCHEDULES seeds run per CI run; `RATEMESH_MODEL_SEED=<seed>` replays one.
@@ -50,6 +52,10 @@ LIMITS = [
 STARVE_MS = 60  # a served request's longest wait while the reference held it (d is ~13 ms)
 CHANGE_QUIET_MS = 200  # after a member or ring change, waits are not judged for B/R + this
 QUEUE_MAX = 32  # requests one worker keeps waiting; more are abandoned (not judged)
+# An owner escrows the floor of a member gone silent (at most R / N a second) from 30 ms
+# after its last report until its idle mark arrives (200 ms, a TTL later at most): while it
+# may, the bucket holds that much less for the others (docs/partitions.md).
+ESCROW_HORIZON_MS = 250
 
 
 @dataclass
@@ -90,6 +96,7 @@ class Schedule:
         self.refunds: list[tuple[int, str, int]] = []  # (at, worker, units)
         self.n_max = len(self.members)
         self.d_ns = 0
+        self.asked_at: dict[str, int] = {}  # member -> when it last asked (its last report)
         # The owner's bucket trails the fleet's admissions by up to R*d: a wait is judged
         # only while the reference holds that much more than the request.
         self.slop = 1 + 2 * self.rate * self.fleet.propagation_delay_ns() / NS_PER_S
@@ -120,6 +127,8 @@ class Schedule:
             if w in self.crashed:
                 q.clear()
                 continue
+            if q:
+                self.asked_at[w] = now
             while q:
                 r = q[0]
                 if r.since_ns < 0:
@@ -138,7 +147,11 @@ class Schedule:
                 if v.suspended is not None or now < self.quiet_until:
                     r.judged = False
                 waited = now - r.since_ns
-                if r.judged and waited > STARVE_MS * MS and r.low >= r.amount + self.slop:
+                if (
+                    r.judged
+                    and waited > STARVE_MS * MS
+                    and r.low >= r.amount + self.slop + self._escrowed(w, r.since_ns)
+                ):
                     self.failures.append(
                         f"starved: {r.amount} on {w} waited {waited // MS} ms at t={now} "
                         f"while the reference bucket held >= {r.low:.2f}"
@@ -154,6 +167,13 @@ class Schedule:
                 f.members[w].admission.refund(T, M, units)
                 self.history.setdefault(self.gen, []).append((now, -units))
                 self.ref.give(now, units)
+
+    def _escrowed(self, w: str, since_ns: int) -> float:
+        """What owners may hold back for the floors of the other members that asked within
+        ESCROW_HORIZON_MS of `since_ns`: at most R / N a second each (docs/partitions.md)."""
+        lo = since_ns - ESCROW_HORIZON_MS * MS
+        others = sum(1 for m, at in self.asked_at.items() if m != w and at >= lo)
+        return others * self.rate / len(self.members) * ESCROW_HORIZON_MS / 1000
 
     def _admitted(self, w: str, amount: int) -> None:
         now = self.fleet.now_ns
