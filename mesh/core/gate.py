@@ -2,7 +2,8 @@
 
 `try_admit` reads and writes only these slots: `avail` (what may still be admitted now),
 `pending` (admitted, not yet accounted), `denied`, and the threshold `flush_at` at which the
-view's `sink` is told (a mode's bookkeeping happens there, off the hot path). Mode-specific
+view's `sink` is told (a mode's bookkeeping happens there, off the hot path). The deny path
+reads `largest`, the most one admission can ever take from the view. Mode-specific
 state lives in subclasses, and so does each one's `numbers` (a detailed verdict's
 remaining / retry_after_ms / reset_after_ms): one formula per gate type, with its state.
 
@@ -46,6 +47,7 @@ class Gate:
         "policy",
         "marked",
         "scale",
+        "largest",
     )
 
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[Gate], None]) -> None:
@@ -57,6 +59,10 @@ class Gate:
         self.flush_at = 1  # the first admission after a flush tells the sink
         self.sink = sink
         self.marked = False
+        # The largest amount one admission can ever take here (units): a larger one is
+        # `too_large`, whose retry_after_ms is None, never `rate_limited` with a retry
+        # that cannot succeed. The limit's burst B unless a mode's view holds less.
+        self.largest = policy.burst_units
         self.set_verdicts(BOUNDS[policy.mode])
 
     def set_verdicts(

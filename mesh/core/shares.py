@@ -131,15 +131,28 @@ def share_round(amount_ppm: int, coin_ppm: int) -> int:
 
 
 def snapshot_allowance_ppm(
-    remaining: int, share_ppm: int, active_reporters: int, local_burst_cap: int
+    remaining: int, share_ppm: int, active_reporters: int, local_burst_cap: int, need: int = 0
 ) -> int:
     """What one snapshot row lets its receiver spend, in ppm of a unit: its share of
     `remaining`, capped at b over the active reporters (seed 004), or, for a share above
     the even one (load-balancer skew), at b times twice the share less the even part, and
     never above b (`allowance_cap_ppm`). The owner computes it too, to tell whether a
-    refresh would change anything the receiver holds."""
+    refresh would change anything the receiver holds.
+
+    `need`: the largest amount the receiver was denied (the owner does not know it and
+    passes 0). While `remaining` holds it, the receiver may hold that much (at most b),
+    whatever its share and cap: an amount above an even part of b, or above a share of a
+    small bucket, is then served when the bucket could serve it, instead of never fitting.
+    Each view still holds at most b, so the fleet runs at most N*b ahead (the envelope)."""
     cap_ppm = allowance_cap_ppm(share_ppm, active_reporters, local_burst_cap)
     portion_ppm = remaining * share_ppm
+    if need:
+        if need > local_burst_cap:
+            need = local_burst_cap
+        if need <= remaining and need * PPM > portion_ppm:
+            portion_ppm = need * PPM
+        if need * PPM > cap_ppm:
+            cap_ppm = need * PPM
     return portion_ppm if portion_ppm < cap_ppm else cap_ppm
 
 

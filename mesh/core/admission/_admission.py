@@ -185,7 +185,9 @@ class Admission:
         """Give back what was charged and not used (a short send). The correction reaches
         the owner in a later report, as a smaller (possibly negative) delta. After `stop`
         it does nothing: the views are gone, and a refund in an app's cleanup path should
-        not turn a shutdown into an error."""
+        not turn a shutdown into an error. Nor does a refund to a view the idle sweep forgot:
+        it was forgotten because it held nothing (a full bucket, everything acknowledged),
+        so there is nothing to give back to."""
         _check_amount(amount)
         if self.stopped:
             return
@@ -194,10 +196,12 @@ class Admission:
         except TypeError:  # unhashable: the checks below name it
             v = None
         if v is None:
-            check_metric(metric, error=ConfigError)  # a bad name says so; checked on a miss only
-            base = self._spends_as(tenant, metric)
+            m = check_metric(metric, error=ConfigError)  # a bad name says so; on a miss only
+            base = self._spends_as(tenant, m)
             if base is not None:  # a descriptor charged on its tenant's key
-                return self.refund(base, metric, amount)
+                return self.refund(base, m, amount)
+            if type(tenant) is str and self.policies.current(tenant, m) is not None:
+                return  # its view was forgotten idle: nothing is held to give back
             raise ConfigError("tenant", f"{tenant!r} has no charge on {metric} to refund")
         if isinstance(v, QuotaGate):
             return  # a spend quota is spent, never refunded: a cell only grows (docs/quotas.md)
@@ -211,19 +215,23 @@ class Admission:
             v = v.front
         if isinstance(v, RedisGate):
             return  # the script is acquire-only: what Redis admitted stays spent
-        v.pending -= amount
-        if isinstance(v, GlobalGate):
+        if isinstance(v, LocalGate):
+            if not v.marked:
+                v.sink(v)  # settled at the next tick; charged as of the last one
+            v.refund(amount)
+        elif isinstance(v, GlobalGate):
+            v.pending -= amount
             v.recompute()
-        else:
-            v.avail += amount
-        if not v.marked:
-            v.sink(v)
+            if not v.marked:
+                v.sink(v)
 
     def _deny(self, v: Gate, amount: int) -> Verdict:
         _check_amount(amount)
         if v.policy.quota is not None:  # a spend quota: the ledger decides (no burst, no GCRA)
             return v.admit(amount) if isinstance(v, QuotaGate) else v.no
-        if amount > v.policy.burst_units and v.avail < amount:
+        if amount > v.largest and v.avail < amount:
+            # More than the view can ever hold (B; a share's burst; b for a global view): no
+            # wait helps, and the verdict says so rather than `rate_limited`.
             no = v.no
             return verdict(
                 False, Reason.TOO_LARGE, v.policy.mode, no.bound, limit=no.limit, step=no.step
@@ -233,6 +241,9 @@ class Admission:
         if v.__class__ is RedisGate:  # the driver makes the round trip (_redis.py)
             self.asked = v
             return REDIS_ASK
+        if v.__class__ is GlobalGate:
+            v.wanted(amount)
+            return v.no
         v.denied += amount
         if not v.marked:
             v.sink(v)
@@ -359,6 +370,9 @@ class Admission:
 
     def _mark_local(self, v: Gate) -> None:
         assert isinstance(v, LocalGate)
+        # Its first use since a settle: what it admits until the next tick is charged as of
+        # the last tick (a view that sat full was last settled when it filled).
+        v.settled_ns = self._now_ns
         v.marked = True
         v.flush_at = 1 << 62
         self._settle.add(v)

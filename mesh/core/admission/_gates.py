@@ -16,11 +16,15 @@ __all__ = ["LocalGate", "FixedGate"]
 class LocalGate(Gate):
     """`local` (the whole limit in this process) and `share` (ceil(limit / N_live)).
 
-    A GCRA meter settled at every tick: between ticks `avail` only shrinks, and refill shows
-    up at the tick (sync interval). Use since the last settle is charged as of that settle:
-    it was admitted from what was available then, and charging it at the later tick would
-    lose refill without bound when ticks are sparse. The cost is at most one interval's
-    refill (R x tick) of optimism, and only while the bucket sat full.
+    A GCRA meter settled at every tick: between ticks `avail` only shrinks (a refund gives
+    back, never past the burst), and refill shows up at the tick (sync interval). The hot
+    path has no clock: an admission is taken as made at the core's time, the last tick's
+    (`settled_ns`, set when the first use after a settle marks the view, so a view that
+    sat full through many ticks is charged at the tick before its use, not at the settle
+    that found it full). On that clock the view is exactly a token bucket; on a wall clock
+    it runs at most one tick's refill (R x sync interval) ahead (docs/guarantees.md).
+    A refund settles what is pending and credits the meter at once, as of the same time
+    (the order of admissions and refunds is kept): tokens come back, never past full.
     """
 
     __slots__ = ("meter", "n_live", "settled_ns")
@@ -33,19 +37,32 @@ class LocalGate(Gate):
         self.meter = Gcra(
             share_of(policy.target_rate, n_live), _burst_share(policy, n_live), now_ns
         )
-        self.avail = self.meter.burst // self.scale
+        self.largest = self.meter.burst // self.scale
+        self.avail = self.largest
         self.settled_ns = now_ns
 
     def settle(self, now_ns: int) -> bool:
-        """Charge what was admitted since the last tick and refill. True if now full."""
+        """Charge what was admitted since the last settle, as of the tick it followed, and
+        refill. True if now full."""
+        m = self.meter
         if self.pending:
-            self.meter.apply(self.settled_ns, self.pending * self.scale)
+            m.apply(self.settled_ns, self.pending * self.scale)
             self.pending = 0
         self.settled_ns = now_ns
         self.denied = 0
-        left = self.meter.remaining(now_ns)
+        left = m.remaining(now_ns)
         self.avail = left // self.scale
-        return left >= self.meter.burst
+        return left >= m.burst
+
+    def refund(self, amount: int) -> None:
+        """Give back `amount` units charged and not used, after what was admitted before it
+        (charged now), as of the core's time: the meter never holds more than its burst."""
+        m, at, scale = self.meter, self.settled_ns, self.scale
+        if self.pending:
+            m.apply(at, self.pending * scale)
+            self.pending = 0
+        m.apply(at, -amount * scale)  # below `at` is full: the next charge starts from `at`
+        self.avail = m.remaining(at) // scale
 
     def resize(self, n_live: int, stale: bool, now_ns: int) -> None:
         """Membership changed (share mode): re-split the limit; stale membership => N=1."""
@@ -55,6 +72,7 @@ class LocalGate(Gate):
         self.meter.retune(
             share_of(p.target_rate, self.n_live), _burst_share(p, self.n_live), now_ns
         )
+        self.largest = self.meter.burst // self.scale
         self.avail = self.meter.remaining(now_ns) // self.scale
         if stale:
             self.set_verdicts(BOUNDS["share_stale"], Suspension.MEMBERSHIP_STALE)
@@ -101,7 +119,8 @@ class FixedGate(Gate):
         super().__init__(policy, sink)
         self.flush_at = NEVER
         self.avail = NEVER if allowed else 0
-        if allowed:  # disabled: no limit applies, and the policy alone decided
+        if allowed:
+            self.largest = NEVER  # disabled: no limit applies, and the policy alone decided
             self.set_verdicts(bound, suspended, reason, limited=False, step=Step.POLICY)
             self.no = self.ok
         else:

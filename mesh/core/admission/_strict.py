@@ -114,15 +114,15 @@ class StrictGate(Gate):
         # Larger asks are TOO_LARGE (Admission._deny). With scale > 1 (a rate not whole per
         # second) 0, so every ask takes `admit`, which spends `scale` sub-units of credit a
         # unit: the inline fast path stays the scale-1 path it was.
-        self.amount_max = policy.global_burst if policy.scale == 1 else 0
+        if front is not None and front.largest < self.largest:
+            self.largest = front.largest  # the mesh's view vetoes more than b, always
+        self.amount_max = self.largest if policy.scale == 1 else 0
 
     def admit(self, amount: int) -> Verdict:
         """The mesh's veto, then credit; the mesh is charged only if both admit."""
         front = self.front
         if front is not None and amount > front.avail:
-            front.denied += amount  # the owner hears of the demand, as for a global limit
-            if not front.marked:
-                front.sink(front)
+            front.wanted(amount)  # the owner hears of the demand, as for a global limit
             self.desk.vetoed += amount
             no = front.no
             reason = Reason.GLOBAL_LIMIT if no.reason is Reason.RATE_LIMITED else no.reason

@@ -73,6 +73,7 @@ class GlobalGate(Gate):
         "floor_mark",
         "floor_left",
         "applied_above",
+        "want",
     )
 
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[Gate], None]) -> None:
@@ -110,6 +111,12 @@ class GlobalGate(Gate):
         # Of `unacked`, what the snapshot held already reflects (reports past a gap in its
         # ack that its owner applied, `SnapshotBatch.applied_above`): not subtracted again.
         self.applied_above = 0
+        # The largest amount (sub-units) denied here since the view booted, at most b: the
+        # next snapshot's cap is raised to it (`snapshot_allowance_ppm`'s `need`), so an
+        # amount above this worker's even part of b is served, not starved, and the view
+        # still never holds more than b (the N*b of the envelope).
+        self.want = 0
+        self.largest = policy.local_burst_cap // self.scale
 
     @property
     def had_snapshot(self) -> bool:
@@ -124,7 +131,11 @@ class GlobalGate(Gate):
         """avail from allowance and what is unacknowledged; when stale, what the floor has
         left (0 without one)."""
         if self.state is not SnapshotState.STALE:
-            self.avail = (self.allowance - self.unacked + self.applied_above) // self.scale
+            # Usage not yet reflected in the allowance's snapshot is subtracted; a net
+            # refund not yet applied by the owner adds nothing (the snapshot's bucket may
+            # have been full: its refill already covers it), until a snapshot shows it.
+            ahead = self.unacked - self.applied_above
+            self.avail = (self.allowance - (ahead if ahead > 0 else 0)) // self.scale
         elif self.floor is None:
             self.avail = 0
         else:
@@ -159,6 +170,17 @@ class GlobalGate(Gate):
         else:
             retry = max(1, ms_ceil(refill_ns((amount - remaining) * scale, p.target_rate)))
         return Numbers(remaining, retry, reset)
+
+    def wanted(self, amount: int) -> None:
+        """A denial of `amount` units here: counted for the owner (demand), and remembered
+        as the least the next snapshot's cap must let this view hold (`want`, at most b)."""
+        self.denied += amount
+        need = amount * self.scale
+        if need > self.want:
+            cap = self.policy.local_burst_cap
+            self.want = need if need < cap else cap
+        if not self.marked:
+            self.sink(self)
 
     def settle_floor(self, now_ns: int) -> None:
         """Charge the floor with what was admitted since its last settle (as of now: that
@@ -222,7 +244,7 @@ class GlobalGate(Gate):
         self.snap_at_ns = now_ns
         self.allowance = share_round(
             snapshot_allowance_ppm(
-                remaining, share_ppm, active_reporters, self.policy.local_burst_cap
+                remaining, share_ppm, active_reporters, self.policy.local_burst_cap, self.want
             ),
             coin_ppm,
         )

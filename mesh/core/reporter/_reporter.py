@@ -93,6 +93,12 @@ class Reporter:
         self._due: list[tuple[int, int, RateKey]] = []  # heap: (resend_at_ns, n, key)
         self._due_seq = 0
         self._retired: set[RateKey] = set()  # superseded generations, dropped once drained
+        # Where a new view's report sequence starts: past every sequence a view this
+        # incarnation dropped had used. An owner remembers (worker_epoch, sequence) per key
+        # for longer than a view lives idle here, so a view made again for a key must not
+        # number its reports from 1: they would be taken for duplicates, acknowledged and
+        # never applied (docs/guarantees.md, "report numbering").
+        self._sequence_from = 1
         self.reports_sent = 0
         self.snapshots_taken = 0
         self.resent = 0  # reports sent more than once (telemetry)
@@ -123,6 +129,7 @@ class Reporter:
         v = self.gates.get(key)
         if v is None:
             v = self.gates[key] = GlobalGate(policy, self._sink_fn)
+            v.next_sequence = self._sequence_from
             self._boot(v, 0)
         self._retired.discard(key)
         return v
@@ -634,7 +641,9 @@ class Reporter:
         self.ring.forget_lookups()  # the ring's memo holds the keys forgotten too
 
     def _drop(self, key: RateKey) -> None:
-        self.gates.pop(key, None)
+        v = self.gates.pop(key, None)
+        if v is not None and v.next_sequence > self._sequence_from:
+            self._sequence_from = v.next_sequence
         self._live.pop(key, None)
         self._unacked.pop(key, None)
         self._retired.discard(key)

@@ -156,7 +156,7 @@ def test_share_numbers_use_this_workers_share_and_a_too_large_share_cannot_wait(
     v = a.try_admit_detailed(T, M, 1)
     assert (v.step, v.retry_after_ms) == (Step.SHARE, 20)  # 1 unit at 50/s
     v = a.try_admit_detailed(T, M, 6)  # within B (10), past this worker's share (5)
-    assert (v.reason, v.retry_after_ms) == (Reason.RATE_LIMITED, None)
+    assert (v.reason, v.retry_after_ms) == (Reason.TOO_LARGE, None)
 
 
 def test_too_large_and_unknown_and_fixed_views_say_waiting_cannot_help() -> None:
