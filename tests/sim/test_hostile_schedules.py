@@ -24,11 +24,10 @@ SEEDS = (0, 1, 2)
 # is expected to fail until the core is fixed (strict: a pass says so, and the name comes
 # off this list); the failure lists every seed with its figures.
 KNOWN_BROKEN = {
-    "migrating": "a worker the traffic comes back to admits all it is offered (2x R)",
-    "migrating-short": "traffic back on a worker after 0.4 s away is admitted at 2x R",
-    "on-off": "a burst after an idle past views_idle_ms outgrows N*b + R*d; sizes up to b "
-    "wait past d and a retry",
-    "large-amounts": "amounts of ceil(b/N) to b are never admitted below the limit",
+    "on-off": "after an idle past views_idle_ms, requests of 1 to b units on a worker wait "
+    "100-600 ms with the exact bucket full (starved)",
+    "large-amounts": "some requests of ceil(b/N) to b units wait past d and a retry with the "
+    "exact bucket full (starved)",
 }
 
 BASE: dict[str, Any] = {
@@ -229,7 +228,8 @@ def verdicts(name: str, strategy: str, seeds: tuple[int, ...]) -> list[str]:
             bad.append(
                 f"{name} seed {seed} ({strategy}): max_excess {f['max_excess']} "
                 f"(tenant {f['max_excess_tenant']}) vs bound {f['bound']} ({f['bound_formula']}),"
-                f" starved {f['starved']} (amounts {f['starved_amounts']}), replay: "
+                f" starved {f['starved']} (by size, those above b not counted: "
+                f"{f['starved_amounts']}), replay: "
                 f"mesh sim run --scenario {name} --seed {seed} --strategies {strategy}"
             )
     return bad
