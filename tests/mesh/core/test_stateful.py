@@ -27,6 +27,7 @@ from mesh.core.messages import Message
 from mesh.core.policy import Metric, PolicyCache, TenantRatePolicy
 from mesh.core.reporter import GlobalGate, SnapshotState
 from mesh.core.ring import Ring
+from mesh.core.verdict import Reason
 
 pytestmark = pytest.mark.slow  # hypothesis state machine: tens of seconds
 
@@ -37,7 +38,8 @@ START = 10 * NS_PER_S  # owners have held their ring positions for a while
 
 
 class MeshMachine(RuleBasedStateMachine):
-    CONFIG = CoreConfig()
+    # A short views_idle_ms, so that `rest` idles past it and the idle sweep forgets views.
+    CONFIG = CoreConfig(views_idle_ms=300)
 
     def __init__(self) -> None:
         super().__init__()
@@ -157,6 +159,23 @@ class MeshMachine(RuleBasedStateMachine):
     @rule(ms=st.integers(1, 25))
     def advance(self, ms: int) -> None:
         self.run_to(self.now + ms * MS)
+
+    @rule(ms=st.sampled_from([60, 320, 700]))
+    def rest(self, ms: int) -> None:
+        """An idle past the reporter lease, and past views_idle_ms: traffic that comes back
+        to a worker finds its view forgotten (and made again)."""
+        self.run_to(self.now + ms * MS)
+
+    @rule(w=st.sampled_from(WORKERS), amount=st.integers(1, b + 1), n=st.integers(1, 8))
+    def admit_amount(self, w: str, amount: int, n: int) -> None:
+        """Amounts from 1 to above b: above b is too_large at once; up to b can pass."""
+        for _ in range(n):
+            v = self.members[w].admission.try_admit("t", "read_iops", amount)
+            if amount > b:
+                assert not v.allowed and v.reason is Reason.TOO_LARGE, v
+            elif v.allowed:
+                self.admitted += amount
+                self.history.append((self.now, self.admitted))
 
     @precondition(lambda self: bool(self.net))
     @rule()
