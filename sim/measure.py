@@ -122,6 +122,7 @@ class Recorder:
         # waiting could help; and of amounts <= B whose verdict said it could not
         self.unservable_said_retry = 0
         self.servable_said_never = 0
+        self.above_b_said_retry = 0  # amounts in (b, B]: disclosed, not judged
 
     def key(self, tenant: str, now_ns: int) -> KeyRecord:
         k = self.keys.get(tenant)
@@ -189,6 +190,8 @@ class Recorder:
         k = self.keys[a.tenant]
         if wait_helps and a.amount > k.policy.burst:
             self.unservable_said_retry += 1
+        elif wait_helps and a.amount > k.policy.local_burst_cap:
+            self.above_b_said_retry += 1  # global mode promises too_large for these
         elif not wait_helps and a.amount <= k.policy.burst:
             self.servable_said_never += 1
 
@@ -280,6 +283,7 @@ class Recorder:
             "attempts": self.attempts,
             "unservable_said_retry": self.unservable_said_retry,
             "servable_said_never": self.servable_said_never,
+            "above_b_said_retry": self.above_b_said_retry,
         }
         out.update(self.starvation(d_ns))
         return out

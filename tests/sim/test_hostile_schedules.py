@@ -24,10 +24,10 @@ SEEDS = (0, 1, 2)
 # is expected to fail until the core is fixed (strict: a pass says so, and the name comes
 # off this list); the failure lists every seed with its figures.
 KNOWN_BROKEN = {
-    "on-off": "after an idle past views_idle_ms, requests of 1 to b units on a worker wait "
-    "100-600 ms with the exact bucket full (starved)",
-    "large-amounts": "some requests of ceil(b/N) to b units wait past d and a retry with the "
-    "exact bucket full (starved)",
+    "on-off": "requests of mixed sizes up to b at 0.6 R over 8 workers wait 100-600 ms with "
+    "the exact bucket full: a worker's smaller asks keep its view below a larger one (one "
+    "size alone is served)",
+    "large-amounts": "the same, fewer: mixed sizes up to b on one worker's view (starved)",
 }
 
 BASE: dict[str, Any] = {
