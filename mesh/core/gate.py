@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mesh.core.policy import BOUNDS, Mode, TenantRatePolicy
-from mesh.core.verdict import Numbers, Reason, Step, Suspension, verdict
+from mesh.core.verdict import Numbers, Reason, Step, Suspension, Verdict, verdict
 
 __all__ = ["Gate", "NEVER", "STEPS"]
 
@@ -83,6 +83,13 @@ class Gate:
         s = STEPS[mode] if step is None else step
         self.ok = verdict(True, Reason.ADMITTED, mode, bound, suspended, limit=rate, step=s)
         self.no = verdict(False, deny_reason, mode, bound, suspended, limit=rate, step=s)
+
+    def too_large(self) -> Verdict:
+        """The answer to an amount above `largest`: no wait helps (retry_after_ms None)."""
+        no = self.no
+        return verdict(
+            False, Reason.TOO_LARGE, self.policy.mode, no.bound, limit=no.limit, step=no.step
+        )
 
     def numbers(self, amount: int, allowed: bool, now_ns: int) -> Numbers:
         """The per-moment numbers of a verdict just given for `amount` (`Verdict.with_numbers`):

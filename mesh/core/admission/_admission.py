@@ -232,10 +232,7 @@ class Admission:
         if amount > v.largest and v.avail < amount:
             # More than the view can ever hold (B; a share's burst; b for a global view): no
             # wait helps, and the verdict says so rather than `rate_limited`.
-            no = v.no
-            return verdict(
-                False, Reason.TOO_LARGE, v.policy.mode, no.bound, limit=no.limit, step=no.step
-            )
+            return v.too_large()
         if isinstance(v, StrictGate):
             return v.admit(amount)
         if v.__class__ is RedisGate:  # the driver makes the round trip (_redis.py)

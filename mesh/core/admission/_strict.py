@@ -118,8 +118,19 @@ class StrictGate(Gate):
             self.largest = front.largest  # the mesh's view vetoes more than b, always
         self.amount_max = self.largest if policy.scale == 1 else 0
 
+    def bounded_by(self, burst: int) -> None:
+        """governord stated its bucket's burst (sub-units): no amount above it can ever be
+        granted, so a larger one is `too_large` (`Admission._deny`), not `no_credit`."""
+        units = burst // self.scale
+        if 0 < units < self.largest:
+            self.largest = units
+            if self.amount_max:
+                self.amount_max = units
+
     def admit(self, amount: int) -> Verdict:
         """The mesh's veto, then credit; the mesh is charged only if both admit."""
+        if amount > self.largest:
+            return self.too_large()
         front = self.front
         if front is not None and amount > front.avail:
             front.wanted(amount)  # the owner hears of the demand, as for a global limit
@@ -353,6 +364,7 @@ class CreditDesk:
         gate = self.gates.get(rate_key)
         if gate is not None:
             gate.holder.learn_burst(burst)
+            gate.bounded_by(burst)
 
     def failed(
         self, request: ReserveCredit, *, unreachable: bool, burst: int | None = None
@@ -371,6 +383,8 @@ class CreditDesk:
         if gate is None or gate.holder.in_flight is not request.request:
             return
         gate.holder.failed(request.request, unreachable=unreachable, burst=burst)
+        if burst is not None:
+            gate.bounded_by(burst)
         now_ms = self.now_ms()
         if unreachable:
             gate.retry_at_ms = now_ms + UNREACHABLE_RETRY_MS
