@@ -1,15 +1,29 @@
 """What a run is judged by, recorded outside the system from what it admitted.
 
+Nothing here asks the code under test for a figure: every number comes from the arrivals
+offered, the instants the strategy admitted them at, and the policy (R, B, b).
+
 The ideal is one exact GCRA per key that sees every request in arrival order. Per key we
-keep cumulative admitted and ideal units; their difference, sampled every step, is the
-excess (the strategy ahead of the ideal). The shortfall is under-service: in each 100 ms
-window, what the ideal admitted beyond what the strategy did. (Matching request by request
-would be wrong: under overload, admitting a different request of the same tenant at the
-same moment serves the tenant just as well.)
+keep cumulative admitted and ideal units; their difference, sampled every step, is the lead
+over the ideal. The envelope is checked over every interval too: from the recorded admission
+instants, the most admitted in any [t0, t1] beyond R * (t1 - t0) + B (`ratemesh.envelope`, one
+pass). `max_excess` is the larger of the two, against `N*b + R*d` (a lead over one ideal can
+hide a burst the ideal happened to allow; an interval cannot).
+
+The shortfall is under-service: in each 100 ms window, what the ideal admitted beyond what
+the strategy did. (Matching request by request would be wrong: under overload, admitting a
+different request of the same tenant at the same moment serves the tenant just as well.)
+
+Starvation is under-service of one request: a request of amount <= b, asked again every
+`retry_ms`, for which an exact token bucket (R, B) fed the same admitted history held room
+throughout some stretch of d plus one retry interval, and that was still not admitted when
+the stretch ended (`starvation`).
 """
 
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from mesh.core.gcra import NS_PER_S, Gcra
@@ -17,9 +31,22 @@ from ratemesh.envelope import excess_over_times
 from sim.scenario import Policy
 from sim.workload import Arrival, TenantInfo
 
-__all__ = ["KeyRecord", "Recorder", "envelope_summary", "jain"]
+__all__ = ["Asked", "KeyRecord", "Recorder", "envelope_summary", "jain", "starvation"]
 
 WINDOW_NS = 100_000_000  # plot resolution: admitted rate per 100 ms
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """One request that was asked again after a denial: first offered at `first_ns`, then
+    every `retry_ns`, until `admitted_ns` (None: never) or, unadmitted, `end_ns` (given up, or
+    the run ended)."""
+
+    amount: int
+    first_ns: int
+    end_ns: int
+    admitted_ns: int | None
+    retry_ns: int
 
 
 class KeyRecord:
@@ -44,6 +71,7 @@ class KeyRecord:
         "max_rate",
         "max_b",
         "max_burst",
+        "asked",
     )
 
     def __init__(self, info: TenantInfo, now_ns: int) -> None:
@@ -67,6 +95,7 @@ class KeyRecord:
         self.max_rate = info.policy.rate
         self.max_b = info.policy.local_burst_cap
         self.max_burst = info.policy.burst
+        self.asked: list[Asked] = []  # requests asked again after a denial
 
     def change_policy(self, policy: Policy, now_ns: int) -> None:
         self.policy = policy
@@ -77,17 +106,23 @@ class KeyRecord:
 
 
 class Recorder:
-    def __init__(
-        self, tenants: dict[str, TenantInfo], start_ns: int, *, keep_admissions: bool = False
-    ) -> None:
+    def __init__(self, tenants: dict[str, TenantInfo], start_ns: int, step_ns: int) -> None:
         self.tenants = tenants
-        # tenant -> (t_ns, units) per admission, for strategies judged over every interval
-        # (bounded by the run; kept only when asked)
-        self.admissions: dict[str, list[tuple[int, int]]] | None = {} if keep_admissions else None
+        # tenant -> (t_ns, units) per admission, in time order: every strategy is judged over
+        # every interval of it (bounded by the run)
+        self.admissions: dict[str, list[tuple[int, int]]] = {}
         self.start_ns = start_ns
+        self.step_ns = step_ns
         self.keys: dict[str, KeyRecord] = {}
         self.requests = 0
+        self.attempts = 0  # asks, the first ones and those after a denial
         self.steps = 0
+        self.end_ns = start_ns
+        # denials of amounts > B (no exact limiter could ever admit them) whose verdict said
+        # waiting could help; and of amounts <= B whose verdict said it could not
+        self.unservable_said_retry = 0
+        self.servable_said_never = 0
+        self.above_b_said_retry = 0  # amounts in (b, B]: disclosed, not judged
 
     def key(self, tenant: str, now_ns: int) -> KeyRecord:
         k = self.keys.get(tenant)
@@ -117,6 +152,7 @@ class Recorder:
         k = self.key(a.tenant, now_ns)
         self._roll(k, (now_ns - self.start_ns) // WINDOW_NS)
         self.requests += 1
+        self.attempts += 1
         k.offered += a.amount
         k.workers.add(a.worker)
         used = a.amount - a.refund
@@ -139,8 +175,25 @@ class Recorder:
         used = a.amount - a.refund
         k.admitted += used
         k.window += used
-        if self.admissions is not None and used > 0:
+        if used > 0:
             self.admissions.setdefault(a.tenant, []).append((now_ns, used))
+
+    def asked(self, tenant: str, asked: Asked) -> None:
+        """A request asked again after a denial has ended: admitted, given up, or the run
+        ended (`starvation` judges it)."""
+        self.keys[tenant].asked.append(asked)
+
+    def verdict_said(self, a: Arrival, wait_helps: bool | None) -> None:
+        """What the strategy said of a denied request's first ask: may waiting help?"""
+        if wait_helps is None:
+            return
+        k = self.keys[a.tenant]
+        if wait_helps and a.amount > k.policy.burst:
+            self.unservable_said_retry += 1
+        elif wait_helps and a.amount > k.policy.local_burst_cap:
+            self.above_b_said_retry += 1  # global mode promises too_large for these
+        elif not wait_helps and a.amount <= k.policy.burst:
+            self.servable_said_never += 1
 
     def sample(self, step: int, touched: set[str]) -> None:
         """After step number `step`: the excess of every key that moved.
@@ -158,6 +211,7 @@ class Recorder:
                 k.max_excess = e
 
     def finish(self, steps: int, end_ns: int) -> None:
+        self.end_ns = end_ns
         idx = (end_ns - self.start_ns + WINDOW_NS - 1) // WINDOW_NS
         for k in self.keys.values():
             k.excess_sum += k.last_excess * (steps - k.last_step)
@@ -167,7 +221,6 @@ class Recorder:
 
     def envelope(self) -> dict[str, Any]:
         """The strict figures from what this recorder saw admitted (`envelope_summary`)."""
-        assert self.admissions is not None, "a Recorder(keep_admissions=True) only"
         limits = {t: (k.max_rate, k.max_burst) for t, k in self.keys.items()}
         return envelope_summary(self.admissions, limits)
 
@@ -181,12 +234,22 @@ class Recorder:
         within = True
         mean_pct = []
         bound_by_key: dict[str, float] = {}
+        excess_by_key: dict[str, float] = {}
+        interval_by_key: dict[str, float] = {}
         for k in keys:
             n = max(len(k.workers), 1) if k.workers else n_default
             bound = n * k.max_b + k.max_rate * d_ns / NS_PER_S
             bound_by_key[k.tenant] = bound
-            within &= k.max_excess <= bound
-            ratio = k.max_excess / bound if bound else 0.0
+            interval = self.interval_excess(k)
+            interval_by_key[k.tenant] = interval
+            # A retried request is judged by the ideal once, when first offered, and counted
+            # when a retry gets it in: the lead of such a tenant says nothing of the envelope.
+            load = self.tenants[k.tenant].load
+            retried = load is not None and load.retry_ms is not None
+            excess = interval if retried else max(float(k.max_excess), interval)
+            excess_by_key[k.tenant] = excess
+            within &= excess <= bound
+            ratio = excess / bound if bound else 0.0
             if ratio > worst_ratio:
                 worst_ratio, worst = ratio, k
             mean = k.excess_sum / max(self.steps, 1)
@@ -194,16 +257,22 @@ class Recorder:
         shares = [min(1.0, k.admitted / k.ideal) for k in keys if k.ideal > 0]
         quiet = [k for k in keys if k.quiet]
         q_ideal = sum(k.ideal for k in quiet)
-        return {
+        out: dict[str, Any] = {
             "admitted": admitted,
             "ideal": ideal,
-            "max_excess": worst.max_excess if worst else 0,
+            "max_excess": round(max(excess_by_key[worst.tenant], 0.0), 1) if worst else 0,
             "max_excess_tenant": worst.tenant if worst else None,
+            # the two measures max_excess is the larger of, for its tenant
+            "lead_excess": worst.max_excess if worst else 0,
+            "interval_excess": round(max(interval_by_key[worst.tenant], -1e18), 1)
+            if worst
+            else 0.0,
             "mean_excess": round(
                 sum(k.excess_sum for k in keys) / max(self.steps, 1) / max(len(keys), 1), 3
             ),
             "mean_excess_pct_of_rate": round(sum(mean_pct) / max(len(mean_pct), 1), 4),
             "bound": round(bound_by_key[worst.tenant], 1) if worst else 0.0,
+            "bound_formula": "N*b + R*d",
             "within_bound": within,
             "shortfall": round(shortfall / ideal, 5) if ideal else 0.0,
             "utilisation": round(1 - shortfall / ideal, 5) if ideal else 1.0,
@@ -211,6 +280,59 @@ class Recorder:
             "quiet_share": round(min(1.0, sum(k.admitted for k in quiet) / q_ideal), 5)
             if q_ideal
             else None,
+            "attempts": self.attempts,
+            "unservable_said_retry": self.unservable_said_retry,
+            "servable_said_never": self.servable_said_never,
+            "above_b_said_retry": self.above_b_said_retry,
+        }
+        out.update(self.starvation(d_ns))
+        return out
+
+    def interval_excess(self, k: KeyRecord) -> float:
+        """The most `k`'s tenant had admitted over any interval beyond R x its length + B
+        (R and B the largest it had); -inf with nothing admitted."""
+        rows = self.admissions.get(k.tenant, [])
+        return excess_over_times(
+            [t for t, _ in rows], [u for _, u in rows], k.max_rate, k.max_burst
+        )
+
+    def starvation(self, d_ns: int) -> dict[str, Any]:
+        """Requests starved, over every key (`starvation`), with the worst key's count."""
+        starved: dict[str, int] = {}
+        amounts: dict[int, int] = {}
+        above_b = 0
+        judged = 0
+        for k in sorted(self.keys.values(), key=lambda k: k.tenant):
+            if not k.asked:
+                continue
+            rows = self.admissions.get(k.tenant, [])
+            found = starvation(
+                k.asked,
+                rows,
+                rate=k.max_rate,
+                burst=k.max_burst,
+                largest=k.max_burst,
+                d_ns=d_ns,
+                start_ns=self.start_ns,
+                end_ns=self.end_ns,
+                step_ns=self.step_ns,
+            )
+            judged += sum(1 for q in k.asked if q.amount <= k.max_b)
+            for q in found:
+                amounts[q.amount] = amounts.get(q.amount, 0) + 1
+            above_b += sum(1 for q in found if q.amount > k.max_b)
+            found = [q for q in found if q.amount <= k.max_b]
+            if found:
+                starved[k.tenant] = len(found)
+        worst = max(sorted(starved), key=lambda t: starved[t], default=None)
+        return {
+            "starved": sum(starved.values()),
+            "starved_tenant": worst,
+            # disclosed, not judged: amounts above b (and at most B) an exact bucket could serve
+            "starved_above_b": above_b,
+            "starved_amounts": {str(a): n for a, n in sorted(amounts.items())},
+            "asked_again": sum(len(k.asked) for k in self.keys.values()),
+            "starvation_judged": judged,
         }
 
 
@@ -253,3 +375,99 @@ def envelope_summary(
         "within_bound": within,
         "envelope_excess": round(lead - burst, 1),
     }
+
+
+def starvation(
+    asked: list[Asked],
+    admissions: list[tuple[int, int]],
+    *,
+    rate: float,
+    burst: int,
+    largest: int,
+    d_ns: int,
+    start_ns: int,
+    end_ns: int,
+    step_ns: int,
+) -> list[Asked]:
+    """The requests of `asked` (amount <= `largest`) that starved: there was a time t in the
+    request's life such that an exact token bucket (rate R, burst B, full at `start_ns`) fed the
+    strategy's own `admissions` (drained by them, never refusing one: its level may go below
+    zero) held at least the amount throughout [t, t + d + retry interval], and the request
+    was not admitted by t + d + retry interval. Such a bucket could have served it after
+    everything the strategy did admit, and the mesh had d to learn so and one retry to say so.
+
+    The bucket's level is sampled every `step_ns` after that step's admissions (arrivals are
+    decided on the step grid); a window's least level is the least sample in it. Each request
+    is judged alone: where many wait on the same room (a tenant offering more than R), each
+    of them is counted, so a tenant whose starvation is judged should offer less than R.
+    """
+    if not asked:
+        return []
+    n = max((end_ns - start_ns) // step_ns, 0) + 1
+    per_step = rate * step_ns / NS_PER_S
+    level = [0.0] * n
+    cur = float(burst)
+    i = 0
+    rows = sorted(admissions)
+    for s in range(n):
+        t = start_ns + s * step_ns
+        if s:
+            cur = min(float(burst), cur + per_step)
+        while i < len(rows) and rows[i][0] <= t:
+            cur -= rows[i][1]
+            i += 1
+        level[s] = cur
+    out = []
+    # window in steps -> the most, over a range of s, of the least level over [s, s + window]
+    highs: dict[int, _RangeMax] = {}
+    for q in asked:
+        if q.amount > largest:
+            continue
+        tol_ns = d_ns + q.retry_ns
+        w = -(-tol_ns // step_ns)
+        done_ns = q.admitted_ns if q.admitted_ns is not None else q.end_ns
+        if done_ns - q.first_ns <= tol_ns:
+            continue  # served (or gone) within the grace: nothing to judge
+        high = highs.get(w)
+        if high is None:
+            high = highs[w] = _RangeMax(_window_min(level, w))
+        first = -(-(q.first_ns - start_ns) // step_ns)
+        # t + grace must come before an admission, and no later than the end of an ask
+        last = (done_ns - tol_ns - start_ns - (q.admitted_ns is not None)) // step_ns
+        if high.max(max(first, 0), min(last, n - 1)) >= q.amount:
+            out.append(q)
+    return out
+
+
+class _RangeMax:
+    """The largest of xs[i..j], inclusive, in O(1) after O(n log n) (a sparse table)."""
+
+    def __init__(self, xs: list[float]) -> None:
+        self.rows = [xs]
+        span = 1
+        while 2 * span <= len(xs):
+            prev = self.rows[-1]
+            self.rows.append([max(prev[i], prev[i + span]) for i in range(len(prev) - span)])
+            span *= 2
+
+    def max(self, i: int, j: int) -> float:
+        if j < i:
+            return float("-inf")
+        k = (j - i + 1).bit_length() - 1
+        row = self.rows[k]
+        return max(row[i], row[j - (1 << k) + 1])
+
+
+def _window_min(xs: list[float], w: int) -> list[float]:
+    """For each s, min(xs[s : s + w + 1]) (the window cut short at the end): a monotone
+    deque, one pass."""
+    out = [0.0] * len(xs)
+    dq: deque[int] = deque()  # indices whose levels rise from front to back
+    for j in range(len(xs) - 1, -1, -1):
+        while dq and xs[dq[-1]] >= xs[j]:
+            dq.pop()
+        dq.append(j)
+        while dq[0] > j + w:
+            dq.popleft()
+        out[j] = xs[dq[0]]
+    return out

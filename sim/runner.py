@@ -2,6 +2,11 @@
 
 Each strategy gets a fresh network model and workload drawn from the same seed, so the
 requests offered are identical; faults fire at the same instants on the same workers.
+
+A tenant with `retry_ms` asks a denied request again, at the same worker (a client on its
+connection), every `retry_ms` (on the step grid) until it is admitted or `give_up_ms` after
+it was first offered. Its retries are what a strategy decides on later: the ideal judges
+the request once, when first offered, and its admission counts when a retry gets it.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from mesh.core.config import MS
 from mesh.core.gcra import NS_PER_S
 from mesh.core.policy import RateKey
 from mesh.core.ring import Ring
-from sim.measure import Recorder
+from sim.measure import Asked, Recorder
 from sim.network import ScenarioNetwork
 from sim.scenario import Fault, Scenario
 from sim.strategies import Context, Strategy, make
@@ -97,6 +102,60 @@ class _Faults:
             s.policy_changed(f.tenant, f.policy, now)
 
 
+@dataclass
+class _Ask:
+    """A request of a retrying tenant, from its first ask until it ends."""
+
+    arrival: Arrival
+    first_ns: int
+    retry_ns: int
+    give_up_ns: int
+
+
+class _Retries:
+    """The requests waiting to be asked again, by the step they are due at."""
+
+    def __init__(
+        self, sc: Scenario, rec: Recorder, start_ns: int, step_ns: int, end_ns: int
+    ) -> None:
+        self.rec, self.start_ns, self.step_ns, self.end_ns = rec, start_ns, step_ns, end_ns
+        self.policy: dict[str, tuple[int, int]] = {
+            t.name: (int(t.retry_ms * MS), int(t.give_up_ms * MS))
+            for t in sc.tenants
+            if t.retry_ms is not None
+        }
+        self.due: dict[int, list[_Ask]] = {}
+        self.asks: dict[int, _Ask] = {}  # id(arrival) -> ask, while it waits on a verdict
+
+    def first(self, a: Arrival, now_ns: int) -> _Ask | None:
+        p = self.policy.get(a.tenant)
+        return None if p is None else _Ask(a, now_ns, p[0], now_ns + p[1])
+
+    def denied(self, ask: _Ask, now_ns: int) -> None:
+        """Ask again after retry_ns, on the step grid; or it ends, unadmitted."""
+        at = now_ns + ask.retry_ns
+        at += -(at - self.start_ns) % self.step_ns  # the step it is next asked at
+        if at > ask.give_up_ns or at > self.end_ns:
+            self.ended(ask, None, min(ask.give_up_ns, self.end_ns))
+        else:
+            self.due.setdefault(at, []).append(ask)
+
+    def ended(self, ask: _Ask, admitted_ns: int | None, now_ns: int) -> None:
+        if admitted_ns is not None and admitted_ns == ask.first_ns:
+            return  # admitted on its first ask: never asked again
+        a = ask.arrival
+        self.rec.asked(a.tenant, Asked(a.amount, ask.first_ns, now_ns, admitted_ns, ask.retry_ns))
+
+    def drain(self) -> None:
+        """The run ended: every ask still open ends unadmitted."""
+        for at in sorted(self.due):
+            for ask in self.due.pop(at):
+                self.ended(ask, None, self.end_ns)
+        for ask in list(self.asks.values()):
+            self.ended(ask, None, self.end_ns)
+        self.asks.clear()
+
+
 def run_strategy(
     sc: Scenario, seed: int, name: str, *, d_ns: int | None = None, keep_series: int = 6
 ) -> StrategyRun:
@@ -107,7 +166,8 @@ def run_strategy(
     ctx = Context(sc, seed, workers, workload.tenants, net)
     strat = make(name, ctx)
     end = start + int(sc.duration_s * NS_PER_S)
-    rec = Recorder(workload.tenants, start, keep_admissions=strat.judged_over_intervals)
+    rec = Recorder(workload.tenants, start, workload.step_ns)
+    retries = _Retries(sc, rec, start, workload.step_ns, end)
     faults = _Faults(sc, strat, net, rec, Ring(workers, 1))
     events = _fault_events(sc, start)
     index = {w: i for i, w in enumerate(workers)}
@@ -116,11 +176,54 @@ def run_strategy(
 
     def resolved(a: Arrival, allowed: bool, t_ns: int) -> None:
         del waiting[id(a)]  # a KeyError here: resolved twice, or never left waiting
+        ask = retries.asks.pop(id(a), None)
         if allowed:
             if a.refund:
                 strat.refund(a, t_ns)
             rec.admit(a, t_ns)
             touched.add(a.tenant)
+            if ask is not None:
+                retries.ended(ask, t_ns, t_ns)
+        elif ask is not None:
+            retries.denied(ask, t_ns)
+
+    def to_live(a: Arrival) -> Arrival:
+        live = strat.live
+        if a.worker in live:
+            return a
+        # the load balancer sends it to a live worker
+        w = live[index[a.worker] % len(live)]
+        return Arrival(w, a.tenant, a.metric, a.amount, a.refund)
+
+    def asked(a: Arrival, ask: _Ask | None, t_ns: int) -> None:
+        """One ask of `a` (its first when `ask` is None), decided now or left waiting."""
+        first = ask is None
+        if first:
+            ask = retries.first(a, t_ns)
+        allowed = strat.admit(a, t_ns)
+        if allowed is None:
+            waiting[id(a)] = a
+            if first:
+                rec.offer(a, t_ns)
+            if ask is not None:
+                retries.asks[id(a)] = ask
+            return
+        if allowed and a.refund:
+            strat.refund(a, t_ns)
+        if first:
+            rec.record(a, allowed, t_ns)
+        elif allowed:
+            rec.admit(a, t_ns)
+        if ask is None:
+            return
+        if not first:
+            rec.attempts += 1
+        if allowed:
+            retries.ended(ask, t_ns, t_ns)
+        else:
+            if first:
+                rec.verdict_said(a, strat.wait_helps(a, t_ns))
+            retries.denied(ask, t_ns)
 
     strat.resolved = resolved
     strat.advance(start)
@@ -133,23 +236,17 @@ def run_strategy(
             strat.advance(when)
             faults.apply(phase, f, idx, when)
         strat.advance(t)
-        live = strat.live
+        for ask in retries.due.pop(t, ()):
+            ask.arrival = to_live(ask.arrival)
+            asked(ask.arrival, ask, t)
+            touched.add(ask.arrival.tenant)
         for a in workload.step(t):
-            if a.worker not in live:  # the load balancer sends it to a live worker
-                a = Arrival(
-                    live[index[a.worker] % len(live)], a.tenant, a.metric, a.amount, a.refund
-                )
-            allowed = strat.admit(a, t)
-            if allowed is None:
-                waiting[id(a)] = a
-                rec.offer(a, t)
-            else:
-                if allowed and a.refund:
-                    strat.refund(a, t)
-                rec.record(a, allowed, t)
+            a = to_live(a)
+            asked(a, None, t)
             touched.add(a.tenant)
         rec.sample(step, touched)
         touched.clear()
+    retries.drain()
     rec.finish(step, end)
     measured = strat.measured_d_ns()
     fl = sc.fleet

@@ -1,5 +1,12 @@
 """Scenarios are data: a YAML file names the fleet, the policy, the tenants and their load,
 the network and the faults. Loading validates every field and names the one that is wrong.
+
+A tenant's load is a rate with a pattern (steady, bursty, diurnal), optionally shaped further:
+`phases` (each for `for_s` seconds, at its own `offered` rate, through a subset of `workers`;
+`repeat` cycles them), `amounts` (each request's size drawn from weighted values) and
+`retry_ms` (a denied request is asked again every `retry_ms` until admitted or `give_up_ms`
+after it was first offered). A `core:` mapping sets the mesh core's other knobs
+(`mesh.core.config.CoreConfig`, e.g. `views_idle_ms`) for the strategies that run it.
 """
 
 from __future__ import annotations
@@ -8,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mesh.core.config import PARTITION_FLOOR_MS
+from mesh.core.config import PARTITION_FLOOR_MS, CoreConfig
 from mesh.core.policy import Metric, Unit
 from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.checks import check_bool, check_keys, check_number
@@ -20,6 +27,7 @@ __all__ = [
     "Scenario",
     "Fleet",
     "Policy",
+    "Phase",
     "TenantLoad",
     "TenantGroup",
     "NetworkSpec",
@@ -155,6 +163,17 @@ class Policy:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """A stretch of a tenant's load: `for_s` seconds at `offered` units per second (None: the
+    tenant's own rate and pattern; 0: idle), through `workers` only (empty: the load balancer
+    over the whole fleet)."""
+
+    for_s: float
+    offered: float | None = None
+    workers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class TenantLoad:
     name: str
     offered: float  # units (requests or bytes) per second, fleet-wide
@@ -169,6 +188,11 @@ class TenantLoad:
     request_bytes: int = 0  # byte metrics: each request transfers this much
     chunk_bytes: int = 262_144
     short_send: float = 0.0  # chance a chunk is sent short (the rest refunded)
+    phases: tuple[Phase, ...] = ()  # none: the pattern from start_s to the end
+    repeat: bool = False  # after the last phase, start again at the first (else: idle)
+    amounts: tuple[tuple[int, float], ...] = ()  # (units, weight) per request; none: 1 each
+    retry_ms: float | None = None  # a denied request is asked again this often (None: never)
+    give_up_ms: float = 2000.0  # ... until this long after it was first offered
 
 
 @dataclass(frozen=True)
@@ -222,9 +246,20 @@ class Scenario:
     warmup_s: float = 0.5
     step_ms: float = 1.0
     quota: QuotaSpec | None = None  # a spend-quota scenario (sim/quota.py) when set
+    core: tuple[tuple[str, int], ...] = ()  # CoreConfig fields beyond the fleet's, sorted
 
     def worker_ids(self) -> list[str]:
         return [f"w{i:04d}" for i in range(self.fleet.workers)]
+
+    def core_config(self) -> CoreConfig:
+        """The mesh core's config for this scenario: the fleet's timings and `core:`."""
+        fl = self.fleet
+        return CoreConfig(
+            sync_interval_ms=fl.sync_interval_ms,
+            snapshot_ttl_ms=fl.snapshot_ttl_ms,
+            partition_floor_ms=fl.partition_floor_ms,
+            **dict(self.core),
+        )
 
 
 def _unit(value: str | None) -> Unit | None:
@@ -243,6 +278,22 @@ def _quota(data: Any, where: str) -> QuotaSpec | None:
     return q
 
 
+# Set under `fleet:` (every strategy reads them there), so not again under `core:`.
+FLEET_KNOBS = ("sync_interval_ms", "snapshot_ttl_ms", "partition_floor_ms")
+
+
+def _core(data: Any, where: str) -> tuple[tuple[str, int], ...]:
+    if data is None:
+        return ()
+    if not isinstance(data, dict):
+        raise ConfigTypeError(where, f"must be a mapping, got {type(data).__name__}")
+    for key in sorted(data):
+        if key in FLEET_KNOBS:
+            raise ConfigError(f"{where}.{key}", f"is set under fleet: (fleet.{key})")
+    CoreConfig.from_dict(data, where=where)  # every field checked, and named, by the core
+    return tuple(sorted(data.items()))
+
+
 def _policy(data: Any, where: str) -> Policy:
     f = _Fields(data, where)
     p = Policy(
@@ -258,7 +309,7 @@ def _policy(data: Any, where: str) -> Policy:
     return p
 
 
-def _tenant(data: Any, where: str) -> TenantLoad:
+def _tenant(data: Any, where: str, workers: set[str]) -> TenantLoad:
     f = _Fields(data, where)
     t = TenantLoad(
         name=f.text("name", required=True),
@@ -274,9 +325,65 @@ def _tenant(data: Any, where: str) -> TenantLoad:
         request_bytes=f.num("request_bytes", 0, integer=True),
         chunk_bytes=f.num("chunk_bytes", 262_144, minimum=1, integer=True),
         short_send=f.num("short_send", 0.0, maximum=1.0),
+        phases=tuple(
+            _phase(p, f"{f.path('phases')}[{i}]", workers) for i, p in enumerate(f.items("phases"))
+        ),
+        repeat=f.flag("repeat", False),
+        amounts=_amounts(f.get("amounts"), f.path("amounts")),
+        retry_ms=f.num("retry_ms", None, minimum=0.1, maximum=600_000),
+        give_up_ms=f.num("give_up_ms", 2000.0, minimum=0.1, maximum=3_600_000),
     )
     f.done()
+    if t.repeat and not t.phases:
+        raise ConfigError(f.path("repeat"), "needs phases to repeat")
+    if t.repeat and sum(p.for_s for p in t.phases) <= 0:
+        raise ConfigError(f.path("phases"), "must last some time to repeat")
+    if t.amounts and t.request_bytes:
+        raise ConfigError(f.path("amounts"), "is for request metrics; bytes use request_bytes")
     return t
+
+
+def _worker_list(data: Any, where: str, workers: set[str]) -> tuple[str, ...]:
+    if isinstance(data, str):
+        data = [data]
+    if not isinstance(data, list) or not all(isinstance(m, str) for m in data):
+        raise ConfigTypeError(where, "must be a list of worker ids")
+    for i, m in enumerate(data):
+        if m not in workers:
+            raise ConfigError(
+                f"{where}[{i}]", f"no worker {m!r} in this fleet (ids are w0000, w0001, ...)"
+            )
+    return tuple(data)
+
+
+def _phase(data: Any, where: str, workers: set[str]) -> Phase:
+    f = _Fields(data, where)
+    p = Phase(
+        for_s=f.num("for_s", required=True, maximum=3600),
+        offered=f.num("offered"),
+        workers=_worker_list(f.get("workers", []), f.path("workers"), workers),
+    )
+    f.done()
+    return p
+
+
+def _amounts(data: Any, where: str) -> tuple[tuple[int, float], ...]:
+    """`[{amount: 5, weight: 2}, ...]` (weight 1 by default), or a plain list of amounts."""
+    if data is None:
+        return ()
+    if not isinstance(data, list) or not data:
+        raise ConfigTypeError(where, "must be a non-empty list")
+    out = []
+    for i, item in enumerate(data):
+        f = _Fields(item if isinstance(item, dict) else {"amount": item}, f"{where}[{i}]")
+        out.append(
+            (
+                f.num("amount", required=True, minimum=1, integer=True),
+                f.num("weight", 1.0, minimum=1e-9),
+            )
+        )
+        f.done()
+    return tuple(out)
 
 
 def _group(data: Any, where: str) -> TenantGroup:
@@ -361,8 +468,9 @@ def parse(data: Any, *, where: str = "") -> Scenario:
         duplicate=nf.num("duplicate", 0.0, maximum=1.0),
     )
     nf.done()
+    fleet_ids = {f"w{i:04d}" for i in range(fleet.workers)}
     tenants = tuple(
-        _tenant(t, f"{f.path('tenants')}[{i}]") for i, t in enumerate(f.items("tenants"))
+        _tenant(t, f"{f.path('tenants')}[{i}]", fleet_ids) for i, t in enumerate(f.items("tenants"))
     )
     groups = tuple(_group(g, f"{f.path('groups')}[{i}]") for i, g in enumerate(f.items("groups")))
     if not tenants and not groups:
@@ -398,6 +506,7 @@ def parse(data: Any, *, where: str = "") -> Scenario:
         warmup_s=f.num("warmup_s", 0.5, maximum=60),
         step_ms=f.num("step_ms", 1.0, minimum=0.1, maximum=100),
         quota=_quota(f.get("quota"), f.path("quota")),
+        core=_core(f.get("core"), f.path("core")),
     )
     f.done()
     for i, t in enumerate(tenants):

@@ -2,7 +2,9 @@
 
 The benchmark behind the simulator's targets: `mesh sim sweep --seeds 20` runs every shipped
 scenario (scale excepted unless named) at full size and reports, per scenario, how many runs
-stayed within `N*b + R*d` and the worst figures seen.
+stayed within `N*b + R*d` (over every interval of the recorded admissions), how many starved
+no request, the worst figures seen, and the seeds of the runs that did not hold (to replay
+with `mesh sim run --scenario NAME --seed N`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ def sweep(
                 "bound_min": min(f["bound"] for f in figs),
                 "mean_excess_pct_of_rate_worst": max(f["mean_excess_pct_of_rate"] for f in figs),
                 "utilisation_min": min(f["utilisation"] for f in figs),
+                "starved_worst": max(f.get("starved", 0) for f in figs),
+                "no_starvation": sum(f.get("starved", 0) == 0 for f in figs),
+                "failed_seeds": [
+                    seed
+                    for seed, r in enumerate(rows)
+                    if strat in r and (not r[strat]["within_bound"] or r[strat].get("starved"))
+                ],
                 "quiet_share_min": min(
                     (f["quiet_share"] for f in figs if f["quiet_share"] is not None), default=None
                 ),

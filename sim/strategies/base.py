@@ -69,6 +69,11 @@ class Strategy(ABC):
         `admit()` with a deadline does), and the strategy calls `self.resolved(a, admitted,
         t_ns)` once with its verdict, by its deadline, from `advance`."""
 
+    def wait_helps(self, a: Arrival, now_ns: int) -> bool | None:
+        """Of the denial `admit` just gave `a`: may waiting help (a later ask be admitted)?
+        None: the strategy's answer does not say."""
+        return None
+
     def refund(self, a: Arrival, now_ns: int) -> None:  # noqa: B027 (optional hook)
         """A short send gives back `a.refund` (byte metrics)."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from mesh.core.admission import Admission
 from mesh.core.config import CoreConfig
 from mesh.core.policy import Mode, PolicyCache
+from mesh.core.verdict import Verdict
 from sim.scenario import Policy
 from sim.strategies.base import Context, Strategy, next_generation, policies_for, to_policy
 from sim.workload import Arrival
@@ -19,13 +20,11 @@ class LocalStrategy(Strategy):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        fl = ctx.scenario.fleet
-        self.config = CoreConfig(
-            sync_interval_ms=fl.sync_interval_ms, snapshot_ttl_ms=fl.snapshot_ttl_ms
-        )
+        self.config: CoreConfig = ctx.scenario.core_config()
         self.policies: PolicyCache = policies_for(ctx, self.mode)
         self.adm = {w: self._admission(0) for w in ctx.workers}
         self.next_tick = 0
+        self.last: Verdict | None = None  # the verdict `admit` gave last (`wait_helps`)
 
     def _admission(self, now_ns: int) -> Admission:
         return Admission(self.policies, now_ns, config=self.config, n_live=len(self.live))
@@ -38,7 +37,15 @@ class LocalStrategy(Strategy):
             self.next_tick += step
 
     def admit(self, a: Arrival, now_ns: int) -> bool:
-        return self.adm[a.worker].try_admit(a.tenant, a.metric, a.amount).allowed
+        v = self.adm[a.worker].try_admit(a.tenant, a.metric, a.amount)
+        self.last = v
+        return v.allowed
+
+    def wait_helps(self, a: Arrival, now_ns: int) -> bool | None:
+        if self.last is None:
+            return None
+        detailed = self.adm[a.worker].detail(self.last, a.tenant, a.metric, a.amount)
+        return detailed.retry_after_ms is not None
 
     def refund(self, a: Arrival, now_ns: int) -> None:
         self.adm[a.worker].refund(a.tenant, a.metric, a.refund)

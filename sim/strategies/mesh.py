@@ -5,6 +5,7 @@ from __future__ import annotations
 from mesh.core.config import CoreConfig
 from mesh.core.member import Member
 from mesh.core.policy import Mode, RateKey
+from mesh.core.verdict import Verdict
 from mesh.testing.fleet import MemoryFleet
 from sim.scenario import Policy
 from sim.strategies.base import Context, Strategy, next_generation, policies_for, to_policy
@@ -20,14 +21,10 @@ class MeshStrategy(Strategy):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        fl = ctx.scenario.fleet
-        self.config = CoreConfig(
-            sync_interval_ms=fl.sync_interval_ms,
-            snapshot_ttl_ms=fl.snapshot_ttl_ms,
-            partition_floor_ms=fl.partition_floor_ms,
-        )
+        self.config: CoreConfig = ctx.scenario.core_config()
         self.policies = policies_for(ctx, Mode.GLOBAL)
         self.ack_delays: list[int] = []
+        self.last: Verdict | None = None  # the verdict `admit` gave last (`wait_helps`)
         self.fleet = MemoryFleet(
             ctx.workers,
             self.policies,
@@ -47,9 +44,15 @@ class MeshStrategy(Strategy):
         self.fleet.run_until(t_ns)
 
     def admit(self, a: Arrival, now_ns: int) -> bool:
-        return (
-            self.fleet.members[a.worker].admission.try_admit(a.tenant, a.metric, a.amount).allowed
-        )
+        v = self.fleet.members[a.worker].admission.try_admit(a.tenant, a.metric, a.amount)
+        self.last = v
+        return v.allowed
+
+    def wait_helps(self, a: Arrival, now_ns: int) -> bool | None:
+        if self.last is None:
+            return None
+        adm = self.fleet.members[a.worker].admission
+        return adm.detail(self.last, a.tenant, a.metric, a.amount).retry_after_ms is not None
 
     def refund(self, a: Arrival, now_ns: int) -> None:
         self.fleet.members[a.worker].admission.refund(a.tenant, a.metric, a.refund)
