@@ -17,8 +17,9 @@ broke the envelope before, mixed at random:
 * envelope: over every interval, admitted <= R*(t1-t0) + B + N*b + R*d;
 * starvation: a retried request (every RETRY_EVERY_MS for RETRY_FOR_MS) that an ideal token
   bucket fed the admitted history could have served throughout its retries (>= amount
-  tokens the whole time, beyond what owners may escrow for the floors of members that went
-  silent lately: `_reserved`) must be admitted, or denied `too_large` without a retry_after.
+  tokens the whole time, the bucket charged too with the most owners may escrow for the
+  floors of members that paused: `_escrows`) must be admitted, or denied `too_large`
+  without a retry_after.
   A window in which the node disclosed that it could not know (`owner_unreachable`,
   `snapshot_stale`: an owner slow to answer on a loaded machine) is counted, not failed;
 * honesty: a `too_large` denial carries no retry_after (waiting cannot help), and an amount
@@ -28,8 +29,8 @@ broke the envelope before, mixed at random:
 
 from __future__ import annotations
 
-import bisect
 import collections
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -233,23 +234,26 @@ class Request:
 @dataclass
 class Judgement:
     schedule: Schedule
-    problems: list[str]
+    problems: list[str]  # the envelope, honesty, undecided answers: each a failure
     summary: str
+    starved: list[str] = field(default_factory=list)  # judged apart (test_envelope_real)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
-    def explain(self) -> str:
-        kinds = collections.Counter(p.split(":", 1)[0] for p in self.problems)
-        shown = "\n  ".join([f"problems: {dict(sorted(kinds.items()))}", *self.problems[:12]])
-        more = f"\n  ... {len(self.problems) - 12} more" if len(self.problems) > 12 else ""
+    def explain(self, lines: list[str] | None = None) -> str:
+        lines = self.problems if lines is None else lines
+        kinds = collections.Counter(p.split(":", 1)[0] for p in lines)
+        shown = "\n  ".join([f"problems: {dict(sorted(kinds.items()))}", *lines[:12]])
+        more = f"\n  ... {len(lines) - 12} more" if len(lines) > 12 else ""
         return f"{self.schedule.describe()}\n{self.summary}\n  {shown}{more}"
 
 
 def judge(s: Schedule, requests: list[Request], t0_ns: int, d_s: float) -> Judgement:
     """The verdict on one schedule's record, from its start `t0_ns`, with d in seconds."""
     problems: list[str] = []
+    starved: list[str] = []
     answers = [a for r in requests for a in r.answers]
     rtts = sorted(a.recv_ns - a.send_ns for a in answers) or [0]
     allowed = s.burst + s.members * s.cap + s.rate * d_s
@@ -270,19 +274,17 @@ def judge(s: Schedule, requests: list[Request], t0_ns: int, d_s: float) -> Judge
         )
     for r in requests:
         problems.extend(_honesty(s, r))
-    ideal = IdealBucket(history, s.rate, s.burst, t0_ns)
-    degraded = 0
     seen: dict[int, list[int]] = collections.defaultdict(list)  # member -> its answers' times
     for r in requests:
         seen[r.offer.node].extend(a.send_ns for a in r.answers)
-    for times in seen.values():
-        times.sort()
+    ideal = IdealBucket(history + _escrows(s, seen), s.rate, s.burst, t0_ns)
+    degraded = 0
     for r in requests:
-        why = _starved(s, r, ideal, t0_ns, _reserved(s, r, seen))
+        why = _starved(s, r, ideal, t0_ns)
         if why and any(a.reason in DISCLOSED for a in r.answers):
             degraded += 1
         elif why:
-            problems.append(why)
+            starved.append(why)
     offered = sum(o.amount for o in s.offers)
     summary = (
         f"offered {offered} units in {len(s.offers)} requests ({len(answers)} calls), "
@@ -292,7 +294,7 @@ def judge(s: Schedule, requests: list[Request], t0_ns: int, d_s: float) -> Judge
         f"max {rtts[-1] / 1e6:.1f}ms; retry windows denied with a disclosed suspension "
         f"while an ideal bucket held enough: {degraded}"
     )
-    return Judgement(s, problems, summary)
+    return Judgement(s, problems, summary, starved)
 
 
 def _honesty(s: Schedule, r: Request) -> list[str]:
@@ -309,34 +311,33 @@ def _honesty(s: Schedule, r: Request) -> list[str]:
     return out
 
 
-# An owner escrows the floor of a member gone silent, at most R / N a second, from
-# `escrow_after_ns` after its last report until its idle mark (`idle_mark_ns`) arrives, a
-# TTL later at most (docs/partitions.md): what the bucket holds for the others is that much
-# less. 250 ms covers the defaults (200 + 30 + 20).
-ESCROW_HORIZON_MS = 250
+# An owner escrows the floor of a member gone silent (docs/partitions.md): at most R / N a
+# second, from ESCROW_AFTER_MS after its last report until its idle mark arrives (200 ms,
+# and a TTL): the escrow is charged to the bucket like usage, so the bucket the others
+# spend from holds that much less for as long as they keep it from filling up.
+ESCROW_AFTER_MS = 30
+ESCROW_SPAN_MS = 220
 
 
-def _reserved(s: Schedule, r: Request, seen: dict[int, list[int]]) -> float:
-    """What owners may hold back from the bucket during `r`'s retries for the floors of the
-    other members that asked within ESCROW_HORIZON_MS before (a member active throughout
-    holds none, so this only ever excuses more)."""
-    if not r.answers:
-        return 0.0
-    lo = r.answers[0].send_ns - ESCROW_HORIZON_MS * 1_000_000
-    hi = r.answers[-1].send_ns
-    others = 0
-    for node, times in seen.items():
-        if node == r.offer.node:
-            continue
-        i = bisect.bisect_left(times, lo)
-        if i < len(times) and times[i] <= hi:
-            others += 1
-    return others * s.rate / s.members * ESCROW_HORIZON_MS / 1000
+def _escrows(s: Schedule, seen: dict[int, list[int]]) -> list[Admission]:
+    """The most owners may charge for floors: for each pause of a member longer than
+    ESCROW_AFTER_MS, R / N a second over the pause (at most ESCROW_SPAN_MS), charged to
+    the reference bucket as usage at the pause's start, so that the starvation judgement
+    never counts against the mesh what its owners were entitled to hold back."""
+    out = []
+    per_ms = s.rate / s.members / 1000
+    for times in seen.values():
+        times.sort()
+        for a, b in zip(times, [*times[1:], times[-1] + ESCROW_SPAN_MS * 2_000_000], strict=True):
+            gap_ms = (b - a) / 1e6 - ESCROW_AFTER_MS
+            if gap_ms > 0:
+                units = per_ms * min(gap_ms, ESCROW_SPAN_MS)
+                at = a + ESCROW_AFTER_MS * 1_000_000
+                out.append(Admission(at, math.ceil(units), lo_ns=at, where="escrow"))
+    return out
 
 
-def _starved(
-    s: Schedule, r: Request, ideal: IdealBucket, t0_ns: int, reserved: float = 0.0
-) -> str | None:
+def _starved(s: Schedule, r: Request, ideal: IdealBucket, t0_ns: int) -> str | None:
     o = r.offer
     if not o.retry or r.admitted is not None or not r.answers:
         return None
@@ -347,7 +348,7 @@ def _starved(
     if last_ns - first_ns < (RETRY_FOR_MS - RETRY_EVERY_MS) * 1_000_000:
         return None  # retries cut short: not a full window
     least = ideal.least(first_ns, last_ns)
-    if least < o.amount + reserved:
+    if least < o.amount:
         return None  # an exact limiter could have said no somewhere in the window too
     said = sorted(
         {(a.reason, a.retry_after_ms, a.remaining, a.suspended) for a in r.answers}, key=str
@@ -356,7 +357,6 @@ def _starved(
     return (
         f"{kind}: amount {o.amount} (b={s.cap}) via member {o.node} retried "
         f"{len(r.answers)}x over [{(first_ns - t0_ns) / 1e9:.3f} s, "
-        f"{(last_ns - t0_ns) / 1e9:.3f} s] while an ideal bucket held >= {least:.1f} "
-        f"(escrow allowance {reserved:.1f}); "
+        f"{(last_ns - t0_ns) / 1e9:.3f} s] while an ideal bucket held >= {least:.1f}; "
         f"answers (reason, retry_after_ms, remaining, suspended) {said}"
     )

@@ -13,7 +13,8 @@ its instant and held against `mesh.testing.reference`, which shares no code with
   admitted(t0, t1) <= R*(t1 - t0) + B + N*b + R*d over every interval (refunds give back);
 * no starvation: a request of amount <= b, retried every millisecond, is admitted within
   STARVE_MS while the reference bucket (R, B) fed the fleet's admissions holds it and 2*R*d
-  more all along, beyond what owners may escrow for members that went silent lately,
+  more all along (the reference charged too with what owners may escrow for a member's
+  floor each time it pauses),
   unless its verdict discloses a degraded state or a member or the ring changed meanwhile
   (the reference is held empty for B/R then: an owner opening a key within B/R of a ring
   change starts it exhausted, seed 004);
@@ -53,9 +54,10 @@ STARVE_MS = 60  # a served request's longest wait while the reference held it (d
 CHANGE_QUIET_MS = 200  # after a member or ring change, waits are not judged for B/R + this
 QUEUE_MAX = 32  # requests one worker keeps waiting; more are abandoned (not judged)
 # An owner escrows the floor of a member gone silent (at most R / N a second) from 30 ms
-# after its last report until its idle mark arrives (200 ms, a TTL later at most): while it
-# may, the bucket holds that much less for the others (docs/partitions.md).
-ESCROW_HORIZON_MS = 250
+# after its last report until its idle mark arrives (200 ms, a TTL later at most), charged
+# to the key like usage (docs/partitions.md): the starvation reference is charged as much.
+ESCROW_AFTER_MS = 30
+ESCROW_SPAN_MS = 220
 
 
 @dataclass
@@ -122,6 +124,7 @@ class Schedule:
         now = f.now_ns
         if now <= self.empty_until:
             self._empty(now)
+        self._escrow(now)
         level = float(self.ref.tokens(now))
         for w, q in self.queues.items():
             if w in self.crashed:
@@ -147,11 +150,7 @@ class Schedule:
                 if v.suspended is not None or now < self.quiet_until:
                     r.judged = False
                 waited = now - r.since_ns
-                if (
-                    r.judged
-                    and waited > STARVE_MS * MS
-                    and r.low >= r.amount + self.slop + self._escrowed(w, r.since_ns)
-                ):
+                if r.judged and waited > STARVE_MS * MS and r.low >= r.amount + self.slop:
                     self.failures.append(
                         f"starved: {r.amount} on {w} waited {waited // MS} ms at t={now} "
                         f"while the reference bucket held >= {r.low:.2f}"
@@ -168,12 +167,15 @@ class Schedule:
                 self.history.setdefault(self.gen, []).append((now, -units))
                 self.ref.give(now, units)
 
-    def _escrowed(self, w: str, since_ns: int) -> float:
-        """What owners may hold back for the floors of the other members that asked within
-        ESCROW_HORIZON_MS of `since_ns`: at most R / N a second each (docs/partitions.md)."""
-        lo = since_ns - ESCROW_HORIZON_MS * MS
-        others = sum(1 for m, at in self.asked_at.items() if m != w and at >= lo)
-        return others * self.rate / len(self.members) * ESCROW_HORIZON_MS / 1000
+    def _escrow(self, now: int) -> None:
+        """A member that paused past ESCROW_AFTER_MS may have its floor escrowed by the
+        owner (at most R / N a second for ESCROW_SPAN_MS): charged to the starvation
+        reference once per pause, as the owner charges it to the key."""
+        for m, at in self.asked_at.items():
+            if at >= 0 and now - at >= ESCROW_AFTER_MS * MS:
+                self.asked_at[m] = -1  # charged for this pause
+                units = self.rate / len(self.members) * ESCROW_SPAN_MS / 1000
+                self.ref.force(now, math.ceil(units))
 
     def _admitted(self, w: str, amount: int) -> None:
         now = self.fleet.now_ns
