@@ -47,7 +47,6 @@ class Gate:
         "policy",
         "marked",
         "scale",
-        "largest",
     )
 
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[Gate], None]) -> None:
@@ -59,10 +58,6 @@ class Gate:
         self.flush_at = 1  # the first admission after a flush tells the sink
         self.sink = sink
         self.marked = False
-        # The largest amount one admission can ever take here (units): a larger one is
-        # `too_large`, whose retry_after_ms is None, never `rate_limited` with a retry
-        # that cannot succeed. The limit's burst B unless a mode's view holds less.
-        self.largest = policy.burst_units
         self.set_verdicts(BOUNDS[policy.mode])
 
     def set_verdicts(
@@ -83,6 +78,23 @@ class Gate:
         s = STEPS[mode] if step is None else step
         self.ok = verdict(True, Reason.ADMITTED, mode, bound, suspended, limit=rate, step=s)
         self.no = verdict(False, deny_reason, mode, bound, suspended, limit=rate, step=s)
+
+    # A view that holds at most b (a global view), not B: `largest` says so (class-wide).
+    HOLDS_B_AT_MOST = False
+
+    @property
+    def largest(self) -> int:
+        """The largest amount one admission can ever take here (units): a larger one is
+        `too_large`, whose retry_after_ms is None, never `rate_limited` with a retry that
+        cannot succeed. The limit's burst B, or b for a view that holds at most b; a view
+        whose own varies (a share, strict credit) keeps it in a slot of its own, which
+        takes the place of this property. Read on the deny path only."""
+        p = self.policy
+        return p.local_burst_cap // p.scale if self.HOLDS_B_AT_MOST else p.burst_units
+
+    @largest.setter
+    def largest(self, units: int) -> None:
+        raise AttributeError(f"{type(self).__name__}'s largest amount follows its policy")
 
     def too_large(self) -> Verdict:
         """The answer to an amount above `largest`: no wait helps (retry_after_ms None)."""

@@ -27,7 +27,7 @@ class LocalGate(Gate):
     (the order of admissions and refunds is kept): tokens come back, never past full.
     """
 
-    __slots__ = ("meter", "n_live", "settled_ns", "charged")
+    __slots__ = ("meter", "n_live", "settled_ns", "charged", "largest")
 
     def __init__(
         self, policy: TenantRatePolicy, sink: Callable[[Gate], None], now_ns: int, n_live: int
@@ -37,7 +37,8 @@ class LocalGate(Gate):
         self.meter = Gcra(
             share_of(policy.target_rate, n_live), _burst_share(policy, n_live), now_ns
         )
-        self.largest = self.meter.burst // self.scale
+        burst = self.meter.burst
+        self.largest = burst if self.scale == 1 else burst // self.scale
         self.avail = self.largest
         self.settled_ns = now_ns
         self.charged = 0  # units charged to the meter, net of refunds (telemetry reads it)
@@ -109,7 +110,7 @@ class FixedGate(Gate):
     """A view whose answer does not depend on usage: disabled, strict without credit,
     global without a mesh, or no policy at all."""
 
-    __slots__ = ()
+    __slots__ = ("largest",)
 
     def __init__(
         self,
@@ -123,8 +124,8 @@ class FixedGate(Gate):
         super().__init__(policy, sink)
         self.flush_at = NEVER
         self.avail = NEVER if allowed else 0
-        if allowed:
-            self.largest = NEVER  # disabled: no limit applies, and the policy alone decided
+        self.largest = NEVER if allowed else policy.burst_units
+        if allowed:  # disabled: no limit applies, and the policy alone decided
             self.set_verdicts(bound, suspended, reason, limited=False, step=Step.POLICY)
             self.no = self.ok
         else:

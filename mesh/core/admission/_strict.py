@@ -77,6 +77,7 @@ class StrictGate(Gate):
         "batch_end_ns",
         "admitted",
         "amount_max",
+        "largest",
     )
 
     def __init__(
@@ -114,6 +115,7 @@ class StrictGate(Gate):
         # Larger asks are TOO_LARGE (Admission._deny). With scale > 1 (a rate not whole per
         # second) 0, so every ask takes `admit`, which spends `scale` sub-units of credit a
         # unit: the inline fast path stays the scale-1 path it was.
+        self.largest = policy.burst_units
         if front is not None and front.largest < self.largest:
             self.largest = front.largest  # the mesh's view vetoes more than b, always
         self.amount_max = self.largest if policy.scale == 1 else 0

@@ -76,6 +76,8 @@ class GlobalGate(Gate):
         "want",
     )
 
+    HOLDS_B_AT_MOST = True  # no view holds more than b (`snapshot_allowance_ppm`)
+
     def __init__(self, policy: TenantRatePolicy, sink: Callable[[Gate], None]) -> None:
         super().__init__(policy, sink)
         self.key: RateKey = policy.rate_key
@@ -116,7 +118,6 @@ class GlobalGate(Gate):
         # amount above this worker's even part of b is served, not starved, and the view
         # still never holds more than b (the N*b of the envelope).
         self.want = 0
-        self.largest = policy.local_burst_cap // self.scale
 
     @property
     def had_snapshot(self) -> bool:
