@@ -72,6 +72,8 @@ class KeyRecord:
         "max_b",
         "max_burst",
         "asked",
+        "last_offer",
+        "pauses",
     )
 
     def __init__(self, info: TenantInfo, now_ns: int) -> None:
@@ -96,6 +98,11 @@ class KeyRecord:
         self.max_b = info.policy.local_burst_cap
         self.max_burst = info.policy.burst
         self.asked: list[Asked] = []  # requests asked again after a denial
+        # Per worker, when it last offered; and each pause of a worker past
+        # ESCROW_AFTER_NS as (from, length): an owner may escrow that worker's floor then
+        # (`escrow_charges`), which the starvation reference is charged with.
+        self.last_offer: dict[str, int] = {}
+        self.pauses: list[tuple[int, int]] = []
 
     def change_policy(self, policy: Policy, now_ns: int) -> None:
         self.policy = policy
@@ -155,6 +162,10 @@ class Recorder:
         self.attempts += 1
         k.offered += a.amount
         k.workers.add(a.worker)
+        last = k.last_offer.get(a.worker)
+        if last is not None and now_ns - last > ESCROW_AFTER_NS:
+            k.pauses.append((last + ESCROW_AFTER_NS, now_ns - last - ESCROW_AFTER_NS))
+        k.last_offer[a.worker] = now_ns
         used = a.amount - a.refund
         if k.ideal_meter.try_take(now_ns, a.amount):
             k.ideal += used
@@ -305,7 +316,7 @@ class Recorder:
         for k in sorted(self.keys.values(), key=lambda k: k.tenant):
             if not k.asked:
                 continue
-            rows = self.admissions.get(k.tenant, [])
+            rows = self.admissions.get(k.tenant, []) + escrow_charges(k, self.end_ns)
             found = starvation(
                 k.asked,
                 rows,
@@ -334,6 +345,26 @@ class Recorder:
             "asked_again": sum(len(k.asked) for k in self.keys.values()),
             "starvation_judged": judged,
         }
+
+
+# A mesh owner may escrow the floor of a worker that paused (docs/partitions.md): from
+# ESCROW_AFTER_NS after its last report until its idle mark arrives (about ESCROW_SPAN_NS
+# later), at most R / N a second. The escrow is charged to the key like usage, so an exact
+# bucket judging starvation is charged as much at each pause (docs/guarantees.md).
+ESCROW_AFTER_NS = 30_000_000
+ESCROW_SPAN_NS = 220_000_000
+
+
+def escrow_charges(k: KeyRecord, end_ns: int) -> list[tuple[int, int]]:
+    """The most owners may have escrowed for `k`'s workers' pauses, as (time, units) rows."""
+    n = max(len(k.workers), 1)
+    pauses = list(k.pauses)
+    for last in k.last_offer.values():  # the pause each worker ended the run in
+        if end_ns - last > ESCROW_AFTER_NS:
+            pauses.append((last + ESCROW_AFTER_NS, end_ns - last - ESCROW_AFTER_NS))
+    return [
+        (at, -(-k.max_rate * min(span, ESCROW_SPAN_NS) // (n * NS_PER_S))) for at, span in pauses
+    ]
 
 
 def jain(xs: list[float]) -> float:
