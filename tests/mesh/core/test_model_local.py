@@ -38,7 +38,7 @@ from tests.mesh._helpers import MS, cache, policy
 
 T, M = "t", "read_iops"
 IDLE_MS = 300  # views_idle_ms in these runs: idles below and past it in one schedule
-SCHEDULES = int(os.environ.get("RATEMESH_MODEL_SCHEDULES", "6000"))
+SCHEDULES = int(os.environ.get("RATEMESH_MODEL_SCHEDULES", "10000"))
 # (R, B) pairs: equal, B small against R, B above R, tiny, odd numbers that do not divide
 LIMITS = [(1000, 1000), (100, 100), (50, 10), (2000, 60), (7, 3), (1, 1), (400, 80), (13, 29)]
 WAITS_MS = [0, 1, 3, 5, 6, 12, 20, 100, 250, 1000, 2500, IDLE_MS + 50, 3 * IDLE_MS + 7]
