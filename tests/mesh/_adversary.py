@@ -268,9 +268,19 @@ def judge(s: Schedule, requests: list[Request], t0_ns: int, d_s: float) -> Judge
     over = violations(history, s.rate, allowed)
     if over:
         assert worst is not None
+        inside = [
+            (r.offer.node, a.suspended)
+            for r in requests
+            if (a := r.admitted) is not None
+            and worst.start_ns <= a.send_ns
+            and a.recv_ns <= worst.end_ns
+        ]
+        by_member = dict(sorted(collections.Counter(n for n, _ in inside).items()))
+        suspended = dict(collections.Counter(x for _, x in inside if x))
         problems.append(
             f"envelope: {over} interval ends past B+N*b+R*d={allowed:.1f}; worst "
-            f"{worst.explain(t0_ns)}"
+            f"{worst.explain(t0_ns)}; admissions by member {by_member}, "
+            f"with a suspension {suspended}"
         )
     for r in requests:
         problems.extend(_honesty(s, r))

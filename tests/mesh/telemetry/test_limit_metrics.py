@@ -7,16 +7,15 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from mesh.core.policy import Metric, RateKey
 from mesh.node import Mesh
-from mesh.peer import MemoryNetwork, MemoryTransport
 from mesh.telemetry import OTHER
 from tests.mesh._util import POLICY, http_get, static_nodes, wait_for
+from tests.mesh.node.test_telemetry_labels import run as run_async
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -47,16 +46,6 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     """The sum of `name` over every series carrying `labels` (over tenants, say)."""
     want = set(labels.items())
     return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
-
-
-def run_async(cfg: dict[str, Any], body: Callable[[Mesh], Awaitable[None]]) -> None:
-    async def main() -> None:
-        async with Mesh(
-            cfg, transport=lambda mid, epoch, h: MemoryTransport(MemoryNetwork(), mid, h.deliver)
-        ) as mesh:
-            await body(mesh)
-
-    asyncio.run(main())
 
 
 async def scrape_async(mesh: Mesh) -> Samples:
