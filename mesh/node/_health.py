@@ -53,6 +53,8 @@ def node_stats(driver: NodeDriver) -> NodeStats:
         ring_epoch=m.ring.epoch,
         membership_stale=driver.membership_view.stale,
         messages_sent=driver.messages_sent,
+        escrow_charged=m.owner.escrows.charged_units,
+        escrow_netted=m.owner.escrows.netted_units,
         peer_refused=dict(driver.transport.stats().get("refused", {})),
         enforced=enforced(driver),
         strict={} if driver.credit is None else driver.credit.stats(),
@@ -189,6 +191,9 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             "keys": len(m.owner.keys),
             "applied_units": m.owner.applied_units,
             "duplicates": m.owner.duplicates,
+            # units charged for silent members' floors, and netted by their later reports
+            "escrow_charged_units": m.owner.escrows.charged_units,
+            "escrow_netted_units": m.owner.escrows.netted_units,
             "handovers": m.owner.handovers.stats(),
             "refused": dict(m.owner.refused),  # peers' reports refused, by reason (issue 12)
         },

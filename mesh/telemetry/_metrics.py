@@ -100,6 +100,11 @@ class NodeStats:
     # (tenant, metric) -> (R in units per second, B in units) of each current policy by
     # name that has a rate (`rate_and_burst`)
     limits: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    # As owner: units charged to keys for silent members' floors (escrow), and of them the
+    # units their reports later netted (docs/partitions.md): charged less netted is
+    # capacity held back from the other members.
+    escrow_charged: int = 0
+    escrow_netted: int = 0
 
 
 def rate_and_burst(p: TenantRatePolicy) -> tuple[float, float] | None:
@@ -367,6 +372,16 @@ class _Collector(Collector):
         )
         yield CounterMetricFamily(
             "ratemesh_peer_messages_sent", "Peer messages sent", value=s.messages_sent
+        )
+        yield CounterMetricFamily(
+            "ratemesh_owner_escrow_charged_units",
+            "Units this member as owner charged to keys for silent members' floors",
+            value=s.escrow_charged,
+        )
+        yield CounterMetricFamily(
+            "ratemesh_owner_escrow_netted_units",
+            "Of the escrow charged, units the silent members' later reports netted",
+            value=s.escrow_netted,
         )
         refused = CounterMetricFamily(
             "ratemesh_peer_refused",

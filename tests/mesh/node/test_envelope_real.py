@@ -226,6 +226,14 @@ class _Fleet:
         """Units the members applied as owners, over every key (/health `owner`)."""
         return sum(self.health(i)["owner"]["applied_units"] for i in range(MEMBERS))
 
+    def escrow_units(self) -> tuple[int, int]:
+        """Units the members as owners charged for silent members' floors, and netted."""
+        owners = [self.health(i)["owner"] for i in range(MEMBERS)]
+        return (
+            sum(o["escrow_charged_units"] for o in owners),
+            sum(o["escrow_netted_units"] for o in owners),
+        )
+
 
 BATCH_MAX = 256  # items per AdmitStream message
 D_POLL_S = 0.1
@@ -458,7 +466,11 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         j = judged[s.seed] = judge(s, reqs, t0, d_s)
         print(f"seed {s.seed}: {'ok' if j.ok else 'FAILED'}; {j.summary}")
     wall_s = time.monotonic() - started
-    print(f"{len(schedules)} schedules in {wall_s:.1f} s; admitted {admitted}, applied {applied}")
+    charged, netted = fleet.escrow_units()
+    print(
+        f"{len(schedules)} schedules in {wall_s:.1f} s; admitted {admitted}, applied {applied}; "
+        f"escrow charged {charged}, netted {netted}"
+    )
     return _Run(judged, admitted, applied, wall_s)
 
 
