@@ -55,6 +55,7 @@ def node_stats(driver: NodeDriver) -> NodeStats:
         messages_sent=driver.messages_sent,
         escrow_charged=m.owner.escrows.charged_units,
         escrow_netted=m.owner.escrows.netted_units,
+        escrow_refunded=m.owner.escrows.refunded_units,
         peer_refused=dict(driver.transport.stats().get("refused", {})),
         enforced=enforced(driver),
         strict={} if driver.credit is None else driver.credit.stats(),
@@ -194,6 +195,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             # units charged for silent members' floors, and netted by their later reports
             "escrow_charged_units": m.owner.escrows.charged_units,
             "escrow_netted_units": m.owner.escrows.netted_units,
+            "escrow_refunded_units": m.owner.escrows.refunded_units,
             "handovers": m.owner.handovers.stats(),
             "refused": dict(m.owner.refused),  # peers' reports refused, by reason (issue 12)
         },

@@ -105,6 +105,7 @@ class NodeStats:
     # capacity held back from the other members.
     escrow_charged: int = 0
     escrow_netted: int = 0
+    escrow_refunded: int = 0  # charged, never reported, given back when the escrow closed
 
 
 def rate_and_burst(p: TenantRatePolicy) -> tuple[float, float] | None:
@@ -382,6 +383,11 @@ class _Collector(Collector):
             "ratemesh_owner_escrow_netted_units",
             "Of the escrow charged, units the silent members' later reports netted",
             value=s.escrow_netted,
+        )
+        yield CounterMetricFamily(
+            "ratemesh_owner_escrow_refunded_units",
+            "Of the escrow charged, units never reported and given back when it closed",
+            value=s.escrow_refunded,
         )
         refused = CounterMetricFamily(
             "ratemesh_peer_refused",

@@ -126,6 +126,7 @@ class Escrows:
         self._tail_ns = config.escrow_tail_ns
         self.charged_units = 0  # telemetry: escrow charged, all keys
         self.netted_units = 0  # telemetry: reported usage absorbed by it
+        self.refunded_units = 0  # telemetry: charged, never reported, given back at close
 
     def on(self) -> bool:
         return self.config.partition_floor_ms > 0
@@ -348,6 +349,14 @@ class Escrows:
                 else e.until_ns + cfg.idempotency_retention_ms * 1_000_000
             )
             if now_ns > closes or (e.back_ns >= 0 and e.netted >= e.charged):
+                unused = e.charged - e.netted
+                if e.back_ns >= 0 and unused > 0:
+                    # Heard again (or idle) and its reports since netted less than was
+                    # charged: the floor was not spent in full, and what it did spend has
+                    # been reported. The rest goes back to the key (never past full), so
+                    # a pause or a late stream costs the others nothing in the end.
+                    ks.meter.apply(now_ns, -unused)
+                    self.refunded_units += unused
                 del escrows[worker]
         if not escrows:
             ks.escrow = None

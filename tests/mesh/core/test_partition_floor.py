@@ -363,3 +363,25 @@ def test_the_promised_floor_is_the_formula_over_the_window_at_every_row(
             floor_demand_ppm(p.target_rate, units, denied, cfg.floor_window_ns),
         )
         assert esc.promise(ks, rs, "w", share, now) == want
+
+
+def test_an_escrow_for_a_member_that_paused_is_given_back_when_it_closes() -> None:
+    """A member that stops reporting has its floor escrowed (its owner cannot tell a pause
+    from a cut) until its idle mark; what its reports did not net is given back to the key
+    when the escrow closes, so pauses cost the other members nothing in the end."""
+    f = MemoryFleet(["a", "b", "c"], cache(policy("t", rate=1000, burst=100, b=20)), seed=1)
+    f.run_until(NS_PER_S)
+    key = policy("t", rate=1000, burst=100, b=20).rate_key
+    owner = f.ring.owner_of(key)
+    quiet, busy = [m for m in sorted(f.members) if m != owner]
+    for i in range(900):  # R/4 through each of two members; one goes quiet after 300 ms
+        f.run_until(f.now_ns + MS)
+        if i % 4 == 0:
+            f.try_admit(busy, "t", "read_iops")
+            if i < 300:
+                f.try_admit(quiet, "t", "read_iops")
+    f.run_until(f.now_ns + 300 * MS)
+    e = f.members[owner].owner.escrows
+    assert e.charged_units > 0, "the pause was escrowed"
+    assert e.refunded_units > 0
+    assert e.charged_units == e.netted_units + e.refunded_units

@@ -226,12 +226,13 @@ class _Fleet:
         """Units the members applied as owners, over every key (/health `owner`)."""
         return sum(self.health(i)["owner"]["applied_units"] for i in range(MEMBERS))
 
-    def escrow_units(self) -> tuple[int, int]:
-        """Units the members as owners charged for silent members' floors, and netted."""
+    def escrow_units(self) -> tuple[int, int, int]:
+        """Units the members as owners charged for silent members' floors, netted, refunded."""
         owners = [self.health(i)["owner"] for i in range(MEMBERS)]
         return (
             sum(o["escrow_charged_units"] for o in owners),
             sum(o["escrow_netted_units"] for o in owners),
+            sum(o["escrow_refunded_units"] for o in owners),
         )
 
 
@@ -454,6 +455,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         deadline = time.monotonic() + 3  # the last reports reach their owners
         while (applied := fleet.applied_units()) < admitted and time.monotonic() < deadline:
             time.sleep(0.05)
+        charged, netted, refunded = fleet.escrow_units()
     finally:
         fleet.close()
         # What the run left for the collector (channels, pipes) is collected here, so an
@@ -466,10 +468,9 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         j = judged[s.seed] = judge(s, reqs, t0, d_s)
         print(f"seed {s.seed}: {'ok' if j.ok else 'FAILED'}; {j.summary}")
     wall_s = time.monotonic() - started
-    charged, netted = fleet.escrow_units()
     print(
         f"{len(schedules)} schedules in {wall_s:.1f} s; admitted {admitted}, applied {applied}; "
-        f"escrow charged {charged}, netted {netted}"
+        f"escrow charged {charged}, netted {netted}, refunded {refunded}"
     )
     return _Run(judged, admitted, applied, wall_s)
 
