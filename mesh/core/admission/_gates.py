@@ -65,8 +65,8 @@ class LocalGate(Gate):
             m.apply(at, self.pending * scale)
             self.charged += self.pending
             self.pending = 0
-        m.apply(at, -amount * scale)
-        self.charged -= amount  # below `at` is full: the next charge starts from `at`
+        m.apply(at, -amount * scale)  # below `at` is full: the next charge starts from `at`
+        self.charged -= amount
         self.avail = m.remaining(at) // scale
 
     def resize(self, n_live: int, stale: bool, now_ns: int) -> None:

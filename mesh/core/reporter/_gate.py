@@ -113,10 +113,11 @@ class GlobalGate(Gate):
         # Of `unacked`, what the snapshot held already reflects (reports past a gap in its
         # ack that its owner applied, `SnapshotBatch.applied_above`): not subtracted again.
         self.applied_above = 0
-        # The largest amount (sub-units) denied here since the view booted, at most b: the
-        # next snapshot's cap is raised to it (`snapshot_allowance_ppm`'s `need`), so an
-        # amount above this worker's even part of b is served, not starved, and the view
-        # still never holds more than b (the N*b of the envelope).
+        # The largest amount (sub-units) denied here since the view was made, at most b
+        # (the idle sweep forgets the view, and with it this): each snapshot's cap is at
+        # least it (`snapshot_allowance_ppm`'s `need`), so an amount above this worker's
+        # even part of b is served, not starved, and the view still never holds more than
+        # b (the N*b of the envelope).
         self.want = 0
 
     @property
