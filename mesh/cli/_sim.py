@@ -125,5 +125,7 @@ def _table(result: dict[str, Any]) -> str:
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
+        if v.is_integer() and abs(v) < 1e12:
+            return str(int(v))  # a count held as a float (an excess over every interval)
         return f"{v:.4g}"
     return "-" if v is None else str(v)
