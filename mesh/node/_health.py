@@ -169,6 +169,9 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             "members": list(m.ring.members),
         },
         "d_ms": round(d_ms, 3),
+        # The longest the sync tick ran late since the start (a busy loop or CPU): a view
+        # expires only when its tick runs, so its staleness can exceed d by this much.
+        "tick_lag_max_ms": round(driver.tick_lag_max_s * 1000, 3),
         "limits": limits,
         "suspended": suspended,
         # spend quotas' convergence (docs/quotas.md): per quota cap, own, remote, lag_ms
