@@ -1,7 +1,9 @@
 """governord's configuration: YAML in, validated dataclasses out; every error names its key.
 
 API keys are never required in clear text: a tenant names an environment variable that holds
-its key (``api_key_env``) or gives the key's SHA-256 (``api_key_sha256``). With no file at all,
+its key (``api_key_env``) or gives the key's SHA-256 (``api_key_sha256``). A key read from the
+environment must not be guessable (``ratemesh.secretcheck``: at least 16 bytes, no placeholder,
+no pattern); a digest cannot be checked that way. With no file at all,
 :func:`default_config` serves 127.0.0.1 with SQLite in the working directory.
 """
 
@@ -26,6 +28,7 @@ from ratemesh.checks import (
 )
 from ratemesh.policy import TenantRatePolicy
 from ratemesh.policyfile import load_policy_file
+from ratemesh.secretcheck import weak_secret
 from ratemesh.yamlfile import load_yaml
 
 __all__ = [
@@ -239,6 +242,12 @@ def _key_digest(key: str, value: dict[str, Any], env: dict[str, str]) -> str:
         secret = env.get(var)
         if not secret:
             raise ConfigError(f"{key}.api_key_env", f"environment variable {var} is not set")
+        weak = weak_secret(secret)
+        if weak is not None:
+            raise ConfigError(
+                f"{key}.api_key_env",
+                f"the API key in ${var} {weak}; use a random one (e.g. openssl rand -hex 32)",
+            )
         digest = hashlib.sha256(secret.encode()).hexdigest()
     else:
         digest = _type(f"{key}.api_key_sha256", value["api_key_sha256"], str, "64 hex digits")

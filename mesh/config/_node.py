@@ -83,12 +83,13 @@ from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.apikey import read_api_key
 from ratemesh.checks import check_address, check_keys, is_loopback
 from ratemesh.policyfile import load_policy_file as read_policy_file
+from ratemesh.secretcheck import SECRET_MIN_BYTES, weak_secret
 from ratemesh.yamlfile import load_yaml
 
 # A node's peer streams are reliable and report reconnections, so a report is resent on a
 # reconnect at once and otherwise only as a safety net: a slow owner is not sent more work.
 NODE_RETRY_MAX_MS = 1000
-FLEET_SECRET_MIN_BYTES = 16  # shorter is guessable; HMAC-SHA256 keys need no more than 64
+FLEET_SECRET_MIN_BYTES = SECRET_MIN_BYTES  # shorter is guessable (no placeholders either)
 FLEET_SECRET_MAX_BYTES = 4096  # a secret file is a few lines, not a document
 FLEET_SECRETS_MAX = 3  # secrets accepted at once (a rotation needs two)
 # How often a node compares its policy file's stat (and, when that moved, its hash) with what
@@ -469,12 +470,19 @@ def _fleet_secret(data: dict[str, Any], base: Path | None) -> dict[str, Any]:
             where, f"{what} holds {len(secrets_)} secrets; at most {FLEET_SECRETS_MAX} (one a line)"
         )
     for i, secret in enumerate(secrets_):
+        line = f" (line {i + 1})" if len(secrets_) > 1 else ""
         if len(secret) < FLEET_SECRET_MIN_BYTES:
-            line = f" (line {i + 1})" if len(secrets_) > 1 else ""
             raise ConfigError(
                 where,
                 f"{what}{line} holds {len(secret)} bytes; a fleet secret needs at least "
                 f"{FLEET_SECRET_MIN_BYTES} (e.g. openssl rand -hex 32)",
+            )
+        weak = weak_secret(secret, minimum=FLEET_SECRET_MIN_BYTES)
+        if weak is not None:
+            raise ConfigError(
+                where,
+                f"the fleet secret in {what}{line} {weak}; use a random one "
+                "(e.g. openssl rand -hex 32)",
             )
     return {
         "fleet_secret": secrets_[0],

@@ -30,6 +30,7 @@ from mesh.core._validate import check_bool, check_int, check_str
 from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.apikey import read_api_key
 from ratemesh.checks import check_address, check_keys, is_loopback
+from ratemesh.secretcheck import weak_secret
 
 __all__ = [
     "SIDECAR_CONCURRENT_MAX",
@@ -106,6 +107,14 @@ def parse_sidecar(data: Any) -> SidecarConfig:
             where="sidecar.token",
             error=ConfigError,
         )
+        weak = weak_secret(token)
+        if weak is not None:
+            where = (
+                "sidecar.token_file" if data.get("token_file") is not None else "sidecar.token_env"
+            )
+            raise ConfigError(
+                where, f"the sidecar token {weak}; use a random one (e.g. openssl rand -hex 32)"
+            )
         kw["tokens"] = (token.encode(),)
     return SidecarConfig(**kw)
 
