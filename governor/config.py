@@ -25,6 +25,7 @@ from ratemesh.checks import (
     check_int,
     check_keys,
     is_loopback,
+    is_wildcard,
 )
 from ratemesh.policy import TenantRatePolicy
 from ratemesh.policyfile import load_policy_file
@@ -40,6 +41,7 @@ __all__ = [
     "HaSettings",
     "TenantConfig",
     "TlsFiles",
+    "config_warnings",
     "default_config",
     "is_loopback",
     "load_config",
@@ -458,6 +460,25 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
 def load_config(path: str, env: dict[str, str] | None = None) -> GovernordConfig:
     """Read and validate a YAML file; every mistake is a ConfigError naming the file or key."""
     return parse_config(load_yaml(path, field="config", error=ConfigError), env)
+
+
+def config_warnings(cfg: GovernordConfig) -> list[str]:
+    """Legal but exposed: a listener on every interface that asks no credential, or that
+    carries credentials in clear. One line each; `governord validate` prints them."""
+    out = []
+    if cfg.tls is None:
+        for i, addr in enumerate(cfg.listen):
+            if is_wildcard(addr):
+                out.append(
+                    f"listen[{i}]: {addr} is every interface in plaintext (allow_plaintext): "
+                    "API keys and session tokens cross the network in clear; configure tls"
+                )
+    if cfg.metrics is not None and is_wildcard(cfg.metrics):
+        out.append(
+            f"metrics: {cfg.metrics} is every interface and asks no credential: anyone who "
+            "can reach it reads /metrics, /health and the /ui pages"
+        )
+    return out
 
 
 def default_config() -> GovernordConfig:

@@ -81,7 +81,7 @@ from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.core.policy import Mode, TenantRatePolicy
 from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.apikey import read_api_key
-from ratemesh.checks import check_address, check_keys, is_loopback
+from ratemesh.checks import check_address, check_keys, is_loopback, is_wildcard
 from ratemesh.policyfile import load_policy_file as read_policy_file
 from ratemesh.secretcheck import SECRET_MIN_BYTES, weak_secret
 from ratemesh.yamlfile import load_yaml
@@ -209,6 +209,7 @@ class NodeConfig:
                 "(tls.require_client_cert): any process that can reach this member's port "
                 "can claim to be any member; set fleet_secret_file or fleet_secret_env"
             )
+        out += self._exposure_warnings()
         secret_file = (self.fleet_secret_from or "").partition("fleet_secret_file: ")[2]
         if secret_file and _readable_by_others(secret_file):
             out.append(
@@ -246,6 +247,36 @@ class NodeConfig:
             out += _dns_warnings(self, ident.member_id)
         if not ident.stable:
             out.append(_unstable_warning(self, ident))
+        return out
+
+    def _exposure_warnings(self) -> list[str]:
+        """Who holds which credential, and what every interface hears (docs/security.md)."""
+        out = []
+        sc = self.sidecar
+        if sc.tokens and set(sc.tokens) & set(self.fleet_secrets_accepted):
+            out.append(
+                f"{sc.token_from}: the sidecar token is a fleet secret: every worker that "
+                "calls the sidecar could speak to peers as any member; give the sidecar a "
+                "token of its own (openssl rand -hex 32)"
+            )
+        mtls = self.tls is not None and self.tls.require_client_cert
+        for where, addr in sc.listens():
+            if not is_loopback(addr) and not sc.tokens and not mtls:
+                out.append(
+                    f"{where}: {addr} takes the fleet secret as its callers' token, so every "
+                    "worker would hold the peer port's credential; set sidecar.token_file "
+                    "(or sidecar.token_env) to a token of the sidecar's own"
+                )
+        if is_wildcard(self.listen) and self.fleet_secret is None and not mtls:
+            out.append(
+                f"listen: {self.listen} is every interface and asks no credential "
+                "(no fleet secret, no client certificates)"
+            )
+        if self.telemetry_listen and is_wildcard(self.telemetry_listen):
+            out.append(
+                f"telemetry_listen: {self.telemetry_listen} is every interface and asks no "
+                "credential: anyone who can reach it reads /health and /metrics"
+            )
         return out
 
 

@@ -65,6 +65,7 @@ class SidecarConfig:
     max_message_bytes: int = SIDECAR_MESSAGE_BYTES_MAX
     concurrent_max: int = SIDECAR_CONCURRENT_MAX
     tokens: tuple[bytes, ...] = field(default=(), repr=False)  # token_file / token_env
+    token_from: str | None = None  # "sidecar.token_file" or "sidecar.token_env"
 
     def listens(self) -> list[tuple[str, str]]:
         """(field, address) for each address the sidecar binds."""
@@ -107,15 +108,14 @@ def parse_sidecar(data: Any) -> SidecarConfig:
             where="sidecar.token",
             error=ConfigError,
         )
+        where = "sidecar.token_file" if data.get("token_file") is not None else "sidecar.token_env"
         weak = weak_secret(token)
         if weak is not None:
-            where = (
-                "sidecar.token_file" if data.get("token_file") is not None else "sidecar.token_env"
-            )
             raise ConfigError(
                 where, f"the sidecar token {weak}; use a random one (e.g. openssl rand -hex 32)"
             )
         kw["tokens"] = (token.encode(),)
+        kw["token_from"] = where
     return SidecarConfig(**kw)
 
 
