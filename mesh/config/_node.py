@@ -52,8 +52,9 @@ Ports are 1..65535. Only `listen`, `telemetry_listen` and the sidecar's addresse
 address. An IPv6 host goes in brackets: `[::1]:7001`.
 
 Peer identity (docs/architecture.md): with `tls.require_client_cert` a peer's member id must
-match its certificate; with a fleet secret (>= 16 bytes, read from the file or the variable
-at load, never written in the config) it must prove it with an HMAC. Neither is a warning.
+match its certificate; with a fleet secret (>= 16 bytes and not guessable: no placeholder or
+pattern, `ratemesh.secretcheck`; read from the file or the variable at load, never written in
+the config) it must prove it with an HMAC. Neither is a warning.
 
 Loading does no I/O beyond reading the files it names; `warnings()` lists what is legal but
 probably a mistake (`mesh validate` prints them).

@@ -17,8 +17,9 @@ A listen address that is not loopback (or `require_auth`) needs a bearer token, 
 (`tls.require_client_cert`: a client certificate from the fleet's CA); a node with neither
 refuses to start. The token is the sidecar's own (`token_file` / `token_env`), so the
 workers that call it never hold the peer port's credential; without one it is the fleet
-secret, which also lets its holder speak to peers as a member. With `tls` set, a
-non-loopback sidecar serves TLS.
+secret, which also lets its holder speak to peers as a member (`mesh validate` warns about
+that, and about a token equal to the fleet secret). The token is at least 16 bytes and no
+placeholder (`ratemesh.secretcheck`). With `tls` set, a non-loopback sidecar serves TLS.
 """
 
 from __future__ import annotations
