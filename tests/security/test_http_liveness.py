@@ -1,0 +1,247 @@
+"""Liveness under connection floods, against real processes: governord's HTTP port and a
+mesh node's telemetry and sidecar HTTP ports. Sockets that say nothing, heads sent a byte at a
+time, and many connections from one address: the health probe (from another address, as a
+kubelet's is) answers 200 on every try, and an admitter on the sidecar keeps its rate."""
+
+from __future__ import annotations
+
+import errno
+import random
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from bench._procs import read_ready, spawn, stop
+from tests.governor._daemon import Daemon, free_port
+from tests.governor._stores import StoreTarget
+from tests.mesh._util import static_nodes
+
+pytestmark = pytest.mark.slow
+
+PROBES = 12
+PROBE_GAP_S = 0.25
+# governord: 64 connections, 16 a peer; the node: 256 connections, 128 a peer (the defaults)
+GOVERNORD_FLOOD = {"idle": (8, 24), "slowloris": (8, 24), "one_peer": (1, 300)}
+NODE_FLOOD = {"idle": (8, 80), "slowloris": (8, 80), "one_peer": (1, 400)}
+# The admitter's limit: it asks well above it (hundreds a second), so what it is admitted is
+# what the policy grants it, and any call the flood costs it shows as a shortfall.
+RATE = {
+    "tenant_id": "acme",
+    "metric": "read_iops",
+    "generation": 1,
+    "mode": "local",
+    "target_rate": 50,
+    "global_burst": 10,
+    "local_burst_cap": 10,
+}
+ADMIT_S = 5.0
+
+
+class Flood(threading.Thread):
+    """Keeps `per_source` sockets open to `addr` from each of `sources` (loopback
+    addresses other than the probe's), opening again every one the server closes. `slow`:
+    each sends a request head one byte every half second and never finishes it."""
+
+    def __init__(self, addr: str, sources: list[str], per_source: int, *, slow: bool, seed: int):
+        super().__init__(daemon=True)
+        host, _, port = addr.rpartition(":")
+        self.target = (host, int(port))
+        self.sources = sources
+        self.per_source = per_source
+        self.slow = slow
+        self.rng = random.Random(seed)
+        self.socks: dict[socket.socket, int] = {}  # socket -> bytes of the head sent
+        self.opened = 0
+        self.closed_by_server = 0
+        self.most_open = 0
+        self.done = threading.Event()
+
+    def _open(self, source: str) -> None:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((source, 0))
+            s.settimeout(2)
+            s.connect(self.target)
+            s.setblocking(False)
+        except OSError:
+            s.close()
+            return
+        self.socks[s] = 0
+        self.opened += 1
+
+    def run(self) -> None:
+        head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 4000
+        next_byte = time.monotonic()
+        while not self.done.is_set():
+            by_source: dict[str, int] = {}
+            for s in list(self.socks):
+                try:
+                    gone = s.recv(1, socket.MSG_PEEK) == b""
+                except BlockingIOError:
+                    gone = False
+                except OSError:
+                    gone = True
+                if gone:
+                    self.closed_by_server += 1
+                    del self.socks[s]
+                    s.close()
+                    continue
+                src = s.getsockname()[0]
+                by_source[src] = by_source.get(src, 0) + 1
+            for src in self.sources:
+                for _ in range(self.per_source - by_source.get(src, 0)):
+                    if self.done.is_set():
+                        break
+                    self._open(src)
+            self.most_open = max(self.most_open, len(self.socks))
+            if self.slow and time.monotonic() >= next_byte:
+                next_byte = time.monotonic() + 0.5
+                for s, sent in list(self.socks.items()):
+                    try:
+                        s.send(head[sent % len(head) : sent % len(head) + 1])
+                        self.socks[s] = sent + 1
+                    except OSError as exc:
+                        if exc.errno != errno.EAGAIN:
+                            del self.socks[s]
+                            s.close()
+            self.done.wait(0.05 + self.rng.random() * 0.05)
+        for s in self.socks:
+            s.close()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(30)
+
+
+def probes(url: str) -> list[int]:
+    """PROBES health probes from 127.0.0.1, each on a new connection, as a kubelet sends."""
+    codes = []
+    for _ in range(PROBES):
+        try:
+            codes.append(httpx.get(url, timeout=5).status_code)
+        except httpx.HTTPError as exc:
+            codes.append(-1)
+            print("probe failed:", type(exc).__name__, exc)
+        time.sleep(PROBE_GAP_S)
+    return codes
+
+
+def flooded(url: str, addr: str, kind: str, shape: tuple[int, int], seed: int) -> None:
+    """Probes answer 200 before the flood and on every try during it."""
+    assert probes(url) == [200] * PROBES, "the probe fails without any flood"
+    sources, per_source = shape
+    flood = Flood(
+        addr,
+        [f"127.0.0.{2 + i}" for i in range(sources)],
+        per_source,
+        slow=kind == "slowloris",
+        seed=seed,
+    )
+    flood.start()
+    try:
+        deadline = time.monotonic() + 30
+        while flood.opened < sources * per_source and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # the flood holds its sockets (and slow heads have begun)
+        during = probes(url)
+    finally:
+        flood.stop()
+    print(f"seed={seed} {kind}: opened={flood.opened} most_open={flood.most_open} "
+          f"closed_by_server={flood.closed_by_server} probes={during}")  # fmt: skip
+    assert flood.opened >= sources * per_source, "the flood never got its sockets open"
+    assert during == [200] * PROBES, f"seed={seed} {kind}: probes {during}"
+
+
+@pytest.fixture
+def governord(tmp_path: Path) -> Iterator[tuple[Daemon, str]]:
+    port = free_port()
+    daemon = Daemon(tmp_path, StoreTarget("sqlite", str(tmp_path / "governor.db"), ""))
+    daemon.config["metrics"] = f"127.0.0.1:{port}"
+    try:
+        daemon.start()
+        yield daemon, f"127.0.0.1:{port}"
+    finally:
+        daemon.close()
+
+
+def _node(tmp: Path, **extra: Any) -> Iterator[dict[str, Any]]:
+    cfg = static_nodes(["a"], [RATE])[0]
+    cfg.update(telemetry_listen="127.0.0.1:0", sidecar={"http_listen": "127.0.0.1:0"}, **extra)
+    path = tmp / "node.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = spawn(["-m", "mesh.cli", "node", "--config", str(path)])
+    try:
+        yield read_ready(proc, timeout_s=60)
+    finally:
+        stop(proc)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    yield from _node(tmp_path)
+
+
+@pytest.mark.parametrize("kind", sorted(GOVERNORD_FLOOD))
+def test_governord_liveness_answers_through_a_flood(
+    governord: tuple[Daemon, str], kind: str
+) -> None:
+    _, addr = governord
+    flooded(f"http://{addr}/health/live", addr, kind, GOVERNORD_FLOOD[kind], seed=3)
+
+
+@pytest.mark.parametrize("kind", sorted(NODE_FLOOD))
+def test_node_health_answers_through_a_flood(node: dict[str, Any], kind: str) -> None:
+    addr = node["telemetry"]
+    flooded(f"http://{addr}/health", addr, kind, NODE_FLOOD[kind], seed=5)
+
+
+def _admitted(addr: str, seconds: float) -> tuple[int, int]:
+    """(admitted, errors) for an admitter asking the sidecar as fast as it can."""
+    admitted = errors = asked = 0
+    end = time.monotonic() + seconds
+    with httpx.Client(timeout=10) as client:
+        while time.monotonic() < end:
+            try:
+                r = client.post(
+                    f"http://{addr}/v1/admit", json={"tenant": "acme", "metric": "read_iops"}
+                )
+                if r.status_code != 200:  # a 503 "too many connections" is a failed call
+                    errors += 1
+                    continue
+                admitted += r.json()["allowed"] is True
+                asked += 1
+            except httpx.HTTPError:
+                errors += 1
+    print(f"asked {asked} in {seconds} s, admitted {admitted}, errors {errors}")
+    return admitted, errors
+
+
+def test_an_admitter_keeps_its_rate_through_a_flood_on_the_sidecar(
+    node: dict[str, Any],
+) -> None:
+    """The same admitter, ADMIT_S without and ADMIT_S with an idle flood from many addresses
+    on the sidecar's HTTP port: its admitted count is within 5 % and no call of it fails."""
+    addr = node["sidecar"]["http"]
+    time.sleep(0.2)  # a full bucket both times
+    without, errors_without = _admitted(addr, ADMIT_S)
+    flood = Flood(addr, [f"127.0.0.{2 + i}" for i in range(8)], 80, slow=False, seed=7)
+    flood.start()
+    try:
+        deadline = time.monotonic() + 30
+        while flood.opened < 640 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.2)
+        with_flood, errors_with = _admitted(addr, ADMIT_S)
+    finally:
+        flood.stop()
+    print(f"seed=7 without={without} with={with_flood} opened={flood.opened}")
+    assert errors_without == errors_with == 0
+    assert abs(with_flood - without) <= 0.05 * without, (without, with_flood)
