@@ -38,8 +38,8 @@ RATE = {
     "generation": 1,
     "mode": "local",
     "target_rate": 50,
-    "global_burst": 10,
-    "local_burst_cap": 10,
+    "global_burst": 50,  # a second of burst: a pause of the asking thread loses nothing
+    "local_burst_cap": 50,
 }
 ADMIT_S = 5.0
 
@@ -134,29 +134,61 @@ def probes(url: str) -> list[int]:
     return codes
 
 
+class FloodProcess:
+    """A `Flood` in a process of its own, as an attacker is: started, it returns once its
+    sockets are open (or 30 s went by); `stop` ends it and returns its counts."""
+
+    def __init__(self, addr: str, sources: int, per_source: int, *, slow: bool, seed: int):
+        args = [addr, str(sources), str(per_source), "slow" if slow else "idle", str(seed)]
+        self.proc = spawn(["-m", "tests.security.test_http_liveness", *args])
+        self.started = read_ready(self.proc, timeout_s=60)
+
+    def stop(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()  # its signal to end
+        try:
+            return read_ready(self.proc, timeout_s=60)
+        finally:
+            stop(self.proc)
+
+
+def _flood_main(argv: list[str]) -> None:
+    """The flood process: ADDR SOURCES PER_SOURCE idle|slow SEED. One JSON line once its
+    sockets are open, one with its counts when stdin closes."""
+    import json
+    import sys
+
+    addr, sources, per_source, kind, seed = argv
+    flood = Flood(
+        addr,
+        [f"127.0.0.{2 + i}" for i in range(int(sources))],
+        int(per_source),
+        slow=kind == "slow",
+        seed=int(seed),
+    )
+    flood.start()
+    deadline = time.monotonic() + 30
+    while flood.opened < int(sources) * int(per_source) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # the flood holds its sockets (and slow heads have begun)
+    print(json.dumps({"opened": flood.opened}), flush=True)
+    sys.stdin.read()
+    flood.stop()
+    counts = {"opened": flood.opened, "most_open": flood.most_open}
+    print(json.dumps({**counts, "closed_by_server": flood.closed_by_server}), flush=True)
+
+
 def flooded(url: str, addr: str, kind: str, shape: tuple[int, int], seed: int) -> None:
     """Probes answer 200 before the flood and on every try during it."""
     assert probes(url) == [200] * PROBES, "the probe fails without any flood"
     sources, per_source = shape
-    flood = Flood(
-        addr,
-        [f"127.0.0.{2 + i}" for i in range(sources)],
-        per_source,
-        slow=kind == "slowloris",
-        seed=seed,
-    )
-    flood.start()
+    flood = FloodProcess(addr, sources, per_source, slow=kind == "slowloris", seed=seed)
     try:
-        deadline = time.monotonic() + 30
-        while flood.opened < sources * per_source and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.0)  # the flood holds its sockets (and slow heads have begun)
         during = probes(url)
     finally:
-        flood.stop()
-    print(f"seed={seed} {kind}: opened={flood.opened} most_open={flood.most_open} "
-          f"closed_by_server={flood.closed_by_server} probes={during}")  # fmt: skip
-    assert flood.opened >= sources * per_source, "the flood never got its sockets open"
+        counts = flood.stop()
+    print(f"seed={seed} {kind}: {counts} probes={during}")
+    assert flood.started["opened"] >= sources * per_source, "the flood never got its sockets open"
     assert during == [200] * PROBES, f"seed={seed} {kind}: probes {during}"
 
 
@@ -172,16 +204,45 @@ def governord(tmp_path: Path) -> Iterator[tuple[Daemon, str]]:
         daemon.close()
 
 
+class Node:
+    """A `mesh node` process on loopback (one member, RATE's policy), its stderr drained
+    into `stderr` as it comes (a node that logs much never blocks on a full pipe)."""
+
+    def __init__(self, tmp: Path, env: dict[str, str] | None = None, **extra: Any) -> None:
+        cfg = static_nodes(["a"], [RATE])[0]
+        cfg.update(telemetry_listen="127.0.0.1:0", sidecar={"http_listen": "127.0.0.1:0"})
+        cfg.update(extra)
+        path = tmp / "node.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        self.stderr: list[str] = []
+        self.proc = spawn(["-m", "mesh.cli", "node", "--config", str(path)], env=env)
+        self._drain = threading.Thread(target=self._read, daemon=True)
+        self._drain.start()
+        try:
+            self.ready = read_ready(self.proc, timeout_s=60)
+        except BaseException:
+            self.close()
+            raise
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+        self._drain.join(10)
+        stop(self.proc)
+
+
 def _node(tmp: Path, **extra: Any) -> Iterator[dict[str, Any]]:
-    cfg = static_nodes(["a"], [RATE])[0]
-    cfg.update(telemetry_listen="127.0.0.1:0", sidecar={"http_listen": "127.0.0.1:0"}, **extra)
-    path = tmp / "node.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    proc = spawn(["-m", "mesh.cli", "node", "--config", str(path)])
+    n = Node(tmp, **extra)
     try:
-        yield read_ready(proc, timeout_s=60)
+        yield n.ready
     finally:
-        stop(proc)
+        n.close()
 
 
 @pytest.fixture
@@ -230,18 +291,20 @@ def test_an_admitter_keeps_its_rate_through_a_flood_on_the_sidecar(
     """The same admitter, ADMIT_S without and ADMIT_S with an idle flood from many addresses
     on the sidecar's HTTP port: its admitted count is within 5 % and no call of it fails."""
     addr = node["sidecar"]["http"]
-    time.sleep(0.2)  # a full bucket both times
+    time.sleep(1.2)  # a full bucket both times
     without, errors_without = _admitted(addr, ADMIT_S)
-    flood = Flood(addr, [f"127.0.0.{2 + i}" for i in range(8)], 80, slow=False, seed=7)
-    flood.start()
+    flood = FloodProcess(addr, 8, 80, slow=False, seed=7)
     try:
-        deadline = time.monotonic() + 30
-        while flood.opened < 640 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(0.2)
         with_flood, errors_with = _admitted(addr, ADMIT_S)
     finally:
-        flood.stop()
-    print(f"seed=7 without={without} with={with_flood} opened={flood.opened}")
+        counts = flood.stop()
+    print(f"seed=7 without={without} with={with_flood} flood={counts}")
+    assert flood.started["opened"] >= 640
     assert errors_without == errors_with == 0
     assert abs(with_flood - without) <= 0.05 * without, (without, with_flood)
+
+
+if __name__ == "__main__":
+    import sys
+
+    _flood_main(sys.argv[1:])
