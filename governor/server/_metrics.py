@@ -110,7 +110,8 @@ class _Public(Collector):
 
     def collect(self) -> Iterator[Any]:
         for family in self._registry.collect():
-            if not any("tenant" in s.labels for s in family.samples):
+            # an empty family's name may still say "tenant": left out too
+            if family.samples and not any("tenant" in s.labels for s in family.samples):
                 yield family
 
 
