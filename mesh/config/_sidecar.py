@@ -160,6 +160,18 @@ def parse_sidecar(data: Any) -> SidecarConfig:
                 "sidecar.cooldown_max_s", f"must be in (0, {COOLDOWN_MAX_S_LIMIT:g}], got {v}"
             )
         kw["cooldown_max_s"] = float(v)
+    operator = kw.get("operator_tokens", ())
+    for tenant, token in kw.get("tenant_tokens", {}).items():
+        if token in operator or token in kw.get("tokens", ()):
+            raise ConfigError(
+                f"sidecar.tenant_tokens.{tenant}",
+                "is the operator's or the workers' token: give each tenant a token of its own",
+            )
+    if operator and operator[0] in kw.get("tokens", ()):
+        raise ConfigError(
+            "sidecar.operator_token_file",
+            "is the workers' token (token_file): the operator's must be another",
+        )
     return SidecarConfig(**kw)
 
 

@@ -145,3 +145,26 @@ def test_a_cooldown_is_bounded_and_clearable_by_its_tenant_or_the_operator(node:
     assert cool(addr, beta, OPERATOR, "DELETE").status_code == 200
     again = cool(addr, beta, OPERATOR, "DELETE")
     assert again.status_code == 400 and "not cooling" in again.json()["error"]
+
+
+def test_a_tenant_token_that_is_the_operators_is_refused_at_start(tmp_path: Path) -> None:
+    """One line naming the field, exit 2: a tenant holding the operator's token could cool
+    every tenant."""
+    import os
+
+    import yaml
+
+    from tests.mesh._util import run_mesh, static_nodes
+
+    cfg = static_nodes(["a"], [RATE])[0]
+    cfg["sidecar"] = {
+        "http_listen": "127.0.0.1:0",
+        "operator_token_env": "OP_TOKEN",
+        "tenant_tokens": {"acme": {"token_env": "OP_TOKEN"}},
+    }
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = run_mesh("validate", "--config", str(path), env={**os.environ, "OP_TOKEN": OPERATOR})
+    assert out.returncode == 2, out
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "sidecar.tenant_tokens.acme" in lines[0], out.stderr
