@@ -143,7 +143,11 @@ class FloodProcess:
     def __init__(self, addr: str, sources: int, per_source: int, *, slow: bool, seed: int):
         args = [addr, str(sources), str(per_source), "slow" if slow else "idle", str(seed)]
         self.proc = spawn(["-m", "tests.security.test_http_liveness", *args])
-        self.started = read_ready(self.proc, timeout_s=60)
+        try:
+            self.started = read_ready(self.proc, timeout_s=60)
+        except BaseException:
+            stop(self.proc, kill=True)
+            raise
 
     def stop(self) -> dict[str, Any]:
         assert self.proc.stdin is not None
