@@ -18,6 +18,7 @@ from typing import Any
 
 import ratemesh.errors
 from governor.engine import AdaptiveConfig, Defaults, Rate
+from ratemesh.apikey import read_api_key
 from ratemesh.checks import (
     check_address,
     check_bool,
@@ -153,6 +154,9 @@ class GovernordConfig:
     tenants: tuple[TenantConfig, ...] = ()
     coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)
     ha: HaSettings = field(default_factory=HaSettings)
+    # the HTTP pages' token (``pages.token_file`` / ``pages.token_env``): per-tenant detail
+    # (/ui, /ui/status, /metrics' tenant series) for a caller off loopback (docs/security.md)
+    pages_tokens: tuple[bytes, ...] = field(default=(), repr=False)
 
     def store_kind(self) -> tuple[str, str]:
         """(``sqlite``, path), (``postgres``, dsn) or (``memory``, "") - not durable, benchmarks."""
@@ -354,6 +358,29 @@ def _ha(value: Any, store: str) -> HaSettings:
     return HaSettings(lease, renew, advertise)
 
 
+# -- the HTTP pages' token (governor/server/_http.py) ---------------------------------------
+
+
+def _pages(value: Any, env: dict[str, str]) -> tuple[bytes, ...]:
+    """``pages: {token_file: F}`` or ``{token_env: VAR}``: the bearer token that shows
+    per-tenant detail off loopback; none: that detail is served on loopback only."""
+    if value is None:
+        return ()
+    _type("pages", value, dict, "a map with token_file or token_env")
+    _keys("pages", value, {"token_file", "token_env"})
+    for k in ("token_file", "token_env"):
+        if k in value:
+            _type(f"pages.{k}", value[k], str, "a file path" if k == "token_file" else "a name")
+    token = read_api_key(
+        file=value.get("token_file"),
+        env=value.get("token_env"),
+        where="pages.token",
+        error=ConfigError,
+        environ=env,
+    )
+    return (token.encode(),)
+
+
 def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfig:
     """Validate a decoded YAML document; raises ConfigError naming the key."""
     env = dict(os.environ) if env is None else env
@@ -374,6 +401,7 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
         "snapshot_every",
         "coordinator",
         "ha",
+        "pages",
     }
     _keys("", data, top)
     listen_raw = data.get("listen", DEFAULT_LISTEN)
@@ -451,6 +479,7 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
         tenants=tenants,
         coordinator=coordinator,
         ha=_ha(data.get("ha"), store),
+        pages_tokens=_pages(data.get("pages"), env),
     )
     if not cfg.session_ttl_min_ms <= cfg.session_ttl_ms <= cfg.session_ttl_max_ms:
         raise ConfigError("session.ttl_ms", "must lie in [min_ttl_ms, max_ttl_ms]")
