@@ -47,12 +47,17 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class SessionOpened:
+    """``key_sha256``: set on a bare API key's session (the digest of the key it serves), so
+    the key finds its session again after a restart; its token is random and never handed
+    out. A later field: records written before it decode with None."""
+
     seq: int
     at_ms: int
     session_id: int
     scope_id: int
     ttl_ms: int
     token_sha256: str
+    key_sha256: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,12 +44,13 @@ _DENY_CODES = {
     DenyReason.SESSION_ENDED: grpc.StatusCode.UNAUTHENTICATED,
     DenyReason.RATE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     DenyReason.CREDIT_BLOCKS: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    DenyReason.NODES: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
 def denial_fail(d: Denial) -> Fail:
     what = f"{d.reason.value} at node {d.node_id}"
-    if d.reason in (DenyReason.QUOTA, DenyReason.CONCURRENCY):
+    if d.reason in (DenyReason.QUOTA, DenyReason.CONCURRENCY, DenyReason.NODES):
         what += f": {d.resource} {d.used} of {d.limit} used, {d.requested} requested"
     elif d.reason is DenyReason.RATE:
         what += f": {d.resource} has no credit left ({d.used} of burst {d.limit} outstanding)"
