@@ -227,11 +227,15 @@ class CoordinatorService:
                 del self._warned[next(iter(self._warned))]
             self.warn(line)
 
-    def _pin(self, member: str, above: list[TenantRatePolicy]) -> int:
+    def _pin(
+        self, member: str, above: list[TenantRatePolicy]
+    ) -> tuple[int, list[tuple[str, str, int]]]:
         """Keep the declared generations above governord's record (``_above``: a put may
-        still land on one of those), as far as PINS_MAX allows; returns the watch's id."""
+        still land on one of those), as far as PINS_MAX allows; returns the watch's id and
+        what it pinned (to unpin when it ends)."""
         self._next_watch += 1
         wid = self._next_watch
+        pinned = []
         for p in above:
             if self._pinned >= PINS_MAX:
                 self._say(
@@ -239,15 +243,28 @@ class CoordinatorService:
                     "not checked against the rest of the watches' declarations"
                 )
                 break
-            held = self._pins.setdefault((p.tenant_id, p.metric, p.generation), {})
+            scope = (p.tenant_id, p.metric, p.generation)
+            held = self._pins.setdefault(scope, {})
             if wid not in held:
                 self._pinned += 1
+                pinned.append(scope)
             held[wid] = (member, p.values())
-        return wid
+        return wid, pinned
 
-    def _unpin(self, wid: int, declared: tuple[TenantRatePolicy, ...]) -> None:
-        for p in declared:
-            scope = (p.tenant_id, p.metric, p.generation)
+    def _open_watch(
+        self, member: str, declared: tuple[TenantRatePolicy, ...]
+    ) -> tuple[int, list[tuple[str, str, int]]]:
+        """Check what a watch declares against the record (disagreements said on stderr)
+        and pin what lies above it; returns the watch's id and its pins."""
+        above, lines = self.authority.read(
+            lambda e: (self._above(e, declared), self._disagreements(e, member, declared))
+        )
+        for line in lines:
+            self._say(line)
+        return self._pin(member, above)
+
+    def _unpin(self, wid: int, pinned: list[tuple[str, str, int]]) -> None:
+        for scope in pinned:
             held = self._pins.get(scope)
             if held is not None and held.pop(wid, None) is not None:
                 self._pinned -= 1
@@ -324,30 +341,22 @@ class CoordinatorService:
         code = grpc.StatusCode.OK
         try:
             self._authorize("Watch", context)
-            b = _body("watch", request)
-            _known("watch", b, ("after_revision", "declared", "member_id"))
-            after = _decode(
-                lambda: check_int("after_revision", b.get("after_revision", 0), error=MessageError)
-            )
-            member = b.get("member_id", "")
-            if member:
-                member = _decode(lambda: check_str("member_id", member, error=MessageError))
-            declared = _declared(b.get("declared", []))
             if self.watchers >= WATCHERS_MAX:
                 raise Fail(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     "busy",
                     f"governord serves {WATCHERS_MAX} watches (WATCHERS_MAX); poll List",
                 )
+            after, member, declared = _watch_request(request)
+            del request  # a long-lived stream keeps only what it pinned, not what it was sent
             self.watchers += 1
-            wid = self._pin(member, self.authority.read(lambda e: self._above(e, declared)))
+            wid, pinned = self._open_watch(member, declared)
+            del declared
             try:
-                for line in self.authority.read(lambda e: self._disagreements(e, member, declared)):
-                    self._say(line)
                 async for snap in self._snapshots(after):
                     yield cw.pack(snap.to_wire())
             finally:
-                self._unpin(wid, declared)
+                self._unpin(wid, pinned)
                 self.watchers -= 1
         except Fail as f:
             code = f.code
@@ -414,6 +423,19 @@ def _expect(b: dict[str, Any]) -> int | None:
     if value is None:
         return None
     return int(_decode(lambda: check_int("expect_generation", value, error=MessageError)))
+
+
+def _watch_request(raw: bytes) -> tuple[int, str, tuple[TenantRatePolicy, ...]]:
+    """A Watch request checked: (after_revision, member_id, declared generations)."""
+    b = _body("watch", raw)
+    _known("watch", b, ("after_revision", "declared", "member_id"))
+    after = _decode(
+        lambda: check_int("after_revision", b.get("after_revision", 0), error=MessageError)
+    )
+    member = b.get("member_id", "")
+    if member:
+        member = _decode(lambda: check_str("member_id", member, error=MessageError))
+    return int(after), str(member), _declared(b.get("declared", []))
 
 
 def _declared(raw: Any) -> tuple[TenantRatePolicy, ...]:
