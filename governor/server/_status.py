@@ -50,10 +50,12 @@ _DENY_CODES = {
 
 def denial_fail(d: Denial) -> Fail:
     what = f"{d.reason.value} at node {d.node_id}"
-    if d.reason in (DenyReason.QUOTA, DenyReason.CONCURRENCY, DenyReason.NODES):
+    if d.reason in (DenyReason.QUOTA, DenyReason.CONCURRENCY):
         what += f": {d.resource} {d.used} of {d.limit} used, {d.requested} requested"
     elif d.reason is DenyReason.RATE:
         what += f": {d.resource} has no credit left ({d.used} of burst {d.limit} outstanding)"
+    elif d.reason is DenyReason.NODES:
+        what += f": the tenant holds {d.used} of at most {d.limit} nodes (nodes_per_tenant_max)"
     elif d.reason is DenyReason.CREDIT_BLOCKS:
         what += f": {d.used} of at most {d.limit} credit blocks outstanding"
     denial = {

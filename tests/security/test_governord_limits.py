@@ -71,7 +71,7 @@ def test_a_tenant_cannot_create_nodes_without_bound(bounded: Daemon) -> None:
         first = refused[0]
         assert first["code"] is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert first["denial"]["reason"] == "nodes" and first["denial"]["limit"] == NODES_MAX
-        assert f"nodes {NODES_MAX} of {NODES_MAX}" in first["message"]
+        assert f"holds {NODES_MAX} of at most {NODES_MAX} nodes" in first["message"]
         scope = raw.ok("GetNode", {}, token=attacker)
         assert len(scope["children"]) == NODES_MAX - 1
 
