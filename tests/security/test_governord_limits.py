@@ -15,8 +15,10 @@ from typing import Any
 import grpc
 import pytest
 
+from governor.engine import Denial, DenyReason, Engine, EngineConfig, ManualClock, NodeState
 from tests.governor._daemon import KEYS, Daemon, Raw
 from tests.governor._stores import make_target
+from tests.governor.engine.test_engine import World
 from tests.governor.test_hook import _call, _hook
 
 NODES_MAX = 60  # the tenant bound these tests configure (nodes_per_tenant_max)
@@ -175,3 +177,26 @@ def test_return_credit_answers_alike_for_unknown_and_foreign_blocks(gov: Daemon)
         assert info["credit"]["http"]["outstanding"] == 0
     finally:
         raw.close()
+
+
+def test_the_node_count_follows_creates_purges_and_restores() -> None:
+    """The engine alone: ended nodes count until purged, a purge frees room, and a restore
+    (from events, and from a snapshot) rebuilds the same counts."""
+    w = World(EngineConfig(nodes_per_tenant_max=4, retention_ms=1_000))
+    tenant, other = w.node(name="t"), w.node(name="o")
+    run = w.node(tenant, name="run")
+    kids = [w.node(run, name=f"k{i}") for i in range(2)]
+    denial = w.engine.create_node(None, run, "k2")
+    assert denial == Denial(DenyReason.NODES, tenant, "nodes", 4, 4, 1)
+    assert w.node(other, name="fine")  # another tenant has its own count
+    w.engine.end_node(None, kids[0], NodeState.DONE)
+    assert isinstance(w.engine.create_node(None, run, "k2"), Denial)  # ended: still held
+    assert w.restored().state.tenant_nodes == w.engine.state.tenant_nodes == {tenant: 4, other: 2}
+    w.clock.advance(1_001)
+    w.engine.tick()  # the purge frees its place
+    assert w.engine.state.tenant_nodes == {tenant: 3, other: 2}
+    w.node(run, name="k2")
+    snap = w.engine.snapshot()
+    again = Engine.restore(snap, [], ManualClock(w.clock.now_ms()), lambda e: None)
+    assert again.state.tenant_nodes == w.engine.state.tenant_nodes == {tenant: 4, other: 2}
+    assert all(n.tenant in (None, tenant, other) for n in again.state.nodes.values())
