@@ -352,16 +352,15 @@ class GovernorService(CallsMixin):
             legacy = sha256_hex(DERIVED_TOKEN_PREFIX + digest)
 
             def ensure(e: Engine) -> int:
+                old = e.session_for_token(legacy)  # an older release's, reachable by then
+                if old is not None:
+                    e.close_session(old)
                 found = e.session_for_key(digest)
                 if found is not None:
                     return found
-                old = e.session_for_token(legacy)
-                if old is not None:
-                    e.close_session(old)
-                token_hash = sha256_hex(secrets.token_urlsafe(32))
-                return e.open_session(tenant[1], KEY_SESSION_TTL_MS, token_hash, key_sha256=digest)[
-                    0
-                ]
+                token_hash = sha256_hex(secrets.token_urlsafe(32))  # no one is given it
+                ttl = KEY_SESSION_TTL_MS
+                return e.open_session(tenant[1], ttl, token_hash, key_sha256=digest)[0]
 
             sid = await self._step(ensure)  # once per key per process
             assert sid is not None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -55,7 +56,7 @@ def _tenant_works(raw: Raw, job: int) -> int:
 
 def _attack(raw: Raw, job: int) -> dict[str, tuple[grpc.StatusCode, str]]:
     """Every call the issue made with the derived token; the code and reason of each."""
-    calls = {
+    calls: dict[str, dict[str, Any]] = {
         "GetNode": {"node_id": job},
         "Acquire": {"node_id": job, "cls": "db", "timeout_ms": 1000},
         "SetLimit": {"node_id": job, "cls": "db", "limit": 0},
