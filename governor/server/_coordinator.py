@@ -206,7 +206,8 @@ class CoordinatorService:
         other values: they will refuse it. Said on stderr once per line, and returned."""
         scope = (policy.tenant_id, policy.metric, policy.generation)
         out = []
-        for member, values in sorted(self._pins.get(scope, {}).values()):
+        pins = self._pins.get(scope, {}).values()
+        for member, values in sorted(pins, key=lambda pin: pin[0]):  # values need not order
             if values == policy.values():
                 continue
             line = (
