@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import ratemesh.errors
-from governor.engine import AdaptiveConfig, Defaults, Rate
+from governor.engine import AdaptiveConfig, Defaults, EngineConfig, Rate
 from ratemesh.apikey import read_api_key
 from ratemesh.checks import (
     check_address,
@@ -56,6 +56,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 DRAIN_S_MAX = 3600.0
 TTL_MS_MAX = 7 * 86_400_000
 SNAPSHOT_EVERY_MAX = 1_000_000_000
+NODES_PER_TENANT_MAX_MAX = 10_000_000  # the most nodes_per_tenant_max may say
 # Leadership on PostgreSQL (``ha``): the takeover bound when a leader is cut off is about
 # lease_ms + renew_ms + the replay; a killed leader is replaced within about renew_ms + replay.
 HA_LEASE_MS = 1500
@@ -147,6 +148,7 @@ class GovernordConfig:
     session_ttl_max_ms: int = 3_600_000
     drain_s: float = 5.0
     snapshot_every: int = 10_000
+    nodes_per_tenant_max: int = EngineConfig().nodes_per_tenant_max  # nodes one tenant holds
     root_quotas: dict[str, int] = field(default_factory=dict)
     root_limits: dict[str, int] = field(default_factory=dict)
     root_rates: dict[str, Rate] = field(default_factory=dict)
@@ -399,6 +401,7 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
         "tenants",
         "drain_s",
         "snapshot_every",
+        "nodes_per_tenant_max",
         "coordinator",
         "ha",
         "pages",
@@ -471,6 +474,12 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
         ),
         snapshot_every=_pos(
             "snapshot_every", data.get("snapshot_every", 10_000), 1, SNAPSHOT_EVERY_MAX
+        ),
+        nodes_per_tenant_max=_pos(
+            "nodes_per_tenant_max",
+            data.get("nodes_per_tenant_max", EngineConfig().nodes_per_tenant_max),
+            1,
+            NODES_PER_TENANT_MAX_MAX,
         ),
         root_quotas=_caps("root.quotas", root.get("quotas")),
         root_limits=_caps("root.limits", root.get("limits")),
