@@ -511,10 +511,11 @@ def config_warnings(cfg: GovernordConfig) -> list[str]:
                     f"listen[{i}]: {addr} is every interface in plaintext (allow_plaintext): "
                     "API keys and session tokens cross the network in clear; configure tls"
                 )
-    if cfg.metrics is not None and is_wildcard(cfg.metrics):
+    if cfg.metrics is not None and is_wildcard(cfg.metrics) and not cfg.pages_tokens:
         out.append(
-            f"metrics: {cfg.metrics} is every interface and asks no credential: anyone who "
-            "can reach it reads /metrics, /health and the /ui pages"
+            f"metrics: {cfg.metrics} is every interface with no pages token: callers off "
+            "this host get no tenant detail (/ui, /ui/status, per-tenant /metrics series, "
+            "which the shipped alerts read); set pages.token_file and give it to Prometheus"
         )
     return out
 

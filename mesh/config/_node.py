@@ -273,10 +273,16 @@ class NodeConfig:
                 f"listen: {self.listen} is every interface and asks no credential "
                 "(no fleet secret, no client certificates)"
             )
-        if self.telemetry_listen and is_wildcard(self.telemetry_listen):
+        if (
+            self.telemetry_listen
+            and is_wildcard(self.telemetry_listen)
+            and not self.sidecar.operator_tokens
+        ):
             out.append(
-                f"telemetry_listen: {self.telemetry_listen} is every interface and asks no "
-                "credential: anyone who can reach it reads /health and /metrics"
+                f"telemetry_listen: {self.telemetry_listen} is every interface with no "
+                "operator token: callers off this host get no tenant detail (/ui, full "
+                "/health, per-tenant /metrics series, which the shipped alerts read); set "
+                "sidecar.operator_token_file and give it to Prometheus"
             )
         return out
 
