@@ -79,12 +79,12 @@ _SNAPSHOT_COLUMNS = (
 )
 # The snapshot batch's columns after `batch_seq`, by position: each may be empty (not said)
 # or absent (a peer from before it).
-_SNAPSHOT_OPTIONAL = ((16, "floors_ppm"), (17, "applied_above"))
+_SNAPSHOT_OPTIONAL = ((16, "floors_ppm"), (17, "applied_above"), (18, "applied_net"))
 # Fields this release knows per message kind: the most a message carries before the ones a
 # newer peer appended (EXTRA_FIELDS_MAX of them at most, skipped).
 _KNOWN_FIELDS = {
     "reports": 12,
-    "snapshots": 18,
+    "snapshots": 19,
     "handover": 5,
     "cells": 5,
     "folds": 5,
@@ -144,6 +144,7 @@ def to_wire(msg: Message) -> list[Any]:
             msg.batch_seq,
             pack_column(msg.floors_ppm),
             pack_column(msg.applied_above),
+            pack_column(msg.applied_net),
         ]
     if isinstance(msg, Handover):
         return _handover_wire(msg)
@@ -320,8 +321,8 @@ def from_wire(obj: Any) -> Message:
             "schema", f"unsupported schema version {schema!r}; this peer speaks {SCHEMA_VERSION}"
         )
     # Fields are only ever appended (docs/upgrade.md). A message of the shape before its
-    # last fields (`heard_batch` and `since_ages`, `floors_ppm`, `applied_above`)
-    # decodes with them empty: a peer one release behind is understood. One
+    # last fields (`heard_batch` and `since_ages`, `floors_ppm`, `applied_above`,
+    # `applied_net`) decodes with them empty: a peer one release behind is understood. One
     # with fields past those known here (at most EXTRA_FIELDS_MAX) decodes with them
     # skipped: a peer one release ahead is understood as far as this release can.
     n_fields = len(obj)
@@ -351,7 +352,7 @@ def from_wire(obj: Any) -> Message:
         keys = _keys_from_wire("keys", items, SNAPSHOT_ROWS_MAX)
         n = len(keys)
         c = [unpack_column(name, col, n) for name, col in zip(_SNAPSHOT_COLUMNS, cols, strict=True)]
-        floors, above = (
+        floors, above, net = (
             unpack_column(name, obj[i], n) if n_fields > i and obj[i] != b"" else ()
             for i, name in _SNAPSHOT_OPTIONAL  # empty or absent: not said
         )
@@ -372,6 +373,7 @@ def from_wire(obj: Any) -> Message:
             batch_seq,
             floors,
             above,
+            net,
         )
     if kind == "handover" and n_fields >= 5:
         return _handover_from_wire(obj)

@@ -137,12 +137,14 @@ PINNED: list[tuple[Any, str]] = [
         "00000000000009c41003000000000000000000000000000000",
     ),
     (
-        dataclasses.replace(PREVIOUS[1][0], floors_ppm=(125_000,), applied_above=(5,)),
-        "dc001203a9736e617073686f7473a26f310503cf000000e8d4a510009193a461636d65a9726561645f696f"
-        "707303c4080500000000000000c4080900000000000000c4087800000000000000c4080700000000000000"
-        "c4080200000000000000c40890d0030000000000c4080400000000000000919393a461636d65b3636c6965"
-        "6e745f6567726573735f627974657301a96e6f745f6f776e6572060bc40848e8010000000000c408050000"
-        "0000000000",
+        dataclasses.replace(
+            PREVIOUS[1][0], floors_ppm=(125_000,), applied_above=(5,), applied_net=(40,)
+        ),
+        "dc001303a9736e617073686f7473a26f310503cf000000e8d4a510009193a461636d65a9726561645f69"
+        "6f707303c4080500000000000000c4080900000000000000c4087800000000000000c408070000000000"
+        "0000c4080200000000000000c40890d0030000000000c4080400000000000000919393a461636d65b363"
+        "6c69656e745f6567726573735f627974657301a96e6f745f6f776e6572060bc40848e8010000000000c4"
+        "080500000000000000c4082800000000000000",
     ),
     PREVIOUS[2],
 ]
@@ -156,6 +158,34 @@ BEFORE_ABOVE = (
     "0000c4080200000000000000c40890d0030000000000c4080400000000000000919393a461636d65b363"
     "6c69656e745f6567726573735f627974657301a96e6f745f6f776e6572060bc40848e8010000000000",
 )
+
+
+# The snapshot batch of the release before `applied_net` (18 fields): still decoded, with
+# `applied_net` empty (the worker's estimate then counts as it did before it).
+BEFORE_NET = (
+    dataclasses.replace(PREVIOUS[1][0], floors_ppm=(125_000,), applied_above=(5,)),
+    "dc001203a9736e617073686f7473a26f310503cf000000e8d4a510009193a461636d65a9726561645f696f"
+    "707303c4080500000000000000c4080900000000000000c4087800000000000000c4080700000000000000"
+    "c4080200000000000000c40890d0030000000000c4080400000000000000919393a461636d65b3636c6965"
+    "6e745f6567726573735f627974657301a96e6f745f6f776e6572060bc40848e8010000000000c408050000"
+    "0000000000",
+)
+
+
+def test_a_snapshot_batch_without_applied_net_still_decodes() -> None:
+    msg, wire = BEFORE_NET
+    assert decode(bytes.fromhex(wire)) == msg
+    assert msg.applied_net == ()
+
+
+def test_a_bad_applied_net_column_is_refused() -> None:
+    wire = to_wire(PINNED[1][0])
+    wire[18] = pack_column([-1])
+    with pytest.raises(MessageError, match="applied_net"):
+        decode(msgpack.packb(wire, use_bin_type=True))
+    wire[18] = pack_column([1, 2])
+    with pytest.raises(MessageError, match="applied_net"):
+        decode(msgpack.packb(wire, use_bin_type=True))
 
 
 def test_a_snapshot_batch_without_applied_above_still_decodes() -> None:
