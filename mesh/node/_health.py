@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from mesh.core.admission import CreditDesk, StrictGate
-from mesh.core.gcra import NS_PER_S
 from mesh.core.policy import BOUNDS, Mode, RateKey
+from mesh.core.reporter import excess_estimate
 from mesh.core.reporter._gate import GlobalGate
 from mesh.node._capability import capability
 from mesh.node._driver import NodeDriver
@@ -82,20 +82,13 @@ def node_stats(driver: NodeDriver) -> NodeStats:
             n = sum(1 for rs in ks.reporters.values() if rs.lease_until_ns >= now)
             s.active_reporters[scope] = max(s.active_reporters.get(scope, 0), n)
         views = list(m.reporter.gates.values())
-    d_s = d_estimate_ns(driver) / NS_PER_S
+    d_ns = d_estimate_ns(driver)
     n_live = len(m.ring)
     for v in views:
         p = v.policy
-        scope = (p.tenant_id, p.metric)
-        bound = n_live * p.local_burst_cap + p.target_rate * d_s
-        # This worker's unacknowledged use, as if every other member ran as far ahead (at
-        # most b each), plus what the owner admits while reports are in flight. Its own is
-        # not capped: a worker whose usage is not reaching its owner (reports lost, a
-        # stream down) shows all it admitted unheard, and can pass the bound.
-        ahead = max(v.unacked, 0)
-        est = ahead + (n_live - 1) * min(ahead, p.local_burst_cap) + p.target_rate * d_s
+        est, bound = excess_estimate(v, n_live, d_ns)
         # Both in sub-units (`TenantRatePolicy.scale`): reported in units.
-        s.excess[scope] = (round(est / p.scale, 3), round(bound / p.scale, 3))
+        s.excess[(p.tenant_id, p.metric)] = (round(est / p.scale, 3), round(bound / p.scale, 3))
     return s
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "MAX_ITEMS",
     "REPORT_ROWS_MAX",
+    "EXTRA_FIELDS_MAX",
     "Message",
     "to_wire",
     "from_wire",
@@ -56,6 +57,10 @@ __all__ = [
 
 SCHEMA_VERSION = 3  # 2: batches as columns; 3: snapshot batches carry batch_seq
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# Fields a newer peer may append to a message, or to a row of one, past those this release
+# knows: skipped unread (docs/upgrade.md, "Wire schema versions"). Anything longer is refused,
+# so a row's cost to skip stays bounded whatever a peer sends.
+EXTRA_FIELDS_MAX = 16
 
 # Wire keys already validated, by their decoded tuple: a batch repeats the same keys every
 # sync interval, so most decode without a check. Process-wide; cleared when full.
@@ -72,6 +77,20 @@ _SNAPSHOT_COLUMNS = (
     "shares_ppm",
     "active_reporters",
 )
+# The snapshot batch's columns after `batch_seq`, by position: each may be empty (not said)
+# or absent (a peer from before it).
+_SNAPSHOT_OPTIONAL = ((16, "floors_ppm"), (17, "applied_above"), (18, "applied_net"))
+# Fields this release knows per message kind: the most a message carries before the ones a
+# newer peer appended (EXTRA_FIELDS_MAX of them at most, skipped).
+_KNOWN_FIELDS = {
+    "reports": 12,
+    "snapshots": 19,
+    "handover": 5,
+    "cells": 5,
+    "folds": 5,
+    "cooldown": 5,
+    "cooldown_left": 5,
+}
 _REASONS = {r.value: r for r in RejectReason}
 _INT_ONLY = frozenset((int,))
 
@@ -125,6 +144,7 @@ def to_wire(msg: Message) -> list[Any]:
             msg.batch_seq,
             pack_column(msg.floors_ppm),
             pack_column(msg.applied_above),
+            pack_column(msg.applied_net),
         ]
     if isinstance(msg, Handover):
         return _handover_wire(msg)
@@ -161,28 +181,32 @@ def _handover_wire(msg: Handover) -> list[Any]:
 
 
 def _array(field: str, value: Any, limit: int, width: int) -> Any:
-    """A wire array of at most `limit` arrays of `width` fields, or a MessageError."""
+    """A wire array of at most `limit` arrays of `width` fields (and at most
+    EXTRA_FIELDS_MAX more that a newer peer appended, skipped), or a MessageError."""
     if not isinstance(value, (list, tuple)):
         raise MessageTypeError(field, "must be an array")
     if len(value) > limit:
         raise MessageError(field, f"at most {limit} items, got {len(value)}")
     for i, it in enumerate(value):
-        if not isinstance(it, (list, tuple)) or len(it) != width:
-            raise MessageTypeError(f"{field}[{i}]", f"must be an array of {width} fields")
+        if not isinstance(it, (list, tuple)) or not width <= len(it) <= width + EXTRA_FIELDS_MAX:
+            raise MessageTypeError(
+                f"{field}[{i}]",
+                f"must be an array of {width} fields (at most {EXTRA_FIELDS_MAX} more appended)",
+            )
     return value
 
 
 def _cells_from_wire(obj: Any) -> CellPublish | CellFold:
     """A CellPublish ("cells", rows of 3) or a CellFold ("folds", rows of 4): the row
     count is checked before any row is built (_array)."""
-    _, kind, sender, ring_epoch, items = obj
+    _, kind, sender, ring_epoch, items = obj[:5]
     publish = kind == "cells"
     width = 3 if publish else 4
     out: list[Any] = []
     for i, it in enumerate(_array("cells" if publish else "rows", items, CELL_ROWS_MAX, width)):
         try:
             key = key_from_wire("rate_key", list(it[0]) if type(it[0]) is tuple else it[0])
-            out.append(Cell(key, *it[1:]) if publish else FoldRow(key, *it[1:]))
+            out.append(Cell(key, *it[1:3]) if publish else FoldRow(key, *it[1:4]))
         except MeshError as exc:
             raise rename(exc, f"{'cells' if publish else 'rows'}[{i}]", MessageError) from exc
     if publish:
@@ -192,7 +216,7 @@ def _cells_from_wire(obj: Any) -> CellPublish | CellFold:
 
 def _cooldown_from_wire(obj: Any) -> CooldownReport | CooldownNotice:
     """A CooldownReport ("cooldown") or CooldownNotice ("cooldown_left"), rows of 2."""
-    _, kind, sender, ring_epoch, items = obj
+    _, kind, sender, ring_epoch, items = obj[:5]
     out: list[CooldownRow] = []
     for i, it in enumerate(_array("rows", items, COOLDOWN_ROWS_MAX, 2)):
         try:
@@ -205,7 +229,7 @@ def _cooldown_from_wire(obj: Any) -> CooldownReport | CooldownNotice:
 
 
 def _handover_from_wire(obj: Any) -> Handover:
-    _, _, sender, ring_epoch, items = obj
+    _, _, sender, ring_epoch, items = obj[:5]
     keys = []
     rows = 0
     for i, it in enumerate(_array("keys", items, HANDOVER_ROWS_MAX, 5)):
@@ -228,7 +252,7 @@ def _watermarks(value: Any) -> tuple[ReporterWatermark, ...]:
     marks = []
     for j, w in enumerate(_array("watermarks", value, HANDOVER_WATERMARKS_MAX, 3)):
         try:
-            marks.append(ReporterWatermark(*w))
+            marks.append(ReporterWatermark(*w[:3]))
         except MeshError as exc:
             raise rename(exc, f"watermarks[{j}]", MessageError) from exc
     return tuple(marks)
@@ -272,8 +296,11 @@ def _rejections(items: Any) -> tuple[Rejection, ...]:
         raise MessageError("rejections", f"at most {SNAPSHOT_ROWS_MAX} items, got {len(items)}")
     out = []
     for i, it in enumerate(items):
-        if not isinstance(it, (list, tuple)) or len(it) != 3:
-            raise MessageTypeError(f"rejections[{i}]", "must be an array of 3 fields")
+        if not isinstance(it, (list, tuple)) or not 3 <= len(it) <= 3 + EXTRA_FIELDS_MAX:
+            raise MessageTypeError(
+                f"rejections[{i}]",
+                f"must be an array of 3 fields (at most {EXTRA_FIELDS_MAX} more appended)",
+            )
         if not isinstance(it[1], str) or it[1] not in _REASONS:
             raise MessageError(f"rejections[{i}].reason", f"unknown reason {it[1]!r}")
         try:
@@ -293,36 +320,42 @@ def from_wire(obj: Any) -> Message:
         raise MessageError(
             "schema", f"unsupported schema version {schema!r}; this peer speaks {SCHEMA_VERSION}"
         )
-    # A message of the shape before its last fields (`heard_batch` and `since_ages`,
-    # `floors_ppm`, `applied_above`) still decodes, with them empty: a peer one release
-    # behind is understood.
-    if kind == "reports" and len(obj) in (10, 12):
+    # Fields are only ever appended (docs/upgrade.md). A message of the shape before its
+    # last fields (`heard_batch` and `since_ages`, `floors_ppm`, `applied_above`,
+    # `applied_net`) decodes with them empty: a peer one release behind is understood. One
+    # with fields past those known here (at most EXTRA_FIELDS_MAX) decodes with them
+    # skipped: a peer one release ahead is understood as far as this release can.
+    n_fields = len(obj)
+    known = _KNOWN_FIELDS.get(kind, n_fields) if type(kind) is str else n_fields
+    if n_fields > known + EXTRA_FIELDS_MAX:
+        raise MessageError(
+            "message",
+            f"{kind!r} with {n_fields} fields: at most {EXTRA_FIELDS_MAX} past the "
+            f"{known} this peer knows",
+        )
+    if kind == "reports" and n_fields >= 10:
         _, _, sender, ring_epoch, worker_epoch, items, *cols = obj[:10]
         keys = _keys_from_wire("keys", items, REPORT_ROWS_MAX)
         n = len(keys)
         seqs, deltas, denied, unacked = (
             unpack_column(name, c, n) for name, c in zip(_REPORT_COLUMNS, cols, strict=True)
         )
-        heard: Any = 0
+        heard: Any = obj[10] if n_fields > 10 else 0
         ages: Any = ()
-        if len(obj) == 12:
-            heard = obj[10]
-            if obj[11] != b"":  # empty: not said
-                ages = unpack_column("since_ages", obj[11], n)
+        if n_fields > 11 and obj[11] != b"":  # empty: not said
+            ages = unpack_column("since_ages", obj[11], n)
         return ReportBatch(
             sender, ring_epoch, worker_epoch, keys, seqs, deltas, denied, unacked, heard, ages
         )
-    if kind == "snapshots" and len(obj) in (16, 17, 18):
+    if kind == "snapshots" and n_fields >= 16:
         _, _, sender, ring_epoch, inc, at, items, *cols, rejs, batch_seq = obj[:16]
         keys = _keys_from_wire("keys", items, SNAPSHOT_ROWS_MAX)
         n = len(keys)
         c = [unpack_column(name, col, n) for name, col in zip(_SNAPSHOT_COLUMNS, cols, strict=True)]
-        floors: Any = ()
-        if len(obj) >= 17 and obj[16] != b"":  # empty: no floor promised
-            floors = unpack_column("floors_ppm", obj[16], n)
-        above: Any = ()
-        if len(obj) == 18 and obj[17] != b"":  # empty: no report past a gap applied
-            above = unpack_column("applied_above", obj[17], n)
+        floors, above, net = (
+            unpack_column(name, obj[i], n) if n_fields > i and obj[i] != b"" else ()
+            for i, name in _SNAPSHOT_OPTIONAL  # empty or absent: not said
+        )
         return SnapshotBatch(
             sender,
             ring_epoch,
@@ -340,12 +373,13 @@ def from_wire(obj: Any) -> Message:
             batch_seq,
             floors,
             above,
+            net,
         )
-    if kind == "handover" and len(obj) == 5:
+    if kind == "handover" and n_fields >= 5:
         return _handover_from_wire(obj)
-    if kind in ("cells", "folds") and len(obj) == 5:
+    if kind in ("cells", "folds") and n_fields >= 5:
         return _cells_from_wire(obj)
-    if kind in ("cooldown", "cooldown_left") and len(obj) == 5:
+    if kind in ("cooldown", "cooldown_left") and n_fields >= 5:
         return _cooldown_from_wire(obj)
     raise MessageError("kind", f"unknown message kind {kind!r} with {len(obj)} fields")
 

@@ -125,6 +125,12 @@ class SnapshotBatch:
     the gap; empty: none. Under jitter, reports overtake each other all the time, and
     without it a busy worker subtracted the usage of every report past a gap twice, once
     in `remaining` and once as unacknowledged (issue 12's flash crowd).
+    `applied_net[i]` is the net usage (sub-units) of the receiver's reports of `keys[i]`
+    that the owner applied to the key since it began its record of the receiver there:
+    what it took, where `acks` only say what it has seen. A worker compares its growth
+    with what the acknowledgements covered, so usage acknowledged and never applied (a
+    report taken for a duplicate, a refused claim) shows in its excess estimate
+    (`GlobalGate.note_applied`); empty: not said (an owner from before it).
     """
 
     sender: str
@@ -143,6 +149,7 @@ class SnapshotBatch:
     batch_seq: int = 0
     floors_ppm: tuple[int, ...] = ()
     applied_above: tuple[int, ...] = ()
+    applied_net: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check_str("sender", self.sender, error=MessageError)
@@ -162,6 +169,8 @@ class SnapshotBatch:
             check_column("floors_ppm", self.floors_ppm, n, maximum=PPM)
         if self.applied_above != ():
             check_column("applied_above", self.applied_above, n, maximum=ABOVE_MAX)
+        if self.applied_net != ():
+            check_column("applied_net", self.applied_net, n)
         if type(self.rejections) is not tuple:
             raise MessageTypeError("rejections", "must be a tuple of Rejection")
         if n + len(self.rejections) > SNAPSHOT_ROWS_MAX:
@@ -193,6 +202,7 @@ class SnapshotBatch:
         batch_seq: int = 0,
         floors_ppm: tuple[int, ...] = (),
         applied_above: tuple[int, ...] = (),
+        applied_net: tuple[int, ...] = (),
     ) -> SnapshotBatch:
         """Built by the owner from its own state: skips the per-element checks, as
         `ReportBatch.trusted` does."""
@@ -215,6 +225,7 @@ class SnapshotBatch:
                 batch_seq,
                 floors_ppm,
                 applied_above,
+                applied_net,
             ),
         )
 

@@ -67,7 +67,7 @@ OTHER_TENANT = ""
 FETCHING_MAX = 1024
 
 
-Row = tuple[RateKey, int, int, int, int, int, int, int, int, int]  # one snapshot's columns
+Row = tuple[RateKey, int, int, int, int, int, int, int, int, int, int]  # one snapshot's columns
 
 
 class _Outbox:
@@ -448,6 +448,7 @@ class Owner:
                     n,
                     promise(ks, rs, sender, share, now_ns) if floors else 0,
                     above_mask(rs.watermark, rs.above) if rs.above else 0,
+                    rs.net,
                 )
             )
         out.snapshots(sender, rows)
@@ -678,6 +679,7 @@ class Owner:
                     basis.active,
                     self.escrows.promise(ks, rs, worker, share, now_ns) if floors else 0,
                     above_mask(rs.watermark, rs.above) if rs.above else 0,
+                    rs.net,
                 ),
             )
         if sync_ns and next_ns < INT_MAX:
@@ -727,9 +729,9 @@ class Owner:
         return n
 
     def _message(self, to: str, now_ns: int, rows: list[Row], rejects: list[Rejection]) -> Send:
-        columns: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * 10
+        columns: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * 11
         keys, owner_epochs, versions, remaining, acks, receiver_epochs, shares, active = columns[:8]
-        floors, above = columns[8], columns[9]
+        floors, above, net = columns[8], columns[9], columns[10]
         seq = self._out_seq[to] = self._next_seq(to, now_ns)
         self._out_at[to] = now_ns
         if self.escrows.on():
@@ -755,6 +757,7 @@ class Owner:
                 seq,
                 floors,
                 above if any(above) else (),
+                net,
             ),
         )
 

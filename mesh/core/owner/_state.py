@@ -81,7 +81,7 @@ class ReporterState:
         # Plausibility (`mesh.core.owner._plausible`): what this sender has claimed, as the
         # TAT of a meter at the key's rate (ns * rate, like `Gcra`; 0: nothing claimed, the
         # whole tolerance free), and the net usage from it that this owner applied (refunds are
-        # bounded by it).
+        # bounded by it; every snapshot row to it says it, `SnapshotBatch.applied_net`).
         self.claim_tat = 0
         self.net = 0
         # The largest share (ppm) sent to this reporter in escrow window `share_win` and the

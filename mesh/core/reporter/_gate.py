@@ -74,6 +74,11 @@ class GlobalGate(Gate):
         "floor_left",
         "applied_above",
         "want",
+        "acked_net",
+        "net_from",
+        "net_said",
+        "net_applied",
+        "unapplied",
     )
 
     HOLDS_B_AT_MOST = True  # no view holds more than b (`snapshot_allowance_ppm`)
@@ -119,6 +124,16 @@ class GlobalGate(Gate):
         # even part of b is served, not starved, and the view still never holds more than
         # b (the N*b of the envelope).
         self.want = 0
+        # Usage acknowledged but not applied (`note_applied`), for the excess estimate only:
+        # the net delta of every report an ack dropped (sub-units), and, as of the last row
+        # that said `applied_net`, the (owner, owner_epoch, incarnation) whose record it
+        # counts (None: none yet, or the view went idle), what this view then counted as
+        # taken (`acked_net + applied_above`) and what the owner said it applied.
+        self.acked_net = 0
+        self.net_from: tuple[str, int, int] | None = None
+        self.net_said = 0
+        self.net_applied = 0
+        self.unapplied = 0
 
     @property
     def had_snapshot(self) -> bool:
@@ -204,12 +219,35 @@ class GlobalGate(Gate):
             if r.sequence > sequence:
                 break
             self.inflight_sum -= r.delta
+            self.acked_net += r.delta
             n += 1
         if not n:
             return []
         acked = self.inflight[:n]
         del self.inflight[:n]
         return acked
+
+    def note_applied(self, source: tuple[str, int, int], applied_net: int) -> None:
+        """Compare what the owner says it applied of our reports (`applied_net`, the net of
+        its record of us) with what its acknowledgements covered: what it acknowledged
+        and did not apply since the last row grows `unapplied` (and what it applied beyond
+        shrinks it, never below 0). Per snapshot, never on the admission path.
+
+        Only steps within one record count. A row from another owner, owner epoch or
+        incarnation, or the first after the view went idle, starts the comparison afresh;
+        so does a row whose count fell by more than ours did (the owner forgot our record
+        and began another: usage is never un-applied, a refund falls on both sides)."""
+        said = self.acked_net + self.applied_above
+        if source == self.net_from:
+            net_step = applied_net - self.net_applied
+            step = (said - self.net_said) - net_step
+            if not (net_step < 0 and step > 0):
+                left = self.unapplied + step
+                self.unapplied = left if left > 0 else 0
+        else:
+            self.net_from = source
+        self.net_said = said
+        self.net_applied = applied_net
 
     def take_snapshot(
         self,

@@ -167,6 +167,10 @@ class Reporter:
         v.state = SnapshotState.BOOT
         v.floor = None
         v.applied_above = 0  # nothing unacknowledged: no report past a gap either
+        # Idle: what an owner left unapplied before is in the past of the envelope; the
+        # next row that says `applied_net` starts the comparison again (`note_applied`).
+        v.net_from = None
+        v.unapplied = 0
         b = v.policy.local_burst_cap
         budget = b
         if v.had_snapshot:
@@ -379,6 +383,7 @@ class Reporter:
             self._vouched_by(owner, inc, seq, now_ns + ttl_ns)
         promised = batch.floors_ppm or (0,) * len(batch.keys)
         above = batch.applied_above or (0,) * len(batch.keys)
+        nets = batch.applied_net or (-1,) * len(batch.keys)  # -1: not said (an older owner)
         for (
             key,
             owner_epoch,
@@ -390,6 +395,7 @@ class Reporter:
             active,
             part,
             applied,
+            net,
         ) in zip(
             batch.keys,
             batch.owner_epochs,
@@ -401,6 +407,7 @@ class Reporter:
             batch.active_reporters,
             promised,
             above,
+            nets,
             strict=True,
         ):
             v = views.get(key)
@@ -420,6 +427,8 @@ class Reporter:
                 self._coin(key, version),
                 applied,
             )
+            if net >= 0:
+                v.note_applied((owner, owner_epoch, inc), net)
             v.snap_floor_ppm = part
             v.snap_from = owner
             v.snap_incarnation = inc

@@ -15,6 +15,13 @@ from mesh.core.gcra import NS_PER_S
 from mesh.core.messages import (
     REPORT_ROWS_MAX,
     SCHEMA_VERSION,
+    Cell,
+    CellFold,
+    CellPublish,
+    CooldownNotice,
+    CooldownReport,
+    CooldownRow,
+    FoldRow,
     Handover,
     KeyHandover,
     Message,
@@ -130,12 +137,14 @@ PINNED: list[tuple[Any, str]] = [
         "00000000000009c41003000000000000000000000000000000",
     ),
     (
-        dataclasses.replace(PREVIOUS[1][0], floors_ppm=(125_000,), applied_above=(5,)),
-        "dc001203a9736e617073686f7473a26f310503cf000000e8d4a510009193a461636d65a9726561645f696f"
-        "707303c4080500000000000000c4080900000000000000c4087800000000000000c4080700000000000000"
-        "c4080200000000000000c40890d0030000000000c4080400000000000000919393a461636d65b3636c6965"
-        "6e745f6567726573735f627974657301a96e6f745f6f776e6572060bc40848e8010000000000c408050000"
-        "0000000000",
+        dataclasses.replace(
+            PREVIOUS[1][0], floors_ppm=(125_000,), applied_above=(5,), applied_net=(40,)
+        ),
+        "dc001303a9736e617073686f7473a26f310503cf000000e8d4a510009193a461636d65a9726561645f69"
+        "6f707303c4080500000000000000c4080900000000000000c4087800000000000000c408070000000000"
+        "0000c4080200000000000000c40890d0030000000000c4080400000000000000919393a461636d65b363"
+        "6c69656e745f6567726573735f627974657301a96e6f745f6f776e6572060bc40848e8010000000000c4"
+        "080500000000000000c4082800000000000000",
     ),
     PREVIOUS[2],
 ]
@@ -149,6 +158,34 @@ BEFORE_ABOVE = (
     "0000c4080200000000000000c40890d0030000000000c4080400000000000000919393a461636d65b363"
     "6c69656e745f6567726573735f627974657301a96e6f745f6f776e6572060bc40848e8010000000000",
 )
+
+
+# The snapshot batch of the release before `applied_net` (18 fields): still decoded, with
+# `applied_net` empty (the worker's estimate then counts as it did before it).
+BEFORE_NET = (
+    dataclasses.replace(PREVIOUS[1][0], floors_ppm=(125_000,), applied_above=(5,)),
+    "dc001203a9736e617073686f7473a26f310503cf000000e8d4a510009193a461636d65a9726561645f696f"
+    "707303c4080500000000000000c4080900000000000000c4087800000000000000c4080700000000000000"
+    "c4080200000000000000c40890d0030000000000c4080400000000000000919393a461636d65b3636c6965"
+    "6e745f6567726573735f627974657301a96e6f745f6f776e6572060bc40848e8010000000000c408050000"
+    "0000000000",
+)
+
+
+def test_a_snapshot_batch_without_applied_net_still_decodes() -> None:
+    msg, wire = BEFORE_NET
+    assert decode(bytes.fromhex(wire)) == msg
+    assert msg.applied_net == ()
+
+
+def test_a_bad_applied_net_column_is_refused() -> None:
+    wire = to_wire(PINNED[1][0])
+    wire[18] = pack_column([-1])
+    with pytest.raises(MessageError, match="applied_net"):
+        decode(msgpack.packb(wire, use_bin_type=True))
+    wire[18] = pack_column([1, 2])
+    with pytest.raises(MessageError, match="applied_net"):
+        decode(msgpack.packb(wire, use_bin_type=True))
 
 
 def test_a_snapshot_batch_without_applied_above_still_decodes() -> None:
@@ -195,6 +232,70 @@ def test_the_shape_before_the_last_fields_still_decodes(msg: Message, wire: str)
     read as 0 and none."""
     assert decode(bytes.fromhex(wire)) == msg
     assert encode(msg).hex() != wire  # what we send carries them
+
+
+def _every_kind() -> list[Message]:
+    return [
+        PINNED[0][0],
+        PINNED[1][0],
+        PREVIOUS[2][0],
+        CellPublish("w1", 5, (Cell(K, 3, 40),)),
+        CellFold("o1", 5, (FoldRow(K, 3, 90, 40),)),
+        CooldownReport("w1", 5, (CooldownRow(K, 250),)),
+        CooldownNotice("o1", 5, (CooldownRow(K, 250),)),
+    ]
+
+
+def _appended(wire: list[Any], extra: list[Any]) -> list[Any]:
+    """`wire` as a newer peer would send it: `extra` after the last field, and after the
+    last field of every row of its row arrays (a handover's keys and watermarks, cells,
+    fold and cooldown rows, rejections)."""
+    out = list(wire)
+    if out[1] == "snapshots":
+        out[14] = [[*r, *extra] for r in out[14]]
+    if out[1] == "handover":
+        out[4] = [[*k[:4], [[*w, *extra] for w in k[4]], *extra] for k in out[4]]
+    if out[1] in ("cells", "folds", "cooldown", "cooldown_left"):
+        out[4] = [[*r, *extra] for r in out[4]]
+    return out + extra
+
+
+@pytest.mark.parametrize("msg", _every_kind(), ids=lambda m: type(m).__name__)
+def test_fields_a_newer_peer_appends_are_skipped(msg: Message) -> None:
+    """A newer release appends fields and columns (docs/upgrade.md): this one decodes the
+    message it knows from such a message, whatever the appended fields hold."""
+    extra: list[Any] = [pack_column([1, 2, 3]), "a new field", [1, [2]], None]
+    assert decode(msgpack.packb(_appended(to_wire(msg), extra), use_bin_type=True)) == msg
+    most = [0] * _codec.EXTRA_FIELDS_MAX
+    assert decode(msgpack.packb(_appended(to_wire(msg), most), use_bin_type=True)) == msg
+
+
+@pytest.mark.parametrize("msg", _every_kind(), ids=lambda m: type(m).__name__)
+def test_more_appended_fields_than_the_bound_are_refused(msg: Message) -> None:
+    wire = to_wire(msg) + [0] * (_codec.EXTRA_FIELDS_MAX + 1)
+    with pytest.raises(MessageError, match="fields"):
+        decode(msgpack.packb(wire, use_bin_type=True))
+    if isinstance(msg, ReportBatch):
+        return  # a report batch has no row arrays
+    rows = _appended(to_wire(msg), [0] * (_codec.EXTRA_FIELDS_MAX + 1))[: len(to_wire(msg))]
+    with pytest.raises(MessageError, match="fields"):
+        decode(msgpack.packb(rows, use_bin_type=True))
+
+
+def test_known_fields_are_still_checked_beside_appended_ones() -> None:
+    """Skipping what a newer peer appended does not loosen anything this release knows."""
+    wire = to_wire(PINNED[1][0]) + [b"new"]
+    wire[17] = pack_column([-1])
+    with pytest.raises(MessageError, match="applied_above"):
+        decode(msgpack.packb(wire, use_bin_type=True))
+    wire = to_wire(PINNED[0][0]) + [b"new"]
+    wire[6] = pack_column([0, 1])
+    with pytest.raises(MessageError, match=r"sequences\[0\]"):
+        decode(msgpack.packb(wire, use_bin_type=True))
+    wire = _appended(to_wire(PREVIOUS[2][0]), ["new"])
+    wire[4][0][4][0][2] = -1
+    with pytest.raises(MessageError, match="watermark"):
+        decode(msgpack.packb(wire, use_bin_type=True))
 
 
 def test_a_bad_since_ages_column_is_refused() -> None:
