@@ -1,4 +1,4 @@
-"""`mesh bench flood`: `try_admit` latency while a ring member floods the node (issue 12).
+"""`mesh bench flood`: `try_admit` latency while a ring member floods the node.
 
 One real node (`Mesh`, threaded: the app calls `try_admit` from its own thread, the node's
 loop runs in another) is in a static ring with `hostile`, a member that is a child process.

@@ -1,5 +1,5 @@
 """`mesh bench policy`: how long a pushed policy generation takes to be enforced on every
-member of a real fleet (issue 13; DESIGN.md section 5: p99 <= 100 ms on 4 nodes).
+member of a real fleet (DESIGN.md section 5: p99 <= 100 ms on 4 nodes).
 
 `nodes` real `mesh node` processes on loopback (static membership, `policies.coordinator`
 pointing at the coordinator) learn a limit's generations from a coordinator that this

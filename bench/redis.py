@@ -1,5 +1,5 @@
 """`mesh bench redis`: redis mode on real worker processes against one redis-server that
-the bench starts itself (issue 15; DESIGN.md section 5).
+the bench starts itself (DESIGN.md section 5).
 
 `workers` processes (bench.redis_worker), each a threaded `mesh.node.Mesh` with
 shared_state.redis naming the bench's server, ask for one redis-mode limit (R per second,

@@ -1,5 +1,5 @@
 """`mesh bench sidecar`: the sidecar admission API of a real `mesh node`, driven by client
-processes on the same host (issue 14; DESIGN.md section 5).
+processes on the same host (DESIGN.md section 5).
 
 The node is one `mesh node` process (its own member, static membership of one) with a
 `local`-mode limit too large to deny, so the figures are the sidecar's cost (decode, the
@@ -39,7 +39,7 @@ __all__ = ["run", "CLIENTS_MAX"]
 
 CLIENTS_MAX = 16
 HUGE = 10**15  # a limit no run reaches: every admission is allowed
-TARGET_GRPC_ADMITS_PER_S = 100_000  # issue 14
+TARGET_GRPC_ADMITS_PER_S = 100_000  # the target the sidecar is built for
 TARGET_HTTP_REQUESTS_PER_S = 5_000
 
 

@@ -1,4 +1,4 @@
-"""`mesh bench strict`: the strict guarantee on a real fleet (issue 13; DESIGN.md sections 1
+"""`mesh bench strict`: the strict guarantee on a real fleet (DESIGN.md sections 1
 and 5).
 
 A governord process (SQLite in a temporary directory) holds tenant `load`'s node, rated

@@ -1,4 +1,4 @@
-"""Call-site helpers (issue 14): a decorator and a context manager over `Mesh`'s admission.
+"""Call-site helpers: a decorator and a context manager over `Mesh`'s admission.
 
     with mesh.limited("acme", "client_egress_bytes", len(chunk)) as lease:
         sent = sock.send(chunk)

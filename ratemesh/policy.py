@@ -1,7 +1,7 @@
-"""The one policy model both planes use (issue 13): TenantRatePolicy, the metrics and modes it
+"""The one policy model both planes use: TenantRatePolicy, the metrics and modes it
 names, and RateKey, the key each limit is metered under.
 
-An open vocabulary (issue 14): a metric is any name that `METRIC_NAME` matches, declared by
+An open vocabulary: a metric is any name that `METRIC_NAME` matches, declared by
 the policies that name it, each with a `Unit` (requests, bytes, tokens, usd_micros; one
 unit per metric across all policies). Seed 004's six names stay as the `Metric` constants,
 and a policy that names no unit gets the one its name implies (`*_bytes`: bytes, else
@@ -58,7 +58,7 @@ class Unit(StrEnum):
     BYTES = "bytes"  # transfer: admissions are charged per chunk
     TOKENS = "tokens"  # model tokens, charged per call and refunded when fewer were used
     USD_MICROS = "usd_micros"  # spend, in millionths of a US dollar
-    UNITS = "requests"  # alias (the name before issue 14): Unit.UNITS is Unit.REQUESTS
+    UNITS = "requests"  # alias (the older name): Unit.UNITS is Unit.REQUESTS
 
     @classmethod
     def _missing_(cls, value: object) -> Unit | None:
@@ -134,7 +134,7 @@ class Period(StrEnum):
 # tenant still gets its own RateKey and its own bucket.
 DEFAULT_TENANT = "*"
 
-# The descriptor under a tenant (issue 14) is folded into the RateKey's tenant part as
+# The descriptor under a tenant is folded into the RateKey's tenant part as
 # tenant + DESCRIPTOR_SEP + key + "=" + value. ASCII RS (record separator): no tenant id
 # holds a control character, so the encoding is unambiguous both ways.
 DESCRIPTOR_SEP = "\x1e"
@@ -395,7 +395,7 @@ class TenantRatePolicy:
     def to_dict(self) -> dict[str, Any]:
         """The mapping `from_dict` reads. `unit` and `descriptor` appear only when they say
         something (a unit other than the name's default, a descriptor), so a seed-004
-        policy's mapping is what it was before issue 14 and older peers still read it. A
+        policy's mapping is what it was in older releases and older peers still read it. A
         rate with scale > 1 is written as text (`rate_text`, "5000/minute") and its bursts
         in units: what the operator wrote, read back to the same policy."""
         tenant, desc = split_tenant(self.tenant_id)

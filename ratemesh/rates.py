@@ -1,4 +1,4 @@
-"""The one parser of rates and amounts written as text (issue 14): `"100/second"`,
+"""The one parser of rates and amounts written as text: `"100/second"`,
 `"5000/minute"`, `"1MiB/second"`, and bursts such as `"1MiB"`.
 
 Grammar (whitespace around the parts is ignored, letters are case-sensitive):

@@ -1,5 +1,5 @@
 """An operator's mistake, through the real commands: one line on stderr naming the field or
-file, exit status 2, never a traceback (issue 11, part 4).
+file, exit status 2, never a traceback (part 4).
 
 Each case starts `mesh` or `governord` as a process, as an operator would, so the whole path
 from argv to exit status is what is checked.

@@ -292,7 +292,7 @@ class PolicyPut:
     quota: int | None = None
 
     def __post_init__(self) -> None:
-        check_metric(self.metric)  # an open name (issue 14), still one rule: a bad one
+        check_metric(self.metric)  # an open name, still one rule: a bad one
         # does not decode (ConfigError is a ValueError)
 
 

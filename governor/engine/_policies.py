@@ -122,7 +122,7 @@ class PoliciesMixin(_Core):
         return last + 1
 
     def _check_unit(self, policy: TenantRatePolicy) -> None:
-        """One unit per metric across the stored policies (issue 14), and a bound on names."""
+        """One unit per metric across the stored policies, and a bound on names."""
         metrics: set[str] = set()
         for (tenant_id, metric), key in self._state.policies.keys.items():
             other = key.current

@@ -1,6 +1,6 @@
 """The mesh's policies as governord holds them: per (tenant_id, metric), its generations.
 
-governord is the mesh's policy coordinator (issue 13). Each put or removal is an event in the
+governord is the mesh's policy coordinator. Each put or removal is an event in the
 one log (``PolicyPut``, ``PolicyRemoved``), applied here live and on replay, so generations
 are allocated from durable state: they only grow per key, across restarts, and a number is
 never given to two different policies. A removal is a tombstone generation: the key's number
@@ -170,7 +170,7 @@ def _dump_record(r: PolicyRecord) -> list[Any]:
             p.local_burst_cap,
             p.enabled,
             p.mode.value,
-            # The unit only when it is not the name's or a scale follows (issue 14): older
+            # The unit only when it is not the name's or a scale follows: older
             # snapshots have five; the scale only when it is not 1 (sub-units, as stored).
             *(
                 []
@@ -178,7 +178,7 @@ def _dump_record(r: PolicyRecord) -> list[Any]:
                 else [p.unit.value]
             ),
             *([] if p.scale == 1 and p.quota is None else [p.scale]),
-            # A spend quota (issue 15): its period and cap, last, as a mapping.
+            # A spend quota: its period and cap, last, as a mapping.
             *([] if p.quota is None or p.period is None else [_quota_of(p)]),
         ]
     )

@@ -153,7 +153,7 @@ def _load(data: dict[str, Any], config: EngineConfig) -> State:
             dict(d["direct"]),
             dict(d["absorbed"]),
         )
-        node.cooldowns = dict(d.get("cooldowns", {}))  # absent in snapshots before issue 17
+        node.cooldowns = dict(d.get("cooldowns", {}))  # absent in older releases' snapshots
         state.nodes[node.id] = node
     for node in sorted(state.nodes.values(), key=lambda n: n.id):
         if node.parent is not None:

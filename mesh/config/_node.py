@@ -313,7 +313,7 @@ def resolve_identity(cfg: NodeConfig, environ: dict[str, str] | None = None) -> 
     this process: hostname-pid-nonce (or member-pid-nonce without a hostname), not stable.
 
     Why not the bare hostname: processes sharing a host and a config took the same id, the
-    ring saw one member and each enforced the whole limit (issue 12). The pid tells apart
+    ring saw one member and each enforced the whole limit. The pid tells apart
     processes on one host; the nonce, processes in pid namespaces that share a hostname.
     """
     env = os.environ if environ is None else environ

@@ -1,4 +1,4 @@
-"""The fleet-wide 429 cooldown (issue 17, docs/cooldown.md), sans-I/O.
+"""The fleet-wide 429 cooldown (docs/cooldown.md), sans-I/O.
 
 A worker whose call behind a limit was told 429 reports it (`report`): the limit cools down
 here at once, and a `CooldownReport` goes to the key's owner. The owner keeps the latest end

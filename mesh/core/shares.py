@@ -11,7 +11,7 @@ even part. A full bucket that recent demand leaves mostly untouched is plenty fo
 so an even split lets any worker start at once; a nearly empty one is scarce, so it goes
 where the requests are. So is a full one that recent demand is draining (`plenty`): a flash
 crowd on a cold key comes through a skewed load balancer, and an even split would hand its
-busiest worker b / N while the others hold shares they do not use (issue 12). The per-key
+busiest worker b / N while the others hold shares they do not use. The per-key
 half of that is a `ShareBasis` (once per key per round); `share_ppm` finishes one
 reporter's share.
 
@@ -160,7 +160,7 @@ def allowance_cap_ppm(share_ppm: int, active_reporters: int, local_burst_cap: in
     """The most one row lets its receiver hold (ppm of a unit), whatever remains: b / n for
     a share at or below the even one 1/n, and b x (2 x share - 1/n) above it, at most b.
 
-    A cap of b x share (as before issue 12) made the caps of all reporters sum to b, so a
+    A cap of b x share (as in older releases) made the caps of all reporters sum to b, so a
     flash crowd on a full bucket of B > b could take at most b a round trip, its busiest
     worker (half the requests, share 0.5) at most b / 2 while the bucket held 80 (flash-crowd:
     the first window's loss). Counting the share's part above the even one twice lets that

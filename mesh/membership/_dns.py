@@ -8,7 +8,7 @@ the server sent none) with the record's port. A member is named by DNS, so a nod
 `member_id` must be that name (for A records, e.g. `member_id_env: POD_IP`); a node that is
 not in the records yet (not ready) works as a worker that owns no keys.
 
-Duplicate ids (issue 12): DNS has no lease or holder to compare, so nothing is checked
+Duplicate ids: DNS has no lease or holder to compare, so nothing is checked
 here. Peers dial the address the records give, and that port takes no second bind
 (SO_REUSEPORT off), so one process answers for an id; a second process that sets the same
 `member_id` and listens elsewhere (another port, another pod) is not detected: it runs as a

@@ -7,7 +7,7 @@ delete when a member leaves or its lease lapses). Every member sees the same eve
 the same order, so every member computes the same epoch. A member that loses etcd keeps
 its last view, marked stale, and rejoins (a new lease if the old one lapsed) when it can.
 
-One id, one member (issue 12): the key is written only in a transaction that finds it
+One id, one member: the key is written only in a transaction that finds it
 absent or held by our own lease. At start (`join`, before the node serves) a key held by
 another lease is waited on for that lease's remaining TTL plus a margin: a crashed
 incarnation's lease lapses by then and the restart proceeds, while a live member renews

@@ -56,7 +56,7 @@ TRIM_AFTER = 10_000  # a forget pass that dropped this many tenants gives the he
 DELAYS_KEPT = 512  # recent report delays, for d in the envelope estimate
 NS = 1_000_000_000
 REFUSED_LOG_NS = NS  # peers' refused reports: one warning per this long, the rest at debug
-# Policy fetches (issue 12): the owner's FetchPolicy effects queue here (deduplicated) for
+# Policy fetches: the owner's FetchPolicy effects queue here (deduplicated) for
 # one fetcher task, which answers every queued key with one coordinator poll. The owner asks
 # for at most FETCHING_MAX keys at once, so the queue holds no more; a key still unknown
 # after its poll (or with no coordinator to ask) is held back for a retry delay before the
@@ -65,7 +65,7 @@ FETCH_QUEUE_MAX = FETCHING_MAX
 FETCH_TIMEOUT_S = 5.0  # one coordinator poll on behalf of the queued keys
 FETCH_GAP_S = 0.1  # between two such polls: a flood of unknown keys is not a poll storm
 NO_COORDINATOR_RETRY_S = 1.0  # nothing to ask: refuse the key this long, then let it ask
-# Reports are applied in slices (issue 12): a batch of more rows than the owner applies in
+# Reports are applied in slices: a batch of more rows than the owner applies in
 # SLICE_TARGET_NS at its recent pace is applied as sub-batches, one per loop callback, so that
 # a batch of the largest legal size (REPORT_ROWS_MAX rows), and a burst of them from one
 # sender, holds the loop, and in threaded mode the lock, for about SLICE_TARGET_NS at a time.
@@ -89,7 +89,7 @@ BACKLOG_SENDERS_MAX = 1024  # senders with a backlog at once; each is a peer str
 # are) must not refill its backlog: rows already queued, by (worker_epoch, key, sequence),
 # are dropped from a batch on arrival, and a batch left with none is not queued at all
 # (`reports_deduplicated`). The set holds the rows queued, so BACKLOG_ROWS_MAX bounds it.
-# Memory of refused messages (issue 12): a stream refused for a bad message leaves the message
+# Memory of refused messages: a stream refused for a bad message leaves the message
 # in reference cycles (exceptions' tracebacks hold the frames that hold the bytes), and the
 # raised GC thresholds of a node (`tune_gc`) collect young objects only after 50,000
 # allocations, which an idle node takes long to make: 600 refused 1 MiB messages held 1.2 GB.
@@ -272,7 +272,7 @@ class NodeDriver:
 
     async def _hand_over(self, timeout_s: float) -> None:
         """Before leaving the ring: apply our own keys' pending reports, send every held
-        key's state to its next owner (issue 4), and wait (bounded) until it is written,
+        key's state to its next owner, and wait (bounded) until it is written,
         so the new owners have it before the ring change sends them the keys' reports."""
         self._flush()
         await asyncio.sleep(0)  # reports to ourselves are delivered by the loop: apply them
@@ -563,7 +563,7 @@ class NodeDriver:
                     # Applied whole, not in slices: our own reports come from our own flush
                     # (as long a hold as the flush was), and held in a backlog behind
                     # slices they went unacknowledged past report_retry_ms, were resent,
-                    # and their resends filled the backlog (issue 12, `mesh bench churn`).
+                    # and their resends filled the backlog (`mesh bench churn`).
                     assert self.loop is not None
                     self.loop.call_soon(self._apply, e.message)
                     if isinstance(e.message, CellPublish) and self.cell_tier is not None:
@@ -772,7 +772,7 @@ class _Backlog:
 
 def _trim_heap() -> None:
     """Return the C heap's free pages to the OS (glibc's malloc_trim): after many tenants
-    went idle their memory is free but the allocator keeps it (issue 12). Elsewhere, nothing."""
+    went idle their memory is free but the allocator keeps it. Elsewhere, nothing."""
     try:
         trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # this process's symbols
     except OSError:

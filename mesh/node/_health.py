@@ -193,7 +193,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             "escrow_netted_units": m.owner.escrows.netted_units,
             "escrow_refunded_units": m.owner.escrows.refunded_units,
             "handovers": m.owner.handovers.stats(),
-            "refused": dict(m.owner.refused),  # peers' reports refused, by reason (issue 12)
+            "refused": dict(m.owner.refused),  # peers' reports refused, by reason
         },
         "reporter": {
             "views": len(m.reporter.gates),
@@ -219,7 +219,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         "strict": None
         if driver.credit is None
         else {"governord": driver.credit.config.governord, **driver.credit.stats()},
-        "bounds": {  # issue 12: what the named bounds on the node's work did
+        "bounds": {  # what the named bounds on the node's work did
             "reports_sliced": driver.reports_sliced,
             "reports_shed": driver.reports_shed,
             "reports_deduplicated": driver.reports_deduplicated,  # resends already queued

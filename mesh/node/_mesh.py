@@ -713,7 +713,7 @@ class _Handler:
             self.driver.link_reset(peer)
 
     def busy(self, sender: str) -> bool:
-        """Flow control for a stream: `NodeDriver.busy` (issue 12)."""
+        """Flow control for a stream: `NodeDriver.busy`."""
         return self.driver is not None and self.driver.busy(sender)
 
     def status(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Reloading a node's local policy file without a restart (issue 13): on SIGHUP, on
+"""Reloading a node's local policy file without a restart: on SIGHUP, on
 `Mesh.reload_policies()`, and when the file changes (checked every `policies.watch_ms`).
 
 A reload reads and validates the whole file, then learns its generations all or none

@@ -1,4 +1,4 @@
-"""What a fleet says about its policies (issue 13): each member's Status answer read for the
+"""What a fleet says about its policies: each member's Status answer read for the
 generation it enforces per limit, and the comparison `mesh status --fleet` prints.
 
 Sans-I/O: the gathering is `mesh.peer.fetch_fleet`; the bench reads the same answers. A
@@ -46,7 +46,7 @@ def enforced_of(status: Any) -> Enforced:
     pol = status.get("policies") if isinstance(status, dict) else None
     rows = pol.get("enforced") if isinstance(pol, dict) else None
     if not isinstance(rows, list):
-        raise MessageError("policies.enforced", "missing (a member older than issue 13?)")
+        raise MessageError("policies.enforced", "missing (a member from an older release?)")
     if len(rows) > ENFORCED_ROWS_MAX:
         raise MessageError("policies.enforced", f"more than {ENFORCED_ROWS_MAX} rows")
     out: Enforced = {}

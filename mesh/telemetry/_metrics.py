@@ -4,10 +4,10 @@
 id(verdict)) and turned into Prometheus families only when scraped. Delays are real
 Histograms: they are observed once per acknowledged report, not per request.
 
-Bounded labels (issue 12): only the top `top_k` tenants by denials, then excess estimate,
+Bounded labels: only the top `top_k` tenants by denials, then excess estimate,
 then admissions get series of their own; the rest are summed under tenant="other", and a
 tenant with no known policy is never a label value (its decisions count under "other",
-reason="policy_unknown"). Metric names are open (issue 14), so the same holds for them: a
+reason="policy_unknown"). Metric names are open, so the same holds for them: a
 decision on a metric no current policy declares counts under metric="other". Which tenants
 are labelled may change between scrapes. Counters stay monotonic per label while the set of
 labels changes: a tenant entering the top-K starts a series at 0 (what it had before stays
@@ -80,7 +80,7 @@ class NodeStats:
     messages_sent: int = 0
     # peer streams refused, by reason (mesh.peer: a fixed set of reasons, never a peer id)
     peer_refused: dict[str, int] = field(default_factory=dict)
-    # (tenant, metric) -> the generation enforced (issue 13)
+    # (tenant, metric) -> the generation enforced
     enforced: dict[tuple[str, str], int] = field(default_factory=dict)
     policy_reloads: int = 0  # policy file reloads accepted
     policy_reloads_refused: dict[str, int] = field(default_factory=dict)  # by reason
@@ -518,7 +518,7 @@ def _named_labelled(s: NodeStats, top: set[str], k: int) -> set[str]:
 
 
 def _policy_families(s: NodeStats, labelled: set[str]) -> Iterator[Metric]:
-    """The enforced generation per limit, and the policy file's reloads (issue 13).
+    """The enforced generation per limit, and the policy file's reloads.
 
     Tenants labelled: `_named_labelled`. The rest go under "other" with the highest
     generation among them, per metric.

@@ -1,4 +1,4 @@
-"""The rate and amount grammar (issue 14): one parser, exact results, errors that name the
+"""The rate and amount grammar: one parser, exact results, errors that name the
 field and quote the text."""
 
 from __future__ import annotations

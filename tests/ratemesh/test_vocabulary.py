@@ -1,4 +1,4 @@
-"""An open vocabulary (issue 14): metric names declared by policy with a unit, rates as
+"""An open vocabulary: metric names declared by policy with a unit, rates as
 text, descriptors under the tenant. Old files (the six seed-004 names, integer rates, no
 unit) load unchanged."""
 

@@ -4,7 +4,7 @@ each); `mesh sim sweep --scenarios flash-crowd` runs twenty.
 
 The issue's target is 0.97 of the ideal; this code reaches 0.965-0.975 over seeds (0.954
 before the issue), so the test guards UTILISATION_MIN, what it shows on every seed, not the
-target (issue 12's note says what is left: mostly the first 100 ms, while the owner's bucket
+target (what is left: mostly the first 100 ms, while the owner's bucket
 stays full for a flush and a one-way delay, and the 10 ms jitter between windows)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Serving through partitions in the simulator (issue 12, docs/partitions.md): quiet tenants
+"""Serving through partitions in the simulator (docs/partitions.md): quiet tenants
 keep their ideal through partitions, the envelope holds however the fleet is cut, and the
 floors (off by default, turned on here) cost scenarios without partitions nothing measurable."""
 

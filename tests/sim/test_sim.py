@@ -109,7 +109,7 @@ def test_strict_at_small_scale_waits_for_credit_and_keeps_the_envelope() -> None
 def test_peer_messages_do_not_grow_with_the_request_rate() -> None:
     sc = load("steady")
     # Two seconds, not one: a cold key's start costs each worker a message or two whatever
-    # the rate (its first report goes once the bootstrap allowance is spent, issue 12), and
+    # the rate (its first report goes once the bootstrap allowance is spent), and
     # over one second that one-off alone took 0.3% of the 10% this allows (1.099 before it).
     base = dataclasses.replace(sc, duration_s=2.0, tenants=sc.tenants[:1])
     tenfold = dataclasses.replace(

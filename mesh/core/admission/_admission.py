@@ -95,7 +95,7 @@ class Admission:
         self.cooldowns: dict[tuple[str, str], int] = {}
         self.cooldowns_refused = 0
         # Told (tenant, metric value, view) when the idle sweep forgets a view, so that what
-        # a driver keeps per view (the node's decision counts) goes with it (issue 12).
+        # a driver keeps per view (the node's decision counts) goes with it.
         self.on_forget: Callable[[str, str, Gate], None] | None = None
 
     # -- the hot path ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""A view cooling down after a 429 (issue 17, docs/cooldown.md): it admits nothing until
+"""A view cooling down after a 429 (docs/cooldown.md): it admits nothing until
 `until_ns`, and every verdict says so (`suspended: cooldown`, reason `cooldown`), with the
 time left as `retry_after_ms` on the detailed forms.
 

@@ -1,4 +1,4 @@
-"""Spend-quota cells on the wire (issue 15, docs/quotas.md): a worker's `CellPublish` of its
+"""Spend-quota cells on the wire (docs/quotas.md): a worker's `CellPublish` of its
 own cumulative burn per (RateKey, period), and the owner's `CellFold` answer.
 
 A cell is an absolute value, not a delta: the owner keeps max(old, new) per (key, period,

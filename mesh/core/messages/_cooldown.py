@@ -1,4 +1,4 @@
-"""The fleet-wide 429 cooldown on the wire (issue 17, docs/cooldown.md): a worker's
+"""The fleet-wide 429 cooldown on the wire (docs/cooldown.md): a worker's
 `CooldownReport` to a key's owner ("the service behind this limit said 429: back off"),
 and the owner's `CooldownNotice` to the key's reporters (how long is left).
 

@@ -77,7 +77,7 @@ class KeyHandover:
 
 @dataclass(frozen=True, slots=True)
 class Handover:
-    """A gracefully leaving owner's keys for one next owner (issue 4). `ring_epoch` is the
+    """A gracefully leaving owner's keys for one next owner. `ring_epoch` is the
     ring the sender owned them in."""
 
     sender: str

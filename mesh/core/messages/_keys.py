@@ -27,17 +27,17 @@ __all__ = [
 ]
 
 MAX_ITEMS = 65_536  # keys any one message may hold; each family caps its own lower (below)
-# Reports in one batch (issue 12). A batch from a peer is decoded and validated on the node's
+# Reports in one batch. A batch from a peer is decoded and validated on the node's
 # loop in one go, so its size is the longest a peer can hold the loop with one message: 256
 # rows of keys never seen before decode in about 0.3-0.8 ms (a 65,536-row batch took a
 # quarter second). A worker sends more rows as more batches (`report_batch_max`).
 REPORT_ROWS_MAX = 256
-# Snapshot rows plus rejections in one batch (issue 12), for the same reason at the worker:
+# Snapshot rows plus rejections in one batch, for the same reason at the worker:
 # a batch is decoded and applied whole on its loop. 256 rows decode in 0.22-0.36 ms and the
 # reporter takes them in about as long (65,536 rows: beyond 4 MiB, and a quarter second).
 # An owner sends more as more batches (`snapshot_batch_max`).
 SNAPSHOT_ROWS_MAX = 256
-# Keys plus reporters' watermarks in one hand-over (issue 12): a hand-over is decoded and
+# Keys plus reporters' watermarks in one hand-over: a hand-over is decoded and
 # installed whole on the receiver's loop, 4-6 us a key (parked or tightened), 1 us a
 # watermark: 64 rows take 0.26-0.44 ms (128 took 0.5-0.87 ms), plus 0.3 ms for the first
 # message of a leaver (its rings). A leaving owner sends more as more hand-overs.

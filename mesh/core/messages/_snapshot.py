@@ -124,7 +124,7 @@ class SnapshotBatch:
     that the receiver stops subtracting their usage from its allowance while it resends
     the gap; empty: none. Under jitter, reports overtake each other all the time, and
     without it a busy worker subtracted the usage of every report past a gap twice, once
-    in `remaining` and once as unacknowledged (issue 12's flash crowd).
+    in `remaining` and once as unacknowledged (the flash crowd).
     `applied_net[i]` is the net usage (sub-units) of the receiver's reports of `keys[i]`
     that the owner applied to the key since it began its record of the receiver there:
     what it took, where `acks` only say what it has seen. A worker compares its growth

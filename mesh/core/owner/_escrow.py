@@ -1,4 +1,4 @@
-"""Escrow for silent reporters: the owner's half of serving through partitions (issue 12).
+"""Escrow for silent reporters: the owner's half of serving through partitions.
 
 A worker cut off from a key's owner keeps admitting from its floor for at most
 `partition_floor_ms` (`mesh.core.reporter`): the part of R per second the owner promised it in

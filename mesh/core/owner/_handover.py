@@ -1,5 +1,5 @@
 """Hand-over on graceful leave: a stopping owner sends each key's meter state to the key's
-next owner, so the key continues where it was instead of restarting exhausted (issue 4).
+next owner, so the key continues where it was instead of restarting exhausted.
 
 The rule that makes it safe: a handed-over key is never less restrictive than its true
 state. The state crosses the wire as "TAT ahead of the sender's now", rounded up
@@ -17,14 +17,14 @@ applied since it opened (reports both owners saw count twice: safe, and rare).
 A hand-over is input from a peer, so its debt is believed only up to what an honest owner's
 meter can hold (`ahead_max_ns`): a full bucket's worth, the fleet's local bursts and one
 claim window of the rate (the envelope `B + N*b + R*d`, in time). A member leaving with a
-forged debt of centuries can starve the key for that long and no longer (issue 12).
+forged debt of centuries can starve the key for that long and no longer.
 
 Reporters' watermarks come along: a report the leaver applied whose ack was lost is then a
 duplicate at the new owner rather than usage counted twice. Only the contiguous watermark
 is carried (sequences applied past a gap are counted again if resent: safe). A killed
 member hands nothing over; its keys move by membership and start conservatively.
 
-A watermark is believed no further than the leaver could know it (issue 12): a leaver that
+A watermark is believed no further than the leaver could know it: a leaver that
 set one too high would have the reporter's next reports taken as duplicates, usage never
 counted. So a handed watermark
 
@@ -146,7 +146,7 @@ class Handovers:
     def _evict(self, now_ns: int) -> None:
         """Make room for one: drop the expired from the front (the oldest), or else the
         oldest. Not a scan of every parked key: past PENDING_MAX that ran per key parked,
-        5 ms each, and a large hand-over stalled the loop for minutes (issue 12)."""
+        5 ms each, and a large hand-over stalled the loop for minutes."""
         pending = self.pending
         while pending:
             key, oldest = next(iter(pending.items()))

@@ -56,14 +56,14 @@ __all__ = ["Owner"]
 
 SWEEP_NS = 1_000_000_000  # upkeep of every retained key: a pass starts at most once a second
 # Keys one tick's part of that upkeep visits: a pass over 250,000 keys is spread over ticks
-# instead of stalling one (issue 12): about 1 ms of a tick; at 5 ms ticks, 200,000 keys a second.
+# instead of stalling one: about 1 ms of a tick; at 5 ms ticks, 200,000 keys a second.
 SWEEP_SLICE = 1024
 # Telemetry of forgotten keys (`Owner._applied_retired`) is summed per metric under
 # OTHER_TENANT. Tenant ids are non-empty, so OTHER_TENANT names none.
 OTHER_TENANT = ""
 # Generations being fetched at once (`_fetching`): one FetchPolicy per key until the driver
 # answers `policy_learned`. Past it a key without its policy is refused POLICY_UNKNOWN and
-# not fetched, so one batch of 65,536 unknown keys asks for at most this many (issue 12).
+# not fetched, so one batch of 65,536 unknown keys asks for at most this many.
 FETCHING_MAX = 1024
 
 
@@ -169,7 +169,7 @@ class Owner:
         self.applied_units = 0  # telemetry: usage applied, in the keys' own units
         # Telemetry: usage applied by keys this owner no longer holds, per metric only, so
         # the sum over scopes never goes down when a key is forgotten or moves. Not per
-        # tenant: a forgotten tenant keeps nothing here (issue 12: a few hundred names kept
+        # tenant: a forgotten tenant keeps nothing here (a few hundred names kept
         # from 250,000 one-off tenants pinned tens of MiB of allocator arenas), and the
         # exported per-tenant counters stay monotonic without it (telemetry `_Labelled`).
         self._applied_retired: dict[str, int] = {}
@@ -537,7 +537,7 @@ class Owner:
             else:
                 order.append(ks)
         if not self._sweep_left and self._sweep_forgot > max(len(self.keys), 4096):
-            self.keys = dict(self.keys)  # forgot more than it kept: a smaller table (issue 12)
+            self.keys = dict(self.keys)  # forgot more than it kept: a smaller table
             self._sweep_forgot = 0
 
     def ring_changed(self, now_ns: int, ring: Ring) -> None:

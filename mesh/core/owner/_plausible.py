@@ -1,4 +1,4 @@
-"""Plausible usage only (issue 12): what an owner takes from a sender, and what it refuses.
+"""Plausible usage only: what an owner takes from a sender, and what it refuses.
 
 Anything a peer sends is untrusted, including its claimed identity and the size of its
 numbers. An owner refuses:

@@ -240,7 +240,7 @@ class KeyState:
         """All demand reported for the key in demand window `window` and the one before. It
         is at least what its live reporters' windows hold (`Owner._live_demand`: a subset of
         the same reports), so a bucket `plenty` for it is plenty for them, and the reply
-        path need not sum them (issue 12)."""
+        path need not sum them."""
         if self.demand_window != window:
             self.roll_demand(window)
         return self.demand_all_cur + self.demand_all_prev

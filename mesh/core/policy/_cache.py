@@ -11,7 +11,7 @@ for that key (`route: "*"`), then the default tenant's exact and `"*"` entries, 
 the descriptor its own bucket; with none of those it falls back to the tenant's plain
 policy, charged on the tenant's own key (the descriptor then adds nothing).
 
-One unit per metric (issue 14): a policy naming a metric in another unit than the current
+One unit per metric: a policy naming a metric in another unit than the current
 policies that name it is refused, naming both; at most METRICS_MAX metric names are held.
 """
 

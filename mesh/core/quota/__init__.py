@@ -1,4 +1,4 @@
-"""Spend quotas that converge through per-worker cells (issue 15, docs/quotas.md).
+"""Spend quotas that converge through per-worker cells (docs/quotas.md).
 
 Private modules, each importing only those above it:
     _period   UTC day/month period indexes from the driver's epoch-ms clock

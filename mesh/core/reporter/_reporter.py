@@ -206,7 +206,7 @@ class Reporter:
             if v.state is SnapshotState.BOOT and not v.inflight and allowance < v.flush_at:
                 # It admits nothing past its bootstrap allowance until its owner answers its
                 # first report: that goes once the allowance is spent, not at the next tick
-                # (a flash crowd on a cold key, issue 12).
+                # (a flash crowd on a cold key).
                 v.flush_at = allowance if allowance > 0 else 1
             if v.pending < v.flush_at:
                 return

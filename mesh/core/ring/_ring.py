@@ -45,7 +45,7 @@ class Ring:
 
     def forget_lookups(self) -> None:
         """Drop the memoised lookups (they hold their keys): after many keys went idle, so
-        the memo does not keep them and what they pin in memory alive (issue 12)."""
+        the memo does not keep them and what they pin in memory alive."""
         self._memo = {}
 
     def owner_of(self, key: RateKey) -> str:

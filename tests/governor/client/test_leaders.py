@@ -1,4 +1,4 @@
-"""The SDK with several governord addresses (issue 18): calls follow the leader a standby
+"""The SDK with several governord addresses: calls follow the leader a standby
 names (once, not in a loop), skip an address nothing listens on, resend a call that straddled
 a takeover under its request id (applied once), keep the session's token across a takeover,
 and raise LeaderChanged for an acquire whose wait a leader change cut."""

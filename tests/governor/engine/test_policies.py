@@ -207,7 +207,7 @@ def test_the_last_generation_number_is_refused_cleanly() -> None:
     assert len(w.events) == 1
 
 
-# -- an open vocabulary (issue 14) ------------------------------------------------------------
+# -- an open vocabulary ------------------------------------------------------------
 
 
 def test_unit_string_rate_and_descriptor_are_stored_and_survive_replay() -> None:
@@ -250,7 +250,7 @@ def test_an_event_logged_before_units_decodes_with_the_names_unit() -> None:
     w = World()
     w.put(policy(metric=Metric.CLIENT_EGRESS_BYTES))
     kind, payload = encode_event(w.events[0])
-    old = {k: v for k, v in payload.items() if k != "unit"}  # a record from before issue 14
+    old = {k: v for k, v in payload.items() if k != "unit"}  # a record from an older release
     e = decode_event(kind, old)
     assert isinstance(e, PolicyPut) and e.unit is None
     engine = Engine.restore(None, [e], ManualClock(w.clock.now_ms()), lambda e: None)
@@ -301,7 +301,7 @@ def test_an_event_logged_before_scales_decodes_as_scale_1() -> None:
 
 def test_a_quota_policy_is_stored_and_survives_replay_and_snapshot() -> None:
     """A spend quota's period and cap are in the PolicyPut event and the snapshot, so a
-    coordinator can push quotas like any other policy (issue 15)."""
+    coordinator can push quotas like any other policy."""
     w = World()
     q = TenantRatePolicy("acme", "spend", 1, unit=Unit.USD_MICROS, period="day", quota=5)  # type: ignore[arg-type]
     stored = w.engine.put_policy(q, allocate=True).policy

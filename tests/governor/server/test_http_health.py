@@ -1,4 +1,4 @@
-"""governord's HTTP pages and log (issue 16, part 4): /health, /health/live and /health/ready
+"""governord's HTTP pages and log (part 4): /health, /health/live and /health/ready
 answer liveness and readiness with 200/503, /metrics is Prometheus text on its own path, any
 other path is 404, and stderr is one JSON event a line carrying the request id of a call."""
 

@@ -1,4 +1,4 @@
-"""governord's address in a node's config (issue 18): one host:port, a YAML list, or a
+"""governord's address in a node's config: one host:port, a YAML list, or a
 comma-separated string naming a leader and its standbys; every mistake is a ConfigError
 naming the field (or the list's entry)."""
 

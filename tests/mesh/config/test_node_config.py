@@ -188,7 +188,7 @@ def test_a_node_resends_reports_late_unless_told_otherwise(tmp_path: Path) -> No
         assert load_config(path).core.report_retry_max_ms == want
 
 
-# -- ports, the shared vocabulary and the shared loader (issue 11) ----------------------------
+# -- ports, the shared vocabulary and the shared loader ----------------------------
 
 
 @pytest.mark.parametrize(

@@ -199,7 +199,7 @@ def test_admit_rejects_at_its_deadline_and_when_the_queue_is_full() -> None:
 
 
 def test_admit_for_an_unknown_policy_answers_at_once_with_the_real_reason() -> None:
-    """Waiting cannot make a policy known (issue 14): `policy_unknown` comes back at once,
+    """Waiting cannot make a policy known: `policy_unknown` comes back at once,
     suspended, not `deadline_exceeded` after the whole timeout; once the generation is
     known, the same call admits."""
 

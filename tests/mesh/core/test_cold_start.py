@@ -1,4 +1,4 @@
-"""Cold keys under a flash crowd (issue 12): a full bucket that demand is draining is shared
+"""Cold keys under a flash crowd: a full bucket that demand is draining is shared
 by demand (`shares.plenty`), in the owner's tick and reply alike, and a bootstrap view's
 first report goes as soon as its bootstrap allowance is spent.
 

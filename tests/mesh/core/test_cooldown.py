@@ -1,4 +1,4 @@
-"""The fleet-wide 429 cooldown (issue 17): one worker's 429 cools the limit on every worker
+"""The fleet-wide 429 cooldown: one worker's 429 cools the limit on every worker
 that uses it within d, discloses `suspended: cooldown` with the time left, ends on time,
 and what peers send about it is checked and bounded."""
 

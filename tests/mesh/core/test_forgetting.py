@@ -1,4 +1,4 @@
-"""Forgetting (issue 12, part 5): many distinct tenants touched once, then idle, leave no
+"""Forgetting (part 5): many distinct tenants touched once, then idle, leave no
 per-tenant state behind in the views, the reporter or the owner. Counts, never RSS."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Reporters' watermarks a leaving owner hands over are believed only as far as the leaver
-could know them (issue 12, `mesh.core.owner._handover`): a lying leaver cannot have a
+could know them (`mesh.core.owner._handover`): a lying leaver cannot have a
 reporter's future reports taken as duplicates (usage never counted)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Graceful leave hands keys over (issue 4): the new owner continues from the leaver's state.
+"""Graceful leave hands keys over: the new owner continues from the leaver's state.
 
 Owners here run on different clocks (as processes do): the leaver's `now` is near 100 s, the
 receiver's near 5000 s, so only clock-free state can cross between them.
@@ -464,7 +464,7 @@ def test_size_limits_and_types() -> None:
         from_wire([SCHEMA_VERSION, "handover", "c", 1])  # too few fields
 
 
-# -- a member's forged debt (issue 12) ------------------------------------------------------
+# -- a member's forged debt ------------------------------------------------------
 
 
 @pytest.mark.parametrize("opened_first", [False, True])

@@ -1,5 +1,5 @@
-"""Snapshot batches and hand-overs have wire bounds whose processing fits well under 1 ms
-(issue 12), and senders split into several messages rather than produce one a receiver
+"""Snapshot batches and hand-overs have wire bounds whose processing fits well under 1 ms,
+and senders split into several messages rather than produce one a receiver
 refuses."""
 
 from __future__ import annotations

@@ -462,7 +462,7 @@ def test_size_limits() -> None:
     data = encode(reports())
     with pytest.raises(MessageError, match="exceeds"):
         decode(data, max_bytes=len(data) - 1)
-    n = REPORT_ROWS_MAX + 1  # the most reports a peer may send in one batch (issue 12)
+    n = REPORT_ROWS_MAX + 1  # the most reports a peer may send in one batch
     with pytest.raises(MessageError, match=f"at most {REPORT_ROWS_MAX}"):
         from_wire(
             [SCHEMA_VERSION, "reports", "w", 0, 0, [["t", "read_iops", 1]] * n, *[col(1) * n] * 4]

@@ -1,4 +1,4 @@
-"""Serving through partitions (issue 12, docs/partitions.md): a worker cut off from a key's
+"""Serving through partitions (docs/partitions.md): a worker cut off from a key's
 owner spends only its floor, for a bounded span, and says so; the owner escrows that floor
 for a silent member, nets the usage reported when it returns, and escrows nothing for a
 member that left the ring. The floor follows the member's recent usage (never above what

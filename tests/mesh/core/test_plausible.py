@@ -1,4 +1,4 @@
-"""Plausible usage only (issue 12): the owner refuses what its sender could not have sent.
+"""Plausible usage only: the owner refuses what its sender could not have sent.
 
 Reports from a sender outside the ring are refused whole; a member's report claiming more
 than the key's rate allows (plus the stated tolerance), or refunding more than it reported,

@@ -71,7 +71,7 @@ def test_bad_policy_names_the_field(
 
 
 def test_a_bad_metric_name_error_states_the_rule() -> None:
-    # The vocabulary is open (issue 14): any name the rule allows is a metric.
+    # The vocabulary is open: any name the rule allows is a metric.
     assert TenantRatePolicy(**{**GOOD, "metric": "iops"}).metric == "iops"
     with pytest.raises(shared.ConfigError, match="lowercase letters, digits and '_'"):
         TenantRatePolicy(**{**GOOD, "metric": "IOPS"})

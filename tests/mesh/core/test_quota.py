@@ -1,4 +1,4 @@
-"""Spend quotas (issue 15, docs/quotas.md): the policy fields, periods, the cell messages,
+"""Spend quotas (docs/quotas.md): the policy fields, periods, the cell messages,
 the owner's folds and the worker's ledger, joined by an in-memory link."""
 
 from __future__ import annotations

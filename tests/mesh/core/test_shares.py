@@ -280,7 +280,7 @@ def test_fleet_allowances_never_exceed_remaining_nor_the_cap(
         caps.append(cap)
         assert 0 <= a <= remaining * share
         assert a <= cap <= b * PPM
-        # Never below the cap before issue 12 (b / n, or b x share), and that cap exactly
+        # Never below the older releases' cap (b / n, or b x share), and that cap exactly
         # for a share at or below the even one.
         assert cap >= max(b * PPM // basis.active, b * share)
         if share * basis.active <= PPM:

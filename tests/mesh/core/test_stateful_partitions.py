@@ -1,4 +1,4 @@
-"""The envelope through partitions long enough for floors (issue 12, docs/partitions.md):
+"""The envelope through partitions long enough for floors (docs/partitions.md):
 the state machine of test_stateful with more rules, a worker cut off past its floor's wait
 while it keeps being offered work, and a sparse reporter whose pauses look like cuts to its
 owner. Every window is still checked against B + R*(window) + N*b + R*d after every step,

@@ -1,4 +1,4 @@
-"""Several workers' strict gates share one small bucket (issue 13: B < R x 1 s).
+"""Several workers' strict gates share one small bucket (B < R x 1 s).
 
 Four `CreditDesk`s, each a worker offering 1.25 x R, against a real `governor.engine.Engine`
 on a manual clock, with round trips of a few milliseconds. A block counts whole against B

@@ -1,4 +1,4 @@
-"""Rates that are not a whole number per second (issue 14), metered exactly in sub-units.
+"""Rates that are not a whole number per second, metered exactly in sub-units.
 
 `"5000/minute"` is 250/3 per second: the policy keeps scale 3 sub-units per unit, a rate of
 250 sub-units per second and bursts times 3, and only the admission views convert
@@ -216,4 +216,4 @@ def test_the_text_form_round_trips_to_the_same_policy(
     assert TenantRatePolicy.from_dict(d) == p
     assert (d["global_burst"], d["local_burst_cap"]) == (burst, cap)
     if p.scale == 1:
-        assert d["target_rate"] == p.target_rate  # an integer, as before issue 14
+        assert d["target_rate"] == p.target_rate  # an integer, as in older releases

@@ -1,4 +1,4 @@
-"""Verdicts users can act on (issue 14): `limit` and `step` on every verdict, the detailed
+"""Verdicts users can act on: `limit` and `step` on every verdict, the detailed
 form's `remaining`, `retry_after_ms` and `reset_after_ms` from each gate type's state, the
 waiting form answering at once when waiting cannot help, and `stopped` after `stop()`.
 Real cores on explicit clocks; no I/O."""

@@ -1,4 +1,4 @@
-"""The open vocabulary in the cores (issue 14): a metric name any policy declares works end
+"""The open vocabulary in the cores: a metric name any policy declares works end
 to end through a fleet; a peer's metric name is untrusted (bounded length and charset) and a
 bad one is refused with a MessageError naming the field; admission grows a view map per
 declared metric only."""

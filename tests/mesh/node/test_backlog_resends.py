@@ -1,4 +1,4 @@
-"""A sender's resends do not refill its slice backlog (issue 12): rows already queued, by
+"""A sender's resends do not refill its slice backlog: rows already queued, by
 (worker_epoch, key, sequence), are dropped on arrival, so its fresh reports are neither
 delayed behind copies nor shed for them."""
 

@@ -1,4 +1,4 @@
-"""Call-site helpers (issue 14): `Mesh.limited` as a decorator and a context manager, sync
+"""Call-site helpers: `Mesh.limited` as a decorator and a context manager, sync
 and async, on a real node: admit on enter, `RateLimited` carrying the verdict when denied,
 and a refund of what the block did not use (a short send); an exception refunds only when
 asked. Open metric names and descriptors through the node, and bounded telemetry labels."""

@@ -1,5 +1,5 @@
 """Over real gRPC: a leaving member's hand-over that carries an implausible watermark for a
-reporter does not make that reporter's reports free (issue 12)."""
+reporter does not make that reporter's reports free."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Malformed and hostile messages, on the codec and over a real channel: a clear status,
-no state change, no crash; the member keeps serving good peers afterwards. Forged usage
-(issue 12): a stranger's reports and hand-overs, a member's implausible claims and refund
+no state change, no crash; the member keeps serving good peers afterwards. Forged usage:
+a stranger's reports and hand-overs, a member's implausible claims and refund
 floods change nothing, and the node still leaves cleanly."""
 
 from __future__ import annotations
@@ -281,7 +281,7 @@ def test_mutated_messages_over_a_real_channel(node: Mesh, path: list[int], value
     assert node.health()["status"] == "serving"
 
 
-# -- forged usage (issue 12) -----------------------------------------------------------------
+# -- forged usage -----------------------------------------------------------------
 
 
 def _md(member: str, epoch: int) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""One identity per process (issue 12, part 4): a second member with an id that a live
+"""One identity per process (part 4): a second member with an id that a live
 member holds refuses to start with one ConfigError naming member_id, while the first keeps
 serving; a crashed incarnation's id is free again once its etcd lease lapses."""
 

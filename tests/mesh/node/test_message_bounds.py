@@ -1,5 +1,5 @@
 """A maximum-size legal snapshot batch or hand-over, arriving over real gRPC, does not stall
-the receiving node's loop (issue 12): a timer task on that loop is measured while a burst of
+the receiving node's loop: a timer task on that loop is measured while a burst of
 them is taken. The bound asserted is generous (CI machines are noisy); the figures measured
 are printed (`-s`)."""
 

@@ -308,7 +308,7 @@ def test_a_hand_over_that_misses_the_drain_stops_and_says_how_many_keys_were_lat
 ) -> None:
     """The next owner never answers (nothing listens at its address): the first round is
     not on the wire by half of shutdown_drain_ms, so the rest is not queued to be dropped;
-    the keys are counted as late and the leave says so (issue 12)."""
+    the keys are counted as late and the leave says so."""
     import mesh.node._driver as driver_mod
     from tests.mesh.peer.test_identity import _node
 

@@ -1,4 +1,4 @@
-"""A node's policy file reloads without a restart (issue 13): by the API, by the file watch
+"""A node's policy file reloads without a restart: by the API, by the file watch
 and by SIGHUP to a real `mesh node`. New generations are learned; a bad file or a known
 generation with a new meaning is refused, counted, and changes nothing."""
 

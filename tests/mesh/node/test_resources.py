@@ -1,4 +1,4 @@
-"""Named bounds on a node's resources (issue 12): a batch of many unknown keys is fetched by
+"""Named bounds on a node's resources: a batch of many unknown keys is fetched by
 one task under a bound and every fetch is answered; big batches are applied in slices; the
 memory of refused messages is collected."""
 
@@ -28,7 +28,7 @@ from tests.mesh._util import POLICY, until
 
 EPOCH = 7  # the hostile member's worker_epoch
 # Tasks a flood may add to the loop: this test's watcher and client, the server's stream and
-# writer; never one per key (there were 65,536 for one batch, issue 12).
+# writer; never one per key (there were 65,536 for one batch once).
 TASKS_ADDED_MAX = 12
 
 

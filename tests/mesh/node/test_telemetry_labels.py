@@ -1,4 +1,4 @@
-"""Bounded telemetry (issue 12, part 5): per-tenant series for the top-K tenants only, the
+"""Bounded telemetry (part 5): per-tenant series for the top-K tenants only, the
 rest under tenant="other"; unknown tenants never a label value; counters monotonic per label
 while the labelled set changes; idle tenants' decision counts forgotten."""
 

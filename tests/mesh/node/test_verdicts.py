@@ -1,4 +1,4 @@
-"""Verdicts on a real Mesh (issue 14): the detailed form is counted as `try_admit` is, the
+"""Verdicts on a real Mesh: the detailed form is counted as `try_admit` is, the
 waiting forms answer `policy_unknown` at once, and after `stop()` every form answers the
 same `stopped` verdict (no exception, no `rate_limited`), in both lifecycles."""
 

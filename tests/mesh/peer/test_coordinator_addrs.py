@@ -1,4 +1,4 @@
-"""CoordinatorClient with several governord addresses (issue 18): unary calls go on past an
+"""CoordinatorClient with several governord addresses: unary calls go on past an
 address nothing listens on and follow the leader a standby names (asked once), a watch whose
 stream breaks reopens on the next address without the consumer noticing, and a mesh node
 configured with a list of addresses gets its policies through whichever one leads."""

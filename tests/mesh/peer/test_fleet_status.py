@@ -1,4 +1,4 @@
-"""`mesh status --fleet` (issue 13): every ring member's enforced generation per limit over
+"""`mesh status --fleet`: every ring member's enforced generation per limit over
 real gRPC, proved with the fleet secret; divergence and unreachable members flagged, exit 1;
 a member's malformed answer is flagged, never a traceback."""
 

@@ -1,4 +1,4 @@
-"""Peer identity and stream bounds (issue 12 parts 1 and 3), hostile input sent through real
+"""Peer identity and stream bounds , hostile input sent through real
 gRPC to a real node: a certificate for one member claiming another, a missing, wrong,
 misdirected, stale or replayed fleet-secret proof, a member id outside the ring, and more
 streams than the bounds allow. Each is refused at the stream's open with a status naming

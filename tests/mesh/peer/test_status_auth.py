@@ -1,4 +1,4 @@
-"""The Status call behind `mesh status` asks for the same proof as a peer stream (issue 12):
+"""The Status call behind `mesh status` asks for the same proof as a peer stream:
 a fleet-secret proof where the mesh has a secret, a client certificate where it requires
 mTLS; otherwise PERMISSION_DENIED, counted in ratemesh_peer_refused_total{reason}. A dev
 mesh with neither answers anyone. All over real gRPC; the CLI answers in one line."""

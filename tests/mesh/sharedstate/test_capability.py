@@ -1,4 +1,4 @@
-"""/health's capability block (seed 002, issue 15): a lone node says it is one, in words; a
+"""/health's capability block (seed 002): a lone node says it is one, in words; a
 node with a Redis tier, a quota and redis, global and local limits lists the tier, each
 mode with its bound and what converges, and the suspensions in force."""
 
