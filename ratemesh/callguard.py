@@ -101,7 +101,7 @@ class GuardLimits:
 
 
 Identify = Callable[[str, Metadata, Context], Caller]
-OnRefused = Callable[[str, Context, str], None]  # (reason, context, details)
+OnRefused = Callable[["Refused", Context], None]  # told of each counted refusal
 
 _CALLER: ContextVar[Any] = ContextVar("ratemesh_caller")
 
@@ -190,7 +190,7 @@ class CallGuard(aio.ServerInterceptor):  # type: ignore[misc]
             return
         self.refused_by[exc.reason] = self.refused_by.get(exc.reason, 0) + 1
         if self.on_refused is not None:
-            self.on_refused(exc.reason, context, exc.details)
+            self.on_refused(exc, context)
 
     async def _first(self, requests: AsyncIterator[Any], context: Context) -> Any:
         """A unary call's request, within `first_message_s`, or end the call."""

@@ -214,12 +214,9 @@ class PeerServer:
             return Caller("status")
         return Caller(f"extra:{method}")  # an extra handler checks its own callers
 
-    def _guard_refused(
-        self, reason: str, context: aio.ServicerContext[bytes, bytes], details: str
-    ) -> None:
+    def _guard_refused(self, exc: _Refused, context: aio.ServicerContext[bytes, bytes]) -> None:
         claimed = dict(context.invocation_metadata() or ()).get(MEMBER_MD)
-        self.refused_by[reason] = self.refused_by.get(reason, 0) + 1
-        self._log.refused(time.monotonic(), reason, context.peer(), str(claimed)[:256], details)
+        self._refuse(exc, context.peer(), str(claimed)[:256])
 
     async def _status(self, request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
         """The member's view, for a caller proved as streams are (`_identity`; checked by
