@@ -41,6 +41,7 @@ from mesh.core.messages._snapshot import SnapshotBatch
 from mesh.core.messages._usage import Rejection, RejectReason, ReportBatch
 from mesh.core.policy import RateKey
 from mesh.errors import MeshError, MessageError, MessageTypeError
+from ratemesh.unpack import UnpackBounds, unpackb
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -56,6 +57,15 @@ __all__ = [
 
 SCHEMA_VERSION = 3  # 2: batches as columns; 3: snapshot batches carry batch_seq
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# What one peer message may build, beyond its bytes (ratemesh.unpack): the largest legal
+# message (256 rows of keys, columns, rejections) has a few thousand elements.
+MESSAGE_OBJECTS_MAX = 16_384
+_BOUNDS = UnpackBounds(
+    objects_max=MESSAGE_OBJECTS_MAX,
+    container_max=4096,
+    str_max=MAX_MESSAGE_BYTES,
+    bin_max=MAX_MESSAGE_BYTES,
+)
 
 # Wire keys already validated, by their decoded tuple: a batch repeats the same keys every
 # sync interval, so most decode without a check. Process-wide; cleared when full.
@@ -361,7 +371,7 @@ def decode(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     if len(data) > max_bytes:
         raise MessageError("message", f"{len(data)} bytes exceeds the limit of {max_bytes}")
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=False)
+        obj = unpackb(data, _BOUNDS, use_list=False)
     except (msgpack.UnpackException, ValueError) as exc:
         raise MessageError("message", f"not valid msgpack: {exc}") from exc
     return from_wire(obj)
