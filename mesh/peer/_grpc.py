@@ -1,8 +1,8 @@
 """The gRPC Transport: a PeerServer for streams others open to us, a PeerLink per owner.
 
 Routing follows the protocol's direction: report batches go out on our link to the
-owner; snapshot batches go back on the stream their receiver opened to us, so only active
-reporters (who hold a stream) get them.
+owner; snapshot batches go back on the streams their receiver opened to us (every live
+one), so only active reporters (who hold a stream) get them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,11 @@
 """The peer service every worker runs: reports arrive on long-lived streams, snapshots go
-back on the stream their receiver opened (so they reach active reporters only).
+back on the streams their receiver opened (so they reach active reporters only): on every
+live stream of that member, each with its own queue, so that no other stream under the
+member's id (a second one, a newer worker_epoch, one that closes) can take them away.
 
-A stream is admitted at open, before any message is read, in this order: its metadata
+Every call is admitted by the call guard (`ratemesh.callguard`) as its headers arrive, from
+`_identify`: a Status call's proof, or a stream's open checks below, before the call holds a
+slot or a byte of its request is read. A stream is admitted, in this order: its metadata
 (schema, member id, worker_epoch), the member's proof of identity (client certificate and/or
 fleet secret, `_identity.py`), ring membership (the node's `is_member`: its ring, or departed
 from it within the owner's grace), then the stream bounds (`STREAMS_PER_PEER_MAX`,
