@@ -261,7 +261,10 @@ class _Process:
         failed: Fail | None = None
         if isinstance(token, str):
             try:
-                who = service._by_token(token, late_release=name == "Release")
+                # a session that ended lately still opens a Multiplex stream (its Release
+                # learns how its lease ended, as a unary Release does): the calls decide
+                late = name in ("Release", wire.MULTIPLEX)
+                who = service._by_token(token, late_release=late)
             except Fail as f:
                 failed = f
             else:
