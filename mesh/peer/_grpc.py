@@ -142,6 +142,7 @@ class GrpcTransport:
             "refused": dict(self.server.refused_by),  # ratemesh_peer_refused_total{reason}
             "open_streams": self.server.open_streams,
             "snapshots_dropped_no_stream": self.server.snapshots_dropped,
+            "displaced_streams": self.server.displaced,  # silent ones, for a newer stream
             "links": {
                 p: {"addr": lk.addr, "connected": lk.connected, "last_error": lk.last_error}
                 for p, lk in sorted(self.links.items())

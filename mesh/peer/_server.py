@@ -96,6 +96,19 @@ CALLER_CALLS_MAX = 16
 IsMember = Callable[[str], bool | None]
 
 
+class _Inbound:
+    """One open Exchange stream: its snapshot queue, its task, and whether it has carried a
+    message yet (a silent one can be displaced by a newer stream of its member)."""
+
+    __slots__ = ("queue", "task", "spoke", "displaced")
+
+    def __init__(self, queue: asyncio.Queue[bytes], task: asyncio.Task[Any] | None) -> None:
+        self.queue = queue
+        self.task = task
+        self.spoke = False
+        self.displaced = False
+
+
 class PeerHandler(Protocol):
     def deliver(self, message: Message) -> None: ...
 
@@ -132,7 +145,7 @@ class PeerServer:
         # all of them, so no stream (a second one under the member's id, a newer
         # worker_epoch, one that closes) can take the snapshots from another. At most
         # STREAMS_PER_PEER_MAX queues per member, STREAMS_MAX in all.
-        self._streams: dict[str, list[asyncio.Queue[bytes]]] = {}
+        self._streams: dict[str, list[_Inbound]] = {}
         self._open_by_member: dict[str, int] = {}  # at most STREAMS_MAX entries
         self.open_streams = 0
         self.streams_max = STREAMS_MAX
@@ -143,6 +156,7 @@ class PeerServer:
         self.refused_by = dict.fromkeys(REASONS, 0)
         self.received = 0
         self.snapshots_dropped = 0
+        self.displaced = 0  # silent streams ended to let a newer one of their member in
 
     @property
     def refused(self) -> int:
@@ -175,10 +189,11 @@ class PeerServer:
     def send(self, member: str, data: bytes) -> bool:
         """Queue a snapshot batch on every live stream of `member`; False if it has none
         (or all of them are full)."""
-        queues = self._streams.get(member)
+        streams = self._streams.get(member)
         sent = False
-        if queues is not None:
-            for q in queues:
+        if streams is not None:
+            for s in streams:
+                q = s.queue
                 if not q.full():
                     q.put_nowait(data)
                     sent = True
@@ -315,14 +330,6 @@ class PeerServer:
                     f"{MEMBER_MD}: {member!r} is not a member of this member's ring",
                     "not_member",
                 )
-        held = self._open_by_member.get(member, 0)
-        if held >= self.streams_per_peer_max:
-            raise _Refused(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{member!r} already has {held} open streams to this member "
-                f"(STREAMS_PER_PEER_MAX {self.streams_per_peer_max})",
-                "stream_limit",
-            )
         if self.open_streams >= self.streams_max:
             raise _Refused(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -330,7 +337,28 @@ class PeerServer:
                 f"(STREAMS_MAX {self.streams_max})",
                 "stream_limit",
             )
+        held = self._open_by_member.get(member, 0)
+        if held >= self.streams_per_peer_max and not self._displace(member):
+            raise _Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{member!r} already has {held} open streams to this member "
+                f"(STREAMS_PER_PEER_MAX {self.streams_per_peer_max})",
+                "stream_limit",
+            )
         return member, int(epoch)
+
+    def _displace(self, member: str) -> bool:
+        """End `member`'s oldest stream that has carried no message, to let a newer one in;
+        False if every one has. Streams held open and silent under a member's id (by anyone
+        holding the fleet secret) then cannot keep the member's reconnect out, and a stream
+        that carries the member's reports is never ended for another."""
+        for s in self._streams.get(member, ()):
+            if not s.spoke and not s.displaced and s.task is not None:
+                s.displaced = True
+                s.task.cancel()
+                self.displaced += 1
+                return True
+        return False
 
     def _refuse(self, exc: _Refused, peer: str, member: str) -> None:
         if exc.reason is None:
@@ -382,7 +410,8 @@ class PeerServer:
         self.open_streams += 1
         self._open_by_member[member] = self._open_by_member.get(member, 0) + 1
         queue: asyncio.Queue[bytes] = asyncio.Queue(STREAM_QUEUE_MAX)
-        self._streams.setdefault(member, []).append(queue)  # one more that gets snapshots
+        inbound = _Inbound(queue, asyncio.current_task())
+        self._streams.setdefault(member, []).append(inbound)  # one more that gets snapshots
         writer: asyncio.Task[None] | None = None
         refused: _Refused | None = None
         try:
@@ -400,6 +429,7 @@ class PeerServer:
                     refused = _Refused(exc.code, exc.details, "bad_message")
                     break
                 self.received += 1
+                inbound.spoke = True
                 self.handler.deliver(msg)
                 # Let the loop turn between two messages: messages grpc holds already are
                 # read without a pause, so a burst of them (each within its bound) would
@@ -408,9 +438,9 @@ class PeerServer:
         finally:
             if writer is not None:
                 writer.cancel()
-            queues = self._streams[member]
-            queues.remove(queue)  # this stream's own queue, never another stream's
-            if not queues:
+            streams = self._streams[member]
+            streams.remove(inbound)  # this stream's own queue, never another stream's
+            if not streams:
                 del self._streams[member]
             self.open_streams -= 1
             left = self._open_by_member[member] - 1

@@ -104,7 +104,7 @@ def test_a_message_of_empty_maps_is_refused_cheaply(tmp_path: Path) -> None:
         # counted by the owner (what reaches this client can race the stream's reset)
         assert refused["bad_message"] >= MESSAGES and ended >= 1, (ended, refused)
         assert after - before <= PEAK_GROWTH_MB, f"peak RSS {before:.0f} -> {after:.0f} MiB"
-        assert _share(baseline) >= 0.9, baseline
+        assert _share(baseline) >= 0.8, baseline
         assert _share(attacked) >= WITHIN * _share(baseline), (baseline, attacked)
     finally:
         for p in procs.values():
