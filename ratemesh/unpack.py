@@ -9,9 +9,10 @@ passes every byte limit. Three bounds together cap what a message may build:
 * `str_max` / `bin_max`: the length of one string or byte string (the same, at the header);
 * `objects_max`: elements in all containers together, counted as each container is
   finished, so decoding stops at the first container past it: at most `objects_max` +
-  `container_max` elements are ever built. A message of at most `COUNT_FROM_BYTES` bytes is
-  not counted (its bytes bound it already: 64 KiB of empty maps are 5 MiB, 2 ms), so the
-  common small message pays nothing for this.
+  `container_max` elements are ever built. A message of at most `count_from_bytes` bytes is
+  not counted (its bytes bound it already: 64 KiB of empty maps are 4.4 MiB and about 15 ms,
+  128 KiB 9 MiB), so a message no larger than the largest legal one pays nothing for this (a
+  Python call per container is about a third of a 256-row report batch's decode).
 
 Extension types are refused: nothing here sends them. A message past a bound is a
 `ValueError` naming it, which every caller already treats as "not valid msgpack".
@@ -26,7 +27,7 @@ import msgpack
 
 __all__ = ["COUNT_FROM_BYTES", "UnpackBounds", "unpackb"]
 
-COUNT_FROM_BYTES = 64 * 1024  # messages larger than this have their elements counted
+COUNT_FROM_BYTES = 64 * 1024  # by default, messages larger than this have their elements counted
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,7 @@ class UnpackBounds:
     container_max: int
     str_max: int
     bin_max: int
+    count_from_bytes: int = COUNT_FROM_BYTES
 
 
 class _Count:
@@ -57,7 +59,7 @@ class _Count:
 def unpackb(data: bytes, bounds: UnpackBounds, *, use_list: bool = True) -> Any:
     """`msgpack.unpackb(data, raw=False, strict_map_key=True)` within `bounds`."""
     hooks: dict[str, Any] = {}
-    if len(data) > COUNT_FROM_BYTES:
+    if len(data) > bounds.count_from_bytes:
         count = _Count(bounds.objects_max)
         hooks = {"list_hook": count.take, "object_hook": count.take}
     try:

@@ -58,13 +58,15 @@ __all__ = [
 SCHEMA_VERSION = 3  # 2: batches as columns; 3: snapshot batches carry batch_seq
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # What one peer message may build, beyond its bytes (ratemesh.unpack): the largest legal
-# message (256 rows of keys, columns, rejections) has a few thousand elements.
+# message (256 rows of the longest keys, columns, rejections) has a few thousand elements in
+# under 100 KiB, so messages up to 128 KiB decode uncounted (the hot path pays nothing).
 MESSAGE_OBJECTS_MAX = 16_384
 _BOUNDS = UnpackBounds(
     objects_max=MESSAGE_OBJECTS_MAX,
     container_max=4096,
     str_max=MAX_MESSAGE_BYTES,
     bin_max=MAX_MESSAGE_BYTES,
+    count_from_bytes=128 * 1024,
 )
 
 # Wire keys already validated, by their decoded tuple: a batch repeats the same keys every
