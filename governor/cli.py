@@ -83,13 +83,23 @@ def _parser() -> argparse.ArgumentParser:
     ui.add_argument("--addr", default=None, help="governord (default: GOVERNOR_ADDR)")
     val = sub.add_parser("validate", help="check a configuration file")
     val.add_argument("--config", dest="validate_config", required=True)
+    val.add_argument(
+        "--strict", action="store_true", help="exit 1 when there is any warning (for CI)"
+    )
     return p
 
 
-def _validate(path: str) -> int:
-    from governor.config import load_config
+EXIT_WARNINGS = 1  # `governord validate --strict`: legal, but with warnings
+
+
+def _validate(path: str, strict: bool = False) -> int:
+    """The summary on stdout; each warning one line on stderr, failing only with --strict."""
+    from governor.config import config_warnings, load_config
 
     cfg = load_config(path)
+    warnings = config_warnings(cfg)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
     coord = cfg.coordinator
     print(
         f"governord: {path} is valid: {len(cfg.tenants)} tenant(s), listen "
@@ -98,7 +108,7 @@ def _validate(path: str) -> int:
         + (f", {len(coord.keys)} coordinator key(s)" if coord.keys else "")
         + (f", {len(coord.bootstrap)} bootstrap policies" if coord.policies_file else "")
     )
-    return 0
+    return EXIT_WARNINGS if warnings and strict else 0
 
 
 # BoringSSL (inside grpcio) fixes the TLS 1.3 suites, and grpcio has no minimum-version
@@ -197,7 +207,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             _emit(result, args.table)
         return 0
     if args.command == "validate":
-        return _validate(args.validate_config)
+        return _validate(args.validate_config, args.strict)
     if args.command == "ui":
         try:
             from governor.tui import GovernorUI

@@ -1,7 +1,9 @@
 """governord's configuration: YAML in, validated dataclasses out; every error names its key.
 
 API keys are never required in clear text: a tenant names an environment variable that holds
-its key (``api_key_env``) or gives the key's SHA-256 (``api_key_sha256``). With no file at all,
+its key (``api_key_env``) or gives the key's SHA-256 (``api_key_sha256``). A key read from the
+environment must not be guessable (``ratemesh.secretcheck``: at least 16 bytes, no placeholder,
+no pattern); a digest cannot be checked that way. With no file at all,
 :func:`default_config` serves 127.0.0.1 with SQLite in the working directory.
 """
 
@@ -15,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import ratemesh.errors
-from governor.engine import AdaptiveConfig, Defaults, Rate
+from governor.engine import AdaptiveConfig, Defaults, EngineConfig, Rate
+from ratemesh.apikey import read_api_key
 from ratemesh.checks import (
     check_address,
     check_bool,
@@ -23,9 +26,11 @@ from ratemesh.checks import (
     check_int,
     check_keys,
     is_loopback,
+    is_wildcard,
 )
 from ratemesh.policy import TenantRatePolicy
 from ratemesh.policyfile import load_policy_file
+from ratemesh.secretcheck import weak_secret
 from ratemesh.yamlfile import load_yaml
 
 __all__ = [
@@ -37,6 +42,7 @@ __all__ = [
     "HaSettings",
     "TenantConfig",
     "TlsFiles",
+    "config_warnings",
     "default_config",
     "is_loopback",
     "load_config",
@@ -50,6 +56,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 DRAIN_S_MAX = 3600.0
 TTL_MS_MAX = 7 * 86_400_000
 SNAPSHOT_EVERY_MAX = 1_000_000_000
+NODES_PER_TENANT_MAX_MAX = 10_000_000  # the most nodes_per_tenant_max may say
 # Leadership on PostgreSQL (``ha``): the takeover bound when a leader is cut off is about
 # lease_ms + renew_ms + the replay; a killed leader is replaced within about renew_ms + replay.
 HA_LEASE_MS = 1500
@@ -141,6 +148,7 @@ class GovernordConfig:
     session_ttl_max_ms: int = 3_600_000
     drain_s: float = 5.0
     snapshot_every: int = 10_000
+    nodes_per_tenant_max: int = EngineConfig().nodes_per_tenant_max  # nodes one tenant holds
     root_quotas: dict[str, int] = field(default_factory=dict)
     root_limits: dict[str, int] = field(default_factory=dict)
     root_rates: dict[str, Rate] = field(default_factory=dict)
@@ -148,6 +156,9 @@ class GovernordConfig:
     tenants: tuple[TenantConfig, ...] = ()
     coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)
     ha: HaSettings = field(default_factory=HaSettings)
+    # the HTTP pages' token (``pages.token_file`` / ``pages.token_env``): per-tenant detail
+    # (/ui, /ui/status, /metrics' tenant series) for a caller off loopback (docs/security.md)
+    pages_tokens: tuple[bytes, ...] = field(default=(), repr=False)
 
     def store_kind(self) -> tuple[str, str]:
         """(``sqlite``, path), (``postgres``, dsn) or (``memory``, "") - not durable, benchmarks."""
@@ -239,6 +250,12 @@ def _key_digest(key: str, value: dict[str, Any], env: dict[str, str]) -> str:
         secret = env.get(var)
         if not secret:
             raise ConfigError(f"{key}.api_key_env", f"environment variable {var} is not set")
+        weak = weak_secret(secret)
+        if weak is not None:
+            raise ConfigError(
+                f"{key}.api_key_env",
+                f"the API key in ${var} {weak}; use a random one (e.g. openssl rand -hex 32)",
+            )
         digest = hashlib.sha256(secret.encode()).hexdigest()
     else:
         digest = _type(f"{key}.api_key_sha256", value["api_key_sha256"], str, "64 hex digits")
@@ -343,6 +360,29 @@ def _ha(value: Any, store: str) -> HaSettings:
     return HaSettings(lease, renew, advertise)
 
 
+# -- the HTTP pages' token (governor/server/_http.py) ---------------------------------------
+
+
+def _pages(value: Any, env: dict[str, str]) -> tuple[bytes, ...]:
+    """``pages: {token_file: F}`` or ``{token_env: VAR}``: the bearer token that shows
+    per-tenant detail off loopback; none: that detail is served on loopback only."""
+    if value is None:
+        return ()
+    _type("pages", value, dict, "a map with token_file or token_env")
+    _keys("pages", value, {"token_file", "token_env"})
+    for k in ("token_file", "token_env"):
+        if k in value:
+            _type(f"pages.{k}", value[k], str, "a file path" if k == "token_file" else "a name")
+    token = read_api_key(
+        file=value.get("token_file"),
+        env=value.get("token_env"),
+        where="pages.token",
+        error=ConfigError,
+        environ=env,
+    )
+    return (token.encode(),)
+
+
 def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfig:
     """Validate a decoded YAML document; raises ConfigError naming the key."""
     env = dict(os.environ) if env is None else env
@@ -361,8 +401,10 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
         "tenants",
         "drain_s",
         "snapshot_every",
+        "nodes_per_tenant_max",
         "coordinator",
         "ha",
+        "pages",
     }
     _keys("", data, top)
     listen_raw = data.get("listen", DEFAULT_LISTEN)
@@ -433,6 +475,12 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
         snapshot_every=_pos(
             "snapshot_every", data.get("snapshot_every", 10_000), 1, SNAPSHOT_EVERY_MAX
         ),
+        nodes_per_tenant_max=_pos(
+            "nodes_per_tenant_max",
+            data.get("nodes_per_tenant_max", EngineConfig().nodes_per_tenant_max),
+            1,
+            NODES_PER_TENANT_MAX_MAX,
+        ),
         root_quotas=_caps("root.quotas", root.get("quotas")),
         root_limits=_caps("root.limits", root.get("limits")),
         root_rates=_rates("root.rates", root.get("rates")),
@@ -440,6 +488,7 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
         tenants=tenants,
         coordinator=coordinator,
         ha=_ha(data.get("ha"), store),
+        pages_tokens=_pages(data.get("pages"), env),
     )
     if not cfg.session_ttl_min_ms <= cfg.session_ttl_ms <= cfg.session_ttl_max_ms:
         raise ConfigError("session.ttl_ms", "must lie in [min_ttl_ms, max_ttl_ms]")
@@ -449,6 +498,25 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
 def load_config(path: str, env: dict[str, str] | None = None) -> GovernordConfig:
     """Read and validate a YAML file; every mistake is a ConfigError naming the file or key."""
     return parse_config(load_yaml(path, field="config", error=ConfigError), env)
+
+
+def config_warnings(cfg: GovernordConfig) -> list[str]:
+    """Legal but exposed: a listener on every interface that asks no credential, or that
+    carries credentials in clear. One line each; `governord validate` prints them."""
+    out = []
+    if cfg.tls is None:
+        for i, addr in enumerate(cfg.listen):
+            if is_wildcard(addr):
+                out.append(
+                    f"listen[{i}]: {addr} is every interface in plaintext (allow_plaintext): "
+                    "API keys and session tokens cross the network in clear; configure tls"
+                )
+    if cfg.metrics is not None and is_wildcard(cfg.metrics):
+        out.append(
+            f"metrics: {cfg.metrics} is every interface and asks no credential: anyone who "
+            "can reach it reads /metrics, /health and the /ui pages"
+        )
+    return out
 
 
 def default_config() -> GovernordConfig:

@@ -6,7 +6,10 @@ first use with the run's caps and time budget), and a subagent's calls go to a c
 `agent:<agent_id>` under it, whose creation charges one `subagents` unit. The hook keeps no
 state between calls: it finds or creates the nodes by name every time. The charge's request
 id is derived from the call (session, tool_use_id; or the whole payload when there is no
-tool_use_id), so a retried hook never charges twice.
+tool_use_id), so a retried hook never charges twice. A session or agent id goes into the
+node name as it is when it is short and plain, else cleaned with a hash suffix, so two ids
+never share a node. Only a PreToolUse payload is charged: any other event (PostToolUse comes
+after the fact) is refused, nothing charged.
 
 Exit status, as agent CLIs read it: 0 lets the tool run; 2 blocks it and the one line on
 stderr is shown to the model. A spent budget blocks (naming it); so does a governord that
@@ -39,6 +42,8 @@ EXIT_ALLOW = 0
 EXIT_BLOCK = 2  # agent CLIs block the tool and show stderr to the model
 PAYLOAD_BYTES_MAX = 4 << 20  # a tool_input with a whole file in it is fine; more is not a hook
 ID_CHARS_MAX = 64  # of a session or agent id, as it goes into a node name
+_ID_CHARS = "-_."  # kept as they are, besides letters and digits
+HOOK_EVENT = "PreToolUse"  # the one event the hook charges; any other is refused
 
 
 @dataclass(frozen=True)
@@ -62,10 +67,17 @@ def request_id_for(payload: dict[str, Any], what: str) -> str:
 
 
 def _ident(value: Any, field: str) -> str:
+    """An id as it goes into a node name, one name per id: an id of at most ID_CHARS_MAX
+    characters from ``[A-Za-z0-9._-]`` (letters of any script too) stays as it is; any other
+    is cleaned, cut and suffixed with ``~`` and 16 hex digits of its SHA-256, and ``~`` is
+    never in an id kept as it is. So ``run a`` and ``run_a`` are two runs, not one."""
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"the hook payload has no {field}")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in value.strip())
-    return safe[:ID_CHARS_MAX]
+    if len(value) <= ID_CHARS_MAX and all(c.isalnum() or c in _ID_CHARS for c in value):
+        return value
+    safe = "".join(c if c.isalnum() or c in _ID_CHARS else "_" for c in value)
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{safe[: ID_CHARS_MAX - 17]}~{digest}"
 
 
 def read_payload(stream: IO[str]) -> dict[str, Any]:
@@ -79,6 +91,19 @@ def read_payload(stream: IO[str]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError("the hook payload is not a JSON object")
     return data
+
+
+def _check_event(payload: dict[str, Any]) -> None:
+    """Only a PreToolUse payload is charged and allowed. PostToolUse (and any other event)
+    comes after the fact: charging it would count a call twice, and its "allow" means
+    nothing. A payload that names no event is read as PreToolUse (agent CLIs that send
+    only the call)."""
+    event = payload.get("hook_event_name", HOOK_EVENT)
+    if event != HOOK_EVENT:
+        raise ValueError(
+            f"governord hook handles {HOOK_EVENT} only and this payload is {str(event)[:64]!r}: "
+            f"nothing was charged; register the hook under {HOOK_EVENT}"
+        )
 
 
 async def _charge(payload: dict[str, Any], limits: HookLimits, dial: Dial) -> str | None:
@@ -175,6 +200,7 @@ def run_hook(
     any, is printed on stderr as one line)."""
     try:
         payload = read_payload(stdin or sys.stdin)
+        _check_event(payload)
         dial = Dial.from_env(addr, api_key)
         reason = asyncio.run(_charge(payload, limits, dial))
     except (ValueError, AuthError) as exc:

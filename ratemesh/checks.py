@@ -29,6 +29,7 @@ __all__ = [
     "check_float",
     "check_port",
     "check_address",
+    "is_wildcard",
     "check_keys",
     "split_address",
     "rename",
@@ -202,6 +203,21 @@ def is_loopback(address: str) -> bool:
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def is_wildcard(address: str) -> bool:
+    """Whether `host:port` binds every interface (0.0.0.0, ::, or no host): a listener
+    there is reachable by anything that can route to the machine."""
+    parts = split_address(address)
+    if parts is None:
+        return False
+    host = parts[0].strip("[]")
+    if host in ("", "*"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_unspecified
     except ValueError:
         return False
 

@@ -16,7 +16,7 @@ import yaml
 
 __all__ = ["KEYS", "Governord"]
 
-KEYS = {"BENCH_KEY_A": "bench-key-a", "BENCH_KEY_B": "bench-key-b"}
+KEYS = {"BENCH_KEY_A": "bench-key-of-tenant-a-5e3b", "BENCH_KEY_B": "bench-key-of-tenant-b-9c7d"}
 
 
 def _free_port() -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from . import _events as ev
 from ._bucket import MILLI, level_at
 from ._core import _Core, _ident, _int, _name
-from ._errors import InvalidArgument, NotFound, NotOwner
+from ._errors import InvalidArgument
 from ._state import ROOT_ID
 from ._types import (
     BlockEnd,
@@ -142,13 +142,11 @@ class CreditMixin(_Core):
         if hit is not None:
             return hit  # type: ignore[return-value]
         block = self._state.credit.blocks.get(block_id)
-        if block is None:
-            if not 0 < block_id < self._state.next_id:
-                raise NotFound("block_id", f"no credit block {block_id}")
-            # an id governord no longer holds: a block that expired (or never was a block)
+        if block is None or block.session_id != session.id:
+            # Not this session's to return: one that expired and was forgotten, another
+            # session's, or no block at all get the same no-op answer, so a return never tells
+            # a caller whether an id it does not hold exists.
             return CreditReturn(block_id, unused, False, BlockEnd.EXPIRED)
-        if block.session_id != session.id:
-            raise NotOwner(f"credit block {block_id} belongs to another session")
         if unused > block.units:
             raise InvalidArgument("unused", f"must be <= the block's {block.units} units")
         if block.returned:

@@ -159,16 +159,28 @@ class Engine(CreditMixin, LeasingMixin, HousekeepingMixin, PoliciesMixin):
 
     # ---- sessions ------------------------------------------------------------------------
 
-    def open_session(self, scope_id: int, ttl_ms: int, token_sha256: str) -> tuple[int, int]:
-        """Open a session confined to ``scope_id``'s subtree; returns (session_id, expires_ms)."""
+    def open_session(
+        self, scope_id: int, ttl_ms: int, token_sha256: str, *, key_sha256: str | None = None
+    ) -> tuple[int, int]:
+        """Open a session confined to ``scope_id``'s subtree; returns (session_id, expires_ms).
+
+        ``key_sha256`` marks a bare API key's session, found again by ``session_for_key``: the
+        driver gives it a random token it never hands out, so only the key reaches it."""
         now = self._advance()
         _int("ttl_ms", ttl_ms, 1)
-        if not isinstance(token_sha256, str) or len(token_sha256) != 64:
-            raise InvalidArgument("token_sha256", "must be 64 hex characters")
+        for field, digest in (("token_sha256", token_sha256), ("key_sha256", key_sha256)):
+            if digest is None and field == "key_sha256":
+                continue
+            if not isinstance(digest, str) or len(digest) != 64:
+                raise InvalidArgument(field, "must be 64 hex characters")
+        if key_sha256 is not None and key_sha256 in self._state.by_key:
+            raise InvalidArgument("key_sha256", "the key has an open session")
         if _ident("scope_id", scope_id) not in self._state.nodes:
             raise NotFound("scope_id", f"no node {scope_id}")
         sid = self._state.next_id
-        self._emit(ev.SessionOpened(self._seq(), now, sid, scope_id, ttl_ms, token_sha256))
+        self._emit(
+            ev.SessionOpened(self._seq(), now, sid, scope_id, ttl_ms, token_sha256, key_sha256)
+        )
         return sid, now + ttl_ms
 
     def heartbeat(self, session_id: int) -> int:
@@ -188,6 +200,10 @@ class Engine(CreditMixin, LeasingMixin, HousekeepingMixin, PoliciesMixin):
     def session_for_token(self, token_sha256: str) -> int | None:
         """The open session a token's SHA-256 belongs to (the driver hashes what a caller sends)."""
         return self._state.by_token.get(token_sha256)
+
+    def session_for_key(self, key_sha256: str) -> int | None:
+        """The open session of a bare API key (by the key's SHA-256), if it has one."""
+        return self._state.by_key.get(key_sha256)
 
     # ---- the tree ------------------------------------------------------------------------
 
@@ -237,6 +253,10 @@ class Engine(CreditMixin, LeasingMixin, HousekeepingMixin, PoliciesMixin):
         parent = self._resolve(session, parent_id, edit=False)
         if parent.state is not NodeState.ACTIVE:
             return Denial(DenyReason.NODE_ENDED, parent.id)
+        if parent.tenant is not None:  # a tenant itself (a child of the root) is the operator's
+            held, most = self._state.tenant_nodes[parent.tenant], self.config.nodes_per_tenant_max
+            if held >= most:
+                return Denial(DenyReason.NODES, parent.tenant, "nodes", held, most, 1)
         inherited = parent.defaults or Defaults()
         node_id = self._state.next_node_id
         self._emit(

@@ -47,12 +47,17 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class SessionOpened:
+    """``key_sha256``: set on a bare API key's session (the digest of the key it serves), so
+    the key finds its session again after a restart; its token is random and never handed
+    out. A later field: records written before it decode with None."""
+
     seq: int
     at_ms: int
     session_id: int
     scope_id: int
     ttl_ms: int
     token_sha256: str
+    key_sha256: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,6 +362,11 @@ EVENT_KINDS: dict[str, type[Any]] = {
 }
 
 
+# Later fields written only when set, so a record that does not use them stays readable by
+# the release before them (it refuses a field it does not know).
+_LEFT_OUT_WHEN_NONE: dict[type, tuple[str, ...]] = {SessionOpened: ("key_sha256",)}
+
+
 def encode_event(event: Event) -> tuple[str, dict[str, Any]]:
     """Return ``(kind, payload)``; the payload is JSON-able and includes ``seq``."""
     cls = type(event)
@@ -364,6 +374,9 @@ def encode_event(event: Event) -> tuple[str, dict[str, Any]]:
     if EVENT_KINDS.get(kind) is not cls:
         raise TypeError(f"event: not an engine event: {event!r}")
     data: dict[str, Any] = encode_value(cls, event)
+    for name in _LEFT_OUT_WHEN_NONE.get(cls, ()):
+        if data[name] is None:
+            del data[name]
     return kind, data
 
 

@@ -146,6 +146,7 @@ class HousekeepingMixin(_Core):
                 parent.children.discard(ident)
                 for resource, used in node.used.items():
                     parent.absorbed[resource] = parent.absorbed.get(resource, 0) + used
+                st.count_node(node, -1)
                 del st.nodes[ident]
                 st.credit.forget_node(ident)
             elif kind == PURGE_BLOCK:

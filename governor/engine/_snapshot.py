@@ -78,6 +78,7 @@ def dump_state(state: State) -> dict[str, Any]:
                 "expires_ms": s.expires_ms,
                 "state": s.state.value,
                 "ended_ms": s.ended_ms,
+                **({} if s.key_sha256 is None else {"key_sha256": s.key_sha256}),
                 "memory": [
                     [rid, fp, type(r).__name__, encode_value(type(r), r)]
                     for rid, (fp, r) in s.memory.items()
@@ -161,6 +162,8 @@ def _load(data: dict[str, Any], config: EngineConfig) -> State:
             state.nodes[node.parent].children.add(node.id)
     for node in state.nodes.values():
         node.depth = len(state.chain(node.id)) - 1
+    for node in sorted(state.nodes.values(), key=lambda n: n.depth):  # parents first
+        state.count_node(node, 1)
     for d in data["sessions"]:
         memory: OrderedDict[str, Any] = OrderedDict()
         for rid, fp, kind, raw in d["memory"]:
@@ -175,10 +178,14 @@ def _load(data: dict[str, Any], config: EngineConfig) -> State:
             d["ended_ms"],
             set(),
             memory,
+            d.get("key_sha256"),  # absent before key sessions were marked
         )
     for sid in sorted(state.sessions):
-        if state.sessions[sid].state is SessionState.OPEN:
-            state.by_token[state.sessions[sid].token_sha256] = sid
+        session = state.sessions[sid]
+        if session.state is SessionState.OPEN:
+            state.by_token[session.token_sha256] = sid
+            if session.key_sha256 is not None:
+                state.by_key[session.key_sha256] = sid
     for raw in data["leases"]:
         lease = Lease(*raw)
         state.leases[lease.id] = lease

@@ -62,6 +62,9 @@ class Node:
     # name -> until (epoch ms): a fleet-wide "back off" set by a caller that saw a 429
     # (`gov`, docs/gov.md); at most COOLDOWNS_PER_NODE_MAX live ones, expired ones dropped.
     cooldowns: dict[str, int] = field(default_factory=dict)
+    # The child of the root this node is under (itself for a tenant, None for the root): the
+    # subtree whose size EngineConfig.nodes_per_tenant_max bounds (State.tenant_nodes).
+    tenant: int | None = None
 
 
 @dataclass(slots=True)
@@ -75,6 +78,7 @@ class Session:
     ended_ms: int | None = None
     leases: set[int] = field(default_factory=set)
     memory: OrderedDict[str, tuple[str, Result]] = field(default_factory=OrderedDict)
+    key_sha256: str | None = None  # a bare API key's session: the key's digest
 
 
 @dataclass(slots=True)
@@ -128,6 +132,10 @@ class State:
         }
         self.sessions: dict[int, Session] = {}
         self.by_token: dict[str, int] = {}  # sha256 of an open session's token -> session id
+        self.by_key: dict[str, int] = {}  # sha256 of an API key -> its open key session
+        # tenant (a child of the root) -> nodes in its subtree, itself included, ended ones
+        # until purged: what EngineConfig.nodes_per_tenant_max bounds. Derived, not stored.
+        self.tenant_nodes: dict[int, int] = {}
         self.leases: dict[int, Lease] = {}
         self.tombstones: dict[int, Tombstone] = {}
         self.credit = CreditBook()  # rated buckets and credit blocks (see _creditbook)
@@ -174,6 +182,20 @@ class State:
             cur = node.parent
         return out
 
+    def count_node(self, node: Node, delta: int) -> None:
+        """A node joins (+1) or leaves (-1, purged) its tenant's count; sets ``node.tenant``."""
+        if node.parent is None:
+            return
+        parent = self.nodes[node.parent]
+        node.tenant = node.id if parent.parent is None else parent.tenant
+        assert node.tenant is not None
+        held = self.tenant_nodes.get(node.tenant, 0) + delta
+        assert held >= 0, "a tenant's count never goes below zero"
+        if held:
+            self.tenant_nodes[node.tenant] = held
+        else:
+            self.tenant_nodes.pop(node.tenant, None)
+
     def remember(self, session_id: int | None, tag: RequestTag | None, result: Result) -> None:
         if tag is None or session_id is None:
             return
@@ -190,10 +212,17 @@ class State:
 
     def _session_opened(self, e: ev.SessionOpened) -> None:
         self.sessions[e.session_id] = Session(
-            e.session_id, e.scope_id, e.ttl_ms, e.token_sha256, e.at_ms + e.ttl_ms
+            e.session_id,
+            e.scope_id,
+            e.ttl_ms,
+            e.token_sha256,
+            e.at_ms + e.ttl_ms,
+            key_sha256=e.key_sha256,
         )
         self.next_id = max(self.next_id, e.session_id + 1)
         self.by_token[e.token_sha256] = e.session_id
+        if e.key_sha256 is not None:
+            self.by_key[e.key_sha256] = e.session_id
 
     def _end_session(self, session_id: int, state: SessionState, at_ms: int) -> None:
         session = self.sessions[session_id]
@@ -204,6 +233,8 @@ class State:
         session.memory.clear()
         if self.by_token.get(session.token_sha256) == session_id:
             del self.by_token[session.token_sha256]
+        if session.key_sha256 is not None and self.by_key.get(session.key_sha256) == session_id:
+            del self.by_key[session.key_sha256]
 
     def _session_closed(self, e: ev.SessionClosed) -> None:
         self._end_session(e.session_id, SessionState.CLOSED, e.at_ms)
@@ -226,6 +257,7 @@ class State:
             e.defaults,
         )
         parent.children.add(e.node_id)
+        self.count_node(self.nodes[e.node_id], 1)
         self.next_node_id = max(self.next_node_id, e.node_id + 1)
         self.credit.node_created(e.node_id, e.rates, e.at_ms)
         self.remember(e.session_id, e.request, Created(e.node_id))

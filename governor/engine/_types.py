@@ -107,6 +107,7 @@ class DenyReason(enum.Enum):
     SESSION_ENDED = "session_ended"
     RATE = "rate"  # a rated node's bucket has no whole unit of credit left
     CREDIT_BLOCKS = "credit_blocks"  # a bound on outstanding credit blocks is reached
+    NODES = "nodes"  # the tenant holds nodes_per_tenant_max nodes (EngineConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +158,11 @@ class EngineConfig:
     credit_blocks_per_session_max: int = 64
     credit_blocks_per_node_max: int = 4096  # outstanding blocks charged to one rated node
     credit_blocks_max: int = 65_536  # blocks kept in all (outstanding, or returned not expired)
+    # Nodes one tenant (a child of the root) holds, itself and ended ones until they are purged
+    # (retention_ms): a tenant cannot grow governord's tree, its snapshot or its replay without
+    # bound. 10,000 holds thousands of live runs with their children, or 16 new nodes a second
+    # kept for the default retention window.
+    nodes_per_tenant_max: int = 10_000
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:

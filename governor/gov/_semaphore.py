@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ._paths import GovDir, check_name, read_json
+from ._paths import GovDir, check_name, read_json, write_new
 
 __all__ = ["Claim", "Holder", "LocalSemaphore", "SLOTS_MAX", "process_start", "alive"]
 
@@ -164,7 +164,9 @@ class LocalSemaphore:
         child = {"pid": pid, "pid_start": process_start(pid)}
         path = self.dir / f"child.{claim.holder.token}"
         tmp = self.root.tmp() / f"c.{claim.holder.token}"
-        tmp.write_text(_dumps(child), encoding="utf-8")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # a leftover of a claim that died here
+        write_new(tmp, _dumps(child))
         os.replace(tmp, path)
 
     # -- reading --------------------------------------------------------------------------
@@ -243,7 +245,7 @@ class LocalSemaphore:
 
     def _record(self, holder: Holder) -> Path:
         tmp = self.root.tmp() / f"h.{holder.token}.{uuid.uuid4().hex[:8]}"
-        tmp.write_text(_dumps(asdict(holder)), encoding="utf-8")
+        write_new(tmp, _dumps(asdict(holder)))
         return tmp
 
 

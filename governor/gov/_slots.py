@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from ratemesh.checks import check_choice, check_float, check_int
 
 from ._cooldown import Cooldown
-from ._paths import GovDir, check_name, gov_dir, write_atomic
+from ._paths import GovDir, check_name, gov_dir, write_atomic, write_new
 from ._semaphore import SLOTS_MAX, Claim, Holder, LocalSemaphore
 
 __all__ = [
@@ -159,7 +159,7 @@ class Attempt:
     def _wait_here(self) -> None:
         if self._waiting is None:
             path = self.root.waiters(self.name) / self.holder.token
-            path.write_text(_json(asdict(self.holder)), encoding="utf-8")
+            write_new(path, _json(asdict(self.holder)))
             self._waiting = path
 
     def _unwait(self) -> None:

@@ -7,6 +7,11 @@ History) waits for the commit of everything it shows, so no node ever learns a g
 that a governord crash could take back and give to other values. A caller names itself with an
 API key from ``coordinator.keys``: a ``worker`` key may List, Watch and read History; a
 ``coordinator`` key may also Put and Remove. ``docs/policies.md`` has the rules.
+
+A watch's ``declared`` generations (those the node loads from its own file) are what that node
+has, never a precondition on writers: a put is decided by governord's record alone, so a
+``worker`` key cannot veto one. A put that gives a declared generation other values is said
+out loud instead (governord's stderr and the reply's ``disagreements``).
 """
 
 from __future__ import annotations
@@ -21,21 +26,30 @@ from grpc import aio
 from governor import wire
 from governor.authority import Authority
 from governor.config import CoordinatorKey
-from governor.engine import Engine, Event, GenerationConflict, PolicyPutResult
+from governor.engine import Engine, Event, PolicyPutResult
 from governor.engine import _events as ev
 from ratemesh import coordinator as cw
 from ratemesh.checks import check_int, check_keys, check_str
 from ratemesh.errors import MessageError, RatemeshError
 from ratemesh.policy import TenantRatePolicy, descriptor_tenant, scope_name, split_tenant
+from ratemesh.policyfile import POLICIES_PER_FILE_MAX
 
 from ._commit import CommitWaits
 from ._metrics import Metrics
 from ._status import Fail, error_fail, sha256_hex
 
-__all__ = ["CoordinatorService", "WARNED_MAX", "WATCHERS_MAX"]
+__all__ = ["CoordinatorService", "DECLARED_MAX", "PINS_MAX", "WARNED_MAX", "WATCHERS_MAX"]
 
 WATCHERS_MAX = 4096  # open Watch streams; one per node is the expected load
 WARNED_MAX = 1024  # distinct disagreement lines remembered, so each is said once
+# Generations one watch may declare: a node declares what its policies file holds, so a whole
+# file (POLICIES_PER_FILE_MAX) is the most a node sends; more is refused, naming the bound.
+DECLARED_MAX = POLICIES_PER_FILE_MAX
+# Declared generations kept across all open watches, to name disagreeing nodes when a put
+# lands: only those above what governord holds for their key (the rest are checked against the
+# record when the watch opens, and not kept). Past the bound a declaration is not kept: a put
+# is then not reported against it, and nothing else changes.
+PINS_MAX = 16_384
 _WRITES = ("Put", "Remove")
 
 
@@ -56,11 +70,12 @@ class CoordinatorService:
         self._changed = asyncio.Event()
         self._stopping = asyncio.Event()
         self.watchers = 0
-        # What open watches declare they load from their own files: (tenant, metric,
-        # generation) -> watch id -> (member id, policy). A put that would give one of these
-        # generations other values is refused at the pusher. Bounded: WATCHERS_MAX watches,
-        # SNAPSHOT_POLICIES_MAX declared each.
-        self._pins: dict[tuple[str, str, int], dict[int, tuple[str, TenantRatePolicy]]] = {}
+        # What open watches declare they load from their own files, above what governord
+        # holds: (tenant, metric, generation) -> watch id -> (member id, the policy's values).
+        # Advisory only (a put that gives one other values is reported, never refused).
+        # Bounded: PINS_MAX entries in all (``_pinned`` counts them).
+        self._pins: dict[tuple[str, str, int], dict[int, tuple[str, tuple[object, ...]]]] = {}
+        self._pinned = 0
         self._next_watch = 0
         self.warn: Callable[[str], None] = lambda line: None
         self._warned: dict[str, None] = {}  # lines said already, oldest first
@@ -172,50 +187,100 @@ class CoordinatorService:
         expect = _expect(b)
 
         def put(e: Engine) -> tuple[PolicyPutResult, int]:
-            self._check_pins(e, policy, explicit)
             out = e.put_policy(policy, allocate=not explicit, expect_generation=expect)
             return out, e.state.policies.revision
 
         result, revision = await self._step(put)
-        return {"policy": result.policy.to_dict(), "revision": revision, "created": result.created}
+        reply: dict[str, Any] = {
+            "policy": result.policy.to_dict(),
+            "revision": revision,
+            "created": result.created,
+        }
+        lines = self._pinned_disagreements(result.policy) if result.created else []
+        if lines:
+            reply["disagreements"] = lines
+        return reply
 
-    def _check_pins(self, e: Engine, policy: TenantRatePolicy, explicit: bool) -> None:
-        """Under the lock: refuse a put whose generation a watching node loads from its own
-        file with other values (the node would refuse governord's; better the pusher hears)."""
-        book = e.state.policies
-        key = book.keys.get((policy.tenant_id, policy.metric))
-        current = None if key is None else key.current
-        if not explicit and current is not None and current.values() == policy.values():
-            return  # a no-op: no generation is given
-        last = 0 if key is None else key.last.generation
-        gen = policy.generation if explicit else last + 1
-        for member, pinned in self._pins.get((policy.tenant_id, policy.metric, gen), {}).values():
-            if pinned.values() == policy.values():
+    def _pinned_disagreements(self, policy: TenantRatePolicy) -> list[str]:
+        """The watching nodes that load ``policy``'s generation from their own files with
+        other values: they will refuse it. Said on stderr once per line, and returned."""
+        scope = (policy.tenant_id, policy.metric, policy.generation)
+        out = []
+        pins = self._pins.get(scope, {}).values()
+        for member, values in sorted(pins, key=lambda pin: pin[0]):  # values need not order
+            if values == policy.values():
                 continue
-            top = max(g for (t, m, g) in self._pins if (t, m) == (policy.tenant_id, policy.metric))
-            raise GenerationConflict(
-                "generation",
+            line = (
                 f"node {member or '(unnamed)'} loads {scope_name(policy.tenant_id, policy.metric)} "
-                f"generation {gen} from its own file with other values and would refuse this "
-                "put; let governord import that file (coordinator.policies_file), or push with "
-                f"generation {max(top, last) + 1}",
+                f"generation {policy.generation} from its own file with other values and refuses "
+                "governord's; let governord import that file (coordinator.policies_file), or "
+                "push the change again as a later generation"
             )
+            if line not in out:
+                out.append(line)
+                self._say(line)
+        return out
 
-    def _pin(self, member: str, declared: tuple[TenantRatePolicy, ...]) -> int:
+    def _say(self, line: str) -> None:
+        if line not in self._warned:  # a node that reconnects says it once
+            self._warned[line] = None
+            while len(self._warned) > WARNED_MAX:
+                del self._warned[next(iter(self._warned))]
+            self.warn(line)
+
+    def _pin(
+        self, member: str, above: list[TenantRatePolicy]
+    ) -> tuple[int, list[tuple[str, str, int]]]:
+        """Keep the declared generations above governord's record (``_above``: a put may
+        still land on one of those), as far as PINS_MAX allows; returns the watch's id and
+        what it pinned (to unpin when it ends)."""
         self._next_watch += 1
         wid = self._next_watch
-        for p in declared:
-            self._pins.setdefault((p.tenant_id, p.metric, p.generation), {})[wid] = (member, p)
-        return wid
-
-    def _unpin(self, wid: int, declared: tuple[TenantRatePolicy, ...]) -> None:
-        for p in declared:
+        pinned = []
+        for p in above:
+            if self._pinned >= PINS_MAX:
+                self._say(
+                    f"governord keeps {PINS_MAX} declared generations (PINS_MAX); puts are "
+                    "not checked against the rest of the watches' declarations"
+                )
+                break
             scope = (p.tenant_id, p.metric, p.generation)
+            held = self._pins.setdefault(scope, {})
+            if wid not in held:
+                self._pinned += 1
+                pinned.append(scope)
+            held[wid] = (member, p.values())
+        return wid, pinned
+
+    def _open_watch(
+        self, member: str, declared: tuple[TenantRatePolicy, ...]
+    ) -> tuple[int, list[tuple[str, str, int]]]:
+        """Check what a watch declares against the record (disagreements said on stderr)
+        and pin what lies above it; returns the watch's id and its pins."""
+        above, lines = self.authority.read(
+            lambda e: (self._above(e, declared), self._disagreements(e, member, declared))
+        )
+        for line in lines:
+            self._say(line)
+        return self._pin(member, above)
+
+    def _unpin(self, wid: int, pinned: list[tuple[str, str, int]]) -> None:
+        for scope in pinned:
             held = self._pins.get(scope)
-            if held is not None:
-                held.pop(wid, None)
+            if held is not None and held.pop(wid, None) is not None:
+                self._pinned -= 1
                 if not held:
                     del self._pins[scope]
+
+    @staticmethod
+    def _above(e: Engine, declared: tuple[TenantRatePolicy, ...]) -> list[TenantRatePolicy]:
+        """Under the lock: the declared generations above the record's last of their key."""
+        out = []
+        for p in declared:
+            key = e.state.policies.keys.get((p.tenant_id, p.metric))
+            if key is None or p.generation > key.last.generation:
+                out.append(p)
+        return out
 
     def _disagreements(
         self, e: Engine, member: str, declared: tuple[TenantRatePolicy, ...]
@@ -277,34 +342,22 @@ class CoordinatorService:
         code = grpc.StatusCode.OK
         try:
             self._authorize("Watch", context)
-            b = _body("watch", request)
-            _known("watch", b, ("after_revision", "declared", "member_id"))
-            after = _decode(
-                lambda: check_int("after_revision", b.get("after_revision", 0), error=MessageError)
-            )
-            member = b.get("member_id", "")
-            if member:
-                member = _decode(lambda: check_str("member_id", member, error=MessageError))
-            declared = _declared(b.get("declared", []))
             if self.watchers >= WATCHERS_MAX:
                 raise Fail(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     "busy",
                     f"governord serves {WATCHERS_MAX} watches (WATCHERS_MAX); poll List",
                 )
+            after, member, declared = _watch_request(request)
+            del request  # a long-lived stream keeps only what it pinned, not what it was sent
             self.watchers += 1
-            wid = self._pin(member, declared)
+            wid, pinned = self._open_watch(member, declared)
+            del declared
             try:
-                for line in self.authority.read(lambda e: self._disagreements(e, member, declared)):
-                    if line not in self._warned:  # a node that reconnects says it once
-                        self._warned[line] = None
-                        while len(self._warned) > WARNED_MAX:
-                            del self._warned[next(iter(self._warned))]
-                        self.warn(line)
                 async for snap in self._snapshots(after):
                     yield cw.pack(snap.to_wire())
             finally:
-                self._unpin(wid, declared)
+                self._unpin(wid, pinned)
                 self.watchers -= 1
         except Fail as f:
             code = f.code
@@ -373,11 +426,28 @@ def _expect(b: dict[str, Any]) -> int | None:
     return int(_decode(lambda: check_int("expect_generation", value, error=MessageError)))
 
 
+def _watch_request(raw: bytes) -> tuple[int, str, tuple[TenantRatePolicy, ...]]:
+    """A Watch request checked: (after_revision, member_id, declared generations)."""
+    b = _body("watch", raw)
+    _known("watch", b, ("after_revision", "declared", "member_id"))
+    after = _decode(
+        lambda: check_int("after_revision", b.get("after_revision", 0), error=MessageError)
+    )
+    member = b.get("member_id", "")
+    if member:
+        member = _decode(lambda: check_str("member_id", member, error=MessageError))
+    return int(after), str(member), _declared(b.get("declared", []))
+
+
 def _declared(raw: Any) -> tuple[TenantRatePolicy, ...]:
     if not isinstance(raw, list):
         raise _malformed("declared", "must be a list of policies")
-    if len(raw) > cw.SNAPSHOT_POLICIES_MAX:
-        raise _malformed("declared", f"at most {cw.SNAPSHOT_POLICIES_MAX} policies")
+    if len(raw) > DECLARED_MAX:
+        raise _malformed(
+            "declared",
+            f"{len(raw)} policies; a watch declares at most {DECLARED_MAX} (DECLARED_MAX, "
+            "a whole policies file)",
+        )
     out = []
     for i, p in enumerate(raw):
         try:

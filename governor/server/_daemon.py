@@ -39,7 +39,7 @@ from grpc import aio
 from governor import wire
 from governor.authority import Authority
 from governor.config import ConfigError, GovernordConfig, TlsFiles, is_loopback
-from governor.engine import RecordError
+from governor.engine import EngineConfig, RecordError
 from governor.store import (
     EXIT_COMMIT_FAILED,
     EventLog,
@@ -172,7 +172,8 @@ def _open_authority(
 ) -> Authority:
     """The record loaded (a record that cannot be trusted is the ``store`` setting's too)."""
     try:
-        return Authority(record, snapshot_every=cfg.snapshot_every, loaded=loaded)
+        engine = EngineConfig(nodes_per_tenant_max=cfg.nodes_per_tenant_max)
+        return Authority(record, snapshot_every=cfg.snapshot_every, loaded=loaded, config=engine)
     except (StoreError, RecordError) as exc:
         raise ConfigError("store", f"cannot load the record: {one_line(exc)}") from exc
 

@@ -2,36 +2,59 @@
 for the pages in ``_routes``: Prometheus scrapes, Kubernetes probes, an operator's curl.
 
 Only GET and HEAD, one request per connection (``Connection: close``), no request body. Every
-size and wait has a named bound: the request head (``HEAD_BYTES_MAX``), the time to send it
-(``HEAD_TIMEOUT_S``), the connections open at once (``CONNECTIONS_MAX``; more are answered 503
-and closed) and the time a page may take (``PAGE_TIMEOUT_S``, then 503).
+size and wait has a named bound, so sockets that say nothing cannot take the port from a probe
+(docs/security.md):
+
+* the request head (``HEAD_BYTES_MAX``); its first byte within ``FIRST_BYTE_TIMEOUT_S`` of the
+  accept, the whole head within ``HEAD_TIMEOUT_S``; else the socket is closed unanswered;
+* connections: ``PEER_CONNECTIONS_MAX`` from one address, ``CONNECTIONS_MAX`` in all; at the
+  bound a new connection evicts the oldest one still waiting for its head
+  (``ratemesh.conngate``), and when every one is busy ``PROBE_RESERVE`` more answer
+  ``/health/live`` and ``/health/ready`` only (the rest 503);
+* the time a page may take (``PAGE_TIMEOUT_S``, then 503).
+
+A page marked ``Guarded`` (per-tenant detail: /ui, /ui/status, /metrics' tenant series) is
+served whole to a loopback caller or one that sends ``authorization: Bearer <pages token>``;
+anyone else gets its public form (or 401).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import time
 from http import HTTPStatus
 
 from governor.config import ConfigError
+from ratemesh.conngate import Admit, ConnGate, loopback_peer
 from ratemesh.operator import probe_bind
 
 from ._logs import event
-from ._routes import Page, Reply, json_reply
+from ._routes import Guarded, Page, Reply, json_reply
 
 __all__ = [
     "CONNECTIONS_MAX",
+    "FIRST_BYTE_TIMEOUT_S",
     "HEAD_BYTES_MAX",
     "HEAD_TIMEOUT_S",
     "PAGE_TIMEOUT_S",
+    "PEER_CONNECTIONS_MAX",
+    "PROBE_PATHS",
+    "PROBE_RESERVE",
     "HttpServer",
     "start_http",
 ]
 
 HEAD_BYTES_MAX = 8192
-HEAD_TIMEOUT_S = 5.0
+FIRST_BYTE_TIMEOUT_S = 2.0  # a probe or a scrape speaks at once
+HEAD_TIMEOUT_S = 5.0  # the whole head, from the accept
 PAGE_TIMEOUT_S = 10.0
 CONNECTIONS_MAX = 64
+PEER_CONNECTIONS_MAX = 16  # a scraper, a kubelet and an operator need a few each
+PROBE_RESERVE = 8  # over CONNECTIONS_MAX, for liveness and readiness only
+PROBE_PATHS = frozenset({"/health/live", "/health/ready"})
+_BEARER = b"bearer "
 
 log = logging.getLogger("governord.http")
 
@@ -39,40 +62,69 @@ log = logging.getLogger("governord.http")
 class HttpServer:
     def __init__(self, pages: dict[str, Page]) -> None:
         self.pages = dict(pages)
-        self.open = 0
-        self.refused = 0
+        self.gate: ConnGate[asyncio.StreamWriter] = ConnGate(
+            CONNECTIONS_MAX, PEER_CONNECTIONS_MAX, PROBE_RESERVE
+        )
+        self.timed_out = 0
         self._server: asyncio.Server | None = None
         self.address = ""
 
+    @property
+    def open(self) -> int:
+        return self.gate.open
+
+    @property
+    def refused(self) -> int:
+        return sum(self.gate.refused.values())
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.open += 1
+        peer = _peer(writer)
+        admit, evicted = self.gate.opened(writer, peer)
+        if evicted is not None:
+            evicted.close()  # its read ends at once; its handler sees a closed socket
         try:
-            if self.open > CONNECTIONS_MAX:
-                self.refused += 1
+            if admit is Admit.REFUSED_PEER:
+                return  # nothing answered: the peer holds its share already
+            if admit is Admit.REFUSED_FULL:
                 await self._send(writer, "GET", json_reply(503, {"error": "too many connections"}))
                 return
-            try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
-            except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
-                return  # gone, or too slow: nothing to answer
-            except asyncio.LimitOverrunError:
-                await self._send(
-                    writer, "GET", json_reply(431, {"error": "request head too large"})
-                )
+            head = await self._head(reader, writer)
+            if head is None:
                 return
-            method, reply = await self._answer(head)
+            self.gate.busy(writer)
+            method, reply = await self._answer(head, peer, probes_only=admit is Admit.PROBES_ONLY)
             await self._send(writer, method, reply)
         finally:
-            self.open -= 1
+            self.gate.closed(writer)
             writer.close()
 
-    async def _answer(self, head: bytes) -> tuple[str, Reply]:
-        line = head.split(b"\r\n", 1)[0].decode("latin-1")
-        parts = line.split(" ")
+    async def _head(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bytes | None:
+        """The request head, or None (closed: silent, too slow, gone, or answered 431)."""
+        t0 = time.monotonic()
+        try:
+            first = await asyncio.wait_for(reader.readexactly(1), FIRST_BYTE_TIMEOUT_S)
+            left = HEAD_TIMEOUT_S - (time.monotonic() - t0)
+            return first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), max(left, 0.0))
+        except TimeoutError:
+            self.timed_out += 1
+            return None
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None  # gone: nothing to answer
+        except asyncio.LimitOverrunError:
+            await self._send(writer, "GET", json_reply(431, {"error": "request head too large"}))
+            return None
+
+    async def _answer(self, head: bytes, peer: str, *, probes_only: bool) -> tuple[str, Reply]:
+        lines = head.split(b"\r\n")
+        parts = lines[0].decode("latin-1").split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
             return "GET", json_reply(400, {"error": "bad request line"})
         method, target = parts[0], parts[1]
         path = target.split("?", 1)[0]
+        if probes_only and path not in PROBE_PATHS:
+            return method, json_reply(503, {"error": "busy: liveness and readiness only"})
         page = self.pages.get(path)
         if page is None:
             return method, json_reply(
@@ -80,6 +132,16 @@ class HttpServer:
             )
         if method not in ("GET", "HEAD"):
             return method, json_reply(405, {"error": f"{method} not allowed", "allow": "GET, HEAD"})
+        if isinstance(page, Guarded) and not _may_read(page.tokens, peer, lines[1:]):
+            if page.public is None:
+                return method, json_reply(
+                    401,
+                    {
+                        "error": f"{path} shows every tenant: ask from loopback, or send "
+                        "authorization: Bearer <pages token> (pages.token_file)"
+                    },
+                )
+            page = page.public
         try:
             return method, await asyncio.wait_for(page(), PAGE_TIMEOUT_S)
         except TimeoutError:
@@ -98,13 +160,14 @@ class HttpServer:
             "Cache-Control: no-store\r\n"
             "Connection: close\r\n"
             + ("Allow: GET, HEAD\r\n" if reply.status == 405 else "")
+            + ("WWW-Authenticate: Bearer\r\n" if reply.status == 401 else "")
             + "\r\n"
         ).encode("latin-1")
         try:
             writer.write(head if method == "HEAD" else head + reply.body)
-            await writer.drain()
-        except ConnectionError:
-            pass  # the client left; nothing to tell it
+            await asyncio.wait_for(writer.drain(), PAGE_TIMEOUT_S)
+        except (ConnectionError, TimeoutError):
+            pass  # the client left, or does not read: nothing to tell it
 
     async def start(self, address: str) -> str:
         """Listen on ``address``; the bound ``host:port`` (port 0 asks for a free one)."""
@@ -125,6 +188,27 @@ class HttpServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    name = writer.get_extra_info("peername")
+    return str(name[0]) if isinstance(name, tuple) and name else "?"
+
+
+def _may_read(tokens: tuple[bytes, ...], peer: str, headers: list[bytes]) -> bool:
+    """Per-tenant detail: a loopback caller, or a pages token sent as a bearer token."""
+    if loopback_peer(peer):
+        return True
+    for line in headers:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"authorization":
+            value = value.strip()
+            if value[: len(_BEARER)].lower() != _BEARER:
+                return False
+            token = value[len(_BEARER) :].strip()
+            # every token compared, whichever matches: no timing tells which one did
+            return any([hmac.compare_digest(token, t) for t in tokens])
+    return False
 
 
 async def start_http(address: str, pages: dict[str, Page]) -> HttpServer:

@@ -1,6 +1,8 @@
 """Prometheus metrics of governord. Labels are tenants, classes and resources only, never a
 task, so the number of series grows with the configuration and not with the work. The tree is
-read once per scrape (root and tenants only) under the engine's lock."""
+read once per scrape (root and tenants only) under the engine's lock. ``public`` is the same
+without the tenant-labelled series (what a caller without the pages token sees off
+loopback)."""
 
 from __future__ import annotations
 
@@ -99,9 +101,25 @@ def _read_tree(engine: Engine) -> dict[str, Any]:
     }
 
 
+class _Public(Collector):
+    """Every family of ``registry`` but those labelled by tenant: what /metrics shows a
+    caller without the pages token off loopback."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Any]:
+        for family in self._registry.collect():
+            # an empty family's name may still say "tenant": left out too
+            if family.samples and not any("tenant" in s.labels for s in family.samples):
+                yield family
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.public = CollectorRegistry(auto_describe=False)
+        self.public.register(_Public(self.registry))
         r = self.registry
         self.calls = Counter(
             "governor_calls", "Calls by method and status code", ["method", "code"], registry=r

@@ -3,6 +3,11 @@
 A page is an async function of nothing that returns a ``Reply``; what a page reads comes from
 the ``Site`` it closes over. A new page is one line in ``routes``. A path not in the table is
 404, so a probe or a scrape aimed at the wrong path fails loudly instead of reading metrics.
+
+Per-tenant detail (the live page and its JSON, /metrics' tenant series) is a ``Guarded``
+page: served whole on loopback or to a caller with a pages token (``pages.token_file`` /
+``pages.token_env``), else in its public form (/metrics without tenant series) or 401.
+Liveness and readiness carry no tenant data at all (docs/security.md).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from ._health import Health
 from ._metrics import Metrics
 from ._ui import Route, ui_routes
 
-__all__ = ["JSON", "Page", "Reply", "Site", "json_reply", "routes"]
+__all__ = ["JSON", "Guarded", "Page", "Reply", "Site", "json_reply", "routes"]
 
 JSON = "application/json"
 
@@ -34,6 +39,19 @@ class Reply(NamedTuple):
 
 
 Page = Callable[[], Awaitable[Reply]]
+
+
+@dataclass(frozen=True, slots=True)
+class Guarded:
+    """A page that shows every tenant: whole for loopback or a pages-token holder, else
+    ``public`` (None: 401)."""
+
+    page: Page
+    public: Page | None
+    tokens: tuple[bytes, ...]
+
+    async def __call__(self) -> Reply:
+        return await self.page()
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +68,11 @@ def json_reply(status: int, doc: Any) -> Reply:
     return Reply(status, JSON, json.dumps(doc, sort_keys=True).encode() + b"\n")
 
 
-async def metrics_page(site: Site) -> Reply:
-    """Prometheus text; rendered in a thread, as the tree is read under the engine's lock."""
-    body = await asyncio.to_thread(generate_latest, site.metrics.registry)
+async def metrics_page(site: Site, *, public: bool = False) -> Reply:
+    """Prometheus text; rendered in a thread, as the tree is read under the engine's lock.
+    ``public``: without the series labelled by tenant."""
+    registry = site.metrics.public if public else site.metrics.registry
+    body = await asyncio.to_thread(generate_latest, registry)
     return Reply(200, CONTENT_TYPE_LATEST, body)
 
 
@@ -78,13 +98,19 @@ def _one(report: dict[str, Any], question: str) -> dict[str, Any]:
 
 def routes(site: Site) -> dict[str, Page]:
     """GET (and HEAD) paths governord answers; anything else is 404."""
+    tokens = site.config.pages_tokens
     return {
-        "/metrics": lambda: metrics_page(site),
+        "/metrics": Guarded(
+            lambda: metrics_page(site), lambda: metrics_page(site, public=True), tokens
+        ),
         "/health": lambda: health_page(site),
         "/health/live": lambda: live_page(site),
         "/health/ready": lambda: ready_page(site),
         **(
-            {path: _threaded(route) for path, route in ui_routes(site.authority).items()}
+            {
+                path: Guarded(_threaded(route), None, tokens)
+                for path, route in ui_routes(site.authority).items()
+            }
             if site.authority is not None
             else {}
         ),

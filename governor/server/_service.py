@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,6 +27,7 @@ from governor.engine import (
     Engine,
     Event,
     GovernorError,
+    SessionState,
 )
 from governor.engine import _events as ev
 
@@ -34,11 +36,15 @@ from ._commit import CommitWaits
 from ._logs import FIELDS
 from ._metrics import Metrics
 from ._multiplex import Metadata, MuxStream
-from ._status import Fail, error_fail, key_session_hash, sha256_hex
+from ._status import Fail, error_fail, sha256_hex
 
 __all__ = ["GovernorService", "KEY_SESSION_TTL_MS"]
 
 KEY_SESSION_TTL_MS = 10 * 365 * 24 * 3600 * 1000  # a bare API key's session: hooks, no leases
+# Releases before random key sessions gave a bare key's session the token
+# DERIVED_TOKEN_PREFIX + sha256(key), computable from governord.yaml. Such a token is refused
+# before any lookup, and a key's old session is closed the first time the key is used.
+DERIVED_TOKEN_PREFIX = "governord-key-session:"
 ENDED_TOKENS_MAX = 65_536
 INFLIGHT_MAX = 65_536
 
@@ -310,6 +316,13 @@ class GovernorService(CallsMixin):
         )
 
     def _by_token(self, token: str, *, late_release: bool = False) -> Principal:
+        if token.startswith(DERIVED_TOKEN_PREFIX):
+            raise Fail(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "derived_token",
+                "a token derived from an API key is not a credential: call with the key, or "
+                "with the token OpenSession returned",
+            )
         digest = sha256_hex(token)
         sid = self.authority.engine.session_for_token(digest)
         if sid is None:
@@ -330,17 +343,27 @@ class GovernorService(CallsMixin):
         return Principal(sid, session.scope_id, "", False)
 
     async def _key_session(self, digest: str, tenant: tuple[str, int]) -> Principal:
+        """The bare key's own session: found by the key's digest, opened with a random token
+        that is never handed out (only the key reaches it, and nothing in the config computes
+        it). Reopened if it ever ended, so no other caller can lock the key out."""
         sid = self._key_sessions.get(digest)
-        if sid is None:
-            token_hash = key_session_hash(digest)
+        session = None if sid is None else self.authority.engine.state.sessions.get(sid)
+        if sid is None or session is None or session.state is not SessionState.OPEN:
+            legacy = sha256_hex(DERIVED_TOKEN_PREFIX + digest)
 
             def ensure(e: Engine) -> int:
-                found = e.session_for_token(token_hash)
+                old = e.session_for_token(legacy)  # an older release's, reachable by then
+                if old is not None:
+                    e.close_session(old)
+                found = e.session_for_key(digest)
                 if found is not None:
                     return found
-                return e.open_session(tenant[1], KEY_SESSION_TTL_MS, token_hash)[0]
+                token_hash = sha256_hex(secrets.token_urlsafe(32))  # no one is given it
+                ttl = KEY_SESSION_TTL_MS
+                return e.open_session(tenant[1], ttl, token_hash, key_sha256=digest)[0]
 
             sid = await self._step(ensure)  # once per key per process
+            assert sid is not None
             self._key_sessions[digest] = sid
         return Principal(sid, tenant[1], tenant[0], True)
 

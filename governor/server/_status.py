@@ -44,6 +44,7 @@ _DENY_CODES = {
     DenyReason.SESSION_ENDED: grpc.StatusCode.UNAUTHENTICATED,
     DenyReason.RATE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     DenyReason.CREDIT_BLOCKS: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    DenyReason.NODES: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -53,6 +54,8 @@ def denial_fail(d: Denial) -> Fail:
         what += f": {d.resource} {d.used} of {d.limit} used, {d.requested} requested"
     elif d.reason is DenyReason.RATE:
         what += f": {d.resource} has no credit left ({d.used} of burst {d.limit} outstanding)"
+    elif d.reason is DenyReason.NODES:
+        what += f": the tenant holds {d.used} of at most {d.limit} nodes (nodes_per_tenant_max)"
     elif d.reason is DenyReason.CREDIT_BLOCKS:
         what += f": {d.used} of at most {d.limit} credit blocks outstanding"
     denial = {

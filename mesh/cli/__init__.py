@@ -132,6 +132,9 @@ def _parser() -> argparse.ArgumentParser:
 
     val = sub.add_parser("validate", help="check a node config; print warnings")
     val.add_argument("--config", required=True)
+    val.add_argument(
+        "--strict", action="store_true", help="exit 1 when there is any warning (for CI)"
+    )
     _output_flags(val)
 
     sim = sub.add_parser("sim", help="the deterministic fleet simulator")

@@ -21,9 +21,13 @@ __all__ = ["node", "status", "validate"]
 LOG_LEVELS = {name: name for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
 
 
+EXIT_WARNINGS = 1  # `mesh validate --strict`: legal, but with warnings
+
+
 def validate(args: argparse.Namespace) -> int:
     """Check a node config: the summary as JSON, or the one mistake as JSON on stdout (for
-    scripts) and one line on stderr naming the file and the field."""
+    scripts) and one line on stderr naming the file and the field. Warnings are one line
+    each on stderr; they fail the check (exit 1) only with `--strict`."""
     from mesh.config import load_config
 
     try:
@@ -61,14 +65,19 @@ def validate(args: argparse.Namespace) -> int:
             "sidecar": {
                 where.rpartition(".")[2]: {
                     "address": addr,
-                    "bearer_token": cfg.sidecar.needs_auth(addr) and cfg.fleet_secret is not None,
+                    "bearer_token": cfg.sidecar.needs_auth(addr)
+                    and bool(cfg.sidecar.tokens or cfg.fleet_secret),
+                    # which credential callers send: the sidecar's own, else the fleet secret
+                    "token": "sidecar"
+                    if cfg.sidecar.tokens
+                    else ("fleet_secret" if cfg.fleet_secret is not None else None),
                 }
                 for where, addr in cfg.sidecar.listens()
             },
         },
         args,
     )
-    return 0
+    return EXIT_WARNINGS if warnings and getattr(args, "strict", False) else 0
 
 
 def _in_file(path: str, exc: ConfigError) -> str:

@@ -52,8 +52,9 @@ Ports are 1..65535. Only `listen`, `telemetry_listen` and the sidecar's addresse
 address. An IPv6 host goes in brackets: `[::1]:7001`.
 
 Peer identity (docs/architecture.md): with `tls.require_client_cert` a peer's member id must
-match its certificate; with a fleet secret (>= 16 bytes, read from the file or the variable
-at load, never written in the config) it must prove it with an HMAC. Neither is a warning.
+match its certificate; with a fleet secret (>= 16 bytes and not guessable: no placeholder or
+pattern, `ratemesh.secretcheck`; read from the file or the variable at load, never written in
+the config) it must prove it with an HMAC. Neither is a warning.
 
 Loading does no I/O beyond reading the files it names; `warnings()` lists what is legal but
 probably a mistake (`mesh validate` prints them).
@@ -81,14 +82,15 @@ from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.core.policy import Mode, TenantRatePolicy
 from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.apikey import read_api_key
-from ratemesh.checks import check_address, check_keys, is_loopback
+from ratemesh.checks import check_address, check_keys, is_loopback, is_wildcard
 from ratemesh.policyfile import load_policy_file as read_policy_file
+from ratemesh.secretcheck import SECRET_MIN_BYTES, weak_secret
 from ratemesh.yamlfile import load_yaml
 
 # A node's peer streams are reliable and report reconnections, so a report is resent on a
 # reconnect at once and otherwise only as a safety net: a slow owner is not sent more work.
 NODE_RETRY_MAX_MS = 1000
-FLEET_SECRET_MIN_BYTES = 16  # shorter is guessable; HMAC-SHA256 keys need no more than 64
+FLEET_SECRET_MIN_BYTES = SECRET_MIN_BYTES  # shorter is guessable (no placeholders either)
 FLEET_SECRET_MAX_BYTES = 4096  # a secret file is a few lines, not a document
 FLEET_SECRETS_MAX = 3  # secrets accepted at once (a rotation needs two)
 # How often a node compares its policy file's stat (and, when that moved, its hash) with what
@@ -208,6 +210,7 @@ class NodeConfig:
                 "(tls.require_client_cert): any process that can reach this member's port "
                 "can claim to be any member; set fleet_secret_file or fleet_secret_env"
             )
+        out += self._exposure_warnings()
         secret_file = (self.fleet_secret_from or "").partition("fleet_secret_file: ")[2]
         if secret_file and _readable_by_others(secret_file):
             out.append(
@@ -245,6 +248,36 @@ class NodeConfig:
             out += _dns_warnings(self, ident.member_id)
         if not ident.stable:
             out.append(_unstable_warning(self, ident))
+        return out
+
+    def _exposure_warnings(self) -> list[str]:
+        """Who holds which credential, and what every interface hears (docs/security.md)."""
+        out = []
+        sc = self.sidecar
+        if sc.tokens and set(sc.tokens) & set(self.fleet_secrets_accepted):
+            out.append(
+                f"{sc.token_from}: the sidecar token is a fleet secret: every worker that "
+                "calls the sidecar could speak to peers as any member; give the sidecar a "
+                "token of its own (openssl rand -hex 32)"
+            )
+        mtls = self.tls is not None and self.tls.require_client_cert
+        for where, addr in sc.listens():
+            if not is_loopback(addr) and not sc.tokens and not mtls:
+                out.append(
+                    f"{where}: {addr} takes the fleet secret as its callers' token, so every "
+                    "worker would hold the peer port's credential; set sidecar.token_file "
+                    "(or sidecar.token_env) to a token of the sidecar's own"
+                )
+        if is_wildcard(self.listen) and self.fleet_secret is None and not mtls:
+            out.append(
+                f"listen: {self.listen} is every interface and asks no credential "
+                "(no fleet secret, no client certificates)"
+            )
+        if self.telemetry_listen and is_wildcard(self.telemetry_listen):
+            out.append(
+                f"telemetry_listen: {self.telemetry_listen} is every interface and asks no "
+                "credential: anyone who can reach it reads /health and /metrics"
+            )
         return out
 
 
@@ -469,12 +502,19 @@ def _fleet_secret(data: dict[str, Any], base: Path | None) -> dict[str, Any]:
             where, f"{what} holds {len(secrets_)} secrets; at most {FLEET_SECRETS_MAX} (one a line)"
         )
     for i, secret in enumerate(secrets_):
+        line = f" (line {i + 1})" if len(secrets_) > 1 else ""
         if len(secret) < FLEET_SECRET_MIN_BYTES:
-            line = f" (line {i + 1})" if len(secrets_) > 1 else ""
             raise ConfigError(
                 where,
                 f"{what}{line} holds {len(secret)} bytes; a fleet secret needs at least "
                 f"{FLEET_SECRET_MIN_BYTES} (e.g. openssl rand -hex 32)",
+            )
+        weak = weak_secret(secret, minimum=FLEET_SECRET_MIN_BYTES)
+        if weak is not None:
+            raise ConfigError(
+                where,
+                f"the fleet secret in {what}{line} {weak}; use a random one "
+                "(e.g. openssl rand -hex 32)",
             )
     return {
         "fleet_secret": secrets_[0],

@@ -8,9 +8,14 @@ since; so the cooldown reaches every worker that uses the limit within one sync 
 plus a message's transit (d). Each worker turns the time left into an end on its own clock.
 
 What a peer says is bounded and checked: a report names keys its sender may report (any
-ring member may: it is the sender's own observation), a notice is taken only from the
-key's owner as this member's ring has it, durations are at most COOLDOWN_MS_MAX, and the
+ring member may: it is the sender's own observation) and only keys of a policy the owner
+knows (else refused, `no_policy`: made-up tenants take no room), a notice is taken only from
+the key's owner as this member's ring has it, durations are at most COOLDOWN_MS_MAX, and the
 owner holds at most COOLDOWN_KEYS_MAX keys.
+
+`clear` ends a key's cooldown on this worker and, when this member owns the key, at the
+owner (an operator's DELETE /v1/cooldown): the owner tells no one of it again. Workers told
+before keep theirs to its end, which the sidecar bounds (`sidecar.cooldown_max_s`).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class CooldownDesk:
         self.told: dict[RateKey, set[tuple[str, int]]] = {}
         self.reported = 0
         self.noticed = 0
+        self.cleared = 0
         self.refused: dict[str, int] = {}
 
     def _refuse(self, why: str) -> None:
@@ -91,6 +97,9 @@ class CooldownDesk:
             if ring.owner_of(key) != self.member_id:
                 self._refuse("not_ours")
                 continue
+            if owner.policies.get(key) is None:
+                self._refuse("no_policy")
+                continue
             if key not in self.until and len(self.until) >= COOLDOWN_KEYS_MAX:
                 self._refuse("keys_full")
                 continue
@@ -98,6 +107,16 @@ class CooldownDesk:
             self.told[key] = set()
             keys.append(key)
         return self._tell(now_ns, keys, ring, owner)
+
+    def clear(self, key: RateKey, admission: Admission) -> bool:
+        """End `key`'s cooldown here (worker) and in our owner's table if we hold it; True if
+        there was one to end."""
+        here = admission.uncool(key.tenant_id, key.metric)
+        owned = self.until.pop(key, None) is not None
+        self.told.pop(key, None)
+        if here or owned:
+            self.cleared += 1
+        return here or owned
 
     def tick(self, now_ns: int, ring: Ring, owner: Owner) -> list[Effect]:
         """Forget ended cooldowns; tell reporters that started since."""

@@ -100,6 +100,15 @@ class Member:
             effects += self.cooldown.receive_report(now_ns, own, self.ring, self.owner)
         return effects
 
+    def clear_429(self, tenant: str, metric: str) -> bool:
+        """End (`tenant`, `metric`)'s cooldown here, and at its owner if that is this member
+        (docs/cooldown.md); False if it has no policy or was not cooling."""
+        policy = self.policies.current(tenant, metric)
+        if policy is None:
+            return False
+        key = policy.for_tenant(tenant).rate_key if policy.tenant_id != tenant else policy.rate_key
+        return self.cooldown.clear(key, self.admission)
+
     def flush(self, now_ns: int) -> list[Effect]:
         """Early flush, when the report threshold was crossed between ticks."""
         return self.reporter.flush(now_ns)

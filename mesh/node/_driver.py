@@ -549,6 +549,11 @@ class NodeDriver:
             effects = self.member.report_429(now, tenant, metric, ms)
         self._carry(now, effects)
 
+    def clear_429(self, tenant: str, metric: str) -> bool:
+        """On the node's loop: end (`tenant`, `metric`)'s cooldown here (docs/cooldown.md)."""
+        with self.lock:
+            return self.member.clear_429(tenant, metric)
+
     def _carry(self, now: int, effects: list[Effect]) -> None:
         for e in effects:
             if isinstance(e, Send):

@@ -433,6 +433,19 @@ class Mesh:
         else:
             d.report_429(tenant, metric, ms)
 
+    def clear_429(self, tenant: str, metric: str) -> bool:
+        """End (`tenant`, `metric`)'s cooldown on this worker, and at its owner if that is
+        this member; False if it was not cooling here (docs/cooldown.md)."""
+        return self._require().clear_429(tenant, metric)  # under the driver's lock
+
+    def policy_known(self, tenant: str, metric: str) -> bool:
+        """Whether a policy covers (`tenant`, `metric`) here (its own, or a default's); a
+        metric that is no metric's name is a ConfigError naming `metric`."""
+        d = self._require()
+        check_metric(metric, error=ConfigError)
+        with self._lock or contextlib.nullcontext():
+            return d.member.policies.current(tenant, metric) is not None
+
     def limited(
         self,
         tenant: str,

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from mesh.config import NodeConfig, is_loopback
 from mesh.sidecar._auth import AUTH_HEADER, BearerCheck
 from mesh.sidecar._grpc import ADMISSION_SERVICE, GrpcSidecar, encode_outcomes
-from mesh.sidecar._http import HttpApp, HttpServer
+from mesh.sidecar._http import Access, HttpApp, HttpServer
 from mesh.sidecar._items import (
     DESCRIPTORS_MAX,
     NAME_MAX_CHARS,
@@ -54,6 +54,8 @@ class Sidecar:
         self.cfg = cfg
         self.routes = routes
         self.decider = Decider(admitter)
+        sc = cfg.sidecar
+        self.access = Access(sc.operator_tokens, sc.tenant_tokens, sc.cooldown_max_s)
         self.grpc: GrpcSidecar | None = None
         self.http: HttpServer | None = None
         self.telemetry: HttpServer | None = None
@@ -82,6 +84,7 @@ class Sidecar:
                     items_max=sc.items_max,
                     body_max_bytes=sc.max_message_bytes,
                     auth=BearerCheck(_tokens(cfg), required=needs),
+                    access=self.access,
                 )
                 tls = cfg.tls if cfg.tls is not None and not is_loopback(sc.http_listen) else None
                 self.http = HttpServer(
@@ -89,6 +92,7 @@ class Sidecar:
                     sc.http_listen,
                     field="sidecar.http_listen",
                     concurrent_max=sc.concurrent_max,
+                    peer_connections_max=sc.peer_connections_max,
                     tls=tls,
                     drain_s=drain_s,
                 )
@@ -97,10 +101,11 @@ class Sidecar:
                 self.telemetry_address = self.http_address
             elif cfg.telemetry_listen:
                 self.telemetry = HttpServer(
-                    HttpApp(self.routes),
+                    HttpApp(self.routes, access=self.access),
                     cfg.telemetry_listen,
                     field="telemetry_listen",
                     concurrent_max=sc.concurrent_max,
+                    peer_connections_max=sc.peer_connections_max,
                     drain_s=drain_s,
                 )
                 self.telemetry_address = await self.telemetry.start()

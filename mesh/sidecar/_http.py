@@ -7,21 +7,32 @@ loop), for the sidecar's JSON routes and the node's /metrics and /health.
     POST /v1/charge  the same shapes (amount: the bytes or tokens)
     POST /v1/refund  one item -> 200 {"ok": true}; a batch -> 200 {"acks": [{"ok": ...}]}
     POST /v1/cooldown {"tenant", "metric", "cooldown_s"?} -> 200 {"ok": true}: the service
-                     behind the limit said 429; the fleet backs off (docs/cooldown.md)
+                     behind the limit said 429; the fleet backs off (docs/cooldown.md).
+                     Needs `x-ratemesh-token`: the operator's or the tenant's own token
+    DELETE /v1/cooldown {"tenant", "metric"} -> 200 {"ok": true}: the cooldown ends
     GET  /metrics, GET /health   (the telemetry routes, `mesh.telemetry.telemetry_routes`)
 
 A denial is an answer, not an HTTP error: 200 with `"allowed": false` (as the JSON
 gateways of Envoy's and Gubernator's rate limit services answer), so a batch and a single
 item read alike. A single item's mistake is 400 `{"error": "field: what was wrong"}`; in a
 batch it is that item's verdict (`{"allowed": false, "error": ...}`), the rest decided.
-Bad JSON, a body over `max_message_bytes` (413) or more than `items_max` items: 400 / 413,
-nothing decided. A missing or wrong bearer token where one is needed: 401.
+Bad JSON (nested too deeply too), a body over `max_message_bytes` (413) or
+more than `items_max` items: 400 / 413, nothing decided. A body not in within
+`BODY_TIMEOUT_S`: 408. A missing or wrong bearer token where one is needed: 401.
+
+Connections (docs/security.md): each server keeps `ratemesh.conngate`'s bounds, so silent or
+slow sockets cannot take it from a probe: at most `peer_connections_max` from one address
+and `concurrent_max` in all (at the bound a new connection evicts the oldest one still
+waiting for its request head), `PROBE_RESERVE` more answering only `PROBE_PATHS` when every
+slot is busy, and a request head complete within `HEAD_TIMEOUT_S` of the accept (or of the
+last response on a kept-alive connection), else the socket is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import socket
@@ -29,15 +40,33 @@ import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import httptools
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from mesh.config import TlsConfig
 from mesh.errors import ConfigError
 from mesh.sidecar._auth import BearerCheck
 from mesh.sidecar._items import Decider, Item, Outcome, verdict_fields
-from mesh.telemetry import Route
+from mesh.telemetry import Detail, Route
+from ratemesh.conngate import Admit, ConnGate, loopback_peer
 
-__all__ = ["HttpApp", "HttpServer"]
+__all__ = [
+    "BODY_TIMEOUT_S",
+    "DEFAULT_COOLDOWN_S",
+    "Access",
+    "HEAD_TIMEOUT_S",
+    "PROBE_PATHS",
+    "PROBE_RESERVE",
+    "HttpApp",
+    "HttpServer",
+]
+
+HEAD_TIMEOUT_S = 5.0  # accept (or the last response) to a complete request head
+BODY_TIMEOUT_S = 10.0  # request head to the body's last byte
+IDLE_TIMEOUT_S = 5  # a kept-alive connection with no new request (uvicorn's timer)
+PROBE_RESERVE = 16  # connections over concurrent_max that answer PROBE_PATHS only
+PROBE_PATHS = frozenset({"/health"})
 
 log = logging.getLogger("mesh.sidecar")
 Scope = dict[str, Any]
@@ -45,6 +74,55 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 _JSON = [(b"content-type", b"application/json")]
 _ITEM_KEYS = frozenset({"tenant", "metric", "amount", "descriptors"})
+
+
+DEFAULT_COOLDOWN_S = 90.0  # when a caller names no cooldown_s (seed 003's 90 s)
+
+
+class Access:
+    """Who may read per-tenant detail and cool a limit (docs/security.md): the operator's
+    token (both, any tenant with a policy), a tenant's own token (its own limits' cooldown),
+    and any loopback caller (reads only)."""
+
+    def __init__(
+        self,
+        operator_tokens: tuple[bytes, ...] = (),
+        tenant_tokens: Mapping[str, bytes] | None = None,
+        cooldown_max_s: float = 300.0,
+    ) -> None:
+        self.operator_tokens = operator_tokens
+        self.tenant_tokens = dict(tenant_tokens or {})
+        self.cooldown_max_s = cooldown_max_s
+
+    @property
+    def cooldown_open(self) -> bool:
+        return bool(self.operator_tokens or self.tenant_tokens)
+
+    def may_read(self, scope: Scope) -> bool:
+        client = scope.get("client")
+        if client and loopback_peer(str(client[0])):
+            return True
+        header = _header(scope, b"authorization")
+        if header is None or header[:7].lower() != b"bearer ":
+            return False
+        return _matches(header[7:].strip(), self.operator_tokens)
+
+    def may_cool(self, token: bytes, tenant: Any) -> bool:
+        own = self.tenant_tokens.get(tenant) if isinstance(tenant, str) else None
+        # every token compared, whichever matches: no timing tells which one did
+        return _matches(token, (*self.operator_tokens, *((own,) if own else ())))
+
+
+def _matches(token: bytes, tokens: tuple[bytes, ...]) -> bool:
+    return any([hmac.compare_digest(token, t) for t in tokens])
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    value = next((v for k, v in scope["headers"] if k == name), None)
+    return None if value is None or len(value) > _TOKEN_MAX_BYTES else value.strip()
+
+
+_TOKEN_MAX_BYTES = 4096
 
 
 class _BadRequest(Exception):
@@ -66,12 +144,14 @@ class HttpApp:
         items_max: int = 1000,
         body_max_bytes: int = 4 << 20,
         auth: BearerCheck | None = None,
+        access: Access | None = None,
     ) -> None:
         self.routes = dict(routes)
         self.decider = decider
         self.items_max = items_max
         self.body_max_bytes = body_max_bytes
         self.auth = auth or BearerCheck((), required=False)
+        self.access = access or Access()
         self.requests = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -81,13 +161,22 @@ class HttpApp:
         path, method = scope["path"], scope["method"]
         try:
             if path.startswith("/v1/") and self.decider is not None:
-                if method != "POST":
+                if method != "POST" and not (method == "DELETE" and path == "/v1/cooldown"):
                     raise _BadRequest(405, "method: POST only")
                 status, body = await self._post(path[4:], scope, receive)
             elif path in self.routes:
                 if method not in ("GET", "HEAD"):
                     raise _BadRequest(405, "method: GET only")
-                code, ctype, data = self.routes[path]()
+                route = self.routes[path]
+                if isinstance(route, Detail) and not self.access.may_read(scope):
+                    if route.public is None:
+                        raise _BadRequest(
+                            401,
+                            f"{path} names every tenant: ask from loopback, or send "
+                            "authorization: Bearer <operator token>",
+                        )
+                    route = route.public
+                code, ctype, data = route()
                 await _respond(send, code, data, [(b"content-type", ctype.encode())])
                 return
             else:
@@ -98,7 +187,8 @@ class HttpApp:
         if status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
         elif status == 405:
-            headers.append((b"allow", b"POST" if path.startswith("/v1/") else b"GET, HEAD"))
+            allow = b"POST, DELETE" if path == "/v1/cooldown" else b"POST"
+            headers.append((b"allow", allow if path.startswith("/v1/") else b"GET, HEAD"))
         await _respond(send, status, json.dumps(body).encode(), headers)
 
     async def _post(self, route: str, scope: Scope, receive: Receive) -> tuple[int, Any]:
@@ -110,16 +200,9 @@ class HttpApp:
             why = self.auth(header)
             if why is not None:
                 raise _BadRequest(401, why)
-        doc = _json(await self._body(receive))
         if route == "cooldown":
-            if not isinstance(doc, dict) or set(doc) - {"tenant", "metric", "cooldown_s"}:
-                raise _BadRequest(400, "body: must be {tenant, metric, cooldown_s?}")
-            why = self.decider.cooldown(
-                doc.get("tenant"), doc.get("metric"), doc.get("cooldown_s", 90.0)
-            )
-            if why is not None:
-                raise _BadRequest(400, why)
-            return 200, {"ok": True}
+            return await self._cooldown(scope, receive)
+        doc = _json(await self._body(receive))
         batch = isinstance(doc, dict) and "items" in doc
         items = self._batch(doc) if batch else [_item(doc, "")]
         if route == "refund":
@@ -137,7 +220,50 @@ class HttpApp:
             return 200, verdict_fields(*o)
         return 200, {"verdicts": [_outcome(o) for o in outcomes]}
 
+    async def _cooldown(self, scope: Scope, receive: Receive) -> tuple[int, Any]:
+        """POST: cool (tenant, metric) fleet-wide; DELETE: end its cooldown here and at its
+        owner (docs/cooldown.md). The token (operator's, or the tenant's own) is checked
+        against the tenant named in the body before anything changes."""
+        assert self.decider is not None
+        if not self.access.cooldown_open:
+            raise _BadRequest(
+                403,
+                "cooldown: no operator_token_file or tenant_tokens are configured on this "
+                "node, so no caller may cool a limit",
+            )
+        token = _header(scope, b"x-ratemesh-token")
+        if token is None:
+            raise _BadRequest(401, "x-ratemesh-token: required (the operator's or the tenant's)")
+        doc = _json(await self._body(receive))
+        clear = scope["method"] == "DELETE"
+        keys = {"tenant", "metric"} if clear else {"tenant", "metric", "cooldown_s"}
+        if not isinstance(doc, dict) or set(doc) - keys:
+            shape = "{tenant, metric}" if clear else "{tenant, metric, cooldown_s?}"
+            raise _BadRequest(400, f"body: must be {shape}")
+        tenant = doc.get("tenant")
+        if not self.access.may_cool(token, tenant):
+            raise _BadRequest(
+                403, "x-ratemesh-token: neither the operator's token nor this tenant's"
+            )
+        if clear:
+            why = self.decider.clear_cooldown(tenant, doc.get("metric"))
+        else:
+            cooldown_s = doc.get("cooldown_s", min(DEFAULT_COOLDOWN_S, self.access.cooldown_max_s))
+            why = self.decider.cooldown(
+                tenant, doc.get("metric"), cooldown_s, max_s=self.access.cooldown_max_s
+            )
+        if why is not None:
+            raise _BadRequest(400, why)
+        return 200, {"ok": True}
+
     async def _body(self, receive: Receive) -> bytes:
+        try:
+            async with asyncio.timeout(BODY_TIMEOUT_S):
+                return await self._read_body(receive)
+        except TimeoutError:
+            raise _BadRequest(408, f"body: not sent within {BODY_TIMEOUT_S} s") from None
+
+    async def _read_body(self, receive: Receive) -> bytes:
         chunks, size = [], 0
         while True:
             msg = await receive()
@@ -166,8 +292,13 @@ class HttpApp:
 
 
 def _json(data: bytes) -> Any:
+    """The body decoded. The decoder recurses once per nesting level and stops at the
+    interpreter's recursion limit, so a deeply nested body costs no more than its bytes and
+    is a 400 like any other bad JSON (never a 500 with a traceback)."""
     try:
         return json.loads(data)
+    except RecursionError:
+        raise _BadRequest(400, "body: JSON nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise _BadRequest(400, f"body: not JSON ({str(exc)[:120]})") from None
 
@@ -220,6 +351,73 @@ async def _respond(
     await send({"type": "http.response.body", "body": body})
 
 
+async def _busy(scope: Scope, receive: Receive, send: Send) -> None:
+    """The answer on a reserve connection to anything but a probe."""
+    body = json.dumps({"error": "busy: only the health probe is answered"}).encode()
+    await _respond(send, 503, body, list(_JSON))
+
+
+class _GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol under a `ConnGate` (set on a per-server subclass), with
+    the head timer uvicorn lacks: a connection is closed unless its request head is
+    complete within HEAD_TIMEOUT_S of the accept or of its last response."""
+
+    gate: ConnGate[_GuardedProtocol]
+    head_timeout_s: float = HEAD_TIMEOUT_S
+    probes_only = False
+    _head_timer: asyncio.TimerHandle | None = None
+    timed_out = 0  # per server class: heads not in within the timeout
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        admit, evicted = self.gate.opened(self, self.client[0] if self.client else "?")
+        if evicted is not None:
+            evicted.drop()
+        if admit in (Admit.REFUSED_PEER, Admit.REFUSED_FULL):
+            transport.close()
+            return
+        self.probes_only = admit is Admit.PROBES_ONLY
+        self._arm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _too_slow(self) -> None:
+        type(self).timed_out += 1
+        self.drop()
+
+    def drop(self) -> None:
+        """Close it now (evicted, or too slow): nothing is answered."""
+        self._disarm()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        self.gate.busy(self)
+        if self.probes_only:
+            path = httptools.parse_url(self.url).path.decode("latin-1")
+            self.app = self.config.loaded_app if path in PROBE_PATHS else _busy
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self.gate.idle(self)
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self.gate.closed(self)
+        super().connection_lost(exc)
+
+
 class _Server(uvicorn.Server):
     """uvicorn on a loop it does not own: the node handles signals (SIGTERM, SIGHUP)."""
 
@@ -229,7 +427,8 @@ class _Server(uvicorn.Server):
 
 
 class HttpServer:
-    """uvicorn serving `app` on `listen` (port 0: any free port, read back)."""
+    """uvicorn serving `app` on `listen` (port 0: any free port, read back), its connections
+    under `gate` (`concurrent_max` in all, `peer_connections_max` from one address)."""
 
     def __init__(
         self,
@@ -238,6 +437,7 @@ class HttpServer:
         *,
         field: str,
         concurrent_max: int,
+        peer_connections_max: int | None = None,
         tls: TlsConfig | None = None,
         drain_s: float = 1.0,
     ) -> None:
@@ -245,6 +445,12 @@ class HttpServer:
         self.listen = listen
         self.field = field
         self.concurrent_max = concurrent_max
+        self.gate: ConnGate[_GuardedProtocol] = ConnGate(
+            concurrent_max,
+            concurrent_max if peer_connections_max is None else peer_connections_max,
+            PROBE_RESERVE,
+        )
+        self.protocol = type("GuardedProtocol", (_GuardedProtocol,), {"gate": self.gate})
         self.tls = tls
         self.drain_s = drain_s
         self.address = ""
@@ -275,7 +481,7 @@ class HttpServer:
                 tls["ssl_cert_reqs"] = ssl.CERT_REQUIRED
         config = uvicorn.Config(
             self.app,
-            http="httptools",
+            http=self.protocol,
             ws="none",
             lifespan="off",
             log_config=None,
@@ -283,7 +489,8 @@ class HttpServer:
             access_log=False,
             server_header=False,
             date_header=False,
-            limit_concurrency=self.concurrent_max,
+            limit_concurrency=None,  # the gate bounds connections, so requests too
+            timeout_keep_alive=IDLE_TIMEOUT_S,
             timeout_graceful_shutdown=max(int(self.drain_s), 1),
             **tls,
         )

@@ -53,6 +53,10 @@ class Admitter(Protocol):
 
     def report_429(self, tenant: str, metric: str, cooldown_s: float = 90.0) -> None: ...
 
+    def clear_429(self, tenant: str, metric: str) -> bool: ...
+
+    def policy_known(self, tenant: str, metric: str) -> bool: ...
+
 
 class Item(NamedTuple):
     tenant: Any
@@ -161,15 +165,48 @@ class Decider:
     def refund(self, items: Iterable[Item]) -> list[str | None]:
         return refund_items(self.admitter, items)
 
-    def cooldown(self, tenant: Any, metric: Any, cooldown_s: Any) -> str | None:
-        """The fleet's 429 cooldown for (tenant, metric) (docs/cooldown.md); None, or why
-        not (nothing changed)."""
-        if not isinstance(tenant, str) or not isinstance(metric, str):
-            return "tenant, metric: must be strings"
+    def cooldown(
+        self, tenant: Any, metric: Any, cooldown_s: Any, *, max_s: float = 3600.0
+    ) -> str | None:
+        """The fleet's 429 cooldown for (tenant, metric) (docs/cooldown.md), at most `max_s`
+        and only for a limit with a policy here; None, or why not (nothing changed)."""
+        why = self._limit(tenant, metric)
+        if why is not None:
+            return why
+        if isinstance(cooldown_s, bool) or not isinstance(cooldown_s, (int, float)):
+            return f"cooldown_s: must be a number of seconds, got {_show(cooldown_s)}"
+        if not 0 < cooldown_s <= max_s:
+            return (
+                f"cooldown_s: must be in (0, {max_s:g}] (sidecar.cooldown_max_s), got {cooldown_s}"
+            )
         try:
             self.admitter.report_429(tenant, metric, cooldown_s)
         except ConfigError as exc:
             return str(exc)
+        return None
+
+    def clear_cooldown(self, tenant: Any, metric: Any) -> str | None:
+        """End (tenant, metric)'s cooldown on this node (and at its owner if this node owns
+        it); None, or why not."""
+        why = self._limit(tenant, metric)
+        if why is not None:
+            return why
+        if not self.admitter.clear_429(tenant, metric):
+            return f"tenant, metric: {tenant}/{metric} is not cooling down here"
+        return None
+
+    def _limit(self, tenant: Any, metric: Any) -> str | None:
+        """Why (tenant, metric) may not be cooled, or None: a limit with a policy."""
+        if type(tenant) is not str or not 0 < len(tenant) <= NAME_MAX_CHARS:
+            return f"tenant: must be a non-empty string of at most {NAME_MAX_CHARS} characters"
+        if type(metric) is not str or not 0 < len(metric) <= NAME_MAX_CHARS:
+            return f"metric: must be a non-empty string of at most {NAME_MAX_CHARS} characters"
+        try:
+            known = self.admitter.policy_known(tenant, metric)
+        except ConfigError as exc:
+            return str(exc)
+        if not known:
+            return f"tenant, metric: no policy for {_show(tenant)}/{_show(metric)} on this node"
         return None
 
 

@@ -23,10 +23,11 @@ from mesh.telemetry._metrics import (
     Telemetry,
     rate_and_burst,
 )
-from mesh.telemetry._routes import Route, telemetry_routes
+from mesh.telemetry._routes import PUBLIC_HEALTH_KEYS, Detail, Route, telemetry_routes
 
 __all__ = [
     "DECISIONS_IDLE_S",
+    "Detail",
     "ENFORCED_ROWS_MAX",
     "Enforced",
     "MemberAnswer",
@@ -35,6 +36,7 @@ __all__ = [
     "fleet_table",
     "NodeStats",
     "OTHER",
+    "PUBLIC_HEALTH_KEYS",
     "Route",
     "TOP_K",
     "Telemetry",

@@ -35,7 +35,7 @@ import heapq
 import threading
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -116,6 +116,19 @@ def rate_and_burst(p: TenantRatePolicy) -> tuple[float, float] | None:
     return p.target_rate / p.scale, p.global_burst / p.scale
 
 
+class _Untenanted(Collector):
+    """Every family of a registry but those labelled by tenant."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Any]:
+        for family in self._registry.collect():
+            # an empty family's name may still say "tenant": left out too
+            if family.samples and not any("tenant" in s.labels for s in family.samples):
+                yield family
+
+
 class Telemetry:
     def __init__(
         self,
@@ -162,9 +175,16 @@ class Telemetry:
         )
         self._collector = _Collector(self, stats)
         self.registry.register(self._collector)
+        self._public = CollectorRegistry(auto_describe=False)
+        self._public.register(_Untenanted(self.registry))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def render_public(self) -> bytes:
+        """/metrics without the tenant-labelled series: what a caller off loopback without
+        the operator token sees (docs/security.md)."""
+        return generate_latest(self._public)
 
     def limit_numbers(self) -> dict[tuple[str, str], dict[str, float]]:
         """Per (tenant label, metric): this member's admitted and denied decisions, and the

@@ -3,20 +3,42 @@
 `http_listen` alike.
 
 /health carries, per limit, this member's decisions and its excess estimate beside the
-bound (`Telemetry.limit_numbers`), so the /ui page (ratemesh/ui.py) reads one JSON document."""
+bound (`Telemetry.limit_numbers`), so the /ui page (ratemesh/ui.py) reads one JSON document.
+
+That detail names every tenant, so it is for loopback callers and holders of the operator
+token (docs/security.md): each of those pages is a `Detail` whose `public` form is what
+anyone else gets: /health with the status and no tenant, member or policy in it (a probe
+needs no more), /metrics without its tenant-labelled series, and no /ui (401)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from mesh.telemetry._metrics import Telemetry
 from ratemesh.ui import node_page
 
-__all__ = ["Route", "telemetry_routes"]
+__all__ = ["PUBLIC_HEALTH_KEYS", "Detail", "Route", "telemetry_routes"]
 
 Route = Callable[[], tuple[int, str, bytes]]  # () -> (status, content type, body)
+
+
+@dataclass(frozen=True, slots=True)
+class Detail:
+    """A page that names tenants: `full` for loopback callers and the operator token,
+    `public` for anyone else (None: 401)."""
+
+    full: Route
+    public: Route | None
+
+    def __call__(self) -> tuple[int, str, bytes]:
+        return self.full()
+
+
+# what /health says to anyone: serving or closing, and whose answer it is
+PUBLIC_HEALTH_KEYS = ("member_id", "status", "worker_epoch")
 
 
 def telemetry_routes(tel: Telemetry, health: Callable[[], dict[str, Any]]) -> dict[str, Route]:
@@ -30,10 +52,29 @@ def telemetry_routes(tel: Telemetry, health: Callable[[], dict[str, Any]]) -> di
         return code, "application/json", json.dumps(with_numbers(tel, h), sort_keys=True).encode()
 
     page = node_page()
+    public = _public_routes(tel, health)
     return {
-        "/metrics": lambda: (200, "text/plain; version=0.0.4", tel.render()),
+        "/metrics": Detail(
+            lambda: (200, "text/plain; version=0.0.4", tel.render()), public["/metrics"]
+        ),
+        "/health": Detail(health_json, public["/health"]),
+        "/ui": Detail(lambda: (200, "text/html; charset=utf-8", page), None),
+    }
+
+
+def _public_routes(tel: Telemetry, health: Callable[[], dict[str, Any]]) -> dict[str, Route]:
+    """The forms of the detail pages for a caller who may not read per-tenant detail."""
+
+    def health_json() -> tuple[int, str, bytes]:
+        h = health()
+        code = 503 if h.get("status") == "closing" else 200
+        doc = {k: h[k] for k in PUBLIC_HEALTH_KEYS if k in h}
+        doc["detail"] = "from loopback, or with authorization: Bearer <operator token>"
+        return code, "application/json", json.dumps(doc, sort_keys=True).encode()
+
+    return {
+        "/metrics": lambda: (200, "text/plain; version=0.0.4", tel.render_public()),
         "/health": health_json,
-        "/ui": lambda: (200, "text/html; charset=utf-8", page),
     }
 
 

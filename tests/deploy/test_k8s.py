@@ -154,7 +154,9 @@ def test_every_mounted_config_passes_its_validator_in_the_pod(
     assert done.returncode == 0, done.stderr
     if tool == "mesh":
         result = json.loads(done.stdout)
-        assert result["ok"] is True and result["warnings"] == [], result
+        # the probes' port on every interface asks no credential: the one warning
+        said = [w.split(":")[0] for w in result["warnings"]]
+        assert result["ok"] is True and said == ["telemetry_listen"], result
         assert result["peer_identity"] == ["fleet_secret"]
         if "etcd" not in config:
             assert result["identity"]["member_id"] == pod.env["POD_IP"]

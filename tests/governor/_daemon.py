@@ -22,7 +22,7 @@ from governor import wire
 from tests.governor._stores import StoreTarget, make_target
 
 ROOT = Path(__file__).resolve().parents[2]
-KEYS = {"KEY_A": "key-of-tenant-a", "KEY_B": "key-of-tenant-b"}
+KEYS = {"KEY_A": "key-of-tenant-a-4f1c9e", "KEY_B": "key-of-tenant-b-8d2a7b"}
 
 
 def free_port() -> int:

@@ -12,6 +12,8 @@ import pytest
 
 from governor.config import ConfigError, default_config, is_loopback, parse_config
 
+KEY_A, KEY_C, KEY_W = "tenant-a-key-5d1e8f", "coordinator-key-2b7c", "worker-key-9a4f3e"
+
 
 def test_keys_by_env_or_hash_and_defaults() -> None:
     digest = hashlib.sha256(b"secret-b").hexdigest()
@@ -26,14 +28,14 @@ def test_keys_by_env_or_hash_and_defaults() -> None:
                 "db": {"initial_limit": 5, "min_limit": 1, "max_limit": 9, "target_p95_ms": 100}
             },
         },  # fmt: skip
-        env={"K_A": "secret-a"},
+        env={"K_A": "secret-of-tenant-a-71c4"},
     )
     a, b = cfg.tenants
-    assert a.key_sha256 == hashlib.sha256(b"secret-a").hexdigest() and a.weight == 3
+    assert a.key_sha256 == hashlib.sha256(b"secret-of-tenant-a-71c4").hexdigest() and a.weight == 3
     assert b.key_sha256 == digest and b.defaults is not None
     assert b.defaults.quotas == (("retry", 2),)
     assert cfg.root_limits == {"db": 20} and cfg.adaptive["db"].max_limit == 9
-    assert "secret-a" not in repr(cfg)  # the clear key is never kept
+    assert "secret-of-tenant-a-71c4" not in repr(cfg)  # the clear key is never kept
     d = default_config()
     assert d.listen == ("127.0.0.1:7443",) and d.store_kind() == ("sqlite", "governor.db")
 
@@ -41,7 +43,8 @@ def test_keys_by_env_or_hash_and_defaults() -> None:
 def test_shared_keys_and_plaintext_are_refused() -> None:
     with pytest.raises(ConfigError) as e:
         parse_config(
-            {"tenants": {"a": {"api_key_env": "K"}, "b": {"api_key_env": "K"}}}, env={"K": "x"}
+            {"tenants": {"a": {"api_key_env": "K"}, "b": {"api_key_env": "K"}}},
+            env={"K": "key-of-two-tenants-3e9a"},
         )
     assert e.value.key == "tenants.b"
     with pytest.raises(ConfigError) as e:
@@ -68,7 +71,7 @@ def test_coordinator_keys_scopes_and_bootstrap_file(tmp_path: Path) -> None:
                 },
             },
         },
-        env={"K_A": "a", "K_C": "c", "K_W": "w"},
+        env={"K_A": KEY_A, "K_C": KEY_C, "K_W": KEY_W},
     )
     assert [(k.name, k.scope) for k in cfg.coordinator.keys] == [
         ("deploy", "coordinator"),
@@ -90,7 +93,7 @@ def test_coordinator_keys_scopes_and_bootstrap_file(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as e:
             parse_config(
                 {"tenants": {"a": {"api_key_env": "K_A"}}, "coordinator": section},
-                env={"K_A": "a", "K_C": "c"},
+                env={"K_A": KEY_A, "K_C": KEY_C},
             )
         assert e.value.key == key, (section, str(e.value))
 

@@ -290,6 +290,16 @@ class Admission:
                 by_tenant[tenant] = CooldownGate(v, until)
         return True
 
+    def uncool(self, tenant: str, metric: str) -> bool:
+        """End (`tenant`, `metric`)'s cooldown now (an operator's clear); False if none."""
+        if self.cooldowns.pop((metric, tenant), None) is None:
+            return False
+        by_tenant = self._gates.get(metric)
+        v = None if by_tenant is None else by_tenant.get(tenant)
+        if by_tenant is not None and isinstance(v, CooldownGate):
+            by_tenant[tenant] = v.inner
+        return True
+
     def cooling_ms(self, tenant: str, metric: str, now_ns: int | None = None) -> int:
         """What is left of (`tenant`, `metric`)'s cooldown, in ms (0: none)."""
         until = self.cooldowns.get((metric, tenant), 0)

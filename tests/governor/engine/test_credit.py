@@ -20,7 +20,6 @@ from governor.engine import (
     ManualClock,
     NodeState,
     NotFound,
-    NotOwner,
     OutOfScope,
     Rate,
     SessionEnded,
@@ -200,8 +199,12 @@ def test_scope_ownership_and_ended_nodes() -> None:
     with pytest.raises(OutOfScope):
         w.engine.reserve_credit(sa, b, "http", 1)
     g = w.grant(sa, a, 1)
-    with pytest.raises(NotOwner):
-        w.engine.return_credit(sb, g.block_id, 0)
+    # another session's block answers as an id that is no block at all: no existence oracle
+    foreign = w.engine.return_credit(sb, g.block_id, 0)
+    assert foreign == CreditReturn(g.block_id, 0, False, BlockEnd.EXPIRED)
+    unknown = w.engine.return_credit(sb, 10**6, 0)
+    assert unknown == CreditReturn(10**6, 0, False, BlockEnd.EXPIRED)
+    assert w.engine.return_credit(sa, g.block_id, 0).applied  # still its owner's to return
     task = w.node(a)
     w.engine.end_node(None, task, NodeState.CANCELLED)
     assert w.engine.reserve_credit(sa, task, "http", 1) == Denial(DenyReason.NODE_ENDED, task)
@@ -217,7 +220,7 @@ def test_scope_ownership_and_ended_nodes() -> None:
         (lambda e, s, n: e.reserve_credit(s, n, "http", 10**10), "units"),
         (lambda e, s, n: e.reserve_credit(s, n, "", 1), "resource"),
         (lambda e, s, n: e.reserve_credit(s, "2", "http", 1), "node_id"),
-        (lambda e, s, n: e.return_credit(s, 10**6, 0), "block_id"),
+        (lambda e, s, n: e.return_credit(s, "3", 0), "block_id"),
         (lambda e, s, n: e.return_credit(s, 3, -1), "unused"),
         (lambda e, s, n: e.set_rate(None, n, "http", Rate(-1, 5)), "rate.per_s"),
         (lambda e, s, n: e.set_rate(None, n, "http", Rate(1, 0)), "rate.burst"),

@@ -91,6 +91,10 @@ def test_mesh_validate_names_the_sidecar_addresses(tmp_path: Path) -> None:
     r = mesh_validate(path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["sidecar"] == {
-        "grpc_listen": {"address": "127.0.0.1:7002", "bearer_token": False},
-        "http_listen": {"address": "0.0.0.0:7003", "bearer_token": True},
+        "grpc_listen": {
+            "address": "127.0.0.1:7002",
+            "bearer_token": False,
+            "token": "fleet_secret",
+        },
+        "http_listen": {"address": "0.0.0.0:7003", "bearer_token": True, "token": "fleet_secret"},
     }

@@ -129,3 +129,25 @@ def test_cooldowns_are_bounded_and_only_grow() -> None:
     assert adm.cooldowns_refused == 1
     adm.tick(2 * NS_PER_S)
     assert list(adm.cooldowns) == [("read_iops", "t")]
+
+
+def test_an_owner_keeps_no_cooldown_for_a_key_without_a_policy_and_a_clear_ends_one() -> None:
+    """A peer's report for a made-up tenant takes no room in the owner's table; the real
+    tenant's is kept, and `clear_429` ends it here and in the owner's table."""
+    f = MemoryFleet(["a", "b"], cache(policy("acme", rate=10_000, burst=1000)), seed=1)
+    _busy(f, ["acme"], 50 * MS)
+    real = RateKey("acme", "read_iops", 1)
+    owner_id = f.members["a"].ring.owner_of(real)
+    owner = f.members[owner_id]
+    made_up = [RateKey(f"ghost{i}", "read_iops", 1) for i in range(100)]
+    rows = tuple(CooldownRow(k, 60_000) for k in made_up)
+    owner.cooldown.receive_report(f.now_ns, CooldownReport("x", 1, rows), owner.ring, owner.owner)
+    assert owner.cooldown.until == {} and owner.cooldown.refused.get("no_policy", 0) > 0
+    f._carry(owner_id, owner.report_429(f.local_ns(owner_id), "acme", "read_iops", 60_000))
+    assert list(owner.cooldown.until) == [real]
+    assert f.try_admit(owner_id, "acme", "read_iops").reason is Reason.COOLDOWN
+    assert owner.clear_429("acme", "read_iops") is True
+    assert owner.cooldown.until == {} and owner.cooldown.cleared == 1
+    assert f.try_admit(owner_id, "acme", "read_iops").allowed
+    assert owner.clear_429("acme", "read_iops") is False  # nothing left to end
+    assert owner.clear_429("ghost1", "read_iops") is False  # no policy: nothing to end

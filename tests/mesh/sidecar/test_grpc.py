@@ -246,10 +246,10 @@ def test_a_token_alone_lets_an_exposed_sidecar_start_and_a_missing_file_is_one_l
     from mesh.errors import ConfigError
 
     token = tmp_path / "t"
-    token.write_text("tok-0123456789\n")
+    token.write_text("tok-0123456789-7f3a\n")
     side = {"grpc_listen": "0.0.0.0:7002", "token_file": str(token)}
     cfg = parse_config({"sidecar": side, "allow_plaintext": True})
-    assert cfg.sidecar.tokens == (b"tok-0123456789",)
+    assert cfg.sidecar.tokens == (b"tok-0123456789-7f3a",)
     with pytest.raises(ConfigError) as e:
         parse_config({"sidecar": {**side, "token_file": str(tmp_path / "none")}})
     assert e.value.field == "sidecar.token_file" and "cannot read" in str(e.value)

@@ -252,9 +252,13 @@ def test_a_threaded_node_serves_the_sidecar_from_its_loop_thread() -> None:
         mesh.stop()
 
 
-def test_cooldown_backs_the_limit_off_and_says_so() -> None:
+def test_cooldown_backs_the_limit_off_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPERATOR_TOKEN", "operator-token-0123456789abcdef")
+    sidecar = {"http_listen": "127.0.0.1:0", "operator_token_env": "OPERATOR_TOKEN"}
+    token = {"x-ratemesh-token": "operator-token-0123456789abcdef"}
+
     async def main() -> None:
-        async with node(node_config()) as mesh:
+        async with node(node_config(sidecar)) as mesh:
             addr = mesh.sidecar_addresses["http"]
             for bad, field in (
                 ({**ONE, "cooldown_s": -1}, "cooldown_s"),
@@ -262,10 +266,10 @@ def test_cooldown_backs_the_limit_off_and_says_so() -> None:
                 ({**ONE, "extra": 1}, "body"),
                 ({"tenant": "acme", "metric": "Bad Name"}, "metric"),
             ):
-                r = await _post(addr, "cooldown", bad)
+                r = await _post(addr, "cooldown", bad, headers=token)
                 assert r.status_code == 400 and r.json()["error"].startswith(field), r.json()
             assert (await _post(addr, "admit", ONE)).json()["allowed"] is True
-            r = await _post(addr, "cooldown", {**ONE, "cooldown_s": 30})
+            r = await _post(addr, "cooldown", {**ONE, "cooldown_s": 30}, headers=token)
             assert (r.status_code, r.json()) == (200, {"ok": True})
             v = (await _post(addr, "admit", ONE)).json()
             assert v["allowed"] is False and v["suspended"] == "cooldown"
