@@ -20,6 +20,8 @@ from typing import Any
 
 import msgpack
 
+from ratemesh.unpack import UnpackBounds, unpackb
+
 __all__ = [
     "CALLS_PER_BATCH_MAX",
     "ERROR_MD",
@@ -53,6 +55,15 @@ MESSAGE_BYTES_MAX = 1 << 20
 MULTIPLEX = "Multiplex"
 CALLS_PER_BATCH_MAX = 4096
 MUX_BODY_MAX = 256 << 10  # a larger request travels as its own unary call
+# What one message may build beyond its bytes (ratemesh.unpack): a full batch is
+# CALLS_PER_BATCH_MAX calls of a few fields each; a reply lists at most thousands of nodes.
+MESSAGE_OBJECTS_MAX = 262_144
+_BOUNDS = UnpackBounds(
+    objects_max=MESSAGE_OBJECTS_MAX,
+    container_max=65_536,
+    str_max=MESSAGE_BYTES_MAX,
+    bin_max=MESSAGE_BYTES_MAX,
+)
 
 # Field kinds: int, int? (int or nil), str, str?, bool, caps? (map str -> int or nil),
 # caps (map str -> int), defaults? (a Defaults map, see the document), tokens? (nothing else),
@@ -173,7 +184,7 @@ def pack(value: Any) -> bytes:
 
 def unpack(data: bytes) -> Any:
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+        return unpackb(data, _BOUNDS)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise WireError("body", f"not a msgpack message: {exc}") from exc
 

@@ -36,6 +36,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from governor import wire
 from governor.authority import Authority
 from governor.config import ConfigError, GovernordConfig, TlsFiles, is_loopback
 from governor.engine import EngineConfig, RecordError
@@ -48,6 +49,9 @@ from governor.store import (
     SqliteBackend,
     StoreError,
 )
+from ratemesh import callguard
+from ratemesh import coordinator as cw
+from ratemesh.callguard import Caller, CallGuard, GuardLimits, Refused
 from ratemesh.coordinator import PING_INTERVAL_MIN_MS
 from ratemesh.operator import one_line, probe_bind
 
@@ -64,6 +68,7 @@ from ._reconcile import apply_config
 from ._routes import Site, routes
 from ._service import GovernorService
 from ._standby import NotLeader, Switch
+from ._status import Fail, sha256_hex
 
 __all__ = ["CertReloader", "serve", "run"]
 
@@ -75,7 +80,13 @@ KEEPALIVE_SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", PING_INTERVAL_MIN_MS),
 )
-
+# The call guard's bounds (`ratemesh.callguard`), checked after a call's credential is, so
+# a call without a known key or live token never holds one: calls admitted at once (about
+# 18 KB each while held: 4,096 of them are some 75 MB), and one caller's of them (a tenant's
+# key, a session's token, a coordinator key). A unary call's request must arrive within
+# `callguard.FIRST_MESSAGE_S` of its headers.
+GRPC_CALLS_MAX = 4096
+GRPC_CALLER_CALLS_MAX = 1024
 
 log = logging.getLogger("governord")
 
@@ -201,13 +212,20 @@ class _Process:
         self.metrics = Metrics()
         self.probe: StoreProbe = probe_for(self.kind, self.target, _pg_app())
         self.switch = Switch(NotLeader(self._leader))
+        self.guard = CallGuard(
+            self._identify,
+            GuardLimits(calls_max=GRPC_CALLS_MAX, caller_calls_max=GRPC_CALLER_CALLS_MAX),
+            on_refused=self._refused,
+        )
         self.server = aio.server(
             options=[
                 ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
                 ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
                 ("grpc.so_reuseport", 0),  # a second governord on the port fails, not shares it
                 *KEEPALIVE_SERVER_OPTIONS,
-            ]
+                *callguard.server_options(),
+            ],
+            interceptors=(self.guard,),
         )
         self.server.add_generic_rpc_handlers((self.switch,))
         self.reloader = CertReloader(cfg.tls) if cfg.tls is not None else None
@@ -217,6 +235,60 @@ class _Process:
         if self.candidate is None:
             return "", 0
         return self.candidate.leader()
+
+    def _identify(self, method: str, md: callguard.Metadata, context: Any) -> Caller:
+        """The call guard's check, from metadata alone and before the call holds anything:
+        a known coordinator key, a live session token or a configured API key (what the
+        call may do with it is the service's to decide). A standby or a draining leader
+        answers every call at once, so those pass."""
+        service, coordinator = self.service, self.coordinator
+        if service is None or coordinator is None or service.draining:
+            return Caller("not_serving")
+        prefix, _, name = method.lstrip("/").partition("/")
+        if prefix == cw.COORDINATOR_SERVICE:
+            ckey = md.get(cw.API_KEY_MD)
+            found = coordinator._keys.get(sha256_hex(ckey)) if isinstance(ckey, str) else None
+            if found is None:  # worded as the coordinator service words it
+                if ckey is None:
+                    why = f"coordinator {name} needs an API key ({cw.API_KEY_MD} metadata)"
+                    raise _refusal(Fail(grpc.StatusCode.UNAUTHENTICATED, "no_credentials", why))
+                if not isinstance(ckey, str):
+                    why = "the key must be text"
+                    raise _refusal(Fail(grpc.StatusCode.UNAUTHENTICATED, "credentials", why))
+                why = "unknown coordinator API key"
+                raise _refusal(Fail(grpc.StatusCode.UNAUTHENTICATED, "bad_key", why))
+            return Caller(f"coordinator:{found.name}")
+        token, key = md.get(wire.TOKEN_MD), md.get(wire.KEY_MD)
+        failed: Fail | None = None
+        if isinstance(token, str):
+            try:
+                # a session that ended lately still opens a Multiplex stream (its Release
+                # learns how its lease ended, as a unary Release does): the calls decide
+                late = name in ("Release", wire.MULTIPLEX)
+                who = service._by_token(token, late_release=late)
+            except Fail as f:
+                failed = f
+            else:
+                return Caller(f"session:{who.session_id}")
+        if isinstance(key, str):
+            tenant = service.tenants.get(sha256_hex(key))
+            if tenant is not None:
+                return Caller(f"tenant:{tenant[0]}")
+            failed = failed or Fail(grpc.StatusCode.UNAUTHENTICATED, "bad_key", "unknown API key")
+        if failed is None and (token is not None or key is not None):
+            failed = Fail(
+                grpc.StatusCode.UNAUTHENTICATED, "credentials", "credentials must be text"
+            )
+        if failed is None:  # worded as the service words it
+            spec = wire.METHODS.get(name)
+            what = "an API key or a session token"
+            if spec is not None:
+                what = "a session token" if spec.auth == "token" else "an API key"
+            failed = Fail(grpc.StatusCode.UNAUTHENTICATED, "no_credentials", f"{name} needs {what}")
+        raise _refusal(failed)
+
+    def _refused(self, exc: Refused, context: Any) -> None:
+        self.metrics.calls.labels("guard", exc.code.name).inc()
 
     def leadership(self) -> dict[str, Any]:
         """The health page's leader check: this process's role and who leads."""
@@ -287,6 +359,12 @@ class _Process:
             self.authority.close()
         elif self.record is not None:
             self.record.close()
+
+
+def _refusal(fail: Fail) -> Refused:
+    """A guard refusal answered as the service answers the same failure (its detail map)."""
+    trailing = ((wire.ERROR_MD, wire.pack(fail.detail)),)
+    return Refused(fail.code, fail.detail["message"], fail.detail["reason"], trailing)
 
 
 async def _elect(proc: _Process, stop: asyncio.Event, announce: Callable[[], None]) -> bool:

@@ -25,6 +25,7 @@ from mesh.core.policy import TenantRatePolicy
 from mesh.errors import ConfigError, MessageError, PeerUnavailable
 from mesh.peer._link import open_channel
 from mesh.peer._wire import channel_options, pack, server_options, translate, unpack
+from ratemesh import callguard
 from ratemesh.coordinator import (
     API_KEY_MD,
     COORDINATOR_SERVICE,
@@ -116,7 +117,11 @@ class CoordinatorServer:
         self.addr = ""
 
     async def start(self) -> str:
-        self._server = aio.server(options=server_options(MAX_MESSAGE_BYTES))
+        # no credential (a test or demo store on loopback), but the guard's bounds: calls
+        # at once, a request within FIRST_MESSAGE_S, streams a connection
+        guard = callguard.CallGuard(lambda method, md, context: callguard.Caller("anyone"))
+        options = server_options(MAX_MESSAGE_BYTES) + callguard.server_options()
+        self._server = aio.server(options=options, interceptors=(guard,))
         self._server.add_generic_rpc_handlers((coordinator_handler(self.store),))
         port = self._server.add_insecure_port(self.listen)
         await self._server.start()

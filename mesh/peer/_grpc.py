@@ -1,8 +1,8 @@
 """The gRPC Transport: a PeerServer for streams others open to us, a PeerLink per owner.
 
 Routing follows the protocol's direction: report batches go out on our link to the
-owner; snapshot batches go back on the stream their receiver opened to us, so only active
-reporters (who hold a stream) get them.
+owner; snapshot batches go back on the streams their receiver opened to us (every live
+one), so only active reporters (who hold a stream) get them.
 """
 
 from __future__ import annotations
@@ -142,6 +142,7 @@ class GrpcTransport:
             "refused": dict(self.server.refused_by),  # ratemesh_peer_refused_total{reason}
             "open_streams": self.server.open_streams,
             "snapshots_dropped_no_stream": self.server.snapshots_dropped,
+            "displaced_streams": self.server.displaced,  # silent ones, for a newer stream
             "links": {
                 p: {"addr": lk.addr, "connected": lk.connected, "last_error": lk.last_error}
                 for p, lk in sorted(self.links.items())

@@ -53,7 +53,16 @@ NONCES_MAX = 4096  # proofs remembered against replay; past it the oldest are fo
 _NONCE_BYTES = 12
 _VERSION = "v1"
 # Why a stream is refused, the label values of ratemesh_peer_refused_total: a fixed set.
-REASONS = ("not_member", "bad_certificate", "bad_secret", "stream_limit", "bad_message")
+# `call_limit` and `slow_request` are the call guard's (`ratemesh.callguard`).
+REASONS = (
+    "not_member",
+    "bad_certificate",
+    "bad_secret",
+    "stream_limit",
+    "bad_message",
+    "call_limit",
+    "slow_request",
+)
 
 
 def _mac(

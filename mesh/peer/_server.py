@@ -1,7 +1,11 @@
 """The peer service every worker runs: reports arrive on long-lived streams, snapshots go
-back on the stream their receiver opened (so they reach active reporters only).
+back on the streams their receiver opened (so they reach active reporters only): on every
+live stream of that member, each with its own queue, so that no other stream under the
+member's id (a second one, a newer worker_epoch, one that closes) can take them away.
 
-A stream is admitted at open, before any message is read, in this order: its metadata
+Every call is admitted by the call guard (`ratemesh.callguard`) as its headers arrive, from
+`_identify`: a Status call's proof, or a stream's open checks below, before the call holds a
+slot or a byte of its request is read. A stream is admitted, in this order: its metadata
 (schema, member id, worker_epoch), the member's proof of identity (client certificate and/or
 fleet secret, `_identity.py`), ring membership (the node's `is_member`: its ring, or departed
 from it within the owner's grace), then the stream bounds (`STREAMS_PER_PEER_MAX`,
@@ -49,15 +53,28 @@ from mesh.peer._identity import (
 from mesh.peer._tls import bind_port
 from mesh.peer._wire import (
     EPOCH_MD,
+    EXCHANGE,
     MEMBER_MD,
     PEER_SERVICE,
     SCHEMA,
     SCHEMA_MD,
+    STATUS,
     pack,
     server_options,
 )
+from ratemesh import callguard
+from ratemesh.callguard import Caller, CallGuard, GuardLimits
+from ratemesh.callguard import Refused as _Refused
 
-__all__ = ["PeerHandler", "PeerServer", "STREAM_QUEUE_MAX", "STREAMS_MAX", "STREAMS_PER_PEER_MAX"]
+__all__ = [
+    "CALLS_MAX",
+    "CALLER_CALLS_MAX",
+    "PeerHandler",
+    "PeerServer",
+    "STREAM_QUEUE_MAX",
+    "STREAMS_MAX",
+    "STREAMS_PER_PEER_MAX",
+]
 
 log = logging.getLogger("mesh.peer")
 STREAM_QUEUE_MAX = 1024  # snapshot batches waiting for one receiver's stream; then dropped
@@ -67,13 +84,29 @@ STREAM_QUEUE_MAX = 1024  # snapshot batches waiting for one receiver's stream; t
 # N members can hold at most 4 x N of them.
 STREAMS_PER_PEER_MAX = 4
 STREAMS_MAX = 1024
-# Calls grpc runs at once, admitted or not: the streams above plus Status calls and opens
-# being decided (a decision never awaits, so these pass quickly); past it grpc itself
-# answers RESOURCE_EXHAUSTED before our handler runs.
+# Calls admitted at once (`ratemesh.callguard`, after the caller proved itself): the
+# streams above plus Status calls; past it RESOURCE_EXHAUSTED, counted `call_limit`. A call
+# that proves nothing is refused before it holds anything, so it never counts here.
 CALLS_MAX = STREAMS_MAX + 64
+# Of them, one caller's: a member's streams (STREAMS_PER_PEER_MAX of them, checked below) or
+# the Status calls of `mesh status` (every such caller is one: it proves the secret, no more).
+CALLER_CALLS_MAX = 16
 
 # Answers whether a member id may open a stream: None while the node has no ring yet.
 IsMember = Callable[[str], bool | None]
+
+
+class _Inbound:
+    """One open Exchange stream: its snapshot queue, its task, and whether it has carried a
+    message yet (a silent one can be displaced by a newer stream of its member)."""
+
+    __slots__ = ("queue", "task", "spoke", "displaced")
+
+    def __init__(self, queue: asyncio.Queue[bytes], task: asyncio.Task[Any] | None) -> None:
+        self.queue = queue
+        self.task = task
+        self.spoke = False
+        self.displaced = False
 
 
 class PeerHandler(Protocol):
@@ -82,14 +115,6 @@ class PeerHandler(Protocol):
     def link_reset(self, peer: str) -> None: ...
 
     def status(self) -> dict[str, Any]: ...
-
-
-class _Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str, reason: str | None = None) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
-        self.reason = reason  # one of REASONS; None: not counted (shutting down, starting)
 
 
 class PeerServer:
@@ -116,7 +141,11 @@ class PeerServer:
         self.is_member = is_member  # None: no ring check (a bare server in a test or bench)
         self._extra = extra_handlers
         self._server: aio.Server | None = None
-        self._streams: dict[str, asyncio.Queue[bytes]] = {}
+        # Every live stream of a member, each with its own queue: a snapshot batch goes to
+        # all of them, so no stream (a second one under the member's id, a newer
+        # worker_epoch, one that closes) can take the snapshots from another. At most
+        # STREAMS_PER_PEER_MAX queues per member, STREAMS_MAX in all.
+        self._streams: dict[str, list[_Inbound]] = {}
         self._open_by_member: dict[str, int] = {}  # at most STREAMS_MAX entries
         self.open_streams = 0
         self.streams_max = STREAMS_MAX
@@ -127,6 +156,7 @@ class PeerServer:
         self.refused_by = dict.fromkeys(REASONS, 0)
         self.received = 0
         self.snapshots_dropped = 0
+        self.displaced = 0  # silent streams ended to let a newer one of their member in
 
     @property
     def refused(self) -> int:
@@ -137,7 +167,13 @@ class PeerServer:
         # grpc sets SO_REUSEPORT by default: a second node on this port would bind beside
         # the first and take half its peers' streams; refused, it fails with `listen`
         options = [*server_options(self.max_message_bytes), ("grpc.so_reuseport", 0)]
-        server = aio.server(options=options, maximum_concurrent_rpcs=CALLS_MAX)
+        self.guard = CallGuard(
+            self._identify,
+            GuardLimits(calls_max=CALLS_MAX, caller_calls_max=CALLER_CALLS_MAX),
+            on_refused=self._guard_refused,
+        )
+        options += callguard.server_options()
+        server = aio.server(options=options, interceptors=(self.guard,))
         rpc: dict[str, grpc.RpcMethodHandler] = {
             "Exchange": grpc.stream_stream_rpc_method_handler(self._exchange),
             "Status": grpc.unary_unary_rpc_method_handler(self._status),
@@ -151,13 +187,19 @@ class PeerServer:
         return port
 
     def send(self, member: str, data: bytes) -> bool:
-        """Queue a snapshot batch on `member`'s stream; False if it has none (or it is full)."""
-        q = self._streams.get(member)
-        if q is None or q.full():
+        """Queue a snapshot batch on every live stream of `member`; False if it has none
+        (or all of them are full)."""
+        streams = self._streams.get(member)
+        sent = False
+        if streams is not None:
+            for s in streams:
+                q = s.queue
+                if not q.full():
+                    q.put_nowait(data)
+                    sent = True
+        if not sent:
             self.snapshots_dropped += 1
-            return False
-        q.put_nowait(data)
-        return True
+        return sent
 
     def streams(self) -> list[str]:
         return sorted(self._streams)
@@ -171,16 +213,33 @@ class PeerServer:
 
     # -- handlers -------------------------------------------------------------------------
 
+    def _identify(
+        self, method: str, md: callguard.Metadata, context: aio.ServicerContext[bytes, bytes]
+    ) -> Caller:
+        """Who a call is from, proved, before it is given anything (`ratemesh.callguard`);
+        raises the refusal (counted by the guard, through `_guard_refused`)."""
+        if method == EXCHANGE:
+            member, epoch = self._open(context)
+            return Caller(f"member:{member}", (member, epoch))
+        if method == STATUS:
+            try:
+                self._status_caller(context)
+            except _Refused as exc:
+                # Who to prove to: a caller that knows only an address asks without a proof
+                # and signs its second call for this id (`_status.fetch_status`).
+                raise _Refused(
+                    exc.code, exc.details, exc.reason, ((MEMBER_MD, self.member_id),)
+                ) from None
+            return Caller("status")
+        return Caller(f"extra:{method}")  # an extra handler checks its own callers
+
+    def _guard_refused(self, exc: _Refused, context: aio.ServicerContext[bytes, bytes]) -> None:
+        claimed = dict(context.invocation_metadata() or ()).get(MEMBER_MD)
+        self._refuse(exc, context.peer(), str(claimed)[:256])
+
     async def _status(self, request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
-        """The member's view, for a caller proved as streams are (`_identity`)."""
-        try:
-            self._status_caller(context)
-        except _Refused as exc:
-            claimed = dict(context.invocation_metadata() or ()).get(MEMBER_MD)
-            self._refuse(exc, context.peer(), str(claimed)[:256])
-            # Who to prove to: a caller that knows only an address asks without a proof
-            # and signs its second call for this id (`_status.fetch_status`).
-            await context.abort(exc.code, exc.details, ((MEMBER_MD, self.member_id),))
+        """The member's view, for a caller proved as streams are (`_identity`; checked by
+        `_identify` before the request was read)."""
         return pack(self.handler.status())
 
     def _status_caller(self, context: aio.ServicerContext[bytes, bytes]) -> None:
@@ -271,14 +330,6 @@ class PeerServer:
                     f"{MEMBER_MD}: {member!r} is not a member of this member's ring",
                     "not_member",
                 )
-        held = self._open_by_member.get(member, 0)
-        if held >= self.streams_per_peer_max:
-            raise _Refused(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{member!r} already has {held} open streams to this member "
-                f"(STREAMS_PER_PEER_MAX {self.streams_per_peer_max})",
-                "stream_limit",
-            )
         if self.open_streams >= self.streams_max:
             raise _Refused(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -286,7 +337,28 @@ class PeerServer:
                 f"(STREAMS_MAX {self.streams_max})",
                 "stream_limit",
             )
+        held = self._open_by_member.get(member, 0)
+        if held >= self.streams_per_peer_max and not self._displace(member):
+            raise _Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{member!r} already has {held} open streams to this member "
+                f"(STREAMS_PER_PEER_MAX {self.streams_per_peer_max})",
+                "stream_limit",
+            )
         return member, int(epoch)
+
+    def _displace(self, member: str) -> bool:
+        """End `member`'s oldest stream that has carried no message, to let a newer one in;
+        False if every one has. Streams held open and silent under a member's id (by anyone
+        holding the fleet secret) then cannot keep the member's reconnect out, and a stream
+        that carries the member's reports is never ended for another."""
+        for s in self._streams.get(member, ()):
+            if not s.spoke and not s.displaced and s.task is not None:
+                s.displaced = True
+                s.task.cancel()
+                self.displaced += 1
+                return True
+        return False
 
     def _refuse(self, exc: _Refused, peer: str, member: str) -> None:
         if exc.reason is None:
@@ -334,17 +406,12 @@ class PeerServer:
     async def _exchange(
         self, requests: AsyncIterator[bytes], context: aio.ServicerContext[bytes, bytes]
     ) -> None:
-        try:
-            member, epoch = self._open(context)
-        except _Refused as exc:
-            claimed = dict(context.invocation_metadata() or ()).get(MEMBER_MD)
-            self._refuse(exc, context.peer(), str(claimed)[:256])
-            await context.abort(exc.code, exc.details)
-            return
+        member, epoch = callguard.caller()  # admitted by `_identify` (`_open`), no await since
         self.open_streams += 1
         self._open_by_member[member] = self._open_by_member.get(member, 0) + 1
         queue: asyncio.Queue[bytes] = asyncio.Queue(STREAM_QUEUE_MAX)
-        self._streams[member] = queue  # the newest stream of a member takes its snapshots
+        inbound = _Inbound(queue, asyncio.current_task())
+        self._streams.setdefault(member, []).append(inbound)  # one more that gets snapshots
         writer: asyncio.Task[None] | None = None
         refused: _Refused | None = None
         try:
@@ -362,6 +429,7 @@ class PeerServer:
                     refused = _Refused(exc.code, exc.details, "bad_message")
                     break
                 self.received += 1
+                inbound.spoke = True
                 self.handler.deliver(msg)
                 # Let the loop turn between two messages: messages grpc holds already are
                 # read without a pause, so a burst of them (each within its bound) would
@@ -370,7 +438,9 @@ class PeerServer:
         finally:
             if writer is not None:
                 writer.cancel()
-            if self._streams.get(member) is queue:
+            streams = self._streams[member]
+            streams.remove(inbound)  # this stream's own queue, never another stream's
+            if not streams:
                 del self._streams[member]
             self.open_streams -= 1
             left = self._open_by_member[member] - 1

@@ -7,9 +7,10 @@ from typing import Any
 import grpc
 import msgpack
 
-from mesh.core.messages import SCHEMA_VERSION
+from mesh.core.messages import MAX_MESSAGE_BYTES, SCHEMA_VERSION
 from mesh.errors import MessageError, PeerError, PeerRefused, PeerUnavailable
 from ratemesh import coordinator as coordinator_wire
+from ratemesh.unpack import UnpackBounds, unpackb
 
 __all__ = [
     "EXCHANGE",
@@ -32,6 +33,15 @@ MEMBER_MD = "ratemesh-member"  # the sending member's id, fixed for the stream
 SCHEMA_MD = "ratemesh-schema"  # the sender's schema version
 EPOCH_MD = "ratemesh-worker-epoch"  # the sender's worker_epoch, fixed for the stream
 SCHEMA = str(SCHEMA_VERSION)
+# What a Status answer (a member's view, up to the message size) may build beyond its bytes
+# (ratemesh.unpack): a view lists members, links and policies, thousands of elements.
+STATUS_OBJECTS_MAX = 262_144
+_BOUNDS = UnpackBounds(
+    objects_max=STATUS_OBJECTS_MAX,
+    container_max=65_536,
+    str_max=MAX_MESSAGE_BYTES,
+    bin_max=MAX_MESSAGE_BYTES,
+)
 
 _UNAVAILABLE = {
     grpc.StatusCode.UNAVAILABLE,
@@ -57,7 +67,7 @@ def pack(obj: Any) -> bytes:
 
 def unpack(data: bytes, what: str) -> Any:
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+        return unpackb(data, _BOUNDS)
     except (msgpack.UnpackException, ValueError) as exc:
         raise MessageError(what, f"not valid msgpack: {exc}") from exc
 

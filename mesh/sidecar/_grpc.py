@@ -2,11 +2,14 @@
 generic handlers, on the node's own loop.
 
 A call is checked whole before any item is decided: its bearer token (when the listen
-address needs one), that it decodes as the message, and its item count (`items_max`).
-Any of these failing ends the call with UNAUTHENTICATED / INVALID_ARGUMENT and a message
-that says what was wrong; nothing was decided. A message over `max_message_bytes` is
-refused by grpc itself (RESOURCE_EXHAUSTED), and past `concurrent_max` calls in flight
-grpc answers RESOURCE_EXHAUSTED before a handler runs.
+address needs one) from its metadata, by the call guard (`ratemesh.callguard`) before the
+call holds a slot or its request is read; then that it decodes as the message, and its
+item count (`items_max`). Any of these failing ends the call with UNAUTHENTICATED /
+INVALID_ARGUMENT and a message that says what was wrong; nothing was decided. A message
+over `max_message_bytes` is refused by grpc itself (RESOURCE_EXHAUSTED); past
+`concurrent_max` admitted calls in flight, or a request not sent within
+`callguard.FIRST_MESSAGE_S` of the call's headers, the guard ends the call
+(RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED), counted in `refused`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from mesh.peer import bind_port
 from mesh.sidecar import admission_pb2 as pb
 from mesh.sidecar._auth import AUTH_HEADER, BearerCheck
 from mesh.sidecar._items import Decider, Item, Outcome, quota_fields, shared_fields
+from ratemesh import callguard
+from ratemesh.callguard import Caller, CallGuard, GuardLimits, Refused
 
 __all__ = ["ADMISSION_SERVICE", "GrpcSidecar", "encode_outcomes"]
 
@@ -182,7 +187,14 @@ class GrpcSidecar:
             ("grpc.max_send_message_length", limit),
             ("grpc.so_reuseport", 0),
         ]
-        server = aio.server(options=options, maximum_concurrent_rpcs=self.config.concurrent_max)
+        n = self.config.concurrent_max
+        self.guard = CallGuard(
+            self._identify,
+            GuardLimits(calls_max=n, caller_calls_max=n),
+            on_refused=self._guard_refused,
+        )
+        options += callguard.server_options()
+        server = aio.server(options=options, interceptors=(self.guard,))
         rpc = {
             "Admit": grpc.unary_unary_rpc_method_handler(self._admit),
             "Charge": grpc.unary_unary_rpc_method_handler(self._charge),
@@ -206,21 +218,23 @@ class GrpcSidecar:
 
     # -- handlers -------------------------------------------------------------------------
 
-    async def _authorised(self, context: aio.ServicerContext[bytes, bytes]) -> None:
-        """Abort the call UNAUTHENTICATED unless its metadata carries an accepted token."""
-        if self.auth.required:
-            md = context.invocation_metadata() or ()
-            header = next((v for k, v in md if k == AUTH_HEADER), None)
-            why = self.auth(header)
-            if why is not None:
-                self.refused += 1
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+    def _identify(
+        self, method: str, md: callguard.Metadata, context: aio.ServicerContext[bytes, bytes]
+    ) -> Caller:
+        """The guard's check, before the call holds anything: an accepted token where one
+        is required. Every caller holding it is one caller (the token names no one)."""
+        why = self.auth(md.get(AUTH_HEADER))
+        if why is not None:
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED, why, "unauthenticated")
+        return Caller("token" if self.auth.required else "anyone")
+
+    def _guard_refused(self, exc: Refused, context: aio.ServicerContext[bytes, bytes]) -> None:
+        self.refused += 1
 
     async def _checked(
         self, data: bytes, context: aio.ServicerContext[bytes, bytes]
     ) -> Iterator[Item]:
         self.calls += 1
-        await self._authorised(context)
         return await self._read(data, context)
 
     async def _read(
@@ -241,10 +255,9 @@ class GrpcSidecar:
         self, requests: AsyncIterator[bytes], context: aio.ServicerContext[bytes, bytes]
     ) -> AsyncIterator[bytes]:
         """One AdmitResponse per AdmitRequest, in order, until the caller closes its side.
-        The token is checked once, when the stream opens; a malformed message ends the
-        stream INVALID_ARGUMENT (the batches before it were decided and answered)."""
+        The token is checked once, when the stream opens (the guard); a malformed message
+        ends the stream INVALID_ARGUMENT (the batches before it were decided and answered)."""
         self.calls += 1
-        await self._authorised(context)
         async for data in requests:
             items = await self._read(data, context)
             yield encode_outcomes(self.decider.admit(items))

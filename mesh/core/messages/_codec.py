@@ -41,6 +41,7 @@ from mesh.core.messages._snapshot import SnapshotBatch
 from mesh.core.messages._usage import Rejection, RejectReason, ReportBatch
 from mesh.core.policy import RateKey
 from mesh.errors import MeshError, MessageError, MessageTypeError
+from ratemesh.unpack import UnpackBounds, unpackb
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -61,6 +62,17 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # knows: skipped unread (docs/upgrade.md, "Wire schema versions"). Anything longer is refused,
 # so a row's cost to skip stays bounded whatever a peer sends.
 EXTRA_FIELDS_MAX = 16
+# What one peer message may build, beyond its bytes (ratemesh.unpack): the largest legal
+# message (256 rows of the longest keys, columns, rejections) has a few thousand elements in
+# under 100 KiB, so messages up to 128 KiB decode uncounted (the hot path pays nothing).
+MESSAGE_OBJECTS_MAX = 16_384
+_BOUNDS = UnpackBounds(
+    objects_max=MESSAGE_OBJECTS_MAX,
+    container_max=4096,
+    str_max=MAX_MESSAGE_BYTES,
+    bin_max=MAX_MESSAGE_BYTES,
+    count_from_bytes=128 * 1024,
+)
 
 # Wire keys already validated, by their decoded tuple: a batch repeats the same keys every
 # sync interval, so most decode without a check. Process-wide; cleared when full.
@@ -395,7 +407,7 @@ def decode(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     if len(data) > max_bytes:
         raise MessageError("message", f"{len(data)} bytes exceeds the limit of {max_bytes}")
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=False)
+        obj = unpackb(data, _BOUNDS, use_list=False)
     except (msgpack.UnpackException, ValueError) as exc:
         raise MessageError("message", f"not valid msgpack: {exc}") from exc
     return from_wire(obj)

@@ -328,10 +328,10 @@ def test_scope_and_credentials_over_the_stream(daemon: Daemon, raw: Raw) -> None
             ({"key": "not-a-key"}, "bad_key"),
             ({}, "no_credentials"),
         ):
+            # refused when the stream opens, from its metadata, before it holds anything
             async with stream(daemon.addr, **creds) as s:
-                await s.send([call(1, "Consume", node_id=nb, resource="http")])
-                (entry,) = await s.wait([1])
-                assert (entry["code"], entry["error"]["reason"]) == ("UNAUTHENTICATED", reason)
+                code, detail = await s.ended()
+                assert (code, detail["reason"]) == (grpc.StatusCode.UNAUTHENTICATED, reason)
         # a session that ends while its stream is open: later calls learn it, one by one
         short = raw.session(A, ttl_ms=5000)
         async with stream(daemon.addr, token=short) as s:

@@ -240,6 +240,8 @@ def test_bad_fleet_secret_proofs_are_refused_and_change_nothing(tmp_path: Path) 
                 "bad_secret": len(cases) + 1,
                 "stream_limit": 0,
                 "bad_message": 0,
+                "call_limit": 0,
+                "slow_request": 0,
             }
             text = (await asyncio.to_thread(http_get, node.telemetry_address, "/metrics")).text
             assert f'ratemesh_peer_refused_total{{reason="bad_secret"}} {len(cases) + 1}.0' in text
