@@ -1,5 +1,5 @@
 """`mesh status --fleet`: ask one member for the ring, then every member, in parallel and
-within one deadline, for the generation it enforces per limit (issue 13)."""
+within one deadline, for the generation it enforces per limit."""
 
 from __future__ import annotations
 

@@ -425,7 +425,7 @@ class PeerServer:
                 except _Refused as exc:
                     # a copy without the traceback: kept past the except block, the raised
                     # one would tie this frame (and the refused message's bytes) in a cycle
-                    # that only a full collection frees (issue 12: 1 MiB per refused stream)
+                    # that only a full collection frees (1 MiB per refused stream)
                     refused = _Refused(exc.code, exc.details, "bad_message")
                     break
                 self.received += 1
