@@ -121,7 +121,7 @@ TLS13_ONLY = "PSK-AES128-CBC-SHA"
 def _daemon(path: str | None, log_format: str, log_level: str) -> int:
     if "grpc" not in sys.modules:
         os.environ.setdefault("GRPC_SSL_CIPHER_SUITES", TLS13_ONLY)
-    from governor.config import TenantConfig, default_config, load_config
+    from governor.config import TenantConfig, config_warnings, default_config, load_config
     from governor.server import run
 
     if path is None:
@@ -143,6 +143,8 @@ def _daemon(path: str | None, log_format: str, log_level: str) -> int:
         )
     else:
         cfg = load_config(path)
+    for w in config_warnings(cfg):  # what `governord validate` warns about, said at start too
+        print(f"governord: warning: {w}", file=sys.stderr, flush=True)
     return run(cfg, log_format=log_format, log_level=log_level)
 
 

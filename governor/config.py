@@ -380,6 +380,10 @@ def _pages(value: Any, env: dict[str, str]) -> tuple[bytes, ...]:
         error=ConfigError,
         environ=env,
     )
+    weak = weak_secret(token)
+    if weak is not None:
+        where = "pages.token_file" if "token_file" in value else "pages.token_env"
+        raise ConfigError(where, f"the pages token {weak}; use a random one (openssl rand -hex 32)")
     return (token.encode(),)
 
 

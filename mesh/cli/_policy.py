@@ -167,6 +167,15 @@ async def _push(client: Any, c: Change) -> None:
         del body["generation"]  # governord allocates it
     result = await client.put(body, expect_generation=c.base)
     c.generation, c.policy = result.policy.generation, result.policy
+    _say_disagreements(result.disagreements)
+
+
+def _say_disagreements(lines: tuple[str, ...]) -> None:
+    """governord stored the put, but these watching nodes load its generation from their own
+    files with other values and will refuse it: the operator hears it here, not only in
+    governord's log."""
+    for line in lines:
+        print(f"warning: {line}", file=sys.stderr)
 
 
 def _print_diff(args: argparse.Namespace, diff: Diff) -> None:
@@ -269,6 +278,7 @@ def rollback(args: argparse.Namespace) -> int:
             body = {k: v for k, v in target.policy.to_dict().items() if k != "generation"}
             result = await client.put(body, expect_generation=last.generation)
             change.generation, change.policy = result.policy.generation, result.policy
+            _say_disagreements(result.disagreements)
         if args.json:
             print(json.dumps({"dry_run": bool(args.dry_run), **change.to_json()}, sort_keys=True))
         else:

@@ -47,6 +47,8 @@ __all__ = [
 # (or "" when it does not know). The names are governord's wire contract.
 GOVERNORD_ERROR_MD = wire.ERROR_MD
 NOT_LEADER = wire.NOT_LEADER
+# the most lines of a put's `disagreements` kept (each names one watching node)
+DISAGREEMENTS_SHOWN_MAX = 64
 
 
 def _leader_hint(exc: grpc.RpcError) -> str:
@@ -142,6 +144,9 @@ class PutResult:
     policy: TenantRatePolicy
     revision: int
     created: bool
+    # watching nodes that load this generation from their own files with other values (they
+    # will refuse it), as governord names them; empty from a coordinator that does not say
+    disagreements: tuple[str, ...] = ()
 
     @property
     def generation(self) -> int:
@@ -262,7 +267,10 @@ class CoordinatorClient:
         revision, created = obj.get("revision"), obj.get("created", True)
         if type(revision) is not int or type(created) is not bool:
             raise MessageError("put", "revision and created must be an integer and a bool")
-        return PutResult(stored, revision, created)
+        said = obj.get("disagreements", [])
+        if not isinstance(said, (list, tuple)) or not all(isinstance(x, str) for x in said):
+            raise MessageError("put.disagreements", "must be a list of strings")
+        return PutResult(stored, revision, created, tuple(said[:DISAGREEMENTS_SHOWN_MAX]))
 
     async def remove(
         self, tenant_id: str, metric: str, *, expect_generation: int | None = None

@@ -108,6 +108,15 @@ def test_listeners_on_every_interface_without_a_credential_are_warned(
     said, strict = _say(tmp_path, telemetry_listen=f"{wildcard}:9101")
     assert [w.split(":")[0] for w in said] == ["telemetry_listen"], said
     assert "every interface" in said[0] and strict.returncode == 1
+    # with the operator's token, tenant detail off the host asks for it: nothing to say
+    (tmp_path / "operator.token").write_text(secrets.token_hex(16) + "\n")
+    side = {
+        "grpc_listen": "127.0.0.1:7002",
+        "token_file": "sidecar.token",
+        "operator_token_file": "operator.token",
+    }
+    said, strict = _say(tmp_path, telemetry_listen=f"{wildcard}:9101", sidecar=side)
+    assert said == [] and strict.returncode == 0, said
     bare = tmp_path / "bare"
     bare.mkdir()
     said, _ = _say(bare, listen=f"{wildcard}:7001", fleet_secret_file=None, allow_plaintext=True)
@@ -127,7 +136,7 @@ def _governord(tmp_path: Path, **over: Any) -> Path:
 
 
 def _gov_say(tmp_path: Path, **over: Any) -> tuple[list[str], Any]:
-    env = {"GOVERNOR_KEY_ACME": secrets.token_hex(16)}
+    env = {"GOVERNOR_KEY_ACME": secrets.token_hex(16), "GOVERNOR_PAGES": secrets.token_hex(16)}
     path = _governord(tmp_path, **over)
     got = _run("governord", path, env=env)
     assert got.returncode == 0, got.stderr
@@ -145,5 +154,26 @@ def test_governord_warns_on_every_interface_in_plaintext_and_open_metrics(tmp_pa
         tmp_path, listen="0.0.0.0:7443", allow_plaintext=True, metrics="[::]:9102"
     )
     assert [w.split(":")[0] for w in said] == ["listen[0]", "metrics"], said
-    assert "in clear" in said[0] and "asks no credential" in said[1]
+    assert "in clear" in said[0] and "no pages token" in said[1]
     assert strict.returncode == 1
+    said, _ = _gov_say(tmp_path, metrics="[::]:9102", pages={"token_env": "GOVERNOR_PAGES"})
+    assert said == [], said
+
+
+def test_governord_says_its_warnings_when_it_starts(tmp_path: Path) -> None:
+    env = {"GOVERNOR_KEY_ACME": secrets.token_hex(16)}
+    path = _governord(tmp_path, listen="0.0.0.0:0", allow_plaintext=True)
+    proc = subprocess.Popen(
+        [cli("governord"), "--config", str(path)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+        cwd=tmp_path,
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # said before anything else
+        assert first.startswith("governord: warning: listen[0]: 0.0.0.0:0 is every"), first
+    finally:
+        proc.kill()
+        proc.wait(TIMEOUT_S)

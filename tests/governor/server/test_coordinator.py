@@ -465,6 +465,10 @@ def test_a_push_that_a_watching_nodes_file_would_refuse_is_reported_not_refused(
                     await _until(lambda: node.health()["policies"]["coordinator"]["watching"], "w")
                     first = await admin.put(dict(POLICY, target_rate=500))
                     assert first.policy.generation == 1
+                    # the pusher hears it in the reply (`mesh policy apply` prints it)
+                    assert [line.split(" loads ")[0] for line in first.disagreements] == [
+                        "node node-a"
+                    ], first
                     await _until(
                         lambda: node.health()["policies"]["coordinator"]["conflicts"] > 0, "c"
                     )
