@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from governor.authority import Authority
 from governor.engine import ROOT_ID, Engine, Event, NodeState, SessionState
+from ratemesh.publicmetrics import public_registry
 
 __all__ = ["Metrics"]
 
@@ -101,25 +102,10 @@ def _read_tree(engine: Engine) -> dict[str, Any]:
     }
 
 
-class _Public(Collector):
-    """Every family of ``registry`` but those labelled by tenant: what /metrics shows a
-    caller without the pages token off loopback."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._registry = registry
-
-    def collect(self) -> Iterator[Any]:
-        for family in self._registry.collect():
-            # an empty family's name may still say "tenant": left out too
-            if family.samples and not any("tenant" in s.labels for s in family.samples):
-                yield family
-
-
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.public = CollectorRegistry(auto_describe=False)
-        self.public.register(_Public(self.registry))
+        self.public = public_registry(self.registry)
         r = self.registry
         self.calls = Counter(
             "governor_calls", "Calls by method and status code", ["method", "code"], registry=r

@@ -35,7 +35,7 @@ import heapq
 import threading
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -45,6 +45,7 @@ from mesh.core.gate import Gate
 from mesh.core.policy import DEFAULT_TENANT, TenantRatePolicy
 from mesh.core.verdict import Reason, Verdict
 from ratemesh.policy import DESCRIPTOR_SEP, DESCRIPTOR_WILDCARD, split_tenant
+from ratemesh.publicmetrics import public_registry
 
 __all__ = [
     "Telemetry",
@@ -116,19 +117,6 @@ def rate_and_burst(p: TenantRatePolicy) -> tuple[float, float] | None:
     return p.target_rate / p.scale, p.global_burst / p.scale
 
 
-class _Untenanted(Collector):
-    """Every family of a registry but those labelled by tenant."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._registry = registry
-
-    def collect(self) -> Iterator[Any]:
-        for family in self._registry.collect():
-            # an empty family's name may still say "tenant": left out too
-            if family.samples and not any("tenant" in s.labels for s in family.samples):
-                yield family
-
-
 class Telemetry:
     def __init__(
         self,
@@ -175,8 +163,7 @@ class Telemetry:
         )
         self._collector = _Collector(self, stats)
         self.registry.register(self._collector)
-        self._public = CollectorRegistry(auto_describe=False)
-        self._public.register(_Untenanted(self.registry))
+        self._public = public_registry(self.registry)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
