@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,9 @@ def test_listeners_on_every_interface_without_a_credential_are_warned(
         "token_file": "sidecar.token",
         "operator_token_file": "operator.token",
     }
-    said, strict = _say(tmp_path, telemetry_listen=f"{wildcard}:9101", sidecar=side)
+    said, strict = _say(
+        tmp_path, telemetry_listen=f"{wildcard}:9101", sidecar=side, policies={"inline": [_limit()]}
+    )
     assert said == [] and strict.returncode == 0, said
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -162,7 +165,10 @@ def test_governord_warns_on_every_interface_in_plaintext_and_open_metrics(tmp_pa
 
 def test_governord_says_its_warnings_when_it_starts(tmp_path: Path) -> None:
     env = {"GOVERNOR_KEY_ACME": secrets.token_hex(16)}
-    path = _governord(tmp_path, listen="0.0.0.0:0", allow_plaintext=True)
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        port = s.getsockname()[1]
+    path = _governord(tmp_path, listen=f"0.0.0.0:{port}", allow_plaintext=True)
     proc = subprocess.Popen(
         [cli("governord"), "--config", str(path)],
         stderr=subprocess.PIPE,
@@ -173,7 +179,10 @@ def test_governord_says_its_warnings_when_it_starts(tmp_path: Path) -> None:
     try:
         assert proc.stderr is not None
         first = proc.stderr.readline()  # said before anything else
-        assert first.startswith("governord: warning: listen[0]: 0.0.0.0:0 is every"), first
+        want = f"governord: warning: listen[0]: 0.0.0.0:{port} is every interface"
+        assert first.startswith(want), first
     finally:
         proc.kill()
         proc.wait(TIMEOUT_S)
+        if proc.stderr is not None:
+            proc.stderr.close()
