@@ -36,6 +36,23 @@ class Inflight:
         self.sends = 0
 
 
+class AppliedNet:
+    """One view's comparison of what its owner acknowledged with what the owner says it
+    applied (`GlobalGate.note_applied`): the net delta of every report an ack dropped since
+    this was made (sub-units), and, as of the last row that said `applied_net`, the (owner,
+    owner_epoch, incarnation) whose record it counts, what the view then counted as taken
+    (`acked + applied_above`), what the owner said it applied, and what is left unapplied."""
+
+    __slots__ = ("acked", "source", "said", "applied", "unapplied")
+
+    def __init__(self) -> None:
+        self.acked = 0
+        self.source: tuple[str, int, int] | None = None
+        self.said = 0
+        self.applied = 0
+        self.unapplied = 0
+
+
 _NO_INFLIGHT: list[Inflight] = []  # shared and never appended to: see Reporter.flush
 _NO_SNAPSHOT = (-1, -1, -1)
 
@@ -74,11 +91,7 @@ class GlobalGate(Gate):
         "floor_left",
         "applied_above",
         "want",
-        "acked_net",
-        "net_from",
-        "net_said",
-        "net_applied",
-        "unapplied",
+        "net",
     )
 
     HOLDS_B_AT_MOST = True  # no view holds more than b (`snapshot_allowance_ppm`)
@@ -124,16 +137,10 @@ class GlobalGate(Gate):
         # even part of b is served, not starved, and the view still never holds more than
         # b (the N*b of the envelope).
         self.want = 0
-        # Usage acknowledged but not applied (`note_applied`), for the excess estimate only:
-        # the net delta of every report an ack dropped (sub-units), and, as of the last row
-        # that said `applied_net`, the (owner, owner_epoch, incarnation) whose record it
-        # counts (None: none yet, or the view went idle), what this view then counted as
-        # taken (`acked_net + applied_above`) and what the owner said it applied.
-        self.acked_net = 0
-        self.net_from: tuple[str, int, int] | None = None
-        self.net_said = 0
-        self.net_applied = 0
-        self.unapplied = 0
+        # Usage acknowledged but not applied (`note_applied`), for the excess estimate only;
+        # made by the first row that says `applied_net` (a view no owner has answered pays
+        # one slot), dropped when the view idles.
+        self.net: AppliedNet | None = None
 
     @property
     def had_snapshot(self) -> bool:
@@ -214,15 +221,17 @@ class GlobalGate(Gate):
 
     def ack(self, sequence: int) -> list[Inflight]:
         """Drop reports the owner has applied (contiguously) up to `sequence`."""
-        n = 0
+        n = dropped = 0
         for r in self.inflight:
             if r.sequence > sequence:
                 break
-            self.inflight_sum -= r.delta
-            self.acked_net += r.delta
+            dropped += r.delta
             n += 1
         if not n:
             return []
+        self.inflight_sum -= dropped
+        if self.net is not None:
+            self.net.acked += dropped
         acked = self.inflight[:n]
         del self.inflight[:n]
         return acked
@@ -237,17 +246,30 @@ class GlobalGate(Gate):
         incarnation, or the first after the view went idle, starts the comparison afresh;
         so does a row whose count fell by more than ours did (the owner forgot our record
         and began another: usage is never un-applied, a refund falls on both sides)."""
-        said = self.acked_net + self.applied_above
-        if source == self.net_from:
-            net_step = applied_net - self.net_applied
-            step = (said - self.net_said) - net_step
+        net = self.net
+        if net is None:
+            net = self.net = AppliedNet()
+        said = net.acked + self.applied_above
+        if source == net.source:
+            net_step = applied_net - net.applied
+            step = (said - net.said) - net_step
             if not (net_step < 0 and step > 0):
-                left = self.unapplied + step
-                self.unapplied = left if left > 0 else 0
+                left = net.unapplied + step
+                net.unapplied = left if left > 0 else 0
         else:
-            self.net_from = source
-        self.net_said = said
-        self.net_applied = applied_net
+            net.source = source
+        net.said = said
+        net.applied = applied_net
+
+    @property
+    def unapplied(self) -> int:
+        """Sub-units the owner acknowledged and did not apply (`note_applied`)."""
+        return 0 if self.net is None else self.net.unapplied
+
+    @property
+    def net_from(self) -> tuple[str, int, int] | None:
+        """The (owner, owner_epoch, incarnation) whose record `unapplied` counts."""
+        return None if self.net is None else self.net.source
 
     def take_snapshot(
         self,

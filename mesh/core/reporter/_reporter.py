@@ -169,8 +169,7 @@ class Reporter:
         v.applied_above = 0  # nothing unacknowledged: no report past a gap either
         # Idle: what an owner left unapplied before is in the past of the envelope; the
         # next row that says `applied_net` starts the comparison again (`note_applied`).
-        v.net_from = None
-        v.unapplied = 0
+        v.net = None
         b = v.policy.local_burst_cap
         budget = b
         if v.had_snapshot:
