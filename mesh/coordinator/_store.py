@@ -1,8 +1,9 @@
 """An in-process coordinator: versioned policies with watchers.
 
-governord serves the same API durably, with auth (docs/policies.md); this store is what tests, the
-bench and `mesh node --coordinator` use until then. A put never changes a generation: it
-creates the next one for that (tenant, metric).
+governord serves the same API durably, with auth (docs/policies.md); this store is the
+in-memory one behind `mesh.peer.CoordinatorServer`, for tests and `mesh bench policy
+--in-process`. A put never changes a generation: it creates the next one for that
+(tenant, metric).
 """
 
 from __future__ import annotations
