@@ -1,10 +1,10 @@
-"""The README is run, not just read.
+"""The README and the docs are run, not just read.
 
-Every python block in README.md is executed here (the governed worker by
-tests/governor/test_readme.py, which needs a governord) and what it prints is checked; the
-shell examples are run as written (the simulator's in a scratch directory), and what the README
-says they print is compared with what they print. Every relative link in the README and in
-docs/ resolves inside the repository.
+Every python block of README.md, docs/api.md and docs/governord.md is executed here (the
+governed worker by tests/governor/test_readme.py, which needs a governord) and what it prints
+is checked; the simulator's shell examples (docs/simulator.md) are run as written in a scratch
+directory, and what the doc says they print is compared with what they print. Every relative
+link in the README and in docs/ resolves inside the repository.
 """
 
 from __future__ import annotations
@@ -25,14 +25,23 @@ from tests.sim.test_cli import KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+API = ROOT / "docs" / "api.md"
+NODE = ROOT / "docs" / "node.md"
+SIMULATOR = ROOT / "docs" / "simulator.md"
+GOVERNORD = ROOT / "docs" / "governord.md"
 BIN = Path(sys.executable).parent  # .venv/bin when run by the README's test command
 
-# The heading each python block sits under, and who runs it.
-PYTHON_BLOCKS = {
-    "Using the mesh core": "test_core_example_prints_what_the_readme_shows",
-    "Running a mesh node": "test_node_example_stays_inside_its_envelope",
-    "Call sites: a decorator and a context manager": "test_call_site_example_prints_what_it_shows",
-    "governord: the daemon and the SDK": "tests/governor/test_readme.py",
+# Per file, the heading each python block sits under, and who runs it. Every python block of
+# these files is listed here (a block moved to another file takes its entry with it).
+PYTHON_BLOCKS: dict[Path, dict[str, str]] = {
+    README: {"Using the mesh core": "test_core_example_prints_what_the_readme_shows"},
+    API: {
+        "Running a mesh node": "test_node_example_stays_inside_its_envelope",
+        "Call sites: a decorator and a context manager": (
+            "test_call_site_example_prints_what_it_shows"
+        ),
+    },
+    GOVERNORD: {"The daemon and the SDK": "tests/governor/test_readme.py"},
 }
 SETUP = "python3.11 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin/mesh demo"
 TEST = (
@@ -41,11 +50,11 @@ TEST = (
 )
 
 
-def _blocks(text: str) -> list[tuple[str, str, str]]:
-    """(heading, language, body) of every fenced block, in order."""
+def _blocks(doc: Path) -> list[tuple[str, str, str]]:
+    """(heading, language, body) of every fenced block of `doc`, in order."""
     out: list[tuple[str, str, str]] = []
     heading, lang, body = "", None, []  # type: tuple[str, str | None, list[str]]
-    for line in text.splitlines():
+    for line in doc.read_text().splitlines():
         if lang is None:
             if line.startswith("#"):
                 heading = line.lstrip("#").strip()
@@ -56,16 +65,14 @@ def _blocks(text: str) -> list[tuple[str, str, str]]:
             lang = None
         else:
             body.append(line)
-    assert lang is None, "README.md: a code fence is not closed"
+    assert lang is None, f"{doc.relative_to(ROOT)}: a code fence is not closed"
     return out
 
 
-BLOCKS = _blocks(README.read_text())
-
-
-def _block(heading: str, lang: str, index: int = 0) -> str:
-    found = [body for h, lg, body in BLOCKS if h == heading and lg == lang]
-    assert len(found) > index, f"README.md: no {lang or 'plain'} block {index} under {heading!r}"
+def _block(doc: Path, heading: str, lang: str, index: int = 0) -> str:
+    found = [body for h, lg, body in _blocks(doc) if h == heading and lg == lang]
+    name = doc.relative_to(ROOT)
+    assert len(found) > index, f"{name}: no {lang or 'plain'} block {index} under {heading!r}"
     return found[index]
 
 
@@ -87,7 +94,7 @@ def _python(code: str, tmp_path: Path, timeout: float = 120) -> str:
 
 @pytest.mark.slow
 def test_the_two_commands() -> None:
-    heading, lang, body = BLOCKS[0]
+    heading, lang, body = _blocks(README)[0]
     assert (heading, lang) == ("ratemesh", "sh")
     assert body.splitlines() == [SETUP, TEST]
     script = ROOT / "scripts" / "install-deps"
@@ -111,35 +118,49 @@ def test_mesh_demo_prints_its_summary() -> None:
         assert 0 < tenant["admitted"]
 
 
+def test_the_readme_is_a_front_page() -> None:
+    """Under 300 lines: what ratemesh is, the two commands, an example per kind of user, the
+    figures and links; the rest lives in docs/."""
+    assert len(README.read_text().splitlines()) < 300
+
+
 # -- the python examples --------------------------------------------------------------------
 
 
-def test_every_python_block_is_run() -> None:
-    headings = [h for h, lang, _ in BLOCKS if lang == "python"]
-    assert sorted(headings) == sorted(PYTHON_BLOCKS), "a README python block nobody runs"
-    runner = PYTHON_BLOCKS["governord: the daemon and the SDK"]
-    assert "governord: the daemon and the SDK" in (ROOT / runner).read_text()
+@pytest.mark.parametrize("doc", list(PYTHON_BLOCKS), ids=lambda doc: doc.name)
+def test_every_python_block_is_run(doc: Path) -> None:
+    headings = [h for h, lang, _ in _blocks(doc) if lang == "python"]
+    runners = PYTHON_BLOCKS[doc]
+    assert sorted(headings) == sorted(runners), (
+        f"{doc.relative_to(ROOT)}: a python block nobody runs"
+    )
+    here = Path(__file__).read_text()
+    for heading, runner in runners.items():
+        if runner.startswith("tests/"):  # run by another module, which names the heading
+            assert heading in (ROOT / runner).read_text(), (heading, runner)
+        else:
+            assert f"def {runner}(" in here, runner
 
 
 @pytest.mark.slow
 def test_core_example_prints_what_the_readme_shows(tmp_path: Path) -> None:
     heading = "Using the mesh core"
-    out = _python(_block(heading, "python"), tmp_path, timeout=60)
-    assert out == _block(heading, "")  # the block after "It prints:"
+    out = _python(_block(README, heading, "python"), tmp_path, timeout=60)
+    assert out == _block(README, heading, "")  # the block after "It prints:"
     assert "rate_limited" in out and "policy_unknown" in out
 
 
 @pytest.mark.slow
 def test_node_example_stays_inside_its_envelope(tmp_path: Path) -> None:
     heading = "Running a mesh node"
-    code = _block(heading, "python")
+    code = _block(API, heading, "python")
     assert len(code.strip().splitlines()) <= 30
-    shown = _block(heading, "")
+    shown = _block(API, heading, "")
     pattern = (
         r"admitted (\d+) of 2000 offered; one exact meter: (\d+)\n"
         r"excess (-?\d+) <= N\*b \+ R\*d = ([\d.]+): (True|False)\n"
     )
-    assert re.fullmatch(pattern, shown), "the README's sample output has another shape"
+    assert re.fullmatch(pattern, shown), "docs/api.md: the sample output has another shape"
     out = _python(code, tmp_path)
     m = re.fullmatch(pattern, out)
     assert m is not None, out
@@ -152,8 +173,8 @@ def test_node_example_stays_inside_its_envelope(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_call_site_example_prints_what_it_shows(tmp_path: Path) -> None:
     heading = "Call sites: a decorator and a context manager"
-    out = _python(_block(heading, "python"), tmp_path, timeout=60)
-    assert out == _block(heading, "")
+    out = _python(_block(API, heading, "python"), tmp_path, timeout=60)
+    assert out == _block(API, heading, "")
 
 
 # -- the simulator's shell examples ---------------------------------------------------------
@@ -174,7 +195,7 @@ def _tables(text: str) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_sim_list_names_the_shipped_scenarios() -> None:
-    lines = _block(SIM, "sh").splitlines()
+    lines = _block(SIMULATOR, SIM, "sh").splitlines()
     assert lines[0] == ".venv/bin/mesh sim list"
     out = _run(["mesh", "sim", "list"], timeout=60)
     listed = {line.split()[0] for line in out.splitlines() if line.strip()}
@@ -182,29 +203,31 @@ def test_sim_list_names_the_shipped_scenarios() -> None:
     assert listed == shipped
     prose = " ".join(SIM_PROSE.split())
     for name in shipped:
-        assert f"`{name}`" in prose, f"README: scenario {name} is not named"
+        assert f"`{name}`" in prose, f"docs/simulator.md: scenario {name} is not named"
 
 
-SIM_PROSE = README.read_text().split("## " + SIM, 1)[1].split("\n## ", 1)[0]
+SIM_PROSE = SIMULATOR.read_text().split("# " + SIM, 1)[1].split("\n## ", 1)[0]
 
 
 @pytest.mark.slow
-def test_sim_examples_print_what_the_readme_shows(tmp_path: Path) -> None:
+def test_sim_examples_print_what_the_doc_shows(tmp_path: Path) -> None:
     """Each command of the simulator's block, as written, from a scratch directory holding
-    the README's `my-scenario.yaml` (the plot goes to the scratch docs/, not the repo's)."""
+    the doc's `my-scenario.yaml` (the plot goes to the scratch docs/, not the repo's)."""
     (tmp_path / ".venv").symlink_to(BIN.parent)
     (tmp_path / "docs").mkdir()
-    (tmp_path / "my-scenario.yaml").write_text(_block(SIM, "yaml"))
+    (tmp_path / "my-scenario.yaml").write_text(_block(SIMULATOR, SIM, "yaml"))
     printed = ""
     results = []
-    for line in _block(SIM, "sh").splitlines():
+    for line in _block(SIMULATOR, SIM, "sh").splitlines():
         out = _run(["bash", "-c", line], cwd=tmp_path, timeout=300)
         if "--table" in line:
             printed += out
         if "--json" in line:
             results.append(json.loads(out))
     assert (tmp_path / "docs" / "noisy-neighbour.png").stat().st_size > 0
-    assert _tables(printed) == _tables(_block(SIM, "")), "update the README's sample output"
+    assert _tables(printed) == _tables(_block(SIMULATOR, SIM, "")), (
+        "update docs/simulator.md's sample output"
+    )
     assert len(results) == 1
     result = results[0]
     assert (result["scenario"], result["seed"]) == ("my-scenario", 3)
@@ -319,9 +342,9 @@ def test_dotted_names_the_docs_give_exist() -> None:
 
 @pytest.mark.slow
 def test_the_config_file_example_validates(tmp_path: Path) -> None:
-    """`mesh validate` accepts the README's node config as written (beside the files it
+    """`mesh validate` accepts docs/node.md's node config as written (beside the files it
     names: empty certificates and the policies of deploy/)."""
-    (tmp_path / "node.yaml").write_text(_block("The config file", "yaml"))
+    (tmp_path / "node.yaml").write_text(_block(NODE, "The config file", "yaml"))
     for name in ("peer.pem", "peer.key", "ca.pem"):
         (tmp_path / name).write_text("")
     shutil.copy(ROOT / "deploy" / "policies.yaml", tmp_path / "policies.yaml")

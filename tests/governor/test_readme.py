@@ -1,4 +1,4 @@
-"""The README's governed worker runs as written, against a real governord (SQLite)."""
+"""docs/governord.md's governed worker runs as written, against a real governord (SQLite)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ import pytest
 
 from tests.governor._daemon import KEYS, ROOT, Daemon, running
 
-pytestmark = pytest.mark.slow  # runs governord and the README's worker
+pytestmark = pytest.mark.slow  # runs governord and the doc's worker
 
-SECTION = "## governord: the daemon and the SDK"
+DOC = ROOT / "docs" / "governord.md"
+SECTION = "## The daemon and the SDK"
 
 
 def _example() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = DOC.read_text()
     assert SECTION in text
     section = text[text.index(SECTION) :]
     match = re.search(r"```python\n(.*?)```", section, re.S)
@@ -32,7 +33,7 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     yield from running("sqlite", tmp_path)
 
 
-def test_readme_worker_is_short_and_runs(daemon: Daemon, tmp_path: Path) -> None:
+def test_the_docs_worker_is_short_and_runs(daemon: Daemon, tmp_path: Path) -> None:
     code = _example()
     assert len(code.strip().splitlines()) <= 20
     script = tmp_path / "worker.py"
