@@ -15,7 +15,7 @@ With `waves` > 1 as many more waves of new tenants follow, each then idle:
 reused by the next tenants).
 Figures are this process's RSS, so they vary with the allocator and the machine; `allocator`
 says which one ran (`PYTHONMALLOC`: CPython's own `pymalloc` unless it names another). Under
-pymalloc what stays is arenas pinned by a few live objects (README, `bench churn`); under
+pymalloc what stays is arenas pinned by a few live objects (docs/figures.md, `bench churn`); under
 `malloc` the node's `malloc_trim` gives back every free page.
 """
 

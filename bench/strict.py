@@ -31,7 +31,7 @@ worker; the bench merges them and computes:
 
 `mode="global"` (`--mode global`) puts the same fleet, threads and offer on a `global` limit
 of the same R and B instead (the mesh alone: owner GCRA and snapshots, no credit), with the
-rest of the run unchanged, for the README's comparison; the figures carry `mode`.
+rest of the run unchanged, for the comparison in docs/figures.md; the figures carry `mode`.
 """
 
 from __future__ import annotations

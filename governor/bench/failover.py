@@ -65,7 +65,7 @@ class Params:
     failovers: int = 20
     callers: int = 16
     processes: int = 3
-    lease_ms: int = 1500  # the README's recommended ha settings
+    lease_ms: int = 1500  # the recommended ha settings (docs/failover.md)
     renew_ms: int = 250
     pause_every: int = 4  # every 4th failover pauses the leader instead of killing it
     ops_between: int = 40  # ok calls between two failovers

@@ -458,7 +458,7 @@ class Mesh:
     ) -> Limited:
         """A decorator and context manager (`with`, `async with`) that admits `amount` on
         enter, raises `RateLimited` when denied, and refunds what the block did not use
-        (mesh.callsite; README: call sites)."""
+        (mesh.callsite; docs/api.md, call sites)."""
         return Limited(
             self,
             tenant,

@@ -1,7 +1,8 @@
 """The live pages in headless Chromium (Debian's chromium and chromium-driver, driven by
 selenium; nothing downloaded): a node's /ui against a live 3-node cluster under load, its
 numbers checked against /health fetched before and after, and governord's /ui against
-/ui/status. The screenshots go to docs/ (the README shows them) with RATEMESH_SCREENSHOTS=1."""
+/ui/status. The screenshots go to docs/ (README.md and docs/governord.md show them) with
+RATEMESH_SCREENSHOTS=1."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def browser() -> Iterator[Any]:
 
 
 def _shots(tmp_path: Path) -> Path:
-    """docs/ with RATEMESH_SCREENSHOTS=1 (to refresh the README's images), else the test's
+    """docs/ with RATEMESH_SCREENSHOTS=1 (to refresh the docs' images), else the test's
     own directory, so a test run leaves the tree clean."""
     return ROOT / "docs" if os.environ.get("RATEMESH_SCREENSHOTS") == "1" else tmp_path
 
