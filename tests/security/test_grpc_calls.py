@@ -30,16 +30,16 @@ from mesh.peer._identity import AUTH_MD
 from mesh.sidecar import admission_pb2 as pb
 from tests.governor._daemon import KEYS, Daemon
 from tests.governor._stores import make_target
-from tests.security.test_peer_streams import (
+from tests.security._nodes import (
     PHASE_S,
     TICK_S,
     WITHIN,
-    _admit_for,
-    _configs,
-    _owned_by_a,
-    _share,
-    _spawn,
-    _warm,
+    admit_for,
+    admitted_share,
+    node_configs,
+    owned_by_a,
+    spawn_node,
+    warm,
 )
 
 pytestmark = pytest.mark.slow  # real processes, real gRPC
@@ -99,18 +99,18 @@ def refused_all(codes: dict[str, int], code: str, n: int) -> bool:
 
 
 def test_half_open_status_calls_do_not_keep_a_member_from_streaming(tmp_path: Path) -> None:
-    cfgs = _configs(tmp_path)
-    a = _spawn(tmp_path, cfgs["a"])
-    b = _spawn(tmp_path, cfgs["b"])
+    cfgs = node_configs(tmp_path)
+    a = spawn_node(tmp_path, cfgs["a"])
+    b = spawn_node(tmp_path, cfgs["b"])
     try:
         ready_a = read_ready(a)
-        owned = _owned_by_a()
+        owned = owned_by_a()
         url = f"http://{read_ready(b)['sidecar']['http']}"
 
         async def measure() -> dict[str, int]:
             async with httpx.AsyncClient() as http:
-                await _warm(http, url, owned, 20)
-                return await _admit_for(http, url, owned, PHASE_S)
+                await warm(http, url, owned, 20)
+                return await admit_for(http, url, owned, PHASE_S)
 
         baseline = asyncio.run(measure())
         stop(b)  # b comes back while the calls are held: it needs a new stream to a
@@ -120,11 +120,11 @@ def test_half_open_status_calls_do_not_keep_a_member_from_streaming(tmp_path: Pa
             no_proof = ((MEMBER_MD, "b"),)
             bad_proof = ((MEMBER_MD, "b"), (AUTH_MD, "v1:1:" + "0" * 24 + ":" + "0" * 64))
             async with half_open(ready_a["address"], STATUS, [no_proof, bad_proof], 1100) as calls:
-                b = _spawn(tmp_path, cfgs["b"])
+                b = spawn_node(tmp_path, cfgs["b"])
                 url_b = f"http://{read_ready(b)['sidecar']['http']}"
                 async with httpx.AsyncClient() as http:
-                    await _warm(http, url_b, owned, 10)
-                    got = await _admit_for(http, url_b, owned, PHASE_S)
+                    await warm(http, url_b, owned, 10)
+                    got = await admit_for(http, url_b, owned, PHASE_S)
                 codes = await answered(calls)
             tel = ready_a["telemetry"]
             async with httpx.AsyncClient() as http:
@@ -132,8 +132,8 @@ def test_half_open_status_calls_do_not_keep_a_member_from_streaming(tmp_path: Pa
             return got, codes, health
 
         got, codes, health = asyncio.run(attacked())
-        assert _share(baseline) >= 0.8, baseline
-        assert _share(got) >= WITHIN * _share(baseline), (baseline, got, codes)
+        assert admitted_share(baseline) >= 0.8, baseline
+        assert admitted_share(got) >= WITHIN * admitted_share(baseline), (baseline, got, codes)
         # every intruder was answered PERMISSION_DENIED, none holds anything
         assert refused_all(codes, "PERMISSION_DENIED", 1100), codes
         refused = health["peer"]["refused"]
@@ -180,11 +180,11 @@ def test_half_open_calls_do_not_block_an_authorised_admit(tmp_path: Path) -> Non
     token = tmp_path / "sidecar-token"
     token.write_text(TOKEN + "\n")
     token.chmod(0o600)
-    cfg = _configs(tmp_path, ("solo",))["solo"]
+    cfg = node_configs(tmp_path, ("solo",))["solo"]
     for p in cfg["policies"]["inline"]:
         p["mode"] = "local"
     cfg["sidecar"] = {"grpc_listen": "127.0.0.1:0", "require_auth": True, "token_file": str(token)}
-    node = _spawn(tmp_path, cfg)
+    node = spawn_node(tmp_path, cfg)
     try:
         addr = read_ready(node)["sidecar"]["grpc"]
 
@@ -199,8 +199,8 @@ def test_half_open_calls_do_not_block_an_authorised_admit(tmp_path: Path) -> Non
             return baseline, got, codes
 
         baseline, got, codes = asyncio.run(main())
-        assert _share(baseline) >= 0.8, baseline
-        assert _share(got) >= WITHIN * _share(baseline), (baseline, got, codes)
+        assert admitted_share(baseline) >= 0.8, baseline
+        assert admitted_share(got) >= WITHIN * admitted_share(baseline), (baseline, got, codes)
         assert refused_all(codes, "UNAUTHENTICATED", 400), codes
     finally:
         stop(node)
@@ -261,8 +261,8 @@ def test_governord_answers_half_open_calls_without_credentials_at_once(tmp_path:
                     return got, await answered(unary), await answered(mux)
 
             got, unary, mux = asyncio.run(main(daemon.addr, node_id))
-            assert _share(baseline) >= 0.8, baseline
-            assert _share(got) >= WITHIN * _share(baseline), (baseline, got)
+            assert admitted_share(baseline) >= 0.8, baseline
+            assert admitted_share(got) >= WITHIN * admitted_share(baseline), (baseline, got)
             assert refused_all(unary, "UNAUTHENTICATED", 1500), unary
             assert refused_all(mux, "UNAUTHENTICATED", 300), mux
         finally:

@@ -23,16 +23,16 @@ from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.peer import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA_MD
 from mesh.peer._identity import AUTH_MD, sign
 from mesh.peer._wire import SCHEMA
-from tests.security.test_peer_streams import (
+from tests.security._nodes import (
     PHASE_S,
     SECRET,
     WITHIN,
-    _admit_for,
-    _configs,
-    _owned_by_a,
-    _share,
-    _spawn,
-    _warm,
+    admit_for,
+    admitted_share,
+    node_configs,
+    owned_by_a,
+    spawn_node,
+    warm,
 )
 
 pytestmark = pytest.mark.slow  # two node processes, real gRPC
@@ -79,23 +79,23 @@ async def _send_bombs(addr: str, n: int, every_s: float) -> int:
 
 
 def test_a_message_of_empty_maps_is_refused_cheaply(tmp_path: Path) -> None:
-    cfgs = _configs(tmp_path)
-    procs = {m: _spawn(tmp_path, c) for m, c in cfgs.items()}
+    cfgs = node_configs(tmp_path)
+    procs = {m: spawn_node(tmp_path, c) for m, c in cfgs.items()}
     try:
         ready = {m: read_ready(p) for m, p in procs.items()}
-        owned = _owned_by_a()
+        owned = owned_by_a()
         url = f"http://{ready['b']['sidecar']['http']}"
         tel = ready["a"]["telemetry"]
 
         async def main() -> tuple[dict[str, int], dict[str, int], int, float, float]:
             async with httpx.AsyncClient() as http:
-                await _warm(http, url, owned, 20)
-                baseline = await _admit_for(http, url, owned, PHASE_S)
+                await warm(http, url, owned, 20)
+                baseline = await admit_for(http, url, owned, PHASE_S)
                 before = _peak_mb(procs["a"].pid)
                 bombs = asyncio.create_task(
                     _send_bombs(ready["a"]["address"], MESSAGES, PHASE_S / MESSAGES)
                 )
-                attacked = await _admit_for(http, url, owned, PHASE_S)
+                attacked = await admit_for(http, url, owned, PHASE_S)
                 ended = await bombs
                 return baseline, attacked, ended, before, _peak_mb(procs["a"].pid)
 
@@ -104,8 +104,8 @@ def test_a_message_of_empty_maps_is_refused_cheaply(tmp_path: Path) -> None:
         # counted by the owner (what reaches this client can race the stream's reset)
         assert refused["bad_message"] >= MESSAGES and ended >= 1, (ended, refused)
         assert after - before <= PEAK_GROWTH_MB, f"peak RSS {before:.0f} -> {after:.0f} MiB"
-        assert _share(baseline) >= 0.8, baseline
-        assert _share(attacked) >= WITHIN * _share(baseline), (baseline, attacked)
+        assert admitted_share(baseline) >= 0.8, baseline
+        assert admitted_share(attacked) >= WITHIN * admitted_share(baseline), (baseline, attacked)
     finally:
         for p in procs.values():
             stop(p)
