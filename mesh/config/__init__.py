@@ -5,6 +5,7 @@ Below the node and the peer layer (both read it) and above the core (it builds t
 """
 
 from mesh.config._addrs import GOVERNORD_ADDRS_MAX, governord_addrs
+from mesh.config._envoy import EnvoyRlsConfig, RuleLimit, RuleNode, bucket_tenant
 from mesh.config._node import (
     FLEET_SECRET_MIN_BYTES,
     NODE_RETRY_MAX_MS,
@@ -31,6 +32,10 @@ __all__ = [
     "NODE_RETRY_MAX_MS",
     "POLICY_WATCH_MS",
     "CoordinatorConfig",
+    "EnvoyRlsConfig",
+    "RuleLimit",
+    "RuleNode",
+    "bucket_tenant",
     "Identity",
     "MembershipConfig",
     "NodeConfig",
