@@ -53,6 +53,7 @@ from ratemesh import callguard
 from ratemesh import coordinator as cw
 from ratemesh.callguard import Caller, CallGuard, GuardLimits, Refused
 from ratemesh.coordinator import PING_INTERVAL_MIN_MS
+from ratemesh.grpcstd import add_standard_services, open_health
 from ratemesh.operator import one_line, probe_bind
 
 from ._bootstrap import import_bootstrap
@@ -213,7 +214,7 @@ class _Process:
         self.probe: StoreProbe = probe_for(self.kind, self.target, _pg_app())
         self.switch = Switch(NotLeader(self._leader))
         self.guard = CallGuard(
-            self._identify,
+            open_health(self._identify),
             GuardLimits(calls_max=GRPC_CALLS_MAX, caller_calls_max=GRPC_CALLER_CALLS_MAX),
             on_refused=self._refused,
         )
@@ -228,8 +229,16 @@ class _Process:
             interceptors=(self.guard,),
         )
         self.server.add_generic_rpc_handlers((self.switch,))
+        add_standard_services(  # health SERVING only on the leader that is ready to serve
+            self.server,
+            dict.fromkeys((wire.SERVICE, cw.COORDINATOR_SERVICE), self._serving),
+        )
         self.reloader = CertReloader(cfg.tls) if cfg.tls is not None else None
         self.bound: list[str] = []
+
+    def _serving(self) -> bool:
+        """gRPC health: this process leads and is not draining."""
+        return self.switch.leading and self.service is not None and not self.service.draining
 
     def _leader(self) -> tuple[str, int]:
         if self.candidate is None:

@@ -36,6 +36,7 @@ __all__ = [
     "WATCH_POLL_S",
     "Ready",
     "add_standard_services",
+    "is_standard",
     "open_health",
 ]
 
@@ -51,6 +52,8 @@ WATCH_POLL_S = 1.0
 # Files one reflection answer carries (a file and its imports): the ones served are a few.
 _FILES_MAX = 64
 
+_PREFIXES = (f"/{HEALTH_SERVICE}/", *(f"/{s}/" for s in REFLECTION_SERVICES))
+
 Ready = Callable[[], bool]  # whether the port's service can answer its callers now
 _Status = health_pb2.HealthCheckResponse
 
@@ -65,6 +68,11 @@ def open_health(identify: Identify) -> Identify:
         return identify(method, md, context)
 
     return check
+
+
+def is_standard(method: str) -> bool:
+    """Whether `method` (a call's full method name) is one of this module's services."""
+    return method.startswith(_PREFIXES)
 
 
 def add_standard_services(
