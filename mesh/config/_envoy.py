@@ -205,7 +205,8 @@ class _Loader:
             if not isinstance(d, dict):
                 self._fail(at, f"config error, yaml file contains list of type other than map: {d}")
             self._keys(at, d, _KEYS)
-            key, value = d.get("key"), d.get("value", "")
+            # a number is its text, as ratelimit's YAML decoder reads it into a string
+            key, value = (_scalar(d.get(k, "")) for k in ("key", "value"))
             if not isinstance(key, str) or not key:
                 self._fail(at, "descriptor has empty key")
             if not isinstance(value, str):
@@ -284,6 +285,10 @@ def _flag(loader: _Loader, at: str, value: Any) -> bool:
     if type(value) is not bool:
         loader._fail(at, f"must be true or false, got {_kind(value)}")
     return bool(value)
+
+
+def _scalar(value: Any) -> Any:
+    return str(value) if type(value) in (int, float) else value
 
 
 def _kind(value: Any) -> str:
