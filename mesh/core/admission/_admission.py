@@ -239,8 +239,7 @@ class Admission:
             self.asked = v
             return REDIS_ASK
         if v.__class__ is GlobalGate:
-            v.wanted(amount)
-            return v.no
+            return v.ok if v.deny(amount) else v.no
         v.denied += amount
         if not v.marked:
             v.sink(v)

@@ -74,6 +74,7 @@ class GlobalGate(Gate):
         "next_sequence",
         "snap_order",
         "snap_remaining",
+        "snap_active",
         "snap_at_ns",
         "fresh_until_ns",
         "boot_since_ns",
@@ -108,6 +109,7 @@ class GlobalGate(Gate):
         # as a whole, with the next snapshot's (never step back to an older view).
         self.snap_order: tuple[int, int, int] = _NO_SNAPSHOT
         self.snap_remaining = 0
+        self.snap_active = 1  # the owner's count of the key's active reporters, that row
         self.snap_at_ns = 0
         self.fresh_until_ns = 0
         self.boot_since_ns = 0
@@ -206,6 +208,35 @@ class GlobalGate(Gate):
         if not self.marked:
             self.sink(self)
 
+    def deny(self, amount: int) -> bool:
+        """The deny path (`amount` > `avail`): True if the ask is taken after all; else it is
+        `wanted` (the next snapshots' cap makes room for it).
+
+        Taken when the owner's bucket, as the last snapshot showed it, holds it beside the
+        other active reporters' even caps: what this view took since that snapshot plus the
+        ask is at most b, and the ask plus (n - 1) x b/n is at most what remained less what
+        this view took. Each view still holds at most b unreflected (the envelope's N*b),
+        while an ask above the allowance's cap (b/n), or one that a trickle of smaller asks
+        keeps just above what the view has left, is served while the bucket has room
+        instead of waiting for a snapshot that a trickle may keep from ever fitting it."""
+        if self.state is SnapshotState.FRESH:
+            b = self.policy.local_burst_cap
+            ahead = self.unacked - self.applied_above
+            if ahead < 0:
+                ahead = 0
+            took = ahead + amount * self.scale
+            n = self.snap_active
+            if took <= b and took + (n - 1) * (b // n) <= self.snap_remaining:
+                if took > self.allowance:
+                    self.allowance = took
+                self.pending += amount
+                self.recompute()
+                if self.pending >= self.flush_at:
+                    self.sink(self)
+                return True
+        self.wanted(amount)
+        return False
+
     def settle_floor(self, now_ns: int) -> None:
         """Charge the floor with what was admitted since its last settle (as of now: that
         only ever tightens it) and take what it has left."""
@@ -303,6 +334,7 @@ class GlobalGate(Gate):
         )
         self.snap_order = order
         self.snap_remaining = remaining
+        self.snap_active = active_reporters if active_reporters > 0 else 1
         self.snap_at_ns = now_ns
         self.allowance = share_round(
             snapshot_allowance_ppm(
