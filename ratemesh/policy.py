@@ -65,6 +65,10 @@ class Unit(StrEnum):
         return cls.REQUESTS if value == "units" else None
 
 
+# Units charged ahead and refunded when fewer were used (a short send, a shorter reply).
+_REFUNDED = frozenset({Unit.BYTES, Unit.TOKENS})
+
+
 # The one rule a metric name must follow: it is a label value, a wire string and a file key.
 METRIC_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
 # Distinct metric names one policy cache (one node, one governord) holds; each is a map in
@@ -272,6 +276,15 @@ class TenantRatePolicy:
         object.__setattr__(self, "mode", _mode(self.mode))
         unit = default_unit(self.metric) if self.unit is None else _unit(self.unit)
         object.__setattr__(self, "unit", unit)
+        if self.mode is Mode.REDIS and unit in _REFUNDED and self.quota is None:
+            # Redis's script only ever takes (docs/redis.md): a short send's refund would be
+            # dropped, and the limit would run below what it says, silently.
+            raise ConfigError(
+                "mode",
+                f"redis cannot meter {unit} on {self.metric}: they are charged ahead and "
+                "refunded when fewer are used, and the redis script cannot give back; use "
+                "global or strict for this metric",
+            )
         tenant = self.tenant_id
         if DESCRIPTOR_SEP in tenant:  # already folded (a copy, a key's tenant part)
             base, desc = split_tenant(tenant)
