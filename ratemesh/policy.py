@@ -420,8 +420,9 @@ class TenantRatePolicy:
             "global_burst": self.global_burst,
             "local_burst_cap": self.local_burst_cap,
             "enabled": self.enabled,
-            "mode": self.mode.value,
         }
+        if self.quota is None:  # a spend quota has no mode (its ledger meters it)
+            out["mode"] = self.mode.value
         if self.scale != 1:
             out["target_rate"] = rate_text(self.target_rate, self.scale)
             out["global_burst"] = self.burst_units
@@ -446,8 +447,11 @@ class TenantRatePolicy:
         *,
         where: str = "policy",
         error: type[RatemeshError] = ConfigError,
+        written: bool = False,
     ) -> TenantRatePolicy:
-        """Build from a mapping (YAML, coordinator), naming `where.key` in any error."""
+        """Build from a mapping (YAML, coordinator), naming `where.key` in any error.
+        `written`: an operator wrote it (a policy file, a node config), where a key that
+        would do nothing is refused rather than read as if it did."""
         if not isinstance(data, dict):
             raise error(where, f"must be a mapping, got {type(data).__name__}")
         # A quota policy (period or quota given) needs no rate fields (docs/quotas.md).
@@ -459,6 +463,9 @@ class TenantRatePolicy:
         for name in required:
             if name not in data:
                 raise error(f"{where}.{name}", "is required")
+        if written and quota and "mode" in data:
+            # A spend quota is metered by its ledger, never by a mode (docs/quotas.md).
+            raise error(f"{where}.mode", "does not apply to a spend quota (period and quota)")
         try:
             return cls(**data)
         except RatemeshError as exc:

@@ -704,7 +704,9 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
     if not isinstance(inline, list):
         raise ConfigTypeError("policies.inline", "must be a list of policies")
     found += [
-        TenantRatePolicy.from_dict(p, where=f"policies.inline[{i}]", error=ConfigError)
+        TenantRatePolicy.from_dict(
+            p, where=f"policies.inline[{i}]", error=ConfigError, written=True
+        )
         for i, p in enumerate(inline)
     ]
     out["policies"] = tuple(found)

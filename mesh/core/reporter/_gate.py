@@ -212,21 +212,21 @@ class GlobalGate(Gate):
         """The deny path (`amount` > `avail`): True if the ask is taken after all; else it is
         `wanted` (the next snapshots' cap makes room for it).
 
-        Taken when the owner's bucket, as the last snapshot showed it, holds it beside the
-        other active reporters' even caps: what this view took since that snapshot plus the
-        ask is at most b, and the ask plus (n - 1) x b/n is at most what remained less what
-        this view took. Each view still holds at most b unreflected (the envelope's N*b),
-        while an ask above the allowance's cap (b/n), or one that a trickle of smaller asks
-        keeps just above what the view has left, is served while the bucket has room
-        instead of waiting for a snapshot that a trickle may keep from ever fitting it."""
+        Taken when the owner's bucket, as the last snapshot showed it, holds it for every
+        active reporter at once: what this view took since that snapshot plus the ask (at
+        most b), times the n reporters, is at most what remained. Were all n to do the same,
+        the fleet would take no more than remained, as with the allowance's even split, and
+        each view holds at most b unreflected (the envelope's N*b); yet an ask above the
+        allowance's cap (b/n), or one that a trickle of smaller asks keeps just above what
+        the view has left, is served while the bucket has room instead of waiting for a
+        snapshot that the trickle may keep from ever fitting it."""
         if self.state is SnapshotState.FRESH:
             b = self.policy.local_burst_cap
             ahead = self.unacked - self.applied_above
             if ahead < 0:
                 ahead = 0
             took = ahead + amount * self.scale
-            n = self.snap_active
-            if took <= b and took + (n - 1) * (b // n) <= self.snap_remaining:
+            if took <= b and took * self.snap_active <= self.snap_remaining:
                 if took > self.allowance:
                     self.allowance = took
                 self.pending += amount

@@ -374,8 +374,8 @@ def test_each_new_larger_amount_up_to_b_passes_at_its_first_ask_on_a_warm_key() 
     above what the view holds (its even cap, b/3, or the last size it was denied), so a view
     that waited for its next snapshot's cap denied every one at its first ask, where an
     exact bucket served them all. Now each is taken at once when the owner's last snapshot
-    holds it beside the other members' even caps, and the view holds at most b unreflected
-    (the envelope's N*b); one may still meet the view with too much in flight."""
+    holds it for all three members at once, and the view holds at most b unreflected (the
+    envelope's N*b); one may still meet the view with too much in flight."""
     s = Schedule(5, 400, 80, 16, ["a", "b", "c"], idle_ms=1500)
     s.serve(["a", "b", "c"], 60, 200, [1])
     adm = s.fleet.members["a"].admission
