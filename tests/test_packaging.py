@@ -38,9 +38,7 @@ def test_the_wheel_holds_only_the_three_packages(wheel: Path) -> None:
 
 
 @pytest.mark.slow
-def test_installed_sim_and_bench_say_they_run_from_a_checkout(
-    wheel: Path, tmp_path: Path
-) -> None:
+def test_installed_sim_and_bench_say_they_run_from_a_checkout(wheel: Path, tmp_path: Path) -> None:
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)  # a pure wheel unpacked is an install
     for argv in (["sim", "list"], ["bench", "hotpath"]):
