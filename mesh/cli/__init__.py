@@ -2,7 +2,7 @@
 
 One module per group of commands (`_demo`, `_node` for node/status/validate, `_sim`,
 `_bench`), `_output` for how they all print. This package is the only mesh code that imports
-the simulator (`sim`) and the benchmarks (`bench`).
+the simulator (`sim`) and the benchmarks (`bench`), which run from a checkout (`_checkout`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from ratemesh.errors import ConfigError
 
-from . import _bench, _demo, _node, _policy, _sim
+from . import _bench, _checkout, _demo, _node, _policy, _sim
 from ._output import OneLineParser, emit, one_line
 
 __all__ = ["COMMANDS", "emit", "main"]
@@ -258,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     key = command_of(args)
     try:
+        if key[0] in _checkout.TOOLS:
+            _checkout.require(key[0])
         return COMMANDS[key](args)
     except ConfigError as exc:  # the operator's mistake: one line naming the field or file
         print(f"mesh {' '.join(key)}: {one_line(str(exc))}", file=sys.stderr)

@@ -48,6 +48,7 @@ def d_estimate_ns(driver: NodeDriver) -> int:
 def node_stats(driver: NodeDriver) -> NodeStats:
     m = driver.member
     now = driver.clock_ns()
+    port = driver.transport.stats()
     s = NodeStats(
         members=len(m.ring),
         ring_epoch=m.ring.epoch,
@@ -56,7 +57,10 @@ def node_stats(driver: NodeDriver) -> NodeStats:
         escrow_charged=m.owner.escrows.charged_units,
         escrow_netted=m.owner.escrows.netted_units,
         escrow_refunded=m.owner.escrows.refunded_units,
-        peer_refused=dict(driver.transport.stats().get("refused", {})),
+        peer_refused=dict(port.get("refused", {})),
+        peer_bad_replies=port.get("bad_replies", 0),
+        cell_tier_errors=driver.tier_errors,
+        refused_stream_collections=driver.refused_collections,
         enforced=enforced(driver),
         strict={} if driver.credit is None else driver.credit.stats(),
     )

@@ -62,6 +62,7 @@ class GrpcTransport:
         self._addresses: dict[str, str] = {}
         self.sent = 0
         self.dropped = 0
+        self.bad_replies = 0  # of links since closed (the live ones count their own)
 
     async def start(self) -> str:
         port = await self.server.start()
@@ -75,6 +76,7 @@ class GrpcTransport:
         for peer, link in list(self.links.items()):
             if self._addresses.get(peer) != link.addr:
                 del self.links[peer]
+                self.bad_replies += link.bad_replies
                 asyncio.get_running_loop().create_task(link.close())
 
     def send(self, to: str, message: Message) -> bool:
@@ -139,6 +141,8 @@ class GrpcTransport:
             "dropped": self.dropped + sum(lk.dropped for lk in self.links.values()),
             "received": self.server.received,
             "refused_streams": self.server.refused,
+            # ratemesh_peer_bad_replies_total: monotonic, closed links' counts kept
+            "bad_replies": self.bad_replies + sum(lk.bad_replies for lk in self.links.values()),
             "refused": dict(self.server.refused_by),  # ratemesh_peer_refused_total{reason}
             "open_streams": self.server.open_streams,
             "snapshots_dropped_no_stream": self.server.snapshots_dropped,
