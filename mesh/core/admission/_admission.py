@@ -239,7 +239,10 @@ class Admission:
             self.asked = v
             return REDIS_ASK
         if v.__class__ is GlobalGate:
-            return v.ok if v.deny(amount) else v.no
+            if v.grant(amount):
+                return v.ok
+            v.wanted(amount)
+            return v.no
         v.denied += amount
         if not v.marked:
             v.sink(v)

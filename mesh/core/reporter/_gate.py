@@ -208,9 +208,9 @@ class GlobalGate(Gate):
         if not self.marked:
             self.sink(self)
 
-    def deny(self, amount: int) -> bool:
-        """The deny path (`amount` > `avail`): True if the ask is taken after all; else it is
-        `wanted` (the next snapshots' cap makes room for it).
+    def grant(self, amount: int) -> bool:
+        """On the deny path (`amount` > `avail`): True if the ask is taken after all (else
+        the caller calls `wanted`: the next snapshots' cap makes room for it).
 
         Taken when the owner's bucket, as the last snapshot showed it, holds it for every
         active reporter at once: what this view took since that snapshot plus the ask (at
@@ -234,7 +234,6 @@ class GlobalGate(Gate):
                 if self.pending >= self.flush_at:
                     self.sink(self)
                 return True
-        self.wanted(amount)
         return False
 
     def settle_floor(self, now_ns: int) -> None:
