@@ -20,6 +20,7 @@ import grpc
 from grpc import aio
 
 from governor import wire
+from ratemesh.checks import check_addresses
 
 from ._errors import (
     AcquireTimeout,
@@ -36,12 +37,11 @@ from ._errors import (
 )
 from ._mux import CallFailed, Metadata, Mux, status_of
 
-__all__ = ["Dial", "Rpc", "split_addrs", "translate", "translate_status"]
+__all__ = ["Dial", "Rpc", "translate", "translate_status"]
 
 _RESEND = {grpc.StatusCode.UNAVAILABLE}
 BACKOFF_MIN_S = 0.02
 BACKOFF_MAX_S = 0.5
-ADDRS_MAX = 16  # governords one client may name (one record: a leader and its standbys)
 NOT_LEADER = wire.NOT_LEADER  # a standby's (or deposed leader's) reason; ``leader``: the hint
 # Calls that wait in the leader's memory (its fair queue): one cut by a leader change is not
 # resent behind the caller's back (LeaderChanged), see Rpc.call.
@@ -53,27 +53,14 @@ ATTEMPT_TIMEOUT_S = 0.75
 ELECTION_BACKOFF_MAX_S = 0.1
 
 
-def split_addrs(addr: str | Sequence[str], where: str = "addr") -> tuple[str, ...]:
-    """``"a:1,b:2"`` (or a sequence of them) as a tuple of addresses, duplicates dropped;
-    ValueError naming ``where`` for an empty one."""
-    parts = addr.split(",") if isinstance(addr, str) else list(addr)
-    out: list[str] = []
-    for part in parts:
-        if not isinstance(part, str) or not part.strip():
-            raise ValueError(f"{where}: {addr!r} names an empty address (want host:port,...)")
-        if part.strip() not in out:
-            out.append(part.strip())
-    if len(out) > ADDRS_MAX:
-        raise ValueError(f"{where}: {len(out)} addresses; at most {ADDRS_MAX}")
-    return tuple(out)
-
-
 @dataclass(frozen=True, slots=True)
 class Dial:
     """Where and how to reach governord; ``from_env`` reads the GOVERNOR_* variables.
 
     ``addr`` is one ``host:port`` or several, comma-separated: the governords that share one
-    record (a leader and its standbys); ``addrs`` is that list. Calls follow the leader."""
+    record (a leader and its standbys); ``addrs`` is that list. Calls follow the leader.
+    A bad list (an empty, malformed or repeated entry, or too many: ``check_addresses``)
+    is a ConfigError naming the field."""
 
     addr: str
     api_key: str
@@ -83,7 +70,7 @@ class Dial:
     addrs: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        addrs = split_addrs(self.addr)
+        addrs = check_addresses("addr", self.addr)
         object.__setattr__(self, "addrs", addrs)
         object.__setattr__(self, "addr", ",".join(addrs))
 
@@ -99,7 +86,7 @@ class Dial:
         env = os.environ
         where = "addr" if addr else "GOVERNOR_ADDR"
         addr = addr or env.get("GOVERNOR_ADDR") or "127.0.0.1:7443"
-        joined = ",".join(split_addrs(addr, where))
+        joined = ",".join(check_addresses(where, addr))
         key = api_key or env.get("GOVERNOR_API_KEY")
         if not key:
             raise AuthError("no API key: pass api_key= or set GOVERNOR_API_KEY")

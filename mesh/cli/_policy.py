@@ -23,9 +23,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mesh.config import governord_addrs
 from mesh.errors import ConfigError, MeshError, PeerError
 from ratemesh.apikey import read_api_key
+from ratemesh.checks import check_addresses
 from ratemesh.errors import RatemeshError
 from ratemesh.policy import check_metric, descriptor_tenant, scope_name
 from ratemesh.policyfile import load_policy_file
@@ -84,7 +84,7 @@ def _connect(args: argparse.Namespace) -> Callable[[], Any]:
     made inside the event loop, which grpc's channels belong to."""
     from mesh.peer import CoordinatorClient  # grpc only when a command talks to governord
 
-    addr = ",".join(governord_addrs("--coordinator", args.coordinator))
+    addr = ",".join(check_addresses("--coordinator", args.coordinator, error=ConfigError))
     if args.api_key_file is None and args.api_key_env is None:
         env = API_KEY_ENV if API_KEY_ENV in os.environ else None
         if env is None:

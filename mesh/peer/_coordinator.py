@@ -18,7 +18,7 @@ import msgpack
 from grpc import aio
 
 from governor import wire
-from mesh.config import TlsConfig, governord_addrs
+from mesh.config import TlsConfig
 from mesh.coordinator import PolicySnapshot, PolicyStore
 from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.core.policy import TenantRatePolicy
@@ -26,6 +26,7 @@ from mesh.errors import ConfigError, MessageError, PeerUnavailable
 from mesh.peer._link import open_channel
 from mesh.peer._wire import channel_options, pack, server_options, translate, unpack
 from ratemesh import callguard
+from ratemesh.checks import check_addresses
 from ratemesh.coordinator import (
     API_KEY_MD,
     COORDINATOR_SERVICE,
@@ -185,7 +186,7 @@ class CoordinatorClient:
         `declared`: the generations this node has from its own file; each watch sends them,
         so governord refuses a put that would give one of them other values, at the pusher
         (a node that reloads its file sets `declared` again; the next watch carries it)."""
-        self.addrs = governord_addrs("addr", addr)
+        self.addrs = check_addresses("addr", addr, error=ConfigError)
         self.timeout_s = timeout_s
         self.declared = declared
         self.member_id = member_id
