@@ -48,7 +48,12 @@ def _connection_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key-file", help="a file holding the API key (its first line)")
     p.add_argument("--api-key-env", help=f"a variable holding the API key (default ${API_KEY_ENV})")
     p.add_argument("--ca", help="verify governord's TLS certificate against this CA file")
-    p.add_argument("--timeout", type=float, default=10.0, help="per call, seconds")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="per call, seconds, resends included (an election is waited out within it)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
 
