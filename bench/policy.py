@@ -58,7 +58,8 @@ NODE_KEY_ENV = "RATEMESH_BENCH_NODE_KEY"  # the worker-scope key the nodes watch
 async def in_process_coordinator() -> Coordinator:
     """An in-memory CoordinatorServer on a free loopback port, and a gRPC client to push."""
     from mesh.coordinator import PolicyStore
-    from mesh.peer import CoordinatorClient, CoordinatorServer
+    from mesh.peer import CoordinatorClient
+    from mesh.testing.coordinator import CoordinatorServer
 
     server = CoordinatorServer(PolicyStore())
     addr = await server.start()
@@ -71,7 +72,7 @@ async def in_process_coordinator() -> Coordinator:
         await client.close()
         await server.stop()
 
-    return addr, {}, push, close, "in-process CoordinatorServer (mesh.peer)"
+    return addr, {}, push, close, "in-process CoordinatorServer (mesh.testing)"
 
 
 async def governord_coordinator() -> Coordinator:

@@ -1,9 +1,9 @@
 """The client of the coordinator API over gRPC (put a policy as a new generation, list,
 watch, history): `PolicySource` against governord.
 
-governord serves this API durably, with API keys and scopes (docs/policies.md); the
-in-process `CoordinatorServer` here (no auth, not durable) is for tests and demos. The wire
-shapes are shared with governord: `ratemesh.coordinator`. With several governords (a
+governord serves this API durably, with API keys and scopes (docs/policies.md); an
+in-process one for tests and benches is `mesh.testing.coordinator.CoordinatorServer`. The
+wire shapes are shared with governord: `ratemesh.coordinator`. With several governords (a
 leader and its standbys) calls follow the leader as the SDK's do:
 `governor.client.leader.LeaderFollower`."""
 
@@ -21,13 +21,12 @@ from grpc import aio
 
 from governor.client.leader import CallFailed, LeaderFollower, status_of
 from mesh.config import TlsConfig
-from mesh.coordinator import PolicySnapshot, PolicyStore
+from mesh.coordinator import PolicySnapshot
 from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.core.policy import TenantRatePolicy
 from mesh.errors import ConfigError, MessageError, PeerUnavailable
 from mesh.peer._link import open_channel
-from mesh.peer._wire import channel_options, pack, server_options, translate_status, unpack
-from ratemesh import callguard
+from mesh.peer._wire import channel_options, pack, translate_status, unpack
 from ratemesh.checks import check_addresses
 from ratemesh.coordinator import (
     API_KEY_MD,
@@ -37,85 +36,10 @@ from ratemesh.coordinator import (
     method_path,
 )
 
-__all__ = [
-    "COORDINATOR_SERVICE",
-    "PutResult",
-    "coordinator_handler",
-    "CoordinatorClient",
-    "CoordinatorServer",
-]
+__all__ = ["COORDINATOR_SERVICE", "PutResult", "CoordinatorClient"]
 
 # the most lines of a put's `disagreements` kept (each names one watching node)
 DISAGREEMENTS_SHOWN_MAX = 64
-
-
-def coordinator_handler(store: PolicyStore) -> grpc.GenericRpcHandler:
-    """Generic handlers serving `store`; add them to any grpc aio server."""
-
-    async def put(request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
-        try:
-            obj = unpack(request, "put")
-            body = obj.get("policy") if isinstance(obj, dict) else None
-            if not isinstance(body, dict):
-                raise MessageError("policy", "must be a mapping")
-            policy = store.put(body)
-        except (ConfigError, MessageError, TypeError) as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            raise AssertionError("unreachable") from exc
-        return pack({"policy": policy.to_dict(), "revision": store.revision, "created": True})
-
-    async def list_(request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
-        return pack(store.snapshot().to_wire())
-
-    async def watch(
-        request: bytes, context: aio.ServicerContext[bytes, bytes]
-    ) -> AsyncIterator[bytes]:
-        try:
-            obj = unpack(request, "watch")
-            after = obj.get("after_revision", 0) if isinstance(obj, dict) else None
-            if type(after) is not int or after < 0:
-                raise MessageError("after_revision", "must be an integer >= 0")
-        except MessageError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            return
-        async for snap in store.watch(after):
-            yield pack(snap.to_wire())
-
-    return grpc.method_handlers_generic_handler(
-        COORDINATOR_SERVICE,
-        {
-            "Put": grpc.unary_unary_rpc_method_handler(put),
-            "List": grpc.unary_unary_rpc_method_handler(list_),
-            "Watch": grpc.unary_stream_rpc_method_handler(watch),
-        },
-    )
-
-
-class CoordinatorServer:
-    """A standalone in-process coordinator on its own port (tests, bench, demos)."""
-
-    def __init__(self, store: PolicyStore, listen: str = "127.0.0.1:0") -> None:
-        self.store = store
-        self.listen = listen
-        self._server: aio.Server | None = None
-        self.addr = ""
-
-    async def start(self) -> str:
-        # no credential (a test or demo store on loopback), but the guard's bounds: calls
-        # at once, a request within FIRST_MESSAGE_S, streams a connection
-        guard = callguard.CallGuard(lambda method, md, context: callguard.Caller("anyone"))
-        options = server_options(MAX_MESSAGE_BYTES) + callguard.server_options()
-        self._server = aio.server(options=options, interceptors=(guard,))
-        self._server.add_generic_rpc_handlers((coordinator_handler(self.store),))
-        port = self._server.add_insecure_port(self.listen)
-        await self._server.start()
-        self.addr = f"{self.listen.rpartition(':')[0]}:{port}"
-        return self.addr
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop(0)
-            self._server = None
 
 
 @dataclass(frozen=True, slots=True)

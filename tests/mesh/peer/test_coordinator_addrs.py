@@ -17,7 +17,8 @@ from mesh.coordinator import PolicySnapshot, PolicyStore
 from mesh.core.verdict import Reason
 from mesh.errors import ConfigError, PeerUnavailable
 from mesh.node import Mesh
-from mesh.peer import CoordinatorClient, CoordinatorServer
+from mesh.peer import CoordinatorClient
+from mesh.testing.coordinator import CoordinatorServer
 from tests.governor._standby import Standby
 from tests.mesh._util import POLICY, until
 

@@ -21,7 +21,8 @@ import yaml
 from bench._procs import free_port
 from mesh.coordinator import PolicyStore
 from mesh.errors import PeerUnavailable
-from mesh.peer import CoordinatorClient, CoordinatorServer
+from mesh.peer import CoordinatorClient
+from mesh.testing.coordinator import CoordinatorServer
 from tests.governor._daemon import ROOT, Daemon
 from tests.governor._standby import Standby
 from tests.governor._stores import make_target
