@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._procs import free_port, read_ready, spawn, stop, write_config
+from ratemesh.checks import address_parts
 
 __all__ = ["run", "governord_coordinator", "in_process_coordinator", "Coordinator"]
 
@@ -234,8 +235,8 @@ async def _generation(addr: str) -> int:
 async def _get_health(addr: str) -> dict[str, Any]:
     """GET /health, asking the node to close after its answer (its HTTP server keeps a
     connection alive otherwise), so the body is what arrives before the close."""
-    host, _, port = addr.rpartition(":")
-    reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+    host, port = address_parts("addr", addr)
+    reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(b"GET /health HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
         await writer.drain()
