@@ -6,13 +6,14 @@ the one `governor.client.leader.LeaderFollower`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,27 +32,34 @@ from tests.mesh._util import POLICY
 DOWN_S = 0.4  # how long the coordinator is away: several back-offs, well inside timeout_s
 
 
-async def _start_later(server: CoordinatorServer, delay_s: float) -> None:
-    await asyncio.sleep(delay_s)
-    await server.start()
+@contextlib.asynccontextmanager
+async def _up_later(addrs: list[str]) -> AsyncIterator[tuple[CoordinatorClient, str]]:
+    """A client of `addrs` and a coordinator that starts DOWN_S later on a free port (the
+    last of the client's addresses); all of it stopped after."""
+    addr = f"127.0.0.1:{free_port()}"
+    later = CoordinatorServer(PolicyStore(), addr)
+    client = CoordinatorClient([*addrs, addr], timeout_s=5.0)
+
+    async def start() -> None:
+        await asyncio.sleep(DOWN_S)
+        await later.start()
+
+    starting = asyncio.create_task(start())
+    try:
+        yield client, addr
+    finally:
+        await starting
+        await client.close()
+        await later.stop()
 
 
 def test_a_put_rides_out_a_restart_of_its_one_address() -> None:
     async def main() -> None:
-        addr = f"127.0.0.1:{free_port()}"
-        store = PolicyStore()
-        later = CoordinatorServer(store, addr)
-        client = CoordinatorClient(addr, timeout_s=5.0)
-        starting = asyncio.create_task(_start_later(later, DOWN_S))
-        try:
+        async with _up_later([]) as (client, _):
             began = time.monotonic()
             assert (await client.put(POLICY)).generation == 1  # resent until it is back
             assert time.monotonic() - began >= DOWN_S * 0.9
             assert len((await client.list()).policies) == 1
-        finally:
-            await starting
-            await client.close()
-            await later.stop()
 
     asyncio.run(main())
 
@@ -61,20 +69,14 @@ def test_a_put_waits_out_an_election_then_follows_the_new_leader() -> None:
     the put backs off round the list until the leader answers, not once round and out."""
 
     async def main() -> None:
-        addr = f"127.0.0.1:{free_port()}"
-        later = CoordinatorServer(PolicyStore(), addr)
         standby = Standby("")
         await standby.start()
-        client = CoordinatorClient([standby.addr, addr], timeout_s=5.0)
-        starting = asyncio.create_task(_start_later(later, DOWN_S))
         try:
-            assert (await client.put(POLICY)).generation == 1
-            assert client.addr == addr
+            async with _up_later([standby.addr]) as (client, addr):
+                assert (await client.put(POLICY)).generation == 1
+                assert client.addr == addr and standby.calls["Put"] >= 1
         finally:
-            await starting
-            await client.close()
             await standby.stop()
-            await later.stop()
 
     asyncio.run(main())
 
