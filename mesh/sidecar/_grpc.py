@@ -30,6 +30,7 @@ from mesh.sidecar._auth import AUTH_HEADER, BearerCheck
 from mesh.sidecar._items import Decider, Item, Outcome, quota_fields, shared_fields
 from ratemesh import callguard
 from ratemesh.callguard import Caller, CallGuard, GuardLimits, Refused
+from ratemesh.checks import with_port
 
 __all__ = ["ADMISSION_SERVICE", "GrpcSidecar", "encode_outcomes"]
 
@@ -207,8 +208,7 @@ class GrpcSidecar:
         port = await bind_port(server, self.listen, self.tls, field="sidecar.grpc_listen")
         await server.start()
         self._server = server
-        host = self.listen.rpartition(":")[0]
-        self.address = f"{host}:{port}"
+        self.address = with_port(self.listen, port)
         return self.address
 
     async def stop(self, grace_s: float) -> None:
