@@ -16,7 +16,9 @@ to ask and how long to back off is `ratemesh.creditloop.CreditLoop`'s, one per g
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from mesh.core.admission._gates import FixedGate
 from mesh.core.effects import Effect, ReserveCredit, ReturnCredit
 from mesh.core.gate import NEVER, Gate
 from mesh.core.policy import BOUNDS, Mode, RateKey, TenantRatePolicy
@@ -26,7 +28,10 @@ from ratemesh.credit import GOVERNOR_UNREACHABLE, CreditConfig, HeldBlock, Reser
 from ratemesh.creditloop import CreditLoop
 from ratemesh.errors import ConfigError as SharedConfigError
 
-__all__ = ["CreditDesk", "StrictGate", "STRICT_BOUND"]
+if TYPE_CHECKING:
+    from mesh.core.admission._admission import Admission
+
+__all__ = ["CreditDesk", "StrictGate", "STRICT_BOUND", "open_strict"]
 
 NS_PER_MS = 1_000_000
 STRICT_BOUND = BOUNDS["strict"]
@@ -36,6 +41,24 @@ _NO_BLOCK = HeldBlock(0, 0, 0, _BEFORE_ALL)  # the fast block when there is none
 
 def _ignore(v: Gate) -> None:
     v.flush_at = NEVER
+
+
+def open_strict(admission: Admission, policy: TenantRatePolicy) -> Gate:
+    """`strict`: the mesh's view in front (with a reporter) and this worker's credit; with
+    no credit source attached (no `strict:` section), shut, saying governor_unreachable."""
+    credit = admission.credit
+    if credit is None:
+        return FixedGate(
+            policy,
+            _ignore,
+            False,
+            STRICT_BOUND,
+            Suspension.GOVERNOR_UNREACHABLE,
+            Reason.GOVERNOR_UNREACHABLE,
+        )
+    reporter = admission.reporter
+    front = None if reporter is None else reporter.open_gate(policy)
+    return credit.open(policy, front)
 
 
 class StrictGate(Gate):
@@ -222,6 +245,48 @@ class StrictGate(Gate):
     def holds_nothing(self) -> bool:
         """No block held and none asked for: forgetting the gate strands no credit."""
         return not self.holder.blocks and self.holder.in_flight is None
+
+    # ---- what admission asks of the view (`Gate`) -----------------------------------------
+
+    def deny(self, amount: int, admission: Admission) -> Verdict:
+        """`avail` stays 0: every admission the hot path does not inline lands here."""
+        return self.admit(amount)
+
+    def refund(self, amount: int) -> None:
+        """The mesh's charge goes back; spent credit does not (a unit taken from a block
+        stays spent, which only ever lowers what is admitted)."""
+        if self.front is not None:
+            self.front.refund(amount)
+
+    def idle(self, admission: Admission) -> bool:
+        """No credit held or asked for, and the mesh's view in front idle too."""
+        if not self.holds_nothing():
+            return False
+        reporter = admission.reporter
+        return self.front is None or (
+            reporter is not None and reporter.forget_if_idle(self.front.key)
+        )
+
+    def forget(self, admission: Admission, *, retire: bool) -> None:
+        """Give back what the gate holds; a new generation retires the front's key."""
+        if retire and self.front is not None and admission.reporter is not None:
+            admission.reporter.retire(self.front.key)
+        self.desk.close(self)
+
+    def deadline(self) -> Verdict | None:
+        """A waiter's deadline while credit fails closed carries the suspension."""
+        no = self.no
+        if no.suspended is None:
+            return None
+        return verdict(
+            False,
+            Reason.DEADLINE_EXCEEDED,
+            Mode.STRICT,
+            no.bound,
+            no.suspended,
+            limit=no.limit,
+            step=Step.QUEUE,
+        )
 
 
 class CreditDesk:
