@@ -70,16 +70,22 @@ def _never(v: Gate) -> None:
     v.flush_at = NEVER
 
 
-def test_a_registered_gate_answers_everything_admission_asks_of_its_mode(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    opened: list[_Recorded] = []
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> list[_Recorded]:
+    """Local mode registered as `_Recorded`, for one test; the gates it opened."""
+    gates: list[_Recorded] = []
 
     def open_recorded(admission: Admission, p: TenantRatePolicy) -> Gate:
-        opened.append(_Recorded(p))
-        return opened[-1]
+        gates.append(_Recorded(p))
+        return gates[-1]
 
     monkeypatch.setitem(OPENERS, Mode.LOCAL, open_recorded)
+    return gates
+
+
+def test_a_registered_gate_answers_everything_admission_asks_of_its_mode(
+    opened: list[_Recorded],
+) -> None:
     a = Admission(cache(policy(rate=100, burst=10, mode="local")), 0)
     assert sum(a.try_admit("t", "read_iops").allowed for _ in range(8)) == FIVE_LEFT
     (g,) = opened
@@ -93,15 +99,8 @@ def test_a_registered_gate_answers_everything_admission_asks_of_its_mode(
 
 
 def test_a_new_generation_retires_the_old_gate_through_its_mode(
-    monkeypatch: pytest.MonkeyPatch,
+    opened: list[_Recorded],
 ) -> None:
-    opened: list[_Recorded] = []
-
-    def open_recorded(admission: Admission, p: TenantRatePolicy) -> Gate:
-        opened.append(_Recorded(p))
-        return opened[-1]
-
-    monkeypatch.setitem(OPENERS, Mode.LOCAL, open_recorded)
     policies = cache(policy(rate=100, burst=10, mode="local"))
     a = Admission(policies, 0)
     assert a.try_admit("t", "read_iops").allowed
