@@ -152,3 +152,8 @@ class Gate:
     def detailed(self, v: Verdict, n: Numbers) -> Verdict:
         """`v`, a verdict just given here, as a fresh verdict carrying its numbers `n`."""
         return v.with_numbers(n, self.ok.limit)
+
+    def health(self) -> dict[str, object]:
+        """What /health shows of the view beyond its bound and suspension: its mode's own
+        state (read under the node's lock)."""
+        return {}

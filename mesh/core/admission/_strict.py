@@ -273,6 +273,10 @@ class StrictGate(Gate):
             admission.reporter.retire(self.front.key)
         self.desk.close(self)
 
+    def health(self) -> dict[str, object]:
+        """The credit held: units spendable now, from live blocks."""
+        return {"credit_held": self.holder.held(self.desk.now_ms()) // self.scale}
+
     def deadline(self) -> Verdict | None:
         """A waiter's deadline while credit fails closed carries the suspension."""
         no = self.no

@@ -378,3 +378,6 @@ class GlobalGate(Gate):
         """A new generation: the old key keeps reporting until it drains."""
         if retire and admission.reporter is not None:
             admission.reporter.retire(self.key)
+
+    def health(self) -> dict[str, object]:
+        return {"view": self.state.value}

@@ -27,7 +27,7 @@ def test_admission_names_no_mode() -> None:
     """The ladders are gone: what differs by mode is the gate's, reached through `Gate`."""
     source = inspect.getsource(admission_module)
     assert "Mode." not in source
-    for method in ("deny", "refund", "idle", "forget", "deadline", "detailed"):
+    for method in ("deny", "refund", "idle", "forget", "deadline", "detailed", "health"):
         assert hasattr(Gate, method)
 
 
