@@ -15,7 +15,7 @@ down: never more than is there) and multiplies `pending` and `denied` by `scale`
 leave the view (a settle, a report); with scale 1 both are the identity.
 
 Each mode's gate also answers for itself what `Admission` asks of any view off the hot path
-(`deny`, `refund`, `idle`, `forget`, `deadline`, `detailed`): the defaults here are a
+(`deny`, `refund`, `idle`, `forget`, `deadline`, `detailed`, `health`): the defaults are a
 plain metered view's, and a mode overrides what differs. Which gate a mode opens is
 `mesh.core.admission._modes.OPENERS` (docs/architecture.md, "Adding a mode").
 """
