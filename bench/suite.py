@@ -398,6 +398,7 @@ def run(
         measure_once(quick=quick, progress=progress, label=f"run {i + 1}/{runs}: ")
         for i in range(runs)
     ]
+    env["load_1m_end"] = round(os.getloadavg()[0], 2)
     calibration = float(statistics.median(p.calibration for p in passes))
     measured: dict[str, tuple[Value, float | None]] = {}
     for fig in FIGURES:
