@@ -243,7 +243,7 @@ def compare(
             regressed = is_worse(fig, ratio, base_ratio)
         figures[fig.name] = {
             "value": value,
-            "ratio_to_calibration": None if ratio is None else round(ratio, 6),
+            "ratio_to_calibration": None if ratio is None else float(f"{ratio:.6g}"),
             "baseline_ratio": base_ratio,
             "change": (
                 None if ratio is None or not base_ratio else round(ratio / base_ratio - 1, 4)
