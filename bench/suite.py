@@ -1,7 +1,7 @@
 """`mesh bench suite`: the headline benches beside a calibration loop, against a baseline.
 
 Machines (and one machine under different loads) differ by 2x and more, so a figure is read
-as its ratio to a bare dict-keyed GCRA loop measured in the same process and run
+as its ratio to a bare dict-keyed GCRA loop measured in the same process just before its bench
 (`calibration_loop`, the loop `perfcheck` times). The ratios are compared with the ones
 committed in `bench/baseline.json`; a figure more than `TOLERANCE` worse than its baseline
 ratio is a regression. Each figure states its orientation (`higher_is_better`) and how its
@@ -261,6 +261,8 @@ def table(result: Mapping[str, Any]) -> str:
         f"calibration {result['calibration_ops_per_s']:,} ops/s "
         f"(end of run {result['calibration_end_ops_per_s']:,}); tolerance "
         f"{TOLERANCE:.0%}; baseline {result['baseline']}",
+        "calibration before each bench: "
+        + ", ".join(f"{b} {c:,}" for b, c in result["calibration_by_bench_ops_per_s"].items()),
         f"{'figure':<30} {'value':>14} {'ratio':>12} {'baseline':>12} {'change':>8}  better",
     ]
     for name, f in result["figures"].items():
@@ -326,32 +328,33 @@ def _dig(obj: Any, path: Sequence[str]) -> Value:
 
 @dataclass(frozen=True, slots=True)
 class Measured:
-    """One pass over every bench: the calibration before and after, and each figure."""
+    """One pass over every bench: each bench's figures beside the calibration measured just
+    before it (load that comes and goes during a pass moves both), and one after them all."""
 
-    calibration: float
+    calibrations: dict[str, float]
     calibration_end: float
     values: dict[str, Value]
     errors: dict[str, str]
 
 
 def measure_once(*, quick: bool, progress: Progress, label: str = "") -> Measured:
-    """Calibrate, run every bench in turn, calibrate again (load that came or went shows)."""
+    """Each bench in turn, each after a calibration loop; a last calibration at the end."""
     cal_s = 0.3 if quick else 1.0
     t0 = time.monotonic()
-    progress(f"{label}calibration loop ({CALIBRATION_REPEATS} x {cal_s} s)")
-    calibration = calibrate(cal_s)
+    calibrations: dict[str, float] = {}
     values: dict[str, Value] = {}
     errors: dict[str, str] = {}
     for bench, fn in _benches(quick).items():
-        progress(f"{label}{bench} (elapsed {time.monotonic() - t0:.1f} s)")
+        progress(f"{label}calibration, then {bench} (elapsed {time.monotonic() - t0:.1f} s)")
+        calibrations[bench] = calibrate(cal_s)
         try:
             out = fn()
         except Exception as exc:  # one failed bench must not hide the others' figures
             errors[bench] = one_line(f"{type(exc).__name__}: {exc}")
             out = {}
         values.update({f.name: _dig(out, f.path) for f in FIGURES if f.bench == bench})
-    progress(f"{label}calibration loop again (elapsed {time.monotonic() - t0:.1f} s)")
-    return Measured(calibration, calibrate(cal_s), values, errors)
+    progress(f"{label}calibration again (elapsed {time.monotonic() - t0:.1f} s)")
+    return Measured(calibrations, calibrate(cal_s), values, errors)
 
 
 def _median(xs: Sequence[float | int | bool | None]) -> Value:
@@ -399,16 +402,23 @@ def run(
         for i in range(runs)
     ]
     env["load_1m_end"] = round(os.getloadavg()[0], 2)
-    calibration = float(statistics.median(p.calibration for p in passes))
+    by_bench = {
+        b: round(statistics.median(p.calibrations[b] for p in passes))
+        for b in passes[0].calibrations
+    }
+    calibration = statistics.median(c for p in passes for c in p.calibrations.values())
     measured: dict[str, tuple[Value, float | None]] = {}
     for fig in FIGURES:
         vals = [p.values.get(fig.name) for p in passes]
-        ratios = [ratio_of(fig, v, p.calibration) for v, p in zip(vals, passes, strict=True)]
+        ratios = [
+            ratio_of(fig, v, p.calibrations[fig.bench]) for v, p in zip(vals, passes, strict=True)
+        ]
         ratio = _median(ratios)
         measured[fig.name] = (_median(vals), None if ratio is None else float(ratio))
     out: dict[str, Any] = {
         "calibration_ops_per_s": round(calibration),
         "calibration_end_ops_per_s": round(statistics.median(p.calibration_end for p in passes)),
+        "calibration_by_bench_ops_per_s": by_bench,
         **compare(measured, baseline),
         "errors": {b: e for p in passes for b, e in p.errors.items()},
         "baseline": str(baseline_path),
