@@ -129,8 +129,18 @@ async def _charge(payload: dict[str, Any], limits: HookLimits, dial: Dial) -> st
             "request_id": f"hook-run-{hashlib.sha256(run.encode()).hexdigest()[:32]}",
         }
         if limits.minutes is not None:
-            body["deadline_ms"] = int(limits.minutes * 60_000)
-        node = int((await call("EnsureNode", body))["node_id"])
+            # An instant (epoch ms, as the API reads every deadline), from this call: the
+            # first call makes the run's node, so its deadline counts from the run's start
+            # (later calls find the node and leave its deadline as it is).
+            body["deadline_ms"] = int(time.time() * 1000) + int(limits.minutes * 60_000)
+        try:
+            node = int((await call("EnsureNode", body))["node_id"])
+        except GovernorClientError as exc:
+            if exc.code != "ALREADY_EXISTS":
+                raise
+            # The run's node was made (this request id) and is active no more: its deadline
+            # passed. A node made afresh would start the budget over.
+            raise NodeEnded(str(exc), exc.code, exc.detail) from exc
         if agent:
             name = f"agent:{_ident(agent, 'agent_id')}"
             child = await call(

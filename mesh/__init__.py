@@ -1,30 +1,20 @@
 """ratemesh's data plane: local admission, eventually consistent global limits.
 
-The public API is re-exported here; everything else is private to its package.
+This is the embedding API (docs/api.md): the node (`Mesh`), the sans-I/O admission core
+(`Admission`, `admit`), the call-site helpers, verdicts and their vocabulary, the policy
+types an application constructs, and the errors it may catch. The parts inside (the owner,
+reporter, ring, meter, wire messages) are reachable by their own modules (`mesh.core.owner`,
+`mesh.core.messages`, ...), but are not promised here.
 """
 
-from mesh.aio import Ticker, admit
-from mesh.callsite import Lease, Limited, limited
+from mesh.aio import admit
+from mesh.callsite import Charge, Limited, limited
 from mesh.core.admission import Admission
 from mesh.core.config import CoreConfig
-from mesh.core.gcra import Gcra
-from mesh.core.messages import RateSnapshot, ReportBatch, SnapshotBatch, UsageReport
-from mesh.core.owner import Owner
-from mesh.core.policy import Metric, Mode, PolicyCache, RateKey, TenantRatePolicy, Unit
-from mesh.core.reporter import Reporter
-from mesh.core.ring import Ring
+from mesh.core.policy import Metric, Mode, PolicyCache, TenantRatePolicy, Unit
 from mesh.core.verdict import Reason, Step, Suspension, Verdict
-from mesh.errors import (
-    ConfigError,
-    ConfigTypeError,
-    MeshError,
-    MessageError,
-    MessageTypeError,
-    RateLimited,
-)
+from mesh.errors import ConfigError, ConfigTypeError, MeshError, RateLimited
 from ratemesh.policy import descriptor_tenant
-
-Policy = TenantRatePolicy
 
 
 def __getattr__(name: str) -> object:
@@ -39,35 +29,22 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "Admission",
+    "Charge",
     "ConfigError",
     "ConfigTypeError",
     "CoreConfig",
-    "Gcra",
-    "Lease",
     "Limited",
     "Mesh",
     "MeshError",
-    "MessageError",
-    "MessageTypeError",
     "Metric",
     "Mode",
-    "Owner",
-    "Policy",
     "PolicyCache",
-    "RateKey",
     "RateLimited",
-    "RateSnapshot",
     "Reason",
-    "ReportBatch",
-    "Reporter",
-    "Ring",
-    "SnapshotBatch",
     "Step",
     "Suspension",
     "TenantRatePolicy",
-    "Ticker",
     "Unit",
-    "UsageReport",
     "Verdict",
     "admit",
     "descriptor_tenant",

@@ -1,12 +1,12 @@
 """Call-site helpers: a decorator and a context manager over `Mesh`'s admission.
 
-    with mesh.limited("acme", "client_egress_bytes", len(chunk)) as lease:
+    with mesh.limited("acme", "client_egress_bytes", len(chunk)) as charge:
         sent = sock.send(chunk)
-        lease.used(sent)                       # a short send: the rest goes back
+        charge.used(sent)                      # a short send: the rest goes back
 
-    async with mesh.limited("acme", "tokens", 4096, timeout_s=0.5) as lease:
+    async with mesh.limited("acme", "tokens", 4096, timeout_s=0.5) as charge:
         reply = await model.complete(prompt)
-        lease.used(reply.tokens)
+        charge.used(reply.tokens)
 
     @mesh.limited("acme", "requests")
     async def handler(request): ...
@@ -16,14 +16,14 @@ wait in the tenant's queue (`admit_blocking` for `with`, `await admit` for `asyn
 Denied, it raises `RateLimited`, carrying the `Verdict`: the caller asked for an exception
 by using the helper (`try_admit` itself still returns the denial as a value).
 
-On exit it refunds what the block said it did not use: `lease.used(n)` (n of the charge
-were used) or `lease.refund(n)` (give n back now). Saying neither means all was used. An
+On exit it refunds what the block said it did not use: `charge.used(n)` (n of the charge
+were used) or `charge.refund(n)` (give n back now). Saying neither means all was used. An
 exception inside the block refunds nothing by default, since the work may have happened
 and counting it errs on the safe side; `refund_on_error=True` refunds what is left of the
 charge (for calls that fail before anything was sent). The exception always propagates.
 
 A `Limited` is one admission's description; each `with`/`async with` (and each call of a
-decorated function) takes its own lease, kept in a context variable, so one object serves
+decorated function) takes its own charge, kept in a context variable, so one object serves
 any number of concurrent threads and tasks. The descriptor form
 (`descriptor=("route", "/upload")`) narrows the tenant as a policy's descriptor does
 (`ratemesh.policy.descriptor_tenant`, docs/policies.md).
@@ -42,7 +42,7 @@ from mesh.errors import ConfigError, RateLimited
 from ratemesh.errors import RatemeshError
 from ratemesh.policy import check_metric, descriptor_tenant
 
-__all__ = ["Admits", "Lease", "Limited", "limited"]
+__all__ = ["Admits", "Charge", "Limited", "limited"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -63,7 +63,7 @@ class Admits(Protocol):
     ) -> Verdict: ...
 
 
-class Lease:
+class Charge:
     """One admitted charge inside a `with` block: say how much of it was used."""
 
     __slots__ = ("tenant", "metric", "charged", "verdict", "_mesh", "_back", "_used", "_open")
@@ -120,13 +120,13 @@ class Lease:
 
     def _check(self, n: int, what: str) -> None:
         if not self._open:
-            raise ConfigError(what, "the lease's block has ended")
+            raise ConfigError(what, "the charge's block has ended")
         if type(n) is not int or n < 0:
             raise ConfigError(what, f"must be an integer >= 0, got {n!r}")
 
     def __repr__(self) -> str:
         return (
-            f"Lease({self.tenant!r}, {self.metric!r}, charged={self.charged}, "
+            f"Charge({self.tenant!r}, {self.metric!r}, charged={self.charged}, "
             f"refunded={self._back})"
         )
 
@@ -167,28 +167,28 @@ class Limited:
 
     # -- sync ------------------------------------------------------------------------------
 
-    def __enter__(self) -> Lease:
+    def __enter__(self) -> Charge:
         if self.timeout_s is None:
             v = self._mesh.try_admit(self.tenant, self.metric, self.amount)
         else:
             v = self._mesh.admit_blocking(
                 self.tenant, self.metric, self.amount, timeout_s=self.timeout_s
             )
-        return self._lease(v)
+        return self._charge(v)
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self._pop()._close(exc_type is not None, self.refund_on_error)
 
     # -- async -----------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Lease:
+    async def __aenter__(self) -> Charge:
         if self.timeout_s is None:
             v = self._mesh.try_admit(self.tenant, self.metric, self.amount)
         else:
             v = await self._mesh.admit(
                 self.tenant, self.metric, self.amount, timeout_s=self.timeout_s
             )
-        return self._lease(v)
+        return self._charge(v)
 
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
         self._pop()._close(exc_type is not None, self.refund_on_error)
@@ -213,19 +213,19 @@ class Limited:
 
         return cast(F, run)
 
-    def _lease(self, v: Verdict) -> Lease:
+    def _charge(self, v: Verdict) -> Charge:
         if not v.allowed:
             raise RateLimited(v, self.tenant, self.metric, self.amount)
-        lease = Lease(self._mesh, self.tenant, self.metric, self.amount, v)
-        _LEASES.set((*_LEASES.get(), (self, lease)))
-        return lease
+        charge = Charge(self._mesh, self.tenant, self.metric, self.amount, v)
+        _CHARGES.set((*_CHARGES.get(), (self, charge)))
+        return charge
 
-    def _pop(self) -> Lease:
-        """This object's innermost lease in the current thread or task."""
-        live = _LEASES.get()
+    def _pop(self) -> Charge:
+        """This object's innermost charge in the current thread or task."""
+        live = _CHARGES.get()
         for i in range(len(live) - 1, -1, -1):
             if live[i][0] is self:
-                _LEASES.set(live[:i] + live[i + 1 :])
+                _CHARGES.set(live[:i] + live[i + 1 :])
                 return live[i][1]
         raise ConfigError("limited", "exited without being entered in this thread or task")
 
@@ -233,9 +233,9 @@ class Limited:
         return f"Limited({self.tenant!r}, {self.metric!r}, {self.amount})"
 
 
-# The leases entered and not yet exited, innermost last: per thread and per asyncio task
-# (each has its own context), so concurrent blocks on one `Limited` never swap leases.
-_LEASES: ContextVar[tuple[tuple[Limited, Lease], ...]] = ContextVar("mesh_leases", default=())
+# The charges entered and not yet exited, innermost last: per thread and per asyncio task
+# (each has its own context), so concurrent blocks on one `Limited` never swap charges.
+_CHARGES: ContextVar[tuple[tuple[Limited, Charge], ...]] = ContextVar("mesh_charges", default=())
 
 
 # `mesh.limited(admitter, ...)`, for any admitter (module docstring): the class itself, so

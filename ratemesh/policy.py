@@ -65,6 +65,10 @@ class Unit(StrEnum):
         return cls.REQUESTS if value == "units" else None
 
 
+# Units charged ahead and refunded when fewer were used (a short send, a shorter reply).
+_REFUNDED = frozenset({Unit.BYTES, Unit.TOKENS})
+
+
 # The one rule a metric name must follow: it is a label value, a wire string and a file key.
 METRIC_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
 # Distinct metric names one policy cache (one node, one governord) holds; each is a map in
@@ -272,6 +276,15 @@ class TenantRatePolicy:
         object.__setattr__(self, "mode", _mode(self.mode))
         unit = default_unit(self.metric) if self.unit is None else _unit(self.unit)
         object.__setattr__(self, "unit", unit)
+        if self.mode is Mode.REDIS and unit in _REFUNDED and self.quota is None:
+            # Redis's script only ever takes (docs/redis.md): a short send's refund would be
+            # dropped, and the limit would run below what it says, silently.
+            raise ConfigError(
+                "mode",
+                f"redis cannot meter {unit} on {self.metric}: they are charged ahead and "
+                "refunded when fewer are used, and the redis script cannot give back; use "
+                "global or strict for this metric",
+            )
         tenant = self.tenant_id
         if DESCRIPTOR_SEP in tenant:  # already folded (a copy, a key's tenant part)
             base, desc = split_tenant(tenant)
@@ -407,8 +420,9 @@ class TenantRatePolicy:
             "global_burst": self.global_burst,
             "local_burst_cap": self.local_burst_cap,
             "enabled": self.enabled,
-            "mode": self.mode.value,
         }
+        if self.quota is None:  # a spend quota has no mode (its ledger meters it)
+            out["mode"] = self.mode.value
         if self.scale != 1:
             out["target_rate"] = rate_text(self.target_rate, self.scale)
             out["global_burst"] = self.burst_units
@@ -433,8 +447,11 @@ class TenantRatePolicy:
         *,
         where: str = "policy",
         error: type[RatemeshError] = ConfigError,
+        written: bool = False,
     ) -> TenantRatePolicy:
-        """Build from a mapping (YAML, coordinator), naming `where.key` in any error."""
+        """Build from a mapping (YAML, coordinator), naming `where.key` in any error.
+        `written`: an operator wrote it (a policy file, a node config), where a key that
+        would do nothing is refused rather than read as if it did."""
         if not isinstance(data, dict):
             raise error(where, f"must be a mapping, got {type(data).__name__}")
         # A quota policy (period or quota given) needs no rate fields (docs/quotas.md).
@@ -446,6 +463,9 @@ class TenantRatePolicy:
         for name in required:
             if name not in data:
                 raise error(f"{where}.{name}", "is required")
+        if written and quota and "mode" in data:
+            # A spend quota is metered by its ledger, never by a mode (docs/quotas.md).
+            raise error(f"{where}.mode", "does not apply to a spend quota (period and quota)")
         try:
             return cls(**data)
         except RatemeshError as exc:

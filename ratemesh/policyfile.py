@@ -55,7 +55,7 @@ def parse_policy_list(
         explicit = not isinstance(raw, dict) or "generation" in raw
         if not explicit and not generation_required:
             raw = {**raw, "generation": 1}  # validated as the first; governord numbers it
-        policy = TenantRatePolicy.from_dict(raw, where=here, error=error)
+        policy = TenantRatePolicy.from_dict(raw, where=here, error=error, written=True)
         key = (policy.tenant_id, policy.metric)
         if one_per_key and key in seen:
             raise error(

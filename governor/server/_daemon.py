@@ -52,6 +52,7 @@ from governor.store import (
 from ratemesh import callguard
 from ratemesh import coordinator as cw
 from ratemesh.callguard import Caller, CallGuard, GuardLimits, Refused
+from ratemesh.checks import with_port
 from ratemesh.coordinator import PING_INTERVAL_MIN_MS
 from ratemesh.grpcstd import add_standard_services, open_health
 from ratemesh.operator import one_line, probe_bind
@@ -193,7 +194,7 @@ def _bind(server: aio.Server, addr: str, reloader: CertReloader | None) -> str:
         raise ConfigError(
             "listen", f"cannot bind {addr}: the port is in use or the address is not this host's"
         ) from exc
-    return f"{addr.rpartition(':')[0]}:{port}"
+    return with_port(addr, port)
 
 
 class _Process:

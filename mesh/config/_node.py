@@ -74,7 +74,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mesh.config._addrs import governord_addrs
 from mesh.config._envoy import EnvoyRlsConfig, parse_envoy_rls
 from mesh.config._files import config_file
 from mesh.config._sharedstate import SharedStateConfig, parse_shared_state
@@ -86,7 +85,13 @@ from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.core.policy import Mode, TenantRatePolicy
 from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.apikey import read_api_key
-from ratemesh.checks import check_address, check_keys, is_loopback, is_wildcard
+from ratemesh.checks import (
+    check_address,
+    check_addresses,
+    check_keys,
+    is_loopback,
+    is_wildcard,
+)
 from ratemesh.policyfile import load_policy_file as read_policy_file
 from ratemesh.secretcheck import SECRET_MIN_BYTES, weak_secret
 from ratemesh.yamlfile import load_yaml
@@ -717,7 +722,9 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
     if not isinstance(inline, list):
         raise ConfigTypeError("policies.inline", "must be a list of policies")
     found += [
-        TenantRatePolicy.from_dict(p, where=f"policies.inline[{i}]", error=ConfigError)
+        TenantRatePolicy.from_dict(
+            p, where=f"policies.inline[{i}]", error=ConfigError, written=True
+        )
         for i, p in enumerate(inline)
     ]
     out["policies"] = tuple(found)
@@ -732,7 +739,9 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
         )
         if "addr" not in coord:
             raise ConfigError("policies.coordinator.addr", "is required")
-        addr = ",".join(governord_addrs("policies.coordinator.addr", coord["addr"]))
+        addr = ",".join(
+            check_addresses("policies.coordinator.addr", coord["addr"], error=ConfigError)
+        )
         out["coordinator"] = CoordinatorConfig(
             addr,
             check_int(

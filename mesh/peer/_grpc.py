@@ -18,6 +18,7 @@ from mesh.config import TlsConfig
 from mesh.core.messages import CellPublish, CooldownReport, Handover, Message, ReportBatch, encode
 from mesh.peer._link import PeerLink
 from mesh.peer._server import IsMember, PeerHandler, PeerServer
+from ratemesh.checks import with_port
 
 __all__ = ["GrpcTransport"]
 
@@ -62,19 +63,20 @@ class GrpcTransport:
         self._addresses: dict[str, str] = {}
         self.sent = 0
         self.dropped = 0
+        self.bad_replies = 0  # of links since closed (the live ones count their own)
 
     async def start(self) -> str:
         port = await self.server.start()
         if self.advertise:
             return self.advertise
-        host = self.listen.rpartition(":")[0]
-        return f"{host}:{port}"
+        return with_port(self.listen, port)
 
     def set_peers(self, addresses: Mapping[str, str]) -> None:
         self._addresses = dict(addresses)
         for peer, link in list(self.links.items()):
             if self._addresses.get(peer) != link.addr:
                 del self.links[peer]
+                self.bad_replies += link.bad_replies
                 asyncio.get_running_loop().create_task(link.close())
 
     def send(self, to: str, message: Message) -> bool:
@@ -139,6 +141,8 @@ class GrpcTransport:
             "dropped": self.dropped + sum(lk.dropped for lk in self.links.values()),
             "received": self.server.received,
             "refused_streams": self.server.refused,
+            # ratemesh_peer_bad_replies_total: monotonic, closed links' counts kept
+            "bad_replies": self.bad_replies + sum(lk.bad_replies for lk in self.links.values()),
             "refused": dict(self.server.refused_by),  # ratemesh_peer_refused_total{reason}
             "open_streams": self.server.open_streams,
             "snapshots_dropped_no_stream": self.server.snapshots_dropped,

@@ -31,6 +31,7 @@ from mesh.sidecar._envoy import EnvoyRls, add_rls
 from mesh.sidecar._items import Decider, Item, Outcome, quota_fields, shared_fields
 from ratemesh import callguard
 from ratemesh.callguard import Caller, CallGuard, GuardLimits, Refused
+from ratemesh.checks import with_port
 from ratemesh.grpcstd import Ready, add_standard_services, open_health
 
 __all__ = ["ADMISSION_SERVICE", "GrpcSidecar", "encode_outcomes"]
@@ -215,8 +216,7 @@ class GrpcSidecar:
         port = await bind_port(server, self.listen, self.tls, field="sidecar.grpc_listen")
         await server.start()
         self._server = server
-        host = self.listen.rpartition(":")[0]
-        self.address = f"{host}:{port}"
+        self.address = with_port(self.listen, port)
         return self.address
 
     async def stop(self, grace_s: float) -> None:

@@ -107,6 +107,13 @@ class NodeStats:
     escrow_charged: int = 0
     escrow_netted: int = 0
     escrow_refunded: int = 0  # charged, never reported, given back when the escrow closed
+    # Failures said out loud rather than only logged at debug: replies on this member's
+    # peer links that failed validation or were not a reply (each changed nothing), calls
+    # to the spend quotas' cell tier that failed (the owners' folds still count), and young
+    # collections run because peer streams were refused (mesh/node/_driver.py)
+    peer_bad_replies: int = 0
+    cell_tier_errors: int = 0
+    refused_stream_collections: int = 0
 
 
 def rate_and_burst(p: TenantRatePolicy) -> tuple[float, float] | None:
@@ -395,6 +402,21 @@ class _Collector(Collector):
             "ratemesh_owner_escrow_refunded_units",
             "Of the escrow charged, units never reported and given back when it closed",
             value=s.escrow_refunded,
+        )
+        yield CounterMetricFamily(
+            "ratemesh_peer_bad_replies",
+            "Replies on this member's peer links that failed validation or were not a reply",
+            value=s.peer_bad_replies,
+        )
+        yield CounterMetricFamily(
+            "ratemesh_cell_tier_errors",
+            "Calls to the spend quotas' shared cell tier that failed",
+            value=s.cell_tier_errors,
+        )
+        yield CounterMetricFamily(
+            "ratemesh_refused_stream_collections",
+            "Young garbage collections run because peer streams were refused",
+            value=s.refused_stream_collections,
         )
         refused = CounterMetricFamily(
             "ratemesh_peer_refused",

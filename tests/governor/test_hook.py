@@ -73,6 +73,29 @@ def test_the_hook_blocks_at_the_budget_and_never_double_charges(governord: Daemo
 
 
 @pytest.mark.slow
+def test_a_time_budget_counts_from_the_runs_first_call(governord: Daemon) -> None:
+    """`--minutes` is the run's budget from its first call (docs/gov.md's own command): the
+    calls within it run, and once it has passed the next is blocked with the time budget's
+    line. The API reads a deadline as an instant (epoch ms); a duration sent as one was long
+    past, and every call was blocked from the first."""
+    import time
+
+    addr = governord.addr
+    flags = ("--tool-calls", "500", "--subagents", "20", "--minutes", "60")
+    for i in range(3):
+        out = _hook(addr, _call("run-m", f"toolu_m{i}"), *flags)
+        assert out.returncode == 0, out.stderr
+    short = ("--tool-calls", "500", "--minutes", "0.03")  # 1.8 s
+    first = _hook(addr, _call("run-t", "toolu_t0"), *short)
+    assert first.returncode == 0, first.stderr
+    time.sleep(2.5)
+    late = _hook(addr, _call("run-t", "toolu_t1"), *short)
+    assert late.returncode == 2, late.stderr
+    assert 'the time budget of "claude:run-t" is spent' in late.stderr, late.stderr
+    assert len(late.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
 def test_subagents_are_child_nodes_and_counted(governord: Daemon) -> None:
     addr = governord.addr
     flags = ("--tool-calls", "100", "--subagents", "2")

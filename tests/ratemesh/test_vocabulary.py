@@ -233,3 +233,38 @@ def test_put_all_refuses_a_unit_conflict_with_the_cache_and_changes_nothing() ->
     with pytest.raises(MeshConfigError, match="METRICS_MAX"):
         cache.put_all(many)
     assert cache.version == before
+
+
+def test_redis_mode_refuses_units_that_are_refunded() -> None:
+    """Bytes and tokens are charged ahead and refunded on a short send; redis's script only
+    takes, so the refund would be lost and the limit silently tighter: refused, naming it."""
+    for metric, unit in (("client_egress_bytes", None), ("llm", "tokens")):
+        with pytest.raises(ConfigError, match="redis cannot meter") as e:
+            TenantRatePolicy(
+                "t",
+                metric,
+                1,
+                target_rate=100,
+                global_burst=10,
+                local_burst_cap=5,
+                mode="redis",
+                unit=unit,
+            )
+        assert "mode" in str(e.value)
+    ok = TenantRatePolicy(
+        "t", "read_iops", 1, target_rate=100, global_burst=10, local_burst_cap=5, mode="redis"
+    )
+    assert ok.mode == "redis"
+
+
+def test_a_written_spend_quota_refuses_a_mode() -> None:
+    """A quota's ledger meters it whatever the mode says: a mode written beside it would be
+    read as doing something, so a policy file or node config refuses it; the wire, which
+    older peers write with a mode, still reads it."""
+    q = {"tenant_id": "t", "metric": "llm", "generation": 1, "period": "day", "quota": 1000}
+    with pytest.raises(ConfigError, match=r"policy\.mode: does not apply to a spend quota"):
+        TenantRatePolicy.from_dict({**q, "mode": "local"}, written=True)
+    assert TenantRatePolicy.from_dict({**q, "mode": "global"}).quota == 1000
+    written = TenantRatePolicy.from_dict(q, written=True)
+    assert "mode" not in written.to_dict()
+    assert TenantRatePolicy.from_dict(written.to_dict(), written=True) == written

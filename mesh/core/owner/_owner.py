@@ -349,7 +349,6 @@ class Owner:
                         rs.net += netted
                     if rest:
                         ks.meter.apply(now_ns, rest)
-                    ks.last_used_ns = now_ns
                     wanted = (delta if delta > 0 else 0) + denied
                     rs.demand_cur += wanted
                     if ks.demand_window != window:

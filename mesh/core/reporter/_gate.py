@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from mesh.core.gate import Gate
 from mesh.core.gcra import Gcra, refill_ns
 from mesh.core.messages import above_applied
 from mesh.core.policy import RateKey, TenantRatePolicy
 from mesh.core.shares import PPM, share_round, snapshot_allowance_ppm
-from mesh.core.verdict import Numbers, ms_ceil
+from mesh.core.verdict import Numbers, Verdict, ms_ceil
+
+if TYPE_CHECKING:
+    from mesh.core.admission import Admission
 
 __all__ = ["GlobalGate", "SnapshotState", "Inflight"]
 
@@ -74,6 +78,7 @@ class GlobalGate(Gate):
         "next_sequence",
         "snap_order",
         "snap_remaining",
+        "snap_active",
         "snap_at_ns",
         "fresh_until_ns",
         "boot_since_ns",
@@ -108,6 +113,7 @@ class GlobalGate(Gate):
         # as a whole, with the next snapshot's (never step back to an older view).
         self.snap_order: tuple[int, int, int] = _NO_SNAPSHOT
         self.snap_remaining = 0
+        self.snap_active = 1  # the owner's count of the key's active reporters, that row
         self.snap_at_ns = 0
         self.fresh_until_ns = 0
         self.boot_since_ns = 0
@@ -206,6 +212,34 @@ class GlobalGate(Gate):
         if not self.marked:
             self.sink(self)
 
+    def grant(self, amount: int) -> bool:
+        """On the deny path (`amount` > `avail`): True if the ask is taken after all (else
+        the caller calls `wanted`: the next snapshots' cap makes room for it).
+
+        Taken when the owner's bucket, as the last snapshot showed it, holds it for every
+        active reporter at once: what this view took since that snapshot plus the ask (at
+        most b), times the n reporters, is at most what remained. Were all n to do the same,
+        the fleet would take no more than remained, as with the allowance's even split, and
+        each view holds at most b unreflected (the envelope's N*b); yet an ask above the
+        allowance's cap (b/n), or one that a trickle of smaller asks keeps just above what
+        the view has left, is served while the bucket has room instead of waiting for a
+        snapshot that the trickle may keep from ever fitting it."""
+        if self.state is SnapshotState.FRESH:
+            b = self.policy.local_burst_cap
+            ahead = self.unacked - self.applied_above
+            if ahead < 0:
+                ahead = 0
+            took = ahead + amount * self.scale
+            if took <= b and took * self.snap_active <= self.snap_remaining:
+                if took > self.allowance:
+                    self.allowance = took
+                self.pending += amount
+                self.recompute()
+                if self.pending >= self.flush_at:
+                    self.sink(self)
+                return True
+        return False
+
     def settle_floor(self, now_ns: int) -> None:
         """Charge the floor with what was admitted since its last settle (as of now: that
         only ever tightens it) and take what it has left."""
@@ -303,6 +337,7 @@ class GlobalGate(Gate):
         )
         self.snap_order = order
         self.snap_remaining = remaining
+        self.snap_active = active_reporters if active_reporters > 0 else 1
         self.snap_at_ns = now_ns
         self.allowance = share_round(
             snapshot_allowance_ppm(
@@ -315,3 +350,34 @@ class GlobalGate(Gate):
         self.floor = None  # the owner answers again: no floor
         self.recompute()
         return acked
+
+    # ---- what admission asks of the view (`Gate`) -----------------------------------------
+
+    def deny(self, amount: int, admission: Admission) -> Verdict:
+        """Taken after all if the last snapshot has room for it beside the other reporters
+        (`grant`); else denied, and the owner hears of the demand (`wanted`)."""
+        if self.grant(amount):
+            return self.ok
+        self.wanted(amount)
+        return self.no
+
+    def refund(self, amount: int) -> None:
+        """The correction reaches the owner in a later report, as a smaller (possibly
+        negative) delta."""
+        self.pending -= amount
+        self.recompute()
+        if not self.marked:
+            self.sink(self)
+
+    def idle(self, admission: Admission) -> bool:
+        """Everything acknowledged and no fresh snapshot: the reporter drops it too."""
+        reporter = admission.reporter
+        return reporter is not None and reporter.forget_if_idle(self.key)
+
+    def forget(self, admission: Admission, *, retire: bool) -> None:
+        """A new generation: the old key keeps reporting until it drains."""
+        if retire and admission.reporter is not None:
+            admission.reporter.retire(self.key)
+
+    def health(self) -> dict[str, object]:
+        return {"view": self.state.value}

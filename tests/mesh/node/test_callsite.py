@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mesh import Lease, RateLimited, descriptor_tenant
+from mesh import Charge, RateLimited, descriptor_tenant
 from mesh.core.verdict import Reason
 from mesh.errors import ConfigError
 from mesh.node import Mesh
@@ -62,26 +62,26 @@ def avail(mesh: Mesh, metric: str, tenant: str = "acme") -> int:
 
 def test_a_short_send_refunds_what_was_not_used() -> None:
     async def body(mesh: Mesh) -> None:
-        with mesh.limited("acme", "upload_bytes", 512) as lease:
-            assert isinstance(lease, Lease) and lease.verdict.allowed
+        with mesh.limited("acme", "upload_bytes", 512) as charge:
+            assert isinstance(charge, Charge) and charge.verdict.allowed
             assert avail(mesh, "upload_bytes") == 1024 - 512
-            lease.used(200)  # the send took 200 of 512
-        assert avail(mesh, "upload_bytes") == 1024 - 200 and lease.refunded == 312
-        with mesh.limited("acme", "upload_bytes", 300) as lease:
-            lease.refund(100)  # given back at once
+            charge.used(200)  # the send took 200 of 512
+        assert avail(mesh, "upload_bytes") == 1024 - 200 and charge.refunded == 312
+        with mesh.limited("acme", "upload_bytes", 300) as charge:
+            charge.refund(100)  # given back at once
             assert avail(mesh, "upload_bytes") == 1024 - 200 - 200
         assert avail(mesh, "upload_bytes") == 1024 - 400  # nothing said after: all used
-        with mesh.limited("acme", "upload_bytes", 100) as lease:
-            lease.refund(30)
-            lease.used(50)  # of the 70 left, 50 used: 20 more back at the end
+        with mesh.limited("acme", "upload_bytes", 100) as charge:
+            charge.refund(30)
+            charge.used(50)  # of the 70 left, 50 used: 20 more back at the end
         assert avail(mesh, "upload_bytes") == 1024 - 400 - 50
-        with mesh.limited("acme", "upload_bytes", 10) as lease:
+        with mesh.limited("acme", "upload_bytes", 10) as charge:
             with pytest.raises(ConfigError, match="more than the 10 left"):
-                lease.used(11)
+                charge.used(11)
             with pytest.raises(ConfigError, match="must be an integer >= 0"):
-                lease.refund(-1)
+                charge.refund(-1)
         with pytest.raises(ConfigError, match="block has ended"):
-            lease.used(1)
+            charge.used(1)
 
     run(body)
 
@@ -110,10 +110,10 @@ def test_an_exception_refunds_only_when_asked() -> None:
                 raise KeyError("the call failed")
         assert avail(mesh, "tokens") == 900  # kept: the work may have happened
         with pytest.raises(KeyError):
-            with mesh.limited("acme", "tokens", 100, refund_on_error=True) as lease:
-                lease.refund(10)
+            with mesh.limited("acme", "tokens", 100, refund_on_error=True) as charge:
+                charge.refund(10)
                 raise KeyError("failed before sending")
-        assert avail(mesh, "tokens") == 900 and lease.refunded == 100
+        assert avail(mesh, "tokens") == 900 and charge.refunded == 100
 
     run(body)
 
@@ -145,20 +145,20 @@ def test_the_decorator_admits_each_call_sync_and_async() -> None:
     run(body)
 
 
-def test_async_with_waits_a_bounded_time_and_concurrent_blocks_keep_their_leases() -> None:
+def test_async_with_waits_a_bounded_time_and_concurrent_blocks_keep_their_charges() -> None:
     async def body(mesh: Mesh) -> None:
         limit = mesh.limited("acme", "tokens", 100)
         used = iter([10, 20, 30, 40])
 
         async def call() -> None:
-            async with limit as lease:
+            async with limit as charge:
                 await asyncio.sleep(0.01)  # the blocks overlap
-                lease.used(next(used))
+                charge.used(next(used))
 
         await asyncio.gather(*(call() for _ in range(4)))
         assert avail(mesh, "tokens") == 1000 - 100
-        async with mesh.limited("acme", "tokens", 200, timeout_s=0.2) as lease:
-            lease.used(0)
+        async with mesh.limited("acme", "tokens", 200, timeout_s=0.2) as charge:
+            charge.used(0)
         assert avail(mesh, "tokens") == 900
         with pytest.raises(RateLimited) as info:
             async with mesh.limited("acme", "tokens", 950, timeout_s=0.05):
@@ -178,8 +178,8 @@ def test_a_threaded_node_blocks_with_timeout_s() -> None:
 
         def worker() -> None:
             try:
-                with mesh.limited("acme", "requests", 5, timeout_s=0.5) as lease:
-                    lease.used(2)
+                with mesh.limited("acme", "requests", 5, timeout_s=0.5) as charge:
+                    charge.used(2)
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 

@@ -58,7 +58,6 @@ def test_public_names() -> None:
         "MemoryTransport",
         "GrpcTransport",
         "CoordinatorClient",
-        "CoordinatorServer",
         "fetch_status",
         "PeerHandler",
     } <= set(mesh.peer.__all__)

@@ -368,6 +368,26 @@ def test_amounts_up_to_b_on_a_warm_key_pass_and_above_b_are_too_large() -> None:
     assert (v.allowed, v.reason, v.retry_after_ms) == (False, Reason.TOO_LARGE, None)
 
 
+def test_each_new_larger_amount_up_to_b_passes_at_its_first_ask_on_a_warm_key() -> None:
+    """R=400, B=80, b=16 on three members, the key warm and its bucket near full, unit asks
+    trickling through all three. Asks of 6, 8, ..., 16 on member a, each size once: each is
+    above what the view holds (its even cap, b/3, or the last size it was denied), so a view
+    that waited for its next snapshot's cap denied every one at its first ask, where an
+    exact bucket served them all. Now each is taken at once when the owner's last snapshot
+    holds it for all three members at once, and the view holds at most b unreflected (the
+    envelope's N*b); one may still meet the view with too much in flight."""
+    s = Schedule(5, 400, 80, 16, ["a", "b", "c"], idle_ms=1500)
+    s.serve(["a", "b", "c"], 60, 200, [1])
+    adm = s.fleet.members["a"].admission
+    passed = []
+    for amount in (6, 8, 10, 12, 14, 16):
+        s.serve(["a", "b", "c"], 60, 30, [1])
+        passed.append(adm.try_admit(T, M, amount).allowed)
+        s.serve(["a", "b", "c"], 60, 30, [1])
+    assert sum(passed) >= 5, passed
+    assert s.check() == []
+
+
 def test_an_amount_above_b_is_too_large_with_no_retry() -> None:
     s = Schedule(4, 400, 80, 16, ["a", "b", "c"], idle_ms=1500)
     s.serve(["a"], 100, 50, [1])
