@@ -262,7 +262,7 @@ class _Process:
                 # a session that ended lately still opens a Multiplex stream (its Release
                 # learns how its lease ended, as a unary Release does): the calls decide
                 late = name in ("Release", wire.MULTIPLEX)
-                who = service._by_token(token, late_release=late)
+                who = service.auth.by_token(token, late_release=late)
             except Fail as f:
                 failed = f
             else:
