@@ -547,3 +547,18 @@ def test_every_node_state_and_input_pair_follows_the_transition_table(
     if now.terminal:  # no consume or grant on an ended node
         assert w.engine.consume(sid, node, "http", 1) == Denial(DenyReason.NODE_ENDED, node)
         assert w.engine.acquire(sid, node, "db") == Denial(DenyReason.NODE_ENDED, node)
+
+
+ENGINE_CALLS = """
+    acquire activity cancel_wait close_session config consume create_node credit_level
+    effective_deadline_ms end_node heartbeat last_seq open_session put_policy queued release
+    remove_policy reserve_credit restore return_credit session_for_key session_for_token
+    set_adaptive set_cooldown set_deadline set_defaults set_limit set_quota set_rate set_weight
+    snapshot state take_outcome tick validate
+""".split()
+
+
+def test_the_engine_facade_keeps_its_calls() -> None:
+    """The engine is composed of books; its callers see one object with these names."""
+    engine = gov.Engine(gov.ManualClock(0), lambda e: None)
+    assert sorted(n for n in dir(engine) if not n.startswith("_")) == ENGINE_CALLS
