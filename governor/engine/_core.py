@@ -14,7 +14,7 @@ from ._errors import (
     SessionEnded,
 )
 from ._state import Node, Result, Session, State
-from ._timers import Timers, rebuild_timers, schedule
+from ._timers import SCHEDULED, Timers, rebuild_timers, schedule
 from ._types import (
     Clock,
     Denial,
@@ -82,7 +82,8 @@ class Core:
     def emit(self, event: ev.Event) -> None:
         """Apply, put its due times on the timers, and hand it to the sink to make durable."""
         self.state.apply(event)
-        schedule(self.timers, event, self.state, self.config)
+        if type(event) in SCHEDULED:
+            schedule(self.timers, event, self.state, self.config)
         self.sink(event)
 
     def caller(self, session_id: int | None) -> Session | None:

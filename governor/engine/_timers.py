@@ -21,6 +21,7 @@ __all__ = [
     "PURGE_LEASE",
     "PURGE_NODE",
     "PURGE_SESSION",
+    "SCHEDULED",
     "Timers",
     "rebuild_timers",
     "schedule",
@@ -66,7 +67,8 @@ class Timers:
         return out
 
 
-_SCHEDULED = frozenset(
+# the events that create due times; the rest (charges, most edits) skip ``schedule``
+SCHEDULED = frozenset(
     {
         ev.LeaseEnded,
         ev.SessionClosed,
@@ -82,8 +84,6 @@ _SCHEDULED = frozenset(
 
 def schedule(timers: Timers, event: ev.Event, state: State, config: EngineConfig) -> None:
     """Put the due times an applied event creates on the timers (live and after a restore)."""
-    if type(event) not in _SCHEDULED:
-        return
     if isinstance(event, ev.LeaseEnded):
         timers.add_purge(event.at_ms + config.tombstone_ms, 0, PURGE_LEASE, event.lease_id)
     elif isinstance(event, (ev.SessionClosed, ev.SessionExpired)):

@@ -130,9 +130,9 @@ class Tree:
             tag, hit = core.recall(session, request_id, ("consume", node_id, resource, amount))
             if hit is not None:
                 return hit  # type: ignore[return-value]
-        chain = core.live_chain(session, node_id)
-        if isinstance(chain, Denial):
-            return chain
+        chain = core.resolve_chain(session, node_id, edit=False)
+        if chain[0].state is not NodeState.ACTIVE:  # live_chain, inlined: the hot path
+            return Denial(DenyReason.NODE_ENDED, chain[0].id)
         for a in chain:
             limit = a.quotas.get(resource)
             if limit is not None:
