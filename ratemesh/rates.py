@@ -65,7 +65,8 @@ SIZES: dict[str, int] = {
 }
 _MONTH_S = 30 * 86400  # the `limits` package's month
 _YEAR_S = 12 * _MONTH_S  # and its year: 360 days
-# Period names (lower case; text is matched without case) to their length in seconds (a Fraction: a millisecond is 1/1000 s).
+# Period names (lower case; text is matched without case) to their length in seconds (a
+# Fraction: a millisecond is 1/1000 s).
 PERIODS_S: dict[str, Fraction] = {
     **dict.fromkeys(("ms", "millisecond", "milliseconds"), Fraction(1, 1000)),
     **dict.fromkeys(("s", "sec", "second", "seconds"), Fraction(1)),
@@ -164,8 +165,8 @@ def parse_rates(
 
 def rate_text(rate: int, scale: int = 1) -> str:
     """`rate`/`scale` units per second as text `parse_rate` reads back exactly: the smallest
-    period of second, minute, hour, day, month, year that holds a whole number of units ("5000/minute"),
-    else a count of seconds ("250/7s"); a whole rate per second stays "N/second"."""
+    period of second, minute, hour, day, month, year that holds a whole number of units
+    ("5000/minute"), else a count of seconds ("250/7s"); a whole rate per second stays "N/second"."""
     for name, length in _NAMED_S:
         if length % scale == 0:
             return f"{rate * (length // scale)}/{name}"

@@ -3,7 +3,9 @@ field and quote the text."""
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ratemesh.errors import ConfigError, ConfigTypeError
+from ratemesh.policyfile import parse_policy_list
 from ratemesh.rates import (
     PERIODS_S,
     RATES_MAX,
@@ -98,7 +101,10 @@ def test_rate_text_reads_back(count: int, n: int, unit: str) -> None:
             '"100/fortnight": unknown period "fortnight"; use second, minute, hour, day, '
             "month or year",
         ),
-        ("100/", "\"100/\": missing period after '/'; use second, minute, hour, day, month or year"),
+        (
+            "100/",
+            "\"100/\": missing period after '/'; use second, minute, hour, day, month or year",
+        ),
         (
             "10 per",
             "\"10 per\": missing period after 'per'; use second, minute, hour, day, month or year",
@@ -223,3 +229,25 @@ def test_bad_several_limits_name_the_field_and_the_part(text: str, problem: str)
         parse_rates("target_rate", text)
     assert info.value.field == "target_rate"
     assert problem in info.value.problem
+
+
+def test_a_policy_file_entry_with_several_limits_is_refused_in_one_line() -> None:
+    entry = {
+        "tenant_id": "acme",
+        "metric": "requests",
+        "generation": 1,
+        "target_rate": "10/second;100/minute",
+        "global_burst": 10,
+        "local_burst_cap": 2,
+    }
+    with pytest.raises(ConfigError) as info:
+        parse_policy_list([entry], where="policies")
+    assert info.value.field == "policies[0].target_rate"
+    assert "holds 2 limits" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_two_limits_example_in_the_docs_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "policies.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "parse_rates" in b]
+    exec(compile(block, "docs/policies.md", "exec"), {})
+    assert capsys.readouterr().out == "[10, '100/minute']\n"
