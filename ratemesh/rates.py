@@ -166,7 +166,8 @@ def parse_rates(
 def rate_text(rate: int, scale: int = 1) -> str:
     """`rate`/`scale` units per second as text `parse_rate` reads back exactly: the smallest
     period of second, minute, hour, day, month, year that holds a whole number of units
-    ("5000/minute"), else a count of seconds ("250/7s"); a whole rate per second stays "N/second"."""
+    ("5000/minute"), else a count of seconds ("250/7s"); a whole rate per second stays
+    "N/second"."""
     for name, length in _NAMED_S:
         if length % scale == 0:
             return f"{rate * (length // scale)}/{name}"
