@@ -52,6 +52,7 @@ __all__ = [
     "parse_rate",
     "parse_rates",
     "rate_text",
+    "rate_window",
 ]
 
 SIZES: dict[str, int] = {
@@ -164,14 +165,22 @@ def parse_rates(
 
 
 def rate_text(rate: int, scale: int = 1) -> str:
-    """`rate`/`scale` units per second as text `parse_rate` reads back exactly: the smallest
-    period of second, minute, hour, day, month, year that holds a whole number of units
-    ("5000/minute"), else a count of seconds ("250/7s"); a whole rate per second stays
+    """`rate`/`scale` units per second as text `parse_rate` reads back exactly, in the
+    period `rate_window` picks: "5000/minute", "250/7s"; a whole rate per second stays
     "N/second"."""
-    for name, length in _NAMED_S:
+    amount, period_s = rate_window(rate, scale)
+    name = _NAMES.get(period_s)
+    return f"{amount}/{name}" if name else f"{amount}/{period_s}s"
+
+
+def rate_window(rate: int, scale: int = 1) -> tuple[int, int]:
+    """`rate`/`scale` units per second as (amount, period_s), both whole: the smallest
+    period of second, minute, hour, day, month, year that holds a whole number of units,
+    else `scale` seconds (a verdict's exact limit; the RateLimit-Policy field's q and w)."""
+    for _, length in _NAMED_S:
         if length % scale == 0:
-            return f"{rate * (length // scale)}/{name}"
-    return f"{rate}/{scale}s"  # a period of `scale` seconds: parse_rate's own input shape
+            return rate * (length // scale), length
+    return rate, scale
 
 
 _NAMED_S = (
@@ -182,6 +191,7 @@ _NAMED_S = (
     ("month", _MONTH_S),
     ("year", _YEAR_S),
 )
+_NAMES = {length: name for name, length in _NAMED_S}
 
 
 def format_rate(per_s: int, period: str = "second") -> str:
