@@ -295,13 +295,14 @@ def _decide(
     """Decide `rows` into their places `at` in `out`, and empty both."""
     if not rows:
         return
-    for i, row, answer in zip(at, rows, admitter.try_admit_numbers_many(rows), strict=True):
-        if isinstance(answer, ConfigError):
-            out[i] = str(answer)
-        elif answer[0].reason is Reason.POLICY_UNKNOWN:
-            out[i] = _unknown_metric(admitter, row[1]) or answer
-        else:
-            out[i] = answer
+    unknown = Reason.POLICY_UNKNOWN
+    for k, answer in enumerate(admitter.try_admit_numbers_many(rows)):
+        if answer.__class__ is tuple and answer[0].reason is not unknown:
+            out[at[k]] = answer
+        elif isinstance(answer, ConfigError):
+            out[at[k]] = str(answer)
+        else:  # policy_unknown: a typo's metric is said, not answered so
+            out[at[k]] = _unknown_metric(admitter, rows[k][1]) or answer
     rows.clear()
     at.clear()
 
