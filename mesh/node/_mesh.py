@@ -51,7 +51,7 @@ from mesh.core.admission import (
 from mesh.core.gate import STEPS
 from mesh.core.member import Member
 from mesh.core.messages import COOLDOWN_MS_MAX
-from mesh.core.policy import BOUNDS, PolicyCache, TenantRatePolicy
+from mesh.core.policy import BOUNDS, Mode, PolicyCache, TenantRatePolicy
 from mesh.core.quota import QuotaDesk
 from mesh.core.ring import Ring
 from mesh.core.verdict import Numbers, Reason, Step, Verdict, verdict
@@ -475,17 +475,24 @@ class Mesh:
         amount 0, Gubernator's hits=0): the view's verdict for one unit (`allowed` if it
         holds one) and its numbers. A limit this node has not used yet has no view, and
         opening one is a charge's job: it answers as a full view of its policy would
-        (`remaining` its burst, nothing to wait for), with its mode's bound."""
+        (`remaining` its burst, nothing to wait for), with its mode's bound. A redis-mode
+        limit's state is in Redis, which only a round trip reads: a ConfigError."""
         d = self._require()
         adm = d.member.admission
         with self._lock or contextlib.nullcontext():
             if adm.stopped:
                 return STOPPED, None
             g = adm.gate(tenant, metric)  # a bad metric name: a ConfigError naming it
+            policy = d.member.policies.current(tenant, metric) if g is None else g.policy
+            if policy is not None and policy.mode is Mode.REDIS:
+                raise ConfigError(
+                    "amount",
+                    f"0 (a peek) is not served for {metric}, a redis-mode limit: its state is "
+                    "in Redis, and a peek makes no round trip; admit to see its numbers",
+                )
             if g is not None:
                 v = g.ok if g.avail >= 1 else g.no
                 return v, adm.numbers(v, tenant, metric, 1)
-            policy = d.member.policies.current(tenant, metric)
         if policy is None:
             return UNKNOWN, None
         return _unused(policy)

@@ -30,7 +30,7 @@ TOKENS: dict[str, Any] = dict(LIMIT, tenant_id="beta", metric="tokens", global_b
 
 def _config(**sidecar: Any) -> dict[str, Any]:
     cfg = node_config({"http_listen": "127.0.0.1:0", "grpc_listen": "127.0.0.1:0", **sidecar})
-    cfg["policies"]["inline"] += [DAILY, TOKENS]
+    cfg["policies"]["inline"] += [DAILY, TOKENS, dict(LIMIT, tenant_id="gamma", mode="redis")]
     return cfg
 
 
@@ -153,6 +153,10 @@ def test_amount_zero_peeks_and_charges_nothing() -> None:
             # a peek of a tenant without a policy is policy_unknown, as an admission is
             r = await _admit(addr, {"tenant": "nobody", "metric": "read_iops", "amount": 0})
             assert r.json()["reason"] == "policy_unknown"
+            # a redis-mode limit's state is in Redis: a peek there is refused, naming why
+            r = await _admit(addr, {"tenant": "gamma", "metric": "read_iops", "amount": 0})
+            assert r.status_code == 400
+            assert r.json()["error"].startswith("amount: 0 (a peek) is not served for read_iops")
             # over gRPC: an amount of 0, sent (proto3 optional), is the same peek
             async with insecure(mesh.sidecar_addresses["grpc"]) as ch:
                 resp = await admit_call(ch)(pb.AdmitRequest(items=[item(amount=0)]))
