@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from ratemesh.checks import address_parts
+
 __all__ = ["FaultProxy"]
 
 
 class FaultProxy:
     def __init__(self, target: str) -> None:
-        self.target_host, _, port = target.rpartition(":")
-        self.target_port = int(port)
+        self.target_host, self.target_port = address_parts("target", target)
         self.delay_s = 0.0
         self.partitioned = False
         self.addr = ""

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._procs import free_port, read_ready, spawn, stop, write_config
+from ratemesh.checks import address_parts
 
 __all__ = ["run", "governord_coordinator", "in_process_coordinator", "Coordinator"]
 
@@ -58,7 +59,8 @@ NODE_KEY_ENV = "RATEMESH_BENCH_NODE_KEY"  # the worker-scope key the nodes watch
 async def in_process_coordinator() -> Coordinator:
     """An in-memory CoordinatorServer on a free loopback port, and a gRPC client to push."""
     from mesh.coordinator import PolicyStore
-    from mesh.peer import CoordinatorClient, CoordinatorServer
+    from mesh.peer import CoordinatorClient
+    from mesh.testing.coordinator import CoordinatorServer
 
     server = CoordinatorServer(PolicyStore())
     addr = await server.start()
@@ -71,7 +73,7 @@ async def in_process_coordinator() -> Coordinator:
         await client.close()
         await server.stop()
 
-    return addr, {}, push, close, "in-process CoordinatorServer (mesh.peer)"
+    return addr, {}, push, close, "in-process CoordinatorServer (mesh.testing)"
 
 
 async def governord_coordinator() -> Coordinator:
@@ -233,8 +235,8 @@ async def _generation(addr: str) -> int:
 async def _get_health(addr: str) -> dict[str, Any]:
     """GET /health, asking the node to close after its answer (its HTTP server keeps a
     connection alive otherwise), so the body is what arrives before the close."""
-    host, _, port = addr.rpartition(":")
-    reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+    host, port = address_parts("addr", addr)
+    reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(b"GET /health HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
         await writer.drain()

@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 
 from mesh.sidecar import admission_pb2 as pb
+from ratemesh.checks import address_parts
 
 __all__ = ["main", "TENANT"]
 
@@ -100,7 +101,7 @@ async def _grpc(
 
 
 async def _http(addr: str, seconds: float, connections: int) -> dict[str, Any]:
-    host, _, port = addr.rpartition(":")
+    host, port = address_parts("addr", addr)
     body = json.dumps({"tenant": TENANT, "metric": METRIC}).encode()
     request = (
         f"POST /v1/admit HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n"
@@ -111,7 +112,7 @@ async def _http(addr: str, seconds: float, connections: int) -> dict[str, Any]:
     end = time.perf_counter() + seconds
 
     async def conn() -> None:
-        reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+        reader, writer = await asyncio.open_connection(host, port)
         try:
             while time.perf_counter() < end:
                 t0 = time.perf_counter()

@@ -52,7 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     eng = bsub.add_parser("engine", help="in-process engine: consume_per_s, acquire_release_per_s")
     eng.add_argument("--ops", type=int, default=200_000)
     st = bsub.add_parser("store", help="durable throughput with group commit vs raw commits")
-    st.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
+    st.add_argument(
+        "--store", default="sqlite", help="a durable scheme of governor.store.SCHEMES (sqlite)"
+    )
     st.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: 127.0.0.1:5432/test)")
     st.add_argument("--writers", type=int, default=16)
     st.add_argument("--duration", type=float, default=3.0, help="seconds of concurrent load")
@@ -191,8 +193,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             _emit(engine.run(ops=check_int("--ops", args.ops, minimum=1)), args.table)
         else:
             from governor.bench import store
-            from governor.store import StoreUnavailable
+            from governor.store import SCHEMES, StoreUnavailable
 
+            if args.store not in store.KINDS:
+                kinds = ", ".join(store.KINDS)
+                raise ConfigError("--store", f"must be one of {kinds}, got {args.store!r}")
             writers = check_int("--writers", args.writers, minimum=1)
             if check_float("--duration", args.duration) <= 0:
                 raise ConfigError("--duration", f"must be > 0, got {args.duration}")
@@ -204,7 +209,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                     duration_s=args.duration,
                 )
             except StoreUnavailable as exc:
-                flag = "--dsn" if args.store == "postgres" else "--store"
+                flag = "--dsn" if SCHEMES[args.store].whole else "--store"
                 raise ConfigError(flag, f"cannot open the {args.store} store: {exc}") from exc
             _emit(result, args.table)
         return 0

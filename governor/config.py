@@ -18,6 +18,7 @@ from typing import Any
 
 import ratemesh.errors
 from governor.engine import AdaptiveConfig, Defaults, EngineConfig, Rate
+from governor.store import STORE_FORMS, parse_store
 from ratemesh.apikey import read_api_key
 from ratemesh.checks import (
     check_address,
@@ -162,11 +163,8 @@ class GovernordConfig:
 
     def store_kind(self) -> tuple[str, str]:
         """(``sqlite``, path), (``postgres``, dsn) or (``memory``, "") - not durable, benchmarks."""
-        if self.store == "memory:":
-            return "memory", ""
-        if self.store.startswith("sqlite:"):
-            return "sqlite", self.store[len("sqlite:") :]
-        return "postgres", self.store
+        scheme, target = parse_store(self.store)
+        return scheme.name, target
 
 
 def _type(key: str, value: Any, kind: type, what: str) -> Any:
@@ -344,7 +342,7 @@ def _ha(value: Any, store: str) -> HaSettings:
         return HaSettings()
     _type("ha", value, dict, "a map with lease_ms, renew_ms, advertise")
     _keys("ha", value, {"lease_ms", "renew_ms", "advertise"})
-    if not store.startswith(("postgresql://", "postgres://", "host=")):
+    if not parse_store(store)[0].shared:
         raise ConfigError(
             "ha", "standbys need a postgresql store; SQLite is the single-process default"
         )
@@ -417,11 +415,8 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> GovernordConfi
     listen = tuple(_addr(f"listen[{i}]", a) for i, a in enumerate(items))
     if not listen:
         raise ConfigError("listen", "needs at least one address")
-    store = _type("store", data.get("store", DEFAULT_STORE), str, "sqlite:PATH or postgresql://...")
-    if not (
-        store.startswith(("sqlite:", "postgresql://", "postgres://", "host=")) or store == "memory:"
-    ):
-        raise ConfigError("store", f"must be sqlite:PATH or postgresql://..., got {store!r}")
+    store = _type("store", data.get("store", DEFAULT_STORE), str, STORE_FORMS)
+    parse_store(store)
     tls = None
     if data.get("tls") is not None:
         t = _type("tls", data["tls"], dict, "a map with cert and key")

@@ -29,6 +29,10 @@ __all__ = [
     "check_float",
     "check_port",
     "check_address",
+    "check_addresses",
+    "ADDRESSES_MAX",
+    "address_parts",
+    "with_port",
     "is_wildcard",
     "check_keys",
     "split_address",
@@ -41,6 +45,9 @@ __all__ = [
 INT_MAX = (1 << 63) - 1
 STR_MAX = 256
 PORT_MAX = 65535
+# Addresses one list may name: the governords that share one record (a leader and its
+# standbys). More is a mistake, not a deployment.
+ADDRESSES_MAX = 16
 
 Family = type[RatemeshError]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -156,11 +163,12 @@ def split_address(text: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def check_address(
+def address_parts(
     field: str, value: Any, *, allow_zero_port: bool = False, error: Family = ConfigError
-) -> str:
-    """Return `value` if it is `host:port` (an IPv6 host in brackets: `[::1]:7001`) with a
-    port in 1..65535 (0 too where `allow_zero_port`: the caller reports the bound port)."""
+) -> tuple[str, int]:
+    """`value` as (host, port) if it is `host:port` (an IPv6 host in brackets: `[::1]:7001`,
+    returned without them) with a port in 1..65535 (0 too where `allow_zero_port`: the
+    caller reports the bound port)."""
     text = check_str(field, value, error=error)
     parts = split_address(text)
     if parts is None:
@@ -169,7 +177,54 @@ def check_address(
     low = 0 if allow_zero_port else 1
     if not low <= parts[1] <= PORT_MAX:
         raise error(field, f"{text!r}: port {parts[1]} is out of range {low}..{PORT_MAX}")
-    return text
+    return parts
+
+
+def check_address(
+    field: str, value: Any, *, allow_zero_port: bool = False, error: Family = ConfigError
+) -> str:
+    """Return `value` if it is `host:port` (see `address_parts`)."""
+    address_parts(field, value, allow_zero_port=allow_zero_port, error=error)
+    return value  # type: ignore[no-any-return]
+
+
+def with_port(address: str, port: int) -> str:
+    """`address` (`host:port`, as `check_address` accepts) with its port replaced: how a
+    listener on port 0 reports the port it was given, its host written as configured."""
+    host = address_parts("address", address, allow_zero_port=True)[0]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def check_addresses(field: str, value: Any, *, error: Family = ConfigError) -> tuple[str, ...]:
+    """The addresses `value` names, in order: one `host:port`, several comma-separated, or a
+    list of them (a leader and its standbys). Refused, naming `field` (or `field[i]` for a
+    list's entry): nothing named, an empty entry, an entry that is not host:port, an entry
+    named twice, or more than ADDRESSES_MAX."""
+    if isinstance(value, str):
+        named = [(field, part.strip()) for part in value.split(",")]
+    elif isinstance(value, (list, tuple)):
+        named = []
+        for i, part in enumerate(value):
+            if not isinstance(part, str):
+                raise error.type_error(f"{field}[{i}]", f"must be host:port, got {part!r}")
+            named.append((f"{field}[{i}]", part.strip()))
+    else:
+        raise error.type_error(
+            field, f"must be host:port, several comma-separated, or a list; got {value!r}"
+        )
+    if not named or named == [(field, "")]:
+        raise error(field, "names no address (want host:port, or a list of them)")
+    if len(named) > ADDRESSES_MAX:
+        raise error(field, f"names {len(named)} addresses; at most {ADDRESSES_MAX}")
+    out: list[str] = []
+    for where, addr in named:
+        if not addr:
+            raise error(where, f"{value!r} has an empty address (want host:port,...)")
+        check_address(where, addr, error=error)
+        if addr in out:
+            raise error(where, f"names {addr} twice")
+        out.append(addr)
+    return tuple(out)
 
 
 def check_keys(

@@ -234,7 +234,7 @@ class CreditHolder:
         self._want(now, units)
         live = sorted(self.blocks.values(), key=lambda b: (b.expires_at_ms, b.block_id))
         if sum(b.left for b in live) < units:
-            return Spend(False, units, self._why_not(now))
+            return Spend(False, units, self.why_not(now))
         need, taken = units, []
         for block in live:
             take = min(need, block.left)
@@ -251,9 +251,10 @@ class CreditHolder:
             self._head, self._head_until_ms, self._head_spend = head, live[0].expires_at_ms, None
         return Spend(True, units, None, tuple(taken))
 
-    def _why_not(self, now: int) -> str:
-        """``governor_unreachable`` once a reserve failed to reach governord, or one has gone
-        unanswered for ``unreachable_after_ms``; else ``no_credit`` (a reserve is due)."""
+    def why_not(self, now: int) -> str:
+        """What a spend denied at ``now`` says: ``governor_unreachable`` once a reserve failed
+        to reach governord, or one has gone unanswered for ``unreachable_after_ms``; else
+        ``no_credit`` (a reserve is due). Moves no time: a driver may ask it of a waiter."""
         request = self.in_flight
         waited = (
             request is not None and now - request.sent_at_ms >= self.config.unreachable_after_ms

@@ -12,6 +12,7 @@ import argparse
 import socket
 from typing import NoReturn
 
+from ratemesh.checks import split_address
 from ratemesh.errors import ConfigError
 
 __all__ = ["EXIT_USAGE", "OneLineParser", "one_line", "probe_bind"]
@@ -37,13 +38,13 @@ def probe_bind(listen: str, field: str = "listen", error: type[ConfigError] = Co
 
     Binds as grpc does (SO_REUSEADDR, no SO_REUSEPORT) and passes if any resolved address
     binds, as grpc does; port 0 (any free port) cannot be in use."""
-    host, _, port_text = listen.rpartition(":")
-    if not port_text.isdigit() or int(port_text) == 0:
-        return
+    parts = split_address(listen)
+    if parts is None or parts[1] == 0:
+        return  # not host:port (its check names that), or any free port
     try:
         infos = socket.getaddrinfo(
-            host.strip("[]") or None,
-            int(port_text),
+            parts[0],
+            parts[1],
             type=socket.SOCK_STREAM,
             flags=socket.AI_PASSIVE,
         )

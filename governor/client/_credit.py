@@ -2,10 +2,11 @@
 
 ``try_admit`` is the hot path: no network call, a decision from the blocks held
 (``ratemesh.credit.CreditHolder``). Behind it, one background reserve at a time keeps the
-holder above its low-water mark, and spent-out or idle blocks go back. ``admit`` waits for
-credit up to the caller's timeout, then denies: it never falls back to a local limit. When
-governord cannot be reached, what is held is spent until its local expiry, then every verdict
-is ``governor_unreachable`` until a reserve succeeds again.
+holder above its low-water mark, and spent-out or idle blocks go back; when to ask and how
+long to back off after a denial is ``ratemesh.creditloop.CreditLoop``'s, as for the mesh.
+``admit`` waits for credit up to the caller's timeout, then denies: it never falls back to a
+local limit. When governord cannot be reached, what is held is spent until its local expiry,
+then every verdict is ``governor_unreachable`` until a reserve succeeds again.
 """
 
 from __future__ import annotations
@@ -14,18 +15,8 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from ratemesh.credit import (
-    DENIED_BACKOFF_MAX_MS,
-    CreditConfig,
-    CreditHolder,
-    Reserve,
-    Spend,
-    denied_backoff_ms,
-    drained_wait_ms,
-    node_burst,
-    rate_burst,
-)
-from ratemesh.errors import ConfigError
+from ratemesh.credit import CreditConfig, Reserve, Spend, node_burst, rate_burst
+from ratemesh.creditloop import CreditLoop
 
 from ._errors import Denied, GovernorClientError, SessionLost, Unavailable
 
@@ -37,6 +28,11 @@ __all__ = ["StrictCredit"]
 
 def _now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+def _instant() -> int:
+    """A clock reading that spreads the wait after a drained bucket (`drained_wait_ms`)."""
+    return time.monotonic_ns()
 
 
 class StrictCredit:
@@ -52,12 +48,11 @@ class StrictCredit:
         self.client = client
         self.node_id = node_id
         self.resource = resource
-        self.holder = CreditHolder(config)
+        self.loop = CreditLoop(config)
+        self.holder = self.loop.holder
         self._reserving: asyncio.Task[None] | None = None
         self._returning: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
-        self._backoff_ms = 0
-        self._retry_at_ms = 0
         self.reserves = 0  # round trips, for "round trips per admitted unit"
         self.returns = 0
         self.rate_lookups = 0  # GetNode calls for the node's burst (one, before the first reserve)
@@ -89,7 +84,7 @@ class StrictCredit:
                 return verdict
             wait_s = left
             if self._reserving is None:  # backing off after a denial: look again then
-                wait_s = min(left, max(0.001, (self._retry_at_ms - _now_ms()) / 1000))
+                wait_s = min(left, max(0.001, (self.loop.retry_at_ms - _now_ms()) / 1000))
             try:
                 await asyncio.wait_for(changed.wait(), wait_s)
             except TimeoutError:
@@ -98,11 +93,11 @@ class StrictCredit:
     # ---- behind it -----------------------------------------------------------------------
 
     def _maintain(self, now: int) -> None:
-        if self._reserving is None and now >= self._retry_at_ms:
-            request = self.holder.refill(now)
+        if self._reserving is None:
+            request = self.loop.ahead(now, ahead=False)
             if request is not None:
                 self._reserving = asyncio.get_running_loop().create_task(self._reserve(request))
-        returns = self.holder.take_returns(now)
+        returns = self.loop.returns(now)
         if returns:
             task = asyncio.get_running_loop().create_task(self._give_back(returns))
             self._returning.add(task)
@@ -115,41 +110,25 @@ class StrictCredit:
             self.reserves += 1
             reply = await self.client.reserve_credit(self.node_id, self.resource, request.units)
         except Denied as exc:
-            # an empty bucket's denial states its B: blocks stay a share of it, and the next
-            # ask waits lead_ms like a partial grant (mesh.core's CreditDesk.failed says why)
-            burst = rate_burst(exc.denial)
-            self.holder.failed(request, unreachable=False, burst=burst)
-            if burst is not None:
-                self._backoff_ms = 0
-                self._retry_at_ms = _now_ms() + self._drained_wait_ms()
-            else:
-                self._backoff_ms = denied_backoff_ms(self._backoff_ms)
-                self._retry_at_ms = _now_ms() + self._backoff_ms
+            # an empty bucket's denial states its B (`rate_burst`): the loop waits as after a
+            # partial grant, and sizes blocks within a share of it
+            self.loop.denied(_now_ms(), request, rate_burst(exc.denial), instant=_instant())
         except (Unavailable, SessionLost):
-            self.holder.failed(request, unreachable=True)
-            self._retry_at_ms = _now_ms() + DENIED_BACKOFF_MAX_MS
+            self.loop.unreachable(_now_ms(), request)
         except BaseException:
-            self.holder.failed(request, unreachable=False)
+            self.loop.abandon(request)
             raise
         else:
             try:
                 block_id, units, ttl_ms = reply["block_id"], reply["units"], reply["ttl_ms"]
-                self.holder.granted(_now_ms(), request, block_id, units, ttl_ms)
-            except (KeyError, ConfigError):  # a reply that does not fit: hold nothing
-                self.holder.failed(request, unreachable=False)
-            self._backoff_ms = 0
-            if reply.get("units", 0) < request.units:
-                # a partial grant: the bucket is drained, so a reserve at once would take only
-                # what refilled in one round trip; waiting lead_ms gathers more per round trip
-                # and costs no throughput (the bucket, not the worker, is the bottleneck)
-                self._retry_at_ms = _now_ms() + self._drained_wait_ms()
+            except (KeyError, TypeError):  # a reply that does not fit: hold nothing
+                self.loop.abandon(request)
+            else:
+                self.loop.granted(_now_ms(), request, block_id, units, ttl_ms, instant=_instant())
         finally:
             self._reserving = None
             old, self._changed = self._changed, asyncio.Event()
             old.set()
-
-    def _drained_wait_ms(self) -> int:
-        return drained_wait_ms(self.holder.config.lead_ms, time.monotonic_ns())
 
     async def _learn_burst(self) -> None:
         """Once, before the first reserve: read the node's rate, so blocks stay a share of its
@@ -181,7 +160,7 @@ class StrictCredit:
                 await self._reserving
             except (asyncio.CancelledError, GovernorClientError):
                 pass
-        returns = self.holder.take_returns(_now_ms(), leaving=True)
+        returns = self.loop.returns(_now_ms(), leaving=True)
         if returns:
             await self._give_back(returns)
         if self._returning:

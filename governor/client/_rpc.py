@@ -1,6 +1,6 @@
 """The SDK's transport: grpc aio channels, msgpack bodies, status -> SDK error, and resends
 with the same request id while governord is unavailable (a restart, a network blip, a
-takeover: with several addresses, calls follow the leader, see ``Rpc``).
+takeover: with several addresses, calls follow the leader, see ``leader.LeaderFollower``).
 
 The short calls travel on Multiplex (``_mux``), many per message; ``OpenSession`` (which
 establishes the credentials a stream carries), the waiting ``Acquire`` and the ``WatchNode``
@@ -8,9 +8,7 @@ stream are calls of their own. Either way a call has the same answers and the sa
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,13 +18,13 @@ import grpc
 from grpc import aio
 
 from governor import wire
+from ratemesh.checks import check_addresses
 
 from ._errors import (
     AcquireTimeout,
     AuthError,
     Denied,
     GovernorClientError,
-    LeaderChanged,
     LeaseEnded,
     NodeEnded,
     RequestError,
@@ -35,37 +33,13 @@ from ._errors import (
     Unavailable,
 )
 from ._mux import CallFailed, Metadata, Mux, status_of
+from .leader import RESEND, LeaderFollower
 
-__all__ = ["Dial", "Rpc", "split_addrs", "translate", "translate_status"]
+__all__ = ["Dial", "Rpc", "translate", "translate_status"]
 
-_RESEND = {grpc.StatusCode.UNAVAILABLE}
-BACKOFF_MIN_S = 0.02
-BACKOFF_MAX_S = 0.5
-ADDRS_MAX = 16  # governords one client may name (one record: a leader and its standbys)
-NOT_LEADER = wire.NOT_LEADER  # a standby's (or deposed leader's) reason; ``leader``: the hint
 # Calls that wait in the leader's memory (its fair queue): one cut by a leader change is not
-# resent behind the caller's back (LeaderChanged), see Rpc.call.
+# resent behind the caller's back (LeaderChanged), see LeaderFollower.call.
 _WAITING = frozenset({"Acquire"})
-# With several addresses, one attempt of a call that does not wait gives up after this long
-# and goes to the next address (same bytes, same request id): a leader that is paused or cut
-# off keeps its connections open, so only a deadline moves the caller on.
-ATTEMPT_TIMEOUT_S = 0.75
-ELECTION_BACKOFF_MAX_S = 0.1
-
-
-def split_addrs(addr: str | Sequence[str], where: str = "addr") -> tuple[str, ...]:
-    """``"a:1,b:2"`` (or a sequence of them) as a tuple of addresses, duplicates dropped;
-    ValueError naming ``where`` for an empty one."""
-    parts = addr.split(",") if isinstance(addr, str) else list(addr)
-    out: list[str] = []
-    for part in parts:
-        if not isinstance(part, str) or not part.strip():
-            raise ValueError(f"{where}: {addr!r} names an empty address (want host:port,...)")
-        if part.strip() not in out:
-            out.append(part.strip())
-    if len(out) > ADDRS_MAX:
-        raise ValueError(f"{where}: {len(out)} addresses; at most {ADDRS_MAX}")
-    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +47,9 @@ class Dial:
     """Where and how to reach governord; ``from_env`` reads the GOVERNOR_* variables.
 
     ``addr`` is one ``host:port`` or several, comma-separated: the governords that share one
-    record (a leader and its standbys); ``addrs`` is that list. Calls follow the leader."""
+    record (a leader and its standbys); ``addrs`` is that list. Calls follow the leader.
+    A bad list (an empty, malformed or repeated entry, or too many: ``check_addresses``)
+    is a ConfigError naming the field."""
 
     addr: str
     api_key: str
@@ -83,7 +59,7 @@ class Dial:
     addrs: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        addrs = split_addrs(self.addr)
+        addrs = check_addresses("addr", self.addr)
         object.__setattr__(self, "addrs", addrs)
         object.__setattr__(self, "addr", ",".join(addrs))
 
@@ -99,7 +75,7 @@ class Dial:
         env = os.environ
         where = "addr" if addr else "GOVERNOR_ADDR"
         addr = addr or env.get("GOVERNOR_ADDR") or "127.0.0.1:7443"
-        joined = ",".join(split_addrs(addr, where))
+        joined = ",".join(check_addresses(where, addr))
         key = api_key or env.get("GOVERNOR_API_KEY")
         if not key:
             raise AuthError("no API key: pass api_key= or set GOVERNOR_API_KEY")
@@ -147,11 +123,11 @@ class Rpc:
     """Calls to governord. ``multiplex=False`` sends every call on its own (unary) call.
 
     With several addresses: one channel each (opened at first use), and calls go to the
-    current one (``leader``). UNAVAILABLE there moves on: to the leader a standby names when
-    that is one of ours, else to the next address; the call is then resent with the same
-    bytes (same request id, which governord keeps durably: a call that straddles a takeover
-    takes effect at most once). A Multiplex stream belongs to one channel, so a resend on
-    another address travels on that address's stream, under a new call id."""
+    leader as ``follower`` (a ``LeaderFollower``) knows it; an UNAVAILABLE there moves every
+    call on, and the call is resent with the same bytes (same request id, which governord
+    keeps durably: a call that straddles a takeover takes effect at most once). A Multiplex
+    stream belongs to one channel, so a resend on another address travels on that address's
+    stream, under a new call id."""
 
     def __init__(self, dial: Dial, *, multiplex: bool = True) -> None:
         self.dial = dial
@@ -170,18 +146,21 @@ class Rpc:
             ca = Path(dial.ca_file).read_bytes() if dial.ca_file else None
             self._creds = grpc.ssl_channel_credentials(root_certificates=ca)
         self._channels: dict[int, aio.Channel] = {}
-        self._current = 0  # index into dial.addrs of the address calls go to
-        self._answered: int | None = None  # the address that answered last (the leader)
+        self.follower = LeaderFollower(dial.addrs)
         self._calls: dict[tuple[int, str], Any] = {}
         self._muxes: dict[tuple[int, Metadata], Mux] = {}
         self.multiplex = multiplex
         self.token: str | None = None
-        self.switches = 0  # times calls moved to another address (diagnostics, tests)
 
     @property
     def leader(self) -> str:
         """The address calls go to now: the one that answered last, or the next to try."""
-        return self.dial.addrs[self._current]
+        return self.follower.leader
+
+    @property
+    def switches(self) -> int:
+        """Times calls moved to another address (diagnostics, tests)."""
+        return self.follower.switches
 
     def _channel(self, at: int) -> aio.Channel:
         channel = self._channels.get(at)
@@ -197,11 +176,12 @@ class Rpc:
     @property
     def channel(self) -> aio.Channel:
         """The current address's channel."""
-        return self._channel(self._current)
+        return self._channel(self.follower.current)
 
     def _md(self, auth: str) -> Metadata:
         if auth == "token":
-            assert self.token is not None
+            if self.token is None:
+                raise SessionLost("no session: a call with the session's token before connect")
             return ((wire.TOKEN_MD, self.token),)
         return ((wire.KEY_MD, self.dial.api_key),)
 
@@ -221,24 +201,6 @@ class Rpc:
             mux = self._muxes[(at, md)] = Mux(self._channel(at), md)
         return mux
 
-    def _move(self, at: int, failed: CallFailed) -> bool:
-        """Address ``at`` was unavailable: go to the leader it named if that is one of ours,
-        else to the next address. True when the call may go again at once: it was redirected
-        (not a guess), or another call had already moved on from ``at``."""
-        addrs = self.dial.addrs
-        if self._answered == at:
-            self._answered = None
-        if self._current != at:
-            return True
-        hint = failed.detail.get("leader") if failed.detail.get("reason") == NOT_LEADER else None
-        if isinstance(hint, str) and hint in addrs and hint != addrs[at]:
-            self._current = addrs.index(hint)
-        else:
-            self._current = (at + 1) % len(addrs)
-        if self._current != at:
-            self.switches += 1
-        return self._current != at and isinstance(hint, str) and hint in addrs
-
     async def call(
         self,
         method: str,
@@ -249,65 +211,33 @@ class Rpc:
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """One call; resent (same body, same request id) while governord is unavailable, until
-        ``give_up_at`` (monotonic seconds), following the leader among ``dial.addrs``.
-
-        A waiting call (``Acquire``) cut by a leader change is not resent: it waited in the
-        old leader's queue, and the caller learns it (LeaderChanged) instead of waiting again
-        unknowingly. Cut means UNAVAILABLE from the address that had answered last, when that
-        address says it is not the leader or when there is another address to take over
-        (with one address, a restart of that governord is resent as before)."""
+        ``give_up_at`` (monotonic seconds), following the leader among ``dial.addrs``
+        (``LeaderFollower.call``: a waiting ``Acquire`` cut by a leader change raises
+        LeaderChanged instead)."""
         data = wire.pack({"v": wire.SCHEMA_VERSION, **body})
         md = self._md(auth)
-        backoff = BACKOFF_MIN_S
-        redirected = False
-        attempt_s = timeout_s
-        if len(self.dial.addrs) > 1 and method not in _WAITING:
-            attempt_s = min(timeout_s or ATTEMPT_TIMEOUT_S, ATTEMPT_TIMEOUT_S)
-        timed_attempt = attempt_s is not None and attempt_s != timeout_s
         last: tuple[Mux, int] | None = None
-        while True:
-            at = self._current
-            was_leader = self._answered == at
+
+        async def attempt(at: int, attempt_s: float | None) -> dict[str, Any]:
+            nonlocal last
             mux = self._mux(at, method, md, data)
             if mux is not None:
                 if last is None or last[0] is not mux:
                     last = (mux, mux.new_id())  # a resend on the same stream keeps its id
-                cid = last[1]
-            try:
-                if mux is not None:
-                    reply = await mux.call(cid, method, data, attempt_s)
-                else:
-                    reply = await self._unary(at, method, data, md, attempt_s)
-                self._answered = at
-                return reply
-            except CallFailed as failed:
-                if failed.stream and failed.code is grpc.StatusCode.UNIMPLEMENTED:
+                try:
+                    return await mux.call(last[1], method, data, attempt_s)
+                except CallFailed as failed:
+                    if not (failed.stream and failed.code is grpc.StatusCode.UNIMPLEMENTED):
+                        raise
                     self.multiplex = False  # an older governord: calls of their own
-                    continue
-                if (
-                    timed_attempt
-                    and failed.code is grpc.StatusCode.DEADLINE_EXCEEDED
-                    and not failed.detail
-                ):  # this attempt's own deadline: that address may be paused or cut off
-                    failed = CallFailed(grpc.StatusCode.UNAVAILABLE, failed.details, {})
-                if failed.code not in _RESEND:
-                    if failed.detail:  # governord's own answer: this is the leader
-                        self._answered = at
-                    raise translate_status(failed.code, failed.details, failed.detail) from None
-                not_leader = failed.detail.get("reason") == NOT_LEADER
-                hinted = self._move(at, failed) if len(self.dial.addrs) > 1 or not_leader else False
-                if method in _WAITING and was_leader and (not_leader or len(self.dial.addrs) > 1):
-                    raise _leader_changed(self.dial.addrs[at], failed) from None
-                if give_up_at is not None and time.monotonic() >= give_up_at:
-                    raise translate_status(failed.code, failed.details, failed.detail) from None
-                if hinted and not redirected:
-                    redirected = True  # follow a redirect at once; a second one backs off
-                    continue
-                redirected = False
-                await asyncio.sleep(backoff)
-                # several addresses: an election is short, so keep looking for the new leader
-                cap = ELECTION_BACKOFF_MAX_S if len(self.dial.addrs) > 1 else BACKOFF_MAX_S
-                backoff = min(cap, backoff * 2)
+            return await self._unary(at, method, data, md, attempt_s)
+
+        try:
+            return await self.follower.call(
+                attempt, give_up_at=give_up_at, timeout_s=timeout_s, waits=method in _WAITING
+            )
+        except CallFailed as failed:
+            raise translate_status(failed.code, failed.details, failed.detail) from None
 
     async def _unary(
         self, at: int, method: str, data: bytes, md: Metadata, timeout_s: float | None
@@ -319,24 +249,27 @@ class Rpc:
             reply = await fn(data, metadata=md, timeout=timeout_s)
         except grpc.RpcError as err:
             raise status_of(err) from None
-        result = wire.unpack(reply)
-        assert isinstance(result, dict)
-        return result
+        return _reply_map(method, reply)
 
     async def stream(self, method: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """A server stream from the current address; not resent (the caller reopens it), but
         an UNAVAILABLE moves the next call on like a unary one's."""
-        at = self._current
+        follower = self.follower
+        at = follower.current
         fn = self._channel(at).unary_stream(wire.path(method))
         call = fn(wire.pack({"v": wire.SCHEMA_VERSION, **body}), metadata=self._md("token"))
         try:
             async for item in call:
-                self._answered = at
-                yield wire.unpack(item)
+                follower.answered = at
+                try:
+                    reply = _reply_map(method, item)
+                except CallFailed as bad:
+                    raise translate_status(bad.code, bad.details, bad.detail) from None
+                yield reply
         except grpc.RpcError as err:
             failed = status_of(err)
-            if failed.code in _RESEND and len(self.dial.addrs) > 1:
-                self._move(at, failed)
+            if failed.code in RESEND and follower.several:
+                follower.moved(at, failed)
             raise translate_status(failed.code, failed.details, failed.detail) from None
 
     async def close(self) -> None:
@@ -348,9 +281,14 @@ class Rpc:
             await channel.close()
 
 
-def _leader_changed(addr: str, failed: CallFailed) -> LeaderChanged:
-    message = (
-        f"the leader changed while the acquire waited; retry ({addr}: "
-        f"{failed.code.name}: {failed.details})"
-    )
-    return LeaderChanged(message, failed.code.name, failed.detail)
+def _reply_map(method: str, data: bytes) -> dict[str, Any]:
+    """governord's reply to ``method``: a map, or CallFailed (INTERNAL, a RequestError to the
+    caller) naming what arrived instead."""
+    try:
+        reply = wire.unpack(data)
+    except wire.WireError as exc:
+        raise CallFailed(grpc.StatusCode.INTERNAL, f"bad {method} reply: {exc}", {}) from None
+    if not isinstance(reply, dict):
+        kind = type(reply).__name__
+        raise CallFailed(grpc.StatusCode.INTERNAL, f"bad {method} reply: a {kind}, not a map", {})
+    return reply

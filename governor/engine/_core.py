@@ -1,9 +1,7 @@
-"""What every part of the engine shares: its fields, scope resolution, idempotency, emit."""
+"""What every book of the engine shares: its state, scope resolution, idempotency, emit."""
 
 from __future__ import annotations
 
-import math
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -15,21 +13,19 @@ from ._errors import (
     RequestIdReused,
     SessionEnded,
 )
-from ._fairq import ClassQueue, Waiter
 from ._state import Node, Result, Session, State
-from ._timers import Timers
+from ._timers import SCHEDULED, Timers, rebuild_timers, schedule
 from ._types import (
     Clock,
     Denial,
-    Edited,
+    DenyReason,
     EngineConfig,
-    Granted,
     NodeState,
     RequestTag,
     SessionState,
 )
 
-__all__ = ["EventSink", "_Core"]
+__all__ = ["Core", "EventSink"]
 
 EventSink = Callable[[ev.Event], None]
 
@@ -64,93 +60,53 @@ def _caps(field: str, value: object) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-class _Core:
-    """Fields and helpers shared by the engine's parts (the engine is one object, one lock)."""
+class Core:
+    """What every book of the engine shares: the state, the clock, the event sink and the due
+    times, with the checks every call makes (scope, idempotency). The engine is one object
+    behind one lock, so the books share this one instance rather than copies."""
 
-    config: EngineConfig
-    _clock: Clock
-    _sink: EventSink
-    _state: State
-    _now_ms: int
-    _timers: Timers
-    _queues: dict[str, ClassQueue]
-    _waiting: dict[int, Waiter]
-    _pending_rids: dict[tuple[int, str], int]
-    _outcomes: OrderedDict[int, tuple[int, Granted | Denial]]
-    _next_waiter: int
+    __slots__ = ("config", "clock", "sink", "state", "now_ms", "timers")
 
-    def _advance(self) -> int:
-        raise NotImplementedError
+    def __init__(self, config: EngineConfig, clock: Clock, sink: EventSink, state: State) -> None:
+        self.config = config
+        self.clock = clock
+        self.sink = sink
+        self.state = state
+        self.now_ms = 0
+        self.timers = Timers()
+        rebuild_timers(self.timers, state, config)
 
-    def _dispatch(self) -> None:
-        raise NotImplementedError
+    def seq(self) -> int:
+        return self.state.seq + 1
 
-    def _schedule(self, event: ev.Event) -> None:
-        raise NotImplementedError
+    def emit(self, event: ev.Event) -> None:
+        """Apply, put its due times on the timers, and hand it to the sink to make durable."""
+        self.state.apply(event)
+        if type(event) in SCHEDULED:
+            schedule(self.timers, event, self.state, self.config)
+        self.sink(event)
 
-    def _end_session(self, session: Session, state: SessionState, now: int) -> None:
-        raise NotImplementedError
-
-    def _end_subtree(
-        self,
-        node: Node,
-        state: NodeState,
-        session_id: int | None,
-        tag: RequestTag | None,
-        now: int,
-    ) -> None:
-        raise NotImplementedError
-
-    # ---- shared helpers ------------------------------------------------------------------
-
-    def _seq(self) -> int:
-        return self._state.seq + 1
-
-    def _emit(self, event: ev.Event) -> None:
-        self._state.apply(event)
-        self._schedule(event)
-        self._sink(event)
-
-    def _edit(
-        self,
-        session_id: int | None,
-        node_id: int,
-        request_id: str | None,
-        fp: tuple[Any, ...],
-        make: Callable[[int, int, RequestTag | None], ev.Event],
-    ) -> Edited:
-        now = self._advance()
-        session = self._caller(session_id)
-        tag, hit = self._recall(session, request_id, fp)
-        if hit is not None:
-            return hit  # type: ignore[return-value]
-        node = self._resolve(session, node_id, edit=True)
-        self._emit(make(self._seq(), now, tag))
-        self._advance()
-        self._dispatch()
-        return Edited(node.id)
-
-    def _caller(self, session_id: int | None) -> Session | None:
+    def caller(self, session_id: int | None) -> Session | None:
         """``None`` is the operator (configuration); otherwise the session must be open."""
         if session_id is None:
             return None
-        return self._session(session_id)
+        return self.session(session_id)
 
-    def _session(self, session_id: int) -> Session:
-        session = self._state.sessions.get(_ident("session_id", session_id))
+    def session(self, session_id: int) -> Session:
+        session = self.state.sessions.get(_ident("session_id", session_id))
         if session is None:
             raise NotFound("session_id", f"no session {session_id}")
         if session.state is not SessionState.OPEN:
             raise SessionEnded(f"session {session_id} is {session.state.value}")
         return session
 
-    def _resolve(self, session: Session | None, node_id: int, *, edit: bool) -> Node:
-        return self._resolve_chain(session, node_id, edit=edit)[0]
+    def resolve(self, session: Session | None, node_id: int, *, edit: bool) -> Node:
+        return self.resolve_chain(session, node_id, edit=edit)[0]
 
-    def _resolve_chain(self, session: Session | None, node_id: int, *, edit: bool) -> list[Node]:
+    def resolve_chain(self, session: Session | None, node_id: int, *, edit: bool) -> list[Node]:
         """The one place a target is checked against the caller's scope; returns its chain
         (the node and its ancestors, leaf first) so callers need not walk it again."""
-        nodes = self._state.nodes
+        nodes = self.state.nodes
         node = nodes.get(_ident("node_id", node_id))
         if node is None:
             raise NotFound("node_id", f"no node {node_id!r}")
@@ -171,7 +127,21 @@ class _Core:
             raise OutOfScope(f"node {node_id} is this session's scope node")
         return chain
 
-    def _recall(
+    def live_chain(self, session: Session | None, node_id: int) -> list[Node] | Denial:
+        """The chain a charge lands on, or the denial that its node has ended."""
+        chain = self.resolve_chain(session, node_id, edit=False)
+        if chain[0].state is not NodeState.ACTIVE:
+            return Denial(DenyReason.NODE_ENDED, chain[0].id)
+        return chain
+
+    def node(self, node_id: int) -> Node:
+        """A node by id, for the read-only calls that take no session."""
+        node = self.state.nodes.get(_ident("node_id", node_id))
+        if node is None:
+            raise NotFound("node_id", f"no node {node_id!r}")
+        return node
+
+    def recall(
         self, session: Session | None, request_id: str | None, fp: tuple[Any, ...]
     ) -> tuple[RequestTag | None, Result | None]:
         """Idempotency: a known id returns its first result; with other arguments, an error."""
@@ -188,21 +158,17 @@ class _Core:
             return None, known[1]
         return RequestTag(request_id, fingerprint), None
 
-    def _top_consumer(self, node: Node, resource: str) -> int:
+    def top_consumer(self, node: Node, resource: str) -> int:
         best_id, best = node.id, node.direct.get(resource, 0)
         for cid in sorted(node.children):
-            used = self._state.nodes[cid].used.get(resource, 0)
+            used = self.state.nodes[cid].used.get(resource, 0)
             if used > best:
                 best_id, best = cid, used
         return best_id
 
-    def _now(self) -> int:
-        now = self._clock.now_ms()
-        if now > self._now_ms:
-            self._now_ms = now
-        return self._now_ms
-
-    @staticmethod
-    def _p95(samples: list[tuple[int, bool]]) -> int:
-        ordered = sorted(s[0] for s in samples)
-        return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+    def now(self) -> int:
+        """The engine's time without doing the work it makes due (for reads and checks)."""
+        now = self.clock.now_ms()
+        if now > self.now_ms:
+            self.now_ms = now
+        return self.now_ms

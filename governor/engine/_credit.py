@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from . import _events as ev
 from ._bucket import MILLI, level_at
-from ._core import _Core, _ident, _int, _name
+from ._core import Core, _ident, _int, _name
 from ._errors import InvalidArgument
+from ._housekeeping import Housekeeping
 from ._state import ROOT_ID
 from ._types import (
     BlockEnd,
@@ -21,8 +22,6 @@ from ._types import (
     CreditReturn,
     Denial,
     DenyReason,
-    Edited,
-    NodeState,
     Rate,
 )
 
@@ -30,7 +29,7 @@ __all__ = [
     "BLOCK_UNITS_MAX",
     "BURST_MAX",
     "RATE_PER_S_MAX",
-    "CreditMixin",
+    "Credit",
     "check_rate",
     "check_rates",
 ]
@@ -62,7 +61,13 @@ def check_rates(field: str, value: object) -> dict[str, Rate]:
     return dict(sorted(out.items()))
 
 
-class CreditMixin(_Core):
+class Credit:
+    """The credit calls: blocks reserved and returned, and the buckets' levels."""
+
+    def __init__(self, core: Core, clock: Housekeeping) -> None:
+        self._core = core
+        self._clock = clock
+
     def reserve_credit(
         self,
         session_id: int,
@@ -74,20 +79,21 @@ class CreditMixin(_Core):
     ) -> CreditGrant | Denial:
         """A block of up to ``units`` of ``resource`` at ``node_id``, charged to the whole chain;
         fewer if a cap or a bucket on the chain holds fewer, a Denial if one holds none."""
-        now = self._advance()
-        session = self._session(session_id)
+        now = self._clock.advance()
+        core = self._core
+        session = core.session(session_id)
         _name("resource", resource)
         _int("units", units, 1)
         if units > BLOCK_UNITS_MAX:
             raise InvalidArgument("units", f"must be <= {BLOCK_UNITS_MAX}")
-        tag, hit = self._recall(session, request_id, ("credit", node_id, resource, units))
+        tag, hit = core.recall(session, request_id, ("credit", node_id, resource, units))
         if hit is not None:
             return hit  # type: ignore[return-value]
-        chain = self._resolve_chain(session, node_id, edit=False)
+        chain = core.live_chain(session, node_id)
+        if isinstance(chain, Denial):
+            return chain
         node = chain[0]
-        if node.state is not NodeState.ACTIVE:
-            return Denial(DenyReason.NODE_ENDED, node.id)
-        cfg, book = self.config, self._state.credit
+        cfg, book = core.config, core.state.credit
         mine = len(book.by_session.get(session.id, ()))
         if mine >= cfg.credit_blocks_per_session_max:
             limit = cfg.credit_blocks_per_session_max
@@ -103,7 +109,7 @@ class CreditMixin(_Core):
             if cap is not None:
                 used = a.used.get(resource, 0)
                 if cap - used < 1:
-                    top = self._top_consumer(a, resource)
+                    top = core.top_consumer(a, resource)
                     return Denial(DenyReason.QUOTA, a.id, resource, used, cap, units, top)
                 grant = min(grant, cap - used)
             bucket = book.buckets.get((a.id, resource))
@@ -120,10 +126,10 @@ class CreditMixin(_Core):
         # a block lives no longer than its session's TTL, nor than an ended node is retained
         # (so a live block's node is never purged, live or in a replay)
         ttl = max(1, min(cfg.credit_ttl_ms, session.ttl_ms, cfg.retention_ms - 1))
-        block_id = self._state.next_id
-        self._emit(
+        block_id = core.state.next_id
+        core.emit(
             ev.CreditGranted(
-                self._seq(), now, block_id, session.id, node.id, resource, grant, now + ttl, tag
+                core.seq(), now, block_id, session.id, node.id, resource, grant, now + ttl, tag
             )
         )
         return CreditGrant(block_id, node.id, resource, grant, ttl, now + ttl)
@@ -134,14 +140,15 @@ class CreditMixin(_Core):
         """Give back a block's unused units. Applied once per block id: a second return, or
         one after the block expired (its units then stay spent), is a no-op answer; a resend
         under the same ``request_id`` gets the first answer."""
-        now = self._advance()
-        session = self._session(session_id)
+        now = self._clock.advance()
+        core = self._core
+        session = core.session(session_id)
         _ident("block_id", block_id)
         _int("unused", unused, 0)
-        tag, hit = self._recall(session, request_id, ("return", block_id, unused))
+        tag, hit = core.recall(session, request_id, ("return", block_id, unused))
         if hit is not None:
             return hit  # type: ignore[return-value]
-        block = self._state.credit.blocks.get(block_id)
+        block = core.state.credit.blocks.get(block_id)
         if block is None or block.session_id != session.id:
             # Not this session's to return: one that expired and was forgotten, another
             # session's, or no block at all get the same no-op answer, so a return never tells
@@ -151,37 +158,28 @@ class CreditMixin(_Core):
             raise InvalidArgument("unused", f"must be <= the block's {block.units} units")
         if block.returned:
             return CreditReturn(block_id, unused, False, BlockEnd.RETURNED)
-        if block.node_id not in self._state.nodes:  # purged: credit_ttl_ms < retention_ms
+        if block.node_id not in core.state.nodes:  # purged: credit_ttl_ms < retention_ms
             return CreditReturn(block_id, unused, False, BlockEnd.EXPIRED)
-        self._emit(ev.CreditReturned(self._seq(), now, block_id, unused, tag))
+        core.emit(ev.CreditReturned(core.seq(), now, block_id, unused, tag))
         return CreditReturn(block_id, unused, True, BlockEnd.RETURNED)
-
-    def set_rate(
-        self,
-        session_id: int | None,
-        node_id: int,
-        resource: str,
-        rate: Rate | None,
-        request_id: str | None = None,
-    ) -> Edited:
-        """Set (or with ``None`` remove) a node's rate for ``resource``. Lowering the burst
-        below what is outstanding takes nothing back; the bucket refills once it drains."""
-        _name("resource", resource)
-        if rate is not None:
-            check_rate("rate", rate)
-        return self._edit(
-            session_id,
-            node_id,
-            request_id,
-            ("rate", node_id, resource, rate),
-            lambda seq, now, tag: ev.RateSet(seq, now, node_id, resource, rate, session_id, tag),
-        )
 
     def credit_level(self, node_id: int, resource: str) -> tuple[int, int, Rate] | None:
         """(whole units in the bucket now, units outstanding now, its rate); None if unrated.
         For status, metrics and checkers; records nothing."""
-        bucket = self._state.credit.buckets.get((_ident("node_id", node_id), resource))
+        core = self._core
+        bucket = core.state.credit.buckets.get((_ident("node_id", node_id), resource))
         if bucket is None:
             return None
-        now = max(self._clock.now_ms(), self._now_ms, bucket.at_ms)
+        now = max(core.clock.now_ms(), core.now_ms, bucket.at_ms)
         return level_at(bucket, now) // MILLI, bucket.outstanding(now), bucket.rate
+
+    def outstanding_at(self, node_id: int) -> dict[str, int]:
+        """Units of unexpired blocks out at ``node_id`` per rated resource (off the hot path:
+        it scans the buckets)."""
+        now = self._core.now()
+        credit = {
+            resource: b.outstanding(now)
+            for (nid, resource), b in sorted(self._core.state.credit.buckets.items())
+            if nid == node_id and b.blocks
+        }
+        return {k: v for k, v in credit.items() if v}

@@ -6,40 +6,42 @@ prompt). Purges of tombstones and ended nodes are pure functions of time and are
 
 from __future__ import annotations
 
+import math
+
 from . import _events as ev
-from ._core import _Core
+from ._core import Core
+from ._leasebook import LeaseBook
 from ._state import ROOT_ID
 from ._timers import PURGE_BLOCK, PURGE_LEASE, PURGE_NODE, PURGE_SESSION
 from ._types import NodeState, SessionState
 
-__all__ = ["HousekeepingMixin"]
-
-_SCHEDULED = frozenset(
-    {
-        ev.LeaseEnded,
-        ev.SessionClosed,
-        ev.SessionExpired,
-        ev.NodeEnded,
-        ev.SessionOpened,
-        ev.NodeCreated,
-        ev.DeadlineSet,
-        ev.CreditGranted,
-    }
-)
+__all__ = ["Housekeeping"]
 
 
-class HousekeepingMixin(_Core):
-    def _advance(self) -> int:
-        now = self._clock.now_ms()
-        if now > self._now_ms:
-            self._now_ms = now
+class Housekeeping:
+    """Brings the engine up to its clock: every call's first step is ``advance``."""
+
+    def __init__(self, core: Core, leases: LeaseBook) -> None:
+        self._core = core
+        self._leases = leases
+
+    def tick(self) -> None:
+        """The reaper: expire sessions, fire deadlines, run AIMD, purge old records."""
+        self.advance()
+
+    def advance(self) -> int:
+        """Do the work that is due by now; returns now (never earlier than the last call's)."""
+        core = self._core
+        now = core.clock.now_ms()
+        if now > core.now_ms:
+            core.now_ms = now
         else:
-            now = self._now_ms
-        t = self._timers
+            now = core.now_ms
+        t = core.timers
         if (
             (t.expiry and t.expiry[0][0] <= now)
             or (t.deadline and t.deadline[0][0] <= now)
-            or self._state.adaptive
+            or core.state.adaptive
         ):
             self._advance_slow(now)
         if t.purge and t.purge[0][0] <= now:
@@ -47,23 +49,23 @@ class HousekeepingMixin(_Core):
         return now
 
     def _advance_slow(self, now: int) -> None:
-        st = self._state
+        st, leases, timers = self._core.state, self._leases, self._core.timers
         changed = False
-        for sid in self._timers.due_expiry(now):
+        for sid in timers.due_expiry(now):
             session = st.sessions.get(sid)
             if session is not None and session.state is SessionState.OPEN:
                 if session.expires_ms <= now:
-                    self._end_session(session, SessionState.EXPIRED, now)
+                    leases.end_session(session, SessionState.EXPIRED, now)
                     changed = True
-        for at_ms, _depth, nid in self._timers.due_deadline(now):
+        for at_ms, _depth, nid in timers.due_deadline(now):
             node = st.nodes.get(nid)
             if node is not None and node.state is NodeState.ACTIVE and node.deadline_ms == at_ms:
-                self._end_subtree(node, NodeState.DEADLINE_EXCEEDED, None, None, now)
+                leases.end_subtree(node, NodeState.DEADLINE_EXCEEDED, None, None, now)
                 changed = True
         for cls in sorted(st.adaptive):
             changed = self._adapt(cls, now) or changed
         if changed:
-            self._dispatch()
+            leases.dispatch()
 
     def _adapt(self, cls: str, now: int) -> bool:
         """One AIMD step per interval, on evidence gathered under the current limit only.
@@ -77,14 +79,15 @@ class HousekeepingMixin(_Core):
         Otherwise +1: a limit that never probes never recovers. A cut is always at least one
         lower, the result always within [min_limit, max_limit]. Too few samples: no move.
         """
-        state = self._state.adaptive[cls]
+        core = self._core
+        state = core.state.adaptive[cls]
         cfg = state.config
         n = len(state.samples)
         if now - state.last_adjust_ms < cfg.interval_ms or n < cfg.min_samples:
             return False
-        limit = self._state.nodes[ROOT_ID].limits.get(cls, cfg.initial_limit)
+        limit = core.state.nodes[ROOT_ID].limits.get(cls, cfg.initial_limit)
         cuts: list[int] = []
-        if self._p95(state.samples) > cfg.target_p95_ms:
+        if _p95(state.samples) > cfg.target_p95_ms:
             cuts.append(limit * 7 // 10)
         overloaded = sum(1 for _, o in state.samples if o)
         if overloaded * 1000 // n > cfg.max_overload_permille:
@@ -94,7 +97,7 @@ class HousekeepingMixin(_Core):
             cuts.append(gentlest if served is None else max(deepest, min(gentlest, served)))
         new = min(cuts) if cuts else limit + 1
         new = max(cfg.min_limit, min(cfg.max_limit, new))
-        self._emit(ev.LimitAdjusted(self._seq(), now, cls, new))
+        core.emit(ev.LimitAdjusted(core.seq(), now, cls, new))
         return True
 
     def _served_concurrency(self, cls: str, now: int) -> int | None:
@@ -106,7 +109,7 @@ class HousekeepingMixin(_Core):
         holds are not missed. It is in the units the limit counts, so it includes each lease's
         round trip, which the caller's latency does not.
         """
-        state = self._state.adaptive[cls]
+        state = self._core.state.adaptive[cls]
         start = state.last_adjust_ms
         busy_ms = state.busy_ms
         if state.busy_since_ms is not None:
@@ -115,14 +118,14 @@ class HousekeepingMixin(_Core):
             return None
         held_ms = state.ok_ms + sum(
             now - max(lease.granted_ms, start)
-            for lease in self._state.leases.values()
+            for lease in self._core.state.leases.values()
             if lease.cls == cls
         )
         return -(-held_ms // busy_ms)
 
     def _purge(self, now: int) -> None:
-        st, cfg = self._state, self.config
-        for _at, _d, kind, ident in self._timers.due_purge(now):
+        st, cfg, timers = self._core.state, self._core.config, self._core.timers
+        for _at, _d, kind, ident in timers.due_purge(now):
             if kind == PURGE_LEASE:
                 tomb = st.tombstones.get(ident)
                 if tomb is not None and tomb.ended_ms + cfg.tombstone_ms <= now:
@@ -140,7 +143,7 @@ class HousekeepingMixin(_Core):
                 if node is None or node.ended_ms is None or node.parent is None:
                     continue
                 if node.children:  # cannot happen (children end first); retry later
-                    self._timers.add_purge(now + 1, node.depth, PURGE_NODE, ident)
+                    timers.add_purge(now + 1, node.depth, PURGE_NODE, ident)
                     continue
                 parent = st.nodes[node.parent]
                 parent.children.discard(ident)
@@ -152,41 +155,7 @@ class HousekeepingMixin(_Core):
             elif kind == PURGE_BLOCK:
                 st.credit.expire(ident, now)
 
-    def _schedule(self, event: ev.Event) -> None:
-        """Put the due times an event creates on the timers (live and after a restore)."""
-        if type(event) not in _SCHEDULED:
-            return
-        cfg, timers = self.config, self._timers
-        if isinstance(event, ev.LeaseEnded):
-            timers.add_purge(event.at_ms + cfg.tombstone_ms, 0, PURGE_LEASE, event.lease_id)
-        elif isinstance(event, (ev.SessionClosed, ev.SessionExpired)):
-            timers.add_purge(event.at_ms + cfg.tombstone_ms, 0, PURGE_SESSION, event.session_id)
-        elif isinstance(event, ev.NodeEnded):
-            depth = self._state.nodes[event.node_id].depth
-            timers.add_purge(event.at_ms + cfg.retention_ms, depth, PURGE_NODE, event.node_id)
-        elif isinstance(event, ev.SessionOpened):
-            timers.add_expiry(event.at_ms + event.ttl_ms, event.session_id)
-        elif isinstance(event, (ev.NodeCreated, ev.DeadlineSet)):
-            if event.deadline_ms is not None:
-                node = self._state.nodes[event.node_id]
-                timers.add_deadline(event.deadline_ms, node.depth, node.id)
-        elif isinstance(event, ev.CreditGranted):
-            timers.add_purge(event.expires_ms, 0, PURGE_BLOCK, event.block_id)
 
-    def _rebuild_timers(self) -> None:
-        """After a restore: every due time the state implies."""
-        st, cfg, timers = self._state, self.config, self._timers
-        for session in st.sessions.values():
-            if session.state is SessionState.OPEN:
-                timers.add_expiry(session.expires_ms, session.id)
-            elif session.ended_ms is not None:
-                timers.add_purge(session.ended_ms + cfg.tombstone_ms, 0, PURGE_SESSION, session.id)
-        for node in st.nodes.values():
-            if node.state is NodeState.ACTIVE and node.deadline_ms is not None:
-                timers.add_deadline(node.deadline_ms, node.depth, node.id)
-            elif node.ended_ms is not None:
-                timers.add_purge(node.ended_ms + cfg.retention_ms, node.depth, PURGE_NODE, node.id)
-        for lease_id, tomb in st.tombstones.items():
-            timers.add_purge(tomb.ended_ms + cfg.tombstone_ms, 0, PURGE_LEASE, lease_id)
-        for block in st.credit.blocks.values():
-            timers.add_purge(block.expires_ms, 0, PURGE_BLOCK, block.id)
+def _p95(samples: list[tuple[int, bool]]) -> int:
+    ordered = sorted(s[0] for s in samples)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]

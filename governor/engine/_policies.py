@@ -21,11 +21,12 @@ from ratemesh.checks import INT_MAX
 from ratemesh.policy import METRIC_NAME, METRICS_MAX, TenantRatePolicy, scope_name
 
 from . import _events as ev
-from ._core import _Core, _int
+from ._core import Core, _int
 from ._errors import GenerationConflict, InvalidArgument, NotFound
+from ._housekeeping import Housekeeping
 from ._policybook import POLICY_KEYS_MAX, PolicyKey
 
-__all__ = ["PoliciesMixin", "PolicyPutResult"]
+__all__ = ["Policies", "PolicyPutResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +37,13 @@ class PolicyPutResult:
     created: bool
 
 
-class PoliciesMixin(_Core):
+class Policies:
+    """The mesh policies governord coordinates, one book of generations per key."""
+
+    def __init__(self, core: Core, clock: Housekeeping) -> None:
+        self._core = core
+        self._clock = clock
+
     def put_policy(
         self,
         policy: TenantRatePolicy,
@@ -46,11 +53,12 @@ class PoliciesMixin(_Core):
     ) -> PolicyPutResult:
         """Store ``policy`` as a generation of its key; ``allocate`` ignores its generation
         and takes the next one. Refusals change nothing."""
-        now = self._advance()
+        now = self._clock.advance()
+        core = self._core
         if not isinstance(policy, TenantRatePolicy):
             raise InvalidArgument("policy", "must be a TenantRatePolicy")
         scope = (policy.tenant_id, policy.metric)
-        key = self._state.policies.keys.get(scope)
+        key = core.state.policies.keys.get(scope)
         last = 0 if key is None else key.last.generation
         self._check_expected(policy.tenant_id, policy.metric, last, expect_generation)
         self._check_unit(policy)
@@ -75,14 +83,14 @@ class PoliciesMixin(_Core):
             raise InvalidArgument(
                 "generation", f"{_name(policy)} has used every generation up to {INT_MAX}"
             )
-        if key is None and len(self._state.policies.keys) >= POLICY_KEYS_MAX:
+        if key is None and len(core.state.policies.keys) >= POLICY_KEYS_MAX:
             raise InvalidArgument(
                 "policy", f"governord holds {POLICY_KEYS_MAX} policy keys (POLICY_KEYS_MAX)"
             )
         p = policy
-        self._emit(
+        core.emit(
             ev.PolicyPut(
-                self._seq(),
+                core.seq(),
                 now,
                 p.tenant_id,
                 p.metric,
@@ -98,7 +106,7 @@ class PoliciesMixin(_Core):
                 p.quota,
             )
         )
-        stored = self._state.policies.keys[scope].current
+        stored = core.state.policies.keys[scope].current
         assert stored is not None and stored.generation == generation
         return PolicyPutResult(stored, True)
 
@@ -106,10 +114,11 @@ class PoliciesMixin(_Core):
         self, tenant_id: str, metric: str, *, expect_generation: int | None = None
     ) -> int:
         """Remove the key's own policy: a tombstone at its last generation + 1 (returned)."""
-        now = self._advance()
+        now = self._clock.advance()
+        core = self._core
         if not isinstance(metric, str) or not METRIC_NAME.fullmatch(metric):
             raise InvalidArgument("metric", "must be a metric name")
-        key = self._state.policies.keys.get((tenant_id, metric))
+        key = core.state.policies.keys.get((tenant_id, metric))
         if key is None or key.current is None:
             raise NotFound("tenant_id", f"{scope_name(tenant_id, metric)} has no policy to remove")
         last = key.last.generation
@@ -118,13 +127,13 @@ class PoliciesMixin(_Core):
             raise InvalidArgument(
                 "generation", f"{scope_name(tenant_id, metric)} has no generation left"
             )
-        self._emit(ev.PolicyRemoved(self._seq(), now, tenant_id, metric, last + 1))
+        core.emit(ev.PolicyRemoved(core.seq(), now, tenant_id, metric, last + 1))
         return last + 1
 
     def _check_unit(self, policy: TenantRatePolicy) -> None:
         """One unit per metric across the stored policies, and a bound on names."""
         metrics: set[str] = set()
-        for (tenant_id, metric), key in self._state.policies.keys.items():
+        for (tenant_id, metric), key in self._core.state.policies.keys.items():
             other = key.current
             metrics.add(metric)
             if other is None or metric != policy.metric or tenant_id == policy.tenant_id:

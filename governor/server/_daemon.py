@@ -44,15 +44,16 @@ from governor.store import (
     EXIT_COMMIT_FAILED,
     EventLog,
     Loaded,
-    MemoryBackend,
-    PostgresBackend,
-    SqliteBackend,
     StoreError,
+    open_backend,
+    parse_store,
 )
 from ratemesh import callguard
 from ratemesh import coordinator as cw
 from ratemesh.callguard import Caller, CallGuard, GuardLimits, Refused
+from ratemesh.checks import with_port
 from ratemesh.coordinator import PING_INTERVAL_MIN_MS
+from ratemesh.grpcstd import add_standard_services, open_health
 from ratemesh.operator import one_line, probe_bind
 
 from ._bootstrap import import_bootstrap
@@ -143,14 +144,11 @@ class CertReloader:
 
 
 def _open_log(cfg: GovernordConfig) -> EventLog:
-    kind, target = cfg.store_kind()
-    if kind == "sqlite":
-        return EventLog(SqliteBackend(target), on_fatal=_commit_failed)
-    if kind == "memory":
-        log.warning("store memory: NOT durable (benchmarks only)")
-        return EventLog(MemoryBackend(), on_fatal=_commit_failed)
+    scheme, target = parse_store(cfg.store)
+    if not scheme.durable:
+        log.warning(f"store {scheme.name}: NOT durable (benchmarks only)")
     schema = os.environ.get("GOVERNOR_PG_SCHEMA", "governor")
-    backend = PostgresBackend(target, schema=schema, application_name=_pg_app())
+    backend = open_backend(scheme.name, target, schema=schema, application_name=_pg_app())
     return EventLog(backend, on_fatal=_commit_failed)
 
 
@@ -192,7 +190,7 @@ def _bind(server: aio.Server, addr: str, reloader: CertReloader | None) -> str:
         raise ConfigError(
             "listen", f"cannot bind {addr}: the port is in use or the address is not this host's"
         ) from exc
-    return f"{addr.rpartition(':')[0]}:{port}"
+    return with_port(addr, port)
 
 
 class _Process:
@@ -201,7 +199,8 @@ class _Process:
     def __init__(self, cfg: GovernordConfig, loop: asyncio.AbstractEventLoop) -> None:
         self.cfg = cfg
         self.loop = loop
-        self.kind, self.target = cfg.store_kind()
+        self.scheme, self.target = parse_store(cfg.store)
+        self.kind = self.scheme.name
         self.record: EventLog | None = None
         self.authority: Authority | None = None
         self.service: GovernorService | None = None
@@ -213,7 +212,7 @@ class _Process:
         self.probe: StoreProbe = probe_for(self.kind, self.target, _pg_app())
         self.switch = Switch(NotLeader(self._leader))
         self.guard = CallGuard(
-            self._identify,
+            open_health(self._identify),
             GuardLimits(calls_max=GRPC_CALLS_MAX, caller_calls_max=GRPC_CALLER_CALLS_MAX),
             on_refused=self._refused,
         )
@@ -228,8 +227,16 @@ class _Process:
             interceptors=(self.guard,),
         )
         self.server.add_generic_rpc_handlers((self.switch,))
+        add_standard_services(  # health SERVING only on the leader that is ready to serve
+            self.server,
+            dict.fromkeys((wire.SERVICE, cw.COORDINATOR_SERVICE), self._serving),
+        )
         self.reloader = CertReloader(cfg.tls) if cfg.tls is not None else None
         self.bound: list[str] = []
+
+    def _serving(self) -> bool:
+        """gRPC health: this process leads and is not draining."""
+        return self.switch.leading and self.service is not None and not self.service.draining
 
     def _leader(self) -> tuple[str, int]:
         if self.candidate is None:
@@ -265,7 +272,7 @@ class _Process:
                 # a session that ended lately still opens a Multiplex stream (its Release
                 # learns how its lease ended, as a unary Release does): the calls decide
                 late = name in ("Release", wire.MULTIPLEX)
-                who = service._by_token(token, late_release=late)
+                who = service.auth.by_token(token, late_release=late)
             except Fail as f:
                 failed = f
             else:
@@ -292,7 +299,7 @@ class _Process:
 
     def leadership(self) -> dict[str, Any]:
         """The health page's leader check: this process's role and who leads."""
-        if self.kind != "postgres":
+        if not self.scheme.shared:
             return {"role": "leader", "leader": None, "epoch": None}
         if self.switch.leading:
             address = self.candidate.address if self.candidate else None
@@ -445,7 +452,7 @@ async def serve(
     try:
         proc.record = _open_record(cfg)
         await proc.bind()
-        if proc.kind != "postgres":
+        if not proc.scheme.shared:
             proc.lead(None)
         await proc.server.start()
     except BaseException:
@@ -457,7 +464,7 @@ async def serve(
         loop.add_signal_handler(signal.SIGHUP, proc.reloader.request)
     else:
         loop.add_signal_handler(signal.SIGHUP, lambda: _say("SIGHUP: no TLS, nothing to reload"))
-    if proc.kind == "postgres":
+    if proc.scheme.shared:
         try:
             leading = await _elect(proc, stop, announce)
         except (StoreError, RecordError) as exc:  # the database went away under a standby
@@ -475,7 +482,7 @@ async def serve(
             await proc.close(cfg.drain_s)
             _say("stopped (a standby)")
             return 0
-    where = proc.target if proc.kind == "sqlite" else "postgresql"
+    where = proc.scheme.describe(proc.target)
     http = proc.http
     event(
         log,

@@ -27,6 +27,7 @@ import time
 from http import HTTPStatus
 
 from governor.config import ConfigError
+from ratemesh.checks import address_parts, with_port
 from ratemesh.conngate import Admit, ConnGate, loopback_peer
 from ratemesh.operator import probe_bind
 
@@ -172,15 +173,15 @@ class HttpServer:
     async def start(self, address: str) -> str:
         """Listen on ``address``; the bound ``host:port`` (port 0 asks for a free one)."""
         probe_bind(address, field="metrics", error=ConfigError)
-        host, _, port = address.rpartition(":")
+        host, port = address_parts("metrics", address, allow_zero_port=True, error=ConfigError)
         try:
             self._server = await asyncio.start_server(
-                self._handle, host.strip("[]"), int(port), limit=HEAD_BYTES_MAX
+                self._handle, host, port, limit=HEAD_BYTES_MAX
             )
         except OSError as exc:
             raise ConfigError("metrics", f"cannot serve on {address}: {exc.strerror}") from exc
         bound = self._server.sockets[0].getsockname()
-        self.address = f"{host}:{bound[1]}"
+        self.address = with_port(address, bound[1])
         event(log, logging.DEBUG, "http pages", address=self.address, pages=sorted(self.pages))
         return self.address
 

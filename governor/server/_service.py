@@ -1,6 +1,10 @@
 """The governord gRPC service: decode and check, authenticate, one engine step, await the
 commit, reply. Nothing replies before the record holds everything its answer depends on.
 
+It composes its parts: ``Steps`` (an engine step and the wait for its commit), ``Auth`` (who a
+call is from) and the groups of calls (``SessionCalls``, ``NodeCalls``, ``CreditCalls``), whose
+tables together name every unary method of ``wire.METHODS``.
+
 Engine steps run on the event loop thread under the Authority's lock (a few microseconds);
 the wait for the commit is an awaited future resolved by the log's writer thread, so no thread
 is parked per call. A retry of a request id that is still running awaits the first attempt and
@@ -11,9 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -23,29 +25,21 @@ from grpc import aio
 from governor import wire
 from governor.authority import Authority
 from governor.config import GovernordConfig
-from governor.engine import (
-    Engine,
-    Event,
-    GovernorError,
-    SessionState,
-)
-from governor.engine import _events as ev
+from governor.engine import GovernorError
 
-from ._calls import CallsMixin, Principal
+from ._auth import KEY_SESSION_TTL_MS, Auth
+from ._calls import Impl, Principal, Steps
 from ._commit import CommitWaits
+from ._creditcalls import CreditCalls
 from ._logs import FIELDS
 from ._metrics import Metrics
 from ._multiplex import Metadata, MuxStream
-from ._status import Fail, error_fail, sha256_hex
+from ._nodecalls import NodeCalls
+from ._sessioncalls import SessionCalls
+from ._status import Fail, error_fail
 
 __all__ = ["GovernorService", "KEY_SESSION_TTL_MS"]
 
-KEY_SESSION_TTL_MS = 10 * 365 * 24 * 3600 * 1000  # a bare API key's session: hooks, no leases
-# Releases before random key sessions gave a bare key's session the token
-# DERIVED_TOKEN_PREFIX + sha256(key), computable from governord.yaml. Such a token is refused
-# before any lookup, and a key's old session is closed the first time the key is used.
-DERIVED_TOKEN_PREFIX = "governord-key-session:"
-ENDED_TOKENS_MAX = 65_536
 INFLIGHT_MAX = 65_536
 
 log = logging.getLogger("governord.call")
@@ -81,7 +75,7 @@ def _call_fields(
     return fields
 
 
-class GovernorService(CallsMixin):
+class GovernorService:
     """The calls, and Multiplex carrying the short ones. ``handler()`` is the generic
     gRPC handler to add to a server."""
 
@@ -99,43 +93,20 @@ class GovernorService(CallsMixin):
         self.metrics = metrics
         self.commits = CommitWaits(authority, loop)
         self._loop = loop
-        self._changed = asyncio.Event()
-        self._ended_tokens: OrderedDict[str, int] = OrderedDict()
+        steps = Steps(authority, self.commits, loop)
+        self.auth = Auth(authority, steps, tenants)
+        self._nodes = NodeCalls(steps)
         self._inflight: dict[tuple[Any, ...], list[Any]] = {}  # key -> [raw, future | None]
-        self._key_sessions: dict[str, int] = {}
         self._drain = asyncio.Event()
-        self._impls: dict[str, Callable[..., Awaitable[dict[str, Any]]]] = {
-            name: getattr(self, f"_{name}") for name, m in wire.METHODS.items() if not m.stream
+        self._impls: dict[str, Impl] = {
+            **SessionCalls(steps, config).calls(),
+            **self._nodes.calls(),
+            **CreditCalls(steps).calls(),
         }
+        unary = {name for name, m in wire.METHODS.items() if not m.stream}
+        assert set(self._impls) == unary, sorted(set(self._impls) ^ unary)
         self._counters: dict[tuple[str, grpc.StatusCode], Any] = {}
         self._latency: dict[str, Any] = {}
-        authority.change_listeners.append(self._notify_changed)
-        authority.event_listeners.append(self._on_event)
-
-    # ---- plumbing --------------------------------------------------------------------------
-
-    def _notify_changed(self) -> None:
-        self._loop.call_soon_threadsafe(self._wake)
-
-    def _wake(self) -> None:
-        old, self._changed = self._changed, asyncio.Event()
-        old.set()
-
-    def _on_event(self, event: Event) -> None:
-        """Under the lock: remember ended sessions' token hashes (a late call learns why)."""
-        if isinstance(event, (ev.SessionClosed, ev.SessionExpired)):
-            session = self.authority.engine.state.sessions.get(event.session_id)
-            if session is not None:
-                self._ended_tokens[session.token_sha256] = event.session_id
-                while len(self._ended_tokens) > ENDED_TOKENS_MAX:
-                    self._ended_tokens.popitem(last=False)
-
-    async def _step(self, fn: Callable[[Engine], Any]) -> Any:
-        result, error, seq, wrote = self.authority.step(fn)
-        await self.commits.reply_ready(seq, wrote)
-        if error is not None:
-            raise error
-        return result
 
     def handler(self) -> grpc.GenericRpcHandler:
         rpcs: dict[str, grpc.RpcMethodHandler] = {}
@@ -174,7 +145,7 @@ class GovernorService(CallsMixin):
             if self._drain.is_set():
                 raise Fail(grpc.StatusCode.UNAVAILABLE, "draining", "governord is stopping")
             body = _decode(method, raw)
-            who = await self._authenticate(method, md)
+            who = await self.auth.authenticate(method, md)
             return await self._once(method, who, body, raw, self._impls[method.name])
         except Fail as f:
             code, reason = f.code, f.detail["reason"]
@@ -238,7 +209,7 @@ class GovernorService(CallsMixin):
         who: Principal | None,
         body: dict[str, Any],
         raw: bytes,
-        impl: Callable[[Principal | None, dict[str, Any]], Awaitable[dict[str, Any]]],
+        impl: Impl,
     ) -> dict[str, Any]:
         """Run ``impl``; a retry of a request id still in flight waits for the same answer."""
         rid = body.get("request_id")
@@ -288,85 +259,6 @@ class GovernorService(CallsMixin):
         except GovernorError as exc:
             raise error_fail(exc) from exc
 
-    async def _authenticate(self, method: wire.Method, md: Metadata) -> Principal | None:
-        token, key = md.get(wire.TOKEN_MD), md.get(wire.KEY_MD)
-        if isinstance(token, bytes) or isinstance(key, bytes):
-            raise Fail(grpc.StatusCode.UNAUTHENTICATED, "credentials", "credentials must be text")
-        if token is not None and method.auth in ("token", "key_or_token"):
-            return self._by_token(token, late_release=method.name == "Release")
-        if key is not None and method.auth in ("key", "key_or_token"):
-            digest = sha256_hex(key)
-            tenant = self.tenants.get(digest)
-            if tenant is None:
-                raise Fail(grpc.StatusCode.UNAUTHENTICATED, "bad_key", "unknown API key")
-            if method.auth == "key" and method.name == "OpenSession":
-                return Principal(0, tenant[1], tenant[0], True)
-            return await self._key_session(digest, tenant)
-        if key is not None:
-            raise Fail(
-                grpc.StatusCode.PERMISSION_DENIED,
-                "needs_session",
-                f"{method.name} needs a session token; a bare API key may call EnsureNode and "
-                "Consume",
-            )
-        raise Fail(
-            grpc.StatusCode.UNAUTHENTICATED,
-            "no_credentials",
-            f"{method.name} needs a {'session token' if method.auth == 'token' else 'API key'}",
-        )
-
-    def _by_token(self, token: str, *, late_release: bool = False) -> Principal:
-        if token.startswith(DERIVED_TOKEN_PREFIX):
-            raise Fail(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "derived_token",
-                "a token derived from an API key is not a credential: call with the key, or "
-                "with the token OpenSession returned",
-            )
-        digest = sha256_hex(token)
-        sid = self.authority.engine.session_for_token(digest)
-        if sid is None:
-            if late_release and digest in self._ended_tokens:
-                # a late release learns how its lease ended (FAILED_PRECONDITION lease_ended)
-                ended = self.authority.engine.state.sessions.get(self._ended_tokens[digest])
-                if ended is not None:
-                    return Principal(ended.id, ended.scope_id, "", False)
-            if digest in self._ended_tokens:
-                raise Fail(
-                    grpc.StatusCode.UNAUTHENTICATED,
-                    "session_ended",
-                    f"session {self._ended_tokens[digest]} has ended (expired or closed)",
-                    session_id=self._ended_tokens[digest],
-                )
-            raise Fail(grpc.StatusCode.UNAUTHENTICATED, "bad_token", "unknown or ended token")
-        session = self.authority.engine.state.sessions[sid]
-        return Principal(sid, session.scope_id, "", False)
-
-    async def _key_session(self, digest: str, tenant: tuple[str, int]) -> Principal:
-        """The bare key's own session: found by the key's digest, opened with a random token
-        that is never handed out (only the key reaches it, and nothing in the config computes
-        it). Reopened if it ever ended, so no other caller can lock the key out."""
-        sid = self._key_sessions.get(digest)
-        session = None if sid is None else self.authority.engine.state.sessions.get(sid)
-        if sid is None or session is None or session.state is not SessionState.OPEN:
-            legacy = sha256_hex(DERIVED_TOKEN_PREFIX + digest)
-
-            def ensure(e: Engine) -> int:
-                old = e.session_for_token(legacy)  # an older release's, reachable by then
-                if old is not None:
-                    e.close_session(old)
-                found = e.session_for_key(digest)
-                if found is not None:
-                    return found
-                token_hash = sha256_hex(secrets.token_urlsafe(32))  # no one is given it
-                ttl = KEY_SESSION_TTL_MS
-                return e.open_session(tenant[1], ttl, token_hash, key_sha256=digest)[0]
-
-            sid = await self._step(ensure)  # once per key per process
-            assert sid is not None
-            self._key_sessions[digest] = sid
-        return Principal(sid, tenant[1], tenant[0], True)
-
     def _streamer(
         self, method: wire.Method
     ) -> Callable[[bytes, aio.ServicerContext[bytes, bytes]], AsyncIterator[bytes]]:
@@ -376,9 +268,11 @@ class GovernorService(CallsMixin):
             code = grpc.StatusCode.OK
             try:
                 body = _decode(method, request)
-                who = await self._authenticate(method, dict(context.invocation_metadata() or ()))
+                who = await self.auth.authenticate(
+                    method, dict(context.invocation_metadata() or ())
+                )
                 assert who is not None
-                async for item in self._watch(who, body):
+                async for item in self._nodes.watch(who, body):
                     yield wire.pack(item)
             except Fail as f:
                 code = f.code

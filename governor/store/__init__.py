@@ -2,19 +2,21 @@
 
 SQLite (embedded default: WAL, synchronous FULL) and PostgreSQL (psycopg 3) sit behind one
 ``Backend`` protocol; ``EventLog`` adds group commit and the checks that refuse a bad record.
+``SCHEMES`` is the one table of what a ``store:`` setting may name (with the memory store).
 """
-
-from ratemesh.errors import ConfigError
 
 from ._backend import Backend, Batch, LeaderRow, Leadership, Rows
 from ._errors import CommitFailed, Deposed, StoreError, StoreUnavailable
 from ._log import EXIT_COMMIT_FAILED, EventLog, Loaded, exit_process
 from ._memory import MemoryBackend
 from ._postgres import PostgresBackend
+from ._schemes import SCHEMES, STORE_FORMS, StoreScheme, open_backend, parse_store
 from ._sqlite import SqliteBackend
 
 __all__ = [
     "EXIT_COMMIT_FAILED",
+    "SCHEMES",
+    "STORE_FORMS",
     "Backend",
     "Batch",
     "CommitFailed",
@@ -28,17 +30,9 @@ __all__ = [
     "Rows",
     "SqliteBackend",
     "StoreError",
+    "StoreScheme",
     "StoreUnavailable",
     "exit_process",
     "open_backend",
+    "parse_store",
 ]
-
-
-def open_backend(kind: str, target: str, *, schema: str = "governor") -> Backend:
-    """``kind`` is ``sqlite`` (target: a file path) or ``postgres`` (target: a DSN)."""
-    if kind == "sqlite":
-        return SqliteBackend(target)
-    if kind == "postgres":
-        return PostgresBackend(target, schema=schema)
-    # The kind comes from the operator's `store:` setting, so the mistake is theirs to fix.
-    raise ConfigError("store", f"kind must be 'sqlite' or 'postgres', got {kind!r}")

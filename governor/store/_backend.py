@@ -61,10 +61,6 @@ class Backend(Protocol):
 
     def token_session(self, sha256: str) -> int | None: ...
 
-    def raw_commit(self, n: int) -> None:
-        """Benchmark: ``n`` transactions of one durable insert each, one after another."""
-        ...
-
     def close(self) -> None: ...
 
 

@@ -31,8 +31,5 @@ class MemoryBackend:
     def token_session(self, sha256: str) -> int | None:
         return None
 
-    def raw_commit(self, n: int) -> None:
-        return None
-
     def close(self) -> None:
         return None

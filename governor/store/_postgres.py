@@ -263,17 +263,6 @@ class PostgresBackend:
         row = cur.fetchone()
         return int(row[0]) if row else None
 
-    def raw_commit(self, n: int) -> None:
-        cur = self._conn.cursor()
-        cur.execute(self._q("CREATE TABLE IF NOT EXISTS {s}.raw_bench (i INTEGER, payload TEXT)"))
-        for i in range(n):
-            with self._conn.transaction():
-                cur.execute(
-                    self._q("INSERT INTO {s}.raw_bench (i, payload) VALUES (%s, %s)"),
-                    (i, "x" * 100),
-                )
-        cur.execute(self._q("DROP TABLE {s}.raw_bench"))
-
     def drop_schema(self) -> None:
         """Tests only: remove everything this backend created."""
         self._conn.execute(self._q("DROP SCHEMA IF EXISTS {s} CASCADE"))

@@ -98,18 +98,6 @@ class SqliteBackend:
         ).fetchone()
         return int(row[0]) if row else None
 
-    def raw_commit(self, n: int) -> None:
-        c = self._conn
-        c.execute("CREATE TABLE IF NOT EXISTS governor_raw_bench (i INTEGER, payload TEXT)")
-        for i in range(n):
-            c.execute("BEGIN IMMEDIATE")
-            c.execute(
-                "INSERT INTO governor_raw_bench (i, payload) VALUES (?, ?)",
-                (i, "x" * 100),
-            )
-            c.execute("COMMIT")
-        c.execute("DROP TABLE governor_raw_bench")
-
     def _rollback(self) -> None:
         try:
             if self._conn.in_transaction:

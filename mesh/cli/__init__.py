@@ -40,6 +40,7 @@ COMMANDS: dict[tuple[str, ...], Handler] = {
     ("bench", "strict"): _bench.strict,
     ("bench", "sidecar"): _bench.sidecar,
     ("bench", "redis"): _bench.redis,
+    ("bench", "suite"): _bench.suite,
     **{("policy", name): fn for name, fn in _policy.SUBCOMMANDS.items()},
 }
 
@@ -244,6 +245,32 @@ def _parser() -> argparse.ArgumentParser:
         "recovery adds about 5 s",
     )
     _output_flags(rd)
+    su = bsub.add_parser(
+        "suite",
+        help="hotpath, owner, cluster (4 workers) and sidecar beside a calibration loop, "
+        "each figure's ratio to it against a baseline: regressions",
+    )
+    su.add_argument(
+        "--baseline", metavar="PATH", help="the baseline to compare with (bench/baseline.json)"
+    )
+    su.add_argument(
+        "--write-baseline",
+        dest="write_baseline",
+        action="store_true",
+        help="refresh the baseline with the figures that improved",
+    )
+    su.add_argument(
+        "--force", action="store_true", help="with --write-baseline: write every figure"
+    )
+    su.add_argument("--quick", action="store_true", help="short runs (about a minute)")
+    su.add_argument("--runs", type=int, default=1, help="passes; each figure is their median")
+    su.add_argument(
+        "--fail-on-regression",
+        dest="fail_on_regression",
+        action="store_true",
+        help="exit 1 when a figure regressed",
+    )
+    _output_flags(su)
     _policy.add_parser(sub)
     return p
 

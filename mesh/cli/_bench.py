@@ -1,15 +1,28 @@
-"""`mesh bench hotpath`, `owner`, `cluster`, `churn`, `flood`, `policy`, `strict`, `sidecar` and
-`redis`: benchmarks of the real code, JSON on stdout."""
+"""`mesh bench hotpath`, `owner`, `cluster`, `churn`, `flood`, `policy`, `strict`, `sidecar`,
+`redis` and `suite`: benchmarks of the real code, JSON on stdout."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from ratemesh.checks import check_int
 
 from ._output import emit, positive_s
 
-__all__ = ["churn", "cluster", "flood", "hotpath", "owner", "policy", "redis", "sidecar", "strict"]
+__all__ = [
+    "churn",
+    "cluster",
+    "flood",
+    "hotpath",
+    "owner",
+    "policy",
+    "redis",
+    "sidecar",
+    "strict",
+    "suite",
+]
 
 
 def hotpath(args: argparse.Namespace) -> int:
@@ -145,3 +158,22 @@ def redis(args: argparse.Namespace) -> int:
         args,
     )
     return 0
+
+
+def suite(args: argparse.Namespace) -> int:
+    """Exit 0 with regressions too (the JSON says them) unless --fail-on-regression."""
+    from bench.suite import DEFAULT_BASELINE, run, table
+
+    def progress(line: str) -> None:
+        print(f"mesh bench suite: {line}", file=sys.stderr, flush=True)
+
+    result = run(
+        baseline_path=Path(args.baseline) if args.baseline else DEFAULT_BASELINE,
+        quick=args.quick,
+        runs=check_int("--runs", args.runs, minimum=1, maximum=20),
+        write=args.write_baseline,
+        force=args.force,
+        progress=progress,
+    )
+    emit(result, args, table(result))
+    return 1 if args.fail_on_regression and result["regressions"] else 0

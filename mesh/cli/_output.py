@@ -26,9 +26,11 @@ def table_rows(obj: dict[str, Any], prefix: str = "") -> list[str]:
     return rows
 
 
-def emit(result: dict[str, Any], args: argparse.Namespace) -> None:
-    """One JSON object on stdout; a human table on stderr (or stdout with --table)."""
-    table = "\n".join(table_rows(result))
+def emit(result: dict[str, Any], args: argparse.Namespace, table: str | None = None) -> None:
+    """One JSON object on stdout; a human table on stderr (or stdout with --table): `table`,
+    or the result's rows when the command has no table of its own."""
+    if table is None:
+        table = "\n".join(table_rows(result))
     if getattr(args, "table", False):
         print(table)
         return

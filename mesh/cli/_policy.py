@@ -23,9 +23,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mesh.config import governord_addrs
 from mesh.errors import ConfigError, MeshError, PeerError
 from ratemesh.apikey import read_api_key
+from ratemesh.checks import check_addresses
 from ratemesh.errors import RatemeshError
 from ratemesh.policy import check_metric, descriptor_tenant, scope_name
 from ratemesh.policyfile import load_policy_file
@@ -48,7 +48,12 @@ def _connection_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key-file", help="a file holding the API key (its first line)")
     p.add_argument("--api-key-env", help=f"a variable holding the API key (default ${API_KEY_ENV})")
     p.add_argument("--ca", help="verify governord's TLS certificate against this CA file")
-    p.add_argument("--timeout", type=float, default=10.0, help="per call, seconds")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="per call, seconds, resends included (an election is waited out within it)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
 
@@ -84,7 +89,7 @@ def _connect(args: argparse.Namespace) -> Callable[[], Any]:
     made inside the event loop, which grpc's channels belong to."""
     from mesh.peer import CoordinatorClient  # grpc only when a command talks to governord
 
-    addr = ",".join(governord_addrs("--coordinator", args.coordinator))
+    addr = ",".join(check_addresses("--coordinator", args.coordinator, error=ConfigError))
     if args.api_key_file is None and args.api_key_env is None:
         env = API_KEY_ENV if API_KEY_ENV in os.environ else None
         if env is None:

@@ -4,7 +4,7 @@ Below the node and the peer layer (both read it) and above the core (it builds t
 `CoreConfig` and policies). The file's shape is documented in `_node.py`.
 """
 
-from mesh.config._addrs import GOVERNORD_ADDRS_MAX, governord_addrs
+from mesh.config._envoy import EnvoyRlsConfig, RuleLimit, RuleNode, bucket_tenant
 from mesh.config._node import (
     FLEET_SECRET_MIN_BYTES,
     NODE_RETRY_MAX_MS,
@@ -27,10 +27,13 @@ from mesh.config._strict import StrictConfig
 
 __all__ = [
     "FLEET_SECRET_MIN_BYTES",
-    "GOVERNORD_ADDRS_MAX",
     "NODE_RETRY_MAX_MS",
     "POLICY_WATCH_MS",
     "CoordinatorConfig",
+    "EnvoyRlsConfig",
+    "RuleLimit",
+    "RuleNode",
+    "bucket_tenant",
     "Identity",
     "MembershipConfig",
     "NodeConfig",
@@ -45,5 +48,4 @@ __all__ = [
     "SharedStateConfig",
     "SidecarConfig",
     "StrictConfig",
-    "governord_addrs",
 ]

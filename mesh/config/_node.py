@@ -45,6 +45,9 @@ Shape (every key optional except where said)::
       redis: {external: allow, addr: 10.0.0.10:6379, password_env: NAME, tls: true}
                                  # consent to dial a network redis for redis-mode limits
                                  # (mesh/config/_sharedstate.py, docs/redis.md)
+    envoy_rls: {config_files: [ratelimit/config.yaml]}
+                                 # envoyproxy/ratelimit rule files, served to Envoy on the
+                                 # sidecar's gRPC port (mesh/config/_envoy.py)
 
 Ports are 1..65535. Only `listen`, `telemetry_listen` and the sidecar's addresses also take
 0, "any free port": the node reads the bound port back and reports it (`Mesh.address`,
@@ -71,7 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mesh.config._addrs import governord_addrs
+from mesh.config._envoy import EnvoyRlsConfig, parse_envoy_rls
 from mesh.config._files import config_file
 from mesh.config._sharedstate import SharedStateConfig, parse_shared_state
 from mesh.config._sidecar import SidecarConfig, check_sidecar_auth, parse_sidecar
@@ -82,7 +85,13 @@ from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.core.policy import Mode, TenantRatePolicy
 from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.apikey import read_api_key
-from ratemesh.checks import check_address, check_keys, is_loopback, is_wildcard
+from ratemesh.checks import (
+    check_address,
+    check_addresses,
+    check_keys,
+    is_loopback,
+    is_wildcard,
+)
 from ratemesh.policyfile import load_policy_file as read_policy_file
 from ratemesh.secretcheck import SECRET_MIN_BYTES, weak_secret
 from ratemesh.yamlfile import load_yaml
@@ -183,6 +192,7 @@ class NodeConfig:
     strict: StrictConfig | None = None  # None: strict limits fail closed (no credit source)
     sidecar: SidecarConfig = field(default_factory=SidecarConfig)  # off: no address set
     shared_state: SharedStateConfig = field(default_factory=SharedStateConfig)  # none: no dial
+    envoy_rls: EnvoyRlsConfig | None = None  # its limits are in `policies` too
     core: CoreConfig = field(
         default_factory=lambda: CoreConfig(report_retry_max_ms=NODE_RETRY_MAX_MS)
     )
@@ -360,6 +370,7 @@ _TOP = {
     "strict",
     "sidecar",
     "shared_state",
+    "envoy_rls",
 }
 
 
@@ -411,6 +422,9 @@ def parse_config(data: Any, *, base: Path | None = None) -> NodeConfig:
         kw["sidecar"] = parse_sidecar(data["sidecar"])
     if data.get("shared_state") is not None:
         kw["shared_state"] = parse_shared_state(data["shared_state"])
+    if data.get("envoy_rls") is not None:
+        envoy = kw["envoy_rls"] = parse_envoy_rls(data["envoy_rls"], base)
+        kw["policies"] = (*kw.get("policies", ()), *envoy.policies())
     core = data.get("core")
     if core is None:
         core = {}
@@ -424,6 +438,10 @@ def parse_config(data: Any, *, base: Path | None = None) -> NodeConfig:
         }
     kw["core"] = CoreConfig.from_dict(core)
     cfg = NodeConfig(**kw)
+    if cfg.envoy_rls is not None and cfg.sidecar.grpc_listen is None:
+        raise ConfigError(
+            "envoy_rls", "is served on the sidecar's gRPC port: set sidecar.grpc_listen"
+        )
     _check_plaintext(cfg)
     check_sidecar_auth(
         cfg.sidecar,
@@ -721,7 +739,9 @@ def _policies(data: Any, base: Path | None) -> dict[str, Any]:
         )
         if "addr" not in coord:
             raise ConfigError("policies.coordinator.addr", "is required")
-        addr = ",".join(governord_addrs("policies.coordinator.addr", coord["addr"]))
+        addr = ",".join(
+            check_addresses("policies.coordinator.addr", coord["addr"], error=ConfigError)
+        )
         out["coordinator"] = CoordinatorConfig(
             addr,
             check_int(

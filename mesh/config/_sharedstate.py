@@ -22,7 +22,7 @@ from typing import Any
 
 from mesh.core._validate import check_bool, check_str
 from mesh.errors import ConfigError, ConfigTypeError
-from ratemesh.checks import check_address, check_keys, is_loopback
+from ratemesh.checks import address_parts, check_address, check_keys, is_loopback
 
 __all__ = ["CONSENT", "RedisConfig", "SharedStateConfig", "parse_shared_state"]
 
@@ -39,12 +39,12 @@ class RedisConfig:
 
     @property
     def host(self) -> str:
-        host = self.addr.rpartition(":")[0]
-        return host[1:-1] if host.startswith("[") else host
+        """The host to dial (an IPv6 address without its brackets)."""
+        return address_parts("shared_state.redis.addr", self.addr, error=ConfigError)[0]
 
     @property
     def port(self) -> int:
-        return int(self.addr.rpartition(":")[2])
+        return address_parts("shared_state.redis.addr", self.addr, error=ConfigError)[1]
 
     def warnings(self) -> list[str]:
         """What consent gives up (seed 002: printed at every `mesh validate`)."""

@@ -24,12 +24,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from mesh.config._addrs import governord_addrs
 from mesh.config._files import config_file
 from mesh.core._validate import check_int, check_str
 from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.apikey import read_api_key
-from ratemesh.checks import check_keys
+from ratemesh.checks import check_addresses, check_keys
 from ratemesh.credit import CreditConfig
 from ratemesh.errors import ConfigError as SharedConfigError
 
@@ -63,7 +62,7 @@ def parse_strict(data: Any, base: Path | None) -> StrictConfig:
     check_keys("strict", data, _KEYS | {"credit"}, error=ConfigError)
     if "governord" not in data:
         raise ConfigError("strict.governord", "is required (governord's address, host:port)")
-    addr = ",".join(governord_addrs("strict.governord", data["governord"]))
+    addr = ",".join(check_addresses("strict.governord", data["governord"], error=ConfigError))
     file, env = data.get("api_key_file"), data.get("api_key_env")
     if file is None and env is None:
         raise ConfigError("strict.api_key_file", "is required (or api_key_env): a tenant's key")

@@ -1,7 +1,7 @@
 """An in-process coordinator: versioned policies with watchers.
 
 governord serves the same API durably, with auth (docs/policies.md); this store is the
-in-memory one behind `mesh.peer.CoordinatorServer`, for tests and `mesh bench policy
+in-memory one behind `mesh.testing.coordinator.CoordinatorServer`, for tests and `mesh bench policy
 --in-process`. A put never changes a generation: it creates the next one for that
 (tenant, metric).
 """

@@ -13,14 +13,23 @@ allowances and reports are in sub-units, and this is the one boundary that conve
 hot path stays what it was. A gate keeps `avail` as whole units (sub-units // scale, rounded
 down: never more than is there) and multiplies `pending` and `denied` by `scale` where they
 leave the view (a settle, a report); with scale 1 both are the identity.
+
+Each mode's gate also answers for itself what `Admission` asks of any view off the hot path
+(`deny`, `refund`, `idle`, `forget`, `deadline`, `detailed`, `health`): the defaults are a
+plain metered view's, and a mode overrides what differs. Which gate a mode opens is
+`mesh.core.admission._modes.OPENERS` (docs/architecture.md, "Adding a mode").
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from mesh.core.policy import BOUNDS, Mode, TenantRatePolicy
 from mesh.core.verdict import Numbers, Reason, Step, Suspension, Verdict, verdict
+
+if TYPE_CHECKING:
+    from mesh.core.admission import Admission
 
 __all__ = ["Gate", "NEVER", "STEPS"]
 
@@ -109,3 +118,42 @@ class Gate:
         when waiting cannot help), when the view is full again (None: not known here).
         Each gate type overrides it with its own arithmetic; off the hot path."""
         return Numbers(max(self.avail, 0), 0 if allowed else None, None)
+
+    # ---- what admission asks of a view, off the hot path ---------------------------------
+
+    def deny(self, amount: int, admission: Admission) -> Verdict:
+        """The answer when `amount` (a valid amount, within `largest`) found `avail` short:
+        `no`, the denial counted (`denied`) for the sink to pass on. A mode whose view
+        decides elsewhere (credit, a round trip, a ledger) answers from there."""
+        self.denied += amount
+        if not self.marked:
+            self.sink(self)
+        return self.no
+
+    def refund(self, amount: int) -> None:
+        """Give back `amount` units charged and not used (`Admission.refund`). Nothing, by
+        default: a view that is spent, never refunded, keeps what it took."""
+
+    def idle(self, admission: Admission) -> bool:
+        """Whether the view holds nothing the idle sweep would lose by forgetting it (it is
+        rebuilt on next use exactly as it would be now). No, unless a mode says so."""
+        return False
+
+    def forget(self, admission: Admission, *, retire: bool) -> None:
+        """The view is dropped: by the idle sweep, or (`retire`) replaced by a new policy
+        generation, whose old key keeps reporting until it drains. What it holds elsewhere
+        (a credit block, a settle, a reporter's key) is let go here."""
+
+    def deadline(self) -> Verdict | None:
+        """A waiter's verdict at its deadline, when the view has more to say than the plain
+        DEADLINE (a suspension that made it wait); None for the plain one."""
+        return None
+
+    def detailed(self, v: Verdict, n: Numbers) -> Verdict:
+        """`v`, a verdict just given here, as a fresh verdict carrying its numbers `n`."""
+        return v.with_numbers(n, self.ok.limit)
+
+    def health(self) -> dict[str, object]:
+        """What /health shows of the view beyond its bound and suspension: its mode's own
+        state (read under the node's lock)."""
+        return {}

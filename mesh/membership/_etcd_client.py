@@ -70,8 +70,13 @@ class EtcdClient:
             self._current = (self._current + i) % len(self.endpoints)
             if resp.status_code != 200:
                 raise PeerRefused(f"etcd{path}", f"HTTP {resp.status_code}: {resp.text[:200]}")
-            out = resp.json()
-            assert isinstance(out, dict)
+            try:
+                out = resp.json()
+            except ValueError as exc:
+                raise PeerRefused(f"etcd{path}", f"answer is not JSON: {exc}") from exc
+            if not isinstance(out, dict):
+                kind = type(out).__name__
+                raise PeerRefused(f"etcd{path}", f"answer is a JSON {kind}, not an object")
             return out
         raise PeerUnavailable(f"etcd{path}", f"no endpoint answered: {last}") from last
 

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mesh.core.admission import CreditDesk, StrictGate
-from mesh.core.policy import BOUNDS, Mode, RateKey
+from mesh.core.policy import BOUNDS, Mode
 from mesh.core.reporter import excess_estimate
-from mesh.core.reporter._gate import GlobalGate
 from mesh.node._capability import capability
 from mesh.node._driver import NodeDriver
 from mesh.telemetry import NodeStats, rate_and_burst
@@ -105,7 +103,9 @@ def health(driver: NodeDriver) -> dict[str, Any]:
     with driver.lock:
         views = {(v.policy.tenant_id, v.policy.metric): v for v in m.admission.gates()}
         policies = list(m.policies)
-        held = _credit_held(m.admission.credit)
+        # each policy's view's own state (`Gate.health`: credit held, a global view's
+        # state), read under the lock
+        own = {k: views[k].health() for p in policies if (k := (p.tenant_id, p.metric)) in views}
         quotas = None if m.quotas is None else m.quotas.health(ENFORCED_SHOWN_MAX)
     d_ms = d_estimate_ns(driver) / 1e6
     for p in policies:
@@ -128,14 +128,11 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             entry[name] = written.get(name, 0)  # a quota policy may write no rate
         if p.quota is not None:  # a spend quota (docs/quotas.md)
             entry["period"], entry["quota"] = written["period"], written["quota"]
-        if p.mode is Mode.STRICT and isinstance(v, StrictGate):
-            entry["credit_held"] = held.get(v.key, 0)  # units spendable now, from live blocks
         if p.mode is Mode.GLOBAL:
             entry["envelope"] = round(
                 (len(m.ring) * p.local_burst_cap + p.target_rate * d_ms / 1000) / p.scale, 3
             )
-            if isinstance(v, GlobalGate):
-                entry["view"] = v.state.value
+        entry.update(own.get((p.tenant_id, p.metric), {}))
         limits.append(entry)
         if susp:
             listed.add((p.tenant_id, p.metric, susp))
@@ -256,13 +253,6 @@ def status(driver: NodeDriver) -> dict[str, Any]:
     out = health(driver)
     out["membership"]["addresses"] = dict(sorted(driver.membership_view.members.items()))
     return out
-
-
-def _credit_held(desk: CreditDesk | None) -> dict[RateKey, int]:
-    if desk is None:
-        return {}
-    now_ms = desk.now_ms()
-    return {key: g.holder.held(now_ms) // g.scale for key, g in desk.gates.items()}
 
 
 def _first(item: tuple[Any, Any]) -> Any:

@@ -641,7 +641,12 @@ class Mesh:
         await driver.start()
         # /metrics and /health (telemetry_listen) and the sidecar admission API, on uvicorn
         # and grpc beside the peer port (mesh/sidecar); a bind that fails stops the node
-        self._sidecar = Sidecar(self, cfg, telemetry_routes(tel, lambda: health(driver)))
+        self._sidecar = Sidecar(
+            self,
+            cfg,
+            telemetry_routes(tel, lambda: health(driver)),
+            ready=lambda: bool(driver.member.policies.declared()),  # gRPC health
+        )
         try:
             await self._sidecar.start()
         except BaseException:

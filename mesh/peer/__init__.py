@@ -5,13 +5,7 @@ Messages are the mesh's msgpack codec (`mesh.core.messages`); grpc carries opaqu
 generic handlers, and grpc errors become `mesh.errors.PeerError`s here, at the adapter.
 """
 
-from mesh.peer._coordinator import (
-    COORDINATOR_SERVICE,
-    CoordinatorClient,
-    CoordinatorServer,
-    PutResult,
-    coordinator_handler,
-)
+from mesh.peer._coordinator import COORDINATOR_SERVICE, CoordinatorClient, PutResult
 from mesh.peer._fleet import FLEET_MEMBERS_MAX, FLEET_PARALLEL_MAX, fetch_fleet
 from mesh.peer._grpc import GrpcTransport
 from mesh.peer._link import PeerLink
@@ -24,7 +18,6 @@ from mesh.peer._wire import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA_MD, STATUS
 __all__ = [
     "COORDINATOR_SERVICE",
     "CoordinatorClient",
-    "CoordinatorServer",
     "Deliver",
     "EPOCH_MD",
     "EXCHANGE",
@@ -41,7 +34,6 @@ __all__ = [
     "SCHEMA_MD",
     "STATUS",
     "Transport",
-    "coordinator_handler",
     "fetch_fleet",
     "fetch_status",
     "bind_port",

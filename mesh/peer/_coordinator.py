@@ -1,31 +1,33 @@
-"""The coordinator API over gRPC (put a policy as a new generation, list, watch, history), and
-the client that implements `PolicySource` against it.
+"""The client of the coordinator API over gRPC (put a policy as a new generation, list,
+watch, history): `PolicySource` against governord.
 
-governord serves this API durably, with API keys and scopes (docs/policies.md); the in-process
-`CoordinatorServer` here (no auth, not durable) is for tests and demos. The wire shapes are
-shared with governord: `ratemesh.coordinator`."""
+governord serves this API durably, with API keys and scopes (docs/policies.md); an
+in-process one for tests and benches is `mesh.testing.coordinator.CoordinatorServer`. The
+wire shapes are shared with governord: `ratemesh.coordinator`. With several governords (a
+leader and its standbys) calls follow the leader as the SDK's do:
+`governor.client.leader.LeaderFollower`."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
-import msgpack
 from grpc import aio
 
-from governor import wire
-from mesh.config import TlsConfig, governord_addrs
-from mesh.coordinator import PolicySnapshot, PolicyStore
+from governor.client.leader import CallFailed, LeaderFollower, status_of
+from mesh.config import TlsConfig
+from mesh.coordinator import PolicySnapshot
 from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.core.policy import TenantRatePolicy
 from mesh.errors import ConfigError, MessageError, PeerUnavailable
 from mesh.peer._link import open_channel
-from mesh.peer._wire import channel_options, pack, server_options, translate, unpack
-from ratemesh import callguard
+from mesh.peer._wire import channel_options, pack, translate_status, unpack
+from ratemesh.checks import check_addresses
 from ratemesh.coordinator import (
     API_KEY_MD,
     COORDINATOR_SERVICE,
@@ -34,106 +36,10 @@ from ratemesh.coordinator import (
     method_path,
 )
 
-__all__ = [
-    "COORDINATOR_SERVICE",
-    "PutResult",
-    "coordinator_handler",
-    "CoordinatorClient",
-    "CoordinatorServer",
-]
+__all__ = ["COORDINATOR_SERVICE", "PutResult", "CoordinatorClient"]
 
-# governord's detail map in an error's trailing metadata: a standby (or deposed leader)
-# answers UNAVAILABLE with reason `not_leader` and `leader`, the address of the one that leads
-# (or "" when it does not know). The names are governord's wire contract.
-GOVERNORD_ERROR_MD = wire.ERROR_MD
-NOT_LEADER = wire.NOT_LEADER
 # the most lines of a put's `disagreements` kept (each names one watching node)
 DISAGREEMENTS_SHOWN_MAX = 64
-
-
-def _leader_hint(exc: grpc.RpcError) -> str:
-    """The leader a standby named in governord's detail map, or ""."""
-    trailing = exc.trailing_metadata() if isinstance(exc, grpc.aio.AioRpcError) else None
-    for key, value in trailing or ():
-        if key != GOVERNORD_ERROR_MD or not isinstance(value, bytes):
-            continue
-        try:
-            detail = msgpack.unpackb(value, raw=False)
-        except (msgpack.UnpackException, ValueError):
-            return ""
-        if isinstance(detail, dict) and detail.get("reason") == NOT_LEADER:
-            leader = detail.get("leader")
-            return leader if isinstance(leader, str) else ""
-    return ""
-
-
-def coordinator_handler(store: PolicyStore) -> grpc.GenericRpcHandler:
-    """Generic handlers serving `store`; add them to any grpc aio server."""
-
-    async def put(request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
-        try:
-            obj = unpack(request, "put")
-            body = obj.get("policy") if isinstance(obj, dict) else None
-            if not isinstance(body, dict):
-                raise MessageError("policy", "must be a mapping")
-            policy = store.put(body)
-        except (ConfigError, MessageError, TypeError) as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            raise AssertionError("unreachable") from exc
-        return pack({"policy": policy.to_dict(), "revision": store.revision, "created": True})
-
-    async def list_(request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
-        return pack(store.snapshot().to_wire())
-
-    async def watch(
-        request: bytes, context: aio.ServicerContext[bytes, bytes]
-    ) -> AsyncIterator[bytes]:
-        try:
-            obj = unpack(request, "watch")
-            after = obj.get("after_revision", 0) if isinstance(obj, dict) else None
-            if type(after) is not int or after < 0:
-                raise MessageError("after_revision", "must be an integer >= 0")
-        except MessageError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            return
-        async for snap in store.watch(after):
-            yield pack(snap.to_wire())
-
-    return grpc.method_handlers_generic_handler(
-        COORDINATOR_SERVICE,
-        {
-            "Put": grpc.unary_unary_rpc_method_handler(put),
-            "List": grpc.unary_unary_rpc_method_handler(list_),
-            "Watch": grpc.unary_stream_rpc_method_handler(watch),
-        },
-    )
-
-
-class CoordinatorServer:
-    """A standalone in-process coordinator on its own port (tests, bench, demos)."""
-
-    def __init__(self, store: PolicyStore, listen: str = "127.0.0.1:0") -> None:
-        self.store = store
-        self.listen = listen
-        self._server: aio.Server | None = None
-        self.addr = ""
-
-    async def start(self) -> str:
-        # no credential (a test or demo store on loopback), but the guard's bounds: calls
-        # at once, a request within FIRST_MESSAGE_S, streams a connection
-        guard = callguard.CallGuard(lambda method, md, context: callguard.Caller("anyone"))
-        options = server_options(MAX_MESSAGE_BYTES) + callguard.server_options()
-        self._server = aio.server(options=options, interceptors=(guard,))
-        self._server.add_generic_rpc_handlers((coordinator_handler(self.store),))
-        port = self._server.add_insecure_port(self.listen)
-        await self._server.start()
-        self.addr = f"{self.listen.rpartition(':')[0]}:{port}"
-        return self.addr
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop(0)
-            self._server = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,10 +67,11 @@ class CoordinatorClient:
     refusal's message is governord's, naming what was wrong.
 
     `addr` may name several governords ("a:1,b:2" or a sequence; ConfigError naming `addr`
-    for a bad one): a leader and its standbys.
-    A call that finds its address unavailable goes on to the leader that address named (a
-    standby answers `not_leader` with a hint), else to the next address, once round the list;
-    a watch whose stream breaks reopens the same way, from the last revision it yielded. A
+    for a bad one: `ratemesh.checks.check_addresses`): a leader and its standbys.
+    A call that finds governord unavailable is resent, following the leader (a standby
+    answers `not_leader` with a hint) and backing off, until `timeout_s` after it began,
+    as the SDK's calls are (`LeaderFollower`): an election or a restart is ridden out. A
+    watch whose stream breaks reopens the same way, from the last revision it yielded. A
     put resent after a lost reply is stored once when it names its generation (the second
     finds the same values there: `created` False)."""
 
@@ -179,13 +86,15 @@ class CoordinatorClient:
         declared: tuple[TenantRatePolicy, ...] = (),
         member_id: str = "",
     ) -> None:
-        """`tls`: the node's own certificates (mTLS, as to peers); `server_ca` instead: TLS
+        """`timeout_s`: how long one call may take, resends included.
+
+        `tls`: the node's own certificates (mTLS, as to peers); `server_ca` instead: TLS
         that verifies governord's certificate against this CA file, presenting none.
 
         `declared`: the generations this node has from its own file; each watch sends them,
         so governord refuses a put that would give one of them other values, at the pusher
         (a node that reloads its file sets `declared` again; the next watch carries it)."""
-        self.addrs = governord_addrs("addr", addr)
+        self.addrs = check_addresses("addr", addr, error=ConfigError)
         self.timeout_s = timeout_s
         self.declared = declared
         self.member_id = member_id
@@ -193,13 +102,17 @@ class CoordinatorClient:
         self._tls = tls
         self._server_ca = None if server_ca is None else Path(server_ca).read_bytes()
         self._channels: dict[int, aio.Channel] = {}
-        self._current = 0
-        self.switches = 0  # times calls moved to another address
+        self.follower = LeaderFollower(self.addrs)
 
     @property
     def addr(self) -> str:
         """The address calls go to now (the leader, as far as this client knows)."""
-        return self.addrs[self._current]
+        return self.follower.leader
+
+    @property
+    def switches(self) -> int:
+        """Times calls moved to another address (diagnostics, tests)."""
+        return self.follower.switches
 
     def _channel(self, at: int) -> aio.Channel:
         channel = self._channels.get(at)
@@ -214,37 +127,29 @@ class CoordinatorClient:
             self._channels[at] = channel
         return channel
 
-    def _move(self, at: int, exc: grpc.RpcError) -> None:
-        """Address `at` was unavailable: on to the leader it named, if ours, else the next."""
-        if self._current != at:
-            return  # another call moved on already
-        hint = _leader_hint(exc)
-        if hint in self.addrs and hint != self.addrs[at]:
-            self._current = self.addrs.index(hint)
-        else:
-            self._current = (at + 1) % len(self.addrs)
-        if self._current != at:
-            self.switches += 1
-
     async def _unary(self, name: str, body: dict[str, Any]) -> Any:
         data = pack(body)
-        tries = len(self.addrs) + 1  # once round the list, plus a redirect
-        for attempt in range(1, tries + 1):
-            at = self._current
+        path = method_path(name)
+
+        async def attempt(at: int, timeout_s: float | None) -> bytes:
             try:
-                reply = await self._channel(at).unary_unary(method_path(name))(
-                    data, timeout=self.timeout_s, metadata=self._metadata
+                reply: bytes = await self._channel(at).unary_unary(path)(
+                    data, timeout=timeout_s, metadata=self._metadata
                 )
             except grpc.RpcError as exc:
-                error = translate(exc, f"coordinator.{name.lower()}")
-                if not isinstance(error, PeerUnavailable) or len(self.addrs) == 1:
-                    raise error from exc
-                self._move(at, exc)
-                if attempt == tries:
-                    raise error from exc
-                continue
-            return unpack(reply, name.lower())
-        raise AssertionError("unreachable: the last attempt returns or raises")
+                raise status_of(exc) from None
+            return reply
+
+        give_up_at = time.monotonic() + self.timeout_s
+        try:
+            reply = await self.follower.call(
+                attempt, give_up_at=give_up_at, timeout_s=self.timeout_s
+            )
+        except CallFailed as failed:
+            raise translate_status(
+                failed.code, failed.details, f"coordinator.{name.lower()}"
+            ) from failed
+        return unpack(reply, name.lower())
 
     async def put(
         self,
@@ -299,7 +204,7 @@ class CoordinatorClient:
         that fails on every address in turn without yielding raises, and the feed polls."""
         failed = 0  # opens in a row that broke without yielding
         while True:
-            at = self._current
+            at = self.follower.current
             try:
                 async with contextlib.aclosing(self._watch_one(at, after_revision)) as snaps:
                     async for snap in snaps:
@@ -310,8 +215,8 @@ class CoordinatorClient:
             except _WatchBroke as broke:
                 failed += 1
                 if len(self.addrs) == 1 or failed > len(self.addrs):
-                    raise broke.error from broke.cause
-                self._move(at, broke.cause)
+                    raise broke.error from broke.failed
+                self.follower.moved(at, broke.failed)
 
     async def _watch_one(
         self, at: int, after_revision: int
@@ -326,11 +231,13 @@ class CoordinatorClient:
         )
         try:
             async for data in call:
+                self.follower.answered = at
                 yield PolicySnapshot.from_wire(unpack(data, "watch"), MessageError)
         except grpc.RpcError as exc:
-            error = translate(exc, "coordinator.watch")
+            failed = status_of(exc)
+            error = translate_status(failed.code, failed.details, "coordinator.watch")
             if isinstance(error, PeerUnavailable):
-                raise _WatchBroke(error, exc) from exc
+                raise _WatchBroke(error, failed) from exc
             raise error from exc
         finally:
             call.cancel()
@@ -344,7 +251,7 @@ class CoordinatorClient:
 class _WatchBroke(Exception):
     """A watch stream broke (PeerUnavailable): `watch` may reopen it elsewhere."""
 
-    def __init__(self, error: PeerUnavailable, cause: grpc.RpcError) -> None:
+    def __init__(self, error: PeerUnavailable, failed: CallFailed) -> None:
         super().__init__(str(error))
         self.error = error
-        self.cause = cause
+        self.failed = failed

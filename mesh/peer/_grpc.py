@@ -18,6 +18,7 @@ from mesh.config import TlsConfig
 from mesh.core.messages import CellPublish, CooldownReport, Handover, Message, ReportBatch, encode
 from mesh.peer._link import PeerLink
 from mesh.peer._server import IsMember, PeerHandler, PeerServer
+from ratemesh.checks import with_port
 
 __all__ = ["GrpcTransport"]
 
@@ -68,8 +69,7 @@ class GrpcTransport:
         port = await self.server.start()
         if self.advertise:
             return self.advertise
-        host = self.listen.rpartition(":")[0]
-        return f"{host}:{port}"
+        return with_port(self.listen, port)
 
     def set_peers(self, addresses: Mapping[str, str]) -> None:
         self._addresses = dict(addresses)

@@ -65,6 +65,7 @@ from mesh.peer._wire import (
 from ratemesh import callguard
 from ratemesh.callguard import Caller, CallGuard, GuardLimits
 from ratemesh.callguard import Refused as _Refused
+from ratemesh.grpcstd import add_standard_services, is_standard, open_health
 
 __all__ = [
     "CALLS_MAX",
@@ -168,7 +169,7 @@ class PeerServer:
         # the first and take half its peers' streams; refused, it fails with `listen`
         options = [*server_options(self.max_message_bytes), ("grpc.so_reuseport", 0)]
         self.guard = CallGuard(
-            self._identify,
+            open_health(self._identify),
             GuardLimits(calls_max=CALLS_MAX, caller_calls_max=CALLER_CALLS_MAX),
             on_refused=self._guard_refused,
         )
@@ -181,6 +182,7 @@ class PeerServer:
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(PEER_SERVICE, rpc), *self._extra)
         )
+        add_standard_services(server, {PEER_SERVICE: lambda: self.accepting})
         port = await bind_port(server, self.listen, self.tls, field="listen")
         await server.start()
         self._server = server
@@ -231,6 +233,9 @@ class PeerServer:
                     exc.code, exc.details, exc.reason, ((MEMBER_MD, self.member_id),)
                 ) from None
             return Caller("status")
+        if is_standard(method):  # health Watch, reflection: proved as a Status caller is
+            self._status_caller(context)
+            return Caller("standard")
         return Caller(f"extra:{method}")  # an extra handler checks its own callers
 
     def _guard_refused(self, exc: _Refused, context: aio.ServicerContext[bytes, bytes]) -> None:

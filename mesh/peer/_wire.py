@@ -19,6 +19,7 @@ __all__ = [
     "SCHEMA_MD",
     "EPOCH_MD",
     "translate",
+    "translate_status",
     "pack",
     "unpack",
     "channel_options",
@@ -55,6 +56,11 @@ def translate(exc: grpc.RpcError, what: str) -> PeerError:
     """A grpc failure as a PeerError naming the call; raise it `from exc`."""
     code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
     details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+    return translate_status(code, details, what)
+
+
+def translate_status(code: grpc.StatusCode | None, details: str, what: str) -> PeerError:
+    """A status (None: not known) and its details as a PeerError naming the call."""
     name = code.name if code is not None else "UNKNOWN"
     if code is None or code in _UNAVAILABLE:
         return PeerUnavailable(what, f"{name}: {details}")

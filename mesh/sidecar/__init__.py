@@ -10,10 +10,11 @@ and the node's /metrics and /health are served by the same HTTP server (uvicorn)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from mesh.config import NodeConfig, is_loopback
 from mesh.sidecar._auth import AUTH_HEADER, BearerCheck
+from mesh.sidecar._envoy import RLS_SERVICE, EnvoyRls
 from mesh.sidecar._grpc import ADMISSION_SERVICE, GrpcSidecar, encode_outcomes
 from mesh.sidecar._http import Access, HttpApp, HttpServer
 from mesh.sidecar._items import (
@@ -30,11 +31,13 @@ from mesh.telemetry import Route
 __all__ = [
     "ADMISSION_SERVICE",
     "AUTH_HEADER",
+    "RLS_SERVICE",
     "DESCRIPTORS_MAX",
     "NAME_MAX_CHARS",
     "Admitter",
     "BearerCheck",
     "Decider",
+    "EnvoyRls",
     "GrpcSidecar",
     "HttpApp",
     "HttpServer",
@@ -50,10 +53,20 @@ class Sidecar:
     """The node's servers beside its peer port. Each is started (and, on a failure, what
     was started is stopped again) in order: gRPC, HTTP, telemetry."""
 
-    def __init__(self, admitter: Admitter, cfg: NodeConfig, routes: Mapping[str, Route]) -> None:
+    def __init__(
+        self,
+        admitter: Admitter,
+        cfg: NodeConfig,
+        routes: Mapping[str, Route],
+        *,
+        ready: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.cfg = cfg
+        self.ready = ready  # gRPC health: NOT_SERVING until the node has policies
         self.routes = routes
         self.decider = Decider(admitter)
+        envoy, items_max = cfg.envoy_rls, cfg.sidecar.items_max
+        self.envoy = None if envoy is None else EnvoyRls(envoy, admitter, descriptors_max=items_max)
         sc = cfg.sidecar
         self.access = Access(sc.operator_tokens, sc.tenant_tokens, sc.cooldown_max_s)
         self.grpc: GrpcSidecar | None = None
@@ -74,7 +87,14 @@ class Sidecar:
         drain_s = cfg.shutdown_drain_ms / 1000
         try:
             if sc.grpc_listen:
-                self.grpc = GrpcSidecar(self.decider, sc, tls=cfg.tls, fleet_secrets=_tokens(cfg))
+                self.grpc = GrpcSidecar(
+                    self.decider,
+                    sc,
+                    tls=cfg.tls,
+                    fleet_secrets=_tokens(cfg),
+                    envoy=self.envoy,
+                    ready=self.ready,
+                )
                 self.grpc_address = await self.grpc.start()
             if sc.http_listen:
                 needs = sc.needs_auth(sc.http_listen) and bool(_tokens(cfg))

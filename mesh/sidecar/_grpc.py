@@ -27,9 +27,12 @@ from mesh.core.verdict import Numbers, Verdict
 from mesh.peer import bind_port
 from mesh.sidecar import admission_pb2 as pb
 from mesh.sidecar._auth import AUTH_HEADER, BearerCheck
+from mesh.sidecar._envoy import EnvoyRls, add_rls
 from mesh.sidecar._items import Decider, Item, Outcome, quota_fields, shared_fields
 from ratemesh import callguard
 from ratemesh.callguard import Caller, CallGuard, GuardLimits, Refused
+from ratemesh.checks import with_port
+from ratemesh.grpcstd import Ready, add_standard_services, open_health
 
 __all__ = ["ADMISSION_SERVICE", "GrpcSidecar", "encode_outcomes"]
 
@@ -166,8 +169,12 @@ class GrpcSidecar:
         *,
         tls: TlsConfig | None,
         fleet_secrets: tuple[bytes, ...],
+        envoy: EnvoyRls | None = None,
+        ready: Ready = lambda: True,
     ) -> None:
         assert config.grpc_listen is not None
+        self.envoy = envoy  # Envoy's RateLimitService beside Admission (envoy_rls)
+        self.ready = ready  # whether the node has policies to decide with
         self.listen = config.grpc_listen
         self.config = config
         self.decider = decider
@@ -189,7 +196,7 @@ class GrpcSidecar:
         ]
         n = self.config.concurrent_max
         self.guard = CallGuard(
-            self._identify,
+            open_health(self._identify),
             GuardLimits(calls_max=n, caller_calls_max=n),
             on_refused=self._guard_refused,
         )
@@ -204,11 +211,12 @@ class GrpcSidecar:
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(ADMISSION_SERVICE, rpc),)
         )
+        rls = add_rls(server, self.envoy)
+        add_standard_services(server, {ADMISSION_SERVICE: self.ready, **rls})
         port = await bind_port(server, self.listen, self.tls, field="sidecar.grpc_listen")
         await server.start()
         self._server = server
-        host = self.listen.rpartition(":")[0]
-        self.address = f"{host}:{port}"
+        self.address = with_port(self.listen, port)
         return self.address
 
     async def stop(self, grace_s: float) -> None:

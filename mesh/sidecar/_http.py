@@ -54,6 +54,7 @@ from mesh.sidecar._auth import BearerCheck
 from mesh.sidecar._items import Decided, Decider, Item, limit_fields, verdict_fields
 from mesh.sidecar._ratelimit import DENY_STATUS_HEADER, ceil_s, deny_status, ratelimit_fields
 from mesh.telemetry import Detail, Route
+from ratemesh.checks import address_parts, with_port
 from ratemesh.conngate import Admit, ConnGate, loopback_peer
 from ratemesh.policy import TenantRatePolicy
 
@@ -496,20 +497,19 @@ class HttpServer:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
-        host, _, port = self.listen.rpartition(":")
-        bare = host.strip("[]")
-        family = socket.AF_INET6 if ":" in bare else socket.AF_INET
+        host, port = address_parts(self.field, self.listen, allow_zero_port=True, error=ConfigError)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((bare, int(port)))
+            sock.bind((host, port))
         except OSError as exc:
             sock.close()
             raise ConfigError(
                 self.field, f"cannot serve on {self.listen}: {exc.strerror or exc}"
             ) from exc
         sock.set_inheritable(True)
-        self.address = f"{host}:{sock.getsockname()[1]}"
+        self.address = with_port(self.listen, sock.getsockname()[1])
         tls: dict[str, Any] = {}
         if self.tls is not None:
             tls = {"ssl_certfile": self.tls.cert, "ssl_keyfile": self.tls.key}

@@ -38,15 +38,8 @@ from governor.engine import (
     Rate,
 )
 from mesh.core.config import MS, CoreConfig
-from ratemesh.credit import (
-    GOVERNOR_UNREACHABLE,
-    CreditConfig,
-    CreditHolder,
-    Reserve,
-    denied_backoff_ms,
-    drained_wait_ms,
-    local_expiry_ms,
-)
+from ratemesh.credit import GOVERNOR_UNREACHABLE, CreditConfig, Reserve, local_expiry_ms
+from ratemesh.creditloop import CreditLoop
 from sim.scenario import Policy
 from sim.strategies.base import Context, Strategy
 from sim.workload import Arrival
@@ -99,19 +92,16 @@ class _Clock:
 
 
 class _Driver:
-    """One worker's holder for one tenant, driven as the node's desk drives a strict gate
-    (``CreditDesk``: ask on a denial, refill ahead, return spent-out and idle blocks), and
-    the arrivals waiting on it, as the node's tenant queue holds them."""
+    """One worker's holder for one tenant and its `CreditLoop` (when to ask, the back-off),
+    driven as the node's desk drives a strict gate, and the arrivals waiting on it, as the
+    node's tenant queue holds them. The reserve in flight is the holder's ``in_flight``."""
 
     __slots__ = (
         "worker",
         "tenant",
+        "loop",
         "holder",
-        "pending",
         "rid",
-        "first_ms",
-        "retry_at_ms",
-        "backoff_ms",
         "wanted_ms",
         "waiters",
         "retry_armed",
@@ -121,12 +111,9 @@ class _Driver:
     def __init__(self, worker: str, tenant: str) -> None:
         self.worker = worker
         self.tenant = tenant
-        self.holder = CreditHolder(HOLDER_CONFIG)
-        self.pending: Reserve | None = None
-        self.rid = ""
-        self.first_ms = 0
-        self.retry_at_ms = 0
-        self.backoff_ms = 0
+        self.loop = CreditLoop(HOLDER_CONFIG)
+        self.holder = self.loop.holder
+        self.rid = ""  # the request id of the reserve in flight (its resends reuse it)
         self.wanted_ms = 0  # the last admission asked of it
         # arrivals waiting for credit, oldest first, with their deadlines (all waits are
         # ADMIT_TIMEOUT_MS, so the head's deadline is the earliest)
@@ -252,7 +239,7 @@ class StrictStrategy(Strategy):
             self._maintain(key[0], key[1], d, now_ms)
             if (
                 not d.holder.blocks
-                and d.pending is None
+                and d.holder.in_flight is None
                 and not d.waiters
                 and now_ms - d.wanted_ms >= idle_ms
             ):
@@ -304,7 +291,7 @@ class StrictStrategy(Strategy):
         self.deadlines.append((deadline_ns, d))
         self.waited += 1
         self.round_trips += 1
-        self.wait_sends += d.pending is not None  # it waits on the reserve in flight
+        self.wait_sends += d.holder.in_flight is not None  # it waits on the reserve in flight
         self._ask(d, now_ms, a.amount)
         self._maintain(a.worker, a.tenant, d, now_ms)
         return None
@@ -315,18 +302,18 @@ class StrictStrategy(Strategy):
     def _ask(self, d: _Driver, now_ms: int, amount: int) -> None:
         """Credit denied a waiter: reserve at once, sized for at least `amount`, unless one is
         in flight or governord said no a moment ago (then a timer asks after the back-off),
-        as the node's desk does (`CreditDesk.ask`)."""
-        if d.pending is not None:
+        as the node's desk does (`CreditLoop.short`)."""
+        if d.holder.in_flight is not None:
             return
-        if now_ms < d.retry_at_ms:
+        retry_at_ms = d.loop.retry_at_ms
+        if now_ms < retry_at_ms:
             if not d.retry_armed:
                 d.retry_armed = True
-                self._at(d.retry_at_ms * MS, lambda t: self._retry(d, t))
+                self._at(retry_at_ms * MS, lambda t: self._retry(d, t))
             return
-        holder = d.holder
-        request = holder.begin(now_ms, max(amount, holder.block_size(now_ms)))
+        request = d.loop.short(now_ms, amount)
         if request is not None:
-            d.pending, d.rid, d.first_ms = request, f"{d.worker}/{next(self.rids)}", now_ms
+            d.rid = f"{d.worker}/{next(self.rids)}"
             self._reserve(d.worker, d.tenant, d, request, d.rid, now_ms * MS)
 
     def _retry(self, d: _Driver, t_ns: int) -> None:
@@ -362,29 +349,21 @@ class StrictStrategy(Strategy):
             self.resolved(a, False, t_ns)
 
     def _unreachable(self, d: _Driver, now_ms: int) -> bool:
-        """What the holder's verdict would say (`CreditHolder._why_not`), without a spend."""
-        h = d.holder
-        request = h.in_flight
-        waited = (
-            request is not None and now_ms - request.sent_at_ms >= h.config.unreachable_after_ms
-        )
-        return h.unreachable or waited
+        """What the holder's verdict would say (`CreditHolder.why_not`), without a spend."""
+        return d.holder.why_not(now_ms) == GOVERNOR_UNREACHABLE
 
     def _maintain(self, worker: str, tenant: str, d: _Driver, now_ms: int) -> None:
-        if d.pending is not None and now_ms - d.first_ms >= d.holder.config.unreachable_after_ms:
-            # give up on it (governord unreachable) and ask afresh: a block is timed from its
-            # request's first send, so an old request's reply would bring little or no life
-            d.holder.failed(d.pending, unreachable=True)
-            d.pending = None
-        if d.pending is None and now_ms >= d.retry_at_ms and now_ms >= d.refill_at_ms:
+        loop = d.loop
+        loop.overdue(now_ms)  # unanswered too long (its resends lost): ask afresh
+        if d.holder.in_flight is None and now_ms >= loop.retry_at_ms and now_ms >= d.refill_at_ms:
             # the node looks at refills ahead of need once a tick (`CreditDesk.tick`)
             d.refill_at_ms = now_ms + REFILL_TICK_MS
-            request = d.holder.refill(now_ms, ahead=True)
+            request = loop.ahead(now_ms)
             if request is not None:
-                d.pending, d.rid, d.first_ms = request, f"{worker}/{next(self.rids)}", now_ms
+                d.rid = f"{worker}/{next(self.rids)}"
                 self._reserve(worker, tenant, d, request, d.rid, now_ms * MS)
         if d.holder.blocks:  # else nothing to give back (a late grant went back at once)
-            for block_id, unused in d.holder.take_returns(now_ms):
+            for block_id, unused in loop.returns(now_ms):
                 self._return(worker, block_id, unused, now_ms * MS)
 
     def _reserve(
@@ -394,7 +373,7 @@ class StrictStrategy(Strategy):
         self.wait_sends += len(d.waiters)  # each request waiting on this holder waits on it
 
         def resend(t: int) -> None:
-            if d.pending is request and self.drivers.get((worker, tenant)) is d:
+            if d.holder.in_flight is request and self.drivers.get((worker, tenant)) is d:
                 self._reserve(worker, tenant, d, request, rid, t)
 
         self._at(now_ns + RESEND_MS * MS, resend)
@@ -421,28 +400,21 @@ class StrictStrategy(Strategy):
         self._send(GOVERNORD, worker, t_ns, lambda t: self._on_reply(d, request, got, t))
 
     def _on_reply(self, d: _Driver, request: Reserve, got: object, t_ns: int) -> None:
-        if d.pending is not request:
+        if d.holder.in_flight is not request:
             return  # a duplicate or a late reply: the block stays counted until it expires
-        d.pending = None
         now_ms = t_ns // MS
         if isinstance(got, CreditGrant):
-            block = d.holder.granted(now_ms, request, got.block_id, got.units, got.ttl_ms)
-            d.backoff_ms = 0
+            block = d.loop.granted(
+                now_ms, request, got.block_id, got.units, got.ttl_ms, instant=t_ns
+            )
+            assert block is not None, "governord's engine grants a new block id"
             if block.block_id not in d.holder.blocks:  # past its local expiry: back whole
-                for block_id, unused in d.holder.take_returns(now_ms):
+                for block_id, unused in d.loop.returns(now_ms):
                     self._return(d.worker, block_id, unused, t_ns)
-            if got.units < request.units:  # a drained bucket: as the desk, wait ~lead_ms
-                d.retry_at_ms = now_ms + drained_wait_ms(d.holder.config.lead_ms, t_ns)
-        else:  # as the desk's `failed`: an empty bucket's denial states its B
+        else:  # an empty bucket's denial states its B
             assert isinstance(got, Denial)
             burst = got.limit if got.reason is DenyReason.RATE and got.limit > 0 else None
-            d.holder.failed(request, unreachable=False, burst=burst)
-            if burst is not None:
-                d.backoff_ms = 0
-                d.retry_at_ms = now_ms + drained_wait_ms(d.holder.config.lead_ms, t_ns)
-            else:
-                d.backoff_ms = denied_backoff_ms(d.backoff_ms)
-                d.retry_at_ms = now_ms + d.backoff_ms
+            d.loop.denied(now_ms, request, burst, instant=t_ns)
         if d.waiters and self.drivers.get((d.worker, d.tenant)) is d:
             self._serve(d, t_ns)
 
@@ -471,7 +443,7 @@ class StrictStrategy(Strategy):
     def leave(self, worker: str, now_ns: int) -> None:
         for (w, _), d in sorted(self.drivers.items()):
             if w == worker:
-                for block_id, unused in d.holder.take_returns(now_ns // MS, leaving=True):
+                for block_id, unused in d.loop.returns(now_ns // MS, leaving=True):
                     self._return(worker, block_id, unused, now_ns)
         self.crash(worker, now_ns)
 

@@ -9,9 +9,12 @@ from typing import Any
 import pytest
 
 from ratemesh.checks import (
+    ADDRESSES_MAX,
     INT_MAX,
     STR_MAX,
+    address_parts,
     check_address,
+    check_addresses,
     check_bool,
     check_choice,
     check_float,
@@ -24,6 +27,7 @@ from ratemesh.checks import (
     rename,
     split_address,
     with_default_family,
+    with_port,
 )
 from ratemesh.errors import ConfigError, ConfigTypeError, RatemeshError
 
@@ -143,3 +147,34 @@ def test_addresses_and_loopback() -> None:
     assert is_loopback("[::1]:7443") and is_loopback("localhost:1")
     assert not is_loopback("0.0.0.0:1") and not is_loopback("10.0.0.1:1")
     assert not is_loopback("example.com:1") and not is_loopback("nonsense")
+
+
+def test_an_address_list_is_read_one_way() -> None:
+    assert check_addresses("g", "a:1") == ("a:1",)
+    assert check_addresses("g", " a:1 , [::1]:2") == ("a:1", "[::1]:2")
+    assert check_addresses("g", ["a:1", "b:2"]) == ("a:1", "b:2")
+    refused = {
+        "": ("g", "names no address"),
+        "a:1,,b:2": ("g", "has an empty address"),
+        "a:1,a:1": ("g", "names a:1 twice"),
+        "a:1,::1:2": ("g", "an IPv6 address goes in brackets"),
+        ("a:1", "b:0"): ("g[1]", "port 0 is out of range"),
+        ("a:1", 2): ("g[1]", "must be host:port, got 2"),
+        tuple(f"h{i}:1" for i in range(ADDRESSES_MAX + 1)): ("g", f"at most {ADDRESSES_MAX}"),
+    }
+    for value, (field, problem) in refused.items():
+        with pytest.raises(ConfigError) as err:
+            check_addresses("g", value)
+        assert err.value.field == field and problem in err.value.problem, err.value
+    with pytest.raises(ConfigTypeError):
+        check_addresses("g", 7)
+
+
+def test_host_and_port_come_from_the_one_parser() -> None:
+    assert address_parts("x", "[::1]:7001") == ("::1", 7001)
+    assert address_parts("x", "0.0.0.0:0", allow_zero_port=True) == ("0.0.0.0", 0)
+    with pytest.raises(ConfigError, match="x: 'h:0': port 0"):
+        address_parts("x", "h:0")
+    assert with_port("0.0.0.0:0", 7001) == "0.0.0.0:7001"
+    assert with_port("[::1]:0", 7001) == "[::1]:7001"
+    assert with_port("localhost:0", 7001) == "localhost:7001"

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests._addresses import host_port
 from tests.security.test_http_liveness import ADMIT_S, Node, _admitted
 
 pytestmark = pytest.mark.slow
@@ -80,8 +81,7 @@ def test_an_admitter_keeps_its_rate_beside_nested_json(node: Node) -> None:
 def test_a_body_that_never_arrives_is_dropped(node: Node) -> None:
     """A head that promises a body and sends none: answered 408 after the body timeout,
     never held open for ever."""
-    host, _, port = node.ready["sidecar"]["http"].rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=30) as s:
+    with socket.create_connection(host_port(node.ready["sidecar"]["http"]), timeout=30) as s:
         s.sendall(b"POST /v1/admit HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
         reply = s.recv(65536)
     assert reply.startswith(b"HTTP/1.1 408 "), reply[:200]

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from bench._procs import read_ready, spawn, stop
+from tests._addresses import host_port
 from tests.governor._daemon import Daemon, free_port
 from tests.governor._stores import StoreTarget
 from tests.mesh._util import static_nodes
@@ -53,8 +54,7 @@ class Flood(threading.Thread):
 
     def __init__(self, addr: str, sources: list[str], per_source: int, *, slow: bool, seed: int):
         super().__init__(daemon=True)
-        host, _, port = addr.rpartition(":")
-        self.target = (host, int(port))
+        self.target = host_port(addr)
         self.sources = sources
         self.per_source = per_source
         self.slow = slow

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests._addresses import port_of
 from tests.governor._daemon import Daemon, free_port
 from tests.governor._stores import StoreTarget
 from tests.security.test_http_liveness import Node
@@ -104,7 +105,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
 
 
 def test_a_node_shows_tenants_only_to_loopback_and_the_operator_token(node: Node) -> None:
-    port = int(node.ready["telemetry"].rpartition(":")[2])
+    port = port_of(node.ready["telemetry"])
     sidecar = node.ready["sidecar"]["http"]
     one = {"tenant": "acme", "metric": "read_iops"}
     assert httpx.post(f"http://{sidecar}/v1/admit", json=one, timeout=10).status_code == 200

@@ -13,15 +13,16 @@ from collections.abc import Callable
 from mesh.core._validate import check_int
 from mesh.core.admission._cooldown import CooldownGate
 from mesh.core.admission._gates import FixedGate, LocalGate, unknown_verdict
+from mesh.core.admission._modes import OPENERS
 from mesh.core.admission._queue import TenantQueues, Waiter
-from mesh.core.admission._redis import REDIS_ASK, RedisDesk, RedisGate
+from mesh.core.admission._redis import RedisDesk, RedisGate
 from mesh.core.admission._strict import CreditDesk, StrictGate
 from mesh.core.config import CoreConfig
 from mesh.core.gate import Gate
-from mesh.core.policy import BOUNDS, Mode, PolicyCache, TenantRatePolicy
-from mesh.core.quota import QuotaDesk, QuotaGate
-from mesh.core.reporter import GlobalGate, Reporter
-from mesh.core.verdict import STOPPED, Numbers, Reason, Step, Suspension, Verdict, verdict
+from mesh.core.policy import BOUNDS, PolicyCache, TenantRatePolicy
+from mesh.core.quota import QuotaDesk
+from mesh.core.reporter import Reporter
+from mesh.core.verdict import STOPPED, Numbers, Reason, Step, Verdict, verdict
 from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.policy import DESCRIPTOR_SEP, METRICS_MAX, check_metric
 
@@ -147,9 +148,7 @@ class Admission:
         numbers (`numbers`). With no view (no policy, stopped) there are none to give:
         `v` itself, whose `retry_after_ms` None says waiting cannot help."""
         seen = self._view_numbers(v, tenant, metric, amount, now_ns)
-        if seen is not None and isinstance(seen[0], QuotaGate):
-            return seen[0].detailed(v, seen[1])  # with the disclosed lag beside the cap
-        return v if seen is None else v.with_numbers(seen[1], seen[0].ok.limit)
+        return v if seen is None else seen[0].detailed(v, seen[1])
 
     def numbers(
         self, v: Verdict, tenant: str, metric: str, amount: int, now_ns: int | None = None
@@ -203,47 +202,16 @@ class Admission:
             if type(tenant) is str and self.policies.current(tenant, m) is not None:
                 return  # its view was forgotten idle: nothing is held to give back
             raise ConfigError("tenant", f"{tenant!r} has no charge on {metric} to refund")
-        if isinstance(v, QuotaGate):
-            return  # a spend quota is spent, never refunded: a cell only grows (docs/quotas.md)
-        if isinstance(v, CooldownGate):
-            v = v.inner  # what was charged before the cooldown goes back as usual
-        if isinstance(v, StrictGate):
-            # The mesh's charge goes back; spent credit does not (a unit taken from a block
-            # stays spent, which only ever lowers what is admitted).
-            if v.front is None:
-                return
-            v = v.front
-        if isinstance(v, RedisGate):
-            return  # the script is acquire-only: what Redis admitted stays spent
-        if isinstance(v, LocalGate):
-            if not v.marked:
-                v.sink(v)  # settled at the next tick; charged as of the last one
-            v.refund(amount)
-        elif isinstance(v, GlobalGate):
-            v.pending -= amount
-            v.recompute()
-            if not v.marked:
-                v.sink(v)
+        v.refund(amount)  # each mode gives back what it can (`Gate.refund`)
 
     def _deny(self, v: Gate, amount: int) -> Verdict:
         _check_amount(amount)
-        if v.policy.quota is not None:  # a spend quota: the ledger decides (no burst, no GCRA)
-            return v.admit(amount) if isinstance(v, QuotaGate) else v.no
-        if amount > v.largest and v.avail < amount:
-            # More than the view can ever hold (B; a share's burst; b for a global view): no
-            # wait helps, and the verdict says so rather than `rate_limited`.
+        # A spend quota has no burst (its ledger decides); any other view, asked for more
+        # than it can ever hold (B; a share's burst; b for a global view): no wait helps,
+        # and the verdict says so rather than `rate_limited`.
+        if v.policy.quota is None and amount > v.largest and v.avail < amount:
             return v.too_large()
-        if isinstance(v, StrictGate):
-            return v.admit(amount)
-        if v.__class__ is RedisGate:  # the driver makes the round trip (_redis.py)
-            self.asked = v
-            return REDIS_ASK
-        if v.__class__ is GlobalGate:
-            return v.ok if v.deny(amount) else v.no
-        v.denied += amount
-        if not v.marked:
-            v.sink(v)
-        return v.no
+        return v.deny(amount, self)
 
     def _first_use(self, tenant: str, metric: str, amount: int) -> Verdict:
         if self.stopped:  # `stop` emptied the views: every call lands here
@@ -321,7 +289,8 @@ class Admission:
     # -- views ----------------------------------------------------------------------------
 
     def _open(self, policy: TenantRatePolicy) -> Gate:
-        mode = policy.mode
+        """The view a policy is decided by: a fixed answer for a disabled one, the ledger's
+        for a spend quota, else its mode's (`_modes.OPENERS`)."""
         if not policy.enabled:
             return FixedGate(policy, _ignore, True, BOUNDS["disabled"])
         if policy.quota is not None:
@@ -331,48 +300,7 @@ class Admission:
             return FixedGate(
                 policy, _ignore, False, BOUNDS["quota_unattached"], None, Reason.QUOTA_EXHAUSTED
             )
-        if mode is Mode.GLOBAL:
-            if self.reporter is None:
-                return FixedGate(
-                    policy,
-                    _ignore,
-                    False,
-                    BOUNDS["global_stale"],
-                    Suspension.OWNER_UNREACHABLE,
-                    Reason.OWNER_UNREACHABLE,
-                )
-            return self.reporter.open_gate(policy)
-        if mode is Mode.REDIS:
-            if self.redis is not None:
-                return self.redis.open(policy, self._now_ns)
-            # No shared_state.redis: nothing dials. This process enforces the whole limit
-            # alone (local mode's view), and every verdict says so.
-            alone = LocalGate(policy, self._mark_local, self._now_ns, 1)
-            alone.set_verdicts(
-                BOUNDS["redis_unreachable"], Suspension.REDIS_UNREACHABLE, step=Step.LOCAL
-            )
-            return alone
-        if mode is Mode.STRICT:
-            if self.credit is not None:
-                front = None if self.reporter is None else self.reporter.open_gate(policy)
-                return self.credit.open(policy, front)
-            # No credit source attached (no `strict:` section): fail closed and say so.
-            return FixedGate(
-                policy,
-                _ignore,
-                False,
-                BOUNDS["strict"],
-                Suspension.GOVERNOR_UNREACHABLE,
-                Reason.GOVERNOR_UNREACHABLE,
-            )
-        n = 1 if mode is Mode.LOCAL else self.n_live
-        v = LocalGate(policy, self._mark_local, self._now_ns, n)
-        if mode is Mode.SHARE:
-            self._shares[v] = None
-            v.resize(self.n_live, self.membership_stale, self._now_ns)
-        else:
-            v.set_verdicts(BOUNDS["local"])
-        return v
+        return OPENERS[policy.mode](self, policy)
 
     def _mark_local(self, v: Gate) -> None:
         assert isinstance(v, LocalGate)
@@ -395,34 +323,16 @@ class Admission:
         return evicted
 
     def _holds_nothing(self, v: Gate) -> bool:
-        """A global view with everything acknowledged and no fresh snapshot (the reporter
-        drops it too), a local or share view whose bucket is full, a fixed verdict. A view
-        cooling down is kept until its cooldown ends."""
-        if isinstance(v, CooldownGate):
-            return False
-        if isinstance(v, GlobalGate):
-            return self.reporter is not None and self.reporter.forget_if_idle(v.key)
-        if isinstance(v, StrictGate):
-            if not v.holds_nothing():
-                return False
-            return v.front is None or (
-                self.reporter is not None and self.reporter.forget_if_idle(v.front.key)
-            )
-        if isinstance(v, LocalGate):
-            return not v.marked
-        if isinstance(v, RedisGate):
-            return v.holds_nothing(self._now_ns)
-        return isinstance(v, (FixedGate, QuotaGate))  # a quota's state is the ledger's
+        """Each mode's own answer (`Gate.idle`): a global view with everything acknowledged
+        and no fresh snapshot, a local or share view whose bucket is full, a fixed verdict.
+        A view cooling down is kept until its cooldown ends."""
+        return v.idle(self)
 
     def _evict(self, by_tenant: dict[str, Gate], tenant: str) -> None:
         v = by_tenant.pop(tenant)
         if self.on_forget is not None:
             self.on_forget(tenant, v.policy.metric, v)
-        if isinstance(v, StrictGate) and self.credit is not None:
-            self.credit.close(v)
-        if isinstance(v, LocalGate):
-            self._shares.pop(v, None)
-            self._settle.discard(v)
+        v.forget(self, retire=False)
         self.gate_count -= 1
 
     def _sweep(self, now_ns: int) -> None:
@@ -515,18 +425,8 @@ class Admission:
         v = self._gates.get(metric, {}).get(tenant)
         if self.stopped:
             return STOPPED
-        if isinstance(v, StrictGate) and v.no.suspended is not None:
-            no = v.no
-            return verdict(
-                False,
-                Reason.DEADLINE_EXCEEDED,
-                Mode.STRICT,
-                no.bound,
-                no.suspended,
-                limit=no.limit,
-                step=Step.QUEUE,
-            )
-        return DEADLINE
+        said = None if v is None else v.deadline()
+        return DEADLINE if said is None else said
 
     def stop(self) -> list[Waiter]:
         """The worker stopped: from now on `try_admit`, `charge` and the waiting forms
@@ -575,17 +475,7 @@ class Admission:
                 new = self.policies.current(tenant, metric)
                 if new == old.policy:
                     continue
-                if isinstance(old, CooldownGate):
-                    old = old.inner  # the cooldown is the pair's, not the generation's
-                if isinstance(old, GlobalGate) and self.reporter is not None:
-                    self.reporter.retire(old.key)
-                if isinstance(old, StrictGate) and self.credit is not None:
-                    if old.front is not None and self.reporter is not None:
-                        self.reporter.retire(old.front.key)
-                    self.credit.close(old)
-                if isinstance(old, LocalGate):
-                    self._settle.discard(old)
-                    self._shares.pop(old, None)
+                old.forget(self, retire=True)  # a cooldown passes it to the view under it
                 if new is None:
                     del by_tenant[tenant]
                     self.gate_count -= 1

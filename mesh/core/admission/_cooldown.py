@@ -9,9 +9,14 @@ testing a flag keeps the hot path as it is: `try_admit` finds `avail` 0 and take
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mesh.core.gate import NEVER, Gate
 from mesh.core.policy import BOUNDS
 from mesh.core.verdict import NS_PER_MS, Numbers, Reason, Step, Suspension, ms_ceil
+
+if TYPE_CHECKING:
+    from mesh.core.admission._admission import Admission
 
 __all__ = ["CooldownGate"]
 
@@ -35,6 +40,14 @@ class CooldownGate(Gate):
     def numbers(self, amount: int, allowed: bool, now_ns: int) -> Numbers:
         left = max(0, self.until_ns - now_ns)
         return Numbers(0, max(1, ms_ceil(left)) if left else 1, ms_ceil(left))
+
+    def refund(self, amount: int) -> None:
+        """What was charged before the cooldown goes back as usual."""
+        self.inner.refund(amount)
+
+    def forget(self, admission: Admission, *, retire: bool) -> None:
+        """The cooldown is the pair's, not the generation's: the view under it goes."""
+        self.inner.forget(admission, retire=retire)
 
     def left_ms(self, now_ns: int) -> int:
         return max(0, self.until_ns - now_ns) // NS_PER_MS

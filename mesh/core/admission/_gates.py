@@ -1,8 +1,10 @@
-"""Views for the modes that need no owner: local, share, strict, disabled, unknown."""
+"""Views for the modes that need no owner: local and share (`open_local`, `open_share`), and
+the fixed answers: disabled, a mode with nothing attached to decide it, unknown."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from mesh.core.gate import NEVER, Gate
 from mesh.core.gcra import Gcra
@@ -10,7 +12,25 @@ from mesh.core.policy import BOUNDS, TenantRatePolicy
 from mesh.core.shares import share_of
 from mesh.core.verdict import Numbers, Reason, Step, Suspension, Verdict, ms_ceil, verdict
 
-__all__ = ["LocalGate", "FixedGate"]
+if TYPE_CHECKING:
+    from mesh.core.admission._admission import Admission
+
+__all__ = ["LocalGate", "FixedGate", "open_local", "open_share"]
+
+
+def open_local(admission: Admission, policy: TenantRatePolicy) -> Gate:
+    """`local`: the whole limit in this process."""
+    v = LocalGate(policy, admission._mark_local, admission._now_ns, 1)
+    v.set_verdicts(BOUNDS["local"])
+    return v
+
+
+def open_share(admission: Admission, policy: TenantRatePolicy) -> Gate:
+    """`share`: ceil(limit / N_live), re-split whenever membership changes."""
+    v = LocalGate(policy, admission._mark_local, admission._now_ns, admission.n_live)
+    admission._shares[v] = None
+    v.resize(admission.n_live, admission.membership_stale, admission._now_ns)
+    return v
 
 
 class LocalGate(Gate):
@@ -59,7 +79,10 @@ class LocalGate(Gate):
 
     def refund(self, amount: int) -> None:
         """Give back `amount` units charged and not used, after what was admitted before it
-        (charged now), as of the core's time: the meter never holds more than its burst."""
+        (charged now), as of the core's time: the meter never holds more than its burst.
+        The view is settled at the next tick, charged as of the last one."""
+        if not self.marked:
+            self.sink(self)
         m, at, scale = self.meter, self.settled_ns, self.scale
         if self.pending:
             m.apply(at, self.pending * scale)
@@ -68,6 +91,14 @@ class LocalGate(Gate):
         m.apply(at, -amount * scale)  # below `at` is full: the next charge starts from `at`
         self.charged -= amount
         self.avail = m.remaining(at) // scale
+
+    def idle(self, admission: Admission) -> bool:
+        """Full since its last settle (unmarked): forgetting it loses nothing."""
+        return not self.marked
+
+    def forget(self, admission: Admission, *, retire: bool) -> None:
+        admission._settle.discard(self)
+        admission._shares.pop(self, None)
 
     def resize(self, n_live: int, stale: bool, now_ns: int) -> None:
         """Membership changed (share mode): re-split the limit; stale membership => N=1."""
@@ -130,6 +161,13 @@ class FixedGate(Gate):
             self.no = self.ok
         else:
             self.set_verdicts(bound, suspended, reason)
+
+    def deny(self, amount: int, admission: Admission) -> Verdict:
+        """Shut: nothing is metered here, so nothing is counted."""
+        return self.no
+
+    def idle(self, admission: Admission) -> bool:
+        return True  # nothing here moves: rebuilt the same
 
     def numbers(self, amount: int, allowed: bool, now_ns: int) -> Numbers:
         """Unlimited (remaining None) or shut until the configuration changes (remaining 0,

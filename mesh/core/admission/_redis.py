@@ -27,14 +27,18 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mesh.core.admission._breaker import Breaker
 from mesh.core.admission._counter import NUMBER_MAX, Counter, CounterOutcome, CounterReply
+from mesh.core.admission._gates import LocalGate
 from mesh.core.gate import NEVER, Gate
 from mesh.core.gcra import Gcra
 from mesh.core.policy import BOUNDS, Mode, RateKey, TenantRatePolicy
 from mesh.core.verdict import Numbers, Reason, Step, Suspension, Verdict, ms_ceil, verdict
+
+if TYPE_CHECKING:
+    from mesh.core.admission._admission import Admission
 
 __all__ = [
     "Ask",
@@ -45,6 +49,7 @@ __all__ = [
     "REDIS_DEADLINE_MS",
     "RedisDesk",
     "RedisGate",
+    "open_redis",
     "redis_key",
 ]
 
@@ -99,10 +104,22 @@ def _ignore(v: Gate) -> None:
     v.flush_at = NEVER
 
 
+def open_redis(admission: Admission, policy: TenantRatePolicy) -> Gate:
+    """`redis`: a view of the shared counter, or with no shared_state.redis (nothing dials)
+    this process enforcing the whole limit alone (local mode's view), every verdict
+    saying so."""
+    if admission.redis is not None:
+        return admission.redis.open(policy, admission._now_ns)
+    alone = LocalGate(policy, admission._mark_local, admission._now_ns, 1)
+    alone.set_verdicts(FALLBACK_BOUND, Suspension.REDIS_UNREACHABLE, step=Step.LOCAL)
+    return alone
+
+
 class RedisGate(Gate):
     """One redis-mode (tenant, metric). `avail` stays 0, so `Admission.try_admit` always
-    reaches `_deny`, which answers REDIS_ASK. `ok`/`no` are Redis's verdicts (step redis,
-    the exact bound); `fallback_ok`/`fallback_no` the embedded limiter's."""
+    reaches `deny`, which answers REDIS_ASK. `ok`/`no` are Redis's verdicts (step redis,
+    the exact bound); `fallback_ok`/`fallback_no` the embedded limiter's. A refund gives
+    nothing back: the script is acquire-only, what Redis admitted stays spent."""
 
     __slots__ = ("redis_key", "fallback", "fallback_ok", "fallback_no", "exact", "desk")
 
@@ -122,9 +139,14 @@ class RedisGate(Gate):
         embedded limiter's view, which is all this process knows."""
         return self.desk.fallback_numbers(self, amount, allowed, now_ns)
 
-    def holds_nothing(self, now_ns: int) -> bool:
+    def deny(self, amount: int, admission: Admission) -> Verdict:
+        """Not a decision: the driver makes the round trip (module docstring)."""
+        admission.asked = self
+        return REDIS_ASK
+
+    def idle(self, admission: Admission) -> bool:
         """The state is in Redis; the embedded limiter holds nothing once full again."""
-        return self.fallback.ahead_ns(now_ns) == 0
+        return self.fallback.ahead_ns(admission._now_ns) == 0
 
 
 def _fallback(allowed: bool, limit: int) -> Verdict:

@@ -9,40 +9,56 @@ counts exactly the units admitted. The strict bound comes from the credit alone
 (docs/strict.md); the veto can only lower what is admitted.
 
 Sans-I/O: the desk reads time through the clock it is given and asks its driver for credit
-with `ReserveCredit` / `ReturnCredit` effects; the driver answers `granted` or `failed`.
+with `ReserveCredit` / `ReturnCredit` effects; the driver answers `granted` or `failed`. When
+to ask and how long to back off is `ratemesh.creditloop.CreditLoop`'s, one per gate.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from mesh.core.admission._gates import FixedGate
 from mesh.core.effects import Effect, ReserveCredit, ReturnCredit
 from mesh.core.gate import NEVER, Gate
 from mesh.core.policy import BOUNDS, Mode, RateKey, TenantRatePolicy
 from mesh.core.reporter import GlobalGate
 from mesh.core.verdict import Numbers, Reason, Step, Suspension, Verdict, verdict
-from ratemesh.credit import (
-    GOVERNOR_UNREACHABLE,
-    CreditConfig,
-    CreditHolder,
-    HeldBlock,
-    Reserve,
-    denied_backoff_ms,
-    drained_wait_ms,
-)
+from ratemesh.credit import GOVERNOR_UNREACHABLE, CreditConfig, HeldBlock, Reserve
+from ratemesh.creditloop import CreditLoop
 from ratemesh.errors import ConfigError as SharedConfigError
 
-__all__ = ["CreditDesk", "StrictGate", "STRICT_BOUND"]
+if TYPE_CHECKING:
+    from mesh.core.admission._admission import Admission
+
+__all__ = ["CreditDesk", "StrictGate", "STRICT_BOUND", "open_strict"]
 
 NS_PER_MS = 1_000_000
 STRICT_BOUND = BOUNDS["strict"]
-UNREACHABLE_RETRY_MS = 500  # after a reserve that never reached governord
 _BEFORE_ALL = -(2**62)  # an instant earlier than any clock reading
 _NO_BLOCK = HeldBlock(0, 0, 0, _BEFORE_ALL)  # the fast block when there is none: spends nothing
 
 
 def _ignore(v: Gate) -> None:
     v.flush_at = NEVER
+
+
+def open_strict(admission: Admission, policy: TenantRatePolicy) -> Gate:
+    """`strict`: the mesh's view in front (with a reporter) and this worker's credit; with
+    no credit source attached (no `strict:` section), shut, saying governor_unreachable."""
+    credit = admission.credit
+    if credit is None:
+        return FixedGate(
+            policy,
+            _ignore,
+            False,
+            STRICT_BOUND,
+            Suspension.GOVERNOR_UNREACHABLE,
+            Reason.GOVERNOR_UNREACHABLE,
+        )
+    reporter = admission.reporter
+    front = None if reporter is None else reporter.open_gate(policy)
+    return credit.open(policy, front)
 
 
 class StrictGate(Gate):
@@ -62,14 +78,13 @@ class StrictGate(Gate):
 
     __slots__ = (
         "front",
+        "loop",
         "holder",
         "desk",
         "clock_ns",
         "key",
         "no_credit",
         "no_unreachable",
-        "retry_at_ms",
-        "backoff_ms",
         "block",
         "until_ns",
         "mark",
@@ -89,7 +104,8 @@ class StrictGate(Gate):
         self.desk = desk
         self.clock_ns = desk.clock_ns
         self.key: RateKey = policy.rate_key
-        self.holder = CreditHolder(desk.config)
+        self.loop = CreditLoop(desk.config)  # when to ask governord, and the back-off
+        self.holder = self.loop.holder
         self.set_verdicts(STRICT_BOUND, None, Reason.NO_CREDIT)
         self.no_credit = self.no
         self.no_unreachable = verdict(
@@ -101,8 +117,6 @@ class StrictGate(Gate):
             limit=policy.limit_per_s,
             step=Step.STRICT,
         )
-        self.retry_at_ms = _BEFORE_ALL
-        self.backoff_ms = 0
         # The fast block, the instant (ns, exclusive) until which it is spent from here, its
         # `left` when the holder was last told; the millisecond of the spends since, and its
         # end (ns, exclusive).
@@ -184,7 +198,7 @@ class StrictGate(Gate):
             if not allowed and amount > front.avail:
                 return Numbers(remaining, front.numbers(amount, False, now_ns).retry_after_ms, None)
         if not allowed:
-            retry = max(1, self.retry_at_ms - now_ms)
+            retry = max(1, self.loop.retry_at_ms - now_ms)
         return Numbers(remaining, retry, None)
 
     def flush(self) -> None:
@@ -231,6 +245,52 @@ class StrictGate(Gate):
     def holds_nothing(self) -> bool:
         """No block held and none asked for: forgetting the gate strands no credit."""
         return not self.holder.blocks and self.holder.in_flight is None
+
+    # ---- what admission asks of the view (`Gate`) -----------------------------------------
+
+    def deny(self, amount: int, admission: Admission) -> Verdict:
+        """`avail` stays 0: every admission the hot path does not inline lands here."""
+        return self.admit(amount)
+
+    def refund(self, amount: int) -> None:
+        """The mesh's charge goes back; spent credit does not (a unit taken from a block
+        stays spent, which only ever lowers what is admitted)."""
+        if self.front is not None:
+            self.front.refund(amount)
+
+    def idle(self, admission: Admission) -> bool:
+        """No credit held or asked for, and the mesh's view in front idle too."""
+        if not self.holds_nothing():
+            return False
+        reporter = admission.reporter
+        return self.front is None or (
+            reporter is not None and reporter.forget_if_idle(self.front.key)
+        )
+
+    def forget(self, admission: Admission, *, retire: bool) -> None:
+        """Give back what the gate holds; a new generation retires the front's key."""
+        if retire and self.front is not None and admission.reporter is not None:
+            admission.reporter.retire(self.front.key)
+        self.desk.close(self)
+
+    def health(self) -> dict[str, object]:
+        """The credit held: units spendable now, from live blocks."""
+        return {"credit_held": self.holder.held(self.desk.now_ms()) // self.scale}
+
+    def deadline(self) -> Verdict | None:
+        """A waiter's deadline while credit fails closed carries the suspension."""
+        no = self.no
+        if no.suspended is None:
+            return None
+        return verdict(
+            False,
+            Reason.DEADLINE_EXCEEDED,
+            Mode.STRICT,
+            no.bound,
+            no.suspended,
+            limit=no.limit,
+            step=Step.QUEUE,
+        )
 
 
 class CreditDesk:
@@ -286,12 +346,9 @@ class CreditDesk:
     def ask(self, gate: StrictGate, now_ms: int, amount: int) -> None:
         """Credit denied `amount`: a refill, unless one is in flight or governord said no
         a moment ago. Sized for at least `amount`, so a large admission is not starved."""
-        if self.closing or now_ms < gate.retry_at_ms:
+        if self.closing:
             return
-        holder = gate.holder
-        if holder.in_flight is not None:
-            return
-        request = holder.begin(now_ms, max(amount, holder.block_size(now_ms)))
+        request = gate.loop.short(now_ms, amount)
         if request is not None:
             self._reserve(gate, request)
             self.wake()
@@ -310,14 +367,14 @@ class CreditDesk:
         now_ms = max(now_ns // NS_PER_MS, self.now_ms())
         for gate in list(self.gates.values()):
             self._give_back(gate, now_ms)
-            if not self.closing and now_ms >= gate.retry_at_ms:
-                request = gate.holder.refill(now_ms, ahead=True)
+            if not self.closing:
+                request = gate.loop.ahead(now_ms)
                 if request is not None:
                     self._reserve(gate, request)
 
     def _give_back(self, gate: StrictGate, now_ms: int, *, leaving: bool = False) -> None:
         gate.flush()
-        for block_id, unused in gate.holder.take_returns(now_ms, leaving=leaving):
+        for block_id, unused in gate.loop.returns(now_ms, leaving=leaving):
             self.returns += 1
             self._out.append(ReturnCredit(gate.key, block_id, unused))
         gate.mark = gate.block.left  # a block returned has `left` 0: nothing was spent
@@ -343,22 +400,17 @@ class CreditDesk:
         gate = self.gates.get(request.rate_key)
         if gate is None or gate.holder.in_flight is not request.request or self.closing:
             if gate is not None and gate.holder.in_flight is request.request:
-                gate.holder.failed(request.request, unreachable=False)
+                gate.loop.abandon(request.request)
             self._out.append(ReturnCredit(request.rate_key, block_id, units))
             return
         now_ms = self.now_ms()
-        try:
-            gate.holder.granted(now_ms, request.request, block_id, units, ttl_ms)
-        except SharedConfigError:
-            gate.holder.failed(request.request, unreachable=False)
-            return
+        held = gate.loop.granted(
+            now_ms, request.request, block_id, units, ttl_ms, instant=self.clock_ns()
+        )
+        if held is None:
+            return  # a grant that does not fit: nothing held (the block expires unspent)
         gate.forget_fast()  # the new block may expire first: the next spend asks the holder
         gate.no = gate.no_credit
-        gate.backoff_ms = 0
-        if units < request.request.units:
-            # A partial grant: the bucket is drained; asking at once would take only what
-            # refilled in one round trip (governor.client's StrictCredit does the same).
-            gate.retry_at_ms = now_ms + drained_wait_ms(self.config.lead_ms, self.clock_ns())
 
     def learned_burst(self, rate_key: RateKey, burst: int) -> None:
         """governord stated the burst B of the rate a strict key spends at (the driver read
@@ -374,29 +426,19 @@ class CreditDesk:
         """The reserve was denied (`unreachable=False`) or never reached governord.
 
         `burst`: the denial was an empty bucket's, stating its B (`ratemesh.credit.
-        rate_burst`). Then the gate asks again after about `lead_ms` (`drained_wait_ms`), as
-        after a partial grant, with no doubling: every worker short of credit asks about as
-        often, so the bucket's refill is shared by who asks, not kept by whoever was lucky
-        first (a doubling wait left a worker denied a few times out for up to 500 ms while
-        the others were served).
-        Blocks asked from then on are at most `burst_share_ppm` of B. Any other denial (a
-        cap, too many blocks) backs off doubling (`denied_backoff_ms`)."""
+        rate_burst`): no amount above it is ever granted (`bounded_by`). When the gate asks
+        again is its loop's (`ratemesh.creditloop`)."""
         gate = self.gates.get(request.rate_key)
         if gate is None or gate.holder.in_flight is not request.request:
             return
-        gate.holder.failed(request.request, unreachable=unreachable, burst=burst)
-        if burst is not None:
-            gate.bounded_by(burst)
         now_ms = self.now_ms()
         if unreachable:
-            gate.retry_at_ms = now_ms + UNREACHABLE_RETRY_MS
+            gate.loop.unreachable(now_ms, request.request)
             gate.no = gate.no_unreachable
-        elif burst is not None:
-            gate.backoff_ms = 0
-            gate.retry_at_ms = now_ms + drained_wait_ms(self.config.lead_ms, self.clock_ns())
-        else:
-            gate.backoff_ms = denied_backoff_ms(gate.backoff_ms)
-            gate.retry_at_ms = now_ms + gate.backoff_ms
+            return
+        gate.loop.denied(now_ms, request.request, burst, instant=self.clock_ns())
+        if burst is not None:
+            gate.bounded_by(burst)
 
 
 def _noop() -> None:

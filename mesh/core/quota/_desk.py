@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mesh.core.effects import Effect, Send
 from mesh.core.gate import Gate
@@ -25,6 +25,9 @@ from mesh.core.ring import Ring
 from mesh.core.verdict import Numbers, QuotaLag, Reason, Step, Verdict
 from ratemesh.policy import Period
 
+if TYPE_CHECKING:
+    from mesh.core.admission import Admission
+
 __all__ = ["QuotaDesk", "QuotaGate", "EXPIRE_EVERY_MS"]
 
 EXPIRE_EVERY_MS = 10_000  # how often aged cells and past periods' entries are dropped
@@ -36,8 +39,8 @@ def _ignore(_: Gate) -> None:
 
 class QuotaGate(Gate):
     """Admission's view of one quota policy: `avail` stays 0, so every call leaves the
-    inlined hot path for `Admission._deny`, which hands quota gates to `admit` (a quota's
-    check is a sum and a compare against the ledger, no GCRA)."""
+    inlined hot path for `deny`, which hands the amount to `admit` (a quota's check is a
+    sum and a compare against the ledger, no GCRA)."""
 
     __slots__ = ("desk",)
 
@@ -49,6 +52,14 @@ class QuotaGate(Gate):
 
     def admit(self, amount: int) -> Verdict:
         return self.desk.ledger.try_spend(self.desk.wall_ms(), self.policy, amount)
+
+    def deny(self, amount: int, admission: Admission) -> Verdict:
+        """The ledger decides (no burst, no GCRA). A refund gives nothing back: a spend
+        quota is spent, a cell only grows (docs/quotas.md)."""
+        return self.admit(amount)
+
+    def idle(self, admission: Admission) -> bool:
+        return True  # a quota's state is the ledger's
 
     def numbers(self, amount: int, allowed: bool, now_ns: int) -> Numbers:
         """remaining = cap - own - remote; the wait and the reset are the period's end

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from mesh.core.gate import Gate
 from mesh.core.gcra import Gcra, refill_ns
 from mesh.core.messages import above_applied
 from mesh.core.policy import RateKey, TenantRatePolicy
 from mesh.core.shares import PPM, share_round, snapshot_allowance_ppm
-from mesh.core.verdict import Numbers, ms_ceil
+from mesh.core.verdict import Numbers, Verdict, ms_ceil
+
+if TYPE_CHECKING:
+    from mesh.core.admission import Admission
 
 __all__ = ["GlobalGate", "SnapshotState", "Inflight"]
 
@@ -208,9 +212,9 @@ class GlobalGate(Gate):
         if not self.marked:
             self.sink(self)
 
-    def deny(self, amount: int) -> bool:
-        """The deny path (`amount` > `avail`): True if the ask is taken after all; else it is
-        `wanted` (the next snapshots' cap makes room for it).
+    def grant(self, amount: int) -> bool:
+        """On the deny path (`amount` > `avail`): True if the ask is taken after all (else
+        the caller calls `wanted`: the next snapshots' cap makes room for it).
 
         Taken when the owner's bucket, as the last snapshot showed it, holds it for every
         active reporter at once: what this view took since that snapshot plus the ask (at
@@ -234,7 +238,6 @@ class GlobalGate(Gate):
                 if self.pending >= self.flush_at:
                     self.sink(self)
                 return True
-        self.wanted(amount)
         return False
 
     def settle_floor(self, now_ns: int) -> None:
@@ -347,3 +350,34 @@ class GlobalGate(Gate):
         self.floor = None  # the owner answers again: no floor
         self.recompute()
         return acked
+
+    # ---- what admission asks of the view (`Gate`) -----------------------------------------
+
+    def deny(self, amount: int, admission: Admission) -> Verdict:
+        """Taken after all if the last snapshot has room for it beside the other reporters
+        (`grant`); else denied, and the owner hears of the demand (`wanted`)."""
+        if self.grant(amount):
+            return self.ok
+        self.wanted(amount)
+        return self.no
+
+    def refund(self, amount: int) -> None:
+        """The correction reaches the owner in a later report, as a smaller (possibly
+        negative) delta."""
+        self.pending -= amount
+        self.recompute()
+        if not self.marked:
+            self.sink(self)
+
+    def idle(self, admission: Admission) -> bool:
+        """Everything acknowledged and no fresh snapshot: the reporter drops it too."""
+        reporter = admission.reporter
+        return reporter is not None and reporter.forget_if_idle(self.key)
+
+    def forget(self, admission: Admission, *, retire: bool) -> None:
+        """A new generation: the old key keeps reporting until it drains."""
+        if retire and admission.reporter is not None:
+            admission.reporter.retire(self.key)
+
+    def health(self) -> dict[str, object]:
+        return {"view": self.state.value}

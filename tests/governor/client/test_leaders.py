@@ -36,13 +36,15 @@ async def _until(pred: object, what: str, timeout_s: float = 10.0) -> None:
 def test_dial_names_one_address_or_several(monkeypatch: pytest.MonkeyPatch) -> None:
     one = Dial("127.0.0.1:7443", "k")
     assert one.addr == "127.0.0.1:7443" and one.addrs == ("127.0.0.1:7443",)
-    many = Dial("a:1, b:2,a:1", "k")
+    many = Dial("a:1, b:2", "k")
     assert many.addrs == ("a:1", "b:2") and many.addr == "a:1,b:2"
+    with pytest.raises(ValueError, match="addr: names a:1 twice"):
+        Dial("a:1, b:2,a:1", "k")
     assert Dial.from_env(["a:1", "c:3"], "k").addrs == ("a:1", "c:3")
     monkeypatch.setenv("GOVERNOR_ADDR", "x:1,y:2")
     assert Dial.from_env(api_key="k").addrs == ("x:1", "y:2")
     monkeypatch.setenv("GOVERNOR_ADDR", "x:1,,y:2")
-    with pytest.raises(ValueError, match="GOVERNOR_ADDR: 'x:1,,y:2' names an empty address"):
+    with pytest.raises(ValueError, match="GOVERNOR_ADDR: 'x:1,,y:2' has an empty address"):
         Dial.from_env(api_key="k")
     assert issubclass(LeaderChanged, Unavailable)
 

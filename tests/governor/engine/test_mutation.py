@@ -44,7 +44,7 @@ MUTANTS = [
     ),
     (
         "grant past a lowered limit",
-        "_leasing.py",
+        "_leasebook.py",
         "if limit is not None and a.held.get(cls, 0) >= limit:",
         "if limit is not None and a.held.get(cls, 0) == limit:",
     ),

@@ -24,6 +24,7 @@ from governor.server._metrics import Metrics
 from governor.server._probe import probe_for
 from governor.server._routes import Reply, Site, routes
 from governor.store import EventLog, MemoryBackend
+from tests._addresses import host_port, port_of
 from tests.governor._daemon import KEYS, Daemon, free_port
 from tests.governor._stores import make_target
 
@@ -186,7 +187,7 @@ def test_draining_is_live_but_not_ready_and_bad_requests_get_4xx() -> None:
         site, authority = _site(draining)
         http = HttpServer(routes(site))
         try:
-            port = int((await http.start("127.0.0.1:0")).rpartition(":")[2])
+            port = port_of(await http.start("127.0.0.1:0"))
 
             async def ask(data: bytes) -> bytes:
                 return await asyncio.to_thread(_raw, port, data)
@@ -226,7 +227,7 @@ def test_a_page_that_fails_is_a_500_and_the_server_keeps_serving() -> None:
     async def main() -> None:
         http = HttpServer({"/broken": broken, "/fine": fine})
         try:
-            port = int((await http.start("127.0.0.1:0")).rpartition(":")[2])
+            port = port_of(await http.start("127.0.0.1:0"))
             bad = await asyncio.to_thread(_raw, port, b"GET /broken HTTP/1.1\r\n\r\n")
             assert bad.startswith(b"HTTP/1.1 500 ") and b"RuntimeError" in bad
             good = await asyncio.to_thread(_raw, port, b"GET /fine HTTP/1.1\r\n\r\n")
@@ -276,3 +277,26 @@ def test_a_writer_that_cannot_commit_is_not_live_until_it_commits_again(tmp_path
         blocker.close()
         authority.close()
     assert failed == []
+
+
+def test_an_ipv6_listener_reports_its_address_in_brackets() -> None:
+    async def fine() -> Reply:
+        return Reply(200, "text/plain", b"ok")
+
+    async def main() -> None:
+        http = HttpServer({"/fine": fine})
+        try:
+            address = await http.start("[::1]:0")
+            host, port = host_port(address)
+            assert address == f"[::1]:{port}" and host == "::1"
+
+            def ask() -> bytes:
+                with socket.create_connection((host, port), timeout=10) as s:
+                    s.sendall(b"GET /fine HTTP/1.1\r\n\r\n")
+                    return s.recv(65536)
+
+            assert (await asyncio.to_thread(ask)).endswith(b"\r\n\r\nok")
+        finally:
+            await http.close()
+
+    asyncio.run(main())

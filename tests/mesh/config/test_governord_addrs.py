@@ -1,6 +1,7 @@
 """governord's address in a node's config: one host:port, a YAML list, or a
 comma-separated string naming a leader and its standbys; every mistake is a ConfigError
-naming the field (or the list's entry)."""
+naming the field (or the list's entry). The SDK (`Dial`), the coordinator client and the
+config read a list with the one parser, `ratemesh.checks.check_addresses`, so they agree."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ from typing import Any
 
 import pytest
 
-from mesh.config import GOVERNORD_ADDRS_MAX, governord_addrs, parse_config
+from governor.client._rpc import Dial
+from mesh.config import parse_config
 from mesh.errors import ConfigError
+from mesh.peer import CoordinatorClient
+from ratemesh.checks import ADDRESSES_MAX, check_addresses
+from ratemesh.errors import ConfigError as SharedConfigError
 
 
 def _coordinator(addr: Any) -> dict[str, Any]:
@@ -46,7 +51,7 @@ def test_a_list_or_a_comma_separated_string(addr: Any, monkeypatch: pytest.Monke
         ("a:7443,a:7443", ""),
         (7443, ""),
         ({"a": 1}, ""),
-        ([f"h{i}:1" for i in range(GOVERNORD_ADDRS_MAX + 1)], ""),
+        ([f"h{i}:1" for i in range(ADDRESSES_MAX + 1)], ""),
     ],
 )
 def test_mistakes_name_the_field(addr: Any, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,5 +63,25 @@ def test_mistakes_name_the_field(addr: Any, where: str, monkeypatch: pytest.Monk
         with pytest.raises(ConfigError) as err:
             parse_config(data)
         assert err.value.field == field + where, err.value
-    with pytest.raises(ConfigError):
-        governord_addrs("x", addr)
+    with pytest.raises(ConfigError) as err:
+        check_addresses("x", addr, error=ConfigError)
+    assert err.value.field == "x" + where
+    with pytest.raises(ConfigError) as err:
+        CoordinatorClient(addr)
+    assert err.value.field == "addr" + where
+    with pytest.raises(SharedConfigError) as shared:  # the SDK: the same refusal
+        Dial(addr, "key")
+    assert shared.value.field == "addr" + where, shared.value
+
+
+def test_each_names_what_was_wrong() -> None:
+    cases = {
+        "a:1,a:1": "addr: names a:1 twice",
+        "a:1,,b:2": "addr: 'a:1,,b:2' has an empty address",
+        "a:1,b": "addr: 'b' must be host:port",
+        "a:1,[::1]:0": "addr: '[::1]:0': port 0 is out of range 1..65535",
+    }
+    for addr, message in cases.items():
+        with pytest.raises(SharedConfigError, match=message.replace("[", r"\[")):
+            Dial(addr, "key")
+    assert Dial("[::1]:7443, b:1", "key").addrs == ("[::1]:7443", "b:1")

@@ -12,7 +12,8 @@ from mesh.coordinator import PolicyStore
 from mesh.core.verdict import Reason
 from mesh.errors import PeerRefused, PeerUnavailable
 from mesh.node import Mesh
-from mesh.peer import CoordinatorClient, CoordinatorServer
+from mesh.peer import CoordinatorClient
+from mesh.testing.coordinator import CoordinatorServer
 from tests.mesh._util import POLICY, until
 
 

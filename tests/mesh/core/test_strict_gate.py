@@ -422,7 +422,7 @@ def _state(desk: CreditDesk, g: StrictGate) -> object:
         h.in_flight,
         h.unreachable,
         g.no,
-        g.retry_at_ms,
+        g.loop.retry_at_ms,
         desk.admitted,
         desk.credit_denied,
         desk.reserves,

@@ -1,5 +1,6 @@
 """CoordinatorClient with several governord addresses: unary calls go on past an
-address nothing listens on and follow the leader a standby names (asked once), a watch whose
+address nothing listens on and follow the leader a standby names (asked once), are resent
+round the list until their timeout when nothing answers, a watch whose
 stream breaks reopens on the next address without the consumer noticing, and a mesh node
 configured with a list of addresses gets its policies through whichever one leads."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import pytest
 
@@ -15,7 +17,8 @@ from mesh.coordinator import PolicySnapshot, PolicyStore
 from mesh.core.verdict import Reason
 from mesh.errors import ConfigError, PeerUnavailable
 from mesh.node import Mesh
-from mesh.peer import CoordinatorClient, CoordinatorServer
+from mesh.peer import CoordinatorClient
+from mesh.testing.coordinator import CoordinatorServer
 from tests.governor._standby import Standby
 from tests.mesh._util import POLICY, until
 
@@ -64,12 +67,15 @@ def test_a_standby_is_asked_once_and_its_leader_is_followed_past_a_dead_address(
     asyncio.run(main())
 
 
-def test_every_address_down_is_one_round_then_peer_unavailable() -> None:
+def test_every_address_down_is_resent_until_the_timeout_then_peer_unavailable() -> None:
     async def main() -> None:
         client = CoordinatorClient([_dead(), _dead(), _dead()], timeout_s=0.5)
         try:
+            began = time.monotonic()
             with pytest.raises(PeerUnavailable):
                 await client.list()
+            assert time.monotonic() - began >= 0.45  # not once round and out
+            assert client.switches > 3  # round the list, more than once
             with pytest.raises(PeerUnavailable):
                 async for _ in client.watch(0):
                     raise AssertionError("nothing listens: no snapshot")

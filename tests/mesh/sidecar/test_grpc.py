@@ -10,6 +10,7 @@ import pytest
 
 from mesh.sidecar import admission_pb2 as pb
 from mesh.sidecar import verdict_fields
+from tests._addresses import on_loopback
 from tests.mesh.sidecar._node import (
     SECRET,
     admit_call,
@@ -189,8 +190,7 @@ def test_auth_a_call_without_the_fleet_secret_is_unauthenticated(
             allow_plaintext=True,
         )
         async with node(cfg) as mesh:
-            port = mesh.sidecar_addresses["grpc"].rpartition(":")[2]
-            async with insecure(f"127.0.0.1:{port}") as ch:
+            async with insecure(on_loopback(mesh.sidecar_addresses["grpc"])) as ch:
                 admit = admit_call(ch)
                 req = pb.AdmitRequest(items=[item()])
                 for md, why in [
@@ -227,8 +227,7 @@ def test_the_sidecars_own_token_replaces_the_fleet_secret(tmp_path: Path) -> Non
             allow_plaintext=True,
         )
         async with node(cfg) as mesh:
-            port = mesh.sidecar_addresses["grpc"].rpartition(":")[2]
-            async with insecure(f"127.0.0.1:{port}") as ch:
+            async with insecure(on_loopback(mesh.sidecar_addresses["grpc"])) as ch:
                 admit = admit_call(ch)
                 req = pb.AdmitRequest(items=[item()])
                 with pytest.raises(grpc.aio.AioRpcError) as e:

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from mesh.sidecar import verdict_fields
+from tests._addresses import on_loopback
 from tests.mesh.sidecar._node import SECRET, node, node_config
 
 ONE = {"tenant": "acme", "metric": "read_iops"}
@@ -207,7 +208,7 @@ def test_auth_a_request_without_the_fleet_secret_is_401(tmp_path: Path, listen: 
             allow_plaintext=True,
         )
         async with node(cfg) as mesh:
-            addr = "127.0.0.1:" + mesh.sidecar_addresses["http"].rpartition(":")[2]
+            addr = on_loopback(mesh.sidecar_addresses["http"])
             for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": SECRET}):
                 r = await _post(addr, "admit", ONE, headers=headers)
                 assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"

@@ -4,6 +4,7 @@ Verdict reaches the wire through the one function that converts it (`verdict_fie
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import re
 import subprocess
 import sys
@@ -29,28 +30,41 @@ from mesh.sidecar import admission_pb2 as pb
 from mesh.sidecar import encode_outcomes, verdict_fields
 
 ROOT = Path(__file__).resolve().parents[3]
-GENERATED = ("mesh/sidecar/admission_pb2.py", "mesh/sidecar/admission_pb2.pyi")
+# Each committed protobuf module and its .proto: the sidecar's own, Envoy's rate limit
+# service (mesh/sidecar/rls) and the standard services every gRPC port serves.
+PROTOS = (
+    "mesh/sidecar/admission",
+    "mesh/sidecar/rls/base",
+    "mesh/sidecar/rls/ratelimit",
+    "mesh/sidecar/rls/rls",
+    "ratemesh/grpcstd/health",
+    "ratemesh/grpcstd/reflection_v1alpha",
+    "ratemesh/grpcstd/reflection_v1",
+)
 _VERSION = re.compile(r"^# Protobuf Python Version: (.*)$", re.M)
 
 
-def test_the_committed_module_is_what_the_proto_generates(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stem", PROTOS)
+def test_the_committed_module_is_what_the_proto_generates(tmp_path: Path, stem: str) -> None:
     pytest.importorskip("grpc_tools")
     subprocess.run(
         [
             sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT}",
             f"--python_out={tmp_path}", f"--pyi_out={tmp_path}",
-            str(ROOT / "mesh/sidecar/admission.proto"),
+            str(ROOT / f"{stem}.proto"),
         ],
         check=True, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    fresh = (tmp_path / GENERATED[0]).read_text()
-    committed = (ROOT / GENERATED[0]).read_text()
+    generated = (f"{stem}_pb2.py", f"{stem}_pb2.pyi")
+    fresh = (tmp_path / generated[0]).read_text()
+    committed = (ROOT / generated[0]).read_text()
+    module = importlib.import_module(f"{stem.replace('/', '.')}_pb2")
     # The message definitions: the serialized descriptor protoc embeds, byte for byte.
-    assert _descriptor(fresh) == _descriptor(committed) == pb.DESCRIPTOR.serialized_pb
+    assert _descriptor(fresh) == _descriptor(committed) == module.DESCRIPTOR.serialized_pb
     # The text too, where this grpcio-tools is the one that generated the committed files
     # (another version writes its own version line and runtime check).
     if _VERSION.findall(fresh) == _VERSION.findall(committed):
-        for name in GENERATED:
+        for name in generated:
             assert (tmp_path / name).read_text() == (ROOT / name).read_text(), (
                 f"{name} is stale: regenerate it (docs/sidecar.md, 'Regenerating')"
             )

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from mesh.sidecar import admission_pb2 as pb
+from tests._addresses import on_loopback
 from tests.mesh.peer._certs import tls_for
 from tests.mesh.sidecar._node import admit_call, item, node, node_config, pairs
 
@@ -22,8 +23,8 @@ def test_mutual_tls_admits_a_fleet_certificate_and_refuses_none(certs: Path) -> 
             {"grpc_listen": "0.0.0.0:0", "http_listen": "0.0.0.0:0"}, tls=tls_for(certs, "a")
         )
         async with node(cfg) as mesh:
-            g = "127.0.0.1:" + mesh.sidecar_addresses["grpc"].rpartition(":")[2]
-            h = "127.0.0.1:" + mesh.sidecar_addresses["http"].rpartition(":")[2]
+            g = on_loopback(mesh.sidecar_addresses["grpc"])
+            h = on_loopback(mesh.sidecar_addresses["http"])
             ca = (certs / "ca.pem").read_bytes()
             good = grpc.ssl_channel_credentials(
                 ca, (certs / "b.key").read_bytes(), (certs / "b.pem").read_bytes()
