@@ -1,10 +1,12 @@
 """The one parser of rates and amounts written as text: `"100/second"`,
-`"5000/minute"`, `"1MiB/second"`, and bursts such as `"1MiB"`.
+`"5000/minute"`, `"1MiB/second"`, `"10 per 2 hours"`, and bursts such as `"1MiB"`.
 
-Grammar (whitespace around the parts is ignored, letters are case-sensitive):
+Grammar (whitespace around the parts is ignored; sizes are case-sensitive, period names and
+`per` are not):
 
-    rate    = amount "/" period              e.g. 100/second, 1.5k/s, 1MiB/second, 2/ms
+    rate    = amount ("/" | "per") [count] period   e.g. 100/second, 1.5k/s, 10 per 2 hours
             | integer                        per second, as before (YAML 100 or "100")
+    rates   = rate {("," | ";" | "|") rate}  several limits (`parse_rates`)
     amount  = number [size]                  e.g. 100, 1.5k, 1MiB
     number  = digits ["." digits]
     size    = k | M | G                      decimal: 1e3, 1e6, 1e9
@@ -14,6 +16,14 @@ Grammar (whitespace around the parts is ignored, letters are case-sensitive):
             | m | min | minute
             | h | hour
             | d | day
+            | month                          30 days
+            | year                           360 days (12 months of 30)
+
+Every single-limit string of the `limits` package ("10/second", "10 per second",
+"10 per 2 minutes", "5/Hour") reads here to the same rate, and its month and year are
+its lengths: 30 days and 12 of those. Its several-limit strings
+("10/second;100/minute") read with `parse_rates`; `parse_rate` refuses them, since one
+policy meters one rate (docs/policies.md says how to write two limits).
 
 A rate is exact: `parse_rate` gives units per second as a reduced Fraction, and
 `"5000/minute"` is 250/3 per second, never truncated. The mesh and governord meter in exact
@@ -33,7 +43,17 @@ from typing import Any
 from ratemesh.checks import INT_MAX, check_int
 from ratemesh.errors import ConfigError, RatemeshError
 
-__all__ = ["PERIODS_S", "SIZES", "parse_amount", "parse_rate", "format_rate", "rate_text"]
+__all__ = [
+    "PERIODS_S",
+    "RATES_MAX",
+    "SIZES",
+    "format_rate",
+    "parse_amount",
+    "parse_rate",
+    "parse_rates",
+    "rate_text",
+    "rate_window",
+]
 
 SIZES: dict[str, int] = {
     "": 1,
@@ -44,17 +64,25 @@ SIZES: dict[str, int] = {
     "MiB": 1 << 20,
     "GiB": 1 << 30,
 }
-# Period names to their length in seconds (a Fraction: a millisecond is 1/1000 s).
+_MONTH_S = 30 * 86400  # the `limits` package's month
+_YEAR_S = 12 * _MONTH_S  # and its year: 360 days
+# Period names (lower case; text is matched without case) to their length in seconds (a
+# Fraction: a millisecond is 1/1000 s).
 PERIODS_S: dict[str, Fraction] = {
     **dict.fromkeys(("ms", "millisecond", "milliseconds"), Fraction(1, 1000)),
     **dict.fromkeys(("s", "sec", "second", "seconds"), Fraction(1)),
     **dict.fromkeys(("m", "min", "minute", "minutes"), Fraction(60)),
     **dict.fromkeys(("h", "hour", "hours"), Fraction(3600)),
     **dict.fromkeys(("d", "day", "days"), Fraction(86400)),
+    **dict.fromkeys(("month", "months"), Fraction(_MONTH_S)),
+    **dict.fromkeys(("year", "years"), Fraction(_YEAR_S)),
 }
 TEXT_MAX = 64  # longer text is certainly a mistake; the error quotes it, so keep it short
+RATES_MAX = 8  # limits in one `parse_rates` text
+_SEPARATORS = re.compile(r"[,;|]")
+_PER = re.compile(r"(.+?)\s*per\s*(.*)", re.IGNORECASE)
 _AMOUNT = re.compile(r"\s*(\d{1,19}(?:\.\d{1,9})?)\s*([A-Za-z]*)\s*")
-_PERIOD_HINT = "use second, minute, hour or day"
+_PERIOD_HINT = "use second, minute, hour, day, month or year"
 _SIZE_HINT = "use k, M, G (decimal) or KiB, MiB, GiB (binary)"
 
 
@@ -77,15 +105,28 @@ def parse_rate(
     if type(value) is not str:
         return Fraction(check_int(field, value, minimum=minimum, error=error))
     text = _text(field, value, error)
+    if _SEPARATORS.search(text):
+        n = len(_SEPARATORS.split(text))
+        raise error(
+            field,
+            f"{_q(text)} holds {n} limits; a policy meters one rate per (tenant, metric): "
+            "write one policy per limit, each on a metric of its own, and admit against each "
+            "(docs/policies.md)",
+        )
     amount_text, slash, period_text = text.partition("/")
+    if not slash:
+        per = _PER.fullmatch(text)
+        if per is not None:
+            amount_text, slash, period_text = per[1], "per", per[2]
     if not slash:
         per_s = _amount(field, text, text, error)  # "100" or "1MiB": per second
         return Fraction(_bounded(field, per_s, minimum, error, _q(text)))
     amount = _number(field, amount_text, text, error)
     period = period_text.strip()
     if not period:
-        raise error(field, f"{_q(text)}: missing period after '/'; {_PERIOD_HINT}")
+        raise error(field, f"{_q(text)}: missing period after '{slash}'; {_PERIOD_HINT}")
     count, unit = _split_period(period)
+    unit = unit.lower()
     if unit not in PERIODS_S:
         raise error(field, f"{_q(text)}: unknown period {_q(unit or period)}; {_PERIOD_HINT}")
     length_s = PERIODS_S[unit] * count
@@ -102,23 +143,61 @@ def parse_rate(
     return exact
 
 
+def parse_rates(
+    field: str, value: Any, *, minimum: int = 1, error: type[RatemeshError] = ConfigError
+) -> list[Fraction]:
+    """Several limits in one text, as the `limits` package writes them
+    ("10/second;100/minute", separated by ";", "," or "|"), each as `parse_rate` reads it;
+    a single rate (or an integer) is a list of one."""
+    if type(value) is not str:
+        return [parse_rate(field, value, minimum=minimum, error=error)]
+    if len(value) > TEXT_MAX * RATES_MAX:
+        raise error(field, f"must be at most {TEXT_MAX * RATES_MAX} characters, got {len(value)}")
+    parts = _SEPARATORS.split(value)
+    if len(parts) > RATES_MAX:
+        raise error(field, f"holds {len(parts)} limits; at most {RATES_MAX}")
+    out = []
+    for i, part in enumerate(parts):
+        if not part.strip():
+            raise error(field, f"{_q(value)}: limit {i + 1} is empty")
+        out.append(parse_rate(field, part.strip(), minimum=minimum, error=error))
+    return out
+
+
 def rate_text(rate: int, scale: int = 1) -> str:
-    """`rate`/`scale` units per second as text `parse_rate` reads back exactly: the smallest
-    period of second, minute, hour, day that holds a whole number of units ("5000/minute"),
-    else a count of seconds ("250/7s"); a whole rate per second stays "N/second"."""
-    for name, length in _NAMED_S:
+    """`rate`/`scale` units per second as text `parse_rate` reads back exactly, in the
+    period `rate_window` picks: "5000/minute", "250/7s"; a whole rate per second stays
+    "N/second"."""
+    amount, period_s = rate_window(rate, scale)
+    name = _NAMES.get(period_s)
+    return f"{amount}/{name}" if name else f"{amount}/{period_s}s"
+
+
+def rate_window(rate: int, scale: int = 1) -> tuple[int, int]:
+    """`rate`/`scale` units per second as (amount, period_s), both whole: the smallest
+    period of second, minute, hour, day, month, year that holds a whole number of units,
+    else `scale` seconds (a verdict's exact limit; the RateLimit-Policy field's q and w)."""
+    for _, length in _NAMED_S:
         if length % scale == 0:
-            return f"{rate * (length // scale)}/{name}"
-    return f"{rate}/{scale}s"  # a period of `scale` seconds: parse_rate's own input shape
+            return rate * (length // scale), length
+    return rate, scale
 
 
-_NAMED_S = (("second", 1), ("minute", 60), ("hour", 3600), ("day", 86400))
+_NAMED_S = (
+    ("second", 1),
+    ("minute", 60),
+    ("hour", 3600),
+    ("day", 86400),
+    ("month", _MONTH_S),
+    ("year", _YEAR_S),
+)
+_NAMES = {length: name for name, length in _NAMED_S}
 
 
 def format_rate(per_s: int, period: str = "second") -> str:
     """`per_s` units per second written per `period` (a name `parse_rate` reads)."""
     count, unit = _split_period(period)
-    length = PERIODS_S.get(unit, Fraction(1)) * count
+    length = PERIODS_S.get(unit.lower(), Fraction(1)) * count
     amount = per_s * length
     shown = str(amount.numerator) if amount.denominator == 1 else f"{float(amount):g}"
     return f'"{shown}/{period}"'

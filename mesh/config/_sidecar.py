@@ -19,6 +19,7 @@
       tenant_tokens:                # a tenant's own token: cooldown of its own limits only
         acme: {token_file: /etc/ratemesh/acme-token}      # (or token_env)
       cooldown_max_s: 300           # the longest cooldown a caller may ask for
+      http_status_on_deny: 200      # 429: an HTTP denial is 429 with Retry-After
 
 A listen address that is not loopback (or `require_auth`) needs a bearer token, sent as
 `authorization: Bearer <token>` (gRPC metadata or HTTP header), or mutual TLS
@@ -48,6 +49,7 @@ from ratemesh.secretcheck import weak_secret
 
 __all__ = [
     "COOLDOWN_MAX_S_DEFAULT",
+    "DENY_STATUSES",
     "SIDECAR_CONCURRENT_MAX",
     "SIDECAR_PEER_CONNECTIONS_MAX",
     "TENANT_TOKENS_MAX",
@@ -79,7 +81,9 @@ _KEYS = {
     "operator_token_env",
     "tenant_tokens",
     "cooldown_max_s",
+    "http_status_on_deny",
 }
+DENY_STATUSES = (200, 429)  # a denial is an answer (200, as before) or Too Many Requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +100,7 @@ class SidecarConfig:
     operator_tokens: tuple[bytes, ...] = field(default=(), repr=False)
     tenant_tokens: dict[str, bytes] = field(default_factory=dict, repr=False)
     cooldown_max_s: float = COOLDOWN_MAX_S_DEFAULT
+    http_status_on_deny: int = 200  # docs/sidecar.md, "HTTP status and RateLimit fields"
 
     def listens(self) -> list[tuple[str, str]]:
         """(field, address) for each address the sidecar binds."""
@@ -155,6 +160,11 @@ def parse_sidecar(data: Any) -> SidecarConfig:
                 "sidecar.cooldown_max_s", f"must be in (0, {COOLDOWN_MAX_S_LIMIT:g}], got {v}"
             )
         kw["cooldown_max_s"] = float(v)
+    if "http_status_on_deny" in data:
+        v = data["http_status_on_deny"]
+        if type(v) is not int or v not in DENY_STATUSES:
+            raise ConfigError("sidecar.http_status_on_deny", f"must be 200 or 429, got {v!r}")
+        kw["http_status_on_deny"] = v
     operator = kw.get("operator_tokens", ())
     for tenant, token in kw.get("tenant_tokens", {}).items():
         if token in operator or token in kw.get("tokens", ()):

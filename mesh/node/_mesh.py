@@ -39,13 +39,22 @@ from mesh.aio import admit as _admit
 from mesh.callsite import Limited
 from mesh.config import NodeConfig, load_config, parse_config
 from mesh.coordinator import PolicyFeed, PolicySource
-from mesh.core.admission import DEADLINE, REDIS_ASK, STOPPED, Counter, CreditDesk, RedisDesk
+from mesh.core.admission import (
+    DEADLINE,
+    REDIS_ASK,
+    STOPPED,
+    UNKNOWN,
+    Counter,
+    CreditDesk,
+    RedisDesk,
+)
+from mesh.core.gate import STEPS
 from mesh.core.member import Member
 from mesh.core.messages import COOLDOWN_MS_MAX
-from mesh.core.policy import PolicyCache, TenantRatePolicy
+from mesh.core.policy import BOUNDS, Mode, PolicyCache, TenantRatePolicy
 from mesh.core.quota import QuotaDesk
 from mesh.core.ring import Ring
-from mesh.core.verdict import Numbers, Step, Verdict
+from mesh.core.verdict import Numbers, Reason, Step, Verdict, verdict
 from mesh.errors import ConfigError
 from mesh.membership import EtcdMembership, MembershipSource
 from mesh.node._build import (
@@ -446,6 +455,48 @@ class Mesh:
         with self._lock or contextlib.nullcontext():
             return d.member.policies.current(tenant, metric) is not None
 
+    def policy_for(self, tenant: str, metric: str) -> TenantRatePolicy | None:
+        """The policy that decides (`tenant`, `metric`) here (its own, or a default's), or
+        None; a metric that is no metric's name is a ConfigError naming `metric`."""
+        d = self._require()
+        check_metric(metric, error=ConfigError)
+        with self._lock or contextlib.nullcontext():
+            return d.member.policies.current(tenant, metric)
+
+    def metric_declared(self, metric: str) -> bool:
+        """Whether any current policy, of any tenant, names `metric`: a name none does is
+        likelier a typo than a limit not configured yet (the sidecar says so)."""
+        d = self._require()
+        with self._lock or contextlib.nullcontext():
+            return d.member.policies.unit_of(metric) is not None
+
+    def peek_numbers(self, tenant: str, metric: str) -> tuple[Verdict, Numbers | None]:
+        """What an admission of one unit would see now, charging nothing (the sidecar's
+        amount 0, Gubernator's hits=0): the view's verdict for one unit (`allowed` if it
+        holds one) and its numbers. A limit this node has not used yet has no view, and
+        opening one is a charge's job: it answers as a full view of its policy would
+        (`remaining` its burst, nothing to wait for), with its mode's bound. A redis-mode
+        limit's state is in Redis, which only a round trip reads: a ConfigError."""
+        d = self._require()
+        adm = d.member.admission
+        with self._lock or contextlib.nullcontext():
+            if adm.stopped:
+                return STOPPED, None
+            g = adm.gate(tenant, metric)  # a bad metric name: a ConfigError naming it
+            policy = d.member.policies.current(tenant, metric) if g is None else g.policy
+            if policy is not None and policy.mode is Mode.REDIS:
+                raise ConfigError(
+                    "amount",
+                    f"0 (a peek) is not served for {metric}, a redis-mode limit: its state is "
+                    "in Redis, and a peek makes no round trip; admit to see its numbers",
+                )
+            if g is not None:
+                v = g.ok if g.avail >= 1 else g.no
+                return v, adm.numbers(v, tenant, metric, 1)
+        if policy is None:
+            return UNKNOWN, None
+        return _unused(policy)
+
     def limited(
         self,
         tenant: str,
@@ -682,6 +733,22 @@ class Mesh:
                 t.cancel()
             loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
+
+
+def _unused(policy: TenantRatePolicy) -> tuple[Verdict, Numbers]:
+    """A peek's answer for a limit with no view here yet: full, as a fresh view starts."""
+    if not policy.enabled:
+        bound, rate, n = BOUNDS["disabled"], None, Numbers(None, 0, None)
+    elif policy.quota is not None:  # its cells are not folded here yet
+        bound, rate, n = BOUNDS["quota_unfolded"], policy.limit_per_s, Numbers(None, 0, None)
+    else:
+        bound, rate, n = (
+            BOUNDS[policy.mode.value],
+            policy.limit_per_s,
+            Numbers(policy.burst_units, 0, 0),
+        )
+    step = Step.POLICY if not policy.enabled else STEPS[policy.mode]
+    return verdict(True, Reason.ADMITTED, policy.mode, bound, limit=rate, step=step), n
 
 
 def _wall_ms() -> int:

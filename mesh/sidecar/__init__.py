@@ -105,6 +105,7 @@ class Sidecar:
                     body_max_bytes=sc.max_message_bytes,
                     auth=BearerCheck(_tokens(cfg), required=needs),
                     access=self.access,
+                    status_on_deny=sc.http_status_on_deny,
                 )
                 tls = cfg.tls if cfg.tls is not None and not is_loopback(sc.http_listen) else None
                 self.http = HttpServer(

@@ -12,13 +12,17 @@ loop), for the sidecar's JSON routes and the node's /metrics and /health.
     DELETE /v1/cooldown {"tenant", "metric"} -> 200 {"ok": true}: the cooldown ends
     GET  /metrics, GET /health   (the telemetry routes, `mesh.telemetry.telemetry_routes`)
 
-A denial is an answer, not an HTTP error: 200 with `"allowed": false` (as the JSON
-gateways of Envoy's and Gubernator's rate limit services answer), so a batch and a single
-item read alike. A single item's mistake is 400 `{"error": "field: what was wrong"}`; in a
-batch it is that item's verdict (`{"allowed": false, "error": ...}`), the rest decided.
-Bad JSON (nested too deeply too), a body over `max_message_bytes` (413) or
-more than `items_max` items: 400 / 413, nothing decided. A body not in within
-`BODY_TIMEOUT_S`: 408. A missing or wrong bearer token where one is needed: 401.
+A denial is an answer, not an HTTP error: 200 with `"allowed": false` (as the JSON gateways
+of Envoy's and Gubernator's rate limit services answer), so a batch and a single item read
+alike; a node with `sidecar.http_status_on_deny: 429`, or a request with
+`x-ratemesh-deny-status: 429`, gets a single item's denial as 429 with `Retry-After`. A
+single verdict carries the RateLimit-Policy and RateLimit fields (`_ratelimit`); every
+decided verdict its policy's exact `rate`, `window` and `burst`. Amount 0 is a peek. A
+single item's mistake is 400 `{"error": "field: what was wrong"}`; in a batch it is that
+item's verdict (`{"allowed": false, "error": ...}`), the rest decided. Bad JSON (nested too
+deeply too), a body over `max_message_bytes` (413) or more than `items_max` items: 400 /
+413, nothing decided. A body not in within `BODY_TIMEOUT_S`: 408. A missing or wrong bearer
+token where one is needed: 401.
 
 Connections (docs/security.md): each server keeps `ratemesh.conngate`'s bounds, so silent or
 slow sockets cannot take it from a probe: at most `peer_connections_max` from one address
@@ -47,10 +51,12 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from mesh.config import TlsConfig
 from mesh.errors import ConfigError
 from mesh.sidecar._auth import BearerCheck
-from mesh.sidecar._items import Decider, Item, Outcome, verdict_fields
+from mesh.sidecar._items import Decided, Decider, Item, limit_fields, verdict_fields
+from mesh.sidecar._ratelimit import DENY_STATUS_HEADER, ceil_s, deny_status, ratelimit_fields
 from mesh.telemetry import Detail, Route
 from ratemesh.checks import address_parts, with_port
 from ratemesh.conngate import Admit, ConnGate, loopback_peer
+from ratemesh.policy import TenantRatePolicy
 
 __all__ = [
     "BODY_TIMEOUT_S",
@@ -146,8 +152,10 @@ class HttpApp:
         body_max_bytes: int = 4 << 20,
         auth: BearerCheck | None = None,
         access: Access | None = None,
+        status_on_deny: int = 200,
     ) -> None:
         self.routes = dict(routes)
+        self.status_on_deny = status_on_deny
         self.decider = decider
         self.items_max = items_max
         self.body_max_bytes = body_max_bytes
@@ -164,7 +172,7 @@ class HttpApp:
             if path.startswith("/v1/") and self.decider is not None:
                 if method != "POST" and not (method == "DELETE" and path == "/v1/cooldown"):
                     raise _BadRequest(405, "method: POST only")
-                status, body = await self._post(path[4:], scope, receive)
+                status, body, extra = await self._post(path[4:], scope, receive)
             elif path in self.routes:
                 if method not in ("GET", "HEAD"):
                     raise _BadRequest(405, "method: GET only")
@@ -183,8 +191,8 @@ class HttpApp:
             else:
                 raise _BadRequest(404, f"path: {path[:100]!r} is not served here")
         except _BadRequest as exc:
-            status, body = exc.status, {"error": exc.message}
-        headers = list(_JSON)
+            status, body, extra = exc.status, {"error": exc.message}, []
+        headers = [*_JSON, *extra]
         if status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
         elif status == 405:
@@ -192,7 +200,10 @@ class HttpApp:
             headers.append((b"allow", allow if path.startswith("/v1/") else b"GET, HEAD"))
         await _respond(send, status, json.dumps(body).encode(), headers)
 
-    async def _post(self, route: str, scope: Scope, receive: Receive) -> tuple[int, Any]:
+    async def _post(
+        self, route: str, scope: Scope, receive: Receive
+    ) -> tuple[int, Any, list[tuple[bytes, bytes]]]:
+        """(status, body, headers beside content-type) of a /v1/ route."""
         assert self.decider is not None
         if route not in ("admit", "charge", "refund", "cooldown"):
             raise _BadRequest(404, f"path: /v1/{route[:100]} is not served here")
@@ -202,7 +213,10 @@ class HttpApp:
             if why is not None:
                 raise _BadRequest(401, why)
         if route == "cooldown":
-            return await self._cooldown(scope, receive)
+            return *await self._cooldown(scope, receive), []
+        status_on_deny = deny_status(_header(scope, DENY_STATUS_HEADER), self.status_on_deny)
+        if isinstance(status_on_deny, str):
+            raise _BadRequest(400, status_on_deny)
         doc = _json(await self._body(receive))
         batch = isinstance(doc, dict) and "items" in doc
         items = self._batch(doc) if batch else [_item(doc, "")]
@@ -211,15 +225,41 @@ class HttpApp:
             if not batch:
                 if errors[0] is not None:
                     raise _BadRequest(400, errors[0])
-                return 200, {"ok": True}
-            return 200, {"acks": [{"ok": True} if e is None else _ack(e) for e in errors]}
+                return 200, {"ok": True}, []
+            return 200, {"acks": [{"ok": True} if e is None else _ack(e) for e in errors]}, []
         outcomes = self.decider.admit(items, charge=route == "charge")
         if not batch:
             o = outcomes[0]
             if isinstance(o, str):
                 raise _BadRequest(400, o)
-            return 200, verdict_fields(*o)
-        return 200, {"verdicts": [_outcome(o) for o in outcomes]}
+            return self._single(items[0], o, status_on_deny)
+        verdicts = [_outcome(o) if isinstance(o, str) else self._fields(it, o)[0]
+                    for it, o in zip(items, outcomes, strict=True)]  # fmt: skip
+        return 200, {"verdicts": verdicts}, []
+
+    def _fields(self, item: Item, o: Decided) -> tuple[dict[str, Any], TenantRatePolicy | None]:
+        """A decided item's wire fields, with its policy's exact limit (`limit_fields`),
+        and that policy (None: no policy applied)."""
+        assert self.decider is not None
+        fields = verdict_fields(*o)
+        policy = None if o[0].mode is None else self.decider.policy(item)
+        if policy is not None:
+            fields.update(limit_fields(policy))
+        return fields, policy
+
+    def _single(
+        self, item: Item, o: Decided, status_on_deny: int
+    ) -> tuple[int, Any, list[tuple[bytes, bytes]]]:
+        """One verdict: its fields, its RateLimit fields, and a denial's status."""
+        assert self.decider is not None
+        fields, policy = self._fields(item, o)
+        headers = [] if policy is None else ratelimit_fields(item.metric, policy, fields)
+        if fields["allowed"] or status_on_deny == 200:
+            return 200, fields, headers
+        retry_ms = fields.get("retry_after_ms")
+        if retry_ms is not None:  # absent: waiting cannot help, so no time is promised
+            headers.append((b"retry-after", str(ceil_s(retry_ms)).encode()))
+        return 429, fields, headers
 
     async def _cooldown(self, scope: Scope, receive: Receive) -> tuple[int, Any]:
         """POST: cool (tenant, metric) fleet-wide; DELETE: end its cooldown here and at its
@@ -334,10 +374,8 @@ def _item(doc: Any, where: str) -> Item:
     return Item(doc.get("tenant"), doc.get("metric"), amount, pairs)
 
 
-def _outcome(o: Outcome) -> dict[str, Any]:
-    if isinstance(o, str):
-        return {"allowed": False, "error": o}
-    return verdict_fields(*o)
+def _outcome(error: str) -> dict[str, Any]:
+    return {"allowed": False, "error": error}
 
 
 def _ack(error: str) -> dict[str, Any]:

@@ -1,14 +1,16 @@
 """What both front ends share: an item checked, decided against the node, and its verdict
 as the wire gives it (`verdict_fields`, the one place a Verdict becomes wire data).
 
-An item's mistake (empty tenant, unknown metric, amount <= 0, a bad descriptor) is that
-item's answer, `error: "field: what was wrong"`, and is never an exception out of a batch:
-the rest of the batch is decided as usual. Nothing is decided for it.
+An item's mistake (empty tenant, a metric no policy of any tenant names and no well-known
+name, amount < 0, a bad descriptor) is that item's answer, `error: "field: what was wrong"`,
+and is never an exception out of a batch: the rest of the batch is decided as usual. Nothing
+is decided for it.
 
 Items are decided with `Mesh.try_admit_detailed`, so every verdict on the wire carries the
 numbers a caller acts on (`remaining`, `retry_after_ms`, `reset_after_ms`). A descriptor
 (one key=value pair under the tenant, docs/policies.md) narrows the tenant the way
-`mesh.descriptor_tenant` does in process.
+`mesh.descriptor_tenant` does in process. Amount 0 is a peek: the numbers one unit would
+see now, nothing charged (`Mesh.peek_numbers`; Gubernator's hits=0).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from mesh.core.verdict import Numbers, QuotaLag, Verdict
+from mesh.core.verdict import Numbers, QuotaLag, Reason, Verdict
 from mesh.errors import ConfigError
 from ratemesh.errors import RatemeshError
-from ratemesh.policy import descriptor_tenant
+from ratemesh.policy import Metric, TenantRatePolicy, descriptor_tenant
+from ratemesh.rates import rate_text, rate_window
 
 __all__ = [
     "DESCRIPTORS_MAX",
@@ -31,6 +34,7 @@ __all__ = [
     "Item",
     "Outcome",
     "admit_items",
+    "limit_fields",
     "refund_items",
     "shared_fields",
     "verdict_fields",
@@ -56,6 +60,12 @@ class Admitter(Protocol):
     def clear_429(self, tenant: str, metric: str) -> bool: ...
 
     def policy_known(self, tenant: str, metric: str) -> bool: ...
+
+    def policy_for(self, tenant: str, metric: str) -> TenantRatePolicy | None: ...
+
+    def metric_declared(self, metric: str) -> bool: ...
+
+    def peek_numbers(self, tenant: str, metric: str) -> tuple[Verdict, Numbers | None]: ...
 
 
 class Item(NamedTuple):
@@ -90,6 +100,21 @@ def verdict_fields(v: Verdict, n: Numbers | None = None) -> dict[str, Any]:
     return out
 
 
+def limit_fields(p: TenantRatePolicy) -> dict[str, Any]:
+    """The policy's exact limit beside a verdict's `limit` (units per second, rounded down:
+    0 for "1/minute"): as text (`rate`, "1/minute"), as a whole amount per whole period
+    (`window`, what RateLimit-Policy's q and w carry) and its `burst` in units. A spend
+    quota has no rate: nothing (its verdict carries `quota`)."""
+    if p.quota is not None:
+        return {}
+    amount, period_s = rate_window(p.target_rate, p.scale)
+    return {
+        "rate": rate_text(p.target_rate, p.scale),
+        "window": {"amount": amount, "period_s": period_s},
+        "burst": p.burst_units,
+    }
+
+
 def quota_fields(q: QuotaLag) -> dict[str, int]:
     """A spend quota's disclosed numbers as the wire carries them (lag_ms absent: no fold)."""
     return {k: x for k, x in q._asdict().items() if x is not None}
@@ -112,9 +137,10 @@ def shared_fields(v: Verdict) -> dict[str, Any]:
     return out
 
 
-def _check(item: Item) -> str | None:
-    """None if `item` may be decided; else "field: what was wrong". The node checks the
-    rest (the metric's name, the tenant's type) and says so in a ConfigError."""
+def _check(item: Item, *, peek: bool = False) -> str | None:
+    """None if `item` may be decided (with `peek`, amount 0 too); else "field: what was
+    wrong". The node checks the rest (the metric's name, the tenant's type) and says so in
+    a ConfigError."""
     t, m, a = item.tenant, item.metric, item.amount
     if t is None or m is None:
         return f"{'tenant' if t is None else 'metric'}: required"
@@ -128,7 +154,9 @@ def _check(item: Item) -> str | None:
         return f"metric: longer than {NAME_MAX_CHARS} characters"
     if type(a) is not int:
         return f"amount: must be an integer, got {_show(a)}"
-    if not 0 < a <= AMOUNT_MAX:
+    if peek and not 0 <= a <= AMOUNT_MAX:
+        return f"amount: must be >= 0 (0: a peek, nothing charged) and < 2^63, got {a}"
+    if not peek and not 0 < a <= AMOUNT_MAX:
         return f"amount: must be > 0 (and < 2^63), got {a}"
     if item.descriptors:
         if len(item.descriptors) > DESCRIPTORS_MAX:
@@ -164,6 +192,13 @@ class Decider:
 
     def refund(self, items: Iterable[Item]) -> list[str | None]:
         return refund_items(self.admitter, items)
+
+    def policy(self, item: Item) -> TenantRatePolicy | None:
+        """The policy that decided `item` (an item already decided: its names are valid)."""
+        try:
+            return self.admitter.policy_for(_tenant(item.tenant, item.descriptors), item.metric)
+        except (ConfigError, RatemeshError):
+            return None
 
     def cooldown(
         self, tenant: Any, metric: Any, cooldown_s: Any, *, max_s: float = 3600.0
@@ -219,7 +254,8 @@ def _tenant(tenant: str, descriptors: Sequence[tuple[Any, Any]]) -> str:
 
 def admit_items(admitter: Admitter, items: Iterable[Item]) -> list[Outcome]:
     """One Outcome per item, in order: the items are checked here, and the valid ones
-    decided in one call to the node (one take of its lock for the batch)."""
+    decided in one call to the node (one take of its lock for the batch); a peek (amount
+    0) is answered in its place in that order, after what came before it is decided."""
     out: list[Outcome | None] = []
     rows: list[tuple[str, str, int]] = []
     at: list[int] = []  # where each row's answer goes in `out`
@@ -232,7 +268,7 @@ def admit_items(admitter: Admitter, items: Iterable[Item]) -> list[Outcome]:
             or not (0 < len(t) <= NAME_MAX_CHARS and 0 < len(m) <= NAME_MAX_CHARS)
             or not 0 < a <= AMOUNT_MAX
         ):
-            why = _check(Item(t, m, a, ds))
+            why = _check(Item(t, m, a, ds), peek=True)
             if why is not None:
                 out.append(why)
                 continue
@@ -242,13 +278,58 @@ def admit_items(admitter: Admitter, items: Iterable[Item]) -> list[Outcome]:
                 except RatemeshError as exc:
                     out.append(str(exc))
                     continue
+            if a == 0:
+                _decide(admitter, rows, at, out)
+                out.append(_peek(admitter, t, m))
+                continue
         at.append(len(out))
         out.append(None)
         rows.append((t, m, a))
-    if rows:
-        for i, answer in zip(at, admitter.try_admit_numbers_many(rows), strict=True):
-            out[i] = str(answer) if isinstance(answer, ConfigError) else answer
+    _decide(admitter, rows, at, out)
     return out  # type: ignore[return-value]  # every None was filled in
+
+
+def _decide(
+    admitter: Admitter, rows: list[tuple[str, str, int]], at: list[int], out: list[Outcome | None]
+) -> None:
+    """Decide `rows` into their places `at` in `out`, and empty both."""
+    if not rows:
+        return
+    unknown = Reason.POLICY_UNKNOWN
+    for k, answer in enumerate(admitter.try_admit_numbers_many(rows)):
+        if answer.__class__ is tuple and answer[0].reason is not unknown:
+            out[at[k]] = answer
+        elif isinstance(answer, ConfigError):
+            out[at[k]] = str(answer)
+        else:  # policy_unknown: a typo's metric is said, not answered so
+            out[at[k]] = _unknown_metric(admitter, rows[k][1]) or answer
+    rows.clear()
+    at.clear()
+
+
+def _peek(admitter: Admitter, tenant: str, metric: str) -> Outcome:
+    try:
+        answer = admitter.peek_numbers(tenant, metric)
+    except ConfigError as exc:
+        return str(exc)
+    if answer[0].reason is Reason.POLICY_UNKNOWN:
+        return _unknown_metric(admitter, metric) or answer
+    return answer
+
+
+_WELL_KNOWN = frozenset(m.value for m in Metric)
+
+
+def _unknown_metric(admitter: Admitter, metric: str) -> str | None:
+    """Why `metric` is refused when no policy covers it: no policy of any tenant names it
+    and it is no well-known name, so a typo (read_lops) is said, not answered
+    policy_unknown. None for a real metric with no policy for this tenant yet."""
+    if metric in _WELL_KNOWN or admitter.metric_declared(metric):
+        return None
+    return (
+        f"metric: unknown metric {_show(metric)}: no policy of any tenant names it here, "
+        f"nor is it a well-known name ({', '.join(sorted(_WELL_KNOWN))})"
+    )
 
 
 def refund_items(admitter: Admitter, items: Iterable[Item]) -> list[str | None]:

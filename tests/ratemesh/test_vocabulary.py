@@ -118,7 +118,7 @@ def test_a_bad_rate_in_a_file_names_the_entry_field_and_text(tmp_path: Path) -> 
         load_policy_file(f)
     assert str(info.value) == (
         'policies[0].target_rate: "100/fortnight": unknown period "fortnight"; '
-        "use second, minute, hour or day"
+        "use second, minute, hour, day, month or year"
     )
 
 

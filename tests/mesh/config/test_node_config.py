@@ -353,5 +353,5 @@ def test_a_node_config_takes_the_open_vocabulary_and_names_a_bad_rate() -> None:
         parse_config({"policies": {"inline": [{**entry, "target_rate": "100/fortnight"}]}})
     assert err.value.field.endswith("[0].target_rate")
     assert err.value.problem == (
-        '"100/fortnight": unknown period "fortnight"; use second, minute, hour or day'
+        '"100/fortnight": unknown period "fortnight"; use second, minute, hour, day, month or year'
     )

@@ -88,7 +88,8 @@ def test_public_names() -> None:
 
 def test_mesh_methods() -> None:
     """The embedding API: hot path and its detailed form, the two waiting forms, both
-    lifecycles, introspection, and reloading the node's policy file."""
+    lifecycles, introspection (a peek that charges nothing among it), and reloading the
+    node's policy file."""
     public = sorted(n for n in dir(mesh.node.Mesh) if not n.startswith("_"))
     assert public == [
         "aclose",
@@ -100,6 +101,9 @@ def test_mesh_methods() -> None:
         "health",
         "limited",
         "member_id",
+        "metric_declared",
+        "peek_numbers",
+        "policy_for",
         "policy_known",
         "refund",
         "reload_policies",

@@ -90,7 +90,7 @@ def test_bad_items_get_their_own_error_and_change_nothing() -> None:
         bad = [
             item(tenant=""),
             item(metric="Read-IOPS"),
-            item(amount=0),
+            item(metric="read_lops"),  # no policy of any tenant names it: a typo
             item(amount=-5),
             item(tenant="t" * 300),
             item(descriptors=[("path", "/a"), ("op", "get")]),
@@ -103,12 +103,13 @@ def test_bad_items_get_their_own_error_and_change_nothing() -> None:
                 assert [e.split(":")[0] for e in errors] == [
                     "tenant",
                     "metric",
-                    "amount",
+                    "metric",
                     "amount",
                     "tenant",
                     "descriptors",
                 ]
                 assert "'Read-IOPS'" in errors[1]
+                assert errors[2].startswith("metric: unknown metric 'read_lops'")
                 assert "at most 1 (key, value) pair under the tenant" in errors[5]
                 assert not any(v.allowed for v in resp.verdicts[:-1])
                 assert pairs(resp)[-1] == (True, "admitted")
