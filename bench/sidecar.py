@@ -34,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench._procs import free_port, read_ready, spawn, stop, write_config
 from bench.sidecar_client import METRIC, TENANT
+from ratemesh.envelope import percentile
 
 __all__ = ["run", "CLIENTS_MAX"]
 
@@ -71,10 +72,7 @@ def _config(tmp: Path) -> Path:
 
 
 def _p(xs: list[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
+    return percentile(xs, q) if xs else 0.0
 
 
 def _admitted_at_node(http: str) -> int:
