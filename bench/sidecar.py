@@ -23,7 +23,6 @@ admission the clients saw allowed is one the node counted).
 
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -179,7 +178,7 @@ def run(
         "http_p50_us",
         "http_p99_us",
     ):
-        out[key] = statistics.median(r[key] for r in per_run)
+        out[key] = percentile([r[key] for r in per_run], 0.50)
     for key in (
         "grpc_calls",
         "grpc_admissions",
