@@ -83,13 +83,14 @@ MODES = ("strict", "global")  # the limit under load: credit, or the mesh alone 
 class LossyLink:
     """A `DelayProxy` to `target` that delays every chunk by `delay_s` and cuts every open
     connection each `cut_every_s` (new ones are accepted); `cuts` counts the cuts that
-    reset something."""
+    reset something, `forwarded` the bytes it carried (both ways) once stopped."""
 
     def __init__(self, target: str, delay_s: float, cut_every_s: float) -> None:
         self.proxy = DelayProxy(target)
         self.delay_s = delay_s
         self.cut_every_s = cut_every_s
         self.cuts = 0
+        self.forwarded = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._cutting, daemon=True)
 
@@ -102,6 +103,7 @@ class LossyLink:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(START_TIMEOUT_S)
+        self.forwarded = self.proxy.stats().bytes_forwarded
         self.proxy.close()
 
     def _cutting(self) -> None:
@@ -299,7 +301,7 @@ def run(
         start_ns=int(start_at * NS),
         outage=(killed_ns, restarted_ns),
         restarts=gov.starts - 1,
-        link_cuts=link.cuts if link is not None else 0,
+        link=(link.cuts, link.forwarded) if link is not None else (0, 0),
     )
 
 
@@ -346,7 +348,7 @@ def _figures(
     start_ns: int,
     outage: tuple[int, int],
     restarts: int,
-    link_cuts: int,
+    link: tuple[int, int],  # the lossy link's cuts and bytes carried
 ) -> dict[str, Any]:
     times = sorted(t for r in results for t in r["admitted_ns"])
     excess = excess_over_times(times, [1] * len(times), RATE, BURST) if times else 0.0
@@ -388,7 +390,8 @@ def _figures(
         "utilisation_before_kill": round(before / (RATE * before_s + BURST), 4),
         "utilisation_after_restart": round((outside - before) / max(1.0, RATE * after_s), 4),
         "governor_calls": calls,
-        "lossy_link_cuts": link_cuts,
+        "lossy_link_cuts": link[0],
+        "lossy_link_bytes": link[1],
         "per_worker_admitted": [len(r["admitted_ns"]) for r in results],
         # the ops timing's denials per limit (fast: strict, fastg: global), from worker 0
         "ops_denied": results[0].get("ops_denied", {}),
