@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ratemesh.ports import free_port  # bench's callers and the tests import it from here
 
 __all__ = [
     "free_port",
@@ -52,12 +53,6 @@ PROBE: dict[str, Any] = {
     "global_burst": 10**12,
     "local_burst_cap": 10**12,
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cluster_config(

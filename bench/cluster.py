@@ -5,7 +5,8 @@ event loop: a hot tenant over its limit, and background traffic over many tenant
 key each, under the `*` default policy). All workers offer during the same wall-clock
 window; the parent pools what they recorded:
 
-* d: report-to-acknowledgement delay, p50/p99 over every acknowledged report;
+* the report-to-acknowledgement delay, p50/p99 over every acknowledged report, and d from
+  them (`ratemesh.envelope.d_estimate_ns`: the p99 plus one sync interval);
 * excess: the largest lead of the hot tenant's fleet-wide admissions, over any window, on
   what an exact limiter could admit in it (B + R*window), beside the bound N*b + R*d;
 * peer messages per worker per second, at 1x and 10x the request rate;
@@ -39,11 +40,14 @@ from bench._procs import (
     watchdog,
     write_config,
 )
+from mesh.core.config import CoreConfig
 from mesh.telemetry import excess_over_windows as _excess
+from ratemesh.envelope import d_estimate_ns, excess_bound, percentiles
 
 __all__ = ["run", "run_window", "excess_over_windows", "read_buckets", "BUCKET_S"]
 
 BUCKET_S = 0.01
+SYNC_INTERVAL_NS = CoreConfig().sync_interval_ns  # the workers' (`cluster_config`: defaults)
 PROBE_CALLS = 2000  # hot-path calls per timed burst (tenant "probe", never limited)
 
 
@@ -77,7 +81,7 @@ def run(
         "workers": workers,
         "seconds": seconds,
         "keys": keys,
-        "sync_interval_ms": 5,
+        "sync_interval_ms": SYNC_INTERVAL_NS // 1_000_000,
     }
     with tempfile.TemporaryDirectory() as tmp:
         for mult in (1, 10):
@@ -135,19 +139,20 @@ def _summary(results: list[dict[str, Any]], workers: int, seconds: float) -> dic
         sum(r["hot_buckets"][i] for r in results if i < len(r["hot_buckets"]))
         for i in range(n_buckets)
     ]
-    delays = sorted(d for r in results for d in r["delays_ns"])
-    p50 = delays[len(delays) // 2] / 1e6 if delays else 0.0
-    p99 = delays[min(len(delays) - 1, int(len(delays) * 0.99))] / 1e6 if delays else 0.0
+    delays = [d for r in results for d in r["delays_ns"]]
+    p50, p99 = percentiles(delays, 0.50, 0.99) if delays else (0, 0)
+    d_ns = d_estimate_ns(delays, SYNC_INTERVAL_NS)
     rate, burst, b = HOT["target_rate"], HOT["global_burst"], HOT["local_burst_cap"]
     admitted = sum(buckets)
     ideal = min(sum(r["hot_offered"] for r in results), int(burst + rate * seconds))
     excess = excess_over_windows(buckets, rate, burst)
-    bound = workers * b + rate * p99 / 1000
+    bound = excess_bound(workers, b, rate, d_ns)
     calls = sum(r["hot_calls"] for r in results)
     spent = sum(r["hot_ns"] for r in results)
     return {
-        "d_p50_ms": round(p50, 3),
-        "d_p99_ms": round(p99, 3),
+        "d_p50_ms": round(p50 / 1e6, 3),
+        "d_p99_ms": round(p99 / 1e6, 3),  # of the delays; d (the bound's) adds a sync interval
+        "d_ms": round(d_ns / 1e6, 3),
         "admitted": admitted,
         "ideal": ideal,
         "excess": round(excess, 1),

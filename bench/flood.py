@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from bench._procs import free_port, read_ready, spawn, stop
+from ratemesh.envelope import percentiles
 
 __all__ = ["run"]
 
@@ -142,18 +143,14 @@ def _phase(node: Any, seconds: float, calls: int) -> dict[str, float]:
             admit("app", "read_iops")
             b = clock()
             lat.append(b - a)
-    ordered = sorted(lat)
-
-    def pct(p: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))] / 1000, 2)
-
+    p50, p99, p999, top = percentiles(lat, 0.50, 0.99, 0.999, 1.0)
     return {
-        "calls": len(ordered),
-        "p50_us": pct(0.50),
-        "p99_us": pct(0.99),
-        "p999_us": pct(0.999),
-        "max_us": round(ordered[-1] / 1000, 2),
-        "calls_per_s": round(len(ordered) * 1e9 / max(b - start, 1)),
+        "calls": len(lat),
+        "p50_us": round(p50 / 1000, 2),
+        "p99_us": round(p99 / 1000, 2),
+        "p999_us": round(p999 / 1000, 2),
+        "max_us": round(top / 1000, 2),
+        "calls_per_s": round(len(lat) * 1e9 / max(b - start, 1)),
     }
 
 

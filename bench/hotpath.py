@@ -18,6 +18,7 @@ from mesh.core.messages import SNAPSHOT_ROWS_MAX, RateSnapshot, SnapshotBatch
 from mesh.core.policy import Metric, PolicyCache, TenantRatePolicy
 from mesh.core.reporter import Reporter
 from mesh.core.ring import Ring
+from ratemesh.envelope import percentiles
 
 BIG = 10**15
 
@@ -67,8 +68,8 @@ def _latency(fn: Callable[[str], Any], keys: list[str], ops: int) -> tuple[int, 
             samples[i] = clock() - t0
     finally:
         gc.enable()
-    samples.sort()
-    return samples[ops // 2], samples[ops * 99 // 100]
+    p50, p99 = percentiles(samples, 0.50, 0.99)
+    return p50, p99
 
 
 def _measure(fn: Callable[[str], Any], keys: list[str], ops: int) -> dict[str, float]:

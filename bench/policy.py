@@ -34,6 +34,7 @@ from typing import Any
 
 from bench._procs import free_port, read_ready, spawn, stop, write_config
 from ratemesh.checks import address_parts
+from ratemesh.envelope import percentile
 
 __all__ = ["run", "governord_coordinator", "in_process_coordinator", "Coordinator"]
 
@@ -187,7 +188,6 @@ async def _measure(health: list[str], push: Push, pushes: int) -> dict[str, Any]
             took.append(max(0.0, seen - t0) * 1000)
         await asyncio.sleep(GAP_S)
     final = await asyncio.gather(*(_generation(url) for url in health))
-    took.sort()
     p99 = _pct(took, 0.99)
     return {
         "nodes": len(health),
@@ -249,10 +249,8 @@ async def _get_health(addr: str) -> dict[str, Any]:
     return out
 
 
-def _pct(sorted_ms: list[float], q: float) -> float | None:
-    if not sorted_ms:
-        return None
-    return round(sorted_ms[min(len(sorted_ms) - 1, int(len(sorted_ms) * q))], 3)
+def _pct(ms: list[float], q: float) -> float | None:
+    return round(percentile(ms, q), 3) if ms else None
 
 
 if __name__ == "__main__":  # a quick look: python -m bench.policy

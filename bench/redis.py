@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._procs import free_port, go, read_ready, spawn, stop
+from ratemesh.envelope import percentile
 
 __all__ = ["run", "RedisServer", "WORKERS_MAX", "CODES", "RATE", "BURST"]
 
@@ -120,10 +121,7 @@ def _sleep_until(t_ns: int) -> int:
 
 
 def _p99(values: list[int]) -> int:
-    if not values:
-        return 0
-    s = sorted(values)
-    return s[min(len(s) - 1, (len(s) * 99) // 100)]
+    return percentile(values, 0.99) if values else 0
 
 
 def run(*, workers: int = 4, seconds: float = 4.0) -> dict[str, Any]:

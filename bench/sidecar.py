@@ -23,7 +23,6 @@ admission the clients saw allowed is one the node counted).
 
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -34,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench._procs import free_port, read_ready, spawn, stop, write_config
 from bench.sidecar_client import METRIC, TENANT
+from ratemesh.envelope import percentile
 
 __all__ = ["run", "CLIENTS_MAX"]
 
@@ -71,10 +71,7 @@ def _config(tmp: Path) -> Path:
 
 
 def _p(xs: list[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
+    return percentile(xs, q) if xs else 0.0
 
 
 def _admitted_at_node(http: str) -> int:
@@ -181,7 +178,7 @@ def run(
         "http_p50_us",
         "http_p99_us",
     ):
-        out[key] = statistics.median(r[key] for r in per_run)
+        out[key] = percentile([r[key] for r in per_run], 0.50)
     for key in (
         "grpc_calls",
         "grpc_admissions",

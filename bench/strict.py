@@ -36,7 +36,6 @@ rest of the run unchanged, for the comparison in docs/figures.md; the figures ca
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import secrets
@@ -50,7 +49,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench._procs import free_port, go, read_ready, write_config
-from bench._proxy import FaultProxy
+from governor.testing.faults import DelayProxy
 from ratemesh.envelope import excess_over_times
 
 __all__ = ["run", "LossyLink", "MODES", "WORKERS_MAX", "THREADS_MAX"]
@@ -82,45 +81,35 @@ MODES = ("strict", "global")  # the limit under load: credit, or the mesh alone 
 
 
 class LossyLink:
-    """A `FaultProxy` to `target` on its own thread and loop: it delays every chunk by
-    `delay_s` and cuts every open connection each `cut_every_s` (new ones are accepted)."""
+    """A `DelayProxy` to `target` that delays every chunk by `delay_s` and cuts every open
+    connection each `cut_every_s` (new ones are accepted); `cuts` counts the cuts that
+    reset something, `forwarded` the bytes it carried (both ways) once stopped."""
 
     def __init__(self, target: str, delay_s: float, cut_every_s: float) -> None:
-        self.proxy = FaultProxy(target)
-        self.proxy.delay_s = delay_s
+        self.proxy = DelayProxy(target)
+        self.delay_s = delay_s
         self.cut_every_s = cut_every_s
         self.cuts = 0
-        self.addr = ""
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._main, daemon=True)
+        self.forwarded = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._cutting, daemon=True)
 
     def start(self) -> str:
+        self.proxy.start()
+        self.proxy.set_delay_ms(self.delay_s * 1000)
         self._thread.start()
-        if not self._ready.wait(START_TIMEOUT_S):
-            raise RuntimeError("the lossy link did not start")
-        return self.addr
+        return self.proxy.address
 
     def stop(self) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
+        self._stop.set()
         self._thread.join(START_TIMEOUT_S)
+        self.forwarded = self.proxy.stats().bytes_forwarded
+        self.proxy.close()
 
-    def _main(self) -> None:
-        self._loop.run_until_complete(self._serve())
-        self._loop.close()
-
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
-        self.addr = await self.proxy.start()
-        self._ready.set()
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self.cut_every_s)
-            if self.proxy.drop():
+    def _cutting(self) -> None:
+        while not self._stop.wait(self.cut_every_s):
+            if self.proxy.cut():
                 self.cuts += 1
-        await self.proxy.stop()
 
 
 class Governord:
@@ -312,7 +301,7 @@ def run(
         start_ns=int(start_at * NS),
         outage=(killed_ns, restarted_ns),
         restarts=gov.starts - 1,
-        link_cuts=link.cuts if link is not None else 0,
+        link=(link.cuts, link.forwarded) if link is not None else (0, 0),
     )
 
 
@@ -359,7 +348,7 @@ def _figures(
     start_ns: int,
     outage: tuple[int, int],
     restarts: int,
-    link_cuts: int,
+    link: tuple[int, int],  # the lossy link's cuts and bytes carried
 ) -> dict[str, Any]:
     times = sorted(t for r in results for t in r["admitted_ns"])
     excess = excess_over_times(times, [1] * len(times), RATE, BURST) if times else 0.0
@@ -401,7 +390,8 @@ def _figures(
         "utilisation_before_kill": round(before / (RATE * before_s + BURST), 4),
         "utilisation_after_restart": round((outside - before) / max(1.0, RATE * after_s), 4),
         "governor_calls": calls,
-        "lossy_link_cuts": link_cuts,
+        "lossy_link_cuts": link[0],
+        "lossy_link_bytes": link[1],
         "per_worker_admitted": [len(r["admitted_ns"]) for r in results],
         # the ops timing's denials per limit (fast: strict, fastg: global), from worker 0
         "ops_denied": results[0].get("ops_denied", {}),

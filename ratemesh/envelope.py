@@ -1,25 +1,93 @@
-"""Checking a recorded history against the envelope, from outside the system.
+"""The envelope the global mode promises, `excess <= N*b + R*d`, in one place.
 
-Both scans are one pass (a maximum-subarray scan): the worst interval of a long run is
-found in time linear in the run, so a checker can judge every interval of every run. The
-mesh's telemetry and the strict mode's checkers (tree of rated, capped nodes) share them.
+* `excess_bound`: the formula N*b + R*d (N members, b the local burst cap, R the rate, d the
+  propagation delay). /health, telemetry, the demo, the benchmarks and the simulator call it.
+* `d_estimate_ns`: what d is, from measured report-to-acknowledgement delays.
+* `percentile` / `percentiles`: the one rank convention every published pNN figure uses.
+* Checking a recorded history against an envelope, from outside the system. Both scans are
+  one pass (a maximum-subarray scan): the worst interval of a long run is found in time
+  linear in the run, so a checker can judge every interval of every run. The mesh's
+  telemetry and the strict mode's checkers (tree of rated, capped nodes) share them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeVar
 
 __all__ = [
     "Admission",
+    "D_QUANTILE",
     "cap_excess",
+    "d_estimate_ns",
+    "excess_bound",
     "excess_over_times",
     "excess_over_windows",
+    "percentile",
+    "percentiles",
     "rate_excess",
 ]
 
 Admission = tuple[int, int, int]  # (time in ns, node id, units): one recorded admission
 
 NS_PER_S = 1_000_000_000
+D_QUANTILE = 0.99  # d is this quantile of the measured delays (`d_estimate_ns`)
+
+V = TypeVar("V", int, float)
+
+
+def percentile(values: Iterable[V], q: float) -> V:
+    """The q-quantile (0 <= q <= 1) of `values`, unsorted: `percentiles` with one q."""
+    return percentiles(values, q)[0]
+
+
+def percentiles(values: Iterable[V], *qs: float) -> tuple[V, ...]:
+    """The q-quantiles of `values` for each q (0 <= q <= 1), sorting once.
+
+    One convention everywhere: the value at 0-based rank floor(q * n) of the n sorted
+    values, the last for q = 1. That is the smallest value with more than a q share of
+    the values at or below it, never below nearest-rank, so a p99 used as d never
+    understates it; p50 of an even count is the upper median. q * n is rounded to 9
+    places first, so 0.29 * 100 is rank 29, not 28."""
+    for q in qs:
+        if not 0 <= q <= 1:
+            raise ValueError(f"percentile: q must be within 0..1, got {q}")
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("percentile: no values")
+    return tuple(ordered[min(n - 1, math.floor(round(q * n, 9)))] for q in qs)
+
+
+def excess_bound(members: int, local_burst_cap: float, rate: float, d_ns: float) -> float:
+    """The envelope N*b + R*d of the global mode: each of `members` views may run up to
+    `local_burst_cap` ahead of its owner, and the owner admits `rate` a second while usage
+    is d in flight. Units are whatever b and R are in (units, or a policy's sub-units)."""
+    if members < 0 or local_burst_cap < 0 or rate < 0 or d_ns < 0:
+        raise ValueError(
+            f"excess_bound: members, b, R and d must be >= 0, got "
+            f"{members}, {local_burst_cap}, {rate}, {d_ns}"
+        )
+    return members * local_burst_cap + rate * d_ns / NS_PER_S
+
+
+def d_estimate_ns(delays_ns: Iterable[int], sync_interval_ns: int) -> int:
+    """d, the propagation delay of the envelope, from report-to-acknowledgement delays.
+
+    A use waits up to one sync interval for the flush that reports it, then its report
+    takes the measured delay to be applied and acknowledged: d is the p99 (`D_QUANTILE`,
+    `percentile`) of the delays plus one sync interval, and never less than two sync
+    intervals (the wait for the flush and for the owner's tick, with no delay measured
+    yet). A p99, not the worst: a report stranded at a dead owner waits for the ring to
+    change, and that is failover time, not propagation delay."""
+    if sync_interval_ns <= 0:
+        raise ValueError(f"d_estimate_ns: sync_interval_ns must be > 0, got {sync_interval_ns}")
+    delays = list(delays_ns)
+    floor = 2 * sync_interval_ns
+    if not delays:
+        return floor
+    return max(floor, percentile(delays, D_QUANTILE) + sync_interval_ns)
 
 
 def excess_over_windows(buckets: list[int], rate: float, burst: int, bucket_s: float) -> float:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mesh.core.gcra import NS_PER_S, Gcra
-from ratemesh.envelope import excess_over_times
+from ratemesh.envelope import excess_bound, excess_over_times
 from sim.scenario import Policy
 from sim.workload import Arrival, TenantInfo
 
@@ -249,7 +249,7 @@ class Recorder:
         interval_by_key: dict[str, float] = {}
         for k in keys:
             n = max(len(k.workers), 1) if k.workers else n_default
-            bound = n * k.max_b + k.max_rate * d_ns / NS_PER_S
+            bound = excess_bound(n, k.max_b, k.max_rate, d_ns)
             bound_by_key[k.tenant] = bound
             interval = self.interval_excess(k)
             interval_by_key[k.tenant] = interval

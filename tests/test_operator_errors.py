@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from mesh.cli import COMMANDS, _parser, command_of
+from ratemesh.ports import free_port
 
 POLICY = {
     "tenant_id": "acme",
@@ -28,13 +29,6 @@ POLICY = {
     "local_burst_cap": 5,
 }
 NOT_UTF8 = b"member_id: a\nname: caf\xe9\n"  # Latin-1, as an editor on another machine saved it
-
-
-def free_port() -> int:
-    """A port nothing listens on: bound to learn it, then closed."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,15 +13,11 @@ from typing import Any
 
 import yaml
 
+from ratemesh.ports import free_port
+
 __all__ = ["KEYS", "Governord"]
 
 KEYS = {"BENCH_KEY_A": "bench-key-of-tenant-a-5e3b", "BENCH_KEY_B": "bench-key-of-tenant-b-9c7d"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Governord:
@@ -40,7 +35,7 @@ class Governord:
         caller then drops it (``__exit__`` drops only a schema of this process's own)."""
         self._dir = tempfile.TemporaryDirectory(prefix="governord-scenario-")
         where = Path(self._dir.name)
-        self.port = _free_port()
+        self.port = free_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.shared = schema is not None
         self.schema = schema or f"governor_scen_{os.getpid()}_{self.port}"

@@ -12,6 +12,7 @@ from typing import Any
 
 from governor.client import Client, LeaseEnded
 from governor.client._rpc import Dial, Rpc
+from ratemesh.envelope import percentile
 
 from ._daemon import KEYS, Governord
 
@@ -196,7 +197,7 @@ async def _overhead_one(addr: str, p: dict[str, Any]) -> dict[str, Any]:
             elapsed = time.perf_counter() - t0
     return {
         "consume_ms": round(statistics.fmean(lat) * 1000, 3),
-        "consume_p50_ms": round(statistics.median(lat) * 1000, 3),
+        "consume_p50_ms": round(percentile(lat, 0.50) * 1000, 3),
         "acquire_release_ms": round(statistics.fmean(ar) * 1000, 3),
         f"consume_per_s_{p['callers']}_callers": round(count / elapsed),
     }

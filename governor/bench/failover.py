@@ -27,7 +27,6 @@ import asyncio
 import os
 import random
 import signal
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +43,7 @@ from governor.client import (
 from governor.engine import _events as ev
 from governor.store import EventLog, PostgresBackend
 from governor.testing.linearizability import History, Recorder, Tree, TreeNode, check
-from ratemesh.envelope import rate_excess
+from ratemesh.envelope import percentiles, rate_excess
 
 from ._daemon import KEYS, Governord
 
@@ -134,13 +133,6 @@ def _leader_address(dsn: str, schema: str) -> str | None:
             f'SELECT address FROM "{schema}".leader WHERE id = 1'  # type: ignore[arg-type]
         ).fetchone()
     return str(row[0]) if row else None
-
-
-def _pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
 async def _first_ok_after(run: _Run, since_ns: int, timeout_s: float) -> float | None:
@@ -279,11 +271,12 @@ async def _main(p: Params, procs: list[Governord]) -> dict[str, Any]:
         history.save(p.history_path)
     started = time.perf_counter()
     verdict = check(history)
+    p50, p99 = percentiles(takeovers, 0.50, 0.99) if takeovers else (0.0, 0.0)
     return {
         "failovers": len(takeovers),
         "paused_failovers": paused,
-        "takeover_p50_ms": round(statistics.median(takeovers), 1) if takeovers else 0.0,
-        "takeover_p99_ms": round(_pct(takeovers, 0.99), 1),
+        "takeover_p50_ms": round(p50, 1),
+        "takeover_p99_ms": round(p99, 1),
         "takeover_max_ms": round(max(takeovers, default=0.0), 1),
         "acked_lost": lost,
         "fencing_ids_reused": len(ids) - len(set(ids)),

@@ -24,6 +24,7 @@ from psycopg import sql
 from governor.authority import Authority
 from governor.engine import ROOT_ID, Consumed, Created
 from governor.store import SCHEMES, EventLog, PostgresBackend, open_backend
+from ratemesh.envelope import percentile
 
 __all__ = ["DEFAULT_DSN", "KINDS", "run"]
 
@@ -178,9 +179,7 @@ def _measure(
         "store": kind,
         "durable_events_per_s": round(durable),
         "single_writer_latency_ms": round(statistics.fmean(latencies) * 1000, 3),
-        "single_writer_p99_ms": round(
-            sorted(latencies)[int(0.99 * (len(latencies) - 1))] * 1000, 3
-        ),
+        "single_writer_p99_ms": round(percentile(latencies, 0.99) * 1000, 3),
         "raw_commit_per_s": round(raw),
         "group_commit_gain": round(durable / raw, 2),
         "writers": writers,

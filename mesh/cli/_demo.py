@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import sys
 import time
 from typing import Any, NamedTuple
 
 from ratemesh.checks import check_int
+from ratemesh.envelope import d_estimate_ns, excess_bound
 from ratemesh.errors import ConfigError
+from ratemesh.ports import free_port
 
 from ._output import emit, positive_s
 
@@ -81,6 +82,7 @@ def _row(
 def run_memory(*, seconds: float = 3.0, seed: int = 1, workers: int = 8) -> dict[str, Any]:
     from mesh.core.config import MS
     from mesh.core.gcra import NS_PER_S
+    from mesh.core.member import Member
     from mesh.core.policy import Metric, PolicyCache, TenantRatePolicy
     from mesh.testing.fleet import MemoryFleet, Offered, drive
 
@@ -88,13 +90,20 @@ def run_memory(*, seconds: float = 3.0, seed: int = 1, workers: int = 8) -> dict
         TenantRatePolicy(name, Metric.READ_IOPS, 1, t.rate_per_s, t.burst, t.local_burst_cap)
         for name, t in TENANTS.items()
     )
-    fleet = MemoryFleet([f"worker-{i}" for i in range(workers)], policies, seed=seed)
+    delays: list[int] = []  # report-to-acknowledgement, every member's: d as /health has it
+
+    def hook(member: Member) -> None:
+        member.reporter.on_ack = delays.append
+
+    fleet = MemoryFleet(
+        [f"worker-{i}" for i in range(workers)], policies, seed=seed, on_member=hook
+    )
     warmup_ns = NS_PER_S // 2  # owners start conservatively; let the ring settle first
     fleet.run_until(warmup_ns)
     demand = [Offered(name, t.offered_per_s) for name, t in TENANTS.items()]
     drive(fleet, demand, warmup_ns + int(seconds * NS_PER_S))
     stats = {d.tenant: d.report() for d in demand}
-    d_ns = fleet.propagation_delay_ns()
+    d_ns = d_estimate_ns(delays, fleet.config.sync_interval_ns)
     out: dict[str, Any] = {
         "workers": workers,
         "seconds": seconds,
@@ -104,7 +113,7 @@ def run_memory(*, seconds: float = 3.0, seed: int = 1, workers: int = 8) -> dict
     }
     for name, t in TENANTS.items():
         s = stats[name]
-        bound = workers * t.local_burst_cap + t.rate_per_s * d_ns / NS_PER_S
+        bound = excess_bound(workers, t.local_burst_cap, t.rate_per_s, d_ns)
         out["tenants"][name] = _row(t, s["admitted"], s["ideal"], s["max_excess"], bound)
     out["messages_per_worker_s"] = round(fleet.messages / workers / (seconds + 0.5), 1)
     return out
@@ -123,16 +132,10 @@ def run_loopback(*, seconds: float = 3.0, workers: int = 3) -> dict[str, Any]:
         loop.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _loopback(seconds: float, workers: int) -> dict[str, Any]:
     from mesh.node import Mesh
 
-    members = {f"worker-{i}": f"127.0.0.1:{_free_port()}" for i in range(workers)}
+    members = {f"worker-{i}": f"127.0.0.1:{free_port()}" for i in range(workers)}
     policies = [
         {
             "tenant_id": name,
@@ -163,27 +166,33 @@ async def _loopback(seconds: float, workers: int) -> dict[str, Any]:
             started.append(mesh)
         await asyncio.sleep(0.5)  # the ring settles; owners then start keys full
         buckets = await _offer(meshes, seconds)
-        d_s = max(max([0, *mesh._require().recent_delays_ns]) for mesh in meshes) / 1e9
+        d_ns = _d_ns(meshes)
     finally:
         for mesh in started:
             await mesh.aclose()
-    d_s = max(d_s, 0.01)
     out: dict[str, Any] = {
         "workers": workers,
         "seconds": seconds,
         "transport": "grpc",
-        "d_ms": round(d_s * 1000, 3),
+        "d_ms": round(d_ns / 1e6, 3),
         "tenants": {},
     }
     for name, t in TENANTS.items():
         admitted = sum(buckets[name])
         ideal = min(int(t.offered_per_s * seconds), int(t.burst + t.rate_per_s * seconds))
         excess = _excess(buckets[name], t)
-        bound = workers * t.local_burst_cap + t.rate_per_s * d_s
+        bound = excess_bound(workers, t.local_burst_cap, t.rate_per_s, d_ns)
         out["tenants"][name] = _row(
             t, admitted, ideal, excess, bound, excess_shown=round(excess, 1)
         )
     return out
+
+
+def _d_ns(meshes: list[Any]) -> int:
+    """d (`ratemesh.envelope.d_estimate_ns`) over every member's recent delays."""
+    drivers = [mesh._require() for mesh in meshes]
+    delays = [d for driver in drivers for d in driver.recent_delays_ns]
+    return d_estimate_ns(delays, drivers[0].config.core.sync_interval_ns)
 
 
 def _excess(buckets: list[int], tenant: DemoTenant) -> float:
@@ -208,10 +217,11 @@ async def _offer(meshes: list[Any], seconds: float) -> dict[str, list[int]]:
                 buckets[name][idx] += meshes[i % len(meshes)].try_admit(name, "read_iops").allowed
         last = now
         if now - start >= next_row:
+            d_ns = _d_ns(meshes)
             row = "  ".join(
                 f"{name}: {sum(buckets[name]) / (now - start):6.0f}/s of {t.rate_per_s}/s, "
                 f"excess {_excess(buckets[name][: idx + 1], t):6.1f} "
-                f"(bound {len(meshes) * t.local_burst_cap + t.rate_per_s * 0.01:.0f})"
+                f"(bound {excess_bound(len(meshes), t.local_burst_cap, t.rate_per_s, d_ns):.0f})"
                 for name, t in TENANTS.items()
             )
             print(f"[{now - start:4.1f}s] {row}", file=sys.stderr, flush=True)

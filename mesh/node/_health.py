@@ -12,6 +12,7 @@ from mesh.core.reporter import excess_estimate
 from mesh.node._capability import capability
 from mesh.node._driver import NodeDriver
 from mesh.telemetry import NodeStats, rate_and_burst
+from ratemesh import envelope
 from ratemesh.policy import split_tenant
 
 __all__ = [
@@ -37,10 +38,10 @@ def enforced(driver: NodeDriver) -> dict[tuple[str, str], int]:
 
 
 def d_estimate_ns(driver: NodeDriver) -> int:
-    """d for the envelope: the worst recent report-to-acknowledgement delay, and never less
-    than what the sync interval alone adds (a report waits up to one interval to go out)."""
-    floor = 2 * driver.config.core.sync_interval_ns
-    return max([floor, *driver.recent_delays_ns])
+    """d for the envelope from this node's recent report-to-acknowledgement delays, as
+    `ratemesh.envelope.d_estimate_ns` defines it (one definition: /health, the demo, the
+    benchmarks and the simulator)."""
+    return envelope.d_estimate_ns(driver.recent_delays_ns, driver.config.core.sync_interval_ns)
 
 
 def node_stats(driver: NodeDriver) -> NodeStats:
@@ -107,7 +108,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         # state), read under the lock
         own = {k: views[k].health() for p in policies if (k := (p.tenant_id, p.metric)) in views}
         quotas = None if m.quotas is None else m.quotas.health(ENFORCED_SHOWN_MAX)
-    d_ms = d_estimate_ns(driver) / 1e6
+    d_ns = d_estimate_ns(driver)
     for p in policies:
         v = views.get((p.tenant_id, p.metric))
         bound = v.no.bound if v is not None else BOUNDS[p.mode.value]
@@ -129,9 +130,8 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         if p.quota is not None:  # a spend quota (docs/quotas.md)
             entry["period"], entry["quota"] = written["period"], written["quota"]
         if p.mode is Mode.GLOBAL:
-            entry["envelope"] = round(
-                (len(m.ring) * p.local_burst_cap + p.target_rate * d_ms / 1000) / p.scale, 3
-            )
+            units = envelope.excess_bound(len(m.ring), p.local_burst_cap, p.target_rate, d_ns)
+            entry["envelope"] = round(units / p.scale, 3)
         entry.update(own.get((p.tenant_id, p.metric), {}))
         limits.append(entry)
         if susp:
@@ -162,7 +162,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             "stale": mv.stale,
             "members": list(m.ring.members),
         },
-        "d_ms": round(d_ms, 3),
+        "d_ms": round(d_ns / 1e6, 3),
         # The longest the sync tick ran late since the start (a busy loop or CPU): a view
         # expires only when its tick runs, so its staleness can exceed d by this much.
         "tick_lag_max_ms": round(driver.tick_lag_max_s * 1000, 3),

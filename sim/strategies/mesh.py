@@ -7,6 +7,7 @@ from mesh.core.member import Member
 from mesh.core.policy import Mode, RateKey
 from mesh.core.verdict import Verdict
 from mesh.testing.fleet import MemoryFleet
+from ratemesh.envelope import d_estimate_ns
 from sim.scenario import Policy
 from sim.strategies.base import Context, Strategy, next_generation, policies_for, to_policy
 from sim.workload import Arrival
@@ -88,6 +89,4 @@ class MeshStrategy(Strategy):
     def measured_d_ns(self) -> int | None:
         if not self.ack_delays:
             return None
-        delays = sorted(self.ack_delays)
-        # A report is created at a flush, up to one sync interval after the usage it carries.
-        return delays[len(delays) * 99 // 100] + self.config.sync_interval_ns
+        return d_estimate_ns(self.ack_delays, self.config.sync_interval_ns)

@@ -40,6 +40,7 @@ from governor.engine import (
 from mesh.core.config import MS, CoreConfig
 from ratemesh.credit import GOVERNOR_UNREACHABLE, CreditConfig, Reserve, local_expiry_ms
 from ratemesh.creditloop import CreditLoop
+from ratemesh.envelope import percentiles
 from sim.scenario import Policy
 from sim.strategies.base import Context, Strategy
 from sim.workload import Arrival
@@ -480,12 +481,8 @@ def _waits(waits_ms: list[int], waited: int, sends: int) -> dict[str, Any]:
         "wait_round_trips": round(sends / waited, 3) if waited else 0.0,
     }
     if waits_ms:
-        w = sorted(waits_ms)
-        out["wait_ms"] = {
-            "p50": w[(len(w) - 1) // 2],
-            "p99": w[(len(w) - 1) * 99 // 100],
-            "max": w[-1],
-        }
+        p50, p99, top = percentiles(waits_ms, 0.50, 0.99, 1.0)
+        out["wait_ms"] = {"p50": p50, "p99": p99, "max": top}
     return out
 
 

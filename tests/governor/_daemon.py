@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,16 +18,11 @@ import pytest
 import yaml
 
 from governor import wire
+from ratemesh.ports import free_port
 from tests.governor._stores import StoreTarget, make_target
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"KEY_A": "key-of-tenant-a-4f1c9e", "KEY_B": "key-of-tenant-b-8d2a7b"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def base_config(store: StoreTarget, port: int, **extra: Any) -> dict[str, Any]:

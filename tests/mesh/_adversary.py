@@ -35,6 +35,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from ratemesh.envelope import percentile
 from tests.mesh._envelope import Admission, IdealBucket, violations, worst_interval
 
 __all__ = [
@@ -300,7 +301,7 @@ def judge(s: Schedule, requests: list[Request], t0_ns: int, d_s: float) -> Judge
         f"offered {offered} units in {len(s.offers)} requests ({len(answers)} calls), "
         f"admitted {admitted}; worst interval: "
         f"{worst.explain(t0_ns) if worst else '-'}; d={d_s * 1000:.1f}ms, allowed excess "
-        f"{allowed:.1f}; caller round trips p50 {rtts[len(rtts) // 2] / 1e6:.1f}ms, "
+        f"{allowed:.1f}; caller round trips p50 {percentile(rtts, 0.50) / 1e6:.1f}ms, "
         f"max {rtts[-1] / 1e6:.1f}ms; retry windows denied with a disclosed suspension "
         f"while an ideal bucket held enough: {degraded}"
     )

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from bench._procs import HOT, cluster_config, free_port, go, read_ready, spawn, stop, write_config
-from bench.cluster import excess_over_windows, read_buckets, worker_args
+from bench.cluster import SYNC_INTERVAL_NS, excess_over_windows, read_buckets, worker_args
+from ratemesh.envelope import d_estimate_ns, excess_bound
 
 __all__ = ["Run", "start_workers", "Envelope"]
 
@@ -89,22 +90,21 @@ class Run:
 
     def envelope(self, results: dict[str, dict[str, Any]]) -> Envelope:
         buckets = self.buckets()
-        # d: the p99 report-to-acknowledgement delay (reports stranded at a dead owner
-        # wait for the ring to change; that is failover time, not propagation delay).
-        delays = sorted(d for r in results.values() for d in r["delays_ns"])
-        p99 = delays[int(len(delays) * 0.99)] / 1e9 if delays else 0.0
-        d_s = max(2 * 5e-3, p99)
+        # d as the mesh defines it: a p99, so reports stranded at a dead owner (failover
+        # time, not propagation delay) do not widen it
+        delays = [d for r in results.values() for d in r["delays_ns"]]
+        d_ns = d_estimate_ns(delays, SYNC_INTERVAL_NS)
         offered = sum(r["hot_offered"] for r in results.values())
         admitted = sum(buckets)
-        N = len(self.ids)
+        bound = excess_bound(len(self.ids), b, R, d_ns)
         return Envelope(
             admitted=admitted,
             ideal=int(min(offered, B + R * self.seconds)),
             offered=offered,
             excess=excess_over_windows(buckets, R, B),
-            d_s=d_s,
-            bound=N * b + R * d_s,
-            total_bound=R * self.seconds + B + N * b + R * d_s,
+            d_s=d_ns / 1e9,
+            bound=bound,
+            total_bound=R * self.seconds + B + bound,
         )
 
 

@@ -1,8 +1,9 @@
-"""Network faults for governord's HA tests and bench (docs/faults.md).
+"""Network faults for governord's HA tests and bench, and the mesh's (docs/faults.md).
 
-`DelayProxy` is a TCP proxy between a client and a server (a governord and its PostgreSQL, a
-client and a governord) that delays, blackholes (a silent partition) or cuts (resets) what
-passes, changed while it runs; it needs nothing but a free port. `Netns` (root, iproute2 and
+`DelayProxy` is the one TCP proxy between a client and a server (a governord and its
+PostgreSQL, a client and a governord, two mesh members) that delays, blackholes (a silent
+partition), refuses, partitions or cuts (resets) what passes, changed while it runs; it needs
+nothing but a free port. `Netns` (root, iproute2 and
 iptables) puts a process in its own network namespace joined to the host by a veth pair and
 partitions it with iptables DROP rules; `Netns.proxy_to` gives that process a way to the
 host's PostgreSQL on 127.0.0.1. Test tooling: never imported by governor's engine, store,

@@ -1,10 +1,14 @@
-"""A TCP proxy that delays, blackholes or cuts what passes through it, changed while it runs.
+"""A TCP proxy that delays, blackholes, refuses or cuts what passes through it, changed while it
+runs: the one fault-injecting proxy of the tests and the benchmarks.
 
-It models the network between a governord and its PostgreSQL (or between a client and a
-governord): a slow link (`set_delay_ms`), a silent partition (`blackhole`: nothing is
-forwarded, nothing is closed, as a dead network looks), and a crash of the far side or a
-middlebox reset (`cut`: every open connection is reset now, new ones are accepted). It speaks
-bytes, not protocols, so PostgreSQL's wire protocol and gRPC's HTTP/2 both pass unchanged.
+It models the network between a governord and its PostgreSQL, between a client and a
+governord, or between two mesh members: a slow link (`set_delay_ms`), a silent partition
+(`blackhole`: nothing is forwarded, nothing is closed, as a dead network looks), a crash of the
+far side or a middlebox reset (`cut`: every open connection is reset now, new ones are
+accepted), and a loud partition (`partition`: every connection is reset and new ones are reset
+at once, as a host that answers with RST; `refuse` for the second half alone). `heal` undoes
+them all. It speaks bytes, not protocols, so PostgreSQL's wire protocol and gRPC's HTTP/2 both
+pass unchanged.
 
 The proxy runs its own asyncio loop in its own daemon thread, so it is used the same way from
 sync code and from inside a running asyncio program (whose loop it never touches); each
@@ -22,6 +26,9 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
+
+from ratemesh.checks import address_parts
+from ratemesh.errors import ConfigError
 
 CONNECTIONS_MAX = 256  # open connections; one more is accepted and reset at once
 BUFFERED_BYTES_MAX = 4 << 20  # held per connection in each direction; reading pauses at it
@@ -43,7 +50,7 @@ class ProxyStats:
 
     connections_open: int
     connections_accepted: int
-    connections_refused: int  # beyond `connections_max`
+    connections_refused: int  # beyond `connections_max`, or while `refuse(True)`
     bytes_forwarded: int  # both directions, written to the far side
     bytes_buffered: int  # held now (read, not yet written), all connections
 
@@ -167,8 +174,19 @@ class _Conn:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _host_port(target: tuple[str, int] | str) -> tuple[str, int]:
+    """(host, port) from itself or from "host:port" (`ratemesh.checks.address_parts`)."""
+    if not isinstance(target, str):
+        return target
+    try:
+        return address_parts("target", target)
+    except ConfigError as exc:
+        raise ProxyError(f"DelayProxy: {exc}") from exc
+
+
 class DelayProxy:
-    """Listens on `listen` (port 0: any free port), forwards each connection to `target`.
+    """Listens on `listen` (port 0: any free port), forwards each connection to `target`
+    ((host, port), or "host:port" as a member's address is written).
 
     Use as a context manager, or `start()` and `close()`. `address` is "host:port" to give a
     client (a DSN's host and port, a gRPC target).
@@ -176,7 +194,7 @@ class DelayProxy:
 
     def __init__(
         self,
-        target: tuple[str, int],
+        target: tuple[str, int] | str,
         listen: tuple[str, int] = ("127.0.0.1", 0),
         *,
         connections_max: int = CONNECTIONS_MAX,
@@ -186,12 +204,13 @@ class DelayProxy:
             raise ProxyError(f"connections_max must be >= 1, got {connections_max}")
         if buffered_bytes_max < 1:
             raise ProxyError(f"buffered_bytes_max must be >= 1, got {buffered_bytes_max}")
-        self.target = target
+        self.target = _host_port(target)
         self.listen = listen
         self.connections_max = connections_max
         self.buffered_bytes_max = buffered_bytes_max
         self._delay_s = 0.0
         self._blackholed = False
+        self._refusing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
@@ -296,14 +315,38 @@ class DelayProxy:
 
         self._call(apply())
 
-    def cut(self) -> None:
-        """Reset every open connection now (TCP RST both ways). New connections are accepted."""
+    def cut(self) -> int:
+        """Reset every open connection now (TCP RST both ways); how many there were. New
+        connections are accepted."""
+
+        async def apply() -> int:
+            conns = list(self._conns)
+            for c in conns:
+                c.reset()
+            return len(conns)
+
+        return self._call(apply())
+
+    def refuse(self, on: bool) -> None:
+        """Reset (True) each new connection as soon as it is accepted, counted in
+        `connections_refused`, as a host that answers with RST; or accept them again (False).
+        Open connections are left as they are (`partition` cuts them too)."""
 
         async def apply() -> None:
-            for c in list(self._conns):
-                c.reset()
+            self._refusing = on
 
         self._call(apply())
+
+    def partition(self) -> int:
+        """A loud partition: refuse new connections and cut the open ones (how many)."""
+        self.refuse(True)
+        return self.cut()
+
+    def heal(self) -> None:
+        """Undo every fault: no delay, no blackhole, new connections accepted."""
+        self.refuse(False)
+        self.blackhole(False)
+        self.set_delay_ms(0)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -355,7 +398,7 @@ class DelayProxy:
             ) from exc
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._conns) >= self.connections_max:
+        if self._refusing or len(self._conns) >= self.connections_max:
             self._refused += 1
             _reset(writer)
             return

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from mesh.core.gcra import NS_PER_S
 from mesh.core.reporter._gate import GlobalGate
+from ratemesh.envelope import excess_bound
 
 __all__ = ["excess_estimate"]
 
 
 def excess_estimate(v: GlobalGate, n_live: int, d_ns: int) -> tuple[float, float]:
     """(estimate, bound) in the view's sub-units (`TenantRatePolicy.scale`); the bound is
-    the envelope N*b + R*d.
+    the envelope N*b + R*d (`ratemesh.envelope.excess_bound`).
 
     This worker's use its owner has not applied (unacknowledged, and acknowledged but not
     applied: `GlobalGate.unapplied`), as if every other member ran as far ahead (at most b
@@ -27,4 +28,4 @@ def excess_estimate(v: GlobalGate, n_live: int, d_ns: int) -> tuple[float, float
     rd = p.target_rate * d_ns / NS_PER_S
     ahead = (v.unacked if v.unacked > 0 else 0) + v.unapplied
     est = ahead + (n_live - 1) * min(ahead, b) + rd
-    return est, n_live * b + rd
+    return est, excess_bound(n_live, b, p.target_rate, d_ns)

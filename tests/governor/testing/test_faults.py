@@ -206,6 +206,43 @@ def test_a_blackhole_holds_at_most_the_bound_and_releases_it_in_order(
         assert bytes(got) == payload
 
 
+def _echoes(proxy: DelayProxy) -> bool:
+    """Whether a new connection through `proxy` gets its byte back (False: it was reset)."""
+    try:
+        with socket.create_connection((proxy.host, proxy.port), timeout=10) as s:
+            s.sendall(b"?")
+            return s.recv(1) == b"?"
+    except ConnectionError:
+        return False
+
+
+def test_a_partition_resets_open_and_new_connections_until_healed(echo: tuple[str, int]) -> None:
+    with DelayProxy(f"{echo[0]}:{echo[1]}") as proxy:  # "host:port", as members are written
+        with socket.create_connection((proxy.host, proxy.port), timeout=10) as s:
+            s.sendall(b"!")
+            assert s.recv(1) == b"!"
+            assert proxy.partition() == 1  # the one open connection, reset
+            try:
+                got = s.recv(1)
+            except ConnectionError:
+                got = b""
+            assert got == b""
+        assert not _echoes(proxy)  # accepted and reset at once, as a host answering RST
+        refused = proxy.stats().connections_refused
+        assert refused >= 1
+        proxy.set_delay_ms(20)
+        proxy.heal()  # no refusal, no delay, no blackhole
+        started = time.monotonic()
+        assert _echoes(proxy)
+        assert time.monotonic() - started < HUNG_S
+        assert proxy.stats().connections_refused == refused
+
+
+def test_a_target_that_is_not_host_port_is_named() -> None:
+    with pytest.raises(ProxyError, match="target: 'nowhere' must be host:port"):
+        DelayProxy("nowhere")
+
+
 def test_misuse_is_named() -> None:
     proxy = DelayProxy(("127.0.0.1", 9))
     with pytest.raises(ProxyError, match="not started"):

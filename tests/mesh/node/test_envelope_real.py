@@ -12,8 +12,8 @@ Over every interval [t0, t1], the units all workers admitted must stay within
   sidecar gRPC API, each schedule on its own tenant; every one printed with its seed.
 
 d, the propagation delay in `N*b + R*d`, is taken generously: two sync intervals plus the
-worst report-to-acknowledgement delay any member reports on /health (`d_ms`) and the longest
-its sync tick ran late (`tick_lag_max_ms`: a view expires only when its tick runs), plus the
+largest d any member reports on /health (`d_ms`, `ratemesh.envelope.d_estimate_ns`) and the
+longest its sync tick ran late (`tick_lag_max_ms`: a view expires only when its tick runs), plus the
 caller's worst round trip to the sidecar (an admission's instant is known to that much).
 """
 
@@ -400,9 +400,9 @@ async def _run_all(
 
 
 def _staleness_ms(health: dict[str, Any]) -> float:
-    """How stale a node's views may run, in ms: its worst recent report-to-acknowledgement
-    delay (`d_ms`), and the longest its sync tick ran late (`tick_lag_max_ms`): a view
-    expires only when its tick runs, which a loaded machine delays."""
+    """How stale a node's views may run, in ms: the d it discloses (`d_ms`), and the longest
+    its sync tick ran late (`tick_lag_max_ms`): a view expires only when its tick runs, which
+    a loaded machine delays."""
     return float(health["d_ms"]) + float(health.get("tick_lag_max_ms", 0.0))
 
 

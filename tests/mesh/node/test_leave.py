@@ -12,6 +12,7 @@ from mesh.core.policy import Metric, RateKey
 from mesh.core.ring import Ring
 from mesh.core.verdict import Suspension
 from mesh.node import Mesh
+from ratemesh.envelope import excess_bound
 from tests.mesh._etcd import EtcdServer
 from tests.mesh._util import POLICY, until
 
@@ -196,8 +197,8 @@ def test_graceful_leave_hands_keys_over_so_the_new_owner_continues(etcd: EtcdSer
                 admitted += m.try_admit(drained, "read_iops").allowed
             await asyncio.sleep(0.005)
         span_s = loop.time() - started
-        d_s = max(m.health()["d_ms"] for m in survivors) / 1000
-        bound = B + R * span_s + len(ids) * b + R * d_s
+        d_ns = max(m.health()["d_ms"] for m in survivors) * 1e6
+        bound = B + R * span_s + excess_bound(len(ids), b, R, d_ns)
         assert admitted <= bound, (admitted, bound)
         for m in survivors:
             await m.aclose()

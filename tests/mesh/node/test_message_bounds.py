@@ -29,6 +29,7 @@ from mesh.core.ring import Ring
 from mesh.node import Mesh
 from mesh.peer import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA_MD
 from mesh.peer._wire import PEER_SERVICE, SCHEMA
+from ratemesh.envelope import percentiles
 from tests.mesh._helpers import owned_keys
 from tests.mesh._util import POLICY, until
 
@@ -76,9 +77,8 @@ class Stalls:
 
     def stop(self) -> str:
         self._task.cancel()
-        lags = sorted(self.lags)
-        p99 = lags[int(len(lags) * 0.99)] if lags else 0.0
-        worst = lags[-1] if lags else 0.0
+        lags = self.lags
+        p99, worst = percentiles(lags, 0.99, 1.0) if lags else (0.0, 0.0)
         return f"timer lag over {len(lags)} wakes: p99 {p99 * 1e3:.2f} ms, max {worst * 1e3:.2f} ms"
 
     @property
