@@ -172,7 +172,6 @@ class KeyState:
         "owner_epoch",
         "reporters",
         "exhausted",
-        "last_used_ns",
         "applied",
         "changes",
         "tick_at_ns",
@@ -196,7 +195,6 @@ class KeyState:
         self.owner_epoch = owner_epoch
         self.reporters: dict[str, ReporterState] = {}
         self.exhausted = meter.remaining(now_ns) == 0
-        self.last_used_ns = now_ns
         # Usage applied since the key opened, in its own units: telemetry (`Owner.applied`),
         # and what a hand-over adds to the handed state (`_handover`). It goes with the key.
         self.applied = 0

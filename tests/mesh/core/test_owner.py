@@ -476,3 +476,40 @@ def sweep_pass(o: Owner, now_ns: int) -> int:
 
 def rep_of(p: TenantRatePolicy, worker: str, seq: int) -> UsageReport:
     return UsageReport(p.rate_key, worker, 1, seq, iops_delta=1)
+
+
+def test_each_field_of_a_snapshot_row_lands_in_the_batch_column_of_its_name() -> None:
+    """`Owner._row` builds a row in the order `_message` names its columns: a row of
+    distinct values comes out of the SnapshotBatch one value per column, in that order."""
+    o = owner()
+    assert o.escrows.on()  # floors_ppm is sent (with floors off it is left empty)
+    row = (KEY, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+    send = o._message("a", NOW, [row], [])
+    m = send.message
+    assert isinstance(m, SnapshotBatch)
+    columns = (
+        m.keys,
+        m.owner_epochs,
+        m.versions,
+        m.remaining,
+        m.acks,
+        m.receiver_epochs,
+        m.shares_ppm,
+        m.active_reporters,
+        m.floors_ppm,
+        m.applied_above,
+        m.applied_net,
+    )
+    assert columns == tuple((v,) for v in row)
+    # and a reply's row is built from the key and its reporter in that order
+    effects = o.receive(NOW, batch("a", rep("a", 1, 3)))
+    s = snaps(effects, "a")
+    ks = o.keys[KEY]
+    rs = ks.reporters["a"]
+    assert (s.keys, s.versions, s.acks, s.receiver_epochs) == (
+        (KEY,),
+        (ks.version,),
+        (rs.watermark,),
+        (rs.worker_epoch,),
+    )
+    assert s.remaining == (ks.meter.remaining(NOW),) and s.active_reporters == (1,)
