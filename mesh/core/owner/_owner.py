@@ -67,7 +67,7 @@ OTHER_TENANT = ""
 FETCHING_MAX = 1024
 
 
-# One snapshot row, in `_Columns`' order; made by `Owner._row` alone. A bare tuple, not a
+# One snapshot row, in `_Columns`' order (`Owner._row`). A bare tuple, not a
 # NamedTuple: building a tuple subclass per row cost the reply path 5% of its instructions.
 _Row = tuple[RateKey, int, int, int, int, int, int, int, int, int, int]
 
@@ -258,7 +258,7 @@ class Owner:
 
         In steps: the batch as a whole (`_screen`), each row's report (`_apply_rows`), the
         reply's rows (`_reply`), and exhaustion published to the key's other reporters. The
-        rows' loops inline their common cases: a call per row costs about 2% of the owner.
+        rows' loops inline their common cases: a call per row costs the owner 2% or more.
         """
         out = _Outbox(self, now_ns)
         if not self._screen(now_ns, batch, out):
@@ -416,7 +416,7 @@ class Owner:
         exhausted_now: list[KeyState] = []
         rows: list[_Row] = []
         ring = self.ring
-        floors, row = self.escrows.on(), self._row
+        floors, promise = self.escrows.on(), self.escrows.promise
         share_floor = self.config.share_floor_ppm
         window_ns = self.config.demand_window_ms * MS
         window = now_ns // window_ns
@@ -481,7 +481,26 @@ class Owner:
                     ks.changes += 1
                     self.wake(ks)
             rs.seen_changes = ks.changes
-            rows.append(row(now_ns, key, ks, rs, sender, remaining, floor, share, n, floors))
+            # Owner._row, inlined: a call per report slowed the owner enough to raise the
+            # cluster's d p99 (`mesh bench cluster`); test_owner pins the two together.
+            ks.version += 1
+            rs.sent_at_ns = now_ns
+            rs.sent_floor = floor
+            rows.append(
+                (
+                    key,
+                    ks.owner_epoch,
+                    ks.version,
+                    remaining,
+                    rs.watermark,
+                    rs.worker_epoch,
+                    share,
+                    n,
+                    promise(ks, rs, sender, share, now_ns) if floors else 0,
+                    above_mask(rs.watermark, rs.above) if rs.above else 0,
+                    rs.net,
+                )
+            )
         out.snapshots(sender, rows)
         return exhausted_now
 
@@ -714,7 +733,7 @@ class Owner:
     ) -> _Row:
         """`worker`'s snapshot row of `ks` now, a new version of the key; notes what it was
         sent (the allowance, which the two callers work out apart, they note themselves).
-        The one place a row is made: a reply's (`_reply`) and a broadcast's."""
+        The one definition of a row: a broadcast's; a reply's (`_reply`) inlines it."""
         ks.version += 1
         rs.sent_at_ns = now_ns
         rs.sent_floor = floor

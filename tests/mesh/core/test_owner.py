@@ -501,15 +501,38 @@ def test_each_field_of_a_snapshot_row_lands_in_the_batch_column_of_its_name() ->
         m.applied_net,
     )
     assert columns == tuple((v,) for v in row)
-    # and a reply's row is built from the key and its reporter in that order
-    effects = o.receive(NOW, batch("a", rep("a", 1, 3)))
-    s = snaps(effects, "a")
-    ks = o.keys[KEY]
-    rs = ks.reporters["a"]
-    assert (s.keys, s.versions, s.acks, s.receiver_epochs) == (
-        (KEY,),
-        (ks.version,),
-        (rs.watermark,),
-        (rs.worker_epoch,),
-    )
-    assert s.remaining == (ks.meter.remaining(NOW),) and s.active_reporters == (1,)
+    # A reply's row (inlined in `_reply`) is the row `_row` makes of the same state: the
+    # same fields in the same order, but the version, which `_row` moves on once more.
+    for worker, n in (("a", 1), ("b", 2)):
+        s = snaps(o.receive(NOW, batch(worker, rep(worker, 1, 3))), worker)
+        ks = o.keys[KEY]
+        again = o._row(
+            NOW,
+            KEY,
+            ks,
+            ks.reporters[worker],
+            worker,
+            s.remaining[0],
+            ks.reporters[worker].sent_floor,
+            s.shares_ppm[0],
+            n,
+            False,
+        )
+        reply = next(
+            zip(
+                s.keys,
+                s.owner_epochs,
+                s.versions,
+                s.remaining,
+                s.acks,
+                s.receiver_epochs,
+                s.shares_ppm,
+                s.active_reporters,
+                s.floors_ppm,
+                s.applied_net,
+                strict=True,
+            )
+        )
+        assert again[2] == reply[2] + 1
+        assert again[:2] + again[3:8] == reply[:2] + reply[3:8]
+        assert again[9] == 0 and not s.applied_above and again[10] == reply[9]
