@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from heapq import heappop, heappush
-from typing import Any
+from typing import NamedTuple
 
 from mesh.core._validate import INT_MAX, check_int, check_str
 from mesh.core.config import MS, CoreConfig
@@ -67,7 +67,29 @@ OTHER_TENANT = ""
 FETCHING_MAX = 1024
 
 
-Row = tuple[RateKey, int, int, int, int, int, int, int, int, int, int]  # one snapshot's columns
+# One snapshot row, in `_Columns`' order (`Owner._row`). A bare tuple, not a
+# NamedTuple: building a tuple subclass per row cost the reply path 5% of its instructions.
+_Row = tuple[RateKey, int, int, int, int, int, int, int, int, int, int]
+
+
+class _Columns(NamedTuple):
+    """Snapshot rows (`Owner._row`) turned into the columns of a `SnapshotBatch`, named as
+    its fields: row field i is column i."""
+
+    keys: tuple[RateKey, ...]
+    owner_epochs: tuple[int, ...]
+    versions: tuple[int, ...]
+    remaining: tuple[int, ...]
+    acks: tuple[int, ...]
+    receiver_epochs: tuple[int, ...]
+    shares_ppm: tuple[int, ...]
+    active_reporters: tuple[int, ...]
+    floors_ppm: tuple[int, ...]
+    applied_above: tuple[int, ...]
+    applied_net: tuple[int, ...]
+
+
+_NO_COLUMNS = _Columns(*[()] * len(_Columns._fields))
 
 
 class _Outbox:
@@ -76,12 +98,12 @@ class _Outbox:
     def __init__(self, owner: Owner, now_ns: int) -> None:
         self._owner = owner
         self._now_ns = now_ns
-        self.rows: dict[str, list[Row]] = {}
+        self.rows: dict[str, list[_Row]] = {}
         self.rejects: dict[str, list[Rejection]] = {}
         self.effects: list[Effect] = []
         self.beats: set[str] = set()
 
-    def snapshot(self, to: str, row: Row) -> None:
+    def snapshot(self, to: str, row: _Row) -> None:
         rows = self.rows.get(to)
         if rows is None:
             rows = self.rows[to] = []
@@ -90,7 +112,7 @@ class _Outbox:
             self.effects.append(self._owner._message(to, self._now_ns, rows, []))
             self.rows[to] = []
 
-    def snapshots(self, to: str, rows: list[Row]) -> None:
+    def snapshots(self, to: str, rows: list[_Row]) -> None:
         pending = self.rows.get(to)
         if pending:
             pending.extend(rows)
@@ -234,50 +256,65 @@ class Owner:
     def receive(self, now_ns: int, batch: ReportBatch) -> list[Effect]:
         """Apply a worker's batch; reply to it with snapshots (its acks) and rejections.
 
-        The loop reads the batch's columns and inlines the common case of the idempotent
-        apply (the next sequence of a known reporter): an owner runs it for every report.
+        In steps: the batch as a whole (`_screen`), each row's report (`_apply_rows`), the
+        reply's rows (`_reply`), and exhaustion published to the key's other reporters. The
+        rows' loops inline their common cases: a call per row costs the owner 2% or more.
         """
         out = _Outbox(self, now_ns)
-        cfg = self.config
-        sender = batch.sender
-        worker_epoch = batch.worker_epoch
-        ring = self.ring
+        if not self._screen(now_ns, batch, out):
+            return out.drain()
+        replied = self._apply_rows(now_ns, batch, out)
+        exhausted_now = self._reply(now_ns, batch.sender, replied, out)
+        for ks in exhausted_now:  # seed 004: publish exhaustion at once, to everyone
+            self._broadcast(now_ns, ks, out, skip=batch.sender)
+        return out.drain()
+
+    def _screen(self, now_ns: int, batch: ReportBatch, out: _Outbox) -> bool:
+        """Whether `batch`'s rows are to be applied. A batch of a later ring than ours is
+        rejected key by key, one from a non-member refused whole (no record, lease or
+        reply), an idle mark (`Reporter._mark_idles`, no rows) only noted. Any other renews
+        the sender's lease and tells the escrows it was heard from."""
+        sender, ring = batch.sender, self.ring
         if batch.ring_epoch > ring.epoch:
             for key in dict.fromkeys(batch.keys):
                 out.reject(sender, Rejection(key, RejectReason.STALE_EPOCH, ring.epoch))
-            return out.drain()
-        if not self.is_member(now_ns, sender):  # refused whole: no record, lease or reply
+            return False
+        if not self.is_member(now_ns, sender):
             self.refuse(Refusal.NOT_MEMBER)
-            return []
-        keys = self.keys
-        me = self.member_id
-        reorder = cfg.reorder_window
-        lease_until_ns = now_ns + cfg.reporter_lease_ms * MS
-        window_ns = cfg.demand_window_ms * MS
-        window = now_ns // window_ns
+            return False
         floors = self.escrows.on()  # serving through partitions: on unless turned off
-        if not batch.keys:  # an idle mark (`Reporter._mark_idles`): nothing to apply or answer
+        if not batch.keys:
             if floors:
                 self.escrows.idle_mark(sender, now_ns, batch.heard_batch)
-            return []
-        self._leases[sender] = lease_until_ns
+            return False
+        self._leases[sender] = now_ns + self.config.reporter_lease_ms * MS
         if floors:
             self.escrows.heard_from(sender, now_ns, batch.heard_batch)
-            note_used = self.escrows.note_used
-            grain = self.escrows.grain(now_ns)  # one arrival time for the whole batch
-        share_floor = cfg.share_floor_ppm
-        exhausted_now: list[KeyState] = []
-        replied: dict[RateKey, KeyState] = {}
-        refused: dict[RateKey, RejectReason] = {}
-        units = dups = 0
+        return True
+
+    def _apply_rows(self, now_ns: int, batch: ReportBatch, out: _Outbox) -> dict[RateKey, KeyState]:
+        """Apply each row idempotently, opening keys and reporter records as needed; reject
+        the keys not ours or without a policy. Returns the keys to answer, in row order.
+
+        The loop reads the batch's columns and inlines the common case (the next sequence
+        of a known reporter): an owner runs it for every report.
+        """
+        cfg = self.config
+        sender, worker_epoch, ring = batch.sender, batch.worker_epoch, self.ring
+        keys, me, reorder = self.keys, self.member_id, cfg.reorder_window
+        lease_until_ns = now_ns + cfg.reporter_lease_ms * MS
+        window = now_ns // (cfg.demand_window_ms * MS)
+        floors = self.escrows.on()
+        grain = self.escrows.grain(now_ns) if floors else None  # one arrival for the batch
+        note_used = self.escrows.note_used
         row_slack = self.escrows.row_slack() if floors else 0
         # Ages not said (a worker one release behind): its floor waits from its last word,
         # which the owner took as the batch's arrival then; so do we.
-        ages = (
-            (batch.since_ages or (row_slack,) * len(batch.keys))
-            if floors
-            else (-1,) * len(batch.keys)
-        )
+        n = len(batch.keys)
+        ages = (batch.since_ages or (row_slack,) * n) if floors else (-1,) * n
+        replied: dict[RateKey, KeyState] = {}
+        refused: dict[RateKey, RejectReason] = {}
+        units = dups = 0
         for key, seq, delta, denied, floor, age in zip(
             batch.keys,
             batch.sequences,
@@ -328,7 +365,7 @@ class Owner:
                 rs.demand_cur = 0
                 rs.window = window
             rs.lease_until_ns = lease_until_ns
-            if outcome == Applied.NEW:
+            if outcome == Applied.NEW:  # its usage; inlined, as a call per row costs 2%
                 # Its view's floor wait began `age` before it sent this (said only at a
                 # report's first arrival: a copy the network delayed or repeated says it late).
                 if age >= 0 and now_ns - age + row_slack > rs.row_anchor:
@@ -356,11 +393,11 @@ class Owner:
                     ks.demand_all_cur += wanted
                     units += delta
                     ks.applied += delta
-                    if floors and (delta > 0 or denied):
+                    if grain is not None and (delta > 0 or denied):
                         note_used(rs, delta, denied, grain)  # what a floor follows
                 else:  # implausible: seen and acknowledged, nothing applied (`_plausible`)
                     self.refuse(why)
-                    if floors and denied:
+                    if grain is not None and denied:
                         note_used(rs, 0, denied, grain)  # its usage makes no floor
             elif outcome == Applied.DUPLICATE:
                 dups += 1
@@ -369,9 +406,21 @@ class Owner:
         self.duplicates += dups
         for key, reason in refused.items():
             out.reject(sender, Rejection(key, reason, ring.epoch))
-        rows: list[Row] = []
-        promise = self.escrows.promise
-        for key, ks in replied.items():  # _send_snapshot, inlined: once per report
+        return replied
+
+    def _reply(
+        self, now_ns: int, sender: str, replied: dict[RateKey, KeyState], out: _Outbox
+    ) -> list[KeyState]:
+        """A snapshot row to `sender` for each key of its batch (`_broadcast`'s, inlined:
+        once per report). Returns the keys its reports exhausted, for everyone to hear."""
+        exhausted_now: list[KeyState] = []
+        rows: list[_Row] = []
+        ring = self.ring
+        floors, promise = self.escrows.on(), self.escrows.promise
+        share_floor = self.config.share_floor_ppm
+        window_ns = self.config.demand_window_ms * MS
+        window = now_ns // window_ns
+        for key, ks in replied.items():
             rs = ks.reporters[sender]
             n = ks.live_n if now_ns <= ks.live_until_ns else self._count_live(now_ns, ks)
             if ks.escrow is not None:
@@ -431,10 +480,12 @@ class Owner:
                 if not unchanged:  # the others' views are behind: the next tick sees to it
                     ks.changes += 1
                     self.wake(ks)
-            rs.sent_floor = floor
+            rs.seen_changes = ks.changes
+            # Owner._row, inlined: a call per report slowed the owner enough to raise the
+            # cluster's d p99 (`mesh bench cluster`); test_owner pins the two together.
             ks.version += 1
             rs.sent_at_ns = now_ns
-            rs.seen_changes = ks.changes
+            rs.sent_floor = floor
             rows.append(
                 (
                     key,
@@ -451,9 +502,7 @@ class Owner:
                 )
             )
         out.snapshots(sender, rows)
-        for ks in exhausted_now:  # seed 004: publish exhaustion at once, to everyone
-            self._broadcast(now_ns, ks, out, skip=sender)
-        return out.drain()
+        return exhausted_now
 
     def tick(self, now_ns: int) -> list[Effect]:
         """The sync interval: tell active reporters what changed for them; vouch for the
@@ -661,28 +710,46 @@ class Owner:
             rs.seen_changes = ks.changes
             if sync_ns and near(allowance, rs.sent_allowance_ppm) and near(floor, rs.sent_floor):
                 continue  # a refresh would change nothing it acts on
-            ks.version += 1
-            rs.sent_at_ns = now_ns
             rs.sent_allowance_ppm = allowance
-            rs.sent_floor = floor
-            snapshot(
-                worker,
-                (
-                    key,
-                    ks.owner_epoch,
-                    ks.version,
-                    remaining,
-                    rs.watermark,
-                    rs.worker_epoch,
-                    share,
-                    basis.active,
-                    self.escrows.promise(ks, rs, worker, share, now_ns) if floors else 0,
-                    above_mask(rs.watermark, rs.above) if rs.above else 0,
-                    rs.net,
-                ),
+            row = self._row(
+                now_ns, key, ks, rs, worker, remaining, floor, share, basis.active, floors
             )
+            snapshot(worker, row)
         if sync_ns and next_ns < INT_MAX:
             self.wake(ks, next_ns)
+
+    def _row(
+        self,
+        now_ns: int,
+        key: RateKey,
+        ks: KeyState,
+        rs: ReporterState,
+        worker: str,
+        remaining: int,
+        floor: int,
+        share: int,
+        active: int,
+        floors: bool,
+    ) -> _Row:
+        """`worker`'s snapshot row of `ks` now, a new version of the key; notes what it was
+        sent (the allowance, which the two callers work out apart, they note themselves).
+        The one definition of a row: a broadcast's; a reply's (`_reply`) inlines it."""
+        ks.version += 1
+        rs.sent_at_ns = now_ns
+        rs.sent_floor = floor
+        return (
+            key,  # keys
+            ks.owner_epoch,  # owner_epochs
+            ks.version,  # versions
+            remaining,  # remaining
+            rs.watermark,  # acks
+            rs.worker_epoch,  # receiver_epochs
+            share,  # shares_ppm
+            active,  # active_reporters
+            self.escrows.promise(ks, rs, worker, share, now_ns) if floors else 0,  # floors_ppm
+            above_mask(rs.watermark, rs.above) if rs.above else 0,  # applied_above
+            rs.net,  # applied_net
+        )
 
     def _share_basis(self, now_ns: int, ks: KeyState, remaining: int) -> ShareBasis:
         """The key's `ShareBasis` (`mesh.core.shares` says how shares are made), computed
@@ -727,14 +794,13 @@ class Owner:
         ks.live_n, ks.live_until_ns = n, until
         return n
 
-    def _message(self, to: str, now_ns: int, rows: list[Row], rejects: list[Rejection]) -> Send:
-        columns: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * 11
-        keys, owner_epochs, versions, remaining, acks, receiver_epochs, shares, active = columns[:8]
-        floors, above, net = columns[8], columns[9], columns[10]
+    def _message(self, to: str, now_ns: int, rows: list[_Row], rejects: list[Rejection]) -> Send:
+        c = _Columns._make(zip(*rows, strict=True)) if rows else _NO_COLUMNS
         seq = self._out_seq[to] = self._next_seq(to, now_ns)
         self._out_at[to] = now_ns
         if self.escrows.on():
             self.escrows.sent(to, seq, now_ns)
+            floors = c.floors_ppm
         else:
             floors = ()
         return Send(
@@ -744,19 +810,19 @@ class Owner:
                 self.ring.epoch,
                 self.incarnation,
                 now_ns,
-                keys,
-                owner_epochs,
-                versions,
-                remaining,
-                acks,
-                receiver_epochs,
-                shares,
-                active,
+                c.keys,
+                c.owner_epochs,
+                c.versions,
+                c.remaining,
+                c.acks,
+                c.receiver_epochs,
+                c.shares_ppm,
+                c.active_reporters,
                 tuple(rejects),
                 seq,
                 floors,
-                above if any(above) else (),
-                net,
+                c.applied_above if any(c.applied_above) else (),
+                c.applied_net,
             ),
         )
 

@@ -476,3 +476,63 @@ def sweep_pass(o: Owner, now_ns: int) -> int:
 
 def rep_of(p: TenantRatePolicy, worker: str, seq: int) -> UsageReport:
     return UsageReport(p.rate_key, worker, 1, seq, iops_delta=1)
+
+
+def test_each_field_of_a_snapshot_row_lands_in_the_batch_column_of_its_name() -> None:
+    """`Owner._row` builds a row in the order `_message` names its columns: a row of
+    distinct values comes out of the SnapshotBatch one value per column, in that order."""
+    o = owner()
+    assert o.escrows.on()  # floors_ppm is sent (with floors off it is left empty)
+    row = (KEY, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+    send = o._message("a", NOW, [row], [])
+    m = send.message
+    assert isinstance(m, SnapshotBatch)
+    columns = (
+        m.keys,
+        m.owner_epochs,
+        m.versions,
+        m.remaining,
+        m.acks,
+        m.receiver_epochs,
+        m.shares_ppm,
+        m.active_reporters,
+        m.floors_ppm,
+        m.applied_above,
+        m.applied_net,
+    )
+    assert columns == tuple((v,) for v in row)
+    # A reply's row (inlined in `_reply`) is the row `_row` makes of the same state: the
+    # same fields in the same order, but the version, which `_row` moves on once more.
+    for worker, n in (("a", 1), ("b", 2)):
+        s = snaps(o.receive(NOW, batch(worker, rep(worker, 1, 3))), worker)
+        ks = o.keys[KEY]
+        again = o._row(
+            NOW,
+            KEY,
+            ks,
+            ks.reporters[worker],
+            worker,
+            s.remaining[0],
+            ks.reporters[worker].sent_floor,
+            s.shares_ppm[0],
+            n,
+            False,
+        )
+        reply = next(
+            zip(
+                s.keys,
+                s.owner_epochs,
+                s.versions,
+                s.remaining,
+                s.acks,
+                s.receiver_epochs,
+                s.shares_ppm,
+                s.active_reporters,
+                s.floors_ppm,
+                s.applied_net,
+                strict=True,
+            )
+        )
+        assert again[2] == reply[2] + 1
+        assert again[:2] + again[3:8] == reply[:2] + reply[3:8]
+        assert again[9] == 0 and not s.applied_above and again[10] == reply[9]

@@ -20,13 +20,13 @@ def test_a_resend_of_rows_already_queued_is_not_queued_again() -> None:
             owner = driver.member.owner
             keys = owned_keys(await joined(node), 2 * REPORT_ROWS_MAX)
             first, fresh = keys[:REPORT_ROWS_MAX], keys[REPORT_ROWS_MAX : 2 * REPORT_ROWS_MAX - 50]
-            driver.backlog_rows_max = 2 * REPORT_ROWS_MAX  # room for one batch and the fresh
+            driver.ingest.backlog_rows_max = 2 * REPORT_ROWS_MAX  # room for one batch and the fresh
             driver.deliver(reports(node, first, seq=1))
-            assert driver._backlog["good"].rows == REPORT_ROWS_MAX
+            assert driver.ingest._backlog["good"].rows == REPORT_ROWS_MAX
             # Its resends, whole and in part: nothing new, nothing queued, nothing shed.
             driver.deliver(reports(node, first, seq=1))
             driver.deliver(reports(node, first[:100], seq=1))
-            assert driver._backlog["good"].rows == REPORT_ROWS_MAX
+            assert driver.ingest._backlog["good"].rows == REPORT_ROWS_MAX
             assert driver.reports_deduplicated == 2 and driver.reports_shed == 0
             # A batch of resent rows and fresh ones: the fresh ones are queued, and fit.
             mixed = ReportBatch(
@@ -41,7 +41,7 @@ def test_a_resend_of_rows_already_queued_is_not_queued_again() -> None:
             )
             driver.deliver(mixed)
             queued = len(first) + len(fresh)
-            assert driver._backlog["good"].rows == queued and driver.reports_shed == 0
+            assert driver.ingest._backlog["good"].rows == queued and driver.reports_shed == 0
             assert driver.rows_deduplicated == REPORT_ROWS_MAX + 100 + 50
             # Another incarnation's rows are not the same rows.
             restarted = ReportBatch(
@@ -54,13 +54,13 @@ def test_a_resend_of_rows_already_queued_is_not_queued_again() -> None:
                 (0,) * len(first),
                 (1,) * len(first),
             )
-            driver.backlog_rows_max = 4 * REPORT_ROWS_MAX
+            driver.ingest.backlog_rows_max = 4 * REPORT_ROWS_MAX
             driver.deliver(restarted)
-            assert driver._backlog["good"].rows == queued + len(first)
+            assert driver.ingest._backlog["good"].rows == queued + len(first)
             await asyncio.sleep(0)
-            while driver._backlog:
+            while driver.ingest._backlog:
                 await asyncio.sleep(0.001)
-            assert not driver._backlog  # and with it, the rows it remembered
+            assert not driver.ingest._backlog  # and with it, the rows it remembered
             assert owner.duplicates == 0  # no copy reached the owner
             assert owner.applied_units == queued + len(first)
             health = node.health()["bounds"]
@@ -80,7 +80,7 @@ def test_resends_over_grpc_do_not_shed_a_senders_fresh_reports() -> None:
             driver = node._require()
             keys = owned_keys(await joined(node), 2 * REPORT_ROWS_MAX)
             old, fresh = keys[:REPORT_ROWS_MAX], keys[REPORT_ROWS_MAX:]
-            driver.backlog_rows_max = 2 * REPORT_ROWS_MAX
+            driver.ingest.backlog_rows_max = 2 * REPORT_ROWS_MAX
             payloads = [encode(reports(node, old))] * 4 + [encode(reports(node, fresh))]
             replies = await send_over_grpc(node.address, payloads, 10**9, quiet_s=1.0)
             acked = {k for r in replies for k, a in zip(r.keys, r.acks, strict=True) if a == 1}

@@ -21,7 +21,8 @@ from mesh.core.owner._owner import FETCHING_MAX
 from mesh.core.policy import Metric, RateKey
 from mesh.errors import PeerError
 from mesh.node import Mesh
-from mesh.node._driver import BACKLOG_ROWS_MAX, REPORT_SLICE_ROWS, SLICE_ROWS_MIN, NodeDriver
+from mesh.node._driver import NodeDriver
+from mesh.node._ingest import BACKLOG_ROWS_MAX, REPORT_SLICE_ROWS, SLICE_ROWS_MIN
 from mesh.peer import EPOCH_MD, EXCHANGE, MEMBER_MD, SCHEMA_MD
 from mesh.peer._wire import SCHEMA
 from tests.mesh._util import POLICY, until
@@ -229,7 +230,7 @@ def test_fetches_queued_or_held_when_the_node_closes_are_answered() -> None:
         assert driver.member.owner._fetching  # held for the retry delay
         await node.aclose()
         assert not driver.member.owner._fetching
-        assert not driver._fetch_queue and not driver._fetch_held
+        assert not driver.fetches._queue and not driver.fetches._held
 
     asyncio.run(main())
 
@@ -250,7 +251,7 @@ def test_a_burst_of_the_largest_batches_is_applied_in_slices_with_the_loop_serve
 
             async def watch() -> None:
                 while True:
-                    if driver._backlog:
+                    if driver.ingest._backlog:
                         turns[0] += 1
                     await asyncio.sleep(0)
 
@@ -268,7 +269,7 @@ def test_a_burst_of_the_largest_batches_is_applied_in_slices_with_the_loop_serve
             assert driver.member.owner.applied_units == ROWS
             assert 1 <= driver.reports_sliced <= BURST and driver.reports_shed == 0
             assert turns[0] >= ROWS // REPORT_ROWS_MAX - 2, turns
-            assert not driver._backlog
+            assert not driver.ingest._backlog
 
     asyncio.run(main())
 
@@ -279,28 +280,28 @@ def test_slices_keep_a_senders_order_take_turns_and_a_full_backlog_sheds() -> No
             driver = node._require()
             owner = driver.member.owner
             keys = owned_keys(await joined(node), REPORT_ROWS_MAX)
-            driver.backlog_rows_max = 2 * REPORT_ROWS_MAX + 1  # a small backlog, to fill
+            driver.ingest.backlog_rows_max = 2 * REPORT_ROWS_MAX + 1  # a small backlog, to fill
             # A large batch and, behind it, a small one with the next sequence of two of its
             # keys: the small one waits for the large one's slices, so both apply in order.
             driver.deliver(reports(node, keys, seq=1))
             driver.deliver(reports(node, keys[-2:], seq=2))
-            assert driver._backlog["good"].rows == REPORT_ROWS_MAX + 2
+            assert driver.ingest._backlog["good"].rows == REPORT_ROWS_MAX + 2
             assert driver.busy("good") and not driver.busy("n")
             # The backlog is full at backlog_rows_max rows: the next batch is shed.
             driver.deliver(reports(node, keys, seq=3))
             assert driver.reports_shed == 1
             # Another sender's backlog takes turns with good's, a slice each.
             driver.deliver(reports(node, keys, sender="n"))
-            before = {s: b.rows for s, b in driver._backlog.items()}
-            driver._next_slice()
-            driver._next_slice()
-            after = {s: b.rows for s, b in driver._backlog.items()}
+            before = {s: b.rows for s, b in driver.ingest._backlog.items()}
+            driver.ingest._next_slice()
+            driver.ingest._next_slice()
+            after = {s: b.rows for s, b in driver.ingest._backlog.items()}
             # The first slice has REPORT_SLICE_ROWS rows (no pace known yet); the next ones as
             # many as the last one's pace allows in SLICE_TARGET_NS, within
             # [SLICE_ROWS_MIN, REPORT_ROWS_MAX].
             assert before["good"] - after["good"] == REPORT_SLICE_ROWS
             assert SLICE_ROWS_MIN <= before["n"] - after["n"] <= REPORT_ROWS_MAX
-            await until(lambda: not driver._backlog, 60, "the backlog applied")
+            await until(lambda: not driver.ingest._backlog, 60, "the backlog applied")
             good = [ks.reporters["good"].watermark for ks in owner.keys.values()]
             assert sorted(good)[-2:] == [2, 2] and good.count(1) == REPORT_ROWS_MAX - 2
             assert owner.duplicates == 0
@@ -319,27 +320,30 @@ def test_the_owners_pace_decides_whether_a_legal_batch_is_applied_whole_or_in_sl
             driver = node._require()
             owner = driver.member.owner
             keys = owned_keys(await joined(node), REPORT_ROWS_MAX)
-            driver._slice_rows = REPORT_ROWS_MAX  # as a fast pace leaves it
+            driver.ingest._slice_rows = REPORT_ROWS_MAX  # as a fast pace leaves it
             driver.deliver(reports(node, keys, seq=1))
-            assert not driver._backlog and driver.reports_sliced == 0
+            assert not driver.ingest._backlog and driver.reports_sliced == 0
             assert owner.applied_units == REPORT_ROWS_MAX
             # A slow apply (2 ms for a batch) sets the next slice to SLICE_ROWS_MIN rows.
-            fast = driver._apply
+            fast = driver.ingest.apply
 
             def slow(message: Any) -> None:
                 time.sleep(0.002)
                 fast(message)
 
-            driver._apply = slow  # type: ignore[method-assign]
-            driver._slice_rows = REPORT_ROWS_MAX  # opening the keys above was slower
+            driver.ingest.apply = slow  # type: ignore[method-assign]
+            driver.ingest._slice_rows = REPORT_ROWS_MAX  # opening the keys above was slower
             driver.deliver(reports(node, keys[:REPORT_SLICE_ROWS], seq=2))
-            assert driver._slice_rows == SLICE_ROWS_MIN
-            driver._apply = fast  # type: ignore[method-assign]
+            assert driver.ingest._slice_rows == SLICE_ROWS_MIN
+            driver.ingest.apply = fast  # type: ignore[method-assign]
             driver.deliver(reports(node, keys, seq=3))
-            assert driver.reports_sliced == 1 and driver._backlog["good"].rows == REPORT_ROWS_MAX
-            driver._next_slice()
-            assert driver._backlog["good"].rows == REPORT_ROWS_MAX - SLICE_ROWS_MIN
-            await until(lambda: not driver._backlog, 10, "the backlog applied")
+            assert (
+                driver.reports_sliced == 1
+                and driver.ingest._backlog["good"].rows == REPORT_ROWS_MAX
+            )
+            driver.ingest._next_slice()
+            assert driver.ingest._backlog["good"].rows == REPORT_ROWS_MAX - SLICE_ROWS_MIN
+            await until(lambda: not driver.ingest._backlog, 10, "the backlog applied")
             assert owner.applied_units == 3 * REPORT_ROWS_MAX - (
                 REPORT_ROWS_MAX - REPORT_SLICE_ROWS
             )
@@ -425,7 +429,7 @@ def test_a_node_applies_its_own_many_reports_whole_and_forgets_the_idle_tenants(
             owner, reporter = driver.member.owner, driver.member.reporter
             await until(lambda: owner.applied_units == tenants, 30, "every report applied")
             await until(lambda: not reporter.gates, 30, "every idle view forgotten")
-            assert driver.reports_shed == 0 and not driver._backlog
+            assert driver.reports_shed == 0 and not driver.ingest._backlog
             # The node's forget pass also drops the ring's memoised lookups, which hold keys
             # (and their tenants' names) that the core forgot after looking them up again.
             driver.forget_idle(driver.clock_ns())
