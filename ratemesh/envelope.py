@@ -72,7 +72,7 @@ def excess_bound(members: int, local_burst_cap: float, rate: float, d_ns: float)
     return members * local_burst_cap + rate * d_ns / NS_PER_S
 
 
-def d_estimate_ns(delays_ns: Iterable[int], sync_interval_ns: int) -> int:
+def d_estimate_ns(delays_ns: Iterable[int], sync_interval_ns: int, tick_lag_ns: int = 0) -> int:
     """d, the propagation delay of the envelope, from report-to-acknowledgement delays.
 
     A use waits up to one sync interval for the flush that reports it, then its report
@@ -80,14 +80,20 @@ def d_estimate_ns(delays_ns: Iterable[int], sync_interval_ns: int) -> int:
     `percentile`) of the delays plus one sync interval, and never less than two sync
     intervals (the wait for the flush and for the owner's tick, with no delay measured
     yet). A p99, not the worst: a report stranded at a dead owner waits for the ring to
-    change, and that is failover time, not propagation delay."""
+    change, and that is failover time, not propagation delay.
+
+    Plus `tick_lag_ns`, the worst recent lateness of the worker's sync tick (a process):
+    a view's snapshot expires, and its usage is flushed, only when that tick runs, so a
+    loop running late serves a view that much longer than the delays alone say."""
     if sync_interval_ns <= 0:
         raise ValueError(f"d_estimate_ns: sync_interval_ns must be > 0, got {sync_interval_ns}")
+    if tick_lag_ns < 0:
+        raise ValueError(f"d_estimate_ns: tick_lag_ns must be >= 0, got {tick_lag_ns}")
     delays = list(delays_ns)
     floor = 2 * sync_interval_ns
     if not delays:
-        return floor
-    return max(floor, percentile(delays, D_QUANTILE) + sync_interval_ns)
+        return floor + tick_lag_ns
+    return max(floor, percentile(delays, D_QUANTILE) + sync_interval_ns) + tick_lag_ns
 
 
 def excess_over_windows(buckets: list[int], rate: float, burst: int, bucket_s: float) -> float:

@@ -19,6 +19,7 @@ __all__ = ["DelayTimer", "DELAY_TRACK_MAX", "DELAYS_KEPT"]
 
 DELAY_TRACK_MAX = 100_000  # keys whose report delay is being timed; cleared when full
 DELAYS_KEPT = 512  # recent report delays, for d in the envelope estimate
+TICK_LAGS_KEPT = 1024  # recent sync ticks' lateness (about 5 s at the default interval)
 NS = 1_000_000_000
 
 
@@ -29,6 +30,8 @@ class DelayTimer:
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
         self.recent_delays_ns: deque[int] = deque(maxlen=DELAYS_KEPT)
+        # How late each recent sync tick ran (ns, 0 when on time), for d as well.
+        self.recent_tick_lags_ns: deque[int] = deque(maxlen=TICK_LAGS_KEPT)
         self._report_sent: dict[RateKey, tuple[int, int]] = {}  # key -> (sequence, sent ns)
         self._last_snapshot: dict[RateKey, int] = {}
         self._report_children: dict[str, Any] = {}

@@ -265,6 +265,7 @@ class NodeDriver:
             delay = next_t - loop.time()
             if -delay > self.tick_lag_max_s:
                 self.tick_lag_max_s = -delay  # the loop (or the CPU) was this far behind
+            self.delays.recent_tick_lags_ns.append(int(-delay * 1e9) if delay < 0 else 0)
             if delay < 0:
                 next_t = loop.time()
                 delay = 0

@@ -68,3 +68,16 @@ def test_d_is_the_p99_delay_plus_a_sync_interval_and_at_least_two_intervals() ->
     assert d_estimate_ns([*delays[:-1], 60_000 * MS], sync) == 104 * MS
     with pytest.raises(ValueError, match="sync_interval_ns must be > 0"):
         d_estimate_ns(delays, 0)
+
+
+def test_d_counts_the_sync_ticks_lateness_on_top() -> None:
+    """A view expires, and its usage is flushed, only when its tick runs: d adds how late
+    the tick ran, over the delays' figure and over the floor alike; a negative lag is a
+    mistake, named."""
+    from ratemesh.envelope import d_estimate_ns
+
+    ms = 1_000_000
+    assert d_estimate_ns([], 5 * ms, 7 * ms) == 17 * ms
+    assert d_estimate_ns([20 * ms] * 10, 5 * ms, 3 * ms) == 28 * ms
+    with pytest.raises(ValueError, match="tick_lag_ns"):
+        d_estimate_ns([], 5 * ms, -1)

@@ -12,8 +12,8 @@ Over every interval [t0, t1], the units all workers admitted must stay within
   sidecar gRPC API, each schedule on its own tenant; every one printed with its seed.
 
 d, the propagation delay in `N*b + R*d`, is taken generously: two sync intervals plus the
-largest d any member reports on /health (`d_ms`, `ratemesh.envelope.d_estimate_ns`) and the
-longest its sync tick ran late (`tick_lag_max_ms`: a view expires only when its tick runs), plus the
+largest d any member reports on /health (`d_ms`, `ratemesh.envelope.d_estimate_ns`, which counts
+the worst recent lateness of its sync tick: a view expires only when its tick runs), plus the
 caller's worst round trip to the sidecar (an admission's instant is known to that much).
 """
 
@@ -400,10 +400,10 @@ async def _run_all(
 
 
 def _staleness_ms(health: dict[str, Any]) -> float:
-    """How stale a node's views may run, in ms: the d it discloses (`d_ms`), and the longest
-    its sync tick ran late (`tick_lag_max_ms`): a view expires only when its tick runs, which
-    a loaded machine delays."""
-    return float(health["d_ms"]) + float(health.get("tick_lag_max_ms", 0.0))
+    """How stale a node's views may run, in ms: the d it discloses (`d_ms`), which counts
+    its sync tick's worst recent lateness (a view expires only when its tick runs, and a
+    loaded machine delays it)."""
+    return float(health["d_ms"])
 
 
 async def _watch_d(fleet: _Fleet, worst: list[float]) -> None:
@@ -485,9 +485,10 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 # Seeds whose envelope is known to break in some runs, until the cause is found
 # (docs/guarantees.md, "What is not yet proven"): b = 1 and traffic moving between members
-# at 3-4x R; seed 23 (R=50, B=4) exceeded B + N*b + R*d by up to 4 units on a loaded
-# machine, seed 22 (R=30, B=6) by about half a unit in about half the runs.
-KNOWN_BREAKS = {22, 23}
+# at 3-4x R. Seed 22 (R=30, B=6) exceeds B + N*b + R*d by about half a unit in about half
+# the runs, with d as the nodes disclose it (their sync tick's lateness counted); seed 23,
+# which broke by up to 4 units when d left the tick's lateness out, keeps within it now.
+KNOWN_BREAKS = {22}
 
 
 @pytest.mark.parametrize(
