@@ -281,12 +281,12 @@ class PolicyPut:
     local_burst_cap: int
     enabled: bool
     mode: Mode
-    # Issue 14: records from before it carry none and get the name's (default_unit).
+    # Records from before it carry none and get the name's (default_unit).
     unit: Unit | None = None
     # Sub-units per unit of a rate not whole per second (`TenantRatePolicy.scale`; the
     # three numbers above are then in sub-units). None for 1: every record before it.
     scale: int | None = None
-    # Issue 15: a spend quota's UTC period ("day", "month") and its cap per period; None on
+    # A spend quota's UTC period ("day", "month") and its cap per period; None on
     # every rate policy and on every record before it.
     period: str | None = None
     quota: int | None = None

@@ -75,7 +75,7 @@ def test_good_rates(text: Any, per_s: int) -> None:
     ],
 )
 def test_rates_not_whole_per_second_are_exact(text: str, exact: Fraction, back: str) -> None:
-    """Issue 14: no longer refused; the exact rate, and text that reads back to it."""
+    """No longer refused; the exact rate, and text that reads back to it."""
     got = parse_rate("target_rate", text)
     assert got == exact
     assert rate_text(got.numerator, got.denominator) == back

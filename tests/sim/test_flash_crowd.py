@@ -1,4 +1,4 @@
-"""Issue 12: sixteen cold keys meeting a skewed, lossy fleet at once (flash-crowd) are served
+"""Sixteen cold keys meeting a skewed, lossy fleet at once (flash-crowd) are served
 inside the envelope and close to the ideal. Two seeds, the mesh alone, full size (about 2.5 s
 each); `mesh sim sweep --scenarios flash-crowd` runs twenty.
 

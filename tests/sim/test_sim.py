@@ -207,7 +207,7 @@ def test_unknown_scenario_and_unreadable_file(tmp_path: Any) -> None:
 
 
 def test_a_scenario_names_any_metric_with_a_unit() -> None:
-    """Issue 14: a scenario's policy takes an open metric name and a unit; a byte unit needs
+    """A scenario's policy takes an open metric name and a unit; a byte unit needs
     request sizes, whatever the name."""
     sc = parse({**GOOD, "policy": {**GOOD["policy"], "metric": "requests"}})
     assert sc.policy.metric == "requests" and sc.policy.metric_unit.value == "requests"

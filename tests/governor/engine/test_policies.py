@@ -261,7 +261,7 @@ def test_an_event_logged_before_units_decodes_with_the_names_unit() -> None:
 
 
 def test_a_rate_per_minute_is_stored_in_sub_units_and_survives_replay() -> None:
-    """Issue 14: "5000/minute" is kept as scale 3 sub-units per unit; the event and the
+    """A rate of "5000/minute" is kept as scale 3 sub-units per unit; the event and the
     snapshot carry the scale, and replay gives back the same policy and its text form."""
     w = World()
     p = TenantRatePolicy.from_dict(

@@ -500,7 +500,7 @@ def test_a_push_that_a_watching_nodes_file_would_refuse_is_reported_not_refused(
 def test_governord_stores_and_returns_a_unit_a_string_rate_and_a_descriptor(
     tmp_path: Path,
 ) -> None:
-    """Issue 14 through a real governord: the coordinator API takes the new fields, stores them
+    """Through a real governord: the coordinator API takes the new fields, stores them
     as events, and returns them (also after a SIGKILL); a unit conflict is refused naming both."""
     tokens = {
         "tenant_id": "acme",

@@ -329,7 +329,7 @@ def test_the_coordinator_key_comes_from_a_file_or_a_variable_never_the_config(
 
 
 def test_a_node_config_takes_the_open_vocabulary_and_names_a_bad_rate() -> None:
-    """Issue 14: open metric names with a unit, rates as text and descriptors in a node's
+    """Open metric names with a unit, rates as text and descriptors in a node's
     inline policies; a mistake is one ConfigError naming the entry, field and text."""
     entry = {
         "tenant_id": "acme",

@@ -395,7 +395,7 @@ def test_per_key_applied_shrinks_with_the_keys_the_owner_forgets() -> None:
 
 
 def test_fetches_in_flight_are_bounded_and_the_rest_refused_without_one() -> None:
-    """Issue 12: one batch of many unknown keys asks for at most FETCHING_MAX generations;
+    """One batch of many unknown keys asks for at most FETCHING_MAX generations;
     every unknown key is refused POLICY_UNKNOWN; an answered fetch frees its place."""
     o = owner(policies=PolicyCache())
     keys = [p.rate_key for p in mine(FETCHING_MAX + 100, prefix="u")]
@@ -428,7 +428,7 @@ def test_fetches_in_flight_are_bounded_and_the_rest_refused_without_one() -> Non
 
 
 def test_the_upkeep_visits_at_most_a_slice_of_keys_per_tick_and_resumes() -> None:
-    """Issue 12: an owner holding many keys spreads a pass of its upkeep over ticks,
+    """An owner holding many keys spreads a pass of its upkeep over ticks,
     SWEEP_SLICE keys a tick, resuming where it stopped; keys opened meanwhile, kept keys
     and keys that moved away are each handled once per pass."""
     cfg = CoreConfig(idempotency_retention_ms=100)

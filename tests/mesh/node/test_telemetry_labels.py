@@ -140,7 +140,7 @@ def test_idle_tenants_decision_counts_are_forgotten() -> None:
 
 
 def test_a_view_the_core_forgets_takes_its_decision_counts_with_it() -> None:
-    """Issue 12: the counts go when the idle sweep forgets the view, not a period later,
+    """The counts go when the idle sweep forgets the view, not a period later,
     and every decision stays counted once in the exported totals."""
 
     async def body(mesh: Mesh) -> None:
