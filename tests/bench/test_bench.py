@@ -131,7 +131,8 @@ def test_bench_strict_keys_and_the_envelope() -> None:
         ops = res[key]
         assert isinstance(ops, int) and ops > 0, key
     assert res["mode"] == "strict"
-    assert res["lossy_link_bytes"] > 0, res  # one worker reached governord through the link
+    lossy = res["lossy_link_bytes"]
+    assert isinstance(lossy, int) and lossy > 0, res  # one worker reached governord through it
     shares = res["per_worker_admitted"]
     assert isinstance(shares, list) and len(shares) == 4 and sum(shares) == res["admitted"]
     assert isinstance(res["ops_denied"], dict)

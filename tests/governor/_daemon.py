@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from governor import wire
-from ratemesh.ports import free_port
+from ratemesh.ports import free_port as free_port  # the tests import it from here
 from tests.governor._stores import StoreTarget, make_target
 
 ROOT = Path(__file__).resolve().parents[2]

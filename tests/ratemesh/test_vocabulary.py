@@ -17,6 +17,7 @@ from ratemesh.policy import (
     DESCRIPTOR_SEP,
     METRICS_MAX,
     Metric,
+    Mode,
     RateKey,
     TenantRatePolicy,
     Unit,
@@ -238,7 +239,7 @@ def test_put_all_refuses_a_unit_conflict_with_the_cache_and_changes_nothing() ->
 def test_redis_mode_refuses_units_that_are_refunded() -> None:
     """Bytes and tokens are charged ahead and refunded on a short send; redis's script only
     takes, so the refund would be lost and the limit silently tighter: refused, naming it."""
-    for metric, unit in (("client_egress_bytes", None), ("llm", "tokens")):
+    for metric, unit in (("client_egress_bytes", None), ("llm", Unit.TOKENS)):
         with pytest.raises(ConfigError, match="redis cannot meter") as e:
             TenantRatePolicy(
                 "t",
@@ -247,12 +248,12 @@ def test_redis_mode_refuses_units_that_are_refunded() -> None:
                 target_rate=100,
                 global_burst=10,
                 local_burst_cap=5,
-                mode="redis",
-                unit=unit,
+                mode=Mode.REDIS,
+                unit=unit,  # type: ignore[arg-type]  # None: the name's
             )
         assert "mode" in str(e.value)
     ok = TenantRatePolicy(
-        "t", "read_iops", 1, target_rate=100, global_burst=10, local_burst_cap=5, mode="redis"
+        "t", "read_iops", 1, target_rate=100, global_burst=10, local_burst_cap=5, mode=Mode.REDIS
     )
     assert ok.mode == "redis"
 

@@ -275,6 +275,7 @@ def _admitted(addr: str, seconds: float) -> tuple[int, int]:
     the sidecar as fast as they can for `seconds`, after REFILL_S for a full bucket."""
     time.sleep(REFILL_S)
     counts = {"admitted": 0, "errors": 0, "asked": 0}
+    seen: list[str] = []  # the first few failed calls, said in the test's message
     lock = threading.Lock()
     end = time.monotonic() + seconds
 
@@ -287,19 +288,23 @@ def _admitted(addr: str, seconds: float) -> tuple[int, int]:
                     )
                     ok = r.status_code == 200  # a 503 "too many connections" is a failed call
                     allowed = ok and r.json()["allowed"] is True
-                except httpx.HTTPError:
+                    why = "" if ok else f"HTTP {r.status_code}: {r.text[:120]}"
+                except httpx.HTTPError as exc:
                     ok = allowed = False
+                    why = f"{type(exc).__name__}: {exc}"
                 with lock:
                     counts["asked"] += 1
                     counts["errors"] += not ok
                     counts["admitted"] += allowed
+                    if not ok and len(seen) < 3:
+                        seen.append(why)
 
     threads = [threading.Thread(target=ask, daemon=True) for _ in range(ADMITTER_THREADS)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(seconds + 30)
-    print(f"{counts} in {seconds} s")
+    print(f"{counts} in {seconds} s; failed calls: {seen}")
     return counts["admitted"], counts["errors"]
 
 
