@@ -8,7 +8,10 @@ between keep-alive requests), and *busy* while its request is served. The bounds
 * ``connections_max`` at once from everyone. At the bound a new connection evicts the oldest
   waiting one (a silent or slow socket gives its place to one that is speaking), so idle and
   slowloris sockets cannot keep a probe out; only when every connection is busy is it
-  refused, or taken on the reserve.
+  refused, or taken on the reserve. One that has not yet completed a request goes first; a
+  keep-alive connection between requests only when there is none such: its client may be
+  sending its next request as it is closed, which it sees as a failed call (HTTP clients do
+  not resend a POST on a closed connection), while a socket that never spoke loses nothing.
 * ``reserve`` connections over ``connections_max`` answer liveness and readiness only: a
   probe still gets in when every ordinary slot is busy.
 
@@ -50,7 +53,8 @@ class ConnGate(Generic[C]):
         self.reserve = reserve
         self._peer_of: dict[C, str] = {}
         self._per_peer: dict[str, int] = {}  # bounded: at most connections_max + reserve keys
-        self._waiting: OrderedDict[C, None] = OrderedDict()  # oldest first
+        self._waiting: OrderedDict[C, None] = OrderedDict()  # never served yet, oldest first
+        self._kept: OrderedDict[C, None] = OrderedDict()  # keep-alive between requests
         self.refused: dict[str, int] = {"peer": 0, "full": 0}  # by why
         self.evicted = 0
         self.reserved = 0  # connections taken on the reserve
@@ -66,8 +70,8 @@ class ConnGate(Generic[C]):
             return Opened(Admit.REFUSED_PEER, None)
         admit, evicted = Admit.SERVE, None
         if self.open >= self.connections_max:
-            if self._waiting:
-                evicted, _ = self._waiting.popitem(last=False)
+            if self._waiting or self._kept:
+                evicted, _ = (self._waiting or self._kept).popitem(last=False)
                 self._forget(evicted)
                 self.evicted += 1
             elif self.open < self.connections_max + self.reserve:
@@ -84,14 +88,16 @@ class ConnGate(Generic[C]):
     def busy(self, conn: C) -> None:
         """Its request head is complete: it is served, not evicted."""
         self._waiting.pop(conn, None)
+        self._kept.pop(conn, None)
 
     def idle(self, conn: C) -> None:
         """Its response is sent and it stays open for another request: evictable again."""
         if conn in self._peer_of:
-            self._waiting[conn] = None
+            self._kept[conn] = None
 
     def closed(self, conn: C) -> None:
         self._waiting.pop(conn, None)
+        self._kept.pop(conn, None)
         self._forget(conn)
 
     def _forget(self, conn: C) -> None:
@@ -108,7 +114,7 @@ class ConnGate(Generic[C]):
         """For /health and the logs: what is open, waiting, refused and evicted."""
         return {
             "open": self.open,
-            "waiting": len(self._waiting),
+            "waiting": len(self._waiting) + len(self._kept),
             "evicted": self.evicted,
             "reserved": self.reserved,
             **{f"refused_{k}": v for k, v in sorted(self.refused.items())},
