@@ -39,9 +39,8 @@ def enforced(driver: NodeDriver) -> dict[tuple[str, str], int]:
 
 def d_estimate_ns(driver: NodeDriver) -> int:
     """d for the envelope from this node's recent report-to-acknowledgement delays and its
-    sync tick's worst recent lateness, as
-    `ratemesh.envelope.d_estimate_ns` defines it (one definition: /health, the demo, the
-    benchmarks and the simulator)."""
+    sync tick's worst recent lateness, as `ratemesh.envelope.d_estimate_ns` defines it (one
+    definition: /health, the demo, the benchmarks and the simulator)."""
     lags = driver.delays.recent_tick_lags_ns
     return envelope.d_estimate_ns(
         driver.recent_delays_ns, driver.config.core.sync_interval_ns, max(lags, default=0)

@@ -354,8 +354,8 @@ class GlobalGate(Gate):
     # ---- what admission asks of the view (`Gate`) -----------------------------------------
 
     def deny(self, amount: int, admission: Admission) -> Verdict:
-        """Taken after all if the last snapshot has room for it beside the other reporters
-        (`grant`); else denied, and the owner hears of the demand (`wanted`)."""
+        """Taken after all if the last snapshot has room for it for every active reporter
+        at once (`grant`); else denied, and the owner hears of the demand (`wanted`)."""
         if self.grant(amount):
             return self.ok
         self.wanted(amount)
