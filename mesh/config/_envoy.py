@@ -15,8 +15,8 @@ A rule file is `domain:` and nested `descriptors:` (key, optional value, `rate_l
 Each descriptor with a rate_limit is one ratemesh policy, named the way ratelimit names its
 stats key: tenant `envoy:<domain>.<key>_<value>.<key>...` (`_<value>` only where the rule
 gives one), metric `envoy_requests`, rate requests_per_unit per unit (ratelimit's lengths:
-a week is 7 days, a month 30, a year 365), burst one unit's worth. As in ratelimit, every distinct list
-of request values gets its own bucket under it: the policy is declared for descriptor
+a week is 7 days, a month 30, a year 365), burst one unit's worth. As in ratelimit, every
+distinct list of request values gets its own bucket under it: the policy is declared for descriptor
 `v: "*"` and a request's bucket is `v=<its values>` (`bucket_tenant`).
 """
 

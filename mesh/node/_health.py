@@ -42,8 +42,12 @@ def d_estimate_ns(driver: NodeDriver) -> int:
     sync tick's worst recent lateness, as `ratemesh.envelope.d_estimate_ns` defines it (one
     definition: /health, the demo, the benchmarks and the simulator)."""
     lags = driver.delays.recent_tick_lags_ns
+    core = driver.config.core
     return envelope.d_estimate_ns(
-        driver.recent_delays_ns, driver.config.core.sync_interval_ns, max(lags, default=0)
+        driver.recent_delays_ns,
+        core.sync_interval_ns,
+        max(lags, default=0),
+        horizon_ns=core.owner_unreachable_ns,
     )
 
 
