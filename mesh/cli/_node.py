@@ -28,7 +28,7 @@ def validate(args: argparse.Namespace) -> int:
     """Check a node config: the summary as JSON, or the one mistake as JSON on stdout (for
     scripts) and one line on stderr naming the file and the field. Warnings are one line
     each on stderr; they fail the check (exit 1) only with `--strict`."""
-    from mesh.config import load_config
+    from mesh.config import check_replica_name, load_config
 
     try:
         cfg = load_config(args.config)
@@ -134,7 +134,7 @@ def status(args: argparse.Namespace) -> int:
 def node(args: argparse.Namespace) -> int:
     """Run one member until SIGTERM or SIGINT (SIGHUP reloads its policy file); its
     address as one JSON line on stdout."""
-    from mesh.config import load_config
+    from mesh.config import check_replica_name, load_config
     from mesh.node import Mesh, new_event_loop, tune_gc
 
     level = check_choice("--log-level", args.log_level.upper(), LOG_LEVELS)
@@ -144,7 +144,7 @@ def node(args: argparse.Namespace) -> int:
         print(f"mesh node: {_in_file(args.config, exc)}", file=sys.stderr)
         return 2
     if args.member_id:
-        cfg = replace(cfg, member_id=args.member_id)
+        cfg = replace(cfg, member_id=check_replica_name("--member-id", args.member_id))
     if args.listen:
         # the config's own listen is checked by its parser; this override skips it
         cfg = replace(cfg, listen=check_address("--listen", args.listen, allow_zero_port=True))
