@@ -54,7 +54,12 @@ def validate(args: argparse.Namespace) -> int:
             "membership": cfg.membership.source if cfg.membership else None,
             # the coordination tier the node may dial (docs/redis.md); None: nothing dials
             "shared_state": {
-                "redis": None if cfg.shared_state.redis is None else cfg.shared_state.redis.addr
+                "redis": None if cfg.shared_state.redis is None else cfg.shared_state.redis.addr,
+                "postgres": (
+                    None
+                    if cfg.shared_state.postgres is None
+                    else {"dsn_env": cfg.shared_state.postgres.dsn_env}
+                ),
             },
             # what proves a peer's member id (docs/architecture.md): [] is a warning
             "peer_identity": [

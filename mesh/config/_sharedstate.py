@@ -118,8 +118,7 @@ def _consent(where: str, data: dict[str, Any], what: str) -> None:
         got = "missing" if "external" not in data else f"got {data['external']!r}"
         raise ConfigError(
             f"{where}.external",
-            f'must be "{CONSENT}" to dial {what} ({got}); without the consent string '
-            "nothing dials",
+            f'must be "{CONSENT}" to dial {what} ({got}); without the consent string nothing dials',
         )
 
 

@@ -681,6 +681,9 @@ class Mesh:
             self._sidecar = None
         if self._driver is not None:
             await self._driver.close()
+            close_tier = getattr(self._driver.cell_tier, "close", None)
+            if close_tier is not None:
+                close_tier()  # the PostgreSQL tier's connection (built from shared_state)
         close = getattr(self._counter, "close", None)
         if close is not None and self._counter is not self._counter_arg:
             close()  # ours (built from shared_state.redis): its sockets go
