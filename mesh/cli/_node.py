@@ -28,7 +28,7 @@ def validate(args: argparse.Namespace) -> int:
     """Check a node config: the summary as JSON, or the one mistake as JSON on stdout (for
     scripts) and one line on stderr naming the file and the field. Warnings are one line
     each on stderr; they fail the check (exit 1) only with `--strict`."""
-    from mesh.config import check_replica_name, load_config
+    from mesh.config import load_config
 
     try:
         cfg = load_config(args.config)

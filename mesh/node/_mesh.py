@@ -794,6 +794,12 @@ class _Handler:
     def status(self) -> dict[str, Any]:
         return {} if self.driver is None else status(self.driver)
 
+    async def forget_member(self, name: str) -> dict[str, Any]:
+        """Decommission `name`: its spend-quota cells purged here (`CellTierWriter`)."""
+        if self.driver is None:
+            raise ConfigError("member", "this member is starting: ask again")
+        return await self.driver.tier.forget_member(name)
+
 
 def _declare_to(source: object) -> Callable[[tuple[TenantRatePolicy, ...]], None] | None:
     """What tells a coordinator client the generations a reload loaded: it declares them,

@@ -5,8 +5,8 @@ it through `mesh.core.admission.Counter` (redis mode) and `mesh.core.quota`'s ce
 Protocol (spend quotas: `RedisCellTier` or `PostgresCellTier`)."""
 
 from mesh.sharedstate._cells import RedisCellTier
-from mesh.sharedstate._postgres import PostgresCellTier
 from mesh.sharedstate._client import CONNECTIONS_MAX, RedisCounter, redis_client
+from mesh.sharedstate._postgres import PostgresCellTier
 from mesh.sharedstate._script import GCRA_LUA, GCRA_SHA
 
 __all__ = [
