@@ -1,7 +1,7 @@
 """`gov`: a slot for any command or block of Python, machine-local or fleet-wide (seed 003).
 
     gov run --max 2 -- curl ...          # shell: take a slot, run, give it back
-    with slot("model", max=2): ...       # Python (governor.client.slot; governor.gov.slot
+    with slot("model", max=2): ...       # Python (governor.client.slot; governor.slot
                                          # runs the block even when that cannot load)
 
 Without governord, a slot is a file in `$GOV_DIR` claimed by an atomic hard link: no OS lock
@@ -13,7 +13,7 @@ later callers wait out (bounded by their window). docs/gov.md has the whole cont
 """
 
 from ._cooldown import COOLDOWN_DEFAULT_S, Cooldown
-from ._failopen import FailOpen, slot
+from ._failopen import FailOpen
 from ._paths import GovDir, check_name, gov_dir
 from ._semaphore import Claim, Holder, LocalSemaphore
 from ._slots import PRIORITIES, Acquired, acquire_slot, release_slot
@@ -32,5 +32,4 @@ __all__ = [
     "check_name",
     "gov_dir",
     "release_slot",
-    "slot",
 ]

@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._output import one_line, positive_s
 
@@ -52,7 +52,7 @@ def fleet_status(
     return 1 if report["diverged"] else 0
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(sub: Any) -> None:
     """`mesh fleet ...`: operations on the whole ring through one member."""
     fleet = sub.add_parser("fleet", help="operations on the whole fleet through one member")
     fsub = fleet.add_subparsers(dest="fleet", required=True, metavar="SUBCOMMAND")

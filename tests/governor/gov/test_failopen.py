@@ -14,7 +14,7 @@ from bench._procs import free_port
 WORK = """
 import sys
 {setup}
-from governor.gov import slot
+from governor.slot import slot
 with slot("model", max=1, wait_s=1) as s:
     print("work ran, held:", s.held)
 """
@@ -58,7 +58,7 @@ def test_a_governor_that_cannot_import_runs_the_work_logged_once(tmp_path: Path)
 
 
 def test_a_bad_argument_is_still_the_callers_mistake() -> None:
-    from governor.gov import slot
+    from governor.slot import slot
     from ratemesh.errors import ConfigError
 
     with pytest.raises(ConfigError, match="^name: 'Bad Name' is not a slot name"):

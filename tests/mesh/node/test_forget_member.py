@@ -110,7 +110,9 @@ def test_forget_member_stops_a_replaced_replicas_burn_counting_twice(
             return quotas.folds
 
         owner = next(m for m in meshes.values() if folds(m).fold(KEY, index)[0] > 0)
-        with owner._lock:
+        lock = owner._lock
+        assert lock is not None  # a threaded Mesh
+        with lock:
             folds(owner).publish(
                 int(time.time() * 1000), "old", CellPublish("old", 0, (Cell(KEY, index, OLD_BURN),))
             )

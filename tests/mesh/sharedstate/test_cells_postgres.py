@@ -29,9 +29,16 @@ def target() -> Iterator[tuple[str, str]]:
         yield t
 
 
-def _tier(target: tuple[str, str], **kw: int) -> PostgresCellTier:
+def _tier(
+    target: tuple[str, str], *, retention_ms: int = 600_000, cells_max: int = 1024
+) -> PostgresCellTier:
     dsn, schema = target
-    return PostgresCellTier(PostgresConfig(dsn, DSN_ENV, schema), deadline_ms=2000, **kw)
+    return PostgresCellTier(
+        PostgresConfig(dsn, DSN_ENV, schema),
+        deadline_ms=2000,
+        retention_ms=retention_ms,
+        cells_max=cells_max,
+    )
 
 
 def test_a_cell_is_max_of_old_and_new_so_retries_never_double_count(
