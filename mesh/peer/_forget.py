@@ -11,7 +11,6 @@ forced: a live member's next publish writes its cumulative cells straight back.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import grpc
@@ -20,10 +19,10 @@ from mesh.config import TlsConfig
 from mesh.core.messages import MAX_MESSAGE_BYTES
 from mesh.errors import MeshError, MessageError, PeerUnavailable
 from mesh.peer._fleet import FLEET_PARALLEL_MAX, _addresses
-from mesh.peer._identity import AUTH_MD, FORGET_EPOCH, sign
+from mesh.peer._identity import AUTH_MD, FORGET_EPOCH
 from mesh.peer._link import open_channel
-from mesh.peer._status import STATUS_CALLER, fetch_status
-from mesh.peer._wire import FORGET, MEMBER_MD, SCHEMA, pack, translate, unpack
+from mesh.peer._status import STATUS_CALLER, fetch_status, status_proof
+from mesh.peer._wire import FORGET, MEMBER_MD, pack, translate, unpack
 from ratemesh.checks import check_address
 
 __all__ = ["StillAMember", "forget_fleet", "forget_member"]
@@ -45,15 +44,7 @@ async def forget_member(
     """One member's ForgetMember answer (the cells it dropped); raises PeerError."""
     md: tuple[tuple[str, str], ...] = ((MEMBER_MD, STATUS_CALLER),)
     if fleet_secret is not None:
-        proof = sign(
-            fleet_secret,
-            member=STATUS_CALLER,
-            epoch=FORGET_EPOCH,
-            schema=SCHEMA,
-            target=target,
-            now_s=int(time.time()),
-        )
-        md = (*md, (AUTH_MD, proof))
+        md = (*md, (AUTH_MD, status_proof(fleet_secret, target, FORGET_EPOCH)))
     async with open_channel(addr, tls, MAX_MESSAGE_BYTES) as channel:
         try:
             data = await channel.unary_unary(FORGET)(
