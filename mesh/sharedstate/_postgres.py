@@ -88,7 +88,7 @@ class PostgresCellTier:
         self.prefix = prefix
         self._s = sql.Identifier(config.schema)
         self._conn: psycopg.Connection[Any] | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # close() takes it too, also from inside a call
         self.connects = 0  # connections opened (the first call, and after each failure)
 
     def _q(self, text: str) -> sql.Composed:
@@ -163,7 +163,9 @@ class PostgresCellTier:
         return dropped
 
     def close(self) -> None:
-        conn, self._conn = self._conn, None
+        """Drop the connection (after a call in flight ends); the next call dials again."""
+        with self._lock:
+            conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
 

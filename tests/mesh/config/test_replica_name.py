@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from mesh.cli import main
 from mesh.config import parse_config, resolve_identity
 from mesh.errors import ConfigError
 
@@ -30,3 +33,14 @@ def test_env_name_is_checked_too() -> None:
     with pytest.raises(ConfigError, match=r"^member_id_env \(\$POD_NAME\): 'Not A DNS_Label!!'"):
         resolve_identity(cfg, {"POD_NAME": "Not A DNS_Label!!"})
     assert resolve_identity(cfg, {"POD_NAME": "web-1"}).member_id == "web-1"
+
+
+def test_the_node_commands_override_is_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "node.yaml"
+    config.write_text('listen: "127.0.0.1:0"\n')
+    assert main(["node", "--config", str(config), "--member-id", "Not A DNS_Label!!"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mesh node: --member-id: 'Not A DNS_Label!!' is not a replica name")
+    assert err.count("\n") == 1
