@@ -93,6 +93,11 @@ def test_forget_member_stops_a_replaced_replicas_burn_counting_twice(
 
             stack.callback(clean)
         a, b = meshes["a"], meshes["b"]
+        if kind == "postgres":  # /health names the tier, never its DSN
+            cap = a.health()["capability"]
+            tier_row = next(t for t in cap["tiers"] if t["tier"] == "postgres")
+            assert tier_row["serves"] == ["spend quota cells"] and cap["shared_state_enabled"]
+            assert "dsn" not in json.dumps(cap).lower()
         assert sum(a.try_admit("acme", "tokens_used", 1).allowed for _ in range(30)) == 30
         assert sum(b.try_admit("acme", "tokens_used", 1).allowed for _ in range(20)) == 20
 
