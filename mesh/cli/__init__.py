@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from ratemesh.errors import ConfigError
 
-from . import _bench, _checkout, _demo, _node, _policy, _sim
+from . import _bench, _checkout, _demo, _fleet, _node, _policy, _sim
 from ._output import OneLineParser, emit, one_line
 
 __all__ = ["COMMANDS", "emit", "main"]
@@ -42,6 +42,7 @@ COMMANDS: dict[tuple[str, ...], Handler] = {
     ("bench", "redis"): _bench.redis,
     ("bench", "suite"): _bench.suite,
     **{("policy", name): fn for name, fn in _policy.SUBCOMMANDS.items()},
+    **{("fleet", name): fn for name, fn in _fleet.SUBCOMMANDS.items()},
 }
 
 
@@ -272,12 +273,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     _output_flags(su)
     _policy.add_parser(sub)
+    _fleet.add_parser(sub)
     return p
 
 
 def command_of(args: argparse.Namespace) -> tuple[str, ...]:
     """The key of `args` in COMMANDS: the command, then its subcommand if it has any."""
-    sub = getattr(args, args.command, None) if args.command in ("sim", "bench", "policy") else None
+    sub = (
+        getattr(args, args.command, None)
+        if args.command in ("sim", "bench", "policy", "fleet")
+        else None
+    )
     return (args.command,) if sub is None else (args.command, sub)
 
 

@@ -681,6 +681,9 @@ class Mesh:
             self._sidecar = None
         if self._driver is not None:
             await self._driver.close()
+            close_tier = getattr(self._driver.cell_tier, "close", None)
+            if close_tier is not None:
+                close_tier()  # the PostgreSQL tier's connection (built from shared_state)
         close = getattr(self._counter, "close", None)
         if close is not None and self._counter is not self._counter_arg:
             close()  # ours (built from shared_state.redis): its sockets go
@@ -790,6 +793,12 @@ class _Handler:
 
     def status(self) -> dict[str, Any]:
         return {} if self.driver is None else status(self.driver)
+
+    async def forget_member(self, name: str) -> dict[str, Any]:
+        """Decommission `name`: its spend-quota cells purged here (`CellTierWriter`)."""
+        if self.driver is None:
+            raise ConfigError("member", "this member is starting: ask again")
+        return await self.driver.tier.forget_member(name)
 
 
 def _declare_to(source: object) -> Callable[[tuple[TenantRatePolicy, ...]], None] | None:
