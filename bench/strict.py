@@ -62,7 +62,9 @@ __all__ = [
     "governor_calls",
     "load_policy",
     "max_excess",
+    "rated",
     "reap",
+    "spawn_server",
     "spawn_worker",
     "worker_config",
 ]
@@ -125,13 +127,23 @@ class LossyLink:
                 self.cuts += 1
 
 
+def rated(key_env: str, rate: int, burst: int) -> dict[str, Any]:
+    """A governord tenant whose key is in `key_env`, rated `rate` per second, burst `burst`."""
+    return {"api_key_env": key_env, "rates": {METRIC: {"per_s": rate, "burst": burst}}}
+
+
 class Governord:
     """governord on SQLite in `tmp`, on a fixed loopback address so a restart keeps it;
-    tenant load rated `rate` per second with burst `burst`."""
+    `tenants` by name (`rated`), by default load at RATE and BURST and fast (the ops timing)."""
 
     def __init__(
-        self, tmp: Path, keys: dict[str, str], *, rate: int = RATE, burst: int = BURST
+        self, tmp: Path, keys: dict[str, str], tenants: dict[str, Any] | None = None
     ) -> None:
+        if tenants is None:
+            tenants = {
+                "load": rated(LOAD_KEY_ENV, RATE, BURST),
+                "fast": rated(FAST_KEY_ENV, FAST_RATE, FAST_RATE),
+            }
         self.addr = f"127.0.0.1:{free_port()}"
         self.env = dict(os.environ, PYTHONHASHSEED="0", **keys)
         self.stderr = tmp / "governord.stderr"
@@ -142,16 +154,7 @@ class Governord:
                 "store": f"sqlite:{tmp / 'governord.db'}",
                 "drain_s": 1,
                 "session": {"ttl_ms": 2 * SESSION_TTL_MS, "min_ttl_ms": 100},
-                "tenants": {
-                    "load": {
-                        "api_key_env": LOAD_KEY_ENV,
-                        "rates": {METRIC: {"per_s": rate, "burst": burst}},
-                    },
-                    "fast": {
-                        "api_key_env": FAST_KEY_ENV,
-                        "rates": {METRIC: {"per_s": FAST_RATE, "burst": FAST_RATE}},
-                    },
-                },
+                "tenants": tenants,
             },
         )
         self.proc: subprocess.Popen[str] | None = None
@@ -253,13 +256,14 @@ def worker_config(
     *,
     governord: str,
     credit: dict[str, int] | None,
+    key_env: str = LOAD_KEY_ENV,
 ) -> Path:
     """One worker's node config: static membership of `members`, tenant load's policy, and
-    a strict section reaching `governord` (no `credit:` key when `credit` is None: the
-    defaults)."""
+    a strict section reaching `governord` with the key in `key_env` (so spending at that
+    key's governord tenant); no `credit:` key when `credit` is None: the defaults."""
     strict: dict[str, Any] = {
         "governord": governord,
-        "api_key_env": LOAD_KEY_ENV,
+        "api_key_env": key_env,
         "session_ttl_ms": SESSION_TTL_MS,
     }
     if credit is not None:
@@ -290,6 +294,12 @@ def spawn_worker(
     args = ["-m", "bench.strict_worker", "--config", str(config)]
     args += ["--threads", str(threads), "--rate", str(per_thread), "--seconds", str(seconds)]
     return _spawn(args + (extra or []), config.with_suffix(".stderr"), keys)
+
+
+def spawn_server(stderr: Path, keys: dict[str, str], watchdog_s: float) -> subprocess.Popen[str]:
+    """A bench.strict_worker that runs the jobs stdin gives it, in turn (`--serve`)."""
+    args = ["-m", "bench.strict_worker", "--serve", "--watchdog-s", str(watchdog_s)]
+    return _spawn(args, stderr, keys)
 
 
 def max_excess(times_ns: list[int], rate: int, burst: int) -> float:

@@ -1,13 +1,17 @@
 """`mesh bench strict --sweep`: strict mode's utilisation and envelope over burst-to-rate
 ratio, fleet size and the one-way delay to governord (DESIGN.md section 5).
 
-Each row is a fresh fleet: governord on SQLite rating tenant load's node at R = RATE per
-second with burst B = R x `b_over_r_s`; `workers` processes (bench.strict_worker, the same
-workers as `mesh bench strict`) ask for the strict limit at `offered_x` x R in total, spread
-evenly over their threads, for `seconds`. With `delay_ms` > 0 every worker reaches governord
-through one `DelayProxy` that holds each chunk `delay_ms` in each direction, in order. The
-workers' `strict:` section has no `credit:` key unless one is given, so a row shows what the
-defaults serve. There is no kill: `mesh bench strict` shows the outage.
+Each row is a fresh fleet: `workers` new nodes (bench.strict_worker, the same workers as
+`mesh bench strict`) that ask for tenant load's strict limit at `offered_x` x R in total,
+spread evenly over their threads, for `seconds`. They spend at a governord tenant rated
+R = RATE per second with burst B = R x `b_over_r_s`, one tenant per B/R value (the key in a
+node's config picks it), and a row on a bucket a row before it used starts once B/R has
+passed since, so it finds the bucket full. The worker processes and governord (SQLite) live
+the whole sweep, so a row pays neither a fleet's imports nor a governord's start. With
+`delay_ms` > 0 every node reaches governord through one `DelayProxy` that holds each chunk
+`delay_ms` in each direction, in order. The nodes' `strict:` section has no `credit:` key
+unless one is given, so a row shows what the defaults serve. There is no kill: `mesh bench
+strict` shows the outage.
 
 Per row: `utilisation` = admitted / (R x seconds + B), the first reserve's wait included;
 `max_excess` over every interval of the workers' own admission instants against R and B
@@ -20,6 +24,7 @@ included), timed after the load so it does not compete with it.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import secrets
@@ -33,15 +38,14 @@ from typing import Any
 
 from bench._procs import free_port, go, read_ready
 from bench.strict import (
-    FAST_KEY_ENV,
-    LOAD_KEY_ENV,
     START_TIMEOUT_S,
     Governord,
     governor_calls,
     load_policy,
     max_excess,
+    rated,
     reap,
-    spawn_worker,
+    spawn_server,
     worker_config,
 )
 from governor.testing.faults import DelayProxy
@@ -72,6 +76,9 @@ ROWS_MAX = 256  # rows one sweep may run (the product of the three lists)
 RTT_PROBES = 5  # gRPC round trips timed per row; the least is reported
 RTT_TIMEOUT_S = 10.0
 RESULT_SLACK_S = 60.0  # past the row's seconds, for a worker's result
+ROW_SLACK_S = 120.0  # per row, past its seconds, before a worker's watchdog fires
+KEY_ENV_PREFIX = "RATEMESH_BENCH_SWEEP_KEY_"  # + the B/R's index: its governord tenant's key
+STOP_TIMEOUT_S = 10.0  # a worker told to end (EOF) has this long before it is killed
 NS = 1_000_000_000
 # the issue's targets with default settings: 0.9 of R*S + B with no added delay, 0.8 up to
 # 20 ms one way; none stated beyond
@@ -103,21 +110,50 @@ def run(
     combos = [(b, n, d) for b in b_over_r_s for n in workers for d in delay_ms]
     if not 0 < len(combos) <= ROWS_MAX:
         raise ValueError(f"a sweep runs 1 to {ROWS_MAX} rows, got {len(combos)}")
+    load_policy(mode, RATE, RATE)  # a bad mode, before anything starts
     load_before = os.getloadavg()
     started = time.monotonic()
+    # one governord tenant per B/R (its key picks it), so one governord serves the sweep
+    bursts = {b: max(1, round(RATE * b)) for b in b_over_r_s}
+    key_envs = {b: f"{KEY_ENV_PREFIX}{i}" for i, b in enumerate(bursts)}
+    keys = {key_envs[b]: secrets.token_hex(16) for b in bursts}
+    tenants = {f"b{i}": rated(key_envs[b], RATE, bursts[b]) for i, b in enumerate(bursts)}
+    watchdog_s = len(combos) * (seconds + ROW_SLACK_S)
     rows = []
-    for i, (b, n, d) in enumerate(combos, 1):
-        t0 = time.monotonic()
-        row = _row(
-            b, n, d, seconds=seconds, threads=threads, offered_x=offered_x, credit=credit, mode=mode
-        )
-        rows.append(row)
-        if progress is not None:
-            progress(
-                f"row {i}/{len(combos)}: B/R {b:g} s, {n} workers, {d:g} ms one way: "
-                f"utilisation {row['utilisation']}, max_excess {row['max_excess']}, "
-                f"rtt {row['governord_rtt_ms']} ms ({time.monotonic() - t0:.1f} s)"
-            )
+    with tempfile.TemporaryDirectory(prefix="ratemesh-bench-sweep-") as name:
+        tmp = Path(name)
+        gov = Governord(tmp, keys, tenants)
+        pool: list[subprocess.Popen[str]] = []
+        full_at: dict[float, float] = {}  # per B/R: when its bucket is full again
+        try:
+            # worker processes live the whole sweep (each row starts new nodes in them), and
+            # one governord: a row costs neither a fleet's imports nor a governord's start
+            for i in range(max(workers)):
+                pool.append(spawn_server(tmp / f"w{i}.stderr", keys, watchdog_s))
+            gov.start()
+            for p in pool:
+                read_ready(p, START_TIMEOUT_S)
+            for i, (b, n, d) in enumerate(combos, 1):
+                t0 = time.monotonic()
+                row_dir = tmp / f"row{i}"
+                row_dir.mkdir()
+                row = _row(
+                    pool[:n], row_dir, gov.addr, key_envs[b], bursts[b], b, d,
+                    not_before=full_at.get(b, 0.0), seconds=seconds, threads=threads,
+                    offered_x=offered_x, credit=credit, mode=mode,
+                )  # fmt: skip
+                # the nodes returned what they held when they stopped: B/R refills the rest
+                full_at[b] = time.time() + b
+                rows.append(row)
+                if progress is not None:
+                    progress(
+                        f"row {i}/{len(combos)}: B/R {b:g} s, {n} workers, {d:g} ms one way: "
+                        f"utilisation {row['utilisation']}, max_excess {row['max_excess']}, "
+                        f"rtt {row['governord_rtt_ms']} ms ({time.monotonic() - t0:.1f} s)"
+                    )
+        finally:
+            _close_pool(pool)
+            gov.close()
     return {
         "rows": rows,
         "mode": mode,
@@ -136,48 +172,64 @@ def run(
 
 
 def _row(
+    pool: list[subprocess.Popen[str]],
+    tmp: Path,
+    governord: str,
+    key_env: str,
+    burst: int,
     b_over_r_s: float,
-    workers: int,
     delay_ms: float,
     *,
+    not_before: float,
     seconds: float,
     threads: int,
     offered_x: float,
     credit: dict[str, int] | None,
     mode: str,
 ) -> dict[str, Any]:
-    burst = max(1, round(RATE * b_over_r_s))
+    """One row on the first len(pool) worker processes: fresh nodes spending at the tenant
+    whose key is in `key_env`, started no earlier than `not_before` (time.time())."""
+    workers = len(pool)
     policy = load_policy(mode, RATE, burst)
-    keys = {LOAD_KEY_ENV: secrets.token_hex(16), FAST_KEY_ENV: secrets.token_hex(16)}
-    with tempfile.TemporaryDirectory(prefix="ratemesh-bench-sweep-") as name:
-        tmp = Path(name)
-        gov = Governord(tmp, keys, rate=RATE, burst=burst)
-        proxy: DelayProxy | None = None
-        procs: list[subprocess.Popen[str]] = []
-        try:
-            gov.start()
-            target = gov.addr
-            if delay_ms > 0:
-                proxy = DelayProxy(gov.addr).start()
-                proxy.set_delay_ms(delay_ms)
-                target = proxy.address
-            members = {f"w{i}": f"127.0.0.1:{free_port()}" for i in range(workers)}
-            per_thread = offered_x * RATE / (workers * threads)
-            for m in members:
-                cfg = worker_config(tmp, m, members, policy, governord=target, credit=credit)
-                procs.append(spawn_worker(cfg, keys, threads, per_thread, seconds))
-            for p in procs:
-                read_ready(p, START_TIMEOUT_S)
-            start_ns = int(go(procs) * NS)
-            results = [read_ready(p, seconds + RESULT_SLACK_S) for p in procs]
-            rtt_ms = _round_trip_ms(target)
-        finally:
-            for p in procs:
-                reap(p)
-            if proxy is not None:
-                proxy.close()
-            gov.close()
+    proxy: DelayProxy | None = None
+    try:
+        target = governord
+        if delay_ms > 0:
+            proxy = DelayProxy(governord).start()
+            proxy.set_delay_ms(delay_ms)
+            target = proxy.address
+        members = {f"w{i}": f"127.0.0.1:{free_port()}" for i in range(workers)}
+        per_thread = offered_x * RATE / (workers * threads)
+        for m, p in zip(members, pool, strict=True):
+            cfg = worker_config(
+                tmp, m, members, policy, governord=target, credit=credit, key_env=key_env
+            )
+            job = {"config": str(cfg), "threads": threads, "rate": per_thread, "seconds": seconds}
+            assert p.stdin is not None
+            p.stdin.write(json.dumps(job) + "\n")
+            p.stdin.flush()
+        for p in pool:
+            read_ready(p, START_TIMEOUT_S)
+        time.sleep(max(0.0, not_before - time.time()))
+        start_ns = int(go(pool) * NS)
+        results = [read_ready(p, seconds + RESULT_SLACK_S) for p in pool]
+        rtt_ms = _round_trip_ms(target)
+    finally:
+        if proxy is not None:
+            proxy.close()
     return _figures(results, b_over_r_s, workers, delay_ms, burst, seconds, start_ns, rtt_ms)
+
+
+def _close_pool(pool: list[subprocess.Popen[str]]) -> None:
+    """EOF on each worker's stdin ends it; one that does not end in time is killed."""
+    for p in pool:
+        if p.stdin is not None:
+            with contextlib.suppress(OSError):
+                p.stdin.close()
+    for p in pool:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(STOP_TIMEOUT_S)
+        reap(p)
 
 
 def _figures(
@@ -195,6 +247,7 @@ def _figures(
     utilisation = len(times) / (RATE * seconds + burst)
     per_worker = [len(r["admitted_ns"]) for r in results]
     calls = governor_calls(results)
+    offered = sum(int(r["offered"]) for r in results)
     denied: Counter[str] = Counter()
     for r in results:
         denied.update(r.get("denied", {}))
@@ -208,7 +261,8 @@ def _figures(
         "rate": RATE,
         "burst": burst,
         "seconds": seconds,
-        "offered": sum(int(r["offered"]) for r in results),
+        "offered": offered,
+        "offered_x_rate": round(offered / (RATE * seconds), 2),  # the asks the threads made
         "admitted": len(times),
         "first_admit_ms": round((times[0] - start_ns) / 1e6, 1) if times else None,
         "governord_rtt_ms": rtt_ms,
