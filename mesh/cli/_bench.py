@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from ratemesh.checks import check_float, check_int
 from ratemesh.errors import ConfigError
 
 from ._output import emit, one_line, positive_s
+
+T = TypeVar("T")
 
 __all__ = [
     "churn",
@@ -178,35 +181,28 @@ def _strict_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _items(flag: str, text: str) -> list[str]:
-    items = [part.strip() for part in text.split(",")]
-    if not all(items):
-        raise ConfigError(flag, f"must be a comma-separated list, got {text!r}")
-    return items
+def _items(flag: str, text: str, parse: Callable[[str], T], what: str) -> list[T]:
+    """A comma-separated list, each item read by `parse` (a ValueError names the flag)."""
+    out = []
+    for part in text.split(","):
+        try:
+            out.append(parse(part.strip()))
+        except ValueError:
+            problem = f"must be a comma-separated list of {what}, got {text!r}"
+            raise ConfigError(flag, problem) from None
+    return out
 
 
 def _ints(flag: str, text: str, maximum: int) -> list[int]:
     """A comma-separated list of whole numbers in [1, maximum]."""
-    out = []
-    for item in _items(flag, text):
-        try:
-            n = int(item)
-        except ValueError:
-            raise ConfigError(flag, f"must be whole numbers, got {item!r}") from None
-        out.append(check_int(flag, n, minimum=1, maximum=maximum))
-    return out
+    items = _items(flag, text, int, "whole numbers")
+    return [check_int(flag, n, minimum=1, maximum=maximum) for n in items]
 
 
 def _floats(flag: str, text: str, minimum: float, maximum: float) -> list[float]:
     """A comma-separated list of finite numbers in [minimum, maximum]."""
-    out = []
-    for item in _items(flag, text):
-        try:
-            x = float(item)
-        except ValueError:
-            raise ConfigError(flag, f"must be numbers, got {item!r}") from None
-        out.append(check_float(flag, x, minimum=minimum, maximum=maximum))
-    return out
+    items = _items(flag, text, float, "numbers")
+    return [check_float(flag, x, minimum=minimum, maximum=maximum) for x in items]
 
 
 def _credit(text: str) -> dict[str, int]:
