@@ -28,6 +28,8 @@ worker; the bench merges them and computes:
   `ops_denied` counts the denials in those loops by limit and reason.
 * `per_worker_admitted`: each worker's admissions, in worker order (the last one is behind
   the lossy link): how evenly R was shared.
+* `resume_ms`: from the restarted governord's LISTENING line to the fleet's next admission
+  (near 0 when credit granted before the kill was still held then).
 
 `mode="global"` (`--mode global`) puts the same fleet, threads and offer on a `global` limit
 of the same R and B instead (the mesh alone: owner GCRA and snapshots, no credit), with the
@@ -36,6 +38,7 @@ rest of the run unchanged, for the comparison in docs/figures.md; the figures ca
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import secrets
@@ -422,6 +425,12 @@ def reap(p: subprocess.Popen[str]) -> None:
             _close(f)
 
 
+def _resume_ms(times: list[int], ready_ns: int) -> float | None:
+    """ms from `ready_ns` to the first of the sorted `times` at or after it (None: none)."""
+    i = bisect.bisect_left(times, ready_ns)
+    return round((times[i] - ready_ns) / 1e6, 1) if i < len(times) else None
+
+
 def _figures(
     results: list[dict[str, Any]],
     *,
@@ -464,6 +473,9 @@ def _figures(
         "outage_s": round(outage_s, 3),
         "outage_starts_at_s": round((killed_ns - start_ns) / NS, 3),
         "admitted_in_outage": len(times) - outside,
+        # from the restarted governord's LISTENING line to the fleet's next admission (0 or
+        # near it when credit granted before the kill was still held)
+        "resume_ms": _resume_ms(times, restarted_ns),
         # the two sides of `utilisation`: before the kill, and from the restart on
         "utilisation_before_kill": round(before / (RATE * before_s + BURST), 4),
         "utilisation_after_restart": round((outside - before) / max(1.0, RATE * after_s), 4),
