@@ -18,7 +18,8 @@ Per row: `utilisation` = admitted / (R x seconds + B), the first reserve's wait 
 (`bench.strict.max_excess`, the one envelope computation of both benches); `first_admit_ms`
 from the start to the fleet's first admission; `governord_rtt_ms`, the least of a few gRPC
 round trips from the bench to governord through the same path as the workers (the proxy
-included), timed after the load so it does not compete with it.
+included), timed after the load so it does not compete with it; `proxy_connections` and
+`proxy_bytes`, what the proxy carried.
 """
 
 from __future__ import annotations
@@ -214,10 +215,15 @@ def _row(
         start_ns = int(go(pool) * NS)
         results = [read_ready(p, seconds + RESULT_SLACK_S) for p in pool]
         rtt_ms = _round_trip_ms(target)
+        stats = proxy.stats() if proxy is not None else None
     finally:
         if proxy is not None:
             proxy.close()
-    return _figures(results, b_over_r_s, workers, delay_ms, burst, seconds, start_ns, rtt_ms)
+    row = _figures(results, b_over_r_s, workers, delay_ms, burst, seconds, start_ns, rtt_ms)
+    # what went through the proxy: the nodes' connections and the probe's one, both ways
+    row["proxy_connections"] = stats.connections_accepted if stats is not None else 0
+    row["proxy_bytes"] = stats.bytes_forwarded if stats is not None else 0
+    return row
 
 
 def _close_pool(pool: list[subprocess.Popen[str]]) -> None:

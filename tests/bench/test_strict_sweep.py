@@ -45,11 +45,12 @@ def test_a_tiny_sweep_keeps_the_envelope_and_its_proxy_delays() -> None:
         assert sum(r["per_worker_admitted"]) == r["admitted"]
         assert r["max_excess"] <= 0, r
         assert r["utilisation"] == round(r["admitted"] / (r["rate"] * 1.5 + r["burst"]), 4)
-    delayed = rows[1]
-    # the probe's round trip, and the fleet's first admission (a rate read and a reserve,
-    # each a round trip), both crossed the proxy's delay each way
+    direct, delayed = rows
+    # each node reached governord through the proxy (its connections, and the probe's one),
+    # and a round trip through it crossed its delay each way
+    assert (direct["proxy_connections"], direct["proxy_bytes"]) == (0, 0), direct
+    assert delayed["proxy_connections"] >= 2 + 1 and delayed["proxy_bytes"] > 0, delayed
     assert delayed["governord_rtt_ms"] >= 2 * DELAY_MS, delayed
-    assert delayed["first_admit_ms"] >= 2 * DELAY_MS, delayed
     assert out.stderr.count("mesh bench strict --sweep: row ") == 2  # progress, per row
 
 
