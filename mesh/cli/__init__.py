@@ -204,11 +204,43 @@ def _parser() -> argparse.ArgumentParser:
         help="strict limits on real workers and governord (SIGKILLed once, a lossy link): "
         "max_excess, utilisation, governor calls",
     )
-    st.add_argument("--workers", type=int, default=4)
-    st.add_argument("--threads", type=int, default=4, help="asking threads per worker")
-    st.add_argument("--seconds", type=float, default=10.0)
     st.add_argument(
-        "--offered-x", dest="offered_x", type=float, default=5.0, help="asks, as a multiple of R"
+        "--workers", default=None, help="worker processes (default 4); with --sweep a list (4,8)"
+    )
+    st.add_argument("--threads", type=int, default=4, help="asking threads per worker")
+    st.add_argument(
+        "--seconds", type=float, default=None, help="the run (default 10), or each sweep row (3)"
+    )
+    st.add_argument(
+        "--offered-x",
+        dest="offered_x",
+        type=float,
+        default=None,
+        help="asks, as a multiple of R (default 5; 3 with --sweep)",
+    )
+    st.add_argument(
+        "--sweep",
+        action="store_true",
+        help="rows over B/R, workers and one-way delay to governord (no kill): "
+        "utilisation and max_excess per row",
+    )
+    st.add_argument(
+        "--b-over-r",
+        dest="b_over_r",
+        default=None,
+        help="with --sweep: B/R values in seconds (default 0.05,0.1,0.5,2)",
+    )
+    st.add_argument(
+        "--delay-ms",
+        dest="delay_ms",
+        default=None,
+        help="with --sweep: one-way delays to governord in ms (default 0,5,20,50)",
+    )
+    st.add_argument(
+        "--credit",
+        default=None,
+        help="with --sweep: the workers' strict credit section as YAML, e.g. "
+        "'{lead_ms: 20, horizon_ms: 100}' (default: none, the defaults)",
     )
     st.add_argument(
         "--mode",
