@@ -111,6 +111,11 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         # state), read under the lock
         own = {k: views[k].health() for p in policies if (k := (p.tenant_id, p.metric)) in views}
         quotas = None if m.quotas is None else m.quotas.health(ENFORCED_SHOWN_MAX)
+        wd = m.admission.would_deny
+        shadow = driver.telemetry.shadow.health(wd)
+        shadowed = {
+            (p.tenant_id, p.metric): wd.of(p.tenant_id, p.metric) for p in policies if p.shadow
+        }
     d_ns = d_estimate_ns(driver)
     for p in policies:
         v = views.get((p.tenant_id, p.metric))
@@ -136,6 +141,9 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             units = envelope.excess_bound(len(m.ring), p.local_burst_cap, p.target_rate, d_ns)
             entry["envelope"] = round(units / p.scale, 3)
         entry.update(own.get((p.tenant_id, p.metric), {}))
+        if p.shadow:  # evaluated and counted, never enforced (docs/policies.md)
+            entry["posture"] = p.posture.value
+            entry["would_deny"] = shadowed[(p.tenant_id, p.metric)]._asdict()
         limits.append(entry)
         if susp:
             listed.add((p.tenant_id, p.metric, susp))
@@ -173,6 +181,8 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         "suspended": suspended,
         # spend quotas' convergence (docs/quotas.md): per quota cap, own, remote, lag_ms
         "quotas": quotas,
+        # limits in shadow posture: what they admitted and would have denied, per tenant
+        "shadow": shadow,
         "policies": {
             "count": len(policies),
             "enforced": shown,  # per limit, the generation enforced (sorted by limit)
