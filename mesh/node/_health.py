@@ -11,6 +11,7 @@ from mesh.core.policy import BOUNDS, Mode
 from mesh.core.reporter import excess_estimate
 from mesh.node._capability import capability
 from mesh.node._driver import NodeDriver
+from mesh.node._meters import meters
 from mesh.telemetry import NodeStats, rate_and_burst
 from ratemesh import envelope
 from ratemesh.policy import split_tenant
@@ -116,6 +117,7 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         shadowed = {
             (p.tenant_id, p.metric): wd.of(p.tenant_id, p.metric) for p in policies if p.shadow
         }
+    shown_meters, meters_omitted = meters(driver)
     d_ns = d_estimate_ns(driver)
     for p in policies:
         v = views.get((p.tenant_id, p.metric))
@@ -183,6 +185,9 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         "quotas": quotas,
         # limits in shadow posture: what they admitted and would have denied, per tenant
         "shadow": shadow,
+        # per tenant, what this member's limits took from its traffic (mesh policy preview)
+        "meters": shown_meters,
+        "meters_omitted": meters_omitted,
         "policies": {
             "count": len(policies),
             "enforced": shown,  # per limit, the generation enforced (sorted by limit)
