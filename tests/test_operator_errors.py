@@ -119,6 +119,7 @@ REQUIRED = {
     ("policy", "list"): ["--coordinator", "x"],
     ("policy", "history"): ["acme", "--coordinator", "x"],
     ("policy", "rollback"): ["acme", "read_iops", "--to", "1", "--coordinator", "x"],
+    ("policy", "preview"): ["x", "--current", "x"],
 }
 
 

@@ -144,7 +144,7 @@ def preview(
 
 
 def observe(
-    before: list[dict[str, Any]], after: list[dict[str, Any]]
+    before: list[list[dict[str, Any]]], after: list[list[dict[str, Any]]]
 ) -> dict[tuple[str, str], Observed]:
     """The fleet's traffic between two readings of every member's `meters` rows (the same
     members, in any order): per (tenant, metric), the differences summed over members, a

@@ -5,6 +5,7 @@ stepped through the window in exact fractions, fed each tenant's offered traffic
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -111,7 +112,7 @@ def test_unchanged_values_shadow_and_removed_limits() -> None:
 
 
 def test_observe_sums_member_differences_and_reads_a_fall_as_a_restart() -> None:
-    def row(units: int, calls: int, denied: int) -> dict[str, object]:
+    def row(units: int, calls: int, denied: int) -> dict[str, Any]:
         return {
             "tenant": "a",
             "metric": "read_iops",
