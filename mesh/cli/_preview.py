@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from mesh.errors import ConfigError
 from ratemesh.policy import scope_name
 from ratemesh.policyfile import load_policy_file
 
-from ._output import one_line
+from ._output import emit, one_line
 
 if TYPE_CHECKING:
     from mesh.config import TlsConfig
@@ -245,13 +244,7 @@ def preview_command(args: argparse.Namespace) -> int:
         "rows": [r.to_json(args.window) for r in rows[:ROWS_MAX]],
         "rows_omitted": max(0, len(rows) - ROWS_MAX),
     }
-    table = _table(rows[:ROWS_MAX], args.window)
-    if args.table:
-        print(table)
-    else:
-        print(json.dumps(report, sort_keys=True))
-        if not args.json:
-            print(table, file=sys.stderr)
+    emit(report, args, _table(rows[:ROWS_MAX], args.window))
     return 0
 
 

@@ -163,28 +163,9 @@ class Verdict:
         """The interned verdict for this one's condition, numbers dropped: what decisions
         are counted under (telemetry counts by `id()` of a shared verdict). Always an
         interned object: past VERDICTS_INTERNED_MAX, the condition without its limit."""
-        v = verdict(
-            self.allowed,
-            self.reason,
-            self.mode,
-            self.bound,
-            self.suspended,
-            limit=self.limit,
-            step=self.step,
-            shadow=self.shadow,
-            would_deny=self.would_deny_reason,
-        )
+        v = _like(self, self.allowed, self.reason, self.limit, self.would_deny_reason)
         if v.limit is not None and _INTERNED.get(_key(v)) is not v:
-            v = verdict(
-                self.allowed,
-                self.reason,
-                self.mode,
-                self.bound,
-                self.suspended,
-                step=v.step,
-                shadow=v.shadow,
-                would_deny=v.would_deny_reason,
-            )
+            v = _like(self, self.allowed, self.reason, None, self.would_deny_reason)
         return v
 
     def to_dict(self) -> dict[str, Any]:
@@ -272,19 +253,31 @@ def shadowed(v: Verdict) -> Verdict:
     `v`'s reason as `would_deny_reason` when `v` denied (its mode, bound, suspension, limit
     and step kept). Interned like every shared verdict."""
     if v.allowed:
-        return verdict(
-            True, v.reason, v.mode, v.bound, v.suspended, limit=v.limit, step=v.step, shadow=True
-        )
+        return _like(v, True, v.reason, v.limit, None, shadow=True)
+    return _like(v, True, Reason.ADMITTED, v.limit, v.reason, shadow=True)
+
+
+def _like(
+    v: Verdict,
+    allowed: bool,
+    reason: Reason,
+    limit: int | None,
+    would_deny: Reason | None,
+    *,
+    shadow: bool | None = None,
+) -> Verdict:
+    """The interned verdict with `v`'s mode, bound, suspension and step (and its `shadow`
+    unless given), and these."""
     return verdict(
-        True,
-        Reason.ADMITTED,
+        allowed,
+        reason,
         v.mode,
         v.bound,
         v.suspended,
-        limit=v.limit,
+        limit=limit,
         step=v.step,
-        shadow=True,
-        would_deny=v.reason,
+        shadow=v.shadow if shadow is None else shadow,
+        would_deny=would_deny,
     )
 
 

@@ -27,6 +27,14 @@ from ratemesh.policyfile import parse_policy_list
 TENANTS = ("a", "b", "c")
 MEMBERS = ("w0", "w1", "w2")
 STEPS_MAX = 120  # milliseconds of traffic per example
+RAW = {
+    "tenant_id": "a",
+    "metric": "read_iops",
+    "generation": 1,
+    "target_rate": 10,
+    "global_burst": 5,
+    "local_burst_cap": 5,
+}
 
 # One step: (milliseconds to advance, member index, tenant index, amount).
 _calls = st.lists(
@@ -105,16 +113,7 @@ def test_a_shadow_local_limit_denies_nothing_and_keeps_its_bucket() -> None:
 
 def test_posture_is_written_and_read_back() -> None:
     p = TenantRatePolicy.from_dict(
-        {
-            "tenant_id": "a",
-            "metric": "read_iops",
-            "generation": 1,
-            "target_rate": 10,
-            "global_burst": 5,
-            "local_burst_cap": 5,
-            "mode": "share",
-            "posture": {"mode": "shadow"},  # seed 002's spelling
-        }
+        {**RAW, "mode": "share", "posture": {"mode": "shadow"}}  # seed 002's spelling
     )
     assert p.shadow and p.to_dict()["posture"] == "shadow"
     assert TenantRatePolicy.from_dict(p.to_dict()) == p
@@ -134,16 +133,7 @@ def test_posture_is_written_and_read_back() -> None:
 def test_shadow_where_it_cannot_apply_is_one_clear_error(
     extra: dict[str, object], says: str
 ) -> None:
-    raw = {
-        "tenant_id": "a",
-        "metric": "read_iops",
-        "generation": 1,
-        "target_rate": 10,
-        "global_burst": 5,
-        "local_burst_cap": 5,
-        "posture": "shadow",
-        **extra,
-    }
+    raw = {**RAW, "posture": "shadow", **extra}
     with pytest.raises(ConfigError) as err:
         TenantRatePolicy.from_dict(raw, where="policies[0]")
     assert "policies[0].posture" in str(err.value) and says in str(err.value)
