@@ -220,7 +220,7 @@ class Admission:
             # Shadow posture: the view denied exactly as enforcing (nothing charged); the
             # caller is admitted and the would-deny counted (_shadow.py).
             p = v.policy
-            self.would_deny.add(p.tenant_id, p.metric, out.reason.value, amount)
+            self.would_deny.add(p.tenant_id, p.metric, out.reason, amount)  # a StrEnum: a str
             return shadowed(out)
         return out
 

@@ -46,10 +46,14 @@ class WouldDeny:
             if len(self.per_tenant) >= self.keys_max:
                 k = (OTHER, metric)
             rows = self.per_tenant.setdefault(k, {})
-        row = rows.setdefault(reason, [0, 0])
+        row = rows.get(reason)
+        if row is None:
+            row = rows[reason] = [0, 0]
         row[0] += 1
         row[1] += units
-        total = self.totals.setdefault((metric, reason), [0, 0])
+        total = self.totals.get((metric, reason))
+        if total is None:
+            total = self.totals[(metric, reason)] = [0, 0]
         total[0] += 1
         total[1] += units
 
