@@ -58,10 +58,10 @@ class ShadowTelemetry:
         if src is not None:
             for (tenant, metric), rows in list(src.per_tenant.items()):
                 for reason, (c, u) in list(rows.items()):
-                    calls[(tenant, (metric, reason))] = c
-                    units[(tenant, (metric, reason))] = u
-            for s, (c, u) in list(src.totals.items()):
-                totals_c[s], totals_u[s] = c, u
+                    calls[(tenant, (metric, str(reason)))] = c
+                    units[(tenant, (metric, str(reason)))] = u
+            for (metric, reason), (c, u) in list(src.totals.items()):
+                totals_c[(metric, str(reason))], totals_u[(metric, str(reason))] = c, u
         lab = ["tenant", "metric", "reason"]
         for name, help_, labelled, per, totals in (
             (

@@ -69,7 +69,7 @@ class WouldDeny:
     def rows(self) -> list[tuple[str, str, str, int, int]]:
         """(tenant, metric, reason, calls, units) per tenant, sorted."""
         return sorted(
-            (t, m, r, c, u)
+            (t, m, str(r), c, u)  # a Reason given to `add` is a str; str() is its value
             for (t, m), rows in self.per_tenant.items()
             for r, (c, u) in rows.items()
         )
