@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -194,11 +195,16 @@ def add_preview_parser(psub: Any) -> None:
         "mistake in a flag or file.",
     )
     pv.add_argument("file", help="the policies YAML file to preview")
-    pv.add_argument(
-        "--current",
-        required=True,
-        help="the policies file the fleet runs now (the nodes' policies.file)",
+    now = pv.add_mutually_exclusive_group(required=True)
+    now.add_argument("--current", help="the policies file the fleet runs now (policies.file)")
+    now.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="read the current policies from governord (as mesh policy list does)",
     )
+    pv.add_argument("--api-key-file", help="with --coordinator: a file holding the API key")
+    pv.add_argument("--api-key-env", help="with --coordinator: a variable holding the API key")
+    pv.add_argument("--ca", help="with --coordinator: verify governord against this CA file")
     pv.add_argument("--addr", help="a member's peer address host:port (default: the --config's)")
     pv.add_argument("--config", help="a member's node config: its address, TLS, fleet secret")
     pv.add_argument("--fleet-secret-file", help="prove the caller with this fleet secret")
@@ -217,9 +223,16 @@ def preview_command(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise ConfigError("--timeout", f"must be > 0, got {args.timeout}")
     new = [d.policy for d in load_policy_file(args.file, where=args.file, error=ConfigError)]
-    current = [
-        d.policy for d in load_policy_file(args.current, where=args.current, error=ConfigError)
-    ]
+    connect = None
+    current: list[TenantRatePolicy] = []
+    if args.coordinator is not None:
+        from ._policy import _connect
+
+        connect = _connect(args)  # a flag mistake is exit 2 before any call
+    else:
+        current = [
+            d.policy for d in load_policy_file(args.current, where=args.current, error=ConfigError)
+        ]
     addr, tls, secret, target = args.addr, None, None, None
     if args.config:
         cfg = load_config(args.config)  # a mistake names the file's field
@@ -233,8 +246,10 @@ def preview_command(args: argparse.Namespace) -> int:
     from mesh.errors import MessageError, PeerError
 
     try:
+        if connect is not None:
+            current = asyncio.run(_governords(connect))
         before, after = asyncio.run(_sample(addr, tls, secret, target, args.window, args.timeout))
-    except (PeerError, MessageError) as exc:  # the fleet's absence or answer, not a mistake
+    except (PeerError, MessageError) as exc:  # an absence or an answer, not a mistake
         print(f"mesh policy preview: {one_line(str(exc))}", file=sys.stderr)
         return 1
     rows = preview(current, new, observe(before, after), args.window, len(after))
@@ -246,6 +261,15 @@ def preview_command(args: argparse.Namespace) -> int:
     }
     emit(report, args, _table(rows[:ROWS_MAX], args.window))
     return 0
+
+
+async def _governords(connect: Callable[[], Any]) -> list[TenantRatePolicy]:
+    """governord's current policies (its List call)."""
+    client = connect()
+    try:
+        return list((await client.list()).policies)
+    finally:
+        await client.close()
 
 
 async def _sample(

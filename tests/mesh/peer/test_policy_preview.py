@@ -15,7 +15,10 @@ import pytest
 import yaml
 
 from mesh.cli import main as mesh_main
+from mesh.coordinator import PolicyStore
 from mesh.node import Mesh
+from mesh.peer import CoordinatorClient
+from mesh.testing.coordinator import CoordinatorServer
 from tests.mesh._util import POLICY, static_nodes, until
 
 SECRET = b"0123456789abcdef-fleet-secret"
@@ -36,8 +39,9 @@ def _limits(path: Path, **acme: Any) -> str:
 
 @pytest.mark.slow
 def test_preview_reads_the_fleets_traffic_and_says_what_a_tighter_limit_would_deny(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("RATEMESH_API_KEY", "dev-key")  # the in-process coordinator checks none
     secret = tmp_path / "secret"
     secret.write_bytes(SECRET + b"\n")
     os.chmod(secret, 0o600)
@@ -54,7 +58,8 @@ def test_preview_reads_the_fleets_traffic_and_says_what_a_tighter_limit_would_de
 
     def preview(file: str, *extra: str) -> tuple[int, dict[str, Any], str]:
         capsys.readouterr()
-        argv = ["policy", "preview", file, "--current", current, "--config", str(config_a)]
+        now = ["--current", current] if "--coordinator" not in extra else []
+        argv = ["policy", "preview", file, *now, "--config", str(config_a)]
         rc = mesh_main([*argv, "--window", str(WINDOW_S), "--json", *extra])
         out = capsys.readouterr()
         assert "Traceback" not in out.err
@@ -64,6 +69,12 @@ def test_preview_reads_the_fleets_traffic_and_says_what_a_tighter_limit_would_de
         async with Mesh(cfgs[0]) as a, Mesh(cfgs[1]) as b:
             nodes = (a, b)
             await until(lambda: all(len(n.ring) == 2 for n in nodes), 5, "ring complete")
+            server = CoordinatorServer(PolicyStore())  # governord's part: its current policies
+            governord = await server.start()
+            client = CoordinatorClient(governord, timeout_s=5.0)
+            for row in yaml.safe_load(Path(current).read_text()):
+                await client.put(row)
+            await client.close()
             stop = asyncio.Event()
 
             async def load(node: Mesh) -> None:
@@ -95,9 +106,19 @@ def test_preview_reads_the_fleets_traffic_and_says_what_a_tighter_limit_would_de
                 assert rc == 0, err
                 (row,) = report["rows"]
                 assert row["would_deny"] == 0 and row["would_admit"] == row["offered"] > 0
+
+                # the current policies from governord instead of a file: the same answer
+                rc, report, err = await asyncio.to_thread(
+                    preview, tighter, "--coordinator", governord
+                )
+                assert rc == 0, err
+                (row,) = report["rows"]
+                assert (row["tenant"], row["from_generation"]) == ("acme", 1)
+                assert row["would_admit"] == min(row["offered"], int(50 * WINDOW_S) + 10)
             finally:
                 stop.set()
                 await asyncio.gather(*drivers)
+                await server.stop()
 
         # the fleet is gone: one line, exit 1
         rc, report, err = await asyncio.to_thread(preview, tighter, "--timeout", "0.5")
