@@ -298,7 +298,7 @@ def rollback(args: argparse.Namespace) -> int:
 
 SUBCOMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "apply": apply,
-    "preview": preview_command,
+    "preview": lambda args: preview_command(args, _connect),
     "list": list_,
     "history": history,
     "rollback": rollback,

@@ -214,7 +214,11 @@ def add_preview_parser(psub: Any) -> None:
     pv.add_argument("--table", action="store_true", help="a table instead of JSON")
 
 
-def preview_command(args: argparse.Namespace) -> int:
+def preview_command(
+    args: argparse.Namespace, connect_flags: Callable[[argparse.Namespace], Callable[[], Any]]
+) -> int:
+    """`connect_flags`: the `mesh policy` commands' check of the --coordinator flags, which
+    returns the client's maker (their one place)."""
     from mesh.config import load_config, read_fleet_secret
     from ratemesh.checks import check_address
 
@@ -226,9 +230,7 @@ def preview_command(args: argparse.Namespace) -> int:
     connect = None
     current: list[TenantRatePolicy] = []
     if args.coordinator is not None:
-        from ._policy import _connect
-
-        connect = _connect(args)  # a flag mistake is exit 2 before any call
+        connect = connect_flags(args)  # a flag mistake is exit 2 before any call
     else:
         current = [
             d.policy for d in load_policy_file(args.current, where=args.current, error=ConfigError)
