@@ -250,7 +250,9 @@ def preview_command(
     try:
         if connect is not None:
             current = asyncio.run(_governords(connect))
-        before, after = asyncio.run(_sample(addr, tls, secret, target, args.window, args.timeout))
+        before, after, omitted = asyncio.run(
+            _sample(addr, tls, secret, target, args.window, args.timeout)
+        )
     except (PeerError, MessageError) as exc:  # an absence or an answer, not a mistake
         print(f"mesh policy preview: {one_line(str(exc))}", file=sys.stderr)
         return 1
@@ -260,6 +262,8 @@ def preview_command(
         "members": len(after),
         "rows": [r.to_json(args.window) for r in rows[:ROWS_MAX]],
         "rows_omitted": max(0, len(rows) - ROWS_MAX),
+        # a member's quietest tenants past its meters' bound: previewed as if idle
+        "meters_omitted": omitted,
     }
     emit(report, args, _table(rows[:ROWS_MAX], args.window))
     return 0
@@ -281,9 +285,10 @@ async def _sample(
     target: str | None,
     window_s: float,
     timeout_s: float,
-) -> tuple[list[list[dict[str, Any]]], list[list[dict[str, Any]]]]:
+) -> tuple[list[list[dict[str, Any]]], list[list[dict[str, Any]]], int]:
     """Every member's meters, read twice `window_s` apart (each reading of all members in
-    parallel, within `timeout_s`). A member that does not answer fails the preview."""
+    parallel, within `timeout_s`), and the most rows a member left out of its answer (its
+    quietest tenants, past METERS_SHOWN_MAX). A member that does not answer fails it."""
     from mesh.errors import MessageError
     from mesh.peer import fetch_status
 
@@ -294,7 +299,10 @@ async def _sample(
     if not isinstance(members, dict) or not members:
         raise MessageError("membership.addresses", f"{addr} listed no members")
 
+    omitted = 0
+
     async def read() -> list[list[dict[str, Any]]]:
+        nonlocal omitted
         answers = await asyncio.gather(
             *(
                 fetch_status(a, tls=tls, timeout_s=timeout_s, fleet_secret=secret, target=m)
@@ -307,11 +315,13 @@ async def _sample(
             if not isinstance(rows, list) or not all(_is_row(r) for r in rows):
                 raise MessageError("meters", f"member {m} has none (an older release?)")
             out.append(rows)
+            left = status.get("meters_omitted", 0)
+            omitted = max(omitted, left if type(left) is int else 0)
         return out
 
     before = await read()
     await asyncio.sleep(window_s)
-    return before, await read()
+    return before, await read(), omitted
 
 
 def _is_row(r: Any) -> bool:

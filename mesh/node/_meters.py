@@ -18,8 +18,9 @@ from mesh.telemetry._metrics import _label
 __all__ = ["METERS_SHOWN_MAX", "meters"]
 
 # Rows in one answer (the most admitted units first); past it they are counted in
-# `meters_omitted`, as `policies.enforced` is bounded.
-METERS_SHOWN_MAX = 10_000
+# `meters_omitted`, as `policies.enforced` is bounded. About 100 bytes a row: with the rest
+# of a Status answer it stays well inside one peer message (MAX_MESSAGE_BYTES, 4 MiB).
+METERS_SHOWN_MAX = 4096
 
 
 def meters(driver: NodeDriver) -> tuple[list[dict[str, Any]], int]:

@@ -89,7 +89,7 @@ def test_preview_reads_the_fleets_traffic_and_says_what_a_tighter_limit_would_de
                 await asyncio.sleep(0.2)
                 rc, report, err = await asyncio.to_thread(preview, tighter)
                 assert rc == 0, err
-                assert report["members"] == 2
+                assert report["members"] == 2 and report["meters_omitted"] == 0
                 (row,) = report["rows"]  # beta's limit does not change
                 assert (row["tenant"], row["from_generation"], row["to_generation"]) == (
                     "acme",
