@@ -25,6 +25,7 @@ from ratemesh.policy import Posture
 from ratemesh.policyfile import parse_policy_list
 
 TENANTS = ("a", "b", "c")
+DEFAULT_TENANTS = ("x", "y")  # no policy by name: the default's, one view each
 MEMBERS = ("w0", "w1", "w2")
 STEPS_MAX = 120  # milliseconds of traffic per example
 RAW = {
@@ -39,7 +40,7 @@ RAW = {
 # One step: (milliseconds to advance, member index, tenant index, amount).
 _calls = st.lists(
     st.tuples(
-        st.integers(0, 3), st.integers(0, 2), st.integers(0, 2), st.sampled_from([1, 1, 2, 5, 40])
+        st.integers(0, 3), st.integers(0, 2), st.integers(0, 4), st.sampled_from([1, 1, 2, 5, 40])
     ),
     min_size=1,
     max_size=STEPS_MAX,
@@ -47,9 +48,12 @@ _calls = st.lists(
 
 
 def _policies(mode: str, posture: Posture) -> PolicyCache:
+    """Three tenants by name (c's rate is not whole per second: sub-units) and the default
+    policy, which `DEFAULT_TENANTS` spend under."""
+    rates: list[int | str] = [200, 300, "12000/minute"]
     return PolicyCache(
-        TenantRatePolicy(t, "read_iops", 1, 200 + 100 * i, 20, 5, mode=mode, posture=posture)  # type: ignore[arg-type]
-        for i, t in enumerate(TENANTS)
+        TenantRatePolicy(t, "read_iops", 1, r, 20, 5, mode=mode, posture=posture)  # type: ignore[arg-type]
+        for t, r in [*zip(TENANTS, rates, strict=True), ("*", 150)]
     )
 
 
@@ -65,13 +69,14 @@ def test_shadow_admits_everything_and_counts_the_twins_denials(
         for fleet in (shadow, twin):
             for m in fleet.members.values():
                 m.admission.membership(len(MEMBERS), False, fleet.now_ns)
-    denied: dict[str, list[int]] = {t: [0, 0] for t in TENANTS}
+    everyone = (*TENANTS, *DEFAULT_TENANTS)
+    denied: dict[str, list[int]] = {t: [0, 0] for t in everyone}
     t_ns = 0
     for step, (advance_ms, w, ti, amount) in enumerate(calls):
         t_ns += advance_ms * MS
         shadow.run_until(t_ns)
         twin.run_until(t_ns)
-        member, tenant = MEMBERS[w], TENANTS[ti]
+        member, tenant = MEMBERS[w], everyone[ti]
         got = shadow.try_admit(member, tenant, "read_iops", amount)
         want = twin.try_admit(member, tenant, "read_iops", amount)
         where = f"seed {seed} mode {mode} step {step}"
@@ -81,7 +86,7 @@ def test_shadow_admits_everything_and_counts_the_twins_denials(
         if not want.allowed:
             denied[tenant][0] += 1
             denied[tenant][1] += amount
-    for tenant in TENANTS:
+    for tenant in everyone:
         counted = [0, 0]
         for m in shadow.members.values():
             c = m.admission.would_deny.of(tenant, "read_iops")
