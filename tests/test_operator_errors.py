@@ -113,6 +113,7 @@ def test_every_mesh_command_has_a_handler() -> None:
 REQUIRED = {
     ("node",): ["--config", "x"],
     ("status",): ["--addr", "x"],
+    ("policy", "preview"): ["x", "--current", "x"],
     ("validate",): ["--config", "x"],
     ("sim", "run"): ["--scenario", "x"],
     ("policy", "apply"): ["-f", "x", "--coordinator", "x"],

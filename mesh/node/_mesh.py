@@ -54,7 +54,7 @@ from mesh.core.messages import COOLDOWN_MS_MAX
 from mesh.core.policy import BOUNDS, Mode, PolicyCache, TenantRatePolicy
 from mesh.core.quota import QuotaDesk
 from mesh.core.ring import Ring
-from mesh.core.verdict import Numbers, Reason, Step, Verdict, verdict
+from mesh.core.verdict import Numbers, Reason, Step, Verdict, shadowed, verdict
 from mesh.errors import ConfigError
 from mesh.membership import EtcdMembership, MembershipSource
 from mesh.node._build import (
@@ -491,7 +491,7 @@ class Mesh:
                     "in Redis, and a peek makes no round trip; admit to see its numbers",
                 )
             if g is not None:
-                v = g.ok if g.avail >= 1 else g.no
+                v = g.ok if g.avail >= 1 else shadowed(g.no) if g.no.shadow else g.no
                 return v, adm.numbers(v, tenant, metric, 1)
         if policy is None:
             return UNKNOWN, None
@@ -637,6 +637,7 @@ class Mesh:
         driver.cell_tier = build_cell_tier(cfg)  # None without shared_state.redis
         if self.count_decisions:  # a forgotten view's counts go with it (Telemetry.forget_view)
             member.admission.on_forget = tel.forget_view
+        tel.shadow.source = member.admission.would_deny  # shadow posture's counts, at scrape
         self._driver = driver
         await driver.start()
         # /metrics and /health (telemetry_listen) and the sidecar admission API, on uvicorn
