@@ -1,0 +1,179 @@
+"""In-flight caps as hypothesis state machines, checked against a model written apart from
+the code: a plain set of held leases per worker, counted per scope.
+
+Global mode: three workers acquire and release, tick (report), and exchange reports and
+grants over a link that delays, reorders and drops; workers crash (their slots go with the
+process, a new epoch starts empty), the owner's process crashes (its counts are lost), and
+the clock jumps past every TTL. Invariants at every step (docs/policies.md):
+
+* the fleet's in-flight total never passes C + N x b (the disclosed bound);
+* while the owner never restarted and never dropped a member that still held slots, it
+  never passes C;
+* each desk's gauge equals the model's count of its leases.
+
+Local and share: each worker's gauge never passes C (local) or ceil(C / N_live) (share).
+"""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from mesh.core.concurrency import (
+    SlotDesk,
+    SlotGrant,
+    SlotOwner,
+    SlotReport,
+    SlotTimings,
+    global_excess,
+    ring_key,
+)
+from mesh.core.ring import Ring
+from mesh.core.shares import share_of
+from ratemesh.policy import TenantRatePolicy
+
+IDS = ("a", "b", "c")
+RING = Ring(IDS, 1)
+TIMINGS = SlotTimings(lease_ttl_ms=40, member_ttl_ms=120)
+SCOPE = ("t", "inflight")
+OWNER = RING.owner_of(ring_key(SCOPE))
+
+
+class GlobalSlots(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 1_000
+        self.epochs = dict.fromkeys(IDS, 1)
+        self.desks = {m: SlotDesk(m, 1, TIMINGS) for m in IDS}
+        self.owner = SlotOwner(OWNER, TIMINGS)
+        self.held: dict[str, set[int]] = {m: set() for m in IDS}  # the model
+        self.net: list[tuple[str, str, SlotReport | SlotGrant]] = []  # (from, to, message)
+        self.exact = True  # no owner restart, no live holder dropped: fleet <= C
+        self.policy = TenantRatePolicy("t", "inflight", 1, concurrency=6, mode="global")
+
+    @initialize(cap=st.integers(1, 12), b=st.integers(1, 12))
+    def configure(self, cap: int, b: int) -> None:
+        self.policy = TenantRatePolicy(
+            "t", "inflight", 1, concurrency=cap, local_burst_cap=min(b, cap), mode="global"
+        )
+
+    @rule(m=st.sampled_from(IDS), k=st.integers(1, 8))
+    def acquire(self, m: str, k: int) -> None:
+        for _ in range(k):
+            v = self.desks[m].acquire(self.policy, self.now, len(IDS))
+            if v.allowed:
+                assert v.lease not in self.held[m]
+                self.held[m].add(v.lease)
+
+    @precondition(lambda self: any(self.held.values()))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        m = data.draw(st.sampled_from([m for m in IDS if self.held[m]]))
+        lease = data.draw(st.sampled_from(sorted(self.held[m])))
+        assert self.desks[m].release(lease)
+        self.held[m].discard(lease)
+
+    @rule(m=st.sampled_from(IDS))
+    def tick(self, m: str) -> None:
+        for to, report in self.desks[m].tick(self.now, RING):
+            self.net.append((m, to, report))
+
+    @rule()
+    def sync_round(self) -> None:
+        """Every worker reports and the link delivers everything, in order."""
+        for m in IDS:
+            self.tick(m)
+        while self.net:
+            self._deliver(*self.net.pop(0))
+
+    @precondition(lambda self: bool(self.net))
+    @rule(data=st.data(), drop=st.booleans())
+    def deliver(self, data: st.DataObject, drop: bool) -> None:
+        i = data.draw(st.integers(0, len(self.net) - 1))
+        src, to, msg = self.net.pop(i)
+        if not drop:
+            self._deliver(src, to, msg)
+
+    def _deliver(self, src: str, to: str, msg: SlotReport | SlotGrant) -> None:
+        if isinstance(msg, SlotReport):
+            assert to == OWNER
+            grant = self.owner.receive(self.now, src, msg, self.policy)
+            if grant is not None:
+                self.net.append((to, src, grant))
+        else:
+            self.desks[to].receive(self.now, src, msg, RING)
+
+    @rule(ms=st.sampled_from([1, 2, 5, 10, 20, 50, 150]))
+    def advance(self, ms: int) -> None:
+        self.now += ms
+        for scope, m in self.owner.tick(self.now):
+            if self.held[m]:
+                self.exact = False  # a live holder cut off past the member TTL
+
+    @rule(m=st.sampled_from(IDS))
+    def crash(self, m: str) -> None:
+        self.epochs[m] += 1
+        self.desks[m] = SlotDesk(m, self.epochs[m], TIMINGS)
+        self.held[m] = set()
+        if m == OWNER:
+            self.owner = SlotOwner(OWNER, TIMINGS)
+            self.exact = False
+
+    @invariant()
+    def gauges_match_the_model(self) -> None:
+        for m in IDS:
+            assert self.desks[m].in_flight(SCOPE) == len(self.held[m])
+
+    @invariant()
+    def fleet_within_bound(self) -> None:
+        c = self.policy.concurrency
+        assert c is not None
+        total = sum(len(h) for h in self.held.values())
+        bound = global_excess(len(IDS), self.policy.local_burst_cap)
+        assert total <= c + bound, (total, c, bound)
+        if self.exact:
+            assert total <= c, (total, c)
+
+
+class LocalShareSlots(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.desks = {m: SlotDesk(m, 1, TIMINGS) for m in IDS}
+        self.held: dict[str, set[int]] = {m: set() for m in IDS}
+        self.n_live = len(IDS)
+        self.policy = TenantRatePolicy("t", "inflight", 1, concurrency=5, mode="share")
+
+    @initialize(cap=st.integers(1, 9), mode=st.sampled_from(["local", "share"]))
+    def configure(self, cap: int, mode: str) -> None:
+        self.policy = TenantRatePolicy("t", "inflight", 1, concurrency=cap, mode=mode)
+
+    @rule(m=st.sampled_from(IDS))
+    def acquire(self, m: str) -> None:
+        v = self.desks[m].acquire(self.policy, 0, self.n_live)
+        if v.allowed:
+            self.held[m].add(v.lease)
+
+    @precondition(lambda self: any(self.held.values()))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        m = data.draw(st.sampled_from([m for m in IDS if self.held[m]]))
+        lease = data.draw(st.sampled_from(sorted(self.held[m])))
+        assert self.desks[m].release(lease)
+        assert not self.desks[m].release(lease)  # twice is a no-op
+        self.held[m].discard(lease)
+
+    @invariant()
+    def each_worker_within_its_cap(self) -> None:
+        c = self.policy.concurrency
+        assert c is not None
+        cap = c if self.policy.mode == "local" else share_of(c, self.n_live)
+        for m in IDS:
+            assert len(self.held[m]) <= cap
+            assert self.desks[m].in_flight(SCOPE) == len(self.held[m])
+
+
+TestGlobalSlots = GlobalSlots.TestCase
+TestGlobalSlots.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+TestLocalShareSlots = LocalShareSlots.TestCase
+TestLocalShareSlots.settings = settings(max_examples=50, stateful_step_count=40, deadline=None)
