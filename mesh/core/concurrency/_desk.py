@@ -69,6 +69,8 @@ class _Scope:
     adopted: int = -1  # the report whose grant we hold
     sent: dict[int, int] = field(default_factory=dict)  # seq -> sent_ms, SENT_KEPT newest
     demand: int = 0  # acquires asked since the last report
+    peak: int = 0  # recent in-flight + demand: what it keeps asking for (`_want`)
+    peak_ms: int = 0  # when the peak was last raised or decayed
     last_ms: int = 0
 
     def allowance_at(self, now_ms: int) -> int:
@@ -162,11 +164,22 @@ class SlotDesk:
             s.sent[s.seq] = now_ms
             if len(s.sent) > SENT_KEPT:
                 del s.sent[min(s.sent)]
-            want = min(s.policy.local_burst_cap, s.in_flight + s.demand)
+            want = self._want(s, now_ms)
             s.demand = 0
             report = SlotReport(scope, self.worker_epoch, s.seq, s.in_flight, allowance, want)
             out.append((ring.owner_of(ring_key(scope)), report))
         return out
+
+    def _want(self, s: _Scope, now_ms: int) -> int:
+        """The recent peak of in-flight + demand and one more: a scope that goes quiet for a
+        while keeps its slots for a lease rather than giving them back and waiting a round
+        trip for the next request; past that the peak decays by an eighth a lease."""
+        now_need = s.in_flight + s.demand
+        if now_need >= s.peak:
+            s.peak, s.peak_ms = now_need, now_ms
+        elif now_ms - s.peak_ms >= self.timings.lease_ttl_ms:
+            s.peak, s.peak_ms = max(now_need, s.peak * 7 // 8), now_ms
+        return min(s.policy.local_burst_cap, s.peak + (1 if s.peak else 0))
 
     def receive(self, now_ms: int, sender: str, grant: SlotGrant, ring: Ring) -> bool:
         """Adopt an owner's grant: only from the scope's owner as this worker's ring says,

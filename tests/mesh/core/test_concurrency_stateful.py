@@ -31,7 +31,7 @@ from mesh.core.concurrency import (
 )
 from mesh.core.ring import Ring
 from mesh.core.shares import share_of
-from ratemesh.policy import TenantRatePolicy
+from ratemesh.policy import Mode, TenantRatePolicy
 
 IDS = ("a", "b", "c")
 RING = Ring(IDS, 1)
@@ -50,12 +50,12 @@ class GlobalSlots(RuleBasedStateMachine):
         self.held: dict[str, set[int]] = {m: set() for m in IDS}  # the model
         self.net: list[tuple[str, str, SlotReport | SlotGrant]] = []  # (from, to, message)
         self.exact = True  # no owner restart, no live holder dropped: fleet <= C
-        self.policy = TenantRatePolicy("t", "inflight", 1, concurrency=6, mode="global")
+        self.policy = TenantRatePolicy("t", "inflight", 1, concurrency=6, mode=Mode.GLOBAL)
 
     @initialize(cap=st.integers(1, 12), b=st.integers(1, 12))
     def configure(self, cap: int, b: int) -> None:
         self.policy = TenantRatePolicy(
-            "t", "inflight", 1, concurrency=cap, local_burst_cap=min(b, cap), mode="global"
+            "t", "inflight", 1, concurrency=cap, local_burst_cap=min(b, cap), mode=Mode.GLOBAL
         )
 
     @rule(m=st.sampled_from(IDS), k=st.integers(1, 8))
@@ -107,7 +107,7 @@ class GlobalSlots(RuleBasedStateMachine):
     @rule(ms=st.sampled_from([1, 2, 5, 10, 20, 50, 150]))
     def advance(self, ms: int) -> None:
         self.now += ms
-        for scope, m in self.owner.tick(self.now):
+        for _scope, m in self.owner.tick(self.now):
             if self.held[m]:
                 self.exact = False  # a live holder cut off past the member TTL
 
@@ -142,11 +142,11 @@ class LocalShareSlots(RuleBasedStateMachine):
         self.desks = {m: SlotDesk(m, 1, TIMINGS) for m in IDS}
         self.held: dict[str, set[int]] = {m: set() for m in IDS}
         self.n_live = len(IDS)
-        self.policy = TenantRatePolicy("t", "inflight", 1, concurrency=5, mode="share")
+        self.policy = TenantRatePolicy("t", "inflight", 1, concurrency=5, mode=Mode.SHARE)
 
     @initialize(cap=st.integers(1, 9), mode=st.sampled_from(["local", "share"]))
     def configure(self, cap: int, mode: str) -> None:
-        self.policy = TenantRatePolicy("t", "inflight", 1, concurrency=cap, mode=mode)
+        self.policy = TenantRatePolicy("t", "inflight", 1, concurrency=cap, mode=Mode(mode))
 
     @rule(m=st.sampled_from(IDS))
     def acquire(self, m: str) -> None:
