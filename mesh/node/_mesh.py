@@ -48,7 +48,7 @@ from mesh.core.admission import (
     CreditDesk,
     RedisDesk,
 )
-from mesh.core.concurrency import SlotDesk, SlotVerdict
+from mesh.core.concurrency import SlotVerdict
 from mesh.core.gate import STEPS
 from mesh.core.member import Member
 from mesh.core.messages import COOLDOWN_MS_MAX
@@ -119,7 +119,6 @@ class Mesh:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._driver: NodeDriver | None = None
         self._sidecar: Sidecar | None = None  # the HTTP and gRPC servers beside the peer port
-        self._slots: SlotDesk | None = None  # in-flight slots (concurrency limits), on first use
         self._parked: set[asyncio.Future[Verdict]] = set()  # waiters stop() must release
         self._gate = threading.Lock()  # orders admit submissions against stop()
         self._closed = False
@@ -518,15 +517,16 @@ class Mesh:
                 )
             if policy.tenant_id != tenant:
                 policy = policy.for_tenant(tenant)
-            now_ms = time.monotonic_ns() // 1_000_000
-            desk = self._slot_desk()
+            now_ms = d.clock_ns() // 1_000_000  # the clock the node's tick reports on
+            desk = d.member.slots.desk
             desk.expire(now_ms)
             return desk.acquire(policy, now_ms, d.member.admission.n_live, ttl_ms)
 
     def release_slot(self, lease: int) -> bool:
         """Give a slot back; False if it was not held (released, expired, unknown)."""
+        d = self._require()
         with self._lock or contextlib.nullcontext():
-            return self._slot_desk().release(lease)
+            return d.member.slots.desk.release(lease)
 
     def slot(self, tenant: str, metric: str, *, timeout_s: float = 0.0) -> Slot:
         """A context manager (`with`, `async with`) holding one slot for its block; waits up
@@ -546,12 +546,6 @@ class Mesh:
         self._require()
         check_metric(metric, error=ConfigError)
         return Egress(self, tenant, metric, expected_bytes, chunk)
-
-    def _slot_desk(self) -> SlotDesk:
-        desk = self._slots
-        if desk is None:
-            desk = self._slots = SlotDesk(self.identity.member_id, 1)
-        return desk
 
     def limited(
         self,
