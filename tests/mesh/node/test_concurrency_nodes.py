@@ -25,14 +25,13 @@ C, B = 6, 4
 IDS = ["a", "b", "c"]
 
 # The killed worker: a threaded node that takes B slots, says so, and holds them.
-WORKER = (
-    """
+WORKER = """
 import json, sys, time
 from mesh.node import Mesh
 cfg, tenant = json.loads(sys.argv[1]), sys.argv[2]
 mesh = Mesh(cfg).start()
 held = []
-while len(held) < %d:
+while len(held) < int(sys.argv[3]):
     v = mesh.acquire_slot(tenant, "origin_loads")
     if v.allowed:
         held.append(v.lease)
@@ -40,8 +39,6 @@ while len(held) < %d:
 print("held", len(held), flush=True)
 time.sleep(600)
 """
-    % B
-)
 
 
 def _config(m: str, addrs: dict[str, str], tenant: str) -> dict[str, Any]:
@@ -74,7 +71,7 @@ def test_the_fleet_holds_c_and_a_killed_workers_slots_come_back() -> None:
     )
     addrs = {m: f"127.0.0.1:{free_port()}" for m in IDS}
     worker = subprocess.Popen(
-        [sys.executable, "-c", WORKER, json.dumps(_config("c", addrs, tenant)), tenant],
+        [sys.executable, "-c", WORKER, json.dumps(_config("c", addrs, tenant)), tenant, str(B)],
         stdout=subprocess.PIPE,
         text=True,
     )
