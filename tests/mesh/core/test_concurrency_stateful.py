@@ -177,3 +177,43 @@ TestGlobalSlots = GlobalSlots.TestCase
 TestGlobalSlots.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
 TestLocalShareSlots = LocalShareSlots.TestCase
 TestLocalShareSlots.settings = settings(max_examples=50, stateful_step_count=40, deadline=None)
+
+
+def test_slot_messages_round_trip_and_bad_ones_name_the_field() -> None:
+    """A peer's slot message is untrusted: every field is checked on decode."""
+    import msgpack
+    import pytest
+
+    from mesh.core.concurrency import SlotGrants, SlotReports
+    from mesh.core.messages import SCHEMA_VERSION, decode, encode
+    from mesh.errors import MessageError
+
+    reports = SlotReports("a", 3, (SlotReport(SCOPE, 2, 7, 1, 4, 5),))
+    grants = SlotGrants("c", 3, (SlotGrant(SCOPE, 2, 7, 4, 100),))
+    assert decode(encode(reports)) == reports and decode(encode(grants)) == grants
+    row = ["t", "inflight", 2, 7, 1, 4, 5]
+    for bad, field in (
+        ([*row[:6], -1], "rows[0][6]"),
+        (["t", "Bad Metric", *row[2:]], "rows[0].metric"),
+        ([*row[:6], "5"], "rows[0][6]"),
+        (row[:6], "rows[0]"),
+    ):
+        data = msgpack.packb([SCHEMA_VERSION, "slots", "a", 3, [bad]])
+        with pytest.raises(MessageError) as err:
+            decode(data)
+        assert err.value.field == field, err.value
+    many = msgpack.packb([SCHEMA_VERSION, "slots", "a", 3, [row] * 257])
+    with pytest.raises(MessageError, match="at most 256"):
+        decode(many)
+
+
+def test_an_owner_refuses_implausible_reports_and_changes_nothing() -> None:
+    policy = TenantRatePolicy("t", "inflight", 1, concurrency=4, mode=Mode.GLOBAL)
+    owner = SlotOwner(OWNER, TIMINGS)
+    assert owner.receive(0, "a", SlotReport(SCOPE, 1, 1, 5, 0, 1), policy) is None  # > C
+    assert owner.refused == 1 and owner.counted(SCOPE, 0) == 0 and not owner.scopes
+    g = owner.receive(0, "a", SlotReport(SCOPE, 1, 1, 0, 0, 3), policy)
+    assert g is not None and g.allowance == 3
+    assert owner.receive(1, "a", SlotReport(SCOPE, 1, 1, 0, 0, 3), policy) is None  # a replay
+    g2 = owner.receive(1, "b", SlotReport(SCOPE, 1, 1, 0, 0, 4), policy)
+    assert g2 is not None and g2.allowance == 1  # what a's grant leaves of C

@@ -175,3 +175,17 @@ def test_policy_file_refuses_nonsense_concurrency() -> None:
         assert "\n" not in str(err.value)
     (ok,) = parse_policy_list([base], where="policies")
     assert ok.policy.concurrency == 2 and ok.policy.to_dict()["concurrency"] == 2
+
+
+def test_global_mode_on_one_node_is_granted_by_itself() -> None:
+    """A one-member fleet owns every scope: its first acquire waits for the tick that
+    answers its own report, in place, with no message."""
+    mesh = _node(mode="global")
+    try:
+        first = mesh.acquire_slot("acme", "origin_loads")
+        assert not first.allowed and first.reason is SlotReason.NO_ALLOWANCE, first
+        assert first.bound == "in_flight<=C+N*b"
+        with mesh.slot("acme", "origin_loads", timeout_s=5.0) as v:
+            assert v.allowed and v.mode == "global"
+    finally:
+        mesh.stop()
