@@ -96,3 +96,42 @@ def test_a_client_holds_a_bounded_number_of_tokens_and_only_its_own() -> None:
         tokens.acquire("z", ACQ)
     now[0] = 100  # x's TTL'd tokens ran out: pruned when a bound is reached
     assert tokens.acquire("z", ACQ)["allowed"] and len(tokens.tokens) == 4
+
+
+def test_acquire_and_release_over_grpc() -> None:
+    import grpc
+    from grpc import aio
+
+    from mesh.sidecar import concurrency_pb2 as cpb
+
+    async def main() -> None:
+        cfg = node_config()
+        cfg["policies"]["inline"].append(SLOTS)
+        async with node(cfg) as mesh, aio.insecure_channel(mesh.sidecar_addresses["grpc"]) as ch:
+            acquire = ch.unary_unary(
+                "/ratemesh.sidecar.v1.Concurrency/Acquire",
+                request_serializer=cpb.AcquireRequest.SerializeToString,
+                response_deserializer=cpb.AcquireResponse.FromString,
+            )
+            release = ch.unary_unary(
+                "/ratemesh.sidecar.v1.Concurrency/Release",
+                request_serializer=cpb.ReleaseRequest.SerializeToString,
+                response_deserializer=cpb.ReleaseResponse.FromString,
+            )
+            one = await acquire(cpb.AcquireRequest(tenant="acme", metric="origin_loads"))
+            two = await acquire(
+                cpb.AcquireRequest(tenant="acme", metric="origin_loads", ttl_ms=60_000)
+            )
+            assert one.allowed and two.allowed and one.token and one.cap == 2, (one, two)
+            three = await acquire(cpb.AcquireRequest(tenant="acme", metric="origin_loads"))
+            assert not three.allowed and three.reason == "concurrency_limited" and not three.token
+            assert (await release(cpb.ReleaseRequest(token=one.token))).ok
+            assert not (await release(cpb.ReleaseRequest(token=one.token))).ok
+            try:
+                await acquire(cpb.AcquireRequest(tenant="acme", metric="read_iops"))
+                raise AssertionError("a rate metric was given a slot")
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc
+                assert "no concurrency limit" in (exc.details() or "")
+
+    asyncio.run(main())
