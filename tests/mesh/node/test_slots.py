@@ -189,3 +189,51 @@ def test_global_mode_on_one_node_is_granted_by_itself() -> None:
             assert v.allowed and v.mode == "global"
     finally:
         mesh.stop()
+
+
+def test_the_api_docs_in_flight_slots_and_chunked_egress_blocks_run() -> None:
+    """docs/api.md, "In-flight slots and chunked egress" and "Chunked egress": their python
+    blocks, run in order
+    against a node with an origin-loader limit and an egress limit."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "api.md").read_text()
+    section = text.split("## In-flight slots and chunked egress", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    egress = {
+        "tenant_id": "acme",
+        "metric": "client_egress_bytes",
+        "generation": 1,
+        "mode": "local",
+        "target_rate": 1,
+        "global_burst": 1 << 20,
+        "local_burst_cap": 1 << 20,
+    }
+    mesh = _node(egress)
+    loads: list[str] = []
+    sent: list[bytes] = []
+    body = b"x" * 300_000
+
+    class _Sock:
+        def sendall(self, data: bytes) -> None:
+            sent.append(data)
+
+    try:
+        ns: dict[str, Any] = {
+            "mesh": mesh,
+            "load_from_origin": lambda: loads.append("loaded"),
+            "serve_busy": lambda reason: loads.append(reason),
+            "body": body,
+            "pieces": [body[i : i + 65536] for i in range(0, len(body), 65536)][:3],
+            "sock": _Sock(),
+        }
+        exec(blocks[0].replace("...\n", ""), ns)  # noqa: S102 - the doc's own example
+        assert loads == ["loaded"]
+        exec(blocks[1], ns)  # noqa: S102
+        eg = ns["eg"]
+        assert sum(map(len, sent)) == eg.sent_bytes == 3 * 65536
+        assert eg.charged == 256 * 1024 and eg.refunded == eg.charged - eg.sent_bytes > 0
+    finally:
+        mesh.stop()
