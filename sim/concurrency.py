@@ -36,6 +36,7 @@ from mesh.core.ring import Ring
 from mesh.core.shares import share_of
 from ratemesh.policy import Mode, TenantRatePolicy
 from sim.network import ScenarioNetwork
+from sim.quota import fairness_figures, run_result
 from sim.scenario import ConcurrencySpec, Scenario
 from sim.workload import Workload
 
@@ -210,11 +211,7 @@ class _Run:
         sc, c, n = self.sc, self.spec.cap, len(self.workers)
         slot_time = int(c * sc.duration_s * 1000 / self.spec.hold_ms)
         ideal = {t: min(o, slot_time) for t, o in self.offered.items()}
-        ratios = [min(self.admitted[t] / ideal[t], 1.0) for t in ideal if ideal[t]]
-        jain = sum(ratios) ** 2 / (len(ratios) * sum(r * r for r in ratios)) if ratios else 1.0
-        smallest = min(sorted(self.offered), key=lambda t: self.offered[t])
-        quiet = [t.name for t in sc.tenants if t.quiet] or [smallest]
-        q_ideal = sum(ideal[t] for t in quiet)
+        jain, quiet_share = fairness_figures(sc, self.admitted, self.offered, ideal)
         worst = max(self.max_excess.values())
         bound = self.bound()
         return {
@@ -226,10 +223,8 @@ class _Run:
             "bound": bound,
             "within_bound": worst <= bound,
             "utilisation": round(sum(self.admitted.values()) / max(sum(ideal.values()), 1), 4),
-            "fairness": round(jain, 4),
-            "quiet_share": round(sum(min(self.admitted[t], ideal[t]) for t in quiet) / q_ideal, 4)
-            if q_ideal
-            else 1.0,
+            "fairness": jain,
+            "quiet_share": quiet_share,
             "messages_per_worker_s": round(self.messages / n / sc.duration_s, 2),
             "round_trips_per_request": 0.0,  # acquire is local; reports and grants are off-path
             "cap": c,
@@ -248,13 +243,4 @@ class _Run:
 def run_concurrency(sc: Scenario, seed: int, strategies: list[str] | None = None) -> dict[str, Any]:
     """Every concurrency strategy on the scenario, one seed; the simulator's result shape."""
     names = [s for s in (strategies or sc.strategies) if s in CONCURRENCY_STRATEGIES]
-    workload = Workload(sc, seed, sc.worker_ids())
-    return {
-        "scenario": sc.name,
-        "seed": seed,
-        "description": sc.description,
-        "workers": sc.fleet.workers,
-        "tenants": len(workload.tenants),
-        "duration_s": sc.duration_s,
-        "strategies": {name: _Run(sc, seed, name).run() for name in names},
-    }
+    return run_result(sc, seed, {name: _Run(sc, seed, name).run() for name in names})

@@ -3,9 +3,11 @@ a `SlotTokens` table, the caller named by its bearer credential or its host."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 from grpc import aio
 
 from mesh.errors import ConfigError
@@ -15,7 +17,7 @@ from mesh.sidecar._slots import SLOT_TTL_MS_DEFAULT, SlotTokens, client_of
 __all__ = ["CONCURRENCY_SERVICE", "slot_handlers"]
 
 CONCURRENCY_SERVICE = "ratemesh.sidecar.v1.Concurrency"
-_Handler = Callable[[bytes, "aio.ServicerContext[bytes, bytes]"], Awaitable[bytes]]
+M = TypeVar("M", bound=Message)
 
 
 def _client(context: aio.ServicerContext[bytes, bytes], auth_header: str) -> str:
@@ -26,13 +28,18 @@ def _client(context: aio.ServicerContext[bytes, bytes], auth_header: str) -> str
     return client_of(token.encode() if isinstance(token, str) else token, host)
 
 
+async def _parse(cls: type[M], data: bytes, context: aio.ServicerContext[bytes, bytes]) -> M:
+    """The request message, or abort INVALID_ARGUMENT saying why."""
+    try:
+        return cls.FromString(data)
+    except DecodeError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: {exc}")
+        raise AssertionError("unreachable: abort raises") from exc
+
+
 def slot_handlers(tokens: Callable[[], SlotTokens], auth_header: str) -> grpc.GenericRpcHandler:
     async def acquire(data: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
-        try:
-            req = pb.AcquireRequest.FromString(data)
-        except Exception as exc:  # noqa: BLE001 - any undecodable message is the caller's
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: {exc}")
-            raise AssertionError("unreachable: abort raises") from exc
+        req = await _parse(pb.AcquireRequest, data, context)
         ttl_ms = req.ttl_ms if req.HasField("ttl_ms") else SLOT_TTL_MS_DEFAULT
         doc = {"tenant": req.tenant, "metric": req.metric, "ttl_ms": ttl_ms}
         try:
@@ -46,11 +53,7 @@ def slot_handlers(tokens: Callable[[], SlotTokens], auth_header: str) -> grpc.Ge
         return pb.AcquireResponse(**out).SerializeToString()
 
     async def release(data: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
-        try:
-            req = pb.ReleaseRequest.FromString(data)
-        except Exception as exc:  # noqa: BLE001 - any undecodable message is the caller's
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: {exc}")
-            raise AssertionError("unreachable: abort raises") from exc
+        req = await _parse(pb.ReleaseRequest, data, context)
         ok = tokens().release(_client(context, auth_header), {"token": req.token})
         return pb.ReleaseResponse(ok=ok).SerializeToString()
 

@@ -1,10 +1,12 @@
 """In-flight caps (concurrency limits): acquire a slot, release it (docs/policies.md).
 
+The messages a worker and an owner exchange (SlotReport(s), SlotGrant(s)) live in the
+messages family beside their wire form (`mesh.core.messages._slots`) and are re-exported
+here.
+
 Private modules, each importing only those above it:
     _timings    SlotTimings: the global mode's lease and member TTLs, the named bounds
     _formula    each mode's per-worker cap, the owner's grant, the disclosed bound
-    _messages   SlotReport(s) (worker -> owner) and SlotGrant(s) (owner -> worker), from
-                the messages family (mesh.core.messages._slots, their wire form too)
     _owner      SlotOwner: counts members' holdings per scope, grants, drops the silent
     _desk       SlotDesk: one worker's slots and leases in every mode, its reports
     _exchange   SlotExchange: a member's desk and owner, driven by its tick and peers
@@ -18,7 +20,9 @@ from mesh.core.concurrency._formula import (
     grant_size,
     slot_cap,
 )
-from mesh.core.concurrency._messages import (
+from mesh.core.concurrency._owner import GRANTS_KEPT, SlotOwner
+from mesh.core.concurrency._timings import SlotTimings, usable_ms
+from mesh.core.messages._slots import (
     SLOT_ROWS_MAX,
     Scope,
     SlotGrant,
@@ -27,8 +31,6 @@ from mesh.core.concurrency._messages import (
     SlotReports,
     ring_key,
 )
-from mesh.core.concurrency._owner import GRANTS_KEPT, SlotOwner
-from mesh.core.concurrency._timings import SlotTimings, usable_ms
 
 __all__ = [
     "CONCURRENCY_BOUNDS",

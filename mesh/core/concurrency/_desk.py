@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from mesh.core.concurrency._formula import CONCURRENCY_BOUNDS, slot_cap
-from mesh.core.concurrency._messages import Scope, SlotGrant, SlotReport, ring_key
 from mesh.core.concurrency._timings import SlotTimings, usable_ms
+from mesh.core.messages._slots import Scope, SlotGrant, SlotReport, ring_key
 from mesh.core.ring import Ring
 from ratemesh.policy import Mode, TenantRatePolicy
 

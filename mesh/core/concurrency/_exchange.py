@@ -10,16 +10,16 @@ is skipped (the owner grants nothing it cannot size).
 from __future__ import annotations
 
 from mesh.core.concurrency._desk import SlotDesk
-from mesh.core.concurrency._messages import (
+from mesh.core.concurrency._owner import SlotOwner
+from mesh.core.concurrency._timings import SlotTimings
+from mesh.core.effects import Send
+from mesh.core.messages._slots import (
     SLOT_ROWS_MAX,
     SlotGrant,
     SlotGrants,
     SlotReport,
     SlotReports,
 )
-from mesh.core.concurrency._owner import SlotOwner
-from mesh.core.concurrency._timings import SlotTimings
-from mesh.core.effects import Send
 from mesh.core.policy import PolicyCache
 from mesh.core.ring import Ring
 

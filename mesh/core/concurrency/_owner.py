@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mesh.core.concurrency._formula import grant_size
-from mesh.core.concurrency._messages import Scope, SlotGrant, SlotReport
 from mesh.core.concurrency._timings import SlotTimings
+from mesh.core.messages._slots import Scope, SlotGrant, SlotReport
 from ratemesh.policy import TenantRatePolicy
 
 __all__ = ["GRANTS_KEPT", "SlotOwner"]

@@ -37,6 +37,19 @@ def _node(*extra: dict[str, Any], mode: str = "local") -> Mesh:
     ).start()
 
 
+def _egress(burst: int) -> dict[str, Any]:
+    """A local byte limit on client_egress_bytes with `burst` bytes and a slow refill."""
+    return {
+        "tenant_id": "acme",
+        "metric": "client_egress_bytes",
+        "generation": 1,
+        "mode": "local",
+        "target_rate": 1,
+        "global_burst": burst,
+        "local_burst_cap": burst,
+    }
+
+
 def test_threads_never_hold_more_than_c_and_every_slot_comes_back() -> None:
     mesh = _node()
     try:
@@ -128,16 +141,7 @@ def test_a_slot_on_a_rate_metric_is_one_line_error() -> None:
 
 
 def test_egress_charges_per_chunk_and_refunds_the_short_send() -> None:
-    egress = {
-        "tenant_id": "acme",
-        "metric": "client_egress_bytes",
-        "generation": 1,
-        "mode": "local",
-        "target_rate": 1,
-        "global_burst": 1000,
-        "local_burst_cap": 1000,
-    }
-    mesh = _node(egress)
+    mesh = _node(_egress(1000))
     try:
         with mesh.egress("acme", 900, chunk=300) as eg:
             assert eg.sent(100) is not None  # the first chunk: 300 charged
@@ -202,16 +206,7 @@ def test_the_api_docs_in_flight_slots_and_chunked_egress_blocks_run() -> None:
     section = text.split("## In-flight slots and chunked egress", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 2
-    egress = {
-        "tenant_id": "acme",
-        "metric": "client_egress_bytes",
-        "generation": 1,
-        "mode": "local",
-        "target_rate": 1,
-        "global_burst": 1 << 20,
-        "local_burst_cap": 1 << 20,
-    }
-    mesh = _node(egress)
+    mesh = _node(_egress(1 << 20))
     loads: list[str] = []
     sent: list[bytes] = []
     body = b"x" * 300_000
