@@ -520,7 +520,8 @@ class Mesh:
             now_ms = d.clock_ns() // 1_000_000  # the clock the node's tick reports on
             desk = d.member.slots.desk
             desk.expire(now_ms)
-            return desk.acquire(policy, now_ms, d.member.admission.n_live, ttl_ms)
+            adm = d.member.admission
+            return desk.acquire(policy, now_ms, adm.n_live, ttl_ms, stale=adm.membership_stale)
 
     def release_slot(self, lease: int) -> bool:
         """Give a slot back; False if it was not held (released, expired, unknown)."""

@@ -16,6 +16,7 @@ from mesh.core.concurrency._desk import SENT_KEPT, SlotDesk, SlotReason, SlotVer
 from mesh.core.concurrency._exchange import SlotExchange
 from mesh.core.concurrency._formula import (
     CONCURRENCY_BOUNDS,
+    SHARE_STALE_BOUND,
     global_excess,
     grant_size,
     slot_cap,
@@ -36,6 +37,7 @@ __all__ = [
     "CONCURRENCY_BOUNDS",
     "GRANTS_KEPT",
     "SENT_KEPT",
+    "SHARE_STALE_BOUND",
     "SLOT_ROWS_MAX",
     "Scope",
     "SlotDesk",

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from mesh.core.concurrency._formula import CONCURRENCY_BOUNDS, slot_cap
+from mesh.core.concurrency._formula import CONCURRENCY_BOUNDS, SHARE_STALE_BOUND, slot_cap
 from mesh.core.concurrency._timings import SlotTimings, usable_ms
 from mesh.core.messages._slots import Scope, SlotGrant, SlotReport, ring_key
 from mesh.core.ring import Ring
@@ -95,12 +95,23 @@ class SlotDesk:
         self.scopes: dict[Scope, _Scope] = {}
         self.leases: dict[int, _Lease] = {}
         self._next_lease = 1
+        self._stale = False  # the verdict being built is share mode's under stale membership
 
     def acquire(
-        self, policy: TenantRatePolicy, now_ms: int, n_live: int, ttl_ms: int | None = None
+        self,
+        policy: TenantRatePolicy,
+        now_ms: int,
+        n_live: int,
+        ttl_ms: int | None = None,
+        *,
+        stale: bool = False,
     ) -> SlotVerdict:
         """Take one slot under `policy` (already for its tenant) or say why not. A lease
-        with `ttl_ms` is released by `expire` once it runs out."""
+        with `ttl_ms` is released by `expire` once it runs out. `stale`: membership is
+        stale, so share mode's N decays to 1 (and its verdicts say so)."""
+        self._stale = stale and policy.mode is Mode.SHARE
+        if stale:
+            n_live = 1
         assert policy.concurrency is not None, "acquire takes a concurrency policy"
         scope = (policy.tenant_id, policy.metric)
         s = self.scopes.get(scope)
@@ -215,6 +226,5 @@ class SlotDesk:
         in_flight: int,
         cap: int,
     ) -> SlotVerdict:
-        return SlotVerdict(
-            allowed, reason, lease, in_flight, cap, policy.mode, CONCURRENCY_BOUNDS[policy.mode]
-        )
+        bound = SHARE_STALE_BOUND if self._stale else CONCURRENCY_BOUNDS[policy.mode]
+        return SlotVerdict(allowed, reason, lease, in_flight, cap, policy.mode, bound)

@@ -16,6 +16,7 @@ from ratemesh.policy import Mode, TenantRatePolicy
 
 __all__ = [
     "CONCURRENCY_BOUNDS",
+    "SHARE_STALE_BOUND",
     "global_excess",
     "grant_size",
     "slot_cap",
@@ -28,6 +29,8 @@ CONCURRENCY_BOUNDS: dict[Mode, str] = {
     Mode.SHARE: "in_flight<=N*ceil(C/N_live)",
     Mode.GLOBAL: "in_flight<=C+N*b",
 }
+# share with membership stale: N decays to 1, each worker caps at C, as rate shares do.
+SHARE_STALE_BOUND = "membership_stale:N=1;in_flight<=N*C"
 
 
 def slot_cap(policy: TenantRatePolicy, n_live: int, allowance: int) -> int:

@@ -217,3 +217,13 @@ def test_an_owner_refuses_implausible_reports_and_changes_nothing() -> None:
     assert owner.receive(1, "a", SlotReport(SCOPE, 1, 1, 0, 0, 3), policy) is None  # a replay
     g2 = owner.receive(1, "b", SlotReport(SCOPE, 1, 1, 0, 0, 4), policy)
     assert g2 is not None and g2.allowance == 1  # what a's grant leaves of C
+
+
+def test_share_decays_to_c_per_worker_when_membership_is_stale_and_says_so() -> None:
+    desk = SlotDesk("a", 1, TIMINGS)
+    p = TenantRatePolicy("t", "inflight", 1, concurrency=6, mode=Mode.SHARE)
+    fresh = [desk.acquire(p, 0, 3) for _ in range(3)]
+    assert [v.allowed for v in fresh] == [True, True, False] and fresh[0].cap == 2
+    assert fresh[0].bound == "in_flight<=N*ceil(C/N_live)"
+    stale = desk.acquire(p, 0, 3, stale=True)
+    assert stale.allowed and stale.cap == 6 and stale.bound == "membership_stale:N=1;in_flight<=N*C"
