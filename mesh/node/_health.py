@@ -173,6 +173,8 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         "suspended": suspended,
         # spend quotas' convergence (docs/quotas.md): per quota cap, own, remote, lag_ms
         "quotas": quotas,
+        # in-flight caps (docs/policies.md): this worker's slots and the scopes it owns
+        "concurrency": m.slots.health(),
         "policies": {
             "count": len(policies),
             "enforced": shown,  # per limit, the generation enforced (sorted by limit)

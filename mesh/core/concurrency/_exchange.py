@@ -73,6 +73,21 @@ class SlotExchange:
             [Send(sender, SlotGrants(self.member_id, ring.epoch, tuple(grants)))] if grants else []
         )
 
+    def health(self) -> dict[str, int]:
+        """What /health shows: this worker's slots, and the scopes this member owns."""
+        owned = self.owner.scopes
+        return {
+            "scopes": len(self.desk.scopes),
+            "in_flight": self.desk.total_in_flight(),
+            "leases": len(self.desk.leases),
+            "owned_scopes": len(owned),
+            "owned_members": sum(len(m) for m in owned.values()),
+            "members_dropped": self.owner.dropped,
+            "reports_refused": self.owner.refused,
+            "lease_ttl_ms": self.desk.timings.lease_ttl_ms,
+            "member_ttl_ms": self.desk.timings.member_ttl_ms,
+        }
+
     def _answer(self, now_ms: int, sender: str, rows: list[SlotReport]) -> list[SlotGrant]:
         out: list[SlotGrant] = []
         for r in rows:

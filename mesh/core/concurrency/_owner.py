@@ -56,6 +56,7 @@ class SlotOwner:
         self.timings = timings or SlotTimings()
         self.scopes: dict[Scope, dict[str, _Held]] = {}
         self.refused = 0  # reports refused: implausible numbers, a full table
+        self.dropped = 0  # members dropped after the member TTL without a report
 
     def receive(
         self, now_ms: int, sender: str, report: SlotReport, policy: TenantRatePolicy
@@ -106,6 +107,7 @@ class SlotOwner:
                 if now_ms - members[m].last_ms > self.timings.member_ttl_ms:
                     del members[m]
                     dropped.append((scope, m))
+                    self.dropped += 1
             if not members:
                 del self.scopes[scope]
         return dropped

@@ -114,6 +114,9 @@ def test_the_fleet_holds_c_and_a_killed_workers_slots_come_back() -> None:
             # not before the owner could know: a grant lives a lease, a member a member TTL
             assert waited >= SlotTimings().lease_ttl_ms / 1000 * 0.5, waited
             assert a.health()["membership"]["N"] == 3
+            owner = a.health()["concurrency"]  # a owns the scope: it dropped c, once
+            assert owner["members_dropped"] == 1 and owner["owned_members"] == 2, owner
+            assert b.health()["concurrency"]["in_flight"] == len(held["b"])
 
     try:
         asyncio.run(main())
