@@ -11,6 +11,7 @@ ran out (owner unreachable, a partition) admits nothing new until a fresh one ar
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -95,6 +96,7 @@ class SlotDesk:
         self.scopes: dict[Scope, _Scope] = {}
         self.leases: dict[int, _Lease] = {}
         self._next_lease = 1
+        self._expiries: list[tuple[int, int]] = []  # (expires_ms, lease), a heap
         self._stale = False  # the verdict being built is share mode's under stale membership
 
     def acquire(
@@ -133,6 +135,8 @@ class SlotDesk:
         lease = self._next_lease
         self._next_lease += 1
         self.leases[lease] = _Lease(scope, None if ttl_ms is None else now_ms + ttl_ms)
+        if ttl_ms is not None:
+            heapq.heappush(self._expiries, (now_ms + ttl_ms, lease))
         s.in_flight += 1
         return self._verdict(True, SlotReason.ADMITTED, lease, policy, s.in_flight, cap)
 
@@ -148,13 +152,14 @@ class SlotDesk:
         return True
 
     def expire(self, now_ms: int) -> int:
-        """Release every lease whose TTL ran out; how many."""
-        gone = [
-            i for i, h in self.leases.items() if h.expires_ms is not None and h.expires_ms <= now_ms
-        ]
-        for i in gone:
-            self.release(i)
-        return len(gone)
+        """Release every lease whose TTL ran out; how many. The TTL'd leases wait in a heap
+        by expiry, so a tick pays for those that ran out, not for every lease held."""
+        n = 0
+        heap = self._expiries
+        while heap and heap[0][0] <= now_ms:
+            _, lease = heapq.heappop(heap)
+            n += self.release(lease)  # False: released before its TTL ran out
+        return n
 
     def tick(self, now_ms: int, ring: Ring) -> list[tuple[str, SlotReport]]:
         """Expire TTL'd leases, forget idle scopes, and report each global scope with
