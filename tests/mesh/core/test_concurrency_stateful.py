@@ -227,3 +227,29 @@ def test_share_decays_to_c_per_worker_when_membership_is_stale_and_says_so() -> 
     assert fresh[0].bound == "in_flight<=N*ceil(C/N_live)"
     stale = desk.acquire(p, 0, 3, stale=True)
     assert stale.allowed and stale.cap == 6 and stale.bound == "membership_stale:N=1;in_flight<=N*C"
+
+
+def test_a_grant_overtaken_by_a_later_report_still_counts_until_its_lease_ends() -> None:
+    """A grant delayed past the worker's next report is adopted late (it answers a report
+    the worker sent); the owner must count it until its lease ends, or it grants the same
+    slots twice."""
+    policy = TenantRatePolicy("t", "inflight", 1, concurrency=4, mode=Mode.GLOBAL)
+    owner = SlotOwner(OWNER, TIMINGS)
+    a, b = SlotDesk("a", 1, TIMINGS), SlotDesk("b", 1, TIMINGS)
+    for _ in range(4):
+        a.acquire(policy, 0, 3)  # demand: 4
+    ((_, r1),) = a.tick(0, RING)
+    g1 = owner.receive(0, "a", r1, policy)  # 4 for a; delayed on the link
+    assert g1 is not None and g1.allowance == 4
+    # a reports again before g1 arrives, wanting nothing now (a peer may say anything)
+    r2 = SlotReport(SCOPE, 1, r1.seq + 1, 0, 0, 0)
+    g2 = owner.receive(5, "a", r2, policy)
+    assert g2 is not None and g2.allowance == 0
+    b.acquire(policy, 5, 3)
+    ((_, rb),) = b.tick(5, RING)
+    gb = owner.receive(5, "b", rb, policy)
+    assert gb is not None and gb.allowance == 0  # g1 is still a's to spend
+    assert a.receive(6, OWNER, g1, RING) and b.receive(6, OWNER, gb, RING)
+    held = sum(a.acquire(policy, 6, 3).allowed for _ in range(4))
+    held += sum(b.acquire(policy, 6, 3).allowed for _ in range(4))
+    assert held <= 4
