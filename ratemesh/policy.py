@@ -29,6 +29,7 @@ from ratemesh.errors import ConfigError, RatemeshError
 from ratemesh.rates import parse_amount, parse_rate, rate_text
 
 __all__ = [
+    "CONCURRENCY_MODES",
     "DEFAULT_TENANT",
     "DESCRIPTOR_SEP",
     "DESCRIPTOR_WILDCARD",
@@ -280,12 +281,14 @@ class TenantRatePolicy:
     period: Period | None = None  # a spend quota's UTC period (docs/quotas.md)
     quota: int | None = None  # the cap per period, in the metric's unit
     posture: Posture = Posture.ENFORCE  # shadow: evaluated and counted, always admitted
+    concurrency: int | None = None  # an in-flight cap C (docs/policies.md, concurrency)
     _key: RateKey = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_str("tenant_id", self.tenant_id)
         object.__setattr__(self, "metric", check_metric(self.metric))
         check_int("generation", self.generation, minimum=1)
+        self._set_concurrency()
         self._set_quota()
         self._set_numbers()
         check_bool("enabled", self.enabled)
@@ -302,6 +305,8 @@ class TenantRatePolicy:
                 "global or strict for this metric",
             )
         object.__setattr__(self, "posture", _posture(self.posture, self))
+        if self.concurrency is not None:
+            _check_concurrency(self.mode, unit, self.metric)
         tenant = self.tenant_id
         if DESCRIPTOR_SEP in tenant:  # already folded (a copy, a key's tenant part)
             base, desc = split_tenant(tenant)
@@ -334,6 +339,34 @@ class TenantRatePolicy:
             if getattr(self, name) is None:
                 object.__setattr__(self, name, 0)
 
+    def _set_concurrency(self) -> None:
+        """An in-flight cap C: no rate, no period. The rate fields it leaves out are 0;
+        `local_burst_cap`, when given, is b, the most slots the global mode grants one worker
+        (else C). A rate or a quota beside it is refused: a limit is one kind."""
+        if self.concurrency is None:
+            return
+        c = check_int("concurrency", self.concurrency, minimum=1)
+        object.__setattr__(self, "concurrency", c)
+        if self.period is not None or self.quota is not None:
+            raise ConfigError("concurrency", "cannot be combined with period and quota")
+        for name in ("target_rate", "global_burst"):
+            if getattr(self, name) not in (None, 0):
+                raise ConfigError(
+                    name, "does not apply to a concurrency limit (an in-flight cap has no rate)"
+                )
+            object.__setattr__(self, name, 0)
+        if self.local_burst_cap in (None, 0):
+            object.__setattr__(self, "local_burst_cap", c)
+        elif parse_amount("local_burst_cap", self.local_burst_cap) > c:
+            raise ConfigError(
+                "local_burst_cap", f"must be <= concurrency ({c}) for an in-flight cap"
+            )
+
+    @property
+    def is_concurrency(self) -> bool:
+        """Whether this policy is an in-flight cap (acquired and released, not spent)."""
+        return self.concurrency is not None
+
     @property
     def is_quota(self) -> bool:
         """Whether this policy carries a spend quota (period and quota)."""
@@ -341,7 +374,8 @@ class TenantRatePolicy:
 
     def _set_numbers(self) -> None:
         """target_rate, the bursts and scale as integers in sub-units (the class docstring)."""
-        low = 0 if self.quota is not None else 1  # a quota policy may carry no rate
+        # a quota or concurrency policy carries no rate
+        low = 0 if self.quota is not None or self.concurrency is not None else 1
         rate = parse_rate("target_rate", self.target_rate, minimum=low)
         burst = parse_amount("global_burst", self.global_burst, minimum=low)
         cap = parse_amount("local_burst_cap", self.local_burst_cap, minimum=low)
@@ -406,6 +440,7 @@ class TenantRatePolicy:
             period=self.period,
             quota=self.quota,
             posture=self.posture,
+            concurrency=self.concurrency,
         )
 
     @property
@@ -427,6 +462,7 @@ class TenantRatePolicy:
             self.period,
             self.quota,
             self.posture,
+            *(() if self.concurrency is None else (self.concurrency,)),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -464,6 +500,9 @@ class TenantRatePolicy:
                     del out[name]  # a quota policy with no rate writes none
         if self.posture is not Posture.ENFORCE:  # only when set: older peers read the rest
             out["posture"] = self.posture.value
+        if self.concurrency is not None:
+            out["concurrency"] = self.concurrency
+            del out["target_rate"], out["global_burst"]  # 0: an in-flight cap has no rate
         return out
 
     @classmethod
@@ -482,7 +521,7 @@ class TenantRatePolicy:
             raise error(where, f"must be a mapping, got {type(data).__name__}")
         # A quota policy (period or quota given) needs no rate fields (docs/quotas.md).
         quota = "period" in data or "quota" in data
-        required = _REQUIRED[:3] if quota else _REQUIRED
+        required = _REQUIRED[:3] if quota or "concurrency" in data else _REQUIRED
         unknown = sorted(set(map(str, data)) - set(POLICY_FIELDS))
         if unknown:
             raise error(f"{where}.{unknown[0]}", "unknown key")
@@ -553,7 +592,10 @@ POLICY_FIELDS = (
     "period",
     "quota",
     "posture",
+    "concurrency",
 )
+# The modes an in-flight cap runs in: a gauge per worker, divided, or granted by an owner.
+CONCURRENCY_MODES = (Mode.LOCAL, Mode.SHARE, Mode.GLOBAL)
 _PERIODS = {p.value: p for p in Period}
 
 
@@ -582,11 +624,32 @@ def _posture(value: Any, policy: TenantRatePolicy) -> Posture:
     posture: Posture = (
         value if isinstance(value, Posture) else check_choice("posture", value, _POSTURES)
     )
-    if posture is Posture.SHADOW and (policy.quota is not None or policy.mode not in SHADOW_MODES):
-        what = "a spend quota" if policy.quota is not None else f"mode {policy.mode.value}"
+    rated = policy.quota is None and policy.concurrency is None
+    if posture is Posture.SHADOW and not (rated and policy.mode in SHADOW_MODES):
+        what = (
+            "a spend quota"
+            if policy.quota is not None
+            else "a concurrency limit"
+            if policy.concurrency is not None
+            else f"mode {policy.mode.value}"
+        )
         raise ConfigError(
             "posture",
             f"shadow does not apply to {what}: only local, share and global limits can be "
             "evaluated without enforcing (docs/policies.md)",
         )
     return posture
+
+
+def _check_concurrency(mode: Mode, unit: Unit, metric: str) -> None:
+    """One-line refusals for what an in-flight cap cannot be metered by."""
+    if mode not in CONCURRENCY_MODES:
+        raise ConfigError(
+            "mode",
+            f"{mode.value} cannot meter a concurrency limit on {metric}: in-flight slots are "
+            "a gauge, not a rate; use local, share or global",
+        )
+    if unit is not Unit.REQUESTS:
+        raise ConfigError(
+            "unit", f"a concurrency limit counts requests in flight, not {unit.value}"
+        )

@@ -32,7 +32,7 @@ from sim.network import ScenarioNetwork
 from sim.scenario import Scenario
 from sim.workload import Workload
 
-__all__ = ["QUOTA_STRATEGIES", "run_quota"]
+__all__ = ["QUOTA_STRATEGIES", "fairness_figures", "run_quota", "run_result"]
 
 QUOTA_STRATEGIES = ("mesh", "local")
 T0_MS = 1_774_958_400_000  # 2026-03-31 12:00 UTC: the run stays inside one day
@@ -172,11 +172,7 @@ class _Run:
         cap, n = sc.quota.cap, len(self.workers)
         ideal = {t: min(o, cap) for t, o in self.offered.items()}
         excess = {t: max(0, a - cap) for t, a in self.admitted.items()}
-        ratios = [self.admitted[t] / ideal[t] for t in ideal if ideal[t]]
-        jain = sum(ratios) ** 2 / (len(ratios) * sum(r * r for r in ratios)) if ratios else 1.0
-        smallest = min(sorted(self.offered), key=lambda t: self.offered[t])
-        quiet = [t.name for t in sc.tenants if t.quiet] or [smallest]
-        q_ideal = sum(ideal[t] for t in quiet)
+        jain, quiet_share = fairness_figures(sc, self.admitted, self.offered, ideal)
         bound = max(self.last_lag.values()) if self.strategy == "mesh" else (n - 1) * cap
         return {
             "admitted": sum(self.admitted.values()),
@@ -187,10 +183,8 @@ class _Run:
             "bound": bound,
             "within_bound": max(excess.values()) <= bound,
             "utilisation": round(sum(self.admitted.values()) / max(sum(ideal.values()), 1), 4),
-            "fairness": round(jain, 4),
-            "quiet_share": round(sum(min(self.admitted[t], ideal[t]) for t in quiet) / q_ideal, 4)
-            if q_ideal
-            else 1.0,
+            "fairness": jain,
+            "quiet_share": quiet_share,
             "messages_per_worker_s": round(self.messages / n / sc.duration_s, 2),
             "round_trips_per_request": 0.0,  # admission is local; publishes are off-path
             "cap": cap,
@@ -205,13 +199,32 @@ class _Run:
 def run_quota(sc: Scenario, seed: int, strategies: list[str] | None = None) -> dict[str, Any]:
     """Every quota strategy on the scenario, one seed; the simulator's result shape."""
     names = [s for s in (strategies or sc.strategies) if s in QUOTA_STRATEGIES]
-    workload = Workload(sc, seed, sc.worker_ids())
+    return run_result(sc, seed, {name: _Run(sc, seed, name).run() for name in names})
+
+
+def run_result(sc: Scenario, seed: int, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The simulator's result shape around each strategy's figures, for a scenario that
+    runs its own core (a spend quota, an in-flight cap)."""
     return {
         "scenario": sc.name,
         "seed": seed,
         "description": sc.description,
         "workers": sc.fleet.workers,
-        "tenants": len(workload.tenants),
+        "tenants": len(Workload(sc, seed, sc.worker_ids()).tenants),
         "duration_s": sc.duration_s,
-        "strategies": {name: _Run(sc, seed, name).run() for name in names},
+        "strategies": runs,
     }
+
+
+def fairness_figures(
+    sc: Scenario, admitted: dict[str, int], offered: dict[str, int], ideal: dict[str, int]
+) -> tuple[float, float]:
+    """Jain's index over each tenant's admitted / ideal, and the quiet tenants' share of
+    their ideal (the scenario's `quiet` ones, else the smallest by offered load)."""
+    ratios = [admitted[t] / ideal[t] for t in ideal if ideal[t]]
+    jain = sum(ratios) ** 2 / (len(ratios) * sum(r * r for r in ratios)) if ratios else 1.0
+    smallest = min(sorted(offered), key=lambda t: offered[t])
+    quiet = [t.name for t in sc.tenants if t.quiet] or [smallest]
+    q_ideal = sum(ideal[t] for t in quiet)
+    share = sum(min(admitted[t], ideal[t]) for t in quiet) / q_ideal if q_ideal else 1.0
+    return round(jain, 4), round(share, 4)

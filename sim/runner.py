@@ -278,6 +278,10 @@ def run(
         from sim.quota import run_quota
 
         return run_quota(sc, seed, strategies), []
+    if sc.concurrency is not None:  # an in-flight cap: its own run over the slot core
+        from sim.concurrency import run_concurrency
+
+        return run_concurrency(sc, seed, strategies), []
     names = list(strategies or sc.strategies)
     if "mesh" in names:
         names.remove("mesh")

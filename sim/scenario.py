@@ -33,6 +33,7 @@ __all__ = [
     "NetworkSpec",
     "Fault",
     "QuotaSpec",
+    "ConcurrencySpec",
     "load",
     "load_file",
     "parse",
@@ -232,6 +233,19 @@ class QuotaSpec:
 
 
 @dataclass(frozen=True)
+class ConcurrencySpec:
+    """An in-flight cap scenario (sim/concurrency.py, docs/policies.md): C per tenant, how
+    long each admitted request holds its slot, b, and the global mode's lease and member
+    TTLs."""
+
+    cap: int
+    hold_ms: int = 50
+    local_burst_cap: int = 0  # 0: C
+    lease_ttl_ms: int = 100
+    member_ttl_ms: int = 1000
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     description: str
@@ -246,6 +260,7 @@ class Scenario:
     warmup_s: float = 0.5
     step_ms: float = 1.0
     quota: QuotaSpec | None = None  # a spend-quota scenario (sim/quota.py) when set
+    concurrency: ConcurrencySpec | None = None  # an in-flight cap (sim/concurrency.py)
     core: tuple[tuple[str, int], ...] = ()  # CoreConfig fields beyond the fleet's, sorted
 
     def worker_ids(self) -> list[str]:
@@ -276,6 +291,24 @@ def _quota(data: Any, where: str) -> QuotaSpec | None:
     )
     f.done()
     return q
+
+
+def _concurrency(data: Any, where: str) -> ConcurrencySpec | None:
+    if data is None:
+        return None
+    f = _Fields(data, where)
+    cap = f.num("cap", required=True, minimum=1, integer=True)
+    c = ConcurrencySpec(
+        cap=cap,
+        hold_ms=f.num("hold_ms", 50, minimum=1, maximum=600_000, integer=True),
+        local_burst_cap=f.num("local_burst_cap", 0, minimum=0, maximum=cap, integer=True),
+        lease_ttl_ms=f.num("lease_ttl_ms", 100, minimum=8, maximum=600_000, integer=True),
+        member_ttl_ms=f.num("member_ttl_ms", 1000, minimum=8, maximum=3_600_000, integer=True),
+    )
+    f.done()
+    if c.member_ttl_ms < c.lease_ttl_ms:
+        raise ConfigError(f"{where}.member_ttl_ms", "must be >= lease_ttl_ms")
+    return c
 
 
 # Set under `fleet:` (every strategy reads them there), so not again under `core:`.
@@ -506,6 +539,7 @@ def parse(data: Any, *, where: str = "") -> Scenario:
         warmup_s=f.num("warmup_s", 0.5, maximum=60),
         step_ms=f.num("step_ms", 1.0, minimum=0.1, maximum=100),
         quota=_quota(f.get("quota"), f.path("quota")),
+        concurrency=_concurrency(f.get("concurrency"), f.path("concurrency")),
         core=_core(f.get("core"), f.path("core")),
     )
     f.done()

@@ -40,6 +40,8 @@ PYTHON_BLOCKS: dict[Path, dict[str, str]] = {
         "Call sites: a decorator and a context manager": (
             "test_call_site_example_prints_what_it_shows"
         ),
+        "In-flight slots and chunked egress": "tests/mesh/node/test_slots.py",
+        "Chunked egress": "tests/mesh/node/test_slots.py",
     },
     GOVERNORD: {"The daemon and the SDK": "tests/governor/test_readme.py"},
 }
@@ -312,6 +314,7 @@ NOT_MODULES = {
     "governor.v1.Governor",
     "ratemesh.coordinator.v1.Coordinator",  # gRPC service names
     "ratemesh.sidecar.v1.Admission",
+    "ratemesh.sidecar.v1.Concurrency",
 }
 
 

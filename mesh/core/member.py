@@ -8,6 +8,7 @@ carry out the effects it returns.
 from __future__ import annotations
 
 from mesh.core.admission import Admission, CreditDesk, RedisDesk
+from mesh.core.concurrency import SlotExchange, SlotGrants, SlotReports
 from mesh.core.config import CoreConfig
 from mesh.core.cooldown import CooldownDesk
 from mesh.core.effects import Effect
@@ -68,6 +69,7 @@ class Member:
         self.credit = credit  # strict limits' credit blocks (None: strict fails closed)
         self.quotas = quotas  # spend quotas (None: quota policies fail closed)
         self.cooldown = CooldownDesk(member_id)  # the fleet's 429 cooldown
+        self.slots = SlotExchange(member_id, worker_epoch, policies)  # in-flight caps
 
     @property
     def ring(self) -> Ring:
@@ -83,6 +85,7 @@ class Member:
             effects += self.quotas.tick(self.ring)
         if self.cooldown.until:
             effects += self.cooldown.tick(now_ns, self.ring, self.owner)
+        effects += self.slots.tick(now_ns // 1_000_000, self.ring)
         return effects
 
     def report_429(self, now_ns: int, tenant: str, metric: str, ms: int) -> list[Effect]:
@@ -132,6 +135,8 @@ class Member:
         if isinstance(message, (CellPublish, CellFold)):
             # The sender is the stream's authenticated member (mesh.peer checked the claim).
             return [] if self.quotas is None else self.quotas.receive(message.sender, message)
+        if isinstance(message, (SlotReports, SlotGrants)):  # in-flight caps' global mode
+            return list(self.slots.deliver(now_ns // 1_000_000, message.sender, message, self.ring))
         raise TypeError(f"not a mesh message: {type(message).__name__}")
 
     def ring_changed(self, now_ns: int, ring: Ring, *, stale: bool = False) -> None:

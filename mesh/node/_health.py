@@ -192,6 +192,8 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         # per tenant, what this member's limits took from its traffic (mesh policy preview)
         "meters": shown_meters,
         "meters_omitted": meters_omitted,
+        # in-flight caps (docs/policies.md): this worker's slots and the scopes it owns
+        "concurrency": m.slots.health(),
         "policies": {
             "count": len(policies),
             "enforced": shown,  # per limit, the generation enforced (sorted by limit)

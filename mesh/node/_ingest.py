@@ -197,10 +197,11 @@ class Ingest:
         """Apply one message whole (a report batch too: the node's own come here)."""
         now = self.clock_ns()
         owner = self.member.owner
+        slots = self.member.slots.owner  # in-flight caps' owner refuses implausible reports too
         with self.lock:
-            before = owner.refused_n
+            before, slots_before = owner.refused_n, slots.refused
             effects = self.member.deliver(now, message)
-            refused = owner.refused_n - before
+            refused = owner.refused_n - before + slots.refused - slots_before
         held = self.clock_ns() - now
         if held > self.deliver_hold_max_ns:
             self.deliver_hold_max_ns = held

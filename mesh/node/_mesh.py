@@ -48,6 +48,7 @@ from mesh.core.admission import (
     CreditDesk,
     RedisDesk,
 )
+from mesh.core.concurrency import SlotVerdict
 from mesh.core.gate import STEPS
 from mesh.core.member import Member
 from mesh.core.messages import COOLDOWN_MS_MAX
@@ -70,6 +71,7 @@ from mesh.node._driver import NodeDriver
 from mesh.node._health import health, node_stats, status
 from mesh.node._redis import RedisRounds
 from mesh.node._reload import PolicyReloader
+from mesh.node._slots import EGRESS_CHUNK_DEFAULT, Egress, Slot
 from mesh.peer import CoordinatorClient, PeerHandler, Transport
 from mesh.sidecar import Sidecar
 from mesh.telemetry import Telemetry, telemetry_routes
@@ -496,6 +498,55 @@ class Mesh:
         if policy is None:
             return UNKNOWN, None
         return _unused(policy)
+
+    # -- in-flight slots and chunked egress (mesh.node._slots; docs/api.md) ----------------
+
+    def acquire_slot(self, tenant: str, metric: str, *, ttl_ms: int | None = None) -> SlotVerdict:
+        """Take one in-flight slot of a concurrency limit, or say why not: local, no
+        network. `lease` on the verdict is what `release_slot` takes; with `ttl_ms` the
+        slot is released by itself once it runs out (a client that may crash)."""
+        d = self._require()
+        check_metric(metric, error=ConfigError)
+        with self._lock or contextlib.nullcontext():
+            policy = d.member.policies.current(tenant, metric)
+            if policy is None or policy.concurrency is None:
+                raise ConfigError(
+                    "metric",
+                    f"{metric!r} has no concurrency limit for {tenant!r} here; slots are taken "
+                    "under a policy with `concurrency: C`",
+                )
+            if policy.tenant_id != tenant:
+                policy = policy.for_tenant(tenant)
+            now_ms = d.clock_ns() // 1_000_000  # the clock the node's tick reports on
+            desk = d.member.slots.desk
+            desk.expire(now_ms)
+            adm = d.member.admission
+            return desk.acquire(policy, now_ms, adm.n_live, ttl_ms, stale=adm.membership_stale)
+
+    def release_slot(self, lease: int) -> bool:
+        """Give a slot back; False if it was not held (released, expired, unknown)."""
+        d = self._require()
+        with self._lock or contextlib.nullcontext():
+            return d.member.slots.desk.release(lease)
+
+    def slot(self, tenant: str, metric: str, *, timeout_s: float = 0.0) -> Slot:
+        """A context manager (`with`, `async with`) holding one slot for its block; waits up
+        to `timeout_s` for one. The block gets the SlotVerdict (`allowed` False: not held)."""
+        return Slot(self, tenant, metric, timeout_s)
+
+    def egress(
+        self,
+        tenant: str,
+        expected_bytes: int,
+        *,
+        metric: str = "client_egress_bytes",
+        chunk: int = EGRESS_CHUNK_DEFAULT,
+    ) -> Egress:
+        """A streamed response's bytes: `.sent(n)` charges whole chunks ahead, and the
+        exit refunds what was charged and not sent (a short send)."""
+        self._require()
+        check_metric(metric, error=ConfigError)
+        return Egress(self, tenant, metric, expected_bytes, chunk)
 
     def limited(
         self,

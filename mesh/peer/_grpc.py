@@ -16,6 +16,7 @@ import grpc
 
 from mesh.config import TlsConfig
 from mesh.core.messages import CellPublish, CooldownReport, Handover, Message, ReportBatch, encode
+from mesh.core.messages._slots import SlotReports
 from mesh.peer._link import PeerLink
 from mesh.peer._server import IsMember, PeerHandler, PeerServer
 from ratemesh.checks import with_port
@@ -81,7 +82,7 @@ class GrpcTransport:
 
     def send(self, to: str, message: Message) -> bool:
         data = encode(message)
-        if isinstance(message, (ReportBatch, Handover, CellPublish, CooldownReport)):  # ours
+        if isinstance(message, (ReportBatch, Handover, CellPublish, CooldownReport, SlotReports)):
             link = self.links.get(to)
             if link is None:
                 addr = self._addresses.get(to)

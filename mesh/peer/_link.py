@@ -17,6 +17,7 @@ from grpc import aio
 
 from mesh.config import TlsConfig
 from mesh.core.messages import CellFold, CooldownNotice, Message, SnapshotBatch, decode
+from mesh.core.messages._slots import SlotGrants
 from mesh.errors import MessageError, PeerRefused
 from mesh.peer._identity import AUTH_MD, sign
 from mesh.peer._tls import channel_credentials
@@ -163,7 +164,7 @@ class PeerLink:
             return
         if isinstance(msg, SnapshotBatch):
             self.deliver(msg)
-        elif isinstance(msg, (CellFold, CooldownNotice)) and msg.sender == self.peer_id:
+        elif isinstance(msg, (CellFold, CooldownNotice, SlotGrants)) and msg.sender == self.peer_id:
             self.deliver(msg)  # the owner's fold of our cells, from the peer we dialled
         else:
             self.bad_replies += 1

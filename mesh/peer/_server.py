@@ -39,6 +39,7 @@ from mesh.core.messages import (
     ReportBatch,
     decode,
 )
+from mesh.core.messages._slots import SlotReports
 from mesh.errors import MeshError, MessageError
 from mesh.peer._identity import (
     AUTH_MD,
@@ -413,7 +414,7 @@ class PeerServer:
                     f"sender: {msg.sender!r} is not this stream's member {member!r}",
                 )
             return msg
-        if isinstance(msg, (CellPublish, CooldownReport)):  # cells, 429s: the sender's own
+        if isinstance(msg, (CellPublish, CooldownReport, SlotReports)):  # the sender's own
             if msg.sender != member:
                 raise _Refused(
                     grpc.StatusCode.INVALID_ARGUMENT,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -29,6 +29,8 @@ from mesh.sidecar import admission_pb2 as pb
 from mesh.sidecar._auth import AUTH_HEADER, BearerCheck
 from mesh.sidecar._envoy import EnvoyRls, add_rls
 from mesh.sidecar._items import Decider, Item, Outcome, quota_fields, shared_fields
+from mesh.sidecar._slots import SlotKeeper, SlotTokens
+from mesh.sidecar._slots_grpc import CONCURRENCY_SERVICE, slot_handlers
 from ratemesh import callguard
 from ratemesh.callguard import Caller, CallGuard, GuardLimits, Refused
 from ratemesh.checks import with_port
@@ -186,6 +188,7 @@ class GrpcSidecar:
         self.calls = 0
         self.refused = 0
         self.address = ""
+        self.slot_tokens: SlotTokens | None = None
 
     async def start(self) -> str:
         limit = self.config.max_message_bytes
@@ -211,13 +214,21 @@ class GrpcSidecar:
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(ADMISSION_SERVICE, rpc),)
         )
+        server.add_generic_rpc_handlers((slot_handlers(self._slot_tokens, AUTH_HEADER),))
         rls = add_rls(server, self.envoy)
+        rls[CONCURRENCY_SERVICE] = self.ready  # in-flight slots (mesh.sidecar._slots_grpc)
         add_standard_services(server, {ADMISSION_SERVICE: self.ready, **rls})
         port = await bind_port(server, self.listen, self.tls, field="sidecar.grpc_listen")
         await server.start()
         self._server = server
         self.address = with_port(self.listen, port)
         return self.address
+
+    def _slot_tokens(self) -> SlotTokens:
+        """The slot tokens this port handed out (made on the first Acquire)."""
+        if self.slot_tokens is None:
+            self.slot_tokens = SlotTokens(cast(SlotKeeper, self.decider.admitter))
+        return self.slot_tokens
 
     async def stop(self, grace_s: float) -> None:
         if self._server is not None:

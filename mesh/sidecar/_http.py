@@ -42,7 +42,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import httptools
 import uvicorn
@@ -53,6 +53,7 @@ from mesh.errors import ConfigError
 from mesh.sidecar._auth import BearerCheck
 from mesh.sidecar._items import Decided, Decider, Item, limit_fields, verdict_fields
 from mesh.sidecar._ratelimit import DENY_STATUS_HEADER, ceil_s, deny_status, ratelimit_fields
+from mesh.sidecar._slots import SLOT_ROUTES, SlotKeeper, SlotTokens, client_of
 from mesh.telemetry import Detail, Route
 from ratemesh.checks import address_parts, with_port
 from ratemesh.conngate import Admit, ConnGate, loopback_peer
@@ -162,6 +163,7 @@ class HttpApp:
         self.auth = auth or BearerCheck((), required=False)
         self.access = access or Access()
         self.requests = 0
+        self.slot_tokens: SlotTokens | None = None  # slot tokens, on the first acquire
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan is off; websockets are not served
@@ -205,7 +207,7 @@ class HttpApp:
     ) -> tuple[int, Any, list[tuple[bytes, bytes]]]:
         """(status, body, headers beside content-type) of a /v1/ route."""
         assert self.decider is not None
-        if route not in ("admit", "charge", "refund", "cooldown"):
+        if route not in ("admit", "charge", "refund", "cooldown") and route not in SLOT_ROUTES:
             raise _BadRequest(404, f"path: /v1/{route[:100]} is not served here")
         if self.auth.required:
             header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
@@ -214,6 +216,8 @@ class HttpApp:
                 raise _BadRequest(401, why)
         if route == "cooldown":
             return *await self._cooldown(scope, receive), []
+        if route in SLOT_ROUTES:  # in-flight slots (mesh.sidecar._slots)
+            return await self._slot_call(route, scope, receive)
         status_on_deny = deny_status(_header(scope, DENY_STATUS_HEADER), self.status_on_deny)
         if isinstance(status_on_deny, str):
             raise _BadRequest(400, status_on_deny)
@@ -236,6 +240,26 @@ class HttpApp:
         verdicts = [_outcome(o) if isinstance(o, str) else self._fields(it, o)[0]
                     for it, o in zip(items, outcomes, strict=True)]  # fmt: skip
         return 200, {"verdicts": verdicts}, []
+
+    async def _slot_call(
+        self, route: str, scope: Scope, receive: Receive
+    ) -> tuple[int, Any, list[tuple[bytes, bytes]]]:
+        """POST /v1/acquire and /v1/release: a slot token, taken or given back."""
+        assert self.decider is not None
+        if self.slot_tokens is None:
+            self.slot_tokens = SlotTokens(cast(SlotKeeper, self.decider.admitter))
+        client = client_of(_header(scope, b"authorization"), str((scope.get("client") or ("",))[0]))
+        doc = _json(await self._body(receive))
+        try:
+            if route == "release":
+                return 200, {"ok": self.slot_tokens.release(client, doc)}, []
+            out = self.slot_tokens.acquire(client, doc)
+        except ConfigError as exc:
+            raise _BadRequest(400, str(exc)) from exc
+        on_deny = deny_status(_header(scope, DENY_STATUS_HEADER), self.status_on_deny)
+        if isinstance(on_deny, str):
+            raise _BadRequest(400, on_deny)
+        return (200 if out["allowed"] or on_deny == 200 else 429), out, []
 
     def _fields(self, item: Item, o: Decided) -> tuple[dict[str, Any], TenantRatePolicy | None]:
         """A decided item's wire fields, with its policy's exact limit (`limit_fields`),

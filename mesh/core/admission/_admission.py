@@ -311,6 +311,10 @@ class Admission:
             return FixedGate(
                 policy, _ignore, False, BOUNDS["quota_unattached"], None, Reason.QUOTA_EXHAUSTED
             )
+        if policy.concurrency is not None:  # an in-flight cap: slots are acquired, not admitted
+            return FixedGate(
+                policy, _ignore, False, BOUNDS["concurrency"], None, Reason.RATE_LIMITED
+            )
         return OPENERS[policy.mode](self, policy)
 
     def _mark_local(self, v: Gate) -> None:

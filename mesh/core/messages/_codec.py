@@ -37,6 +37,13 @@ from mesh.core.messages._keys import (
     key_from_wire,
     key_to_wire,
 )
+from mesh.core.messages._slots import (
+    SLOT_KINDS,
+    SlotGrants,
+    SlotReports,
+    slots_from_wire,
+    slots_to_wire,
+)
 from mesh.core.messages._snapshot import SnapshotBatch
 from mesh.core.messages._usage import Rejection, RejectReason, ReportBatch
 from mesh.core.policy import RateKey
@@ -102,6 +109,8 @@ _KNOWN_FIELDS = {
     "folds": 5,
     "cooldown": 5,
     "cooldown_left": 5,
+    "slots": 5,
+    "slot_grants": 5,
 }
 _REASONS = {r.value: r for r in RejectReason}
 _INT_ONLY = frozenset((int,))
@@ -114,6 +123,8 @@ Message = (
     | CellFold
     | CooldownReport
     | CooldownNotice
+    | SlotReports
+    | SlotGrants
 )
 
 
@@ -170,6 +181,8 @@ def to_wire(msg: Message) -> list[Any]:
         kind = "cooldown" if isinstance(msg, CooldownReport) else "cooldown_left"
         rows = [[key_to_wire(r.rate_key), r.ms] for r in msg.rows]
         return [SCHEMA_VERSION, kind, msg.sender, msg.ring_epoch, rows]
+    if isinstance(msg, (SlotReports, SlotGrants)):  # in-flight slots (docs/policies.md)
+        return slots_to_wire(SCHEMA_VERSION, msg)
     raise TypeError(f"not a mesh message: {type(msg).__name__}")
 
 
@@ -393,6 +406,8 @@ def from_wire(obj: Any) -> Message:
         return _cells_from_wire(obj)
     if kind in ("cooldown", "cooldown_left") and n_fields >= 5:
         return _cooldown_from_wire(obj)
+    if kind in SLOT_KINDS and n_fields >= 5:
+        return slots_from_wire(obj)
     raise MessageError("kind", f"unknown message kind {kind!r} with {len(obj)} fields")
 
 

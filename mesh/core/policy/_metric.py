@@ -35,6 +35,8 @@ BOUNDS: dict[str, str] = {
     # A 429 from the service behind the limit, reported by a worker and spread by the key's
     # owner (docs/cooldown.md): nothing is admitted until the cooldown ends.
     "cooldown": "cooldown:nothing_admitted_until_it_ends",
+    # A concurrency limit asked through try_admit: its slots are taken with acquire/release.
+    "concurrency": "concurrency:acquire_a_slot",
     "disabled": "unlimited:policy_disabled",
     "unknown": "policy_unknown:fail_closed",
 }

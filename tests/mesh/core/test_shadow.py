@@ -169,3 +169,11 @@ def test_would_deny_counts_are_bounded_and_forgotten_with_the_view() -> None:
     wd.forget("a", "m")
     assert wd.of("a", "m") == (0, 0) and wd.total() == (4, 12)
     assert SHADOW_KEYS_MAX >= 1024
+
+
+def test_a_concurrency_limit_in_shadow_is_one_clear_error() -> None:
+    """An in-flight cap is held through slots, not verdicts: no shadow of it to count."""
+    raw = {"tenant_id": "a", "metric": "read_iops", "generation": 1, "mode": "local"}
+    raw |= {"concurrency": 4, "local_burst_cap": 4, "posture": "shadow"}
+    with pytest.raises(ConfigError, match=r"policies\[0\]\.posture: .*a concurrency limit"):
+        TenantRatePolicy.from_dict(raw, where="policies[0]")

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[3]
 # service (mesh/sidecar/rls) and the standard services every gRPC port serves.
 PROTOS = (
     "mesh/sidecar/admission",
+    "mesh/sidecar/concurrency",
     "mesh/sidecar/rls/base",
     "mesh/sidecar/rls/ratelimit",
     "mesh/sidecar/rls/rls",
