@@ -9,7 +9,9 @@ from pathlib import Path
 
 from ratemesh.checks import check_int
 
+from ._extras import require
 from ._output import emit, positive_s
+from ._progress import shows_progress
 
 __all__ = [
     "churn",
@@ -25,7 +27,9 @@ __all__ = [
 ]
 
 
+@shows_progress("mesh bench hotpath")
 def hotpath(args: argparse.Namespace) -> int:
+    require("limits", "bench hotpath")
     from bench.hotpath import run
 
     emit(
@@ -38,6 +42,7 @@ def hotpath(args: argparse.Namespace) -> int:
     return 0
 
 
+@shows_progress("mesh bench owner", lambda a: a.seconds)
 def owner(args: argparse.Namespace) -> int:
     from bench.owner import run
     from mesh.core.messages import REPORT_ROWS_MAX
@@ -54,6 +59,7 @@ def owner(args: argparse.Namespace) -> int:
     return 0
 
 
+@shows_progress("mesh bench cluster", lambda a: a.seconds)
 def cluster(args: argparse.Namespace) -> int:
     from bench.cluster import run
 
@@ -68,6 +74,7 @@ def cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+@shows_progress("mesh bench churn", lambda a: a.idle_seconds * a.waves)
 def churn(args: argparse.Namespace) -> int:
     from bench.churn import run
 
@@ -83,6 +90,7 @@ def churn(args: argparse.Namespace) -> int:
     return 0
 
 
+@shows_progress("mesh bench flood", lambda a: a.seconds)
 def flood(args: argparse.Namespace) -> int:
     from bench.flood import run
     from mesh.core.messages import REPORT_ROWS_MAX
@@ -99,6 +107,7 @@ def flood(args: argparse.Namespace) -> int:
     return 0
 
 
+@shows_progress("mesh bench policy")
 def policy(args: argparse.Namespace) -> int:
     from bench.policy import run
 
@@ -113,6 +122,7 @@ def policy(args: argparse.Namespace) -> int:
     return 0
 
 
+@shows_progress("mesh bench strict", lambda a: a.seconds)
 def strict(args: argparse.Namespace) -> int:
     from bench.strict import THREADS_MAX, WORKERS_MAX, run
 
@@ -129,6 +139,7 @@ def strict(args: argparse.Namespace) -> int:
     return 0
 
 
+@shows_progress("mesh bench sidecar", lambda a: a.seconds * a.runs)
 def sidecar(args: argparse.Namespace) -> int:
     from bench.sidecar import CLIENTS_MAX, run
     from mesh.config import SidecarConfig
@@ -147,6 +158,7 @@ def sidecar(args: argparse.Namespace) -> int:
     return 0
 
 
+@shows_progress("mesh bench redis", lambda a: a.seconds)
 def redis(args: argparse.Namespace) -> int:
     from bench.redis import WORKERS_MAX, run
 
@@ -162,6 +174,7 @@ def redis(args: argparse.Namespace) -> int:
 
 def suite(args: argparse.Namespace) -> int:
     """Exit 0 with regressions too (the JSON says them) unless --fail-on-regression."""
+    require("limits", "bench suite")  # its hotpath figures run beside limits
     from bench.suite import DEFAULT_BASELINE, run, table
 
     def progress(line: str) -> None:
