@@ -29,7 +29,7 @@ __all__ = [
 
 @shows_progress("mesh bench hotpath")
 def hotpath(args: argparse.Namespace) -> int:
-    require("limits", "bench hotpath")
+    require("limits", "limits")
     from bench.hotpath import run
 
     emit(
@@ -174,7 +174,7 @@ def redis(args: argparse.Namespace) -> int:
 
 def suite(args: argparse.Namespace) -> int:
     """Exit 0 with regressions too (the JSON says them) unless --fail-on-regression."""
-    require("limits", "bench suite")  # its hotpath figures run beside limits
+    require("limits", "limits")  # its hotpath figures run beside limits
     from bench.suite import DEFAULT_BASELINE, run, table
 
     def progress(line: str) -> None:

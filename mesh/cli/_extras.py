@@ -19,11 +19,17 @@ EXTRAS: dict[str, tuple[str, str]] = {
 
 
 def require(module: str, field: str) -> None:
-    """Refuse `field` (the command or flag) when `module`, an extra's package, is missing."""
+    """Refuse `field` (the flag, or the package when the command needs it whatever the
+    flags) when `module`, an extra's package, is missing."""
     extra, _ = EXTRAS[module]
-    if importlib.util.find_spec(module) is None:
+    try:
+        missing = importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):  # hidden (sys.modules[module] = None) or broken
+        missing = True
+    if missing:
         raise ConfigError(
             field,
-            f"needs {module}, which the {extra!r} extra installs: "
-            f"pip install -e '.[{extra}]' (or '.[test]', which has every extra)",
+            ("" if field == module else f"needs {module}, which is ")
+            + f"not installed; the {extra!r} extra has it: "
+            f"pip install -e '.[{extra}]' (or '.[test]', every extra)",
         )
