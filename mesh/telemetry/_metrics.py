@@ -207,6 +207,11 @@ class Telemetry:
             row["excess_estimate"], row["excess_bound"] = est, bound
         return out
 
+    def policy_for(self, tenant: str, metric: str) -> TenantRatePolicy | None:
+        """The current policy a (tenant, metric) is decided under, defaults resolved (the
+        node's policy cache); None without one, or without a cache to ask."""
+        return None if self._policy_of is None else self._policy_of(tenant, metric)
+
     def forget_idle(self) -> int:
         """Fold the decision counts that did not change since the last call into their
         series' totals and drop them. Returns how many were dropped, counting those that
