@@ -5,11 +5,10 @@ process's (`process_*`: CPU, memory, open files, start time) and `ratemesh_build
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import platform
+from collections.abc import Iterator
 from importlib import metadata
+from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily

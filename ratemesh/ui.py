@@ -97,14 +97,16 @@ function render(h, prev, dt){
       cell(tr,'tenant',x.tenant,'l'); cell(tr,'metric',x.metric,'l');
       cell(tr,'policy',x.policy||'-','l'); cell(tr,'mode',x.mode||'-','l');
       cell(tr,'admitted',num(x.admitted)); cell(tr,'denied',num(x.denied));
-      cell(tr,'excess_estimate',num(x.excess_estimate)); cell(tr,'excess_bound',num(x.excess_bound));
+      cell(tr,'excess_estimate',num(x.excess_estimate));
+      cell(tr,'excess_bound',num(x.excess_bound));
       return tr;}));
   document.getElementById('served_more').textContent=h.served_omitted?
     (h.served_omitted+' more not shown (the busiest are)'):'';
   const links=(h.peer&&h.peer.links)||{};
   function reach(id){if(id===h.member_id)return ['this member','ok'];
     const lk=links[id]; if(!lk)return ['-',null];
-    return lk.connected?['reachable','ok']:['unreachable'+(lk.last_error?': '+lk.last_error:''),'l bad'];}
+    return lk.connected?['reachable','ok']:
+      ['unreachable'+(lk.last_error?': '+lk.last_error:''),'bad'];}
   table('suspended',[['tenant','l'],['metric','l'],['reason','l'],['owner','l'],
     ['owner reachable','l']], h.suspended.map(x=>{
     const tr=el('tr'); tr.dataset.key=key(x)+'|'+x.reason;

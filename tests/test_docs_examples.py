@@ -267,7 +267,9 @@ def _governord_fragment(tmp: Path, body: str) -> None:
     """A section of governord's config: validated inside the smallest whole one."""
     from bench._procs import free_port
 
-    _validate(tmp, "governord", f"store: sqlite:{tmp / 'g.db'}\nlisten: 127.0.0.1:{free_port()}\n{body}")
+    _validate(
+        tmp, "governord", f"store: sqlite:{tmp / 'g.db'}\nlisten: 127.0.0.1:{free_port()}\n{body}"
+    )
 
 
 def _failover(tmp: Path, body: str) -> None:
@@ -489,8 +491,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "key", sorted(AGAINST_A_NODE), ids=lambda k: f"{k[0]}:{k[1]}:{k[2]}{k[3]}"
-)
+@pytest.mark.parametrize("key", sorted(AGAINST_A_NODE), ids=lambda k: f"{k[0]}:{k[1]}:{k[2]}{k[3]}")
 def test_the_shell_example_runs_against_a_node(key: Key, node: Node) -> None:
     RUNNERS[key](node, examples()[key])

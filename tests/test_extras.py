@@ -20,8 +20,20 @@ OPTIONAL = {"limits", "matplotlib", "textual", "hiredis"}  # pyproject's extras,
 
 # file -> the command that reaches it, run with the file's package hidden
 GUARDED: dict[str, tuple[str, list[str]]] = {
-    "sim/plot.py": ("matplotlib", ["mesh", "sim", "run", "--scenario", "noisy-neighbour",
-                                   "--duration", "1", "--plot", "{tmp}/x.png"]),
+    "sim/plot.py": (
+        "matplotlib",
+        [
+            "mesh",
+            "sim",
+            "run",
+            "--scenario",
+            "noisy-neighbour",
+            "--duration",
+            "1",
+            "--plot",
+            "{tmp}/x.png",
+        ],
+    ),
     "bench/hotpath.py": ("limits", ["mesh", "bench", "hotpath", "--ops", "10"]),
     "bench/suite.py": ("limits", ["mesh", "bench", "suite", "--quick"]),
     "governor/tui.py": ("textual", ["governord", "ui", "--addr", "127.0.0.1:1"]),
@@ -45,7 +57,9 @@ def test_every_import_of_an_extra_is_guarded_by_a_command() -> None:
         for path in (ROOT / pkg).rglob("*.py"):
             if {m for m in pattern.findall(path.read_text()) if m in OPTIONAL}:
                 found.add(str(path.relative_to(ROOT)))
-    assert found <= set(GUARDED), f"imports an extra with no guarded command: {found - set(GUARDED)}"
+    assert found <= set(GUARDED), (
+        f"imports an extra with no guarded command: {found - set(GUARDED)}"
+    )
     assert set(EXTRAS) <= OPTIONAL
 
 

@@ -2,8 +2,8 @@
 the tree (root, tenants, their tasks, at most `TREE_SHOWN_MAX` nodes, breadth first) with
 used against cap, leases held against limit, and each rated node's credit level and the
 credit outstanding in workers' hands; and the mesh policies it serves (at most
-`POLICIES_SHOWN_MAX`). The page reads its role, leader and store health from `/health`. Read once per request under the engine's lock, like
-a scrape (governor/server/_metrics.py)."""
+`POLICIES_SHOWN_MAX`). The page reads its role, leader and store health from `/health`.
+Read once per request under the engine's lock, like a scrape (governor/server/_metrics.py)."""
 
 from __future__ import annotations
 

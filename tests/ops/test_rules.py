@@ -13,7 +13,6 @@ from tests.mesh._util import require_binary
 from tests.ops._kit import RULE_TESTS, RULES, RUNBOOK, dashboard, github_anchors, rules
 from tests.ops._promql import exported_names, metric_names
 
-
 RUNBOOK_PAGE = "{{ with $externalLabels.ratemesh_docs }}{{ . }}{{ else }}docs{{ end }}/runbook.md"
 
 

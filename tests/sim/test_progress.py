@@ -22,9 +22,7 @@ def run_on_a_terminal(args: list[str]) -> tuple[str, str, int]:
     """`mesh ARGS` with stderr on a pseudo-terminal and stdout on a pipe."""
     main, sub = pty.openpty()
     env = {**os.environ, "COLUMNS": "100", "TERM": "xterm"}
-    p = subprocess.Popen(
-        [*MESH, *args], stdout=subprocess.PIPE, stderr=sub, cwd=ROOT, env=env
-    )
+    p = subprocess.Popen([*MESH, *args], stdout=subprocess.PIPE, stderr=sub, cwd=ROOT, env=env)
     os.close(sub)
     err = b""
     while True:
