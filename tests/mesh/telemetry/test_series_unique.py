@@ -27,6 +27,16 @@ def duplicates(text: str) -> list[tuple[str, tuple[tuple[str, str], ...]]]:
     return [k for k, n in seen.items() if n > 1]
 
 
+def by_tenant(text: str, name: str) -> dict[str, float]:
+    """The samples of `name`, by tenant (each tenant has one: one metric in these tests)."""
+    return {
+        s.labels["tenant"]: s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == name
+    }
+
+
 def test_verdicts_differing_only_by_suspension_are_one_series() -> None:
     # A denial while the owner is unreachable keeps reason=rate_limited and says the
     # suspension: the decision families do not carry it, so both count in one sample.
@@ -41,13 +51,7 @@ def test_verdicts_differing_only_by_suspension_are_one_series() -> None:
                 tel.decisions[(tenant, "read_iops", id(v))] = n * n0
         text = tel.render().decode()
     assert duplicates(text) == []
-    denied = {
-        s.labels["tenant"]: s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name == "ratemesh_denied_total"
-    }
-    assert denied == {"acme": 7, OTHER: 21}
+    assert by_tenant(text, "ratemesh_denied_total") == {"acme": 7, OTHER: 21}
     assert 'ratemesh_suspended_verdicts_total{metric="read_iops",mode="global",' in text
 
 
@@ -66,13 +70,7 @@ def test_a_tenant_with_its_own_policy_keeps_its_series_while_idle() -> None:
     tel.forget_idle()  # idle for a whole period: both forgotten
     assert tel.decisions == {}
     for _ in range(3):  # and it stays: scrapes later still show its own series
-        text = tel.render().decode()
-        admitted = {
-            s.labels["tenant"]: s.value
-            for fam in text_string_to_metric_families(text)
-            for s in fam.samples
-            if s.name == "ratemesh_admitted_total"
-        }
+        admitted = by_tenant(tel.render().decode(), "ratemesh_admitted_total")
         # acme keeps its 5; drifter (no policy of its own) folded: "other" has its 4 and
         # what acme had before it was labelled (5)
         assert admitted == {"acme": 5, OTHER: 9}
