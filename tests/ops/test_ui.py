@@ -102,7 +102,9 @@ def test_the_node_page_shows_the_numbers_of_health_under_load(tmp_path: Path, br
         for x in doc["limits"]:
             k, row = _key(x), cells[f"limits {_key(x)}"]
             for f in ("target_rate", "global_burst", "bound", "mode", "generation"):
-                assert str(x[f]) == row[f] and x[f] == after[k][f], (k, f)
+                assert str(x[f]) == row[f], (k, f)
+                # the bound may say a stale view between the fetches (a loaded machine)
+                assert f == "bound" or x[f] == after[k][f], (k, f)
             if x["tenant"] == "*":  # its tenants count under their own names ("served")
                 assert row["admitted"] == row["denied"] == "-", row
                 continue
