@@ -58,6 +58,8 @@ async function tick(){
 _NODE_BODY = """
 <h1>ratemesh node <span id="member"></span></h1><div id="meta"></div><div id="summary"></div>
 <h2>Limits: admitted against limit, excess against bound</h2><table id="limits"></table>
+<h2>Tenants served under a default policy</h2><div id="served_more"></div>
+<table id="served"></table>
 <h2>Suspensions</h2><table id="suspended"></table>
 <h2>Members and the generations this member enforces</h2><table id="members"></table>
 <table id="enforced" style="margin-top:.6em"></table>
@@ -89,13 +91,33 @@ function render(h, prev, dt){
         x.excess_bound===undefined?null:bar(x.excess_estimate,x.excess_bound));
       cell(tr,'excess_bound',num(x.excess_bound)); cell(tr,'bound',x.bound,'l wrap');
       cell(tr,'suspended',x.suspended||'-',x.suspended?'l bad':'l'); return tr;}));
-  table('suspended',[['tenant','l'],['metric','l'],['reason','l']], h.suspended.map(x=>{
+  table('served',[['tenant','l'],['metric','l'],['policy','l'],['mode','l'],['admitted'],
+    ['denied'],['excess estimate'],['excess bound']], (h.served||[]).map(x=>{
+      const tr=el('tr'); tr.dataset.key=x.tenant+'|'+x.metric;
+      cell(tr,'tenant',x.tenant,'l'); cell(tr,'metric',x.metric,'l');
+      cell(tr,'policy',x.policy||'-','l'); cell(tr,'mode',x.mode||'-','l');
+      cell(tr,'admitted',num(x.admitted)); cell(tr,'denied',num(x.denied));
+      cell(tr,'excess_estimate',num(x.excess_estimate));
+      cell(tr,'excess_bound',num(x.excess_bound));
+      return tr;}));
+  document.getElementById('served_more').textContent=h.served_omitted?
+    (h.served_omitted+' more not shown (the busiest are)'):'';
+  const links=(h.peer&&h.peer.links)||{};
+  function reach(id){if(id===h.member_id)return ['this member','ok'];
+    const lk=links[id]; if(!lk)return ['-',null];
+    return lk.connected?['reachable','ok']:
+      ['unreachable'+(lk.last_error?': '+lk.last_error:''),'bad'];}
+  table('suspended',[['tenant','l'],['metric','l'],['reason','l'],['owner','l'],
+    ['owner reachable','l']], h.suspended.map(x=>{
     const tr=el('tr'); tr.dataset.key=key(x)+'|'+x.reason;
     cell(tr,'tenant',x.tenant+(x.descriptor?'['+x.descriptor+']':''),'l');
-    cell(tr,'metric',x.metric,'l'); cell(tr,'reason',x.reason,'l bad'); return tr;}));
-  table('members',[['member','l'],['this one','l']], m.members.map(id=>{
+    cell(tr,'metric',x.metric,'l'); cell(tr,'reason',x.reason,'l bad');
+    cell(tr,'owner',x.owner||'-','l'); const r=x.owner?reach(x.owner):['-',null];
+    cell(tr,'owner_reachable',r[0],r[1]?'l '+r[1]:'l'); return tr;}));
+  table('members',[['member','l'],['this one','l'],['reachable','l']], m.members.map(id=>{
     const tr=el('tr'); tr.dataset.key=id; cell(tr,'member',id,'l');
-    cell(tr,'self',id===h.member_id?'yes':'','l'); return tr;}));
+    cell(tr,'self',id===h.member_id?'yes':'','l'); const r=reach(id);
+    cell(tr,'reachable',r[0],r[1]?'l '+r[1]:'l'); return tr;}));
   table('enforced',[['tenant','l'],['metric','l'],['generation enforced']],
     h.policies.enforced.map(x=>{const tr=el('tr'); tr.dataset.key=key(x);
       cell(tr,'tenant',x.tenant+(x.descriptor?'['+x.descriptor+']':''),'l');
@@ -104,13 +126,45 @@ function render(h, prev, dt){
 """
 
 _GOVERNORD_BODY = """
-<h1>governord</h1><div id="meta"></div><div id="summary"></div>
+<h1>governord <span id="role"></span></h1><div id="meta"></div><div id="summary"></div>
+<h2>Role, leader and store (from /health)</h2><table id="health"></table>
 <h2>The tree: used against cap, leases held against limit, outstanding credit</h2>
 <table id="tree"></table>
+<h2>Mesh policies served</h2><div id="policies_meta"></div><table id="policies"></table>
 """
 
 _GOVERNORD_JS = """
+function yes(b){return b?['yes','ok']:['NO','bad'];}
+function drawHealth(h){
+  window.lastHealth=h; const c=h.checks||{}; const lead=c.leader||{}; const st=c.store||{};
+  const w=c.writer||{};
+  document.getElementById('role').textContent='('+h.role+', '+h.status+')';
+  const rows=[['role',h.role,h.role==='leader'?'ok':null],
+    ['leader',lead.leader||(h.role==='leader'?'this process':'unknown'),null],
+    ['epoch',lead.epoch===undefined||lead.epoch===null?'-':lead.epoch,null],
+    ['ready',...yes(h.ready)], ['store',(st.ok?'ok':'FAILING')+' ('+(st.kind||'-')+
+      (st.probe_ms!==undefined?', probe '+st.probe_ms+' ms':'')+')'+(st.error?': '+st.error:''),
+      st.ok?'ok':'bad'],
+    ['writer',(w.ok?'ok':'STALLED')+', committed seq '+num(w.committed_seq)+', pending '+
+      num(w.pending_events), w.ok?'ok':'bad']];
+  table('health',[['check','l'],['state','l']], rows.map(r=>{const tr=el('tr');
+    tr.dataset.key=r[0]; cell(tr,'check',r[0],'l'); cell(tr,'state',r[1],r[2]?'l '+r[2]:'l');
+    return tr;}));}
+async function health(){try{const r=await fetch('/health',{cache:'no-store'});
+  drawHealth(await r.json());}catch(err){document.getElementById('role').textContent=
+  '(cannot read /health: '+err+')';}}
 function render(d){
+  health();
+  const pol=d.policies||{served:[],count:0,omitted:0,revision:0};
+  document.getElementById('policies_meta').textContent=pol.count+' served, revision '+
+    pol.revision+(pol.omitted?', '+pol.omitted+' not shown':'');
+  table('policies',[['tenant','l'],['metric','l'],['generation'],['mode','l'],['rate'],
+    ['burst'],['local burst cap']], pol.served.map(p=>{const tr=el('tr');
+      tr.dataset.key=p.tenant_id+'|'+p.metric; cell(tr,'tenant',p.tenant_id,'l');
+      cell(tr,'metric',p.metric,'l'); cell(tr,'generation',p.generation);
+      cell(tr,'mode',p.mode,'l'); cell(tr,'target_rate',p.target_rate);
+      cell(tr,'global_burst',p.global_burst); cell(tr,'local_burst_cap',p.local_burst_cap);
+      return tr;}));
   const s=document.getElementById('summary');
   s.textContent='nodes '+d.nodes+' ('+d.nodes_omitted+' not shown), sessions '+d.sessions+
     ', queued '+d.queued;
@@ -155,12 +209,15 @@ def _page(title: str, source: str, body: str, js: str) -> bytes:
 
 def node_page() -> bytes:
     """A mesh node's page: per limit, admitted against the limit and excess against the
-    bound; suspensions with their reasons; members and the generations enforced."""
+    bound; the tenants served under a default policy; suspensions with their reasons, the
+    key's owner and whether it is reachable; members, their reachability from this one,
+    and the generations enforced."""
     return _page("ratemesh node", "/health", _NODE_BODY, _NODE_JS)
 
 
 def governord_page() -> bytes:
-    """governord's page: the tree (root, tenants, their tasks) with used against cap,
-    leases held against limit, and each rated node's rate, credit level and outstanding
-    credit (both against its burst)."""
+    """governord's page: its role, leader, store and writer health (from /health); the tree
+    (root, tenants, their tasks) with used against cap, leases held against limit, and each
+    rated node's rate, credit level and outstanding credit (both against its burst); and
+    the mesh policies it serves."""
     return _page("governord", "/ui/status", _GOVERNORD_BODY, _GOVERNORD_JS)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,8 +158,16 @@ class _Retries:
 
 
 def run_strategy(
-    sc: Scenario, seed: int, name: str, *, d_ns: int | None = None, keep_series: int = 6
+    sc: Scenario,
+    seed: int,
+    name: str,
+    *,
+    d_ns: int | None = None,
+    keep_series: int = 6,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> StrategyRun:
+    """One strategy over the scenario. `on_step(step, steps)` is called about a hundred
+    times over the run (and at its end): progress for a caller that shows it."""
     workers = sc.worker_ids()
     start = int(sc.warmup_s * NS_PER_S)
     net = ScenarioNetwork(sc.network, random.Random(f"network/{seed}"))
@@ -228,9 +237,13 @@ def run_strategy(
     strat.resolved = resolved
     strat.advance(start)
     t, step_ns, step = start, workload.step_ns, 0
+    steps = -(-(end - start) // step_ns)
+    every = max(1, steps // 100)
     while t < end:
         t += step_ns
         step += 1
+        if on_step is not None and step % every == 0:
+            on_step(step, steps)
         while events and events[0][0] <= t:
             when, idx, phase, f = events.pop(0)
             strat.advance(when)
@@ -270,10 +283,31 @@ def run_strategy(
     return StrategyRun(name, summary, series, measured)
 
 
+Progress = Callable[[int, int, str], None]  # done, total, what runs now (mesh.cli._progress)
+
+
+def _steps(
+    progress: Progress | None, i: int, n: int, name: str
+) -> Callable[[int, int], None] | None:
+    """The i-th of n strategies' steps as a share of the whole run, in percent."""
+    if progress is None:
+        return None
+    p = progress
+
+    def on_step(step: int, steps: int) -> None:
+        p(i * 100 + step * 100 // max(steps, 1), n * 100, name)
+
+    return on_step
+
+
 def run(
-    sc: Scenario, seed: int, strategies: list[str] | None = None
+    sc: Scenario,
+    seed: int,
+    strategies: list[str] | None = None,
+    progress: Progress | None = None,
 ) -> tuple[dict[str, Any], list[StrategyRun]]:
-    """Every strategy on the scenario; the mesh first, so its measured d sets the bound."""
+    """Every strategy on the scenario; the mesh first, so its measured d sets the bound.
+    `progress(done, total, strategy)` hears the simulated steps as they run."""
     if sc.quota is not None:  # a spend-quota scenario: its own run over the quota core
         from sim.quota import run_quota
 
@@ -290,9 +324,9 @@ def run(
     runs: list[StrategyRun] = []
     d_ns: int | None = None
     per_strategy: dict[str, float] = {}
-    for name in names:
+    for i, name in enumerate(names):
         t0 = time.perf_counter()
-        r = run_strategy(sc, seed, name, d_ns=d_ns)
+        r = run_strategy(sc, seed, name, d_ns=d_ns, on_step=_steps(progress, i, len(names), name))
         per_strategy[name] = round(time.perf_counter() - t0, 3)
         if name == "mesh":
             d_ns = r.d_ns

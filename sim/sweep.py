@@ -12,21 +12,31 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sim.runner import run
+from sim.runner import Progress, run
 from sim.scenario import load, names
 
 __all__ = ["sweep"]
 
 
 def sweep(
-    scenarios: list[str] | None = None, seeds: int = 20, strategies: tuple[str, ...] = ("mesh",)
+    scenarios: list[str] | None = None,
+    seeds: int = 20,
+    strategies: tuple[str, ...] = ("mesh",),
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
+    """`progress(done, total, "scenario seed N")` hears each run as it starts."""
     chosen = scenarios or [n for n in names() if n != "scale"]
     out: dict[str, Any] = {"seeds": seeds, "scenarios": {}}
     t0 = time.perf_counter()
+    total, done = len(chosen) * seeds, 0
     for name in chosen:
         sc = load(name)
-        rows = [run(sc, seed, list(strategies))[0]["strategies"] for seed in range(seeds)]
+        rows = []
+        for seed in range(seeds):
+            if progress is not None:
+                progress(done, total, f"{name} seed {seed}")
+            rows.append(run(sc, seed, list(strategies))[0]["strategies"])
+            done += 1
         per: dict[str, Any] = {}
         for strat in strategies:
             figs = [r[strat] for r in rows if strat in r]
@@ -54,5 +64,7 @@ def sweep(
                 ),
             }
         out["scenarios"][name] = per
+    if progress is not None:
+        progress(done, total, "done")
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     return out

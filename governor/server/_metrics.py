@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from governor.authority import Authority
 from governor.engine import ROOT_ID, Engine, Event, NodeState, SessionState
-from ratemesh.publicmetrics import public_registry
+from ratemesh.publicmetrics import public_registry, register_standard
 
 __all__ = ["Metrics"]
 
@@ -141,6 +141,7 @@ class Metrics:
 
     def attach(self, authority: Authority) -> None:
         self.registry.register(_TreeCollector(authority))
+        register_standard(self.registry, "governord")
         by_kind: dict[type[Any], Any] = {}
 
         def on_event(event: Event) -> None:

@@ -1,8 +1,9 @@
 """governord's live page: `GET /ui` (ratemesh/ui.py) and the JSON it polls, `GET /ui/status`:
 the tree (root, tenants, their tasks, at most `TREE_SHOWN_MAX` nodes, breadth first) with
 used against cap, leases held against limit, and each rated node's credit level and the
-credit outstanding in workers' hands. Read once per request under the engine's lock, like
-a scrape (governor/server/_metrics.py)."""
+credit outstanding in workers' hands; and the mesh policies it serves (at most
+`POLICIES_SHOWN_MAX`). The page reads its role, leader and store health from `/health`.
+Read once per request under the engine's lock, like a scrape (governor/server/_metrics.py)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from ratemesh.ui import governord_page
 if TYPE_CHECKING:
     pass
 
-__all__ = ["TREE_SHOWN_MAX", "tree_status", "ui_routes"]
+__all__ = ["POLICIES_SHOWN_MAX", "TREE_SHOWN_MAX", "tree_status", "ui_routes"]
 
 TREE_SHOWN_MAX = 500  # nodes listed on /ui/status; the rest are counted in nodes_omitted
+POLICIES_SHOWN_MAX = 500  # mesh policies listed on /ui/status; the rest are counted
 
 Route = Callable[[], tuple[int, str, bytes]]  # () -> (status, content type, body)
 
@@ -59,8 +61,16 @@ def tree_status(engine: Engine) -> dict[str, Any]:
         )
         kids = sorted(c for c in n.children if st.nodes[c].state is NodeState.ACTIVE)
         todo.extend((c, path) for c in kids)
+    served = st.policies.current()
     return {
         "tree": tree,
+        # the mesh's policies this governord serves to the nodes (as its coordinator)
+        "policies": {
+            "revision": st.policies.revision,
+            "count": len(served),
+            "served": [p.to_dict() for p in served[:POLICIES_SHOWN_MAX]],
+            "omitted": max(0, len(served) - POLICIES_SHOWN_MAX),
+        },
         "nodes": len(active),
         "nodes_omitted": len(active) - len(tree),
         "sessions": sum(1 for s in st.sessions.values() if s.state is SessionState.OPEN),

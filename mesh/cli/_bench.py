@@ -12,7 +12,9 @@ from typing import TypeVar
 from ratemesh.checks import check_float, check_int
 from ratemesh.errors import ConfigError
 
+from ._extras import require
 from ._output import emit, one_line, positive_s
+from ._progress import shows_progress
 
 T = TypeVar("T")
 
@@ -30,7 +32,9 @@ __all__ = [
 ]
 
 
+@shows_progress("mesh bench hotpath")
 def hotpath(args: argparse.Namespace) -> int:
+    require("limits", "limits")
     from bench.hotpath import run
 
     emit(
@@ -43,6 +47,7 @@ def hotpath(args: argparse.Namespace) -> int:
     return 0
 
 
+@shows_progress("mesh bench owner", lambda a: a.seconds)
 def owner(args: argparse.Namespace) -> int:
     from bench.owner import run
     from mesh.core.messages import REPORT_ROWS_MAX
@@ -59,6 +64,7 @@ def owner(args: argparse.Namespace) -> int:
     return 0
 
 
+@shows_progress("mesh bench cluster", lambda a: a.seconds)
 def cluster(args: argparse.Namespace) -> int:
     from bench.cluster import run
 
@@ -73,6 +79,7 @@ def cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+@shows_progress("mesh bench churn", lambda a: a.idle_seconds * a.waves)
 def churn(args: argparse.Namespace) -> int:
     from bench.churn import run
 
@@ -88,6 +95,7 @@ def churn(args: argparse.Namespace) -> int:
     return 0
 
 
+@shows_progress("mesh bench flood", lambda a: a.seconds)
 def flood(args: argparse.Namespace) -> int:
     from bench.flood import run
     from mesh.core.messages import REPORT_ROWS_MAX
@@ -104,6 +112,7 @@ def flood(args: argparse.Namespace) -> int:
     return 0
 
 
+@shows_progress("mesh bench policy")
 def policy(args: argparse.Namespace) -> int:
     from bench.policy import run
 
@@ -118,6 +127,11 @@ def policy(args: argparse.Namespace) -> int:
     return 0
 
 
+# a sweep prints a line a row instead of a measured length
+@shows_progress(
+    "mesh bench strict",
+    lambda a: None if a.sweep else 10.0 if a.seconds is None else a.seconds,
+)
 def strict(args: argparse.Namespace) -> int:
     from bench.strict import THREADS_MAX, WORKERS_MAX, run
 
@@ -229,6 +243,7 @@ def _credit(text: str) -> dict[str, int]:
     return raw
 
 
+@shows_progress("mesh bench sidecar", lambda a: a.seconds * a.runs)
 def sidecar(args: argparse.Namespace) -> int:
     from bench.sidecar import CLIENTS_MAX, run
     from mesh.config import SidecarConfig
@@ -247,6 +262,7 @@ def sidecar(args: argparse.Namespace) -> int:
     return 0
 
 
+@shows_progress("mesh bench redis", lambda a: a.seconds)
 def redis(args: argparse.Namespace) -> int:
     from bench.redis import WORKERS_MAX, run
 
@@ -262,6 +278,7 @@ def redis(args: argparse.Namespace) -> int:
 
 def suite(args: argparse.Namespace) -> int:
     """Exit 0 with regressions too (the JSON says them) unless --fail-on-regression."""
+    require("limits", "limits")  # its hotpath figures run beside limits
     from bench.suite import DEFAULT_BASELINE, run, table
 
     def progress(line: str) -> None:

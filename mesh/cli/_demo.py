@@ -170,8 +170,10 @@ async def _loopback(seconds: float, workers: int) -> dict[str, Any]:
         buckets = await _offer(meshes, seconds)
         d_ns = _d_ns(meshes)
     finally:
-        for mesh in started:
-            await mesh.aclose()
+        # The whole fleet stops together: each member hands its keys over while the others
+        # still listen (one after another, the last would hand over to members already
+        # gone, and say that its keys were not on the wire).
+        await asyncio.gather(*(mesh.aclose() for mesh in started))
     out: dict[str, Any] = {
         "workers": workers,
         "seconds": seconds,

@@ -11,7 +11,9 @@ from typing import Any
 from ratemesh.checks import check_int
 from ratemesh.errors import ConfigError
 
+from ._extras import require
 from ._output import positive_s
+from ._progress import progress
 
 __all__ = ["list_scenarios", "run", "sweep"]
 
@@ -38,7 +40,9 @@ def sweep(args: argparse.Namespace) -> int:
             )
     _check_strategies(strategies)
     check_int("--seeds", args.seeds, minimum=1)
-    print(json.dumps(run_sweep(chosen, args.seeds, strategies), sort_keys=True))
+    with progress(args, "mesh sim sweep") as advance:
+        result = run_sweep(chosen, args.seeds, strategies, advance)
+    print(json.dumps(result, sort_keys=True))
     return 0
 
 
@@ -62,7 +66,10 @@ def run(args: argparse.Namespace) -> int:
         sc = replace(sc, duration_s=positive_s("--duration", args.duration))
     names = args.strategies.split(",") if args.strategies else None
     _check_strategies(tuple(names or ()))
-    result, runs = run_scenario(sc, args.seed, names)
+    if args.plot:
+        require("matplotlib", "--plot")  # before the run, not after it
+    with progress(args, f"mesh sim run {sc.name}") as advance:
+        result, runs = run_scenario(sc, args.seed, names, advance)
     if args.plot:
         from sim.plot import plot
 

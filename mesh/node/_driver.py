@@ -234,7 +234,8 @@ class NodeDriver:
                 self.handover_keys_late = _keys_in(effects[i:])
                 log.warning(
                     "hand-over: %d of %d keys not on the wire within %.0f ms (half of "
-                    "shutdown_drain_ms); their next owners start them exhausted",
+                    "shutdown_drain_ms; their next owner stopped too, or is unreachable); "
+                    "their next owners start them exhausted, which admits less, never more",
                     self.handover_keys_late,
                     self.handover_keys,
                     timeout_s * 1000,

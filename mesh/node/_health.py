@@ -7,14 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from mesh.core.policy import BOUNDS, Mode
+from mesh.core.member import Member
+from mesh.core.policy import BOUNDS, Mode, TenantRatePolicy
 from mesh.core.reporter import excess_estimate
 from mesh.node._capability import capability
 from mesh.node._driver import NodeDriver
 from mesh.node._meters import meters
 from mesh.telemetry import NodeStats, rate_and_burst
 from ratemesh import envelope
-from ratemesh.policy import split_tenant
+from ratemesh.policy import RateKey, split_tenant
 
 __all__ = [
     "health",
@@ -153,7 +154,9 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         limits.append(entry)
         if susp:
             listed.add((p.tenant_id, p.metric, susp))
-            suspended.append({**_who(p.tenant_id), "metric": p.metric, "reason": susp})
+            suspended.append(
+                {**_who(p.tenant_id), "metric": p.metric, "reason": susp, **_owner(m, p)}
+            )
     # Views opened for tenants under a default ("*") policy carry their own suspensions.
     for (tenant, metric), v in sorted(views.items(), key=_first):
         if tenant != v.policy.tenant_id or v.no.suspended is None:
@@ -161,7 +164,9 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         reason = v.no.suspended.value
         if (tenant, metric, reason) not in listed:  # a set: 10,000 suspended views are common
             listed.add((tenant, metric, reason))
-            suspended.append({**_who(tenant), "metric": metric, "reason": reason})
+            suspended.append(
+                {**_who(tenant), "metric": metric, "reason": reason, **_owner(m, v.policy, tenant)}
+            )
     feed = driver.feed
     redis = redis_health(driver)
     shown = [
@@ -281,6 +286,15 @@ def status(driver: NodeDriver) -> dict[str, Any]:
 
 def _first(item: tuple[Any, Any]) -> Any:
     return item[0]
+
+
+def _owner(m: Member, p: TenantRatePolicy, tenant: str | None = None) -> dict[str, str]:
+    """`owner`: the member that meters a suspended limit's key (global and strict modes;
+    the others have none), so that the page can say whom `owner_unreachable` waits on."""
+    if p.mode not in (Mode.GLOBAL, Mode.STRICT) or not len(m.ring):
+        return {}
+    key = RateKey(tenant or p.tenant_id, p.metric, p.generation)
+    return {"owner": m.ring.owner_of(key)}
 
 
 def _who(tenant_id: str) -> dict[str, str]:

@@ -46,7 +46,7 @@ from mesh.core.policy import DEFAULT_TENANT, TenantRatePolicy
 from mesh.core.verdict import Reason, Verdict
 from mesh.telemetry._shadow import ShadowTelemetry
 from ratemesh.policy import DESCRIPTOR_SEP, DESCRIPTOR_WILDCARD, split_tenant
-from ratemesh.publicmetrics import public_registry
+from ratemesh.publicmetrics import public_registry, register_standard
 
 __all__ = [
     "Telemetry",
@@ -172,6 +172,7 @@ class Telemetry:
         self.shadow = ShadowTelemetry(_Labelled, _label)  # shadow posture (docs/policies.md)
         self._collector = _Collector(self, stats)
         self.registry.register(self._collector)
+        register_standard(self.registry, "node")
         self._public = public_registry(self.registry)
 
     def render(self) -> bytes:
@@ -207,6 +208,11 @@ class Telemetry:
             row = out.setdefault((_label(tenant), metric), {"admitted": 0, "denied": 0})
             row["excess_estimate"], row["excess_bound"] = est, bound
         return out
+
+    def policy_for(self, tenant: str, metric: str) -> TenantRatePolicy | None:
+        """The current policy a (tenant, metric) is decided under, defaults resolved (the
+        node's policy cache); None without one, or without a cache to ask."""
+        return None if self._policy_of is None else self._policy_of(tenant, metric)
 
     def forget_idle(self) -> int:
         """Fold the decision counts that did not change since the last call into their
@@ -287,6 +293,7 @@ class _Labelled(Generic[S]):
         self._base: dict[tuple[str, S], int] = {}  # the source's count at the last update
         self._out: dict[tuple[str, S], int] = {}  # exported, labelled tenants only
         self._other: dict[S, int] = {}
+        self.labelled: set[str] = set()  # tenants with a series at the last update
 
     def update(
         self,
@@ -313,6 +320,7 @@ class _Labelled(Generic[S]):
             if k[0] in top and k not in out:  # its source count was forgotten meanwhile
                 out[k], base[k] = got, 0
         self._top, self._base, self._out = set(top), base, out
+        self.labelled = {t for t, _ in out}
         labelled: dict[S, int] = {}
         for (_, s), got in out.items():
             labelled[s] = labelled.get(s, 0) + got
@@ -478,6 +486,8 @@ class _Collector(Collector):
         for tenant, _ in (*s.applied, *s.active_reporters):
             if tenant and tenant != OTHER and tenant not in score:
                 score[tenant] = (0, 0.0, 0)
+        for tenant in _sticky(s, tel._decided.labelled):
+            score.setdefault(tenant, (0, 0.0, 0))
         top = _top(tel.top_k, score)
         decided = tel._decided.update(top, per_tenant, totals)
         by_metric: dict[str, int] = {}
@@ -507,6 +517,15 @@ class _Ranked(NamedTuple):
     applied: list[tuple[str, str, int]]
     units: list[tuple[str, tuple[str, str], int]]
     active: set[tuple[str, str]]  # (tenant, metric) pairs used here under a policy
+
+
+def _sticky(s: NodeStats, labelled: set[str]) -> set[str]:
+    """Tenants labelled at the last scrape that have a policy by name: they keep their
+    series while idle (their decision counts forgotten), as long as the top-K has room for
+    them, rather than folding into "other" and back again when they return. Tenants under
+    a default policy are not kept: they are open-ended, and folding is what bounds them."""
+    named = {t for t, _ in s.enforced if t != OTHER and not _is_default(t)}
+    return labelled & named
 
 
 def _fold(top: set[str], values: Mapping[tuple[str, str], float]) -> dict[tuple[str, str], float]:
@@ -656,15 +675,21 @@ def _decision_families(rows: list[tuple[str, Series, int]]) -> Iterator[Metric]:
         "Verdicts given while degraded, by suspension reason",
         labels=lab,
     )
+    # A series is (metric, mode, reason, suspension) and the first three families drop the
+    # suspension: rows that differ only by it are one label set, summed (never two samples).
+    by_reason: dict[tuple[str, str, str, str], int] = {}
     susp_sum: dict[tuple[str, str, str, str], int] = {}
-    for t, (metric, mode, reason, susp), n in sorted(rows):
-        fam = admitted if reason == Reason.ADMITTED.value else denied
-        fam.add_metric([_label(t), metric, mode, reason], n)
-        if reason in _STALE:
-            stale.add_metric([_label(t), metric, mode, reason], n)
+    for t, (metric, mode, reason, susp), n in rows:
+        rk = (_label(t), metric, mode, reason)
+        by_reason[rk] = by_reason.get(rk, 0) + n
         if susp:
             sk = (_label(t), metric, mode, susp)
             susp_sum[sk] = susp_sum.get(sk, 0) + n
+    for rk, n in sorted(by_reason.items()):
+        fam = admitted if rk[3] == Reason.ADMITTED.value else denied
+        fam.add_metric(list(rk), n)
+        if rk[3] in _STALE:
+            stale.add_metric(list(rk), n)
     for sk, n in sorted(susp_sum.items()):
         suspended.add_metric(list(sk), n)
     yield from (admitted, denied, stale, suspended)

@@ -17,10 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mesh.core.policy import DEFAULT_TENANT
 from mesh.telemetry._metrics import Telemetry
+from ratemesh.policy import DESCRIPTOR_SEP
 from ratemesh.ui import node_page
 
-__all__ = ["PUBLIC_HEALTH_KEYS", "Detail", "Route", "telemetry_routes"]
+__all__ = ["PUBLIC_HEALTH_KEYS", "SERVED_SHOWN_MAX", "Detail", "Route", "telemetry_routes"]
 
 Route = Callable[[], tuple[int, str, bytes]]  # () -> (status, content type, body)
 
@@ -78,14 +80,46 @@ def _public_routes(tel: Telemetry, health: Callable[[], dict[str, Any]]) -> dict
     }
 
 
+SERVED_SHOWN_MAX = 200  # tenants listed under `served`; the rest are counted
+
+
 def with_numbers(tel: Telemetry, h: dict[str, Any]) -> dict[str, Any]:
     """Each limit of `h` with `admitted`, `denied`, `excess_estimate` and `excess_bound`
     where telemetry has them (matched by the tenant as /metrics labels it; a default "*"
-    policy's row has none: its tenants are counted under their own names)."""
+    policy's row has none: its tenants are counted under their own names, in `served`)."""
     numbers = tel.limit_numbers()
+    named: set[tuple[str, str]] = set()
     for entry in h.get("limits", []):
         label = entry["tenant"]
         if entry.get("descriptor"):
             label += f"[{entry['descriptor']}]"
+        named.add((label, entry["metric"]))
         entry.update(numbers.get((label, entry["metric"]), {}))
+    if "limits" in h:
+        rows = [(k, v) for k, v in numbers.items() if k not in named]
+        h["served"], h["served_omitted"] = _served(tel, rows)
     return h
+
+
+def _served(
+    tel: Telemetry, rows: list[tuple[tuple[str, str], dict[str, float]]]
+) -> tuple[list[dict[str, Any]], int]:
+    """The tenants this member decided for under a default policy ("*", or a descriptor's
+    default) rather than one by name, busiest (most denied, then admitted) first, at most
+    `SERVED_SHOWN_MAX`; and how many more there were."""
+    rows.sort(key=lambda r: (-r[1].get("denied", 0), -r[1].get("admitted", 0), r[0]))
+    out: list[dict[str, Any]] = []
+    more = 0
+    for (label, metric), n in rows:
+        base, sep, desc = label.partition("[")
+        tenant = f"{base}{DESCRIPTOR_SEP}{desc[:-1]}" if sep else label
+        p = tel.policy_for(tenant, metric)
+        if p is None:  # no policy at all (policy_unknown): not served
+            continue
+        if len(out) == SERVED_SHOWN_MAX:
+            more += 1
+            continue
+        # the scope of the default that applies: "*", or a descriptor's default
+        scope = DEFAULT_TENANT if not sep else "descriptor default"
+        out.append({"tenant": label, "metric": metric, "policy": scope, "mode": p.mode.value, **n})
+    return out, more

@@ -4,7 +4,8 @@ own port) and three `mesh node` processes (static membership, /metrics, /health 
 every node for a global limit ("hot"), a strict one spending governord credit ("acme") and
 a quiet one ("calm"). The static membership lists a fourth member, "d", that is down (being
 replaced): the limit it owns ("ghost") is answered `suspended: owner_unreachable`, so the
-pages have a suspension to show. The other tenants' names are picked among owners a-c."""
+pages have a suspension to show. A default policy ("*") serves one more tenant ("drifter"),
+with no policy of its own. The other tenants' names are picked among owners a-c."""
 
 from __future__ import annotations
 
@@ -60,10 +61,13 @@ ACME = {
     "mode": "strict",
 }
 ACME.update(target_rate=1000, global_burst=200, local_burst_cap=200)
+# every tenant without a policy of its own: DRIFTER is served under it (the page lists it)
+DEFAULT = dict(HOT, tenant_id="*", target_rate=2000, global_burst=400, local_burst_cap=40)
+DRIFTER = _owned("drifter", "wanderer", "nomad")
 STRICT_RATE, STRICT_BURST = 50, 20  # governord's rate on tenant a's node for read_iops
 BATCH = [{"tenant": HOT["tenant_id"], "metric": "read_iops"}] * 8 + [
     {"tenant": t, "metric": "read_iops"}
-    for t in (ACME["tenant_id"], CALM["tenant_id"], GHOST["tenant_id"])
+    for t in (ACME["tenant_id"], CALM["tenant_id"], GHOST["tenant_id"], DRIFTER)
 ]
 
 
@@ -123,7 +127,7 @@ def running_fleet(tmp: Path) -> Iterator[Fleet]:
                 "telemetry_listen": "127.0.0.1:0",
                 "shutdown_drain_ms": 300,
                 "membership": {"source": "static", "members": members},
-                "policies": {"inline": [HOT, CALM, ACME, GHOST]},
+                "policies": {"inline": [HOT, CALM, ACME, GHOST, DEFAULT]},
                 "sidecar": {"http_listen": "127.0.0.1:0"},
                 "strict": {
                     "governord": daemon.addr,

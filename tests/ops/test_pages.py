@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mesh.node import Mesh
 from mesh.peer import MemoryNetwork, MemoryTransport
 from mesh.telemetry import telemetry_routes
+from mesh.telemetry._routes import SERVED_SHOWN_MAX
 from ratemesh.ui import governord_page, node_page
 from tests.mesh._util import POLICY
 
@@ -84,5 +85,30 @@ def test_health_counts_do_not_go_down_while_a_limit_is_active_and_restart_once_i
             tel.forget_idle()
             tel.forget_idle()  # nothing changed for a whole period: idle, forgotten
             assert counts() == (0, 0)
+
+    asyncio.run(main())
+
+
+def test_health_lists_tenants_served_under_a_default_policy_bounded() -> None:
+    async def main() -> None:
+        default = dict(POLICY, tenant_id="*", mode="local", target_rate=100, global_burst=5)
+        cfg = {"member_id": "a", "policies": {"inline": [POLICY, default]}}
+        net = MemoryNetwork()
+        async with Mesh(cfg, transport=lambda mid, e, h: MemoryTransport(net, mid, h.deliver)) as m:
+            tel = m._require().telemetry
+            health = telemetry_routes(tel, m.health)["/health"]
+            for i in range(SERVED_SHOWN_MAX + 5):
+                for _ in range(1 + (i == 7) * 10):  # t007 is denied: listed first
+                    m.try_admit(f"t{i:03d}", "read_iops")
+            m.try_admit("acme", "read_iops")  # a policy by name: its own row in "limits"
+            m.try_admit("nobody", "write_iops")  # no policy at all: never "served"
+            doc = json.loads(health()[2])
+            served = doc["served"]
+            assert len(served) == SERVED_SHOWN_MAX and doc["served_omitted"] == 5
+            assert served[0]["tenant"] == "t007" and served[0]["denied"] > 0
+            assert {x["policy"] for x in served} == {"*"}
+            assert {x["mode"] for x in served} == {"local"}
+            names = {x["tenant"] for x in served}
+            assert "acme" not in names and "nobody" not in names
 
     asyncio.run(main())
