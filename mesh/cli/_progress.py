@@ -83,7 +83,7 @@ def timed(args: argparse.Namespace, title: str, seconds: float | None = None) ->
 
 
 def shows_progress(
-    title: str, seconds: Callable[[argparse.Namespace], float] | None = None
+    title: str, seconds: Callable[[argparse.Namespace], float | None] | None = None
 ) -> Callable[[Handler], Handler]:
     """A command handler drawn with `timed` while it runs; `seconds` reads the measured
     duration from its flags."""
