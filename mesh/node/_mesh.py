@@ -67,12 +67,15 @@ from mesh.node._build import (
 )
 from mesh.node._credit import CreditDriver
 from mesh.node._driver import NodeDriver
-from mesh.node._health import health, node_stats, status
+from mesh.node._health import health, node_stats, probe_routes, status
 from mesh.node._redis import RedisRounds
 from mesh.node._reload import PolicyReloader
+from mesh.node._watch import DependencyWatch
 from mesh.peer import CoordinatorClient, PeerHandler, Transport
 from mesh.sidecar import Sidecar
 from mesh.telemetry import Telemetry, telemetry_routes
+from mesh.telemetry._dependencies import Dependencies
+from ratemesh.logs import event
 from ratemesh.policy import check_metric
 
 __all__ = ["Mesh", "TransportFactory"]
@@ -117,6 +120,7 @@ class Mesh:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._driver: NodeDriver | None = None
         self._sidecar: Sidecar | None = None  # the HTTP and gRPC servers beside the peer port
+        self._watching: asyncio.Task[None] | None = None  # the dependencies' probes
         self._parked: set[asyncio.Future[Verdict]] = set()  # waiters stop() must release
         self._gate = threading.Lock()  # orders admit submissions against stop()
         self._closed = False
@@ -602,6 +606,8 @@ class Mesh:
             policy_of=lambda t, m: driver.member.policies.current(t, m),
         )
         tel.decisions, tel.verdicts = self.decisions, self.verdicts
+        deps = Dependencies(time.monotonic)
+        tel.registry.register(deps)  # ratemesh_dependency_up, ..._failures_total
         reloader = None
         if cfg.policy_file is not None:
             reloader = PolicyReloader(
@@ -638,14 +644,26 @@ class Mesh:
         if self.count_decisions:  # a forgotten view's counts go with it (Telemetry.forget_view)
             member.admission.on_forget = tel.forget_view
         self._driver = driver
-        await driver.start()
+        watch = driver.watch = DependencyWatch(driver, deps)
+        # from before the first coordinator call, which resends for up to its timeout
+        self._watching = asyncio.get_running_loop().create_task(
+            watch.run(), name="mesh-dependencies"
+        )
+        try:
+            await driver.start()
+        except BaseException:
+            self._watching.cancel()
+            raise
+        await watch.probe()  # what is known by now is said before "serving"
         # /metrics and /health (telemetry_listen) and the sidecar admission API, on uvicorn
         # and grpc beside the peer port (mesh/sidecar); a bind that fails stops the node
+        routes = telemetry_routes(tel, lambda: health(driver))
+        routes.update(probe_routes(watch))  # /health/live, /health/ready
         self._sidecar = Sidecar(
             self,
             cfg,
-            telemetry_routes(tel, lambda: health(driver)),
-            ready=lambda: bool(driver.member.policies.declared()),  # gRPC health
+            routes,
+            ready=lambda: not watch.ready_reasons(),  # gRPC health, as /health/ready
         )
         try:
             await self._sidecar.start()
@@ -679,8 +697,21 @@ class Mesh:
         if self._sidecar is not None:  # stop accepting callers before the peers go
             await self._sidecar.stop()
             self._sidecar = None
-        if self._driver is not None:
+            event(log, logging.INFO, "closing: callers refused", name="shutdown_callers_stopped")
+        if self._watching is not None:
+            self._watching.cancel()
+            self._watching = None
+        if self._driver is not None and not self._driver.closing:
             await self._driver.close()
+            left = self._driver.handover_keys_late
+            event(
+                log,
+                logging.INFO,
+                f"closing: left the ring, {self._driver.handover_keys} keys handed over",
+                name="shutdown_left_ring",
+                handover_keys=self._driver.handover_keys,
+                handover_keys_late=left or None,
+            )
         close = getattr(self._counter, "close", None)
         if close is not None and self._counter is not self._counter_arg:
             close()  # ours (built from shared_state.redis): its sockets go

@@ -1,0 +1,148 @@
+"""A node says when what it depends on fails, and when it answers again: a real `mesh node`
+process against a real governord (the coordinator) on loopback, with a wrong key and with no
+coordinator at the address. Each failure is a JSON log line, the dependency's gauge at 0 and
+a /health reason, all before the node says it serves; readiness waits for policies."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bench._procs import read_ready, stop
+from mesh.peer import CoordinatorClient
+from tests.governor._daemon import Daemon, free_port
+from tests.governor._stores import make_target
+from tests.mesh._util import POLICY, http_get, static_nodes, wait_for
+
+pytestmark = pytest.mark.slow
+
+WORKER_KEY = "worker-key-of-the-mesh-nodes"
+ADMIN_KEY = "coordinator-key-of-the-deploy-bot"
+
+
+def _sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _governord(tmp: Path, port: int | None = None) -> Iterator[Daemon]:
+    for store in make_target("sqlite", tmp):
+        keys = {
+            "deploy": {"api_key_sha256": _sha(ADMIN_KEY), "scope": "coordinator"},
+            "workers": {"api_key_sha256": _sha(WORKER_KEY), "scope": "worker"},
+        }
+        d = Daemon(tmp, store, coordinator={"keys": keys})
+        if port is not None:
+            d.port, d.addr = port, f"127.0.0.1:{port}"
+            d.config["listen"] = d.addr
+        d.start()
+        try:
+            yield d
+        finally:
+            d.close()
+
+
+class Node:
+    """`mesh node` with a coordinator and no policy of its own; stderr to a file."""
+
+    def __init__(self, tmp: Path, coordinator: str, key: str) -> None:
+        (cfg,) = static_nodes(["solo"], telemetry_listen="127.0.0.1:0")
+        coord = {"addr": coordinator, "poll_ttl_ms": 200, "api_key_env": "T_KEY"}
+        cfg["policies"] = {"coordinator": coord}
+        path = tmp / "node.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        self.err_path = tmp / "node.stderr"
+        self.err = self.err_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mesh.cli", "node", "--config", str(path)],
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            text=True,
+            env=dict(os.environ, T_KEY=key, PYTHONHASHSEED="0"),
+        )
+        self.ready = read_ready(self.proc)
+        self.tel = self.ready["telemetry"]
+
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.err_path.read_text().splitlines() if line]
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.events() if e["event"] == name]
+
+    def health(self) -> dict[str, Any]:
+        out: dict[str, Any] = http_get(self.tel, "/health").json()
+        return out
+
+    def gauge(self) -> str:
+        text = http_get(self.tel, "/metrics").text
+        return next(
+            (ln for ln in text.splitlines() if ln.startswith("ratemesh_dependency_up{")), ""
+        )
+
+    def close(self) -> None:
+        stop(self.proc)
+        self.err.close()
+
+
+def test_a_wrong_coordinator_key_is_a_log_line_a_gauge_and_a_reason_before_serving(
+    tmp_path: Path,
+) -> None:
+    for gov in _governord(tmp_path):
+        node = Node(tmp_path, gov.addr, "not-the-worker-key")
+        try:
+            # said before the node printed its address: the probe runs before "serving"
+            (down,) = node.named("dependency_down")
+            assert down["dependency"] == "coordinator" and down["level"] == "warning", down
+            assert "UNAUTHENTICATED" in down["reason"] or "key" in down["reason"], down
+            assert {"ts", "level", "logger", "event", "msg"} <= down.keys()
+            assert node.gauge() == 'ratemesh_dependency_up{dependency="coordinator"} 0.0'
+            h = node.health()
+            assert [d["dependency"] for d in h["degraded"]] == ["coordinator"], h["degraded"]
+            assert h["ready"] is False and h["not_ready"], h["not_ready"]
+            assert http_get(node.tel, "/health/ready").status_code == 503
+            assert http_get(node.tel, "/health/live").status_code == 200
+            # polled every 200 ms and still refused: the same reason is not said again
+            wait_for(lambda: node.health()["policies"]["coordinator"]["last_error"], 5, "poll")
+            assert len(node.named("dependency_down")) == 1
+        finally:
+            node.close()
+        shutdown = [e["event"] for e in node.events() if e["event"].startswith("shutdown")]
+        assert shutdown[0] == "shutdown_started" and shutdown[-1] == "shutdown_done", shutdown
+
+
+def test_an_unreachable_coordinator_is_said_and_so_is_its_return(tmp_path: Path) -> None:
+    port = free_port()
+    node = Node(tmp_path, f"127.0.0.1:{port}", WORKER_KEY)
+    try:
+        (down,) = node.named("dependency_down")
+        assert down["dependency"] == "coordinator" and down["addr"] == f"127.0.0.1:{port}"
+        assert node.health()["not_ready"], "no policies and no coordinator: not ready"
+        assert http_get(node.tel, "/health/ready").status_code == 503
+        for gov in _governord(tmp_path, port):
+
+            async def put() -> None:
+                c = CoordinatorClient(gov.addr, api_key=ADMIN_KEY, timeout_s=10)
+                try:
+                    await c.put(POLICY)
+                finally:
+                    await c.close()
+
+            import asyncio
+
+            asyncio.run(put())
+            wait_for(lambda: node.named("dependency_up"), 20, "the recovery line")
+            (up,) = node.named("dependency_up")
+            assert up["dependency"] == "coordinator" and up["down_s"] > 0, up
+            assert node.gauge() == 'ratemesh_dependency_up{dependency="coordinator"} 1.0'
+            wait_for(lambda: http_get(node.tel, "/health/ready").status_code == 200, 10, "ready")
+            assert node.health()["degraded"] == []
+    finally:
+        node.close()
