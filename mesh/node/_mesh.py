@@ -697,7 +697,7 @@ class Mesh:
         if self._sidecar is not None:  # stop accepting callers before the peers go
             await self._sidecar.stop()
             self._sidecar = None
-            event(log, logging.INFO, "closing: callers refused", name="shutdown_callers_stopped")
+            event(log, logging.INFO, "closing: no new callers", name="shutdown_callers_stopped")
         if self._watching is not None:
             self._watching.cancel()
             self._watching = None
