@@ -73,6 +73,7 @@ from mesh.node._reload import PolicyReloader
 from mesh.node._watch import DependencyWatch
 from mesh.peer import CoordinatorClient, PeerHandler, Transport
 from mesh.sidecar import Sidecar
+from mesh.sidecar._items import _unknown_metric as unknown_metric  # the sidecar's words
 from mesh.telemetry import Telemetry, telemetry_routes
 from mesh.telemetry._dependencies import Dependencies
 from ratemesh.logs import event
@@ -342,10 +343,8 @@ class Mesh:
             raise ConfigError("mesh", "not started")
         return loop
 
-    def _wait(
-        self, tenant: str, metric: str, amount: int, timeout_s: float
-    ) -> Coroutine[Any, Any, Verdict]:
-        return _admit(
+    async def _wait(self, tenant: str, metric: str, amount: int, timeout_s: float) -> Verdict:
+        v = await _admit(
             self._require().member.admission,
             tenant,
             metric,
@@ -354,6 +353,21 @@ class Mesh:
             lock=self._lock,
             parked=self._parked,
         )
+        if v.reason is Reason.POLICY_UNKNOWN:
+            self._check_metric(metric)
+        return v
+
+    def _check_metric(self, metric: str) -> None:
+        """A `policy_unknown` for a metric no policy of any tenant names, while the node has
+        policies, is likelier a typo (`read_lops`) than a limit not configured yet: raise
+        ConfigError naming it, as the sidecar answers (one message: `unknown_metric`)."""
+        d = self._require()
+        with self._lock or contextlib.nullcontext():
+            if not d.member.policies.declared():
+                return  # nothing loaded yet: every metric is unknown, and readiness says so
+        why = unknown_metric(self, metric)
+        if why is not None:
+            raise ConfigError("metric", why.removeprefix("metric: "))
 
     def _submit(
         self, coro: Coroutine[Any, Any, Verdict], loop: asyncio.AbstractEventLoop
