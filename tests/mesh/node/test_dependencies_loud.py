@@ -52,13 +52,18 @@ def _governord(tmp: Path, port: int | None = None) -> Iterator[Daemon]:
             d.close()
 
 
-class Node:
-    """`mesh node` with a coordinator and no policy of its own; stderr to a file."""
+def _coordinator(addr: str) -> dict[str, Any]:
+    """A node's `policies:` from the coordinator at `addr` alone, polled every 200 ms."""
+    return {"coordinator": {"addr": addr, "poll_ttl_ms": 200, "api_key_env": "T_KEY"}}
 
-    def __init__(self, tmp: Path, coordinator: str, key: str) -> None:
+
+class Node:
+    """`mesh node` with the config `sections` given (a coordinator, strict), the key in T_KEY;
+    stderr to a file."""
+
+    def __init__(self, tmp: Path, key: str, **sections: Any) -> None:
         (cfg,) = static_nodes(["solo"], telemetry_listen="127.0.0.1:0")
-        coord = {"addr": coordinator, "poll_ttl_ms": 200, "api_key_env": "T_KEY"}
-        cfg["policies"] = {"coordinator": coord}
+        cfg.update(sections)
         path = tmp / "node.yaml"
         path.write_text(yaml.safe_dump(cfg))
         self.err_path = tmp / "node.stderr"
@@ -98,7 +103,7 @@ def test_a_wrong_coordinator_key_is_a_log_line_a_gauge_and_a_reason_before_servi
     tmp_path: Path,
 ) -> None:
     for gov in _governord(tmp_path):
-        node = Node(tmp_path, gov.addr, "not-the-worker-key")
+        node = Node(tmp_path, "not-the-worker-key", policies=_coordinator(gov.addr))
         try:
             # said before the node printed its address: the probe runs before "serving"
             (down,) = node.named("dependency_down")
@@ -124,7 +129,7 @@ def test_a_wrong_coordinator_key_is_a_log_line_a_gauge_and_a_reason_before_servi
 
 def test_an_unreachable_coordinator_is_said_and_so_is_its_return(tmp_path: Path) -> None:
     port = free_port()
-    node = Node(tmp_path, f"127.0.0.1:{port}", WORKER_KEY)
+    node = Node(tmp_path, WORKER_KEY, policies=_coordinator(f"127.0.0.1:{port}"))
     try:
         (down,) = node.named("dependency_down")
         assert down["dependency"] == "coordinator" and down["addr"] == f"127.0.0.1:{port}"
@@ -148,3 +153,17 @@ def test_an_unreachable_coordinator_is_said_and_so_is_its_return(tmp_path: Path)
             assert node.health()["degraded"] == []
     finally:
         node.close()
+
+
+def test_a_strict_governord_that_refuses_the_key_is_said_before_serving(tmp_path: Path) -> None:
+    for gov in _governord(tmp_path):
+        strict = {"governord": gov.addr, "api_key_env": "T_KEY"}
+        node = Node(tmp_path, "not-a-tenant-key", strict=strict)
+        try:
+            (down,) = node.named("dependency_down")
+            assert down["dependency"] == "governord" and down["addr"] == gov.addr, down
+            assert "UNAUTHENTICATED" in down["reason"], down
+            assert node.gauge() == 'ratemesh_dependency_up{dependency="governord"} 0.0'
+            assert [d["dependency"] for d in node.health()["degraded"]] == ["governord"]
+        finally:
+            node.close()
