@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,7 +22,11 @@ import pytest
 import yaml
 
 from bench._procs import read_ready, stop
+from mesh.core.policy import Metric, RateKey
+from mesh.core.verdict import Reason
+from mesh.node import Mesh
 from mesh.peer import CoordinatorClient
+from ratemesh import logs
 from tests.governor._daemon import Daemon, free_port
 from tests.governor._stores import make_target
 from tests.mesh._util import POLICY, http_get, static_nodes, wait_for
@@ -167,3 +173,53 @@ def test_a_strict_governord_that_refuses_the_key_is_said_before_serving(tmp_path
             assert [d["dependency"] for d in node.health()["degraded"]] == ["governord"]
         finally:
             node.close()
+
+
+def test_a_frozen_owner_is_one_line_not_one_per_denial(tmp_path: Path) -> None:
+    policies = [dict(POLICY, tenant_id=f"t{i}") for i in range(16)]
+    cfg_a, cfg_b = static_nodes(["a", "b"], policies, telemetry_listen="127.0.0.1:0")
+    path = tmp_path / "b.yaml"
+    path.write_text(yaml.safe_dump(cfg_b))
+    b = subprocess.Popen(
+        [sys.executable, "-m", "mesh.cli", "node", "--config", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    said: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = said.append  # type: ignore[method-assign]
+    logging.getLogger("mesh.node").addHandler(handler)
+    a = Mesh(cfg_a).start()
+    try:
+        read_ready(b)
+        wait_for(lambda: len(a.ring) == 2, 10, "b in a's ring")
+        theirs = [p["tenant_id"] for p in policies if a.ring.owner_of(_key(p)) == "b"]
+        assert theirs, "b owns some of 16 keys"
+        b.send_signal(signal.SIGSTOP)
+        denied = 0
+        deadline = time.monotonic() + 20
+        while not any(getattr(r, logs.EVENT, "") == "dependency_down" for r in said):
+            assert time.monotonic() < deadline, "no line for the frozen owner"
+            for tenant in theirs:
+                denied += a.try_admit(tenant, "read_iops").reason is Reason.OWNER_UNREACHABLE
+            time.sleep(0.01)
+        for _ in range(200):  # more denials: no more lines
+            for tenant in theirs:
+                denied += a.try_admit(tenant, "read_iops").reason is Reason.OWNER_UNREACHABLE
+            time.sleep(0.005)
+        down = [r for r in said if getattr(r, logs.EVENT, "") == "dependency_down"]
+        assert len(down) == 1 and denied > 1, (denied, [r.getMessage() for r in down])
+        assert "owner_unreachable: b" in down[0].getMessage()
+        assert [d["dependency"] for d in a.health()["degraded"]] == ["owners"]
+        b.send_signal(signal.SIGCONT)
+        wait_for(lambda: a.health()["degraded"] == [], 20, "the owner answers again")
+    finally:
+        a.stop()
+        logging.getLogger("mesh.node").removeHandler(handler)
+        b.send_signal(signal.SIGCONT)
+        stop(b)
+
+
+def _key(policy: dict[str, Any]) -> RateKey:
+    return RateKey(policy["tenant_id"], Metric.READ_IOPS, policy["generation"])
