@@ -186,9 +186,8 @@ def test_a_frozen_owner_is_one_line_not_one_per_denial(tmp_path: Path) -> None:
         stderr=subprocess.DEVNULL,
         text=True,
     )
-    said: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = said.append  # type: ignore[method-assign]
+    handler = Said()
+    said = handler.records
     logging.getLogger("mesh.node").addHandler(handler)
     a = Mesh(cfg_a).start()
     try:
@@ -219,6 +218,17 @@ def test_a_frozen_owner_is_one_line_not_one_per_denial(tmp_path: Path) -> None:
         logging.getLogger("mesh.node").removeHandler(handler)
         b.send_signal(signal.SIGCONT)
         stop(b)
+
+
+class Said(logging.Handler):
+    """The records logged in this process (the in-process node's lines)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 def _key(policy: dict[str, Any]) -> RateKey:
