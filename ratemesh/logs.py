@@ -68,15 +68,18 @@ class JsonLines(logging.Formatter):
 
 
 class TextLines(logging.Formatter):
-    """``<prefix>: msg (key=value ...)``: a line for a person at a terminal."""
+    """``<prefix>: msg (key=value ...)``: a line for a person at a terminal; with `levels`,
+    a level other than INFO is said first (``<prefix>: warning: msg``)."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, *, levels: bool = False) -> None:
         super().__init__()
         self.prefix = prefix
+        self.levels = levels
 
     def format(self, record: logging.LogRecord) -> str:
         extra = " ".join(f"{k}={v}" for k, v in _fields(record).items())
-        level = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
+        plain = not self.levels or record.levelno == logging.INFO
+        level = "" if plain else f"{record.levelname.lower()}: "
         line = f"{self.prefix}: {level}{record.getMessage()}" + (f" ({extra})" if extra else "")
         if record.exc_info:
             line += " " + " | ".join(self.formatException(record.exc_info).splitlines())
@@ -90,14 +93,17 @@ def configure(
     stream: TextIO | None = None,
     *,
     prefix: str | None = None,
+    levels: bool = False,
 ) -> None:
     """Send the loggers under each of ``roots`` to ``stream`` (stderr) in ``fmt``; replaces an
     earlier call's handler, so a test or an embedding process can call it again. ``prefix``
-    starts a text line (the first root by default)."""
+    starts a text line (the first root by default); ``levels``: a text line names its level
+    (but INFO)."""
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {fmt!r}")
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(JsonLines() if fmt == "json" else TextLines(prefix or roots[0]))
+    text = TextLines(prefix or roots[0], levels=levels)
+    handler.setFormatter(JsonLines() if fmt == "json" else text)
     for name in roots:
         root = logging.getLogger(name)
         for old in list(root.handlers):

@@ -150,7 +150,9 @@ def node(args: argparse.Namespace) -> int:
     if args.listen:
         # the config's own listen is checked by its parser; this override skips it
         cfg = replace(cfg, listen=check_address("--listen", args.listen, allow_zero_port=True))
-    logs.configure(("",), fmt, level, prefix="mesh node")  # every logger: grpc's, uvicorn's
+    logs.configure(
+        ("",), fmt, level, prefix="mesh node", levels=True
+    )  # every logger: grpc's, uvicorn's
     log = logging.getLogger("mesh.node")
     for w in cfg.warnings():
         logs.event(log, logging.WARNING, f"config: {w}", name="config_warning")
