@@ -86,7 +86,9 @@ class DependencyWatch:
         m = self.driver.member
         owners: dict[str, int] = {}
         with self.driver.lock:
-            for v in m.reporter.gates.values():
+            # the views the tick watches: a suspended one has unacknowledged usage, so it is
+            # among them; idle views (most of a large fleet's) are not scanned
+            for v in m.reporter._live.values():
                 if v.no.suspended is Suspension.OWNER_UNREACHABLE:
                     who = v.owner or "unknown"
                     owners[who] = owners.get(who, 0) + 1
