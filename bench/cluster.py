@@ -48,6 +48,7 @@ __all__ = ["run", "run_window", "excess_over_windows", "read_buckets", "BUCKET_S
 
 BUCKET_S = 0.01
 SYNC_INTERVAL_NS = CoreConfig().sync_interval_ns  # the workers' (`cluster_config`: defaults)
+D_HORIZON_NS = CoreConfig().owner_unreachable_ns  # and d's horizon (`d_estimate_ns`)
 PROBE_CALLS = 2000  # hot-path calls per timed burst (tenant "probe", never limited)
 
 
@@ -141,7 +142,7 @@ def _summary(results: list[dict[str, Any]], workers: int, seconds: float) -> dic
     ]
     delays = [d for r in results for d in r["delays_ns"]]
     p50, p99 = percentiles(delays, 0.50, 0.99) if delays else (0, 0)
-    d_ns = d_estimate_ns(delays, SYNC_INTERVAL_NS)
+    d_ns = d_estimate_ns(delays, SYNC_INTERVAL_NS, horizon_ns=D_HORIZON_NS)
     rate, burst, b = HOT["target_rate"], HOT["global_burst"], HOT["local_burst_cap"]
     admitted = sum(buckets)
     ideal = min(sum(r["hot_offered"] for r in results), int(burst + rate * seconds))

@@ -28,6 +28,8 @@ worker; the bench merges them and computes:
   `ops_denied` counts the denials in those loops by limit and reason.
 * `per_worker_admitted`: each worker's admissions, in worker order (the last one is behind
   the lossy link): how evenly R was shared.
+* `resume_ms`: from the restarted governord's LISTENING line to the fleet's next admission
+  (near 0 when credit granted before the kill was still held then).
 
 `mode="global"` (`--mode global`) puts the same fleet, threads and offer on a `global` limit
 of the same R and B instead (the mesh alone: owner GCRA and snapshots, no credit), with the
@@ -36,6 +38,7 @@ rest of the run unchanged, for the comparison in docs/figures.md; the figures ca
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import secrets
@@ -52,7 +55,22 @@ from bench._procs import free_port, go, read_ready, write_config
 from governor.testing.faults import DelayProxy
 from ratemesh.envelope import excess_over_times
 
-__all__ = ["run", "LossyLink", "MODES", "WORKERS_MAX", "THREADS_MAX"]
+__all__ = [
+    "run",
+    "Governord",
+    "LossyLink",
+    "MODES",
+    "WORKERS_MAX",
+    "THREADS_MAX",
+    "governor_calls",
+    "load_policy",
+    "max_excess",
+    "rated",
+    "reap",
+    "spawn_server",
+    "spawn_worker",
+    "worker_config",
+]
 
 RATE, BURST = 2_000, 1_000  # governord's rate on tenant load's node: R per s, B
 FAST_RATE = 10**9  # tenant fast's node (the ops timing): no loop reaches it
@@ -112,10 +130,23 @@ class LossyLink:
                 self.cuts += 1
 
 
-class Governord:
-    """governord on SQLite in `tmp`, on a fixed loopback address so a restart keeps it."""
+def rated(key_env: str, rate: int, burst: int) -> dict[str, Any]:
+    """A governord tenant whose key is in `key_env`, rated `rate` per second, burst `burst`."""
+    return {"api_key_env": key_env, "rates": {METRIC: {"per_s": rate, "burst": burst}}}
 
-    def __init__(self, tmp: Path, keys: dict[str, str]) -> None:
+
+class Governord:
+    """governord on SQLite in `tmp`, on a fixed loopback address so a restart keeps it;
+    `tenants` by name (`rated`), by default load at RATE and BURST and fast (the ops timing)."""
+
+    def __init__(
+        self, tmp: Path, keys: dict[str, str], tenants: dict[str, Any] | None = None
+    ) -> None:
+        if tenants is None:
+            tenants = {
+                "load": rated(LOAD_KEY_ENV, RATE, BURST),
+                "fast": rated(FAST_KEY_ENV, FAST_RATE, FAST_RATE),
+            }
         self.addr = f"127.0.0.1:{free_port()}"
         self.env = dict(os.environ, PYTHONHASHSEED="0", **keys)
         self.stderr = tmp / "governord.stderr"
@@ -126,16 +157,7 @@ class Governord:
                 "store": f"sqlite:{tmp / 'governord.db'}",
                 "drain_s": 1,
                 "session": {"ttl_ms": 2 * SESSION_TTL_MS, "min_ttl_ms": 100},
-                "tenants": {
-                    "load": {
-                        "api_key_env": LOAD_KEY_ENV,
-                        "rates": {METRIC: {"per_s": RATE, "burst": BURST}},
-                    },
-                    "fast": {
-                        "api_key_env": FAST_KEY_ENV,
-                        "rates": {METRIC: {"per_s": FAST_RATE, "burst": FAST_RATE}},
-                    },
-                },
+                "tenants": tenants,
             },
         )
         self.proc: subprocess.Popen[str] | None = None
@@ -219,6 +241,87 @@ def _spawn(args: list[str], stderr: Path, env: dict[str, str]) -> subprocess.Pop
         )
 
 
+def load_policy(mode: str, rate: int, burst: int) -> dict[str, Any]:
+    """Tenant load's mesh policy in `mode`. Strict: the mesh step is looser than governord's
+    rate (MESH_X times), so credit decides; global: R and B themselves."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "strict":
+        return _policy("load", "strict", MESH_X * rate, MESH_X * rate)
+    return _policy("load", "global", rate, burst)
+
+
+def worker_config(
+    tmp: Path,
+    member: str,
+    members: dict[str, str],
+    policy: dict[str, Any],
+    *,
+    governord: str,
+    credit: dict[str, int] | None,
+    key_env: str = LOAD_KEY_ENV,
+) -> Path:
+    """One worker's node config: static membership of `members`, tenant load's policy, and
+    a strict section reaching `governord` with the key in `key_env` (so spending at that
+    key's governord tenant); no `credit:` key when `credit` is None: the defaults."""
+    strict: dict[str, Any] = {
+        "governord": governord,
+        "api_key_env": key_env,
+        "session_ttl_ms": SESSION_TTL_MS,
+    }
+    if credit is not None:
+        strict["credit"] = credit
+    return write_config(
+        tmp / f"{member}.yaml",
+        {
+            "member_id": member,
+            "listen": members[member],
+            "membership": {"source": "static", "members": members},
+            "policies": {"inline": [policy]},
+            "shutdown_drain_ms": 300,
+            "strict": strict,
+        },
+    )
+
+
+def spawn_worker(
+    config: Path,
+    keys: dict[str, str],
+    threads: int,
+    per_thread: float,
+    seconds: float,
+    *,
+    extra: list[str] | None = None,
+) -> subprocess.Popen[str]:
+    """A bench.strict_worker on `config`, its stderr beside the config."""
+    args = ["-m", "bench.strict_worker", "--config", str(config)]
+    args += ["--threads", str(threads), "--rate", str(per_thread), "--seconds", str(seconds)]
+    return _spawn(args + (extra or []), config.with_suffix(".stderr"), keys)
+
+
+def spawn_server(stderr: Path, keys: dict[str, str], watchdog_s: float) -> subprocess.Popen[str]:
+    """A bench.strict_worker that runs the jobs stdin gives it, in turn (`--serve`)."""
+    args = ["-m", "bench.strict_worker", "--serve", "--watchdog-s", str(watchdog_s)]
+    return _spawn(args, stderr, keys)
+
+
+def max_excess(times_ns: list[int], rate: int, burst: int) -> float:
+    """The most admitted over any interval beyond R * (t1 - t0) + B, from sorted unit
+    admission instants (ratemesh.envelope.excess_over_times); 0.0 for none."""
+    return excess_over_times(times_ns, [1] * len(times_ns), rate, burst) if times_ns else 0.0
+
+
+def governor_calls(results: list[dict[str, Any]]) -> int:
+    """The workers' credit calls to governord: reserves, returns and the one read of a key's
+    rate (GetNode, for the burst), from each node's /health `strict` counters."""
+    return sum(
+        int(r["strict"]["reserves"])
+        + int(r["strict"]["returned"])
+        + int(r["strict"].get("rate_lookups", 0))
+        for r in results
+    )
+
+
 def run(
     *,
     workers: int = 4,
@@ -232,14 +335,7 @@ def run(
     `mode` "global": the same fleet, threads and offer against a `global` limit of the same
     R and B (owner GCRA and snapshots, no credit), for comparison; everything else (the
     governord kill, the lossy link to it, the ops timing) runs the same."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    load_policy = (
-        # the mesh step is looser than governord's rate: credit decides
-        _policy("load", "strict", MESH_X * RATE, MESH_X * RATE)
-        if mode == "strict"
-        else _policy("load", "global", RATE, BURST)
-    )
+    policy = load_policy(mode, RATE, BURST)
     keys = {LOAD_KEY_ENV: secrets.token_hex(16), FAST_KEY_ENV: secrets.token_hex(16)}
     with tempfile.TemporaryDirectory(prefix="ratemesh-bench-strict-") as name:
         tmp = Path(name)
@@ -250,33 +346,22 @@ def run(
             gov.start()
             link = LossyLink(gov.addr, LINK_DELAY_S, LINK_CUT_EVERY_S)
             lossy_addr = link.start()
-            ids = [f"w{i}" for i in range(workers)]
-            members = {m: f"127.0.0.1:{free_port()}" for m in ids}
+            members = {f"w{i}": f"127.0.0.1:{free_port()}" for i in range(workers)}
             per_thread = offered_x * RATE / (workers * threads)
-            for i, m in enumerate(ids):
-                cfg = write_config(
-                    tmp / f"{m}.yaml",
-                    {
-                        "member_id": m,
-                        "listen": members[m],
-                        "membership": {"source": "static", "members": members},
-                        "policies": {"inline": [load_policy]},
-                        "shutdown_drain_ms": 300,
-                        "strict": {
-                            "governord": lossy_addr if i == workers - 1 else gov.addr,
-                            "api_key_env": LOAD_KEY_ENV,
-                            "session_ttl_ms": SESSION_TTL_MS,
-                            "credit": CREDIT,
-                        },
-                    },
+            for i, m in enumerate(members):
+                cfg = worker_config(
+                    tmp,
+                    m,
+                    members,
+                    policy,
+                    governord=lossy_addr if i == workers - 1 else gov.addr,
+                    credit=CREDIT,
                 )
-                args = ["-m", "bench.strict_worker", "--config", str(cfg)]
-                args += ["--threads", str(threads), "--rate", str(per_thread)]
-                args += ["--seconds", str(seconds)]
+                extra = []
                 if i == 0:
-                    args += ["--ops-config", str(_ops_config(tmp, gov.addr))]
-                    args += ["--ops-seconds", str(OPS_SECONDS)]
-                procs.append(_spawn(args, tmp / f"{m}.stderr", keys))
+                    extra += ["--ops-config", str(_ops_config(tmp, gov.addr))]
+                    extra += ["--ops-seconds", str(OPS_SECONDS)]
+                procs.append(spawn_worker(cfg, keys, threads, per_thread, seconds, extra=extra))
             for p in procs:
                 read_ready(p, START_TIMEOUT_S)
             start_at = go(procs)
@@ -289,7 +374,7 @@ def run(
             results = [read_ready(p, seconds + OPS_SECONDS + RESULT_SLACK_S) for p in procs]
         finally:
             for p in procs:
-                _reap(p)
+                reap(p)
             if link is not None:
                 link.stop()
             gov.close()
@@ -330,13 +415,20 @@ def _ops_config(tmp: Path, governord: str) -> Path:
     )
 
 
-def _reap(p: subprocess.Popen[str]) -> None:
+def reap(p: subprocess.Popen[str]) -> None:
+    """Kill a child that is still running, and close its pipes."""
     if p.poll() is None:
         p.kill()
         p.wait()
     for f in (p.stdin, p.stdout):
         with contextlib.suppress(OSError):
             _close(f)
+
+
+def _resume_ms(times: list[int], ready_ns: int) -> float | None:
+    """ms from `ready_ns` to the first of the sorted `times` at or after it (None: none)."""
+    i = bisect.bisect_left(times, ready_ns)
+    return round((times[i] - ready_ns) / 1e6, 1) if i < len(times) else None
 
 
 def _figures(
@@ -351,7 +443,7 @@ def _figures(
     link: tuple[int, int],  # the lossy link's cuts and bytes carried
 ) -> dict[str, Any]:
     times = sorted(t for r in results for t in r["admitted_ns"])
-    excess = excess_over_times(times, [1] * len(times), RATE, BURST) if times else 0.0
+    excess = max_excess(times, RATE, BURST)
     killed_ns, restarted_ns = outage
     outage_s = (restarted_ns - killed_ns) / NS
     in_run_s = max(0.0, min(outage_s, seconds - (killed_ns - start_ns) / NS))
@@ -360,12 +452,7 @@ def _figures(
     before_s = (killed_ns - start_ns) / NS
     after_s = max(0.0, seconds - before_s - outage_s)
     before = sum(1 for t in times if t < killed_ns)
-    calls = sum(
-        int(r["strict"]["reserves"])
-        + int(r["strict"]["returned"])
-        + int(r["strict"].get("rate_lookups", 0))  # GetNode for the burst, one per key
-        for r in results
-    )
+    calls = governor_calls(results)
     strict_ops = int(results[0]["strict_ops_per_s"])
     global_ops = int(results[0]["global_ops_per_s"])
     offered = sum(int(r["offered"]) for r in results)
@@ -386,6 +473,9 @@ def _figures(
         "outage_s": round(outage_s, 3),
         "outage_starts_at_s": round((killed_ns - start_ns) / NS, 3),
         "admitted_in_outage": len(times) - outside,
+        # from the restarted governord's LISTENING line to the fleet's next admission (0 or
+        # near it when credit granted before the kill was still held)
+        "resume_ms": _resume_ms(times, restarted_ns),
         # the two sides of `utilisation`: before the kill, and from the restart on
         "utilisation_before_kill": round(before / (RATE * before_s + BURST), 4),
         "utilisation_after_restart": round((outside - before) / max(1.0, RATE * after_s), 4),

@@ -10,11 +10,16 @@ file, bench._procs.print_result): `admitted_ns` (sorted), `offered`, `strict` (t
 /health strict counters). With --ops-seconds > 0 it then times tight try_admit loops on a
 second node of its own (`--ops-config`): a strict limit with plenty of credit against a
 global limit, alternated, and adds `strict_ops_per_s` and `global_ops_per_s`.
+
+    python -m bench.strict_worker --serve --watchdog-s 600
+
+runs `mesh bench strict --sweep`'s rows in turn, one node each, in one process (`serve`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 import time
@@ -23,7 +28,7 @@ from typing import Any
 
 from bench._procs import print_result, watchdog
 
-__all__ = ["main"]
+__all__ = ["load", "main", "serve"]
 
 TENANT, METRIC = "load", "read_iops"  # the strict limit under load
 OPS_STRICT, OPS_GLOBAL = "fast", "fastg"  # the ops node's two limits
@@ -116,44 +121,76 @@ def _denied(mesh: Any) -> dict[str, int]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.strict_worker")
-    p.add_argument("--config", required=True)
-    p.add_argument("--threads", type=int, default=4)
-    p.add_argument("--rate", type=float, required=True, help="asks per second, per thread")
-    p.add_argument("--seconds", type=float, required=True)
-    p.add_argument("--ops-config", dest="ops_config", default="")
-    p.add_argument("--ops-seconds", dest="ops_seconds", type=float, default=0.0)
-    a = p.parse_args(argv)
-    import asyncio
-
-    from mesh.node import Mesh
-
-    watchdog(asyncio.new_event_loop(), a.seconds + a.ops_seconds + WATCHDOG_SLACK_S)
-    mesh = Mesh(a.config).start()
-    print('{"ready": true}', flush=True)
+def load(mesh: Any, threads: int, rate: float, seconds: float) -> dict[str, Any]:
+    """Wait for the start instant on stdin, ask from then for `seconds` on `threads` threads
+    at `rate` each, stop the node; the result (without the ops timing)."""
     start_at = float(sys.stdin.readline())
     time.sleep(max(0.0, start_at - time.time()))
-    until = start_at + a.seconds
-    admitted: list[list[int]] = [[] for _ in range(a.threads)]
+    until = start_at + seconds
+    admitted: list[list[int]] = [[] for _ in range(threads)]
     offered: list[int] = []
     reasons: Counter[str] = Counter()
-    threads = [
-        threading.Thread(target=_ask, args=(mesh, a.rate, until, admitted[i], offered, reasons))
-        for i in range(a.threads)
+    asking = [
+        threading.Thread(target=_ask, args=(mesh, rate, until, admitted[i], offered, reasons))
+        for i in range(threads)
     ]
-    for t in threads:
+    for t in asking:
         t.start()
-    for t in threads:
+    for t in asking:
         t.join()
     strict = dict(mesh.health().get("strict", {}))
     mesh.stop()
-    result: dict[str, Any] = {
+    return {
         "admitted_ns": sorted(t for per in admitted for t in per),
         "offered": sum(offered),
         "strict": strict,
         "denied": dict(reasons),
     }
+
+
+def serve() -> None:
+    """One row after another (`mesh bench strict --sweep`), so a sweep pays the imports once
+    per process: each stdin line is a job (`{"config", "threads", "rate", "seconds"}`); a
+    node is started on its config, says ready, runs `load` and prints its result. An empty
+    line or EOF ends the process."""
+    from mesh.node import Mesh
+
+    print('{"ready": true}', flush=True)
+    while True:
+        line = sys.stdin.readline()
+        if not line.strip():
+            return
+        job = json.loads(line)
+        mesh = Mesh(job["config"]).start()
+        print('{"ready": true}', flush=True)
+        print_result(load(mesh, int(job["threads"]), float(job["rate"]), float(job["seconds"])))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.strict_worker")
+    p.add_argument("--config", default="")
+    p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--rate", type=float, default=0.0, help="asks per second, per thread")
+    p.add_argument("--seconds", type=float, default=0.0)
+    p.add_argument("--ops-config", dest="ops_config", default="")
+    p.add_argument("--ops-seconds", dest="ops_seconds", type=float, default=0.0)
+    p.add_argument("--serve", action="store_true", help="run the jobs stdin gives, in turn")
+    p.add_argument("--watchdog-s", dest="watchdog_s", type=float, default=0.0)
+    a = p.parse_args(argv)
+    import asyncio
+
+    from mesh.node import Mesh
+
+    if a.serve:
+        watchdog(asyncio.new_event_loop(), a.watchdog_s)
+        serve()
+        return 0
+    if not a.config or a.rate <= 0 or a.seconds <= 0:
+        p.error("--config, --rate and --seconds are required without --serve")
+    watchdog(asyncio.new_event_loop(), a.seconds + a.ops_seconds + WATCHDOG_SLACK_S)
+    mesh = Mesh(a.config).start()
+    print('{"ready": true}', flush=True)
+    result = load(mesh, a.threads, a.rate, a.seconds)
     if a.ops_seconds > 0:
         result.update(ops(a.ops_config, a.ops_seconds))
     print_result(result)

@@ -18,7 +18,6 @@ from typing import TypeVar
 
 __all__ = [
     "Admission",
-    "D_QUANTILE",
     "cap_excess",
     "d_estimate_ns",
     "excess_bound",
@@ -32,7 +31,6 @@ __all__ = [
 Admission = tuple[int, int, int]  # (time in ns, node id, units): one recorded admission
 
 NS_PER_S = 1_000_000_000
-D_QUANTILE = 0.99  # d is this quantile of the measured delays (`d_estimate_ns`)
 
 V = TypeVar("V", int, float)
 
@@ -72,15 +70,21 @@ def excess_bound(members: int, local_burst_cap: float, rate: float, d_ns: float)
     return members * local_burst_cap + rate * d_ns / NS_PER_S
 
 
-def d_estimate_ns(delays_ns: Iterable[int], sync_interval_ns: int, tick_lag_ns: int = 0) -> int:
+def d_estimate_ns(
+    delays_ns: Iterable[int], sync_interval_ns: int, tick_lag_ns: int = 0, *, horizon_ns: int
+) -> int:
     """d, the propagation delay of the envelope, from report-to-acknowledgement delays.
 
     A use waits up to one sync interval for the flush that reports it, then its report
-    takes the measured delay to be applied and acknowledged: d is the p99 (`D_QUANTILE`,
-    `percentile`) of the delays plus one sync interval, and never less than two sync
-    intervals (the wait for the flush and for the owner's tick, with no delay measured
-    yet). A p99, not the worst: a report stranded at a dead owner waits for the ring to
-    change, and that is failover time, not propagation delay.
+    takes the measured delay to be applied and acknowledged: d is the worst of the delays
+    plus one sync interval, and never less than two sync intervals (the wait for the flush
+    and for the owner's tick, with no delay measured yet). The worst, not a quantile: every
+    view that a slow delay left stale admits on what it holds, so a p99 let a stall of the
+    slowest 1% (a loaded machine's scheduler, a GC pause) over-admit past the bound.
+
+    Delays longer than `horizon_ns` (the owner-unreachable threshold, `owner_unreachable_ms`)
+    are not propagation: a view whose report waits that long is suspended and admits
+    nothing new, and the report waits for the ring to change (failover time).
 
     Plus `tick_lag_ns`, the worst recent lateness of the worker's sync tick (a process):
     a view's snapshot expires, and its usage is flushed, only when that tick runs, so a
@@ -89,11 +93,13 @@ def d_estimate_ns(delays_ns: Iterable[int], sync_interval_ns: int, tick_lag_ns: 
         raise ValueError(f"d_estimate_ns: sync_interval_ns must be > 0, got {sync_interval_ns}")
     if tick_lag_ns < 0:
         raise ValueError(f"d_estimate_ns: tick_lag_ns must be >= 0, got {tick_lag_ns}")
-    delays = list(delays_ns)
+    if horizon_ns <= 0:
+        raise ValueError(f"d_estimate_ns: horizon_ns must be > 0, got {horizon_ns}")
+    worst = max((d for d in delays_ns if d <= horizon_ns), default=None)
     floor = 2 * sync_interval_ns
-    if not delays:
+    if worst is None:
         return floor + tick_lag_ns
-    return max(floor, percentile(delays, D_QUANTILE) + sync_interval_ns) + tick_lag_ns
+    return max(floor, worst + sync_interval_ns) + tick_lag_ns
 
 
 def excess_over_windows(buckets: list[int], rate: float, burst: int, bucket_s: float) -> float:

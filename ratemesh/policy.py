@@ -39,6 +39,7 @@ __all__ = [
     "Metric",
     "Mode",
     "Period",
+    "Posture",
     "RateKey",
     "TenantRatePolicy",
     "Unit",
@@ -125,6 +126,20 @@ class Mode(StrEnum):
     GLOBAL = "global"
     STRICT = "strict"
     REDIS = "redis"  # one atomic GCRA step per admission against a shared Redis (docs/redis.md)
+
+
+class Posture(StrEnum):
+    """Whether a limit's verdicts are enforced, or only evaluated and counted (`shadow`:
+    every call is admitted, and one the limit would deny says so; docs/policies.md)."""
+
+    ENFORCE = "enforce"
+    SHADOW = "shadow"
+
+
+# The modes a shadow posture applies to: their views meter locally and deny in the core.
+# strict spends governord credit and redis takes from a shared counter, so a shadow there
+# would either take real capacity from enforcing limits or say nothing exact.
+SHADOW_MODES = frozenset({Mode.LOCAL, Mode.SHARE, Mode.GLOBAL})
 
 
 class Period(StrEnum):
@@ -264,6 +279,7 @@ class TenantRatePolicy:
     scale: int = None  # type: ignore[assignment]  # None: from target_rate (parse_rate)
     period: Period | None = None  # a spend quota's UTC period (docs/quotas.md)
     quota: int | None = None  # the cap per period, in the metric's unit
+    posture: Posture = Posture.ENFORCE  # shadow: evaluated and counted, always admitted
     _key: RateKey = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -285,6 +301,7 @@ class TenantRatePolicy:
                 "refunded when fewer are used, and the redis script cannot give back; use "
                 "global or strict for this metric",
             )
+        object.__setattr__(self, "posture", _posture(self.posture, self))
         tenant = self.tenant_id
         if DESCRIPTOR_SEP in tenant:  # already folded (a copy, a key's tenant part)
             base, desc = split_tenant(tenant)
@@ -388,7 +405,13 @@ class TenantRatePolicy:
             scale=self.scale,
             period=self.period,
             quota=self.quota,
+            posture=self.posture,
         )
+
+    @property
+    def shadow(self) -> bool:
+        """Whether the limit is only evaluated and counted (`Posture.SHADOW`)."""
+        return self.posture is Posture.SHADOW
 
     def values(self) -> tuple[object, ...]:
         """What the policy says, without its generation: two generations with equal values
@@ -403,6 +426,7 @@ class TenantRatePolicy:
             self.scale,
             self.period,
             self.quota,
+            self.posture,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -438,6 +462,8 @@ class TenantRatePolicy:
             for name in ("target_rate", "global_burst", "local_burst_cap"):
                 if out[name] == 0:
                     del out[name]  # a quota policy with no rate writes none
+        if self.posture is not Posture.ENFORCE:  # only when set: older peers read the rest
+            out["posture"] = self.posture.value
         return out
 
     @classmethod
@@ -518,7 +544,16 @@ _REQUIRED = (
     "local_burst_cap",
 )
 # Every key a policy mapping may carry (YAML files, the coordinator's wire, governord's log).
-POLICY_FIELDS = (*_REQUIRED, "enabled", "mode", "unit", "descriptor", "period", "quota")
+POLICY_FIELDS = (
+    *_REQUIRED,
+    "enabled",
+    "mode",
+    "unit",
+    "descriptor",
+    "period",
+    "quota",
+    "posture",
+)
 _PERIODS = {p.value: p for p in Period}
 
 
@@ -532,3 +567,26 @@ def _mode(value: Any) -> Mode:
     if isinstance(value, Mode):
         return value
     return check_choice("mode", value, _MODES)  # type: ignore[no-any-return]
+
+
+_POSTURES = {p.value: p for p in Posture}
+
+
+def _posture(value: Any, policy: TenantRatePolicy) -> Posture:
+    """`posture` as written: a name (`shadow`, `enforce`), or seed 002's `{mode: shadow}`;
+    shadow only where `SHADOW_MODES` allows it."""
+    if isinstance(value, dict):
+        if set(value) != {"mode"}:
+            raise ConfigError("posture", "must be enforce, shadow or {mode: enforce|shadow}")
+        value = value["mode"]
+    posture: Posture = (
+        value if isinstance(value, Posture) else check_choice("posture", value, _POSTURES)
+    )
+    if posture is Posture.SHADOW and (policy.quota is not None or policy.mode not in SHADOW_MODES):
+        what = "a spend quota" if policy.quota is not None else f"mode {policy.mode.value}"
+        raise ConfigError(
+            "posture",
+            f"shadow does not apply to {what}: only local, share and global limits can be "
+            "evaluated without enforcing (docs/policies.md)",
+        )
+    return posture

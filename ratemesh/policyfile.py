@@ -1,10 +1,11 @@
 """The policies file: one YAML format for a node's `policies.file`, governord's bootstrap
 (`coordinator.policies_file`) and `mesh policy apply -f`.
 
-The file holds a list of policies, or a mapping with one key `policies:` holding that list.
-Each entry is a `TenantRatePolicy` mapping. For `mesh policy apply` an entry may leave out
-`generation` (governord allocates the next one); a node and governord's bootstrap need it,
-since it is the number both sides will meter under.
+The file holds a list of policies, or a mapping with one key `policies:` holding that list
+(and, optionally, `posture:`, which every entry that names none takes: a whole generation in
+shadow, docs/policies.md). Each entry is a `TenantRatePolicy` mapping. For `mesh policy
+apply` an entry may leave out `generation` (governord allocates the next one); a node and
+governord's bootstrap need it, since it is the number both sides will meter under.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def parse_policy_list(
     """Validate a decoded file; every mistake names `where[i].field`. A node's file may hold
     several generations of one (tenant_id, metric); an apply (`one_per_key`) may not, since
     it says what each key's policy should be now."""
+    if isinstance(data, dict) and set(data) == {"policies", "posture"}:
+        data = _with_posture(data["policies"], data["posture"])
     if isinstance(data, dict) and set(data) == {"policies"}:
         data = data["policies"]
     if not isinstance(data, list):
@@ -67,6 +70,13 @@ def parse_policy_list(
         out.append(Desired(policy, explicit))
     check_units([d.policy for d in out], where=where, error=error)
     return out
+
+
+def _with_posture(entries: Any, posture: Any) -> Any:
+    """The file's `posture:` on every entry that names none (each entry validates it)."""
+    if not isinstance(entries, list):
+        return entries  # the list check names it
+    return [{"posture": posture, **e} if isinstance(e, dict) else e for e in entries]
 
 
 def load_policy_file(

@@ -113,12 +113,14 @@ def test_every_mesh_command_has_a_handler() -> None:
 REQUIRED = {
     ("node",): ["--config", "x"],
     ("status",): ["--addr", "x"],
+    ("policy", "preview"): ["x", "--current", "x"],
     ("validate",): ["--config", "x"],
     ("sim", "run"): ["--scenario", "x"],
     ("policy", "apply"): ["-f", "x", "--coordinator", "x"],
     ("policy", "list"): ["--coordinator", "x"],
     ("policy", "history"): ["acme", "--coordinator", "x"],
     ("policy", "rollback"): ["acme", "read_iops", "--to", "1", "--coordinator", "x"],
+    ("fleet", "forget-member"): ["web-0"],
 }
 
 

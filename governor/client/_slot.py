@@ -18,8 +18,9 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from governor.gov import COOLDOWN_DEFAULT_S, Acquired, Cooldown, GovDir, gov_dir
+from governor.gov import COOLDOWN_DEFAULT_S, Acquired, Cooldown, FailOpen, GovDir, gov_dir
 from governor.gov._slots import TTL_DEFAULT_S, Attempt, release_slot
+from ratemesh.errors import ConfigError
 
 from ._leaseslot import LeaseSlot, fleet_cooldown, governord_addr
 
@@ -103,18 +104,31 @@ class Slot:
         governord: bool | None = None,
     ) -> None:
         self.root = root or gov_dir()
-        self._attempt = Attempt(
-            name,
-            max,
-            priority=priority,
-            wait_s=wait_s,
-            command=f"python slot({name!r})",
-            ttl_s=ttl_s,
-            root=self.root,
-        )
-        self.name = self._attempt.name
+        # Why this block runs without a slot whatever happens (seed 003's fail-open when
+        # nothing can be reached): the machine's state directory cannot be used.
+        self.broken: str | None = None
+        self._attempt: Attempt | None = None
+        try:
+            self._attempt = Attempt(
+                name,
+                max,
+                priority=priority,
+                wait_s=wait_s,
+                command=f"python slot({name!r})",
+                ttl_s=ttl_s,
+                root=self.root,
+            )
+        except (OSError, ConfigError) as exc:
+            if isinstance(exc, ConfigError) and exc.field != "GOV_DIR":
+                raise  # the caller's argument, not an outage
+            self.broken = f"no usable state directory ({type(exc).__name__}: {exc})"
+        self.name = name if self._attempt is None else self._attempt.name
         use_remote = governord_addr() is not None if governord is None else governord
-        self.remote = LeaseSlot(self.name, self._attempt.max) if use_remote else None
+        self.remote = (
+            LeaseSlot(self.name, self._attempt.max)
+            if use_remote and self._attempt is not None
+            else None
+        )
         self.got: Acquired | None = None
         self._stop = threading.Event()
 
@@ -131,8 +145,18 @@ class Slot:
         )
         publish(self.remote, seconds, name_only)
 
+    def _fail_open(self) -> bool:
+        """Run without a slot when nothing can be reached (`broken`), said in one line."""
+        if self.broken is None:
+            return False
+        FailOpen(self.name, self.broken).__enter__()
+        self.got = Acquired(self.name, None, 0.0, self.broken)
+        return True
+
     def __enter__(self) -> Slot:
-        self._started(take_slot(self._attempt, self.remote, self._stop.wait))
+        if not self._fail_open():
+            assert self._attempt is not None
+            self._started(take_slot(self._attempt, self.remote, self._stop.wait))
         return self
 
     def __exit__(
@@ -144,6 +168,9 @@ class Slot:
         self._release()
 
     async def __aenter__(self) -> Slot:
+        if self._fail_open():
+            return self
+        assert self._attempt is not None
         if self.remote is not None:  # the SDK's sync client blocks: wait off the loop
             got = await asyncio.to_thread(take_slot, self._attempt, self.remote)
         else:
@@ -172,7 +199,7 @@ class Slot:
 
     def _started(self, got: Acquired) -> None:
         self.got = got
-        if got.claim is not None:
+        if got.claim is not None and self._attempt is not None:
             claim, sem = got.claim, self._attempt.sem
             period = max(0.5, claim.holder.ttl_s / 3)
 

@@ -18,6 +18,9 @@ from ._errors import GovernorClientError
 __all__ = ["SyncClient", "SyncTask", "current_sync_task"]
 
 T = TypeVar("T")
+# At close, how long tasks left on the private loop (grpc's per-call status tasks) get to
+# end before they are cancelled.
+CLOSE_DRAIN_S = 1.0
 
 
 @dataclass(slots=True)
@@ -53,6 +56,7 @@ class SyncClient:
         try:
             self.aio = self._run(make())
         except BaseException:
+            self._run(_drain())  # a failed connect leaves grpc's tasks too
             self._loop.call_soon_threadsafe(self._loop.stop)  # no thread left behind
             self._thread.join()
             self._loop.close()
@@ -68,10 +72,18 @@ class SyncClient:
         self.close()
 
     def close(self) -> None:
-        self._run(self.aio.close())
+        self._run(self._shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+    async def _shutdown(self) -> None:
+        """Close the client, then finish what is left on the private loop before it closes:
+        grpc leaves a task per call that sees the call's status after the call returned,
+        and a loop closed under it prints "Task was destroyed but it is pending!" (seen at
+        the end of `gov run`). Such tasks get CLOSE_DRAIN_S to end, then are cancelled."""
+        await self.aio.close()
+        await _drain()
 
     def _here(self, node_id: int | None) -> int:
         if node_id is not None:
@@ -126,3 +138,15 @@ class SyncClient:
 
     def get_node(self, node_id: int | None = None) -> dict[str, Any]:
         return self._run(self.aio.get_node(node_id))
+
+
+async def _drain() -> None:
+    """Let the loop's other tasks end within CLOSE_DRAIN_S, cancel the rest, await them."""
+    me = asyncio.current_task()
+    rest = [t for t in asyncio.all_tasks() if t is not me]
+    if rest:
+        _, pending = await asyncio.wait(rest, timeout=CLOSE_DRAIN_S)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_asyncgens()

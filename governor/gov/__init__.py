@@ -1,7 +1,8 @@
 """`gov`: a slot for any command or block of Python, machine-local or fleet-wide (seed 003).
 
     gov run --max 2 -- curl ...          # shell: take a slot, run, give it back
-    with slot("model", max=2): ...       # Python (governor.client.slot)
+    with slot("model", max=2): ...       # Python (governor.client.slot; governor.slot
+                                         # runs the block even when that cannot load)
 
 Without governord, a slot is a file in `$GOV_DIR` claimed by an atomic hard link: no OS lock
 is held across the command, so a holder that dies cannot wedge anyone, and slots whose
@@ -12,6 +13,7 @@ later callers wait out (bounded by their window). docs/gov.md has the whole cont
 """
 
 from ._cooldown import COOLDOWN_DEFAULT_S, Cooldown
+from ._failopen import FailOpen
 from ._paths import GovDir, check_name, gov_dir
 from ._semaphore import Claim, Holder, LocalSemaphore
 from ._slots import PRIORITIES, Acquired, acquire_slot, release_slot
@@ -22,6 +24,7 @@ __all__ = [
     "Acquired",
     "Claim",
     "Cooldown",
+    "FailOpen",
     "GovDir",
     "Holder",
     "LocalSemaphore",

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from ratemesh.errors import ConfigError
 
-from . import _bench, _checkout, _demo, _node, _policy, _sim
+from . import _bench, _checkout, _demo, _fleet, _node, _policy, _sim
 from ._output import OneLineParser, emit, one_line
 
 __all__ = ["COMMANDS", "emit", "main"]
@@ -42,6 +42,7 @@ COMMANDS: dict[tuple[str, ...], Handler] = {
     ("bench", "redis"): _bench.redis,
     ("bench", "suite"): _bench.suite,
     **{("policy", name): fn for name, fn in _policy.SUBCOMMANDS.items()},
+    **{("fleet", name): fn for name, fn in _fleet.SUBCOMMANDS.items()},
 }
 
 
@@ -208,11 +209,43 @@ def _parser() -> argparse.ArgumentParser:
         help="strict limits on real workers and governord (SIGKILLed once, a lossy link): "
         "max_excess, utilisation, governor calls",
     )
-    st.add_argument("--workers", type=int, default=4)
-    st.add_argument("--threads", type=int, default=4, help="asking threads per worker")
-    st.add_argument("--seconds", type=float, default=10.0)
     st.add_argument(
-        "--offered-x", dest="offered_x", type=float, default=5.0, help="asks, as a multiple of R"
+        "--workers", default=None, help="worker processes (default 4); with --sweep a list (4,8)"
+    )
+    st.add_argument("--threads", type=int, default=4, help="asking threads per worker")
+    st.add_argument(
+        "--seconds", type=float, default=None, help="the run (default 10), or each sweep row (3)"
+    )
+    st.add_argument(
+        "--offered-x",
+        dest="offered_x",
+        type=float,
+        default=None,
+        help="asks, as a multiple of R (default 5; 3 with --sweep)",
+    )
+    st.add_argument(
+        "--sweep",
+        action="store_true",
+        help="rows over B/R, workers and one-way delay to governord (no kill): "
+        "utilisation and max_excess per row",
+    )
+    st.add_argument(
+        "--b-over-r",
+        dest="b_over_r",
+        default=None,
+        help="with --sweep: B/R values in seconds (default 0.05,0.1,0.5,2)",
+    )
+    st.add_argument(
+        "--delay-ms",
+        dest="delay_ms",
+        default=None,
+        help="with --sweep: one-way delays to governord in ms (default 0,5,20,50)",
+    )
+    st.add_argument(
+        "--credit",
+        default=None,
+        help="with --sweep: the workers' strict credit section as YAML, e.g. "
+        "'{lead_ms: 20, horizon_ms: 100}' (default: none, the defaults)",
     )
     st.add_argument(
         "--mode",
@@ -277,12 +310,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     _output_flags(su)
     _policy.add_parser(sub)
+    _fleet.add_parser(sub)
     return p
 
 
 def command_of(args: argparse.Namespace) -> tuple[str, ...]:
     """The key of `args` in COMMANDS: the command, then its subcommand if it has any."""
-    sub = getattr(args, args.command, None) if args.command in ("sim", "bench", "policy") else None
+    sub = (
+        getattr(args, args.command, None)
+        if args.command in ("sim", "bench", "policy", "fleet")
+        else None
+    )
     return (args.command,) if sub is None else (args.command, sub)
 
 

@@ -103,7 +103,9 @@ def run_memory(*, seconds: float = 3.0, seed: int = 1, workers: int = 8) -> dict
     demand = [Offered(name, t.offered_per_s) for name, t in TENANTS.items()]
     drive(fleet, demand, warmup_ns + int(seconds * NS_PER_S))
     stats = {d.tenant: d.report() for d in demand}
-    d_ns = d_estimate_ns(delays, fleet.config.sync_interval_ns)
+    d_ns = d_estimate_ns(
+        delays, fleet.config.sync_interval_ns, horizon_ns=fleet.config.owner_unreachable_ns
+    )
     out: dict[str, Any] = {
         "workers": workers,
         "seconds": seconds,
@@ -192,7 +194,8 @@ def _d_ns(meshes: list[Any]) -> int:
     """d (`ratemesh.envelope.d_estimate_ns`) over every member's recent delays."""
     drivers = [mesh._require() for mesh in meshes]
     delays = [d for driver in drivers for d in driver.recent_delays_ns]
-    return d_estimate_ns(delays, drivers[0].config.core.sync_interval_ns)
+    core = drivers[0].config.core
+    return d_estimate_ns(delays, core.sync_interval_ns, horizon_ns=core.owner_unreachable_ns)
 
 
 def _excess(buckets: list[int], tenant: DemoTenant) -> float:

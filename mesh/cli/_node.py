@@ -55,7 +55,12 @@ def validate(args: argparse.Namespace) -> int:
             "membership": cfg.membership.source if cfg.membership else None,
             # the coordination tier the node may dial (docs/redis.md); None: nothing dials
             "shared_state": {
-                "redis": None if cfg.shared_state.redis is None else cfg.shared_state.redis.addr
+                "redis": None if cfg.shared_state.redis is None else cfg.shared_state.redis.addr,
+                "postgres": (
+                    None
+                    if cfg.shared_state.postgres is None
+                    else {"dsn_env": cfg.shared_state.postgres.dsn_env}
+                ),
             },
             # what proves a peer's member id (docs/architecture.md): [] is a warning
             "peer_identity": [
@@ -135,7 +140,7 @@ def status(args: argparse.Namespace) -> int:
 def node(args: argparse.Namespace) -> int:
     """Run one member until SIGTERM or SIGINT (SIGHUP reloads its policy file); its
     address as one JSON line on stdout."""
-    from mesh.config import load_config
+    from mesh.config import check_replica_name, load_config
     from mesh.node import Mesh, new_event_loop, tune_gc
 
     level = check_choice("--log-level", args.log_level.upper(), LOG_LEVELS)
@@ -146,7 +151,7 @@ def node(args: argparse.Namespace) -> int:
         print(f"mesh node: {_in_file(args.config, exc)}", file=sys.stderr)
         return 2
     if args.member_id:
-        cfg = replace(cfg, member_id=args.member_id)
+        cfg = replace(cfg, member_id=check_replica_name("--member-id", args.member_id))
     if args.listen:
         # the config's own listen is checked by its parser; this override skips it
         cfg = replace(cfg, listen=check_address("--listen", args.listen, allow_zero_port=True))

@@ -32,6 +32,7 @@ from ratemesh.policyfile import load_policy_file
 
 from ._output import one_line
 from ._policydiff import Change, Diff, compute_diff, policy_values
+from ._preview import add_preview_parser, preview_command, refuse_unstored_posture
 
 __all__ = ["add_parser", "apply", "history", "list_", "rollback", "SUBCOMMANDS"]
 
@@ -79,6 +80,7 @@ def add_parser(sub: Any) -> None:
     rb.add_argument("--descriptor", metavar="KEY=VALUE", help="the key's descriptor, if any")
     rb.add_argument("--dry-run", action="store_true", help="print the change, push nothing")
     _connection_flags(rb)
+    add_preview_parser(psub)
 
 
 # ---- the commands --------------------------------------------------------------------------
@@ -140,6 +142,7 @@ def apply(args: argparse.Namespace) -> int:
         args.file, where=args.file, error=ConfigError, generation_required=False, one_per_key=True
     )
     desired = [(d.policy, d.explicit) for d in entries]
+    refuse_unstored_posture([p for p, _ in desired], args.file)
 
     async def body(client: Any) -> int:
         snap = await client.list()
@@ -295,6 +298,7 @@ def rollback(args: argparse.Namespace) -> int:
 
 SUBCOMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "apply": apply,
+    "preview": lambda args: preview_command(args, _connect),
     "list": list_,
     "history": history,
     "rollback": rollback,

@@ -15,6 +15,7 @@ __all__ = ["Change", "Diff", "compute_diff", "policy_values"]
 
 _BASE_VALUES = ("target_rate", "global_burst", "local_burst_cap", "enabled", "mode")
 _VALUES = (*_BASE_VALUES, "unit")
+_DIFFED = (*_VALUES, "posture")  # what a change lists (a posture moves no number)
 
 
 @dataclass(slots=True)
@@ -44,7 +45,7 @@ class Change:
         if self.was is not None and self.policy is not None:
             out["changes"] = {
                 k: [_plain(getattr(self.was, k)), _plain(getattr(self.policy, k))]
-                for k in _VALUES
+                for k in _DIFFED
                 if getattr(self.was, k) != getattr(self.policy, k)
             }
         return out
@@ -63,7 +64,7 @@ class Change:
         assert self.policy is not None and self.was is not None
         moved = ", ".join(
             f"{k} {_plain(getattr(self.was, k))} -> {_plain(getattr(self.policy, k))}"
-            for k in _VALUES
+            for k in _DIFFED
             if getattr(self.was, k) != getattr(self.policy, k)
         )
         return f"~ {name}  generation {self.was.generation} -> {self.generation}: {moved}"

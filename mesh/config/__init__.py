@@ -21,7 +21,8 @@ from mesh.config._node import (
     read_fleet_secret,
     resolve_identity,
 )
-from mesh.config._sharedstate import RedisConfig, SharedStateConfig
+from mesh.config._replica import check_replica_name
+from mesh.config._sharedstate import PostgresConfig, RedisConfig, SharedStateConfig
 from mesh.config._sidecar import SidecarConfig
 from mesh.config._strict import StrictConfig
 
@@ -48,4 +49,6 @@ __all__ = [
     "SharedStateConfig",
     "SidecarConfig",
     "StrictConfig",
+    "PostgresConfig",
+    "check_replica_name",
 ]

@@ -15,8 +15,8 @@ A rule file is `domain:` and nested `descriptors:` (key, optional value, `rate_l
 Each descriptor with a rate_limit is one ratemesh policy, named the way ratelimit names its
 stats key: tenant `envoy:<domain>.<key>_<value>.<key>...` (`_<value>` only where the rule
 gives one), metric `envoy_requests`, rate requests_per_unit per unit (ratelimit's lengths:
-a month is 30 days, a year 365), burst one unit's worth. As in ratelimit, every distinct list
-of request values gets its own bucket under it: the policy is declared for descriptor
+a week is 7 days, a month 30, a year 365), burst one unit's worth. As in ratelimit, every
+distinct list of request values gets its own bucket under it: the policy is declared for descriptor
 `v: "*"` and a request's bucket is `v=<its values>` (`bucket_tenant`).
 """
 
@@ -53,7 +53,7 @@ BUCKET_KEY = "v"  # the descriptor key a request's values are folded under
 RULES_MAX = 10_000  # descriptors across all files: each limit is a policy the node holds
 FILES_MAX = 256
 UNIT_S = {"second": 1, "minute": 60, "hour": 3600, "day": 86_400}
-UNIT_S |= {"month": 30 * 86_400, "year": 365 * 86_400}  # ratelimit's own lengths
+UNIT_S |= {"week": 7 * 86_400, "month": 30 * 86_400, "year": 365 * 86_400}  # ratelimit's
 REQUESTS_PER_UNIT_MAX = (1 << 32) - 1  # uint32 on the wire
 _ROOT_KEYS = {"domain", "descriptors"}
 _KEYS = {

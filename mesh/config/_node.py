@@ -76,6 +76,7 @@ from typing import Any
 
 from mesh.config._envoy import EnvoyRlsConfig, parse_envoy_rls
 from mesh.config._files import config_file
+from mesh.config._replica import check_replica_name
 from mesh.config._sharedstate import SharedStateConfig, parse_shared_state
 from mesh.config._sidecar import SidecarConfig, check_sidecar_auth, parse_sidecar
 from mesh.config._strict import StrictConfig, parse_strict
@@ -248,6 +249,8 @@ class NodeConfig:
                 "dials); each process enforces it alone (fleet <= N x limit), every verdict "
                 "suspended redis_unreachable"
             )
+        if self.shared_state.postgres is not None:
+            out += self.shared_state.postgres.warnings()
         if not self.policies and self.coordinator is None:
             out.append(
                 "policies: none configured and no coordinator; every tenant is "
@@ -330,7 +333,9 @@ def resolve_identity(cfg: NodeConfig, environ: dict[str, str] | None = None) -> 
     if cfg.member_id:
         return Identity(cfg.member_id, "config", True)
     if cfg.member_id_env and env.get(cfg.member_id_env):
-        return Identity(env[cfg.member_id_env], "env", True)
+        name = env[cfg.member_id_env]
+        check_replica_name(f"member_id_env (${cfg.member_id_env})", name)
+        return Identity(name, "env", True)
     host = socket.gethostname()
     if host:
         return Identity(f"{host}-{_process_tag()}", "hostname", False)
@@ -389,6 +394,8 @@ def parse_config(data: Any, *, base: Path | None = None) -> NodeConfig:
     for name in ("member_id", "member_id_env", "advertise", "telemetry_listen"):
         if data.get(name) is not None:
             kw[name] = check_str(name, data[name])
+    if "member_id" in kw:
+        check_replica_name("member_id", kw["member_id"])
     if "listen" in data:
         kw["listen"] = check_str("listen", data["listen"])
     for name in ("listen", "advertise", "telemetry_listen"):

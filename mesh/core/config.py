@@ -124,6 +124,11 @@ class CoreConfig:
         return self.snapshot_ttl_ms * MS
 
     @property
+    def owner_unreachable_ns(self) -> int:
+        """Beyond it a report's wait is an outage, not propagation (d's horizon)."""
+        return self.owner_unreachable_ms * MS
+
+    @property
     def floor_ns(self) -> int:
         """How long a cut-off worker may spend its floor (`partition_floor_ms`)."""
         return self.partition_floor_ms * MS

@@ -85,8 +85,11 @@ class Gate:
         mode: Mode = p.mode
         rate = p.limit_per_s if limited else None
         s = STEPS[mode] if step is None else step
-        self.ok = verdict(True, Reason.ADMITTED, mode, bound, suspended, limit=rate, step=s)
-        self.no = verdict(False, deny_reason, mode, bound, suspended, limit=rate, step=s)
+        sh = p.shadow  # shadow posture: `ok` says so; `no` is shadowed where it is given
+        self.ok = verdict(
+            True, Reason.ADMITTED, mode, bound, suspended, limit=rate, step=s, shadow=sh
+        )
+        self.no = verdict(False, deny_reason, mode, bound, suspended, limit=rate, step=s, shadow=sh)
 
     # A view that holds at most b (a global view), not B: `largest` says so (class-wide).
     HOLDS_B_AT_MOST = False

@@ -7,6 +7,10 @@ The per-moment numbers (`remaining`, `retry_after_ms`, `reset_after_ms`) are Non
 shared verdicts; the detailed forms (`Admission.try_admit_detailed`, `Mesh.try_admit_detailed`
 and the waiting forms) return a fresh verdict with them filled in, each computed by the
 view's gate from its own state (`Gate.numbers`). docs/api.md has the field table.
+
+A limit in shadow posture (docs/policies.md) admits every call: its verdicts carry `shadow`,
+and one the limit would have denied carries the enforcing reason as `would_deny_reason`
+(`shadowed`), with the enforcing mode, bound, suspension and step kept.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ __all__ = [
     "VERDICTS_INTERNED_MAX",
     "Verdict",
     "ms_ceil",
+    "shadowed",
     "verdict",
 ]
 
@@ -130,6 +135,8 @@ class Verdict:
     retry_after_ms: int | None = None
     reset_after_ms: int | None = None
     quota: QuotaLag | None = None  # a detailed spend-quota verdict only
+    shadow: bool = False  # the limit is in shadow posture: evaluated, counted, admitted
+    would_deny_reason: Reason | None = None  # shadow: what enforcing would have answered
 
     def __bool__(self) -> bool:
         return self.allowed
@@ -148,25 +155,17 @@ class Verdict:
             n.remaining,
             n.retry_after_ms,
             n.reset_after_ms,
+            shadow=self.shadow,
+            would_deny_reason=self.would_deny_reason,
         )
 
     def shared(self) -> Verdict:
         """The interned verdict for this one's condition, numbers dropped: what decisions
         are counted under (telemetry counts by `id()` of a shared verdict). Always an
         interned object: past VERDICTS_INTERNED_MAX, the condition without its limit."""
-        v = verdict(
-            self.allowed,
-            self.reason,
-            self.mode,
-            self.bound,
-            self.suspended,
-            limit=self.limit,
-            step=self.step,
-        )
+        v = _like(self, self.allowed, self.reason, self.limit, self.would_deny_reason)
         if v.limit is not None and _INTERNED.get(_key(v)) is not v:
-            v = verdict(
-                self.allowed, self.reason, self.mode, self.bound, self.suspended, step=v.step
-            )
+            v = _like(self, self.allowed, self.reason, None, self.would_deny_reason)
         return v
 
     def to_dict(self) -> dict[str, Any]:
@@ -185,16 +184,33 @@ class Verdict:
         }
         if self.quota is not None:  # only on a quota verdict: the API's shape is unchanged
             out["quota"] = self.quota._asdict()
+        if self.shadow:  # only under a shadow limit: an enforcing verdict's shape is unchanged
+            out["shadow"] = True
+            out["would_deny_reason"] = (
+                None if self.would_deny_reason is None else self.would_deny_reason.value
+            )
         return out
 
 
-_Key = tuple[bool, Reason, Mode | None, str, Suspension | None, int | None, Step | None]
+_Key = tuple[
+    bool, Reason, Mode | None, str, Suspension | None, int | None, Step | None, bool, Reason | None
+]
 _INTERNED: dict[_Key, Verdict] = {}
 _with_limit = 0  # interned verdicts that carry a limit (bounded by VERDICTS_INTERNED_MAX)
 
 
 def _key(v: Verdict) -> _Key:
-    return (v.allowed, v.reason, v.mode, v.bound, v.suspended, v.limit, v.step)
+    return (
+        v.allowed,
+        v.reason,
+        v.mode,
+        v.bound,
+        v.suspended,
+        v.limit,
+        v.step,
+        v.shadow,
+        v.would_deny_reason,
+    )
 
 
 def verdict(
@@ -206,18 +222,63 @@ def verdict(
     *,
     limit: int | None = None,
     step: Step | None = None,
+    shadow: bool = False,
+    would_deny: Reason | None = None,
 ) -> Verdict:
     """The shared Verdict for these values: verdicts carry nothing per key, so every view
     in the same condition hands out the same object (no memory per key, no allocation)."""
     global _with_limit
-    key = (allowed, reason, mode, bound, suspended, limit, step)
+    key = (allowed, reason, mode, bound, suspended, limit, step, shadow, would_deny)
     v = _INTERNED.get(key)
     if v is None:
-        v = Verdict(allowed, reason, mode, bound, suspended, limit, step)
+        v = Verdict(
+            allowed,
+            reason,
+            mode,
+            bound,
+            suspended,
+            limit,
+            step,
+            shadow=shadow,
+            would_deny_reason=would_deny,
+        )
         if limit is None or _with_limit < VERDICTS_INTERNED_MAX:
             _INTERNED[key] = v
             _with_limit += limit is not None
     return v
+
+
+def shadowed(v: Verdict) -> Verdict:
+    """What a shadow limit answers for `v`, the verdict enforcing it gave: admitted, with
+    `v`'s reason as `would_deny_reason` when `v` denied (its mode, bound, suspension, limit
+    and step kept). Interned like every shared verdict."""
+    if v.allowed:
+        return _like(v, True, v.reason, v.limit, None, shadow=True)
+    return _like(v, True, Reason.ADMITTED, v.limit, v.reason, shadow=True)
+
+
+def _like(
+    v: Verdict,
+    allowed: bool,
+    reason: Reason,
+    limit: int | None,
+    would_deny: Reason | None,
+    *,
+    shadow: bool | None = None,
+) -> Verdict:
+    """The interned verdict with `v`'s mode, bound, suspension and step (and its `shadow`
+    unless given), and these."""
+    return verdict(
+        allowed,
+        reason,
+        v.mode,
+        v.bound,
+        v.suspended,
+        limit=limit,
+        step=v.step,
+        shadow=v.shadow if shadow is None else shadow,
+        would_deny=would_deny,
+    )
 
 
 # Every form answers this once the node stopped (`Admission.stop`): waiting cannot help.

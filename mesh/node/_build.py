@@ -125,8 +125,13 @@ CELL_TIER_DEADLINE_MS = 250
 
 
 def build_cell_tier(cfg: NodeConfig) -> CellTier | None:
-    """Spend quotas' shared cell tier (seed 002), when the config consents to a Redis: the
-    fold from the workers' cells in Redis, beside the owners' (docs/quotas.md). Lazy."""
+    """Spend quotas' shared cell tier (seed 002), when the config consents to a Redis or a
+    PostgreSQL: the fold from the workers' cells there, beside the owners' (docs/quotas.md,
+    docs/postgres.md). Lazy: nothing dials until the first flush."""
+    if cfg.shared_state.postgres is not None:
+        from mesh.sharedstate import PostgresCellTier
+
+        return PostgresCellTier(cfg.shared_state.postgres, deadline_ms=CELL_TIER_DEADLINE_MS)
     if cfg.shared_state.redis is None:
         return None
     from mesh.sharedstate import RedisCellTier, redis_client

@@ -77,6 +77,9 @@ def capability(
                 "breaker": redis.get("breaker"),
             }
         )
+    pg_cfg = cfg.shared_state.postgres
+    if pg_cfg is not None:  # the DSN is never shown: it may carry a password
+        tiers.append({"tier": "postgres", "schema": pg_cfg.schema, "serves": ["spend quota cells"]})
     if cfg.strict is not None:
         tiers.append({"tier": "governord", "addr": cfg.strict.governord, "serves": ["strict"]})
     if cfg.coordinator is not None:
@@ -98,14 +101,15 @@ def capability(
         "publish_ms": None if quotas is None else quotas.get("publish_ms"),
         "retention_ms": None if quotas is None else quotas.get("retention_ms"),
         "redis_tier": redis_cfg is not None,
+        "postgres_tier": pg_cfg is not None,
     }
-    alone = redis_cfg is None and len(m.ring) <= 1 and cfg.strict is None
+    alone = redis_cfg is None and pg_cfg is None and len(m.ring) <= 1 and cfg.strict is None
     reasons: dict[str, int] = {}
     for s in suspended:
         reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
     out: dict[str, Any] = {
         "kind": "ratemesh/distributed-health",
-        "shared_state_enabled": redis_cfg is not None,
+        "shared_state_enabled": redis_cfg is not None or pg_cfg is not None,
         "tiers": tiers,
         "modes": modes,
         "convergence": convergence,

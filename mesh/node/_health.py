@@ -12,6 +12,7 @@ from mesh.core.policy import BOUNDS, Mode
 from mesh.core.reporter import excess_estimate
 from mesh.node._capability import capability
 from mesh.node._driver import NodeDriver
+from mesh.node._meters import meters
 from mesh.node._watch import DependencyWatch
 from mesh.telemetry import Detail, NodeStats, Route, rate_and_burst
 from ratemesh import envelope
@@ -45,8 +46,12 @@ def d_estimate_ns(driver: NodeDriver) -> int:
     sync tick's worst recent lateness, as `ratemesh.envelope.d_estimate_ns` defines it (one
     definition: /health, the demo, the benchmarks and the simulator)."""
     lags = driver.delays.recent_tick_lags_ns
+    core = driver.config.core
     return envelope.d_estimate_ns(
-        driver.recent_delays_ns, driver.config.core.sync_interval_ns, max(lags, default=0)
+        driver.recent_delays_ns,
+        core.sync_interval_ns,
+        max(lags, default=0),
+        horizon_ns=core.owner_unreachable_ns,
     )
 
 
@@ -114,6 +119,12 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         # state), read under the lock
         own = {k: views[k].health() for p in policies if (k := (p.tenant_id, p.metric)) in views}
         quotas = None if m.quotas is None else m.quotas.health(ENFORCED_SHOWN_MAX)
+        wd = m.admission.would_deny
+        shadow = driver.telemetry.shadow.health(wd)
+        shadowed = {
+            (p.tenant_id, p.metric): wd.of(p.tenant_id, p.metric) for p in policies if p.shadow
+        }
+    shown_meters, meters_omitted = meters(driver)
     d_ns = d_estimate_ns(driver)
     for p in policies:
         v = views.get((p.tenant_id, p.metric))
@@ -139,6 +150,9 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             units = envelope.excess_bound(len(m.ring), p.local_burst_cap, p.target_rate, d_ns)
             entry["envelope"] = round(units / p.scale, 3)
         entry.update(own.get((p.tenant_id, p.metric), {}))
+        if p.shadow:  # evaluated and counted, never enforced (docs/policies.md)
+            entry["posture"] = p.posture.value
+            entry["would_deny"] = shadowed[(p.tenant_id, p.metric)]._asdict()
         limits.append(entry)
         if susp:
             listed.add((p.tenant_id, p.metric, susp))
@@ -183,6 +197,11 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         "suspended": suspended,
         # spend quotas' convergence (docs/quotas.md): per quota cap, own, remote, lag_ms
         "quotas": quotas,
+        # limits in shadow posture: what they admitted and would have denied, per tenant
+        "shadow": shadow,
+        # per tenant, what this member's limits took from its traffic (mesh policy preview)
+        "meters": shown_meters,
+        "meters_omitted": meters_omitted,
         "policies": {
             "count": len(policies),
             "enforced": shown,  # per limit, the generation enforced (sorted by limit)

@@ -54,7 +54,7 @@ from mesh.core.messages import COOLDOWN_MS_MAX
 from mesh.core.policy import BOUNDS, Mode, PolicyCache, TenantRatePolicy
 from mesh.core.quota import QuotaDesk
 from mesh.core.ring import Ring
-from mesh.core.verdict import Numbers, Reason, Step, Verdict, verdict
+from mesh.core.verdict import Numbers, Reason, Step, Verdict, shadowed, verdict
 from mesh.errors import ConfigError
 from mesh.membership import EtcdMembership, MembershipSource
 from mesh.node._build import (
@@ -509,7 +509,7 @@ class Mesh:
                     "in Redis, and a peek makes no round trip; admit to see its numbers",
                 )
             if g is not None:
-                v = g.ok if g.avail >= 1 else g.no
+                v = g.ok if g.avail >= 1 else shadowed(g.no) if g.no.shadow else g.no
                 return v, adm.numbers(v, tenant, metric, 1)
         if policy is None:
             return UNKNOWN, None
@@ -657,6 +657,7 @@ class Mesh:
         driver.cell_tier = build_cell_tier(cfg)  # None without shared_state.redis
         if self.count_decisions:  # a forgotten view's counts go with it (Telemetry.forget_view)
             member.admission.on_forget = tel.forget_view
+        tel.shadow.source = member.admission.would_deny  # shadow posture's counts, at scrape
         self._driver = driver
         watch = driver.watch = DependencyWatch(driver, deps)
         # from before the first coordinator call, which resends for up to its timeout
@@ -717,6 +718,9 @@ class Mesh:
             self._watching = None
         if self._driver is not None and not self._driver.closing:
             await self._driver.close()
+            close_tier = getattr(self._driver.cell_tier, "close", None)
+            if close_tier is not None:
+                close_tier()  # the PostgreSQL tier's connection (built from shared_state)
             left = self._driver.handover_keys_late
             event(
                 log,
@@ -835,6 +839,12 @@ class _Handler:
 
     def status(self) -> dict[str, Any]:
         return {} if self.driver is None else status(self.driver)
+
+    async def forget_member(self, name: str) -> dict[str, Any]:
+        """Decommission `name`: its spend-quota cells purged here (`CellTierWriter`)."""
+        if self.driver is None:
+            raise ConfigError("member", "this member is starting: ask again")
+        return await self.driver.tier.forget_member(name)
 
 
 def _declare_to(source: object) -> Callable[[tuple[TenantRatePolicy, ...]], None] | None:

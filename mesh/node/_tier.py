@@ -4,6 +4,10 @@ Cells to write wait here, newest burn per (key, period), for one task that calls
 off the loop and folds each answer into the ledger (remote = max(owner fold, tier fold)).
 The pending map is bounded by the ledger's keys (QUOTA_KEYS_MAX). The tier is best effort
 beside the owners: a failed call is counted (`tier_errors`) and the owners' folds stand.
+
+`forget_member` decommissions a replica by name (`mesh fleet forget-member`): its cells go
+from the folds this node owns and from the tier, so a replica back under a new id stops
+counting its burn twice at once instead of after the retention window.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from mesh.core.member import Member
 from mesh.core.messages import CellPublish
 from mesh.core.policy import RateKey
 from mesh.core.quota import CellTier
+from mesh.errors import ConfigError
 
 __all__ = ["CellTierWriter"]
 
@@ -55,6 +60,31 @@ class CellTierWriter:
             self._running = True  # one task for the node's life
             self.spawn(self._run(), "mesh-cell-tier")
         self._wake.set()
+
+    async def forget_member(self, name: str) -> dict[str, Any]:
+        """Purge `name`'s cells here (the folds we own) and in the tier; the counts. A
+        failing tier is said in `tier_error`, the folds purged either way."""
+        if name == self.member.member_id:
+            raise ConfigError("member", f"{name!r} is this member: ask another one")
+        quotas = self.member.quotas
+        with self.lock:
+            folds = 0 if quotas is None else quotas.folds.forget_member(name)
+        out: dict[str, Any] = {"member_id": self.member.member_id, "folds_cells": folds}
+        tier = self.cell_tier
+        if tier is not None:
+            loop = asyncio.get_running_loop()
+            try:
+                out["tier_cells"] = await loop.run_in_executor(None, tier.forget_member, name)
+            except Exception as exc:  # noqa: BLE001 - said in the answer, counted
+                self.tier_errors += 1
+                out["tier_error"] = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        log.warning(
+            "forgot member %s: %d fold cells, %s tier cells",
+            name,
+            folds,
+            out.get("tier_cells", "no"),
+        )
+        return out
 
     async def _run(self) -> None:
         """Write the pending cells to the tier, one blocking call at a time in a thread,

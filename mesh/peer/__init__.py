@@ -7,6 +7,7 @@ generic handlers, and grpc errors become `mesh.errors.PeerError`s here, at the a
 
 from mesh.peer._coordinator import COORDINATOR_SERVICE, CoordinatorClient, PutResult
 from mesh.peer._fleet import FLEET_MEMBERS_MAX, FLEET_PARALLEL_MAX, fetch_fleet
+from mesh.peer._forget import StillAMember, forget_fleet, forget_member
 from mesh.peer._grpc import GrpcTransport
 from mesh.peer._link import PeerLink
 from mesh.peer._server import PeerHandler, PeerServer
@@ -34,7 +35,10 @@ __all__ = [
     "SCHEMA_MD",
     "STATUS",
     "Transport",
+    "StillAMember",
     "fetch_fleet",
+    "forget_fleet",
+    "forget_member",
     "fetch_status",
     "bind_port",
     "server_credentials",

@@ -35,6 +35,7 @@ __all__ = [
     "NONCES_MAX",
     "REASONS",
     "STATUS_EPOCH",
+    "FORGET_EPOCH",
     "RefusalLog",
     "NonceMemory",
     "certificate_names",
@@ -49,6 +50,9 @@ AUTH_SKEW_S = 60  # a proof's time may differ from ours by this much (clock skew
 # stream's epoch is digits, so neither proof opens the other's call. Its target is the
 # member's id (a caller that knows only the address learns it: `_status.fetch_status`).
 STATUS_EPOCH = "status"
+# A ForgetMember call's proof (`mesh fleet forget-member`): its own word, so that a proof
+# captured for a Status call cannot purge a member's cells.
+FORGET_EPOCH = "forget-member"
 NONCES_MAX = 4096  # proofs remembered against replay; past it the oldest are forgotten
 _NONCE_BYTES = 12
 _VERSION = "v1"

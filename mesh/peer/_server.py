@@ -39,9 +39,10 @@ from mesh.core.messages import (
     ReportBatch,
     decode,
 )
-from mesh.errors import MessageError
+from mesh.errors import MeshError, MessageError
 from mesh.peer._identity import (
     AUTH_MD,
+    FORGET_EPOCH,
     REASONS,
     STATUS_EPOCH,
     NonceMemory,
@@ -54,6 +55,7 @@ from mesh.peer._tls import bind_port
 from mesh.peer._wire import (
     EPOCH_MD,
     EXCHANGE,
+    FORGET,
     MEMBER_MD,
     PEER_SERVICE,
     SCHEMA,
@@ -61,6 +63,7 @@ from mesh.peer._wire import (
     STATUS,
     pack,
     server_options,
+    unpack,
 )
 from ratemesh import callguard
 from ratemesh.callguard import Caller, CallGuard, GuardLimits
@@ -92,6 +95,8 @@ CALLS_MAX = STREAMS_MAX + 64
 # Of them, one caller's: a member's streams (STREAMS_PER_PEER_MAX of them, checked below) or
 # the Status calls of `mesh status` (every such caller is one: it proves the secret, no more).
 CALLER_CALLS_MAX = 16
+# The longest member id a ForgetMember request may name (a DNS name is at most 253).
+MEMBER_NAME_MAX = 256
 
 # Answers whether a member id may open a stream: None while the node has no ring yet.
 IsMember = Callable[[str], bool | None]
@@ -178,6 +183,7 @@ class PeerServer:
         rpc: dict[str, grpc.RpcMethodHandler] = {
             "Exchange": grpc.stream_stream_rpc_method_handler(self._exchange),
             "Status": grpc.unary_unary_rpc_method_handler(self._status),
+            "ForgetMember": grpc.unary_unary_rpc_method_handler(self._forget_member),
         }
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(PEER_SERVICE, rpc), *self._extra)
@@ -233,6 +239,9 @@ class PeerServer:
                     exc.code, exc.details, exc.reason, ((MEMBER_MD, self.member_id),)
                 ) from None
             return Caller("status")
+        if method == FORGET:  # proved as a Status caller is, over its own word
+            self._status_caller(context, FORGET_EPOCH)
+            return Caller("admin")
         if is_standard(method):  # health Watch, reflection: proved as a Status caller is
             self._status_caller(context)
             return Caller("standard")
@@ -247,7 +256,28 @@ class PeerServer:
         `_identify` before the request was read)."""
         return pack(self.handler.status())
 
-    def _status_caller(self, context: aio.ServicerContext[bytes, bytes]) -> None:
+    async def _forget_member(
+        self, request: bytes, context: aio.ServicerContext[bytes, bytes]
+    ) -> bytes:
+        """Purge a decommissioned member's spend-quota cells by name (the folds this member
+        owns and the shared-state tier's), for a caller proved as a Status caller is."""
+        forget = getattr(self.handler, "forget_member", None)
+        if not callable(forget):
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "forget_member: not served here")
+            raise AssertionError("abort raises")  # for the type checker
+        try:
+            body = unpack(request, "forget_member")
+            name = body.get("member") if isinstance(body, dict) else None
+            if not isinstance(name, str) or not 0 < len(name) <= MEMBER_NAME_MAX:
+                raise MessageError("member", "must be a member id of 1..256 characters")
+            answer = await forget(name)
+        except MeshError as exc:  # a mistake in the request: named, nothing changed
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pack(answer)
+
+    def _status_caller(
+        self, context: aio.ServicerContext[bytes, bytes], epoch: str = STATUS_EPOCH
+    ) -> None:
         """Raise _Refused unless the Status caller proves itself: a client certificate
         where mTLS is required (the handshake checked its CA; any fleet certificate may
         ask), a fleet-secret proof where the mesh has a secret. With neither configured (a
@@ -273,7 +303,7 @@ class PeerServer:
             )
         # Proved for this member only: a proof names its target, so one captured here
         # cannot be replayed at another member, nor (the nonces) here again.
-        why = self._check_proof(proof, caller, STATUS_EPOCH, self.member_id)
+        why = self._check_proof(proof, caller, epoch, self.member_id)
         if why is not None:
             raise _Refused(grpc.StatusCode.PERMISSION_DENIED, f"status: {why}", "bad_secret")
 

@@ -26,14 +26,14 @@ __all__ = ["fetch_status", "STATUS_CALLER"]
 STATUS_CALLER = "mesh-status"  # the id a Status caller claims (it proves the secret, no more)
 
 
-def status_proof(fleet_secret: bytes, target: str) -> str:
+def status_proof(fleet_secret: bytes, target: str, epoch: str = STATUS_EPOCH) -> str:
     """A Status caller's fleet-secret proof, made now, for the member `target`: over the
-    word `status` in the worker_epoch's place, so that it cannot open a stream nor a
-    stream's proof a Status call."""
+    word `status` (or another call's word, `epoch`) in the worker_epoch's place, so that it
+    cannot open a stream nor a stream's proof a Status call."""
     return sign(
         fleet_secret,
         member=STATUS_CALLER,
-        epoch=STATUS_EPOCH,
+        epoch=epoch,
         schema=SCHEMA,
         target=target,
         now_s=int(time.time()),

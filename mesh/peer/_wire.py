@@ -15,6 +15,7 @@ from ratemesh.unpack import UnpackBounds, unpackb
 __all__ = [
     "EXCHANGE",
     "STATUS",
+    "FORGET",
     "MEMBER_MD",
     "SCHEMA_MD",
     "EPOCH_MD",
@@ -30,6 +31,8 @@ __all__ = [
 PEER_SERVICE = "ratemesh.mesh.v1.Peer"
 EXCHANGE = f"/{PEER_SERVICE}/Exchange"  # stream: reports in, snapshots back
 STATUS = f"/{PEER_SERVICE}/Status"  # unary: the member's view, for `mesh status`
+# unary: purge a decommissioned member's spend-quota cells, for `mesh fleet forget-member`
+FORGET = f"/{PEER_SERVICE}/ForgetMember"
 MEMBER_MD = "ratemesh-member"  # the sending member's id, fixed for the stream
 SCHEMA_MD = "ratemesh-schema"  # the sender's schema version
 EPOCH_MD = "ratemesh-worker-epoch"  # the sender's worker_epoch, fixed for the stream

@@ -23,11 +23,14 @@ import redis
 from mesh.core.policy import RateKey
 from mesh.core.quota import CELL_RETENTION_MS, CELLS_PER_KEY_MAX, DAY_MS
 
-__all__ = ["CELL_KEY_PREFIX", "RedisCellTier", "cell_key"]
+__all__ = ["CELL_KEY_PREFIX", "FORGET_SCAN_COUNT", "TTL_MS", "RedisCellTier", "cell_key"]
 
 CELL_KEY_PREFIX = "ratemesh:cells:"
 # A hash outlives its period by at most this much (the longest period is a 31-day month).
-_TTL_MS = 32 * DAY_MS + CELL_RETENTION_MS
+TTL_MS = 32 * DAY_MS + CELL_RETENTION_MS
+
+# Keys one SCAN step asks for while a member is forgotten (each step is one round trip).
+FORGET_SCAN_COUNT = 512
 
 # Burns compare as decimal strings (exact past Lua's 2^53 doubles): longer is larger.
 _SCRIPT = """
@@ -96,7 +99,7 @@ class RedisCellTier:
             raise ValueError(f"burn must be >= 0, got {burn}")
         reply: Any = self._script(
             keys=[cell_key(key, period_index, self.prefix)],
-            args=[member, str(burn), self.retention_ms, self.cells_max, _TTL_MS],
+            args=[member, str(burn), self.retention_ms, self.cells_max, TTL_MS],
         )
         out: dict[str, int] = {}
         for i in range(0, len(reply) - 1, 2):
@@ -107,6 +110,14 @@ class RedisCellTier:
                 continue
             out[name] = int(head)
         return out
+
+    def forget_member(self, member: str) -> int:
+        """Purge a decommissioned member's cells by name, in every hash under the prefix;
+        the fields deleted. Raises redis.RedisError when Redis fails."""
+        dropped = 0
+        for key in self.client.scan_iter(match=self.prefix + "*", count=FORGET_SCAN_COUNT):
+            dropped += int(self.client.hdel(key, member))
+        return dropped
 
 
 def _text(v: Any) -> str:

@@ -4,17 +4,19 @@ limits of `envoy_rls.config_files` (mesh/config/_envoy.py; docs/sidecar.md "Envo
 
 Answers as envoyproxy/ratelimit answers: each descriptor's most specific rule (at each entry,
 `key_value`, then a `*` pattern, then `key`; a limit applies only at the descriptor's last
-entry), `replaces` dropping the limits it names, hits_addend 0 meaning 1, one status per
+entry), `replaces` dropping the limits it names, a descriptor's own `hits_addend` in place of the
+request's (0 a check that adds nothing), the request's 0 meaning 1, one status per
 descriptor (code, current_limit, limit_remaining, duration_until_reset), OVER_LIMIT overall
 if any descriptor is, OK with no current_limit for a descriptor no rule matches, and a
 shadow_mode rule's OVER_LIMIT turned into OK (its status otherwise as computed).
 
-The decision itself is ratemesh's: each matched descriptor is one admission of
-`hits_addend` units on its bucket (`mesh.config.bucket_tenant`), all of a call's in one call
-to the node. A denial for any reason (rate_limited, or a strict limit's governor being
-unreachable) is OVER_LIMIT. `duration_until_reset` is ratelimit's: the rest of the current
-UTC-aligned window of the rule's unit. A request's own `limit` override is not applied (the
-configured rule is).
+The decision itself is ratemesh's: each matched descriptor is one admission of its hits
+on its bucket (`mesh.config.bucket_tenant`), all of a call's in one call to the node; a
+descriptor of 0 hits is a peek (its remaining, nothing charged: OK, as ratelimit answers a
+check that adds nothing to a bucket not already over). A denial for any reason
+(rate_limited, or a strict limit's governor being unreachable) is OVER_LIMIT.
+`duration_until_reset` is ratelimit's: the rest of the current UTC-aligned window of the
+rule's unit. A request's own `limit` override is not applied (the configured rule is).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from grpc import aio
 
 from mesh.config import EnvoyRlsConfig, RuleLimit, RuleNode, bucket_tenant
 from mesh.config._envoy import ENVOY_METRIC, UNIT_S
+from mesh.core.verdict import Numbers, Verdict
 from mesh.sidecar._items import Admitter
 from mesh.sidecar.rls import rls_pb2 as pb
 
@@ -44,6 +47,7 @@ _UNITS = {
     "minute": pb.RateLimitResponse.RateLimit.MINUTE,
     "hour": pb.RateLimitResponse.RateLimit.HOUR,
     "day": pb.RateLimitResponse.RateLimit.DAY,
+    "week": pb.RateLimitResponse.RateLimit.WEEK,
     "month": pb.RateLimitResponse.RateLimit.MONTH,
     "year": pb.RateLimitResponse.RateLimit.YEAR,
 }
@@ -91,6 +95,12 @@ def _wildcard_match(parts: tuple[str, ...], value: str) -> bool:
     return True
 
 
+def _left(v: Verdict, n: Numbers | None) -> int:
+    """A status's `limit_remaining`: the view's remaining units, within a uint32."""
+    remaining = v.remaining if n is None else n.remaining
+    return max(0, min(remaining or 0, _UINT32_MAX))
+
+
 class EnvoyRls:
     """ShouldRateLimit against one node; `now_s` is the wall clock ratelimit's windows use."""
 
@@ -112,7 +122,7 @@ class EnvoyRls:
         """The answer, or ValueError saying why the request as a whole is refused."""
         self._check(req)
         root = self.config.domains.get(req.domain)
-        hits = req.hits_addend or 1
+        default_hits = req.hits_addend or 1
         limits: list[RuleLimit | None] = []
         values: list[list[str]] = []
         for d in req.descriptors:
@@ -123,18 +133,26 @@ class EnvoyRls:
         limits = [None if lim is not None and lim.name in replaced else lim for lim in limits]
         rows: list[tuple[str, str, int]] = []
         at: list[int] = []
-        for i, lim in enumerate(limits):
-            if lim is not None and lim.policy is not None:
-                at.append(i)
-                rows.append((bucket_tenant(lim, values[i]), ENVOY_METRIC, hits))
-        verdicts = self.admitter.try_admit_numbers_many(rows) if rows else []
         decided: dict[int, tuple[bool, int]] = {}
+        checks: list[tuple[int, str]] = []
+        for i, lim in enumerate(limits):
+            if lim is None or lim.policy is None:
+                continue
+            d = req.descriptors[i]
+            hits = d.hits_addend.value if d.HasField("hits_addend") else default_hits
+            tenant = bucket_tenant(lim, values[i])
+            if hits == 0:  # a check that adds nothing: read after the call's charges
+                checks.append((i, tenant))
+                continue
+            at.append(i)
+            rows.append((tenant, ENVOY_METRIC, hits))
+        verdicts = self.admitter.try_admit_numbers_many(rows) if rows else []
         for i, answer in zip(at, verdicts, strict=True):
             if isinstance(answer, Exception):
                 raise ValueError(str(answer))
-            v, n = answer
-            remaining = v.remaining if n is None else n.remaining
-            decided[i] = (v.allowed, max(0, min(remaining or 0, _UINT32_MAX)))
+            decided[i] = (answer[0].allowed, _left(*answer))
+        for i, tenant in checks:  # what is left once the call's charges are taken: OK
+            decided[i] = (True, _left(*self.admitter.peek_numbers(tenant, ENVOY_METRIC)))
         resp = pb.RateLimitResponse(overall_code=_Code.OK)
         for i, lim in enumerate(limits):
             status = self._status(lim, decided.get(i))
@@ -172,6 +190,11 @@ class EnvoyRls:
         for i, d in enumerate(req.descriptors):
             if not 0 < len(d.entries) <= ENTRIES_MAX:
                 raise ValueError(f"descriptors[{i}].entries: 1 to {ENTRIES_MAX}")
+            if d.HasField("hits_addend") and not 0 <= d.hits_addend.value <= _UINT32_MAX:
+                raise ValueError(
+                    f"descriptors[{i}].hits_addend: at most {_UINT32_MAX}, "
+                    f"got {d.hits_addend.value}"
+                )
             for j, e in enumerate(d.entries):
                 if not e.key or len(e.key) > NAME_MAX_CHARS or len(e.value) > NAME_MAX_CHARS:
                     raise ValueError(

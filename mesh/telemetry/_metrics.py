@@ -44,6 +44,7 @@ from prometheus_client.registry import Collector
 from mesh.core.gate import Gate
 from mesh.core.policy import DEFAULT_TENANT, TenantRatePolicy
 from mesh.core.verdict import Reason, Verdict
+from mesh.telemetry._shadow import ShadowTelemetry
 from ratemesh.policy import DESCRIPTOR_SEP, DESCRIPTOR_WILDCARD, split_tenant
 from ratemesh.publicmetrics import public_registry
 
@@ -168,6 +169,7 @@ class Telemetry:
             buckets=DELAY_BUCKETS_S,
             registry=self.registry,
         )
+        self.shadow = ShadowTelemetry(_Labelled, _label)  # shadow posture (docs/policies.md)
         self._collector = _Collector(self, stats)
         self.registry.register(self._collector)
         self._public = public_registry(self.registry)
@@ -426,6 +428,7 @@ class _Collector(Collector):
         for reason, n in sorted(s.peer_refused.items()):
             refused.add_metric([reason], n)
         yield refused
+        yield from self.tel.shadow.families(top)
         labelled = _named_labelled(s, top, self.tel.top_k)
         yield from _policy_families(s, labelled)
         yield from _limit_families(s, labelled, top, ranked.active, self.tel._policy_of)

@@ -89,4 +89,7 @@ class MeshStrategy(Strategy):
     def measured_d_ns(self) -> int | None:
         if not self.ack_delays:
             return None
-        return d_estimate_ns(self.ack_delays, self.config.sync_interval_ns)
+        cfg = self.config
+        return d_estimate_ns(
+            self.ack_delays, cfg.sync_interval_ns, horizon_ns=cfg.owner_unreachable_ns
+        )

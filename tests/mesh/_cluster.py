@@ -8,7 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from bench._procs import HOT, cluster_config, free_port, go, read_ready, spawn, stop, write_config
-from bench.cluster import SYNC_INTERVAL_NS, excess_over_windows, read_buckets, worker_args
+from bench.cluster import (
+    D_HORIZON_NS,
+    SYNC_INTERVAL_NS,
+    excess_over_windows,
+    read_buckets,
+    worker_args,
+)
 from ratemesh.envelope import d_estimate_ns, excess_bound
 
 __all__ = ["Run", "start_workers", "Envelope"]
@@ -90,10 +96,10 @@ class Run:
 
     def envelope(self, results: dict[str, dict[str, Any]]) -> Envelope:
         buckets = self.buckets()
-        # d as the mesh defines it: a p99, so reports stranded at a dead owner (failover
-        # time, not propagation delay) do not widen it
+        # d as the mesh defines it: the worst delay within the owner-unreachable horizon
+        # (a report stranded at a dead owner waits out failover time, not propagation)
         delays = [d for r in results.values() for d in r["delays_ns"]]
-        d_ns = d_estimate_ns(delays, SYNC_INTERVAL_NS)
+        d_ns = d_estimate_ns(delays, SYNC_INTERVAL_NS, horizon_ns=D_HORIZON_NS)
         offered = sum(r["hot_offered"] for r in results.values())
         admitted = sum(buckets)
         bound = excess_bound(len(self.ids), b, R, d_ns)

@@ -9,7 +9,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ratemesh.envelope import (
-    D_QUANTILE,
     d_estimate_ns,
     excess_bound,
     percentile,
@@ -58,16 +57,22 @@ def test_the_bound_is_n_b_plus_r_d() -> None:
         excess_bound(-1, 20, 1000, 0)
 
 
-def test_d_is_the_p99_delay_plus_a_sync_interval_and_at_least_two_intervals() -> None:
-    sync = 5 * MS
-    assert d_estimate_ns([], sync) == 2 * sync  # nothing measured yet
-    assert d_estimate_ns([1 * MS] * 50, sync) == 2 * sync  # fast: the floor
+def test_d_is_the_worst_delay_plus_a_sync_interval_and_at_least_two_intervals() -> None:
+    sync, horizon = 5 * MS, 100 * MS
+    assert d_estimate_ns([], sync, horizon_ns=horizon) == 2 * sync  # nothing measured yet
+    assert d_estimate_ns([1 * MS] * 50, sync, horizon_ns=horizon) == 2 * sync  # the floor
     delays = [i * MS // 10 for i in range(1000)]  # 0 .. 99.9 ms
-    assert d_estimate_ns(delays, sync) == percentile(delays, D_QUANTILE) + sync == 104 * MS
-    # one report stranded at a dead owner (failover, not propagation) does not widen d
-    assert d_estimate_ns([*delays[:-1], 60_000 * MS], sync) == 104 * MS
+    assert d_estimate_ns(delays, sync, horizon_ns=horizon) == max(delays) + sync
+    # the slowest 1% counts: a stall leaves views stale for all of it (a p99 did not)
+    assert d_estimate_ns([2 * MS] * 999 + [60 * MS], sync, horizon_ns=horizon) == 65 * MS
+    # a report stranded at a dead owner (failover, not propagation) does not widen d
+    assert d_estimate_ns([*delays[:-1], 60_000 * MS], sync, horizon_ns=horizon) == (
+        max(delays[:-1]) + sync
+    )
     with pytest.raises(ValueError, match="sync_interval_ns must be > 0"):
-        d_estimate_ns(delays, 0)
+        d_estimate_ns(delays, 0, horizon_ns=horizon)
+    with pytest.raises(ValueError, match="horizon_ns must be > 0"):
+        d_estimate_ns(delays, sync, horizon_ns=0)
 
 
 def test_d_counts_the_sync_ticks_lateness_on_top() -> None:
@@ -77,7 +82,8 @@ def test_d_counts_the_sync_ticks_lateness_on_top() -> None:
     from ratemesh.envelope import d_estimate_ns
 
     ms = 1_000_000
-    assert d_estimate_ns([], 5 * ms, 7 * ms) == 17 * ms
-    assert d_estimate_ns([20 * ms] * 10, 5 * ms, 3 * ms) == 28 * ms
+    h = 100 * ms
+    assert d_estimate_ns([], 5 * ms, 7 * ms, horizon_ns=h) == 17 * ms
+    assert d_estimate_ns([20 * ms] * 10, 5 * ms, 3 * ms, horizon_ns=h) == 28 * ms
     with pytest.raises(ValueError, match="tick_lag_ns"):
-        d_estimate_ns([], 5 * ms, -1)
+        d_estimate_ns([], 5 * ms, -1, horizon_ns=h)

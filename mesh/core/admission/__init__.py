@@ -20,6 +20,7 @@ from mesh.core.admission._redis import (
     RedisGate,
     redis_key,
 )
+from mesh.core.admission._shadow import SHADOW_KEYS_MAX, WouldDeny, WouldDenyCount
 from mesh.core.admission._strict import STRICT_BOUND, CreditDesk, StrictGate
 
 __all__ = [
@@ -47,4 +48,7 @@ __all__ = [
     "TenantQueues",
     "UNKNOWN",
     "Waiter",
+    "SHADOW_KEYS_MAX",
+    "WouldDeny",
+    "WouldDenyCount",
 ]

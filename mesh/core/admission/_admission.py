@@ -16,13 +16,14 @@ from mesh.core.admission._gates import FixedGate, LocalGate, unknown_verdict
 from mesh.core.admission._modes import OPENERS
 from mesh.core.admission._queue import TenantQueues, Waiter
 from mesh.core.admission._redis import RedisDesk, RedisGate
+from mesh.core.admission._shadow import WouldDeny
 from mesh.core.admission._strict import CreditDesk, StrictGate
 from mesh.core.config import CoreConfig
 from mesh.core.gate import Gate
 from mesh.core.policy import BOUNDS, PolicyCache, TenantRatePolicy
 from mesh.core.quota import QuotaDesk
 from mesh.core.reporter import Reporter
-from mesh.core.verdict import STOPPED, Numbers, Reason, Step, Verdict, verdict
+from mesh.core.verdict import STOPPED, Numbers, Reason, Step, Verdict, shadowed, verdict
 from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.policy import DESCRIPTOR_SEP, METRICS_MAX, check_metric
 
@@ -98,6 +99,8 @@ class Admission:
         # Told (tenant, metric value, view) when the idle sweep forgets a view, so that what
         # a driver keeps per view (the node's decision counts) goes with it.
         self.on_forget: Callable[[str, str, Gate], None] | None = None
+        # What limits in shadow posture would have denied (_shadow.py, docs/policies.md)
+        self.would_deny = WouldDeny()
 
     # -- the hot path ---------------------------------------------------------------------
 
@@ -210,8 +213,16 @@ class Admission:
         # than it can ever hold (B; a share's burst; b for a global view): no wait helps,
         # and the verdict says so rather than `rate_limited`.
         if v.policy.quota is None and amount > v.largest and v.avail < amount:
-            return v.too_large()
-        return v.deny(amount, self)
+            out = v.too_large()
+        else:
+            out = v.deny(amount, self)
+        if v.ok.shadow and not out.allowed:
+            # Shadow posture: the view denied exactly as enforcing (nothing charged); the
+            # caller is admitted and the would-deny counted (_shadow.py).
+            p = v.policy
+            self.would_deny.add(p.tenant_id, p.metric, out.reason, amount)  # a StrEnum: a str
+            return shadowed(out)
+        return out
 
     def _first_use(self, tenant: str, metric: str, amount: int) -> Verdict:
         if self.stopped:  # `stop` emptied the views: every call lands here
@@ -333,6 +344,8 @@ class Admission:
         if self.on_forget is not None:
             self.on_forget(tenant, v.policy.metric, v)
         v.forget(self, retire=False)
+        if v.ok.shadow:
+            self.would_deny.forget(tenant, v.policy.metric)
         self.gate_count -= 1
 
     def _sweep(self, now_ns: int) -> None:

@@ -25,6 +25,10 @@ class CellTier(Protocol):
         """Write `member`'s cell as max(old, burn), age out stale fields, return all."""
         ...
 
+    def forget_member(self, member: str) -> int:
+        """Purge a decommissioned member's cells by name; the cells dropped."""
+        ...
+
 
 class MemoryCellTier:
     """The tier in memory: one dict per (key, period), beats on the caller's clock."""
@@ -57,6 +61,12 @@ class MemoryCellTier:
         for m in [m for m, (_, beat) in h.items() if beat < horizon]:
             del h[m]
         return {m: b for m, (b, _) in sorted(h.items())}
+
+    def forget_member(self, member: str) -> int:
+        dropped = 0
+        for h in self._hashes.values():
+            dropped += h.pop(member, None) is not None
+        return dropped
 
     def _drop_past(self, index: int) -> None:
         """At the bound, hashes of earlier periods go first (Redis expires them by TTL)."""

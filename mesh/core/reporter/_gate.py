@@ -96,6 +96,7 @@ class GlobalGate(Gate):
         "floor_left",
         "applied_above",
         "want",
+        "eager_until_ns",
         "net",
     )
 
@@ -143,6 +144,14 @@ class GlobalGate(Gate):
         # even part of b is served, not starved, and the view still never holds more than
         # b (the N*b of the envelope).
         self.want = 0
+        # Until when each admission is reported at once (`Reporter._sink`), after an ask of
+        # at most b was denied that is above the view's even part of b, or that its own
+        # unreflected usage kept under b: -1 from the next flush (`EAGER_REPORTS_NS`), 0
+        # never. A trickle of small asks keeps a unit or two in flight all the time;
+        # reported at once, they are reflected within a round trip (and the owner hears the
+        # demand that raises the view's cap), so the larger ask fits at its retry. A key
+        # short of budget, denying asks within the even part, reports as usual.
+        self.eager_until_ns = 0
         # Usage acknowledged but not applied (`note_applied`), for the excess estimate only;
         # made by the first row that says `applied_net` (a view no owner has answered pays
         # one slot), dropped when the view idles.
@@ -202,13 +211,18 @@ class GlobalGate(Gate):
         return Numbers(remaining, retry, reset)
 
     def wanted(self, amount: int) -> None:
-        """A denial of `amount` units here: counted for the owner (demand), and remembered
-        as the least the next snapshot's cap must let this view hold (`want`, at most b)."""
+        """A denial of `amount` units here: counted for the owner (demand), remembered as
+        the least the next snapshot's cap must let this view hold (`want`, at most b), and,
+        for an ask the cap or in-flight usage kept out, reported eagerly for a while."""
         self.denied += amount
         need = amount * self.scale
+        cap = self.policy.local_burst_cap
         if need > self.want:
-            cap = self.policy.local_burst_cap
             self.want = need if need < cap else cap
+        if need <= cap and (
+            need * self.snap_active > cap or need + self.unacked - self.applied_above > cap
+        ):
+            self.eager_until_ns = -1  # from the next flush (`Reporter.flush`)
         if not self.marked:
             self.sink(self)
 

@@ -46,7 +46,12 @@ from mesh.core.shares import (
 from mesh.core.verdict import Reason, Suspension
 from mesh.errors import ConfigTypeError
 
-__all__ = ["Reporter"]
+__all__ = ["Reporter", "EAGER_REPORTS_NS"]
+
+# How long a view reports each admission at once after it denied an ask of at most b while
+# usage of its own was unreflected (`GlobalGate.eager_until_ns`): about a client's retry
+# interval, so the ask finds the view empty of in-flight units when it comes back.
+EAGER_REPORTS_NS = 100 * MS
 
 
 def _noop() -> None:
@@ -207,6 +212,8 @@ class Reporter:
                 # first report: that goes once the allowance is spent, not at the next tick
                 # (a flash crowd on a cold key).
                 v.flush_at = allowance if allowance > 0 else 1
+            if v.eager_until_ns and (v.eager_until_ns < 0 or v.reported_at_ns < v.eager_until_ns):
+                v.flush_at = 1  # a larger ask waits on what is in flight: report at once
             if v.pending < v.flush_at:
                 return
         v.flush_at = NEVER
@@ -222,6 +229,8 @@ class Reporter:
         for v in dirty:
             v.marked = False
             v.flush_at = 1
+            if v.eager_until_ns < 0:
+                v.eager_until_ns = now_ns + EAGER_REPORTS_NS
             if not (v.pending or v.denied):
                 continue
             if len(v.inflight) >= cfg.inflight_reports_max:

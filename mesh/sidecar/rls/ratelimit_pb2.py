@@ -22,21 +22,22 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import wrappers_pb2 as google_dot_protobuf_dot_wrappers__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n mesh/sidecar/rls/ratelimit.proto\x12$envoy.extensions.common.ratelimit.v3\"\xdb\x02\n\x13RateLimitDescriptor\x12P\n\x07\x65ntries\x18\x01 \x03(\x0b\x32?.envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.Entry\x12Z\n\x05limit\x18\x02 \x01(\x0b\x32K.envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.RateLimitOverride\x1a#\n\x05\x45ntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x1aq\n\x11RateLimitOverride\x12\x19\n\x11requests_per_unit\x18\x01 \x01(\r\x12\x41\n\x04unit\x18\x02 \x01(\x0e\x32\x33.envoy.extensions.common.ratelimit.v3.RateLimitUnit*\\\n\rRateLimitUnit\x12\x0b\n\x07UNKNOWN\x10\x00\x12\n\n\x06SECOND\x10\x01\x12\n\n\x06MINUTE\x10\x02\x12\x08\n\x04HOUR\x10\x03\x12\x07\n\x03\x44\x41Y\x10\x04\x12\t\n\x05MONTH\x10\x05\x12\x08\n\x04YEAR\x10\x06\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n mesh/sidecar/rls/ratelimit.proto\x12$envoy.extensions.common.ratelimit.v3\x1a\x1egoogle/protobuf/wrappers.proto\"\x8e\x03\n\x13RateLimitDescriptor\x12P\n\x07\x65ntries\x18\x01 \x03(\x0b\x32?.envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.Entry\x12Z\n\x05limit\x18\x02 \x01(\x0b\x32K.envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.RateLimitOverride\x12\x31\n\x0bhits_addend\x18\x03 \x01(\x0b\x32\x1c.google.protobuf.UInt64Value\x1a#\n\x05\x45ntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x1aq\n\x11RateLimitOverride\x12\x19\n\x11requests_per_unit\x18\x01 \x01(\r\x12\x41\n\x04unit\x18\x02 \x01(\x0e\x32\x33.envoy.extensions.common.ratelimit.v3.RateLimitUnit*f\n\rRateLimitUnit\x12\x0b\n\x07UNKNOWN\x10\x00\x12\n\n\x06SECOND\x10\x01\x12\n\n\x06MINUTE\x10\x02\x12\x08\n\x04HOUR\x10\x03\x12\x07\n\x03\x44\x41Y\x10\x04\x12\t\n\x05MONTH\x10\x05\x12\x08\n\x04YEAR\x10\x06\x12\x08\n\x04WEEK\x10\x07\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mesh.sidecar.rls.ratelimit_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RATELIMITUNIT']._serialized_start=424
-  _globals['_RATELIMITUNIT']._serialized_end=516
-  _globals['_RATELIMITDESCRIPTOR']._serialized_start=75
-  _globals['_RATELIMITDESCRIPTOR']._serialized_end=422
-  _globals['_RATELIMITDESCRIPTOR_ENTRY']._serialized_start=272
-  _globals['_RATELIMITDESCRIPTOR_ENTRY']._serialized_end=307
-  _globals['_RATELIMITDESCRIPTOR_RATELIMITOVERRIDE']._serialized_start=309
-  _globals['_RATELIMITDESCRIPTOR_RATELIMITOVERRIDE']._serialized_end=422
+  _globals['_RATELIMITUNIT']._serialized_start=507
+  _globals['_RATELIMITUNIT']._serialized_end=609
+  _globals['_RATELIMITDESCRIPTOR']._serialized_start=107
+  _globals['_RATELIMITDESCRIPTOR']._serialized_end=505
+  _globals['_RATELIMITDESCRIPTOR_ENTRY']._serialized_start=355
+  _globals['_RATELIMITDESCRIPTOR_ENTRY']._serialized_end=390
+  _globals['_RATELIMITDESCRIPTOR_RATELIMITOVERRIDE']._serialized_start=392
+  _globals['_RATELIMITDESCRIPTOR_RATELIMITOVERRIDE']._serialized_end=505
 # @@protoc_insertion_point(module_scope)

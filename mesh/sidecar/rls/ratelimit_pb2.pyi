@@ -1,3 +1,4 @@
+from google.protobuf import wrappers_pb2 as _wrappers_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -16,6 +17,7 @@ class RateLimitUnit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DAY: _ClassVar[RateLimitUnit]
     MONTH: _ClassVar[RateLimitUnit]
     YEAR: _ClassVar[RateLimitUnit]
+    WEEK: _ClassVar[RateLimitUnit]
 UNKNOWN: RateLimitUnit
 SECOND: RateLimitUnit
 MINUTE: RateLimitUnit
@@ -23,9 +25,10 @@ HOUR: RateLimitUnit
 DAY: RateLimitUnit
 MONTH: RateLimitUnit
 YEAR: RateLimitUnit
+WEEK: RateLimitUnit
 
 class RateLimitDescriptor(_message.Message):
-    __slots__ = ("entries", "limit")
+    __slots__ = ("entries", "limit", "hits_addend")
     class Entry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +45,8 @@ class RateLimitDescriptor(_message.Message):
         def __init__(self, requests_per_unit: _Optional[int] = ..., unit: _Optional[_Union[RateLimitUnit, str]] = ...) -> None: ...
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    HITS_ADDEND_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[RateLimitDescriptor.Entry]
     limit: RateLimitDescriptor.RateLimitOverride
-    def __init__(self, entries: _Optional[_Iterable[_Union[RateLimitDescriptor.Entry, _Mapping]]] = ..., limit: _Optional[_Union[RateLimitDescriptor.RateLimitOverride, _Mapping]] = ...) -> None: ...
+    hits_addend: _wrappers_pb2.UInt64Value
+    def __init__(self, entries: _Optional[_Iterable[_Union[RateLimitDescriptor.Entry, _Mapping]]] = ..., limit: _Optional[_Union[RateLimitDescriptor.RateLimitOverride, _Mapping]] = ..., hits_addend: _Optional[_Union[_wrappers_pb2.UInt64Value, _Mapping]] = ...) -> None: ...

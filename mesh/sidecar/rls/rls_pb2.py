@@ -29,7 +29,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1amesh/sidecar/rls/rls.proto\x12\x1a\x65nvoy.service.ratelimit.v3\x1a\x1bmesh/sidecar/rls/base.proto\x1a mesh/sidecar/rls/ratelimit.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x87\x01\n\x10RateLimitRequest\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12N\n\x0b\x64\x65scriptors\x18\x02 \x03(\x0b\x32\x39.envoy.extensions.common.ratelimit.v3.RateLimitDescriptor\x12\x13\n\x0bhits_addend\x18\x03 \x01(\r\"\xf3\x08\n\x11RateLimitResponse\x12H\n\x0coverall_code\x18\x01 \x01(\x0e\x32\x32.envoy.service.ratelimit.v3.RateLimitResponse.Code\x12P\n\x08statuses\x18\x02 \x03(\x0b\x32>.envoy.service.ratelimit.v3.RateLimitResponse.DescriptorStatus\x12\x42\n\x17response_headers_to_add\x18\x03 \x03(\x0b\x32!.envoy.config.core.v3.HeaderValue\x12\x41\n\x16request_headers_to_add\x18\x04 \x03(\x0b\x32!.envoy.config.core.v3.HeaderValue\x12\x10\n\x08raw_body\x18\x05 \x01(\x0c\x12\x31\n\x10\x64ynamic_metadata\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x42\n\x05quota\x18\x07 \x01(\x0b\x32\x33.envoy.service.ratelimit.v3.RateLimitResponse.Quota\x1a\xd5\x01\n\tRateLimit\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x19\n\x11requests_per_unit\x18\x01 \x01(\r\x12J\n\x04unit\x18\x02 \x01(\x0e\x32<.envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit\"S\n\x04Unit\x12\x0b\n\x07UNKNOWN\x10\x00\x12\n\n\x06SECOND\x10\x01\x12\n\n\x06MINUTE\x10\x02\x12\x08\n\x04HOUR\x10\x03\x12\x07\n\x03\x44\x41Y\x10\x04\x12\t\n\x05MONTH\x10\x05\x12\x08\n\x04YEAR\x10\x06\x1ap\n\x05Quota\x12\x10\n\x08requests\x18\x01 \x01(\r\x12\x31\n\x0bvalid_until\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12\n\n\x02id\x18\x03 \x01(\tB\x16\n\x14\x65xpiration_specifier\x1a\xba\x02\n\x10\x44\x65scriptorStatus\x12@\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x32.envoy.service.ratelimit.v3.RateLimitResponse.Code\x12N\n\rcurrent_limit\x18\x02 \x01(\x0b\x32\x37.envoy.service.ratelimit.v3.RateLimitResponse.RateLimit\x12\x17\n\x0flimit_remaining\x18\x03 \x01(\r\x12\x37\n\x14\x64uration_until_reset\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x42\n\x05quota\x18\x05 \x01(\x0b\x32\x33.envoy.service.ratelimit.v3.RateLimitResponse.Quota\"+\n\x04\x43ode\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x06\n\x02OK\x10\x01\x12\x0e\n\nOVER_LIMIT\x10\x02\x32\x84\x01\n\x10RateLimitService\x12p\n\x0fShouldRateLimit\x12,.envoy.service.ratelimit.v3.RateLimitRequest\x1a-.envoy.service.ratelimit.v3.RateLimitResponse\"\x00\x42OZMgithub.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3;ratelimitv3b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1amesh/sidecar/rls/rls.proto\x12\x1a\x65nvoy.service.ratelimit.v3\x1a\x1bmesh/sidecar/rls/base.proto\x1a mesh/sidecar/rls/ratelimit.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x87\x01\n\x10RateLimitRequest\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12N\n\x0b\x64\x65scriptors\x18\x02 \x03(\x0b\x32\x39.envoy.extensions.common.ratelimit.v3.RateLimitDescriptor\x12\x13\n\x0bhits_addend\x18\x03 \x01(\r\"\xfd\x08\n\x11RateLimitResponse\x12H\n\x0coverall_code\x18\x01 \x01(\x0e\x32\x32.envoy.service.ratelimit.v3.RateLimitResponse.Code\x12P\n\x08statuses\x18\x02 \x03(\x0b\x32>.envoy.service.ratelimit.v3.RateLimitResponse.DescriptorStatus\x12\x42\n\x17response_headers_to_add\x18\x03 \x03(\x0b\x32!.envoy.config.core.v3.HeaderValue\x12\x41\n\x16request_headers_to_add\x18\x04 \x03(\x0b\x32!.envoy.config.core.v3.HeaderValue\x12\x10\n\x08raw_body\x18\x05 \x01(\x0c\x12\x31\n\x10\x64ynamic_metadata\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x42\n\x05quota\x18\x07 \x01(\x0b\x32\x33.envoy.service.ratelimit.v3.RateLimitResponse.Quota\x1a\xdf\x01\n\tRateLimit\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x19\n\x11requests_per_unit\x18\x01 \x01(\r\x12J\n\x04unit\x18\x02 \x01(\x0e\x32<.envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit\"]\n\x04Unit\x12\x0b\n\x07UNKNOWN\x10\x00\x12\n\n\x06SECOND\x10\x01\x12\n\n\x06MINUTE\x10\x02\x12\x08\n\x04HOUR\x10\x03\x12\x07\n\x03\x44\x41Y\x10\x04\x12\t\n\x05MONTH\x10\x05\x12\x08\n\x04YEAR\x10\x06\x12\x08\n\x04WEEK\x10\x07\x1ap\n\x05Quota\x12\x10\n\x08requests\x18\x01 \x01(\r\x12\x31\n\x0bvalid_until\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12\n\n\x02id\x18\x03 \x01(\tB\x16\n\x14\x65xpiration_specifier\x1a\xba\x02\n\x10\x44\x65scriptorStatus\x12@\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x32.envoy.service.ratelimit.v3.RateLimitResponse.Code\x12N\n\rcurrent_limit\x18\x02 \x01(\x0b\x32\x37.envoy.service.ratelimit.v3.RateLimitResponse.RateLimit\x12\x17\n\x0flimit_remaining\x18\x03 \x01(\r\x12\x37\n\x14\x64uration_until_reset\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x42\n\x05quota\x18\x05 \x01(\x0b\x32\x33.envoy.service.ratelimit.v3.RateLimitResponse.Quota\"+\n\x04\x43ode\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x06\n\x02OK\x10\x01\x12\x0e\n\nOVER_LIMIT\x10\x02\x32\x84\x01\n\x10RateLimitService\x12p\n\x0fShouldRateLimit\x12,.envoy.service.ratelimit.v3.RateLimitRequest\x1a-.envoy.service.ratelimit.v3.RateLimitResponse\"\x00\x42OZMgithub.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3;ratelimitv3b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,17 +40,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RATELIMITREQUEST']._serialized_start=217
   _globals['_RATELIMITREQUEST']._serialized_end=352
   _globals['_RATELIMITRESPONSE']._serialized_start=355
-  _globals['_RATELIMITRESPONSE']._serialized_end=1494
+  _globals['_RATELIMITRESPONSE']._serialized_end=1504
   _globals['_RATELIMITRESPONSE_RATELIMIT']._serialized_start=805
-  _globals['_RATELIMITRESPONSE_RATELIMIT']._serialized_end=1018
+  _globals['_RATELIMITRESPONSE_RATELIMIT']._serialized_end=1028
   _globals['_RATELIMITRESPONSE_RATELIMIT_UNIT']._serialized_start=935
-  _globals['_RATELIMITRESPONSE_RATELIMIT_UNIT']._serialized_end=1018
-  _globals['_RATELIMITRESPONSE_QUOTA']._serialized_start=1020
-  _globals['_RATELIMITRESPONSE_QUOTA']._serialized_end=1132
-  _globals['_RATELIMITRESPONSE_DESCRIPTORSTATUS']._serialized_start=1135
-  _globals['_RATELIMITRESPONSE_DESCRIPTORSTATUS']._serialized_end=1449
-  _globals['_RATELIMITRESPONSE_CODE']._serialized_start=1451
-  _globals['_RATELIMITRESPONSE_CODE']._serialized_end=1494
-  _globals['_RATELIMITSERVICE']._serialized_start=1497
-  _globals['_RATELIMITSERVICE']._serialized_end=1629
+  _globals['_RATELIMITRESPONSE_RATELIMIT_UNIT']._serialized_end=1028
+  _globals['_RATELIMITRESPONSE_QUOTA']._serialized_start=1030
+  _globals['_RATELIMITRESPONSE_QUOTA']._serialized_end=1142
+  _globals['_RATELIMITRESPONSE_DESCRIPTORSTATUS']._serialized_start=1145
+  _globals['_RATELIMITRESPONSE_DESCRIPTORSTATUS']._serialized_end=1459
+  _globals['_RATELIMITRESPONSE_CODE']._serialized_start=1461
+  _globals['_RATELIMITRESPONSE_CODE']._serialized_end=1504
+  _globals['_RATELIMITSERVICE']._serialized_start=1507
+  _globals['_RATELIMITSERVICE']._serialized_end=1639
 # @@protoc_insertion_point(module_scope)

@@ -45,6 +45,7 @@ class RateLimitResponse(_message.Message):
             DAY: _ClassVar[RateLimitResponse.RateLimit.Unit]
             MONTH: _ClassVar[RateLimitResponse.RateLimit.Unit]
             YEAR: _ClassVar[RateLimitResponse.RateLimit.Unit]
+            WEEK: _ClassVar[RateLimitResponse.RateLimit.Unit]
         UNKNOWN: RateLimitResponse.RateLimit.Unit
         SECOND: RateLimitResponse.RateLimit.Unit
         MINUTE: RateLimitResponse.RateLimit.Unit
@@ -52,6 +53,7 @@ class RateLimitResponse(_message.Message):
         DAY: RateLimitResponse.RateLimit.Unit
         MONTH: RateLimitResponse.RateLimit.Unit
         YEAR: RateLimitResponse.RateLimit.Unit
+        WEEK: RateLimitResponse.RateLimit.Unit
         NAME_FIELD_NUMBER: _ClassVar[int]
         REQUESTS_PER_UNIT_FIELD_NUMBER: _ClassVar[int]
         UNIT_FIELD_NUMBER: _ClassVar[int]

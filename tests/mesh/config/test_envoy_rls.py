@@ -54,7 +54,7 @@ def test_each_rule_is_a_policy_named_by_its_stats_key(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "rules", "says"),
     [
-        ({}, RULES.replace("minute", "week"), "invalid rate limit unit 'week'"),
+        ({}, RULES.replace("minute", "fortnight"), "invalid rate limit unit 'fortnight'"),
         ({"mode": "fast"}, RULES, "envoy_rls.mode"),
         ({}, RULES + "  - key: q\n    quota_mode: true\n", "quota_mode"),
         ({}, "domain: edge\ndescriptors: 3\n", "must be a list of descriptors"),

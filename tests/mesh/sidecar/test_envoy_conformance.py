@@ -173,3 +173,40 @@ def test_shadow_mode_answers_ok_with_the_computed_status() -> None:
                 assert resp.overall_code == OVER
 
     asyncio.run(main())
+
+
+def test_a_week_and_a_descriptors_own_hits_answer_as_ratelimit_does(tmp_path: Any) -> None:
+    """ratelimit's later additions: the unit `week` (7 days), and a descriptor's own
+    `hits_addend` (utils.GetHitsAddends), which takes the place of the request's and may be
+    0: a check that charges nothing."""
+    rules = tmp_path / "week.yaml"
+    rules.write_text(
+        "domain: w\ndescriptors:\n  - key: k\n    rate_limit: {unit: week, requests_per_unit: 3}\n"
+    )
+
+    def ask(*hits: int | None, request_hits: int = 0) -> pb.RateLimitRequest:
+        req = request("w", *([("k", "v")] for _ in hits), hits=request_hits)
+        for d, h in zip(req.descriptors, hits, strict=True):
+            if h is not None:
+                d.hits_addend.value = h
+        return req
+
+    async def main() -> None:
+        async with node(envoy_config(str(rules))) as m:
+            async with insecure(m.sidecar_addresses["grpc"]) as ch:
+                call = rls_call(ch)
+                resp = await call(ask(0))
+                assert resp.overall_code == OK and seen(resp) == [status(OK, 3, Unit.WEEK, 3)]
+                assert 0 < resp.statuses[0].duration_until_reset.seconds <= 7 * 86_400
+                resp = await call(ask(2, request_hits=1))  # the descriptor's 2, not the 1
+                assert seen(resp) == [status(OK, 3, Unit.WEEK, 1)]
+                resp = await call(ask(0))  # a check: what is left, nothing charged
+                assert seen(resp) == [status(OK, 3, Unit.WEEK, 1)]
+                resp = await call(ask(2))
+                assert resp.overall_code == OVER
+                assert seen(resp) == [status(OVER, 3, Unit.WEEK, 0)]
+                resp = await call(ask(None, 0, request_hits=1))  # the request's 1, and a check
+                assert resp.overall_code == OK
+                assert seen(resp) == [status(OK, 3, Unit.WEEK, 0)] * 2
+
+    asyncio.run(main())
