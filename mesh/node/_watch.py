@@ -23,6 +23,9 @@ __all__ = ["PROBE_INTERVAL_S", "OWNERS_NAMED_MAX", "DependencyWatch", "ready_rea
 log = logging.getLogger("mesh.node")
 PROBE_INTERVAL_S = 0.25  # a change is said within this (plus one probe's time)
 SESSION_PROBE_S = 2.0  # opening governord's session for the probe gives up after this
+# After a failed session probe, the next waits this long: a fleet of nodes with a wrong key
+# does not ask governord four times a second each.
+SESSION_RETRY_S = 2.0
 NOT_ANSWERED_S = 1.0  # a first call still unanswered after this is said as failing
 OWNERS_NAMED_MAX = 5  # owners named in one reason; the count says how many more
 
@@ -34,6 +37,7 @@ class DependencyWatch:
         self.driver = driver
         self.deps = deps
         self.started_s = deps.clock_s()
+        self._session_at = 0.0  # clock_s before which the governord probe waits
         self.coordinator_answered = False  # the feed has applied a snapshot at least once
         if driver.feed is not None:
             deps.declare("coordinator")
@@ -102,13 +106,14 @@ class DependencyWatch:
 
     async def _governord(self) -> None:
         credit = self.driver.credit
-        if credit is None or self.driver.closing:
+        if credit is None or self.driver.closing or self.deps.clock_s() < self._session_at:
             return
         try:
             await asyncio.wait_for(credit.session(), SESSION_PROBE_S)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure is the dependency's state
+            self._session_at = self.deps.clock_s() + SESSION_RETRY_S
             self.deps.observe("governord", False, _why(exc), addr=credit.config.governord)
         else:
             self.deps.observe("governord", True)
