@@ -166,6 +166,44 @@ def main(argv: list[str] | None = None) -> int:
         return 1  # advise, so the interpreter's final flush does not raise again
 
 
+UI_CONNECT_TIMEOUT_S = 3.0  # `governord ui`: past this, governord does not answer (one line)
+EXIT_UNAVAILABLE = 69  # governord named but not answering (sysexits EX_UNAVAILABLE)
+
+
+def _ui_reaches(flag: str | None) -> tuple[str, str | None]:
+    """The governord `governord ui` shows (--addr, else GOVERNOR_ADDR; neither is a mistake,
+    not a wait on a default address), checked before the screen opens: a key it refuses is
+    ConfigError naming GOVERNOR_API_KEY; no answer within UI_CONNECT_TIMEOUT_S is the line
+    returned, so the screen never sits on "connecting..."."""
+    import asyncio
+
+    from governor.client import AuthError, Client, GovernorClientError, ScopeError
+
+    addr = flag or os.environ.get("GOVERNOR_ADDR")
+    if not addr:
+        raise ConfigError("--addr", "which governord? give --addr host:port or set GOVERNOR_ADDR")
+    field = "--addr" if flag else "GOVERNOR_ADDR"
+    if not os.environ.get("GOVERNOR_API_KEY"):
+        raise ConfigError("GOVERNOR_API_KEY", "not set: the screen shows the subtree of that key")
+    if "://" in addr:
+        raise ConfigError(field, f"{addr!r} is a URL; governord takes host:port (gRPC)")
+
+    async def reach() -> None:
+        client = Client(addr, connect_timeout_s=UI_CONNECT_TIMEOUT_S)
+        try:
+            await client.connect()
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(reach())
+    except (AuthError, ScopeError) as exc:
+        raise ConfigError("GOVERNOR_API_KEY", f"governord at {addr} refused it ({exc})") from exc
+    except GovernorClientError as exc:
+        return addr, f"governord at {addr} ({field}) does not answer: {one_line(exc)}"
+    return addr, None
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "bench":
         if args.bench == "scenarios":
@@ -220,7 +258,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             from governor.tui import GovernorUI
         except ImportError as exc:
             raise ConfigError("ui", f"needs textual: pip install 'ratemesh[ui]' ({exc})") from exc
-        GovernorUI(args.addr).run()
+        addr, failed = _ui_reaches(args.addr)
+        if failed is not None:
+            print(f"governord ui: {failed}", file=sys.stderr, flush=True)
+            return EXIT_UNAVAILABLE
+        GovernorUI(addr).run()
         return 0
     if args.command == "hook":
         from governor.hook import HookLimits, run_hook

@@ -2,11 +2,13 @@
 
     gov run [--name N] [--max N] [--priority high|normal|low] [--wait-s S] -- CMD ARGS...
     gov wrap 'CMD'              # prints a shell line that runs CMD under gov
-    gov status [--json]         # slots, holders, waiters, cooldown
+    gov status [--json]         # slots, holders, waiters, cooldown; governord's leases
     gov cooldown SECONDS [--name N]
 
 A mistake in gov's own flags is one line and exit 2; anything after `--` is the command's.
-`gov run` ends with the command's status (or its signal).
+`gov run` ends with the command's status (or its signal). With GOVERNOR_ADDR set, a governord
+that refuses the key or is not a host:port is one line and exit 2, one that does not answer
+one line and exit 69; only without GOVERNOR_ADDR does gov use this machine's slots alone.
 """
 
 from __future__ import annotations
@@ -16,21 +18,30 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
-from governor.client._leaseslot import FLEET, LeaseSlot, fleet_cooldown, governord_addr
+from governor.client._leaseslot import (
+    FLEET,
+    GovernordUnreachable,
+    LeaseSlot,
+    fleet_cooldown,
+    governord_addr,
+)
 from governor.client._slot import publish, take_slot
 from governor.gov._cooldown import COOLDOWN_DEFAULT_S, PATTERNS_DEFAULT, Cooldown, matcher
-from governor.gov._paths import DEFAULT_NAME, GovDir, check_name, gov_dir, read_json
+from governor.gov._paths import DEFAULT_NAME, GovDir, check_name, gov_dir, read_json, write_new
 from governor.gov._run import exit_like, run_command
-from governor.gov._semaphore import LocalSemaphore, alive
-from governor.gov._slots import PRIORITIES, TTL_DEFAULT_S, Attempt
+from governor.gov._semaphore import Holder, LocalSemaphore, alive
+from governor.gov._slots import PRIORITIES, TTL_DEFAULT_S, Acquired, Attempt
 from ratemesh.errors import ConfigError
 from ratemesh.operator import EXIT_USAGE, OneLineParser, one_line
 
-__all__ = ["main", "status"]
+__all__ = ["main", "status", "fleet_status"]
 
 MAX_DEFAULT = 2  # GOV_MAX overrides: start conservative (seed 003)
+EXIT_UNAVAILABLE = 69  # GOVERNOR_ADDR set, governord not answering (sysexits EX_UNAVAILABLE)
 
 
 def _parser() -> OneLineParser:
@@ -99,7 +110,8 @@ def status(root: GovDir, now: float | None = None) -> dict[str, Any]:
                     "priority": h.priority,
                 }
                 for i, h, _beat in sem.holders()
-            ],
+            ]
+            + _lease_holders(root, name, t),  # this machine's holders of governord leases
         }
         for path in sorted(root.waiters(name).iterdir()):
             rec = read_json(path) or {}
@@ -128,6 +140,15 @@ def status(root: GovDir, now: float | None = None) -> dict[str, Any]:
     }
 
 
+def fleet_status(root: GovDir, now: float | None = None) -> dict[str, Any]:
+    """`status`, and with GOVERNOR_ADDR each name's leases as governord holds them
+    (`fleet`: max, held and waiting across every machine)."""
+    s = status(root, now)
+    if s["governord"]:
+        s["fleet"] = _fleet(root, list(s["slots"]))
+    return s
+
+
 def _status_table(s: dict[str, Any]) -> str:
     lines = [f"gov state in {s['dir']}"]
     if s["cooldown_remaining_s"]:
@@ -135,7 +156,13 @@ def _status_table(s: dict[str, Any]) -> str:
     for name, info in s["slots"].items():
         lines.append(f"{name}: {len(info['holders'])}/{info['max']} held")
         for h in info["holders"]:
-            lines.append(f"  slot {h['slot']}: pid {h['pid']} {h['age_s']:.1f}s {h['command']}")
+            label = "lease" if h["slot"] == "lease" else f"slot {h['slot']}"
+            lines.append(f"  {label}: pid {h['pid']} {h['age_s']:.1f}s {h['command']}")
+    for name, f in s.get("fleet", {}).items():
+        lines.append(
+            f"{name} across the fleet (governord {s['governord']}): {f['held']}/{f['max']} "
+            f"leases held, {f['waiting']} waiting"
+        )
     for w in s["waiters"]:
         lines.append(f"waiting for {w['name']}: pid {w['pid']} {w['age_s']:.1f}s {w['command']}")
     return "\n".join(lines)
@@ -158,8 +185,9 @@ def _run(args: Any, root: GovDir) -> int:
         ttl_s=args.ttl_s,
         root=root,
     )
-    remote = LeaseSlot(args.name, args.max) if governord_addr() else None
+    remote = _governord(args.name, args.max)
     got = take_slot(attempt, remote)
+    held = _lease_record(root, got, attempt) if got.lease else None
     try:
         status_ = run_command(
             argv,
@@ -171,9 +199,71 @@ def _run(args: Any, root: GovDir) -> int:
             on_trip=lambda s: publish(remote, s, args.name_cooldown),
         )
     finally:
+        if held is not None:
+            held.unlink(missing_ok=True)
         if remote is not None:
             remote.give_back()
     return exit_like(status_)
+
+
+def _governord(name: str, max_slots: int) -> LeaseSlot | None:
+    """The configured governord, its session open; None without GOVERNOR_ADDR (this
+    machine's slots). One that is misconfigured or silent raises (ConfigError naming the
+    variable, GovernordUnreachable): gov does not swap a fleet-wide limit for a local one
+    behind the operator's back."""
+    if not governord_addr():
+        return None
+    remote = LeaseSlot(name, max_slots)
+    remote.check()
+    return remote
+
+
+def _lease_record(root: GovDir, got: Acquired, attempt: Attempt) -> Path:
+    """Say on this machine who holds a governord lease of `got.name` (pid, command, since):
+    governord counts leases, `gov status` names their holders here."""
+    path = root.leases(got.name) / f"{attempt.holder.token}.json"
+    write_new(path, json.dumps(asdict(attempt.holder), sort_keys=True))
+    return path
+
+
+def _lease_holders(root: GovDir, name: str, t: float) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(root.leases(name).iterdir()):
+        h = Holder.from_dict(read_json(path) or {})
+        if h is None or not alive(h.pid, h.pid_start):
+            path.unlink(missing_ok=True)  # a holder killed with its lease: governord frees it
+            continue
+        out.append(
+            {
+                "slot": "lease",
+                "pid": h.pid,
+                "command": h.command,
+                "age_s": round(t - h.started, 3),
+                "priority": h.priority,
+            }
+        )
+    return out
+
+
+def _fleet(root: GovDir, names: list[str]) -> dict[str, Any]:
+    """Each gov name as governord holds it (GOVERNOR_ADDR): its max across the fleet and
+    the leases held and waiting; ConfigError or GovernordUnreachable as for `gov run`."""
+    remote = LeaseSlot(FLEET, 1)
+    remote.check()
+    try:
+        info = remote.node_info()
+    finally:
+        remote.give_back()
+    limits, held, waiting = info.get("limits", {}), info.get("held", {}), info.get("waiting", {})
+    return {
+        name: {
+            "max": limits.get(name),
+            "held": held.get(name, 0),
+            "waiting": waiting.get(name, 0),
+        }
+        for name in sorted(set(limits) | set(held) | set(waiting))
+        if name != FLEET and (name in names or limits.get(name) is not None)
+    }
 
 
 def _wrap(args: Any) -> str:
@@ -193,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             print(_wrap(args))
             return 0
         if args.command == "status":
-            s = status(root)
+            s = fleet_status(root)
             print(json.dumps(s, sort_keys=True) if args.json else _status_table(s))
             return 0
         if args.command == "cooldown":
@@ -203,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             where = "this machine" if name is None else name
             if governord_addr() and fleet_cooldown():
                 remote = LeaseSlot(name or FLEET, 1)
+                remote.check()
                 failed = remote.publish_cooldown(args.seconds, name is not None, replace=True)
                 remote.give_back()
                 where += " on every machine" if failed is None else f" ({failed})"
@@ -211,6 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"gov: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
+    except GovernordUnreachable as exc:
+        print(
+            f"gov: {one_line(exc)}; unset GOVERNOR_ADDR to use this machine's slots only",
+            file=sys.stderr,
+        )
+        return EXIT_UNAVAILABLE
     except OSError as exc:
         print(f"gov: {exc.filename or root.root}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -6,25 +6,29 @@ class is set to `max`: so at most `max` hold it across every machine that uses t
 lease lives with the SDK's session: a holder killed with SIGKILL stops heartbeating, and
 governord frees the lease when the session's TTL runs out.
 
-When governord does not answer, the caller falls back to the machine-local semaphore (still
+When governord does not answer, `slot()` falls back to the machine-local semaphore (still
 a ceiling, on this machine only) and says so: the fleet-wide limit is the part given up.
+`gov` checks first (`LeaseSlot.check`) and stops instead, naming the variable at fault.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from governor.gov import Cooldown
+from ratemesh.errors import ConfigError
 
 from ._client import Lease
-from ._errors import AcquireTimeout, GovernorClientError
+from ._errors import AcquireTimeout, AuthError, GovernorClientError, ScopeError
 from ._sync import SyncClient
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "FLEET",
     "GOV_NODE",
+    "GovernordUnreachable",
     "SESSION_TTL_MS",
     "LeaseSlot",
     "fleet_cooldown",
@@ -46,6 +50,11 @@ def fleet_cooldown(environ: dict[str, str] | None = None) -> bool:
 def governord_addr(environ: dict[str, str] | None = None) -> str | None:
     env = os.environ if environ is None else environ
     return env.get("GOVERNOR_ADDR") or None
+
+
+class GovernordUnreachable(Exception):
+    """GOVERNOR_ADDR is set and governord does not answer there (not the operator's typo,
+    but not something `gov` papers over with this machine's slots either)."""
 
 
 @dataclass
@@ -77,6 +86,38 @@ class LeaseSlot:
                 c.aio.create_node(GOV_NODE, ensure=True)
             )  # the limit is set by `take`: its max is the caller's
         return self.client
+
+    def check(self) -> None:
+        """Open the session now, so a configured governord that is wrong or silent is said
+        before anything runs (`gov`): ConfigError naming GOVERNOR_ADDR or GOVERNOR_API_KEY
+        for the operator's mistake, GovernordUnreachable when nothing answers."""
+        where = self.addr or governord_addr() or ""
+        if "://" in where:
+            raise ConfigError(
+                "GOVERNOR_ADDR",
+                f"{where!r} is a URL; governord takes host:port (it speaks gRPC, not HTTP)",
+            )
+        try:
+            self._connect()
+        except ConfigError as exc:
+            raise ConfigError("GOVERNOR_ADDR", exc.problem) from exc
+        except (AuthError, ScopeError) as exc:
+            self._close()
+            raise ConfigError(
+                "GOVERNOR_API_KEY", f"governord at {where} refused it ({exc})"
+            ) from exc
+        except (GovernorClientError, OSError) as exc:
+            self._close()
+            raise GovernordUnreachable(
+                f"governord at {where} (GOVERNOR_ADDR) does not answer: {exc}"
+            ) from exc
+
+    def node_info(self) -> dict[str, Any]:
+        """The gov node as governord holds it: each name's limit, leases held and waiting."""
+        c = self._connect()
+        assert self.node_id is not None
+        info: dict[str, Any] = c._run(c.aio.get_node(self.node_id))
+        return info
 
     def mirror_cooldowns(self, cooldown: Cooldown) -> str | None:
         """Copy the fleet's live cooldowns for this name (and `all`) from the gov node into

@@ -165,7 +165,7 @@ class Rpc:
     def _channel(self, at: int) -> aio.Channel:
         channel = self._channels.get(at)
         if channel is None:
-            addr = self.dial.addrs[at]
+            addr = self.follower.addrs[at]  # a leader a standby named is learned there
             if self._creds is not None:
                 channel = aio.secure_channel(addr, self._creds, options=self._options)
             else:
@@ -268,8 +268,8 @@ class Rpc:
                 yield reply
         except grpc.RpcError as err:
             failed = status_of(err)
-            if failed.code in RESEND and follower.several:
-                follower.moved(at, failed)
+            if failed.code in RESEND and (follower.several or failed.detail.get("leader")):
+                follower.moved(at, failed)  # a standby's hint: learned if not given
             raise translate_status(failed.code, failed.details, failed.detail) from None
 
     async def close(self) -> None:

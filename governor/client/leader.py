@@ -7,7 +7,8 @@ Every client of governord follows the leader this one way: the SDK's calls
 behind ``mesh policy ...`` and a node's policy feed). A standby, or a deposed leader, answers
 UNAVAILABLE with governord's detail map ``{reason: not_leader, leader: <addr>}`` in the
 trailing metadata (``wire.ERROR_MD``, decoded by ``status_of``). The follower goes straight
-to that leader when it is one of its addresses, else to the next address, and resends with
+to that leader (learning its address when it was not given one: a caller pointed at a
+standby alone still reaches the leader), else to the next address, and resends with
 a jittered exponential back-off until the caller's deadline: an election is ridden out, a
 refusal (any other status, governord's own answer) is not.
 
@@ -25,11 +26,14 @@ from typing import TypeVar
 import grpc
 
 from governor import wire
+from ratemesh.checks import check_address
+from ratemesh.errors import ConfigError
 
 from ._errors import LeaderChanged
 from ._mux import CallFailed, status_of
 
 __all__ = [
+    "ADDRS_LEARNED_MAX",
     "ATTEMPT_TIMEOUT_S",
     "BACKOFF_MAX_S",
     "BACKOFF_MIN_S",
@@ -52,6 +56,9 @@ ELECTION_BACKOFF_MAX_S = 0.1
 # and goes to the next address (same bytes, same request id): a leader that is paused or cut
 # off keeps its connections open, so only a deadline moves the caller on.
 ATTEMPT_TIMEOUT_S = 0.75
+# Leaders named by a standby beyond the addresses given (a client pointed at a standby
+# alone): a bound, so a misbehaving standby cannot grow the list without end.
+ADDRS_LEARNED_MAX = 8
 
 T = TypeVar("T")
 
@@ -66,7 +73,8 @@ class LeaderFollower:
     def __init__(self, addrs: tuple[str, ...]) -> None:
         if not addrs:
             raise ValueError("a leader follower needs at least one address")
-        self.addrs = addrs
+        self.addrs = addrs  # grows by the leaders standbys name (`learn`)
+        self.given = len(addrs)
         self.current = 0
         self.answered: int | None = None
         self.switches = 0
@@ -75,6 +83,20 @@ class LeaderFollower:
     def leader(self) -> str:
         """The address calls go to now: the one that answered last, or the next to try."""
         return self.addrs[self.current]
+
+    def learn(self, hint: str) -> bool:
+        """Add a leader a standby named that the caller was not given (`mesh policy list
+        --coordinator <standby>` follows it rather than failing), if it is a host:port and
+        fewer than ADDRS_LEARNED_MAX were learned; True if added. Trusted as far as the
+        standby is: the same TLS and key go to it."""
+        if len(self.addrs) - self.given >= ADDRS_LEARNED_MAX:
+            return False
+        try:
+            check_address("leader", hint)
+        except ConfigError:
+            return False
+        self.addrs = (*self.addrs, hint)
+        return True
 
     @property
     def several(self) -> bool:
@@ -96,6 +118,8 @@ class LeaderFollower:
         if self.current != at:
             return True
         hint = failed.detail.get("leader") if failed.detail.get("reason") == NOT_LEADER else None
+        if isinstance(hint, str) and hint not in self.addrs:
+            self.learn(hint)
         named = isinstance(hint, str) and hint in self.addrs and hint != self.addrs[at]
         if named:
             self.current = self.addrs.index(hint)  # type: ignore[arg-type]  # named: a str

@@ -67,6 +67,11 @@ class GovDir:
     def waiters(self, name: str) -> Path:
         return self._dir("waiters", name)
 
+    def leases(self, name: str) -> Path:
+        """This machine's holders of `name`'s governord leases (one file per holder), so
+        `gov status` can name who holds what governord only counts."""
+        return self._dir("leases", name)
+
     def tmp(self) -> Path:
         return self._dir("tmp")
 
@@ -84,7 +89,7 @@ class GovDir:
         """Every slot name that has state here, sorted."""
         self.check_owned()
         found: set[str] = set()
-        for kind in ("slots", "waiters"):
+        for kind in ("slots", "waiters", "leases"):
             d = self.root / kind
             if d.is_dir():
                 found.update(p.name for p in d.iterdir() if NAME.fullmatch(p.name))

@@ -458,8 +458,16 @@ async def serve(
     except BaseException:
         await proc.close(None)
         raise
+
+    def stopping(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            event(
+                log, logging.INFO, f"{sig.name} received", name="shutdown_started", signal=sig.name
+            )
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping, sig)
     if proc.reloader is not None:
         loop.add_signal_handler(signal.SIGHUP, proc.reloader.request)
     else:

@@ -100,7 +100,12 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--config", required=True, help="the node's YAML config")
     node.add_argument("--member-id", help="override member_id from the config")
     node.add_argument("--listen", help="override listen from the config")
-    node.add_argument("--log-level", default="WARNING")
+    node.add_argument("--log-level", default="INFO")
+    node.add_argument(
+        "--log-format",
+        default="json",
+        help="json (one object per line: ts, level, logger, event, msg, fields) or text",
+    )
 
     status = sub.add_parser(
         "status",

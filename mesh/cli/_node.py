@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from ratemesh import logs
 from ratemesh.checks import check_address, check_choice
 from ratemesh.errors import ConfigError
 
@@ -18,7 +19,7 @@ from ._output import emit, one_line, positive_s
 
 __all__ = ["node", "status", "validate"]
 
-LOG_LEVELS = {name: name for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
+LOG_LEVELS = {name: name for name in logs.LOG_LEVELS}
 
 
 EXIT_WARNINGS = 1  # `mesh validate --strict`: legal, but with warnings
@@ -143,6 +144,7 @@ def node(args: argparse.Namespace) -> int:
     from mesh.node import Mesh, new_event_loop, tune_gc
 
     level = check_choice("--log-level", args.log_level.upper(), LOG_LEVELS)
+    fmt = check_choice("--log-format", args.log_format, {f: f for f in logs.LOG_FORMATS})
     try:
         cfg = load_config(args.config)
     except ConfigError as exc:
@@ -153,17 +155,32 @@ def node(args: argparse.Namespace) -> int:
     if args.listen:
         # the config's own listen is checked by its parser; this override skips it
         cfg = replace(cfg, listen=check_address("--listen", args.listen, allow_zero_port=True))
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
+    logs.configure(
+        ("",), fmt, level, prefix="mesh node", levels=True
+    )  # every logger: grpc's, uvicorn's
+    log = logging.getLogger("mesh.node")
     for w in cfg.warnings():
-        logging.getLogger("mesh.node").warning("config: %s", w)
+        logs.event(log, logging.WARNING, f"config: {w}", name="config_warning")
 
     async def serve() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def stopping(sig: signal.Signals) -> None:
+            if not stop.is_set():
+                logs.event(
+                    log,
+                    logging.INFO,
+                    f"{sig.name} received: leaving the ring, draining for up to "
+                    f"{cfg.shutdown_drain_ms} ms",
+                    name="shutdown_started",
+                    signal=sig.name,
+                    drain_ms=cfg.shutdown_drain_ms,
+                )
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, stopping, sig)
         mesh = Mesh(cfg)
 
         def reload() -> None:  # SIGHUP: re-read the policy file; a refusal is logged
@@ -190,7 +207,10 @@ def node(args: argparse.Namespace) -> int:
             flush=True,
         )
         await stop.wait()
+        began = loop.time()
         await mesh.aclose()
+        took_ms = round((loop.time() - began) * 1000)
+        logs.event(log, logging.INFO, "stopped", name="shutdown_done", took_ms=took_ms)
         return 0
 
     tune_gc()  # a standalone node is the process: its owner's allocation rate decides

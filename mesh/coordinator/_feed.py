@@ -55,6 +55,7 @@ class PolicyFeed:
                     self.watching = True
                     self.apply(snap)
             except MeshError as exc:
+                self.reachable = False  # said at once (the node's dependency probe)
                 self.last_error = str(exc)
             self.watching = False
             await asyncio.sleep(self.poll_ttl_s)

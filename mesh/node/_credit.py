@@ -118,6 +118,11 @@ class CreditDriver:
 
     # -- calls ----------------------------------------------------------------------------
 
+    async def session(self) -> Client:
+        """The session, opened when there is none (the node's dependency probe: a wrong key
+        or an unreachable governord is said before a strict request finds it)."""
+        return await self._session()
+
     async def _session(self) -> Client:
         """The node's governord session, opened (again) when there is none or it was lost."""
         async with self._connecting:

@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from mesh.config import Identity, NodeConfig
 from mesh.coordinator import PolicyFeed
@@ -42,6 +42,9 @@ from mesh.node._tier import CellTierWriter
 from mesh.node._units import AdmittedUnits
 from mesh.peer import Transport
 from mesh.telemetry import DECISIONS_IDLE_S, Telemetry
+
+if TYPE_CHECKING:
+    from mesh.node._watch import DependencyWatch
 
 __all__ = ["NodeDriver"]
 
@@ -130,6 +133,7 @@ class NodeDriver:
         self.started_ns = clock_ns()
         self.closing = False
         self.handed_over = False  # graceful leave: our keys went to their next owners
+        self.watch: DependencyWatch | None = None  # its dependencies' probes (Mesh sets it)
         # Graceful leave: keys held, and those not confirmed on the wire within the drain
         # (their next owners start them exhausted, refilling at R: the safe side).
         self.handover_keys = 0

@@ -5,6 +5,7 @@ Built under the node's lock from the Member's state; nothing here is on the hot 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from mesh.core.member import Member
@@ -13,7 +14,8 @@ from mesh.core.reporter import excess_estimate
 from mesh.node._capability import capability
 from mesh.node._driver import NodeDriver
 from mesh.node._meters import meters
-from mesh.telemetry import NodeStats, rate_and_burst
+from mesh.node._watch import DependencyWatch
+from mesh.telemetry import Detail, NodeStats, Route, rate_and_burst
 from ratemesh import envelope
 from ratemesh.policy import RateKey, split_tenant
 
@@ -25,6 +27,7 @@ __all__ = [
     "enforced",
     "redis_health",
     "ENFORCED_SHOWN_MAX",
+    "probe_routes",
 ]
 
 # Limits listed in `policies.enforced` (and so in a Status answer, which `mesh status --fleet`
@@ -173,11 +176,18 @@ def health(driver: NodeDriver) -> dict[str, Any]:
         {**_who(p.tenant_id), "metric": p.metric, "generation": p.generation}
         for p in policies[:ENFORCED_SHOWN_MAX]
     ]
+    watch = driver.watch
     return {
         "member_id": driver.member_id,
         "identity": {"source": driver.identity.source, "stable": driver.identity.stable},
         "worker_epoch": m.reporter.worker_epoch,
         "status": "closing" if driver.closing else "serving",
+        # why /health/ready answers 503 ([] when ready), and each dependency failing or not
+        # heard from yet (docs/telemetry.md: ratemesh_dependency_up)
+        "ready": watch is not None and not watch.ready_reasons(),
+        "not_ready": [] if watch is None else watch.ready_reasons(),
+        "degraded": [] if watch is None else watch.deps.degraded(),
+        "dependencies": {} if watch is None else watch.deps.health(),
         "membership": {
             "N": len(m.ring),
             "epoch": m.ring.epoch,
@@ -262,6 +272,26 @@ def health(driver: NodeDriver) -> dict[str, Any]:
             "handover_keys_late": driver.handover_keys_late,
         },
     }
+
+
+def probe_routes(watch: DependencyWatch) -> dict[str, Route]:
+    """GET /health/live (200 while the process answers) and /health/ready (200 once the node
+    has policies and a configured coordinator has answered, until it starts closing; else
+    503 and why): the probes governord serves too, with no tenant in them."""
+
+    def live() -> tuple[int, str, bytes]:
+        return 200, "application/json", b'{"live":true}'
+
+    def ready() -> tuple[int, str, bytes]:
+        reasons = watch.ready_reasons()
+        doc = {"ready": not reasons, "not_ready": reasons, "degraded": watch.deps.degraded()}
+        return (503 if reasons else 200), "application/json", json.dumps(doc).encode()
+
+    def ready_public() -> tuple[int, str, bytes]:  # reasons name members and addresses
+        ok = not watch.ready_reasons()
+        return (200 if ok else 503), "application/json", json.dumps({"ready": ok}).encode()
+
+    return {"/health/live": live, "/health/ready": Detail(ready, ready_public)}
 
 
 def redis_health(driver: NodeDriver) -> dict[str, Any]:

@@ -68,13 +68,17 @@ from mesh.node._build import (
 )
 from mesh.node._credit import CreditDriver
 from mesh.node._driver import NodeDriver
-from mesh.node._health import health, node_stats, status
+from mesh.node._health import health, node_stats, probe_routes, status
 from mesh.node._redis import RedisRounds
 from mesh.node._reload import PolicyReloader
 from mesh.node._slots import EGRESS_CHUNK_DEFAULT, Egress, Slot
+from mesh.node._watch import DependencyWatch
 from mesh.peer import CoordinatorClient, PeerHandler, Transport
 from mesh.sidecar import Sidecar
+from mesh.sidecar._items import _unknown_metric as unknown_metric  # the sidecar's words
 from mesh.telemetry import Telemetry, telemetry_routes
+from mesh.telemetry._dependencies import Dependencies
+from ratemesh.logs import event
 from ratemesh.policy import check_metric
 
 __all__ = ["Mesh", "TransportFactory"]
@@ -119,6 +123,7 @@ class Mesh:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._driver: NodeDriver | None = None
         self._sidecar: Sidecar | None = None  # the HTTP and gRPC servers beside the peer port
+        self._watching: asyncio.Task[None] | None = None  # the dependencies' probes
         self._parked: set[asyncio.Future[Verdict]] = set()  # waiters stop() must release
         self._gate = threading.Lock()  # orders admit submissions against stop()
         self._closed = False
@@ -340,10 +345,8 @@ class Mesh:
             raise ConfigError("mesh", "not started")
         return loop
 
-    def _wait(
-        self, tenant: str, metric: str, amount: int, timeout_s: float
-    ) -> Coroutine[Any, Any, Verdict]:
-        return _admit(
+    async def _wait(self, tenant: str, metric: str, amount: int, timeout_s: float) -> Verdict:
+        v = await _admit(
             self._require().member.admission,
             tenant,
             metric,
@@ -352,6 +355,21 @@ class Mesh:
             lock=self._lock,
             parked=self._parked,
         )
+        if v.reason is Reason.POLICY_UNKNOWN:
+            self._check_metric(metric)
+        return v
+
+    def _check_metric(self, metric: str) -> None:
+        """A `policy_unknown` for a metric no policy of any tenant names, while the node has
+        policies, is likelier a typo (`read_lops`) than a limit not configured yet: raise
+        ConfigError naming it, as the sidecar answers (one message: `unknown_metric`)."""
+        d = self._require()
+        with self._lock or contextlib.nullcontext():
+            if not d.member.policies.declared():
+                return  # nothing loaded yet: every metric is unknown, and readiness says so
+        why = unknown_metric(self, metric)
+        if why is not None:
+            raise ConfigError("metric", why.removeprefix("metric: "))
 
     def _submit(
         self, coro: Coroutine[Any, Any, Verdict], loop: asyncio.AbstractEventLoop
@@ -653,6 +671,8 @@ class Mesh:
             policy_of=lambda t, m: driver.member.policies.current(t, m),
         )
         tel.decisions, tel.verdicts = self.decisions, self.verdicts
+        deps = Dependencies(time.monotonic)
+        tel.registry.register(deps)  # ratemesh_dependency_up, ..._failures_total
         reloader = None
         if cfg.policy_file is not None:
             reloader = PolicyReloader(
@@ -690,14 +710,26 @@ class Mesh:
             member.admission.on_forget = tel.forget_view
         tel.shadow.source = member.admission.would_deny  # shadow posture's counts, at scrape
         self._driver = driver
-        await driver.start()
+        watch = driver.watch = DependencyWatch(driver, deps)
+        # from before the first coordinator call, which resends for up to its timeout
+        self._watching = asyncio.get_running_loop().create_task(
+            watch.run(), name="mesh-dependencies"
+        )
+        try:
+            await driver.start()
+        except BaseException:
+            self._watching.cancel()
+            raise
+        await watch.probe()  # what is known by now is said before "serving"
         # /metrics and /health (telemetry_listen) and the sidecar admission API, on uvicorn
         # and grpc beside the peer port (mesh/sidecar); a bind that fails stops the node
+        routes = telemetry_routes(tel, lambda: health(driver))
+        routes.update(probe_routes(watch))  # /health/live, /health/ready
         self._sidecar = Sidecar(
             self,
             cfg,
-            telemetry_routes(tel, lambda: health(driver)),
-            ready=lambda: bool(driver.member.policies.declared()),  # gRPC health
+            routes,
+            ready=lambda: not watch.ready_reasons(),  # gRPC health, as /health/ready
         )
         try:
             await self._sidecar.start()
@@ -731,11 +763,24 @@ class Mesh:
         if self._sidecar is not None:  # stop accepting callers before the peers go
             await self._sidecar.stop()
             self._sidecar = None
-        if self._driver is not None:
+            event(log, logging.INFO, "closing: no new callers", name="shutdown_callers_stopped")
+        if self._watching is not None:
+            self._watching.cancel()
+            self._watching = None
+        if self._driver is not None and not self._driver.closing:
             await self._driver.close()
             close_tier = getattr(self._driver.cell_tier, "close", None)
             if close_tier is not None:
                 close_tier()  # the PostgreSQL tier's connection (built from shared_state)
+            left = self._driver.handover_keys_late
+            event(
+                log,
+                logging.INFO,
+                f"closing: left the ring, {self._driver.handover_keys} keys handed over",
+                name="shutdown_left_ring",
+                handover_keys=self._driver.handover_keys,
+                handover_keys_late=left or None,
+            )
         close = getattr(self._counter, "close", None)
         if close is not None and self._counter is not self._counter_arg:
             close()  # ours (built from shared_state.redis): its sockets go

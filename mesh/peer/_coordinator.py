@@ -117,7 +117,7 @@ class CoordinatorClient:
     def _channel(self, at: int) -> aio.Channel:
         channel = self._channels.get(at)
         if channel is None:
-            addr = self.addrs[at]
+            addr = self.follower.addrs[at]  # with the leaders standbys named
             if self._server_ca is not None:
                 creds = grpc.ssl_channel_credentials(root_certificates=self._server_ca)
                 options = channel_options(MAX_MESSAGE_BYTES)
@@ -214,9 +214,10 @@ class CoordinatorClient:
                 return  # the coordinator ended the stream: the feed decides what next
             except _WatchBroke as broke:
                 failed += 1
-                if len(self.addrs) == 1 or failed > len(self.addrs):
+                self.follower.moved(at, broke.failed)  # may learn the leader a standby named
+                addrs = self.follower.addrs
+                if len(addrs) == 1 or failed > len(addrs):
                     raise broke.error from broke.failed
-                self.follower.moved(at, broke.failed)
 
     async def _watch_one(
         self, at: int, after_revision: int

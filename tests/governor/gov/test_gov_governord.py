@@ -1,6 +1,6 @@
 """`gov run` with governord configured: the slot is a lease, so `--max` holds across
-machines (two state directories stand for two machines); without an answer from governord
-it falls back to the machine's own slots and says so."""
+machines (two state directories stand for two machines); a configured governord that is wrong
+or silent stops gov in one line; only without one does gov use the machine's own slots."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_max_holds_across_machines(governord: Daemon, tmp_path: Path) -> None:
     assert not any(b"fail-open" in e or b"unreachable" in e for e in errs), errs
 
 
-def test_no_answer_falls_back_to_this_machine_disclosed(tmp_path: Path) -> None:
+def test_no_answer_from_a_configured_governord_is_one_line_and_exit_69(tmp_path: Path) -> None:
     dead = f"127.0.0.1:{free_port()}"
     out = subprocess.run(
         [*GOV, "run", "--max", "1", "--", "echo", "ran"],
@@ -67,10 +67,57 @@ def test_no_answer_falls_back_to_this_machine_disclosed(tmp_path: Path) -> None:
         capture_output=True,
         timeout=60,
     )
-    assert out.returncode == 0 and out.stdout == b"ran\n"
-    assert b"governord unreachable" in out.stderr and b"this machine only" in out.stderr
-    log = (tmp_path / "m" / "gov.log").read_text()
-    assert '"event": "governord_fallback"' in log
+    assert out.returncode == 69 and out.stdout == b"", out
+    (line,) = out.stderr.decode().splitlines()
+    assert dead in line and "GOVERNOR_ADDR" in line and "does not answer" in line, line
+
+
+@pytest.mark.parametrize(
+    ("addr", "key", "names"),
+    [
+        ("{addr}", "not-a-key-of-any-tenant", "GOVERNOR_API_KEY"),
+        ("http://{addr}", KEYS["KEY_A"], "GOVERNOR_ADDR"),
+    ],
+)
+def test_a_wrong_key_or_a_url_is_one_line_and_exit_2(
+    governord: Daemon, tmp_path: Path, addr: str, key: str, names: str
+) -> None:
+    env = {**_env(tmp_path, "m", addr.format(addr=governord.addr)), "GOVERNOR_API_KEY": key}
+    for argv in (["run", "--", "echo", "ran"], ["status"]):
+        out = subprocess.run([*GOV, *argv], env=env, capture_output=True, timeout=60)
+        assert out.returncode == 2 and out.stdout == b"", out
+        (line,) = out.stderr.decode().splitlines()
+        assert line.startswith(f"gov: {names}: ") and "Traceback" not in line, line
+
+
+def test_status_names_the_holders_of_held_leases(governord: Daemon, tmp_path: Path) -> None:
+    env = _env(tmp_path, "m", governord.addr)
+    gate = tmp_path / "go"
+    body = f"touch {tmp_path}/held.$$; while [ ! -e {gate} ]; do sleep 0.05; done"
+    procs = [
+        subprocess.Popen(
+            [*GOV, "run", "--max", "2", "--name", "model", "--", "sh", "-c", body], env=env
+        )
+        for _ in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("held.*"))) < 2:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.05)
+        out = subprocess.run([*GOV, "status", "--json"], env=env, capture_output=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        s = json.loads(out.stdout)
+        assert s["fleet"]["model"] == {"max": 2, "held": 2, "waiting": 0}, s
+        holders = s["slots"]["model"]["holders"]
+        assert sorted(h["pid"] for h in holders) == sorted(p.pid for p in procs), holders
+        assert all(h["slot"] == "lease" and h["command"].startswith("sh -c") for h in holders)
+    finally:
+        gate.touch()
+        for p in procs:
+            assert p.wait(60) == 0
+    s = json.loads(subprocess.run([*GOV, "status", "--json"], env=env, capture_output=True).stdout)
+    assert s["slots"]["model"]["holders"] == [] and s["fleet"]["model"]["held"] == 0
 
 
 def test_a_429_on_one_machine_backs_off_another_through_governord(

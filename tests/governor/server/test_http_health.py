@@ -140,6 +140,9 @@ def test_the_log_is_one_json_event_a_line_with_the_request_id(tmp_path: Path) ->
         events = _json_lines(d.stderr())
         assert any(e["msg"].startswith("listening on") and e["listen"] == [d.addr] for e in events)
         assert events[-1]["msg"] == "stopped"
+        # SIGTERM is said as it arrives, with the shared formatter's stable event name
+        (term,) = [e for e in events if e["event"] == "shutdown_started"]
+        assert term["signal"] == "SIGTERM" and term["logger"] == "governord", term
         calls = [e for e in events if e["logger"] == "governord.call"]
         consumes = [e for e in calls if e["method"] == "Consume"]
         assert consumes and all(e["code"] == "OK" and e["session_id"] > 0 for e in consumes)

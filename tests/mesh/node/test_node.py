@@ -195,7 +195,7 @@ def test_metrics_endpoint_labels(tmp_path: Path) -> None:
             labels = {
                 kv.split("=")[0] for kv in line[line.index("{") + 1 : line.index("}")].split(",")
             }
-            assert labels <= {"tenant", "metric", "mode", "reason", "le"}, line
+            assert labels <= {"tenant", "metric", "mode", "reason", "le", "dependency"}, line
 
 
 @pytest.mark.slow

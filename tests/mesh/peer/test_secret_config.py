@@ -122,7 +122,8 @@ def test_mesh_node_logs_the_warning_and_reads_the_secret_from_its_environment(
         plain.send_signal(signal.SIGTERM)
         plain.wait(10)
         assert plain.stderr is not None
-        assert f"WARNING config: {NO_PROOF}" in plain.stderr.read()
+        said = [json.loads(ln) for ln in plain.stderr.read().splitlines()]
+        assert any(e["event"] == "config_warning" and NO_PROOF in e["msg"] for e in said)
     finally:
         stop(plain)
     path.write_text(
