@@ -34,7 +34,7 @@ from collections import deque
 from mesh.core.config import CoreConfig
 from mesh.core.owner._state import KeyState, ReporterState
 from mesh.core.ring import Ring
-from mesh.core.shares import UsageWindow, floor_demand_ppm, floor_ppm, floor_units
+from mesh.core.shares import FLOOR_HEADROOM, PPM, UsageWindow, floor_units
 
 __all__ = ["Escrow", "Escrows", "HEARD_MAX", "MARKS_MAX"]
 
@@ -133,6 +133,8 @@ class Escrows:
         self._after_ns = config.escrow_after_ns
         self._tail_ns = config.escrow_tail_ns
         self._ttl_ns = config.snapshot_ttl_ns
+        # floor_demand_ppm's FLOOR_HEADROOM x used x PPM / (window x rate), its constant part
+        self._demand_scale = FLOOR_HEADROOM * PPM * 1_000_000_000
         # What `promise` derives from the time alone, for the instant `_at` (every row of a
         # batch is sent at one instant, so once a batch, not once a row).
         self._at = -1
@@ -226,6 +228,15 @@ class Escrows:
         ended long ago."""
         self.peers.pop(worker, None)
 
+    @property
+    def members(self) -> int:
+        return self._members
+
+    @members.setter
+    def members(self, n: int) -> None:
+        self._members = n
+        self._even_ppm = PPM // n  # floor_ppm's cap, 1 / members, read once per row sent
+
     def ring_changed(self, old: Ring, new: Ring) -> None:
         self.members = max(1, min(len(old), len(new)))
         for w in [w for w in self.peers if w not in new]:
@@ -279,8 +290,17 @@ class Escrows:
             units += used.counts[grain % self._grains]
         if denied is not None and denied.newest == grain:
             refused += denied.counts[grain % self._grains]
-        demand = floor_demand_ppm(ks.policy.target_rate, units, refused, self._window_ns)
-        part = floor_ppm(share, self.members, demand)
+        # floor_ppm(share, members, floor_demand_ppm(rate, units, refused, window)), inlined
+        # (once per row sent); test_partition_floor pins it to the two on random rows.
+        part = self._even_ppm
+        if share < part:
+            part = share
+        if units <= 0 or refused >= units:
+            part = 0
+        elif part:
+            demand = units * self._demand_scale // (self._window_ns * ks.policy.target_rate)
+            if demand < part:
+                part = demand
         win = self._at_win
         if win != rs.share_win:
             rs.share_prev = rs.share_cur if win == rs.share_win + 1 else 0
