@@ -192,7 +192,7 @@ def parallel(fig: Figure) -> bool:
 def comparable(fig: Figure, entry: Mapping[str, Any]) -> bool:
     """Whether a baseline entry was formed the way the figure is now (an entry without a
     `scale` is taken as formed so): a ratio to another calibration says nothing of it."""
-    return entry.get("scale", fig.scale) == fig.scale
+    return bool(entry.get("scale", fig.scale) == fig.scale)
 
 
 def is_worse(fig: Figure, ratio: float, baseline_ratio: float) -> bool:

@@ -223,9 +223,7 @@ def test_the_figures_of_benches_of_several_processes_are_formed_with_the_paralle
     assert not any(parallel(f) for f in FIGURES if f.bench == "hotpath")
 
 
-def test_a_latency_under_load_is_not_a_regression_when_each_process_got_less_of_a_core() -> (
-    None
-):
+def test_a_latency_under_load_is_no_regression_when_each_process_got_less() -> None:
     """Load that halves what each worker gets doubles its d p99 and halves the parallel
     calibration: the ratio (a time: multiplied) is unchanged, so nothing is flagged."""
     fig = BY_NAME[D99]
