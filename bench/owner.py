@@ -194,9 +194,84 @@ async def _feed(a: argparse.Namespace) -> dict[str, Any]:
     return {"reports_sent": sent}
 
 
+def core(*, batches: int = 1500, warm: int = 200) -> dict[str, Any]:
+    """The owner's part of this bench in one process, without gRPC: the same wire batches
+    (2 feeders, 10,000 keys, 256 rows) decoded, applied (`Owner.receive`) and answered
+    (encoded), with the owner's tick every 5 ms of a clock that moves 1 ms a batch. Each
+    step in CPU time of this thread (less moved by other processes than wall time), per
+    row and per batch: docs/performance.md reads it, and a profiler can run it alone."""
+    from mesh.core.effects import Send
+    from mesh.core.messages import SCHEMA_VERSION, ReportBatch, decode, encode
+    from mesh.core.messages._columns import pack_column
+    from mesh.core.owner import Owner
+    from mesh.core.policy import Metric, PolicyCache, TenantRatePolicy
+    from mesh.core.ring import Ring
+
+    feeders, keys_n, batch = 2, 10_000, 256
+    members = ["owner", *(f"f{i}" for i in range(feeders))]
+    policy = TenantRatePolicy(
+        tenant_id="*",
+        metric=Metric.READ_IOPS,
+        generation=1,
+        target_rate=BIG,
+        global_burst=BIG,
+        local_burst_cap=BIG,
+    )
+    owner = Owner("owner", Ring(members, 1), PolicyCache([policy]), 0)
+    keys = _owned_keys(keys_n, members)
+    seq = [[0] * keys_n for _ in range(feeders)]
+    ones, zeros = pack_column([1] * batch), pack_column([0] * batch)
+    wire = []
+    for b in range(warm + batches):
+        f = b % feeders
+        idx = [(b // feeders * batch + i) % keys_n for i in range(batch)]
+        seqs = []
+        for k in idx:
+            seq[f][k] += 1
+            seqs.append(seq[f][k])
+        rows = [keys[k] for k in idx]
+        msg = [SCHEMA_VERSION, "reports", f"f{f}", 1, 1, rows, pack_column(seqs), ones, zeros]
+        wire.append(msgpack.packb([*msg, pack_column(seqs)], use_bin_type=True))
+    spent = {"decode": 0, "receive": 0, "encode": 0, "tick": 0}
+    clock = time.thread_time_ns
+    now = next_tick = 10**12
+    for i, raw in enumerate(wire):
+        now += 1_000_000
+        t0 = clock()
+        if now >= next_tick:
+            for e in owner.tick(now):
+                if isinstance(e, Send):
+                    encode(e.message)
+            next_tick += 5_000_000
+        t1 = clock()
+        message = decode(raw)
+        t2 = clock()
+        assert isinstance(message, ReportBatch)
+        effects = owner.receive(now, message)
+        t3 = clock()
+        for e in effects:
+            if isinstance(e, Send):
+                encode(e.message)
+        t4 = clock()
+        if i >= warm:
+            for step, ns in zip(spent, (t2 - t1, t3 - t2, t4 - t3, t1 - t0), strict=True):
+                spent[step] += ns
+    rows_n = batches * batch
+    total = sum(spent.values())
+    return {
+        "rows_per_cpu_s": round(rows_n * 1e9 / total),
+        "ns_per_row": {k: round(v / rows_n) for k, v in spent.items()},
+        "us_per_batch": {k: round(v / batches / 1000, 1) for k, v in spent.items()},
+        "batches": batches,
+        "batch": batch,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.owner")
     sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("core", help="the owner's part alone, in this process (CPU time)")
+    c.add_argument("--batches", type=int, default=1500)
     f = sub.add_parser("feeder")
     f.add_argument("--addr", required=True)
     f.add_argument("--id", required=True)
@@ -209,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     from mesh.node import new_event_loop, tune_gc
 
     tune_gc()
+    if a.cmd == "core":
+        print(json.dumps(core(batches=a.batches)), flush=True)
+        return 0
     loop = new_event_loop()
     try:
         out = loop.run_until_complete(_feed(a))

@@ -28,7 +28,9 @@ The owner's reply path (`Owner.receive`) runs for every report and inlines `shar
 (calling `plenty` and `even_part_ppm`), `share_step`, `shares_even`, `share_ppm` and `near`
 for speed (a `ShareBasis` per report costs more than the arithmetic);
 tests/mesh/core/test_shares.py and test_cold_start.py pin each inlined copy to the function
-here on random inputs, so a change here that is not made there too fails a test.
+here on random inputs, so a change here that is not made there too fails a test. The owner's
+`Escrows.promise` inlines `floor_ppm` of `floor_demand_ppm` (once per row sent), pinned the
+same way by tests/mesh/core/test_partition_floor.py.
 """
 
 from __future__ import annotations
@@ -317,8 +319,11 @@ class UsageWindow:
             counts[grain % n] += units
             return
         if grain > self.newest:
-            for g in range(max(self.newest + 1, grain - n + 1), grain + 1):
-                counts[g % n] = 0
+            if grain - self.newest >= n:  # every grain kept is out of the window: start anew
+                self.counts = counts = [0] * n
+            else:
+                for g in range(self.newest + 1, grain + 1):
+                    counts[g % n] = 0
             self.newest = grain
         elif grain <= self.newest - n:
             return
@@ -338,4 +343,11 @@ class UsageWindow:
         n = len(counts)
         lo = first if first > self.newest - n + 1 else self.newest - n + 1
         hi = end if end < self.newest + 1 else self.newest + 1
+        # The owner asks for the grains before the current one once a grain per reporter and
+        # key (`Escrows.promise`): n - 1 of the n kept, whose one left out is at index hi % n
+        # (it is grain lo - 1 or grain hi, and lo - 1 = hi - n). Summed without a generator.
+        if hi - lo == n - 1:
+            return sum(counts) - counts[hi % n]
+        if hi - lo >= n:
+            return sum(counts)
         return sum(counts[g % n] for g in range(lo, hi))

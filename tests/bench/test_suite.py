@@ -10,11 +10,14 @@ from typing import Any
 import pytest
 
 from bench.suite import (
+    BENCH_PROCESSES,
     DEFAULT_BASELINE,
     FIGURES,
     TOLERANCE,
     Value,
+    calibrate_parallel,
     compare,
+    parallel,
     parse_baseline,
     ratio_of,
     refreshed,
@@ -207,3 +210,46 @@ def test_mesh_bench_suite_quick_prints_the_contract_keys(
             assert key in fig, (name, key)
         assert isinstance(fig["higher_is_better"], bool)
     assert "hotpath (elapsed" in out.err and "sidecar (elapsed" in out.err  # progress lines
+
+
+def test_the_figures_of_benches_of_several_processes_are_formed_with_the_parallel_loop() -> None:
+    """A multi-process bench's figures follow the share of the machine each of its processes
+    gets (`calibrate_parallel`); a single-process bench's follow one loop."""
+    multi = {f.name for f in FIGURES if parallel(f)}
+    assert multi == {
+        f.name for f in FIGURES if f.bench in BENCH_PROCESSES and f.scale != "absolute"
+    }
+    assert {"cluster.d_p99_ms", "owner.deltas_per_s", "sidecar.grpc_p99_us"} <= multi
+    assert not any(parallel(f) for f in FIGURES if f.bench == "hotpath")
+
+
+def test_a_latency_under_load_is_no_regression_when_each_process_got_less() -> None:
+    """Load that halves what each worker gets doubles its d p99 and halves the parallel
+    calibration: the ratio (a time: multiplied) is unchanged, so nothing is flagged."""
+    fig = BY_NAME[D99]
+    quiet = ratio_of(fig, 5.0, 2_000_000.0)
+    loaded = ratio_of(fig, 10.0, 1_000_000.0)
+    assert quiet == loaded
+    base = {"figures": {D99: {"ratio": quiet, "scale": fig.scale}}}
+    assert compare({D99: (10.0, loaded)}, base)["regressions"] == []
+    worse = ratio_of(fig, 10.0, 2_000_000.0)  # the code got slower: a regression
+    assert compare({D99: (10.0, worse)}, base)["regressions"] == [D99]
+
+
+def test_a_baseline_formed_with_the_other_calibration_is_not_compared_and_is_replaced() -> None:
+    """A baseline ratio to a single loop says nothing of a ratio to the parallel one: new,
+    not a regression, and a refresh writes this run's figure in its place."""
+    base = {"figures": {D99: {"ratio": 1.0, "scale": "calibration_ops"}}}
+    out = compare({D99: (9.0, 99_999.0)}, base)
+    assert out["figures"][D99]["baseline_ratio"] is None
+    assert out["regressions"] == []
+    meta = {"measured": "2026-12-08", "calibration_ops_per_s": 1}
+    doc, written = refreshed(base, out["figures"], meta, force=False)
+    assert written == [D99]
+    assert doc["figures"][D99]["scale"] == BY_NAME[D99].scale
+
+
+def test_the_parallel_calibration_runs_the_loop_in_each_process() -> None:
+    """Counts only (never speed): a positive rate from two processes and from one."""
+    assert calibrate_parallel(2, 0.05) > 0
+    assert calibrate_parallel(1, 0.05) > 0

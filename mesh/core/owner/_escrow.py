@@ -34,7 +34,7 @@ from collections import deque
 from mesh.core.config import CoreConfig
 from mesh.core.owner._state import KeyState, ReporterState
 from mesh.core.ring import Ring
-from mesh.core.shares import UsageWindow, floor_demand_ppm, floor_ppm, floor_units
+from mesh.core.shares import FLOOR_HEADROOM, PPM, UsageWindow, floor_units
 
 __all__ = ["Escrow", "Escrows", "HEARD_MAX", "MARKS_MAX"]
 
@@ -63,6 +63,7 @@ class _Peer:
         "idle_at",
         "reported_at",
         "idle",
+        "heard",
     )
 
     def __init__(self) -> None:
@@ -76,6 +77,9 @@ class _Peer:
         self.idle_at = -1  # when its last idle mark arrived
         self.reported_at = -1  # when its last report batch arrived
         self.idle = False  # its last batch was an idle mark: it floors nothing
+        # `heard_from()`, kept as its inputs change (`_heard`): every reporter of every key
+        # the member reports reads it when its key's live count is taken (`Escrows.check`).
+        self.heard = -1
 
     def heard_from(self) -> int:
         """The earliest its last word from us can be: the newest batch it confirmed, its
@@ -83,6 +87,10 @@ class _Peer:
         and never before our first batch to it."""
         a = self.confirmed_at if self.confirmed_at > self.resumed_at else self.resumed_at
         return a if a > self.first_sent else self.first_sent
+
+    def _heard(self) -> None:
+        """Keep `heard` current: call after `confirmed_at`, `resumed_at` or `first_sent` moved."""
+        self.heard = self.heard_from()
 
 
 class Escrow:
@@ -124,6 +132,13 @@ class Escrows:
         self._recent_ns = config.escrow_recent_ns
         self._after_ns = config.escrow_after_ns
         self._tail_ns = config.escrow_tail_ns
+        self._ttl_ns = config.snapshot_ttl_ns
+        # floor_demand_ppm's FLOOR_HEADROOM x used x PPM / (window x rate), its constant part
+        self._demand_scale = FLOOR_HEADROOM * PPM * 1_000_000_000
+        # What `promise` derives from the time alone, for the instant `_at` (every row of a
+        # batch is sent at one instant, so once a batch, not once a row).
+        self._at = -1
+        self._at_grain = self._at_first = self._at_win = 0
         self.charged_units = 0  # telemetry: escrow charged, all keys
         self.netted_units = 0  # telemetry: reported usage absorbed by it
         self.refunded_units = 0  # telemetry: charged, never reported, given back at close
@@ -135,8 +150,8 @@ class Escrows:
         """Where an escrow for this worker may start: a TTL after the earliest its last word
         from us can be (its floor opens `escrow_after_ns` and a TTL after that word, holding
         only what the escrow charged over `escrow_after_ns`: docs/partitions.md)."""
-        a = p.heard_from()
-        return a + self.config.snapshot_ttl_ns if a >= 0 else -1
+        a = p.heard
+        return a + self._ttl_ns if a >= 0 else -1
 
     def row_slack(self) -> int:
         """What a report's arrival less its `since_ages` may be moved on by and stay no later
@@ -160,6 +175,7 @@ class Escrows:
         p = self._peer(worker)
         if p.first_sent < 0:
             p.first_sent = now_ns
+            p._heard()
         p.last_sent = now_ns
         p.last_seq = batch_seq
         if len(p.marks) < MARKS_MAX:
@@ -168,13 +184,14 @@ class Escrows:
     def heard_from(self, worker: str, now_ns: int, heard_batch: int) -> None:
         """A report batch from `worker` arrived, saying it received our `heard_batch`."""
         p = self._peer(worker)
-        before = p.heard_from()
+        before = p.heard
         self._confirm(p, heard_batch)
         p.reported_at = now_ns
         if p.idle:
             p.idle = False
             p.resumed_at = now_ns
-        if p.heard_from() > before:
+        p._heard()
+        if p.heard > before:
             p.moved_at = now_ns
 
     def idle_mark(self, worker: str, now_ns: int, heard_batch: int) -> None:
@@ -183,9 +200,10 @@ class Escrows:
         within a TTL of its last report: a mark overtaken by a later report (reordering)
         must not turn off an escrow its sender counts on."""
         p = self._peer(worker)
-        before = p.heard_from()
+        before = p.heard
         self._confirm(p, heard_batch)
-        if p.heard_from() > before:
+        p._heard()
+        if p.heard > before:
             p.moved_at = now_ns
         if p.reported_at < 0 or now_ns - p.reported_at <= self.config.snapshot_ttl_ns:
             return
@@ -210,6 +228,15 @@ class Escrows:
         ended long ago."""
         self.peers.pop(worker, None)
 
+    @property
+    def members(self) -> int:
+        return self._members
+
+    @members.setter
+    def members(self, n: int) -> None:
+        self._members = n
+        self._even_ppm = PPM // n  # floor_ppm's cap, 1 / members, read once per row sent
+
     def ring_changed(self, old: Ring, new: Ring) -> None:
         self.members = max(1, min(len(old), len(new)))
         for w in [w for w in self.peers if w not in new]:
@@ -222,7 +249,7 @@ class Escrows:
         p = self.peers.get(worker)
         if p is None or p.idle or worker == self.me:
             return -1
-        anchor = self.anchor(p)
+        anchor = p.heard + self._ttl_ns if p.heard >= 0 else -1  # self.anchor(p)
         if rs.row_anchor > anchor:
             anchor = rs.row_anchor
         if anchor < 0 or rs.sent_at_ns < anchor - self._recent_ns:
@@ -247,12 +274,14 @@ class Escrows:
         should it be cut off: the least of its `share`, 1 / members and the demand part of
         what we applied from it over `floor_window_ns` before now (none if it was refused as
         much). Noted for its escrow; an escrow charging for it is raised to it."""
-        grain = now // self._grain_ns
+        if now != self._at:
+            self._instant(now)
+        grain = self._at_grain
         used, denied = rs.floor_used, rs.floor_denied
         if rs.demand_grain != grain:
             # Once a grain: the window's grains before this one are complete, so their sums
             # hold until the next grain (the window is whole grains: CoreConfig).
-            first = (now - self._window_ns) // self._grain_ns
+            first = self._at_first
             rs.demand_used_base = 0 if used is None else used.before(first, grain)
             rs.demand_denied_base = 0 if denied is None else denied.before(first, grain)
             rs.demand_grain = grain
@@ -261,9 +290,18 @@ class Escrows:
             units += used.counts[grain % self._grains]
         if denied is not None and denied.newest == grain:
             refused += denied.counts[grain % self._grains]
-        demand = floor_demand_ppm(ks.policy.target_rate, units, refused, self._window_ns)
-        part = floor_ppm(share, self.members, demand)
-        win = now // self._share_window_ns
+        # floor_ppm(share, members, floor_demand_ppm(rate, units, refused, window)), inlined
+        # (once per row sent); test_partition_floor pins it to the two on random rows.
+        part = self._even_ppm
+        if share < part:
+            part = share
+        if units <= 0 or refused >= units:
+            part = 0
+        elif part:
+            demand = units * self._demand_scale // (self._window_ns * ks.policy.target_rate)
+            if demand < part:
+                part = demand
+        win = self._at_win
         if win != rs.share_win:
             rs.share_prev = rs.share_cur if win == rs.share_win + 1 else 0
             rs.share_cur = 0
@@ -274,6 +312,13 @@ class Escrows:
         if e is not None and e.back_ns < 0 and part > e.part_ppm:
             e.part_ppm = part  # charged from its start at the larger part (`settle`)
         return part
+
+    def _instant(self, now: int) -> None:
+        """`promise`'s grain, window start and share window for rows sent at `now`."""
+        self._at = now
+        self._at_grain = now // self._grain_ns
+        self._at_first = (now - self._window_ns) // self._grain_ns
+        self._at_win = now // self._share_window_ns
 
     def grain(self, now_ns: int) -> int:
         """The usage windows' grain (`CoreConfig.floor_grain_ns`) holding `now_ns`."""

@@ -385,3 +385,22 @@ def test_an_escrow_for_a_member_that_paused_is_given_back_when_it_closes() -> No
     assert e.charged_units > 0, "the pause was escrowed"
     assert e.refunded_units > 0
     assert e.charged_units == e.netted_units + e.refunded_units
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    notes=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 50)), max_size=40),
+    first=st.integers(-5, 45),
+    span=st.integers(0, 8),
+)
+def test_a_usage_window_sums_a_range_as_grain_by_grain(
+    notes: list[tuple[int, int]], first: int, span: int
+) -> None:
+    """`before` takes a shortcut for n - 1 or n kept grains (the owner's once-a-grain sum);
+    it is exactly the grain-by-grain sum of what is kept in the range."""
+    w = UsageWindow(5)
+    for grain, units in notes:
+        w.note(grain, units)
+    end = first + span
+    lo, hi = max(first, w.newest - 4), min(end, w.newest + 1)
+    assert w.before(first, end) == sum(w.counts[g % 5] for g in range(lo, hi))
