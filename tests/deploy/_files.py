@@ -39,7 +39,9 @@ def by_kind(kind: str) -> dict[str, dict[str, Any]]:
 
 
 def stand_in(key: str) -> str:
-    return f"stand-in-{key}-0123456789abcdef"
+    """A value of the right shape for `key`: a DNS label (a replica's name may be one) of
+    at least 16 bytes (a secret's least)."""
+    return f"stand-in-{key.replace('_', '-')}-0123456789abcdef"
 
 
 def cli(name: str) -> str:

@@ -112,7 +112,7 @@ def test_governord_is_a_statefulset_on_postgres_with_the_password_from_a_secret(
 @pytest.mark.parametrize(
     "kind,name,port_name,paths",
     [
-        ("Deployment", "mesh-node", "telemetry", {"/health"}),
+        ("Deployment", "mesh-node", "telemetry", {"/health/live", "/health/ready"}),
         ("StatefulSet", "governord", "http", {"/health/live", "/health/ready"}),
     ],
 )
