@@ -101,7 +101,7 @@ class CreditLoop:
             return None
         self.backoff_ms = 0
         if units < request.units:
-            self.retry_at_ms = now_ms + drained_wait_ms(holder.config.lead_ms, instant)
+            self.retry_at_ms = now_ms + drained_wait_ms(holder.drained_wait_base_ms(), instant)
         return block
 
     def denied(self, now_ms: int, request: Reserve, burst: int | None, *, instant: int) -> None:
@@ -110,7 +110,7 @@ class CreditLoop:
         self.holder.failed(request, unreachable=False, burst=burst)
         if burst is not None:
             self.backoff_ms = 0
-            self.retry_at_ms = now_ms + drained_wait_ms(self.holder.config.lead_ms, instant)
+            self.retry_at_ms = now_ms + drained_wait_ms(self.holder.drained_wait_base_ms(), instant)
         else:
             self.backoff_ms = denied_backoff_ms(self.backoff_ms)
             self.retry_at_ms = now_ms + self.backoff_ms

@@ -78,7 +78,7 @@ from mesh.config._envoy import EnvoyRlsConfig, parse_envoy_rls
 from mesh.config._files import config_file
 from mesh.config._sharedstate import SharedStateConfig, parse_shared_state
 from mesh.config._sidecar import SidecarConfig, check_sidecar_auth, parse_sidecar
-from mesh.config._strict import StrictConfig, parse_strict
+from mesh.config._strict import StrictConfig, parse_strict, strict_findings
 from mesh.core._validate import check_bool, check_int, check_str
 from mesh.core.config import CoreConfig
 from mesh.core.messages import MAX_MESSAGE_BYTES
@@ -239,6 +239,7 @@ class NodeConfig:
                 "strict: a strict-mode policy with no strict section (no governord credit); "
                 "it is refused with governor_unreachable"
             )
+        out += strict_findings(self.strict, self.policies)
         redis = self.shared_state.redis
         if redis is not None:
             out += redis.warnings()

@@ -34,7 +34,7 @@ from mesh.config import StrictConfig
 from mesh.core.admission import CreditDesk
 from mesh.core.effects import Effect, ReserveCredit, ReturnCredit
 from mesh.core.policy import RateKey
-from ratemesh.credit import node_burst, rate_burst
+from ratemesh.credit import node_burst, node_rate, rate_burst
 
 __all__ = ["CreditDriver"]
 
@@ -207,7 +207,7 @@ class CreditDriver:
         burst = node_burst(info, key.metric)
         if burst is not None:
             with self.lock:
-                self.desk.learned_burst(key, burst)
+                self.desk.learned_burst(key, burst, node_rate(info, key.metric))
 
     def _log_refused(self, e: ReserveCredit, exc: GovernorClientError) -> None:
         assert self._loop is not None

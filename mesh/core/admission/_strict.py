@@ -412,12 +412,13 @@ class CreditDesk:
         gate.forget_fast()  # the new block may expire first: the next spend asks the holder
         gate.no = gate.no_credit
 
-    def learned_burst(self, rate_key: RateKey, burst: int) -> None:
-        """governord stated the burst B of the rate a strict key spends at (the driver read
-        its node): the gate's blocks stay within a share of it (`CreditHolder.block_size`)."""
+    def learned_burst(self, rate_key: RateKey, burst: int, per_s: int | None = None) -> None:
+        """governord stated the burst B (and rate R, ``per_s``) of the rate a strict key
+        spends at (the driver read its node): the gate's blocks stay within a share of B
+        (`CreditHolder.block_size`), a drained wait follows B / R (`ratemesh.creditsize`)."""
         gate = self.gates.get(rate_key)
         if gate is not None:
-            gate.holder.learn_burst(burst)
+            gate.holder.learn_burst(burst, per_s)
             gate.bounded_by(burst)
 
     def failed(
