@@ -120,6 +120,13 @@ class CreditLoop:
         self.holder.failed(request, unreachable=True)
         self.retry_at_ms = now_ms + UNREACHABLE_RETRY_MS
 
+    def reachable(self, now_ms: int) -> None:
+        """governord is back (the driver saw it ready again): a wait after an unreachable
+        reserve ends now, so the next ask goes at once. Waits after governord's own answers
+        (a drained bucket, a denial) stand."""
+        if self.holder.unreachable and self.retry_at_ms > now_ms:
+            self.retry_at_ms = now_ms
+
     def overdue(self, now_ms: int) -> bool:
         """Give up on the reserve in flight if it has gone unanswered for
         ``unreachable_after_ms`` (governord unreachable), so a new one, with a new send time,

@@ -412,6 +412,17 @@ class CreditDesk:
         gate.forget_fast()  # the new block may expire first: the next spend asks the holder
         gate.no = gate.no_credit
 
+    def reachable(self) -> None:
+        """governord is back after it could not be reached: gates waiting out an unreachable
+        reserve ask again at once, those with recent demand right now."""
+        now_ms = self.now_ms()
+        for gate in self.gates.values():
+            gate.loop.reachable(now_ms)
+            if not self.closing and gate.holder.unreachable:
+                request = gate.loop.ahead(now_ms, ahead=False)
+                if request is not None:
+                    self._reserve(gate, request)
+
     def learned_burst(self, rate_key: RateKey, burst: int, per_s: int | None = None) -> None:
         """governord stated the burst B (and rate R, ``per_s``) of the rate a strict key
         spends at (the driver read its node): the gate's blocks stay within a share of B
