@@ -18,6 +18,8 @@ refill.
 
 from __future__ import annotations
 
+import math
+
 __all__ = [
     "DRAINED_WAIT_MAX_MS",
     "DRAINED_WAIT_MIN_MS",
@@ -76,16 +78,17 @@ def drained_wait_base_ms(
 ) -> int:
     """The wait after the bucket was found drained (spread around this by
     `ratemesh.credit.drained_wait_ms`): ``configured_lead`` if set (the former rule), else
-    a quarter of B / R times the workers sharing the bucket (``share``, `sharers`), within
-    [DRAINED_WAIT_MIN_MS, DRAINED_WAIT_MAX_MS]: the bucket is asked about every quarter of
-    B / R whoever asks, so it never refills to its cap unasked, and each ask takes about a
-    quarter of B rather than a sliver (fewer calls); DRAINED_WAIT_MAX_MS while R or B is
-    unknown."""
+    a quarter of B / R times the square root of the workers sharing the bucket (``share``,
+    `sharers`), within [DRAINED_WAIT_MIN_MS, DRAINED_WAIT_MAX_MS]. n workers in turn then
+    ask the bucket every quarter of B / R over sqrt(n): more often than one alone, so a
+    worker held up (a loaded machine, a slow link) does not leave it to refill to its cap
+    unasked, while each ask takes more than a sliver (calls grow as sqrt(n), not n);
+    DRAINED_WAIT_MAX_MS while R or B is unknown."""
     if configured_lead is not None:
         return configured_lead
     if not rate_per_s or not burst:
         return DRAINED_WAIT_MAX_MS
-    wait = int(burst * 1000 * share) // (DRAINED_WAIT_SHARE * rate_per_s)
+    wait = int(burst * 1000 * math.sqrt(max(1.0, share))) // (DRAINED_WAIT_SHARE * rate_per_s)
     return max(DRAINED_WAIT_MIN_MS, min(DRAINED_WAIT_MAX_MS, wait))
 
 

@@ -19,8 +19,8 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from governor.client import (
     AuthError,
@@ -39,6 +39,7 @@ from ratemesh.credit import node_burst, node_rate, rate_burst
 __all__ = ["CreditDriver"]
 
 log = logging.getLogger("mesh.node.credit")
+T = TypeVar("T")
 RESERVES_IN_FLIGHT_MAX = 4096  # reserve calls at once (the desk asks one per strict gate)
 RETURNS_QUEUED_MAX = 65_536  # returns waiting; past it one is dropped (its block expires)
 CONNECT_TIMEOUT_S = 2.0  # opening a session: past this governord counts as unreachable
@@ -179,7 +180,8 @@ class CreditDriver:
             client = await self._session()
             node = self.config.node_for(e.rate_key.tenant_id) or client.scope_id
             await self._learn_burst(client, node, e.rate_key)  # once per key: before its blocks
-            reply = await self._reserve_watched(client, node, e)
+            metric, units = e.rate_key.metric, e.request.units
+            reply = await self._watched(lambda: client.reserve_credit(node, metric, units))
         except Denied as exc:
             unreachable = False
             burst = rate_burst(exc.denial)
@@ -213,16 +215,17 @@ class CreditDriver:
         self.served()
         self.carry(effects)
 
-    async def _reserve_watched(self, client: Client, node: int, e: ReserveCredit) -> dict[str, Any]:
-        """The reserve call; if it goes unanswered for WATCH_AFTER_S, governord is watched
-        for (`_watch`), and once it is back the call is sent again at once on a fresh
-        channel rather than after its resends' back-off (up to 500 ms). The request keeps
-        its send time (``e.request.sent_at_ms``), so its block's local expiry is timed from
-        the first send: a first call governord did take strands its block until it
-        expires, which is safe."""
+    async def _watched(self, send: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """A call (``send()``); if it goes unanswered for WATCH_AFTER_S, governord is
+        watched for (`_watch`), and once it is back the call is sent again at once on a
+        fresh channel rather than after its resends' back-off (up to 500 ms).
+
+        A reserve keeps its send time (`Reserve.sent_at_ms`), so its block's local expiry
+        is timed from the first send: a first call governord did take strands its block
+        until it expires, which is safe. A return is applied once per block, however
+        often it is sent."""
         assert self._loop is not None
-        metric, units = e.rate_key.metric, e.request.units
-        call = self._loop.create_task(client.reserve_credit(node, metric, units))
+        call = self._loop.create_task(send())
         try:
             for _ in range(RESENDS_ON_RETURN_MAX):
                 back = self._back
@@ -240,7 +243,7 @@ class CreditDriver:
                 with contextlib.suppress(BaseException):
                     await call
                 self.resent_on_return += 1
-                call = self._loop.create_task(client.reserve_credit(node, metric, units))
+                call = self._loop.create_task(send())
             return await call
         finally:
             if not call.done():
@@ -325,7 +328,7 @@ class CreditDriver:
     async def _give_back(self, e: ReturnCredit) -> None:
         try:
             client = await self._session()
-            await client.return_credit(e.block_id, e.unused)
+            await self._watched(lambda: client.return_credit(e.block_id, e.unused))
             self.returned += 1
         except GovernorClientError as exc:
             # the block stays counted until it expires: safe, only slower to refill
