@@ -42,6 +42,7 @@ log = logging.getLogger("mesh.node.credit")
 T = TypeVar("T")
 RESERVES_IN_FLIGHT_MAX = 4096  # reserve calls at once (the desk asks one per strict gate)
 RETURNS_QUEUED_MAX = 65_536  # returns waiting; past it one is dropped (its block expires)
+RETURNS_IN_FLIGHT_MAX = 16  # return calls at once
 CONNECT_TIMEOUT_S = 2.0  # opening a session: past this governord counts as unreachable
 CLOSE_RETURNS_S = 2.0  # a leaving node's returns wait at most this long
 REFUSED_LOG_S = 10.0  # a refused reserve (scope, auth) is logged once per this long
@@ -89,7 +90,7 @@ class CreditDriver:
         self._returner: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake_soon = False
-        self._busy = False  # the returner is in a call
+        self._busy = 0  # returns in a call now
         self._refused_logged = -REFUSED_LOG_S
         self.granted = 0
         self.refused = 0
@@ -315,15 +316,31 @@ class CreditDriver:
             log.warning("governord refused credit for %s: %s", e.rate_key.tenant_id, exc)
 
     async def _return_loop(self) -> None:
+        """Send the queued returns, up to RETURNS_IN_FLIGHT_MAX at once: a spent-out block
+        counts against its bucket's B until its return is applied, so returns sent one
+        round trip after another fall behind a worker spending small blocks quickly (the
+        bucket then stops refilling at ``B - outstanding``)."""
+        assert self._loop is not None
+        slots = asyncio.Semaphore(RETURNS_IN_FLIGHT_MAX)
+        sending: set[asyncio.Task[None]] = set()
         while True:
             while not self._returns:
                 self._returns_wake.clear()
                 await self._returns_wake.wait()
-            self._busy = True
-            try:
-                await self._give_back(self._returns.popleft())
-            finally:
-                self._busy = False
+            await slots.acquire()
+            if not self._returns:
+                slots.release()
+                continue
+            self._busy += 1
+            task = self._loop.create_task(self._give_back(self._returns.popleft()))
+            sending.add(task)
+
+            def done(t: asyncio.Task[None]) -> None:
+                sending.discard(t)
+                self._busy -= 1
+                slots.release()
+
+            task.add_done_callback(done)
 
     async def _give_back(self, e: ReturnCredit) -> None:
         try:
