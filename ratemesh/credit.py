@@ -28,7 +28,6 @@ from ratemesh.creditsize import (
     ROUND_TRIP_ASSUMED_MS,
     block_cap,
     next_round_trip_ms,
-    sharers,
 )
 from ratemesh.creditsize import drained_wait_base_ms as sized_drained_wait
 from ratemesh.creditsize import lead_ms as sized_lead
@@ -196,8 +195,6 @@ class CreditHolder:
         self.burst: int | None = None  # the bucket's B, once governord stated it
         self.rate: int | None = None  # the bucket's R per second, once governord stated it
         self.round_trip_ms: int | None = None  # a moving average of reserves' round trips
-        self.sharers = 1.0  # workers sharing the drained bucket, as partial grants tell
-        self._granted_at_ms: int | None = None  # the last grant's arrival
         self._now_ms = -(2**62)
         self._demand: deque[tuple[int, int]] = deque(maxlen=self.config.demand_samples_max)
         self._last_want_ms: int | None = None
@@ -325,7 +322,7 @@ class CreditHolder:
     def drained_wait_base_ms(self) -> int:
         """The wait after the bucket was found drained, before its spread
         (`ratemesh.creditsize.drained_wait_base_ms`): from R and B once both are known."""
-        return sized_drained_wait(self.config.lead_ms, self.rate, self.burst, self.sharers)
+        return sized_drained_wait(self.config.lead_ms, self.rate, self.burst)
 
     def low_water(self, now_ms: int) -> int:
         """Refill once what is held (and lasts past the lead) drops to this."""
@@ -379,11 +376,6 @@ class CreditHolder:
         now = self._at(now_ms)
         cfg = self.config
         self.round_trip_ms = next_round_trip_ms(self.round_trip_ms, now - request.sent_at_ms)
-        if units >= request.units or self.rate is None or self._granted_at_ms is None:
-            self.sharers = 1.0
-        else:
-            self.sharers = sharers(self.rate, units, now - self._granted_at_ms)
-        self._granted_at_ms = now
         expires = local_expiry_ms(request.sent_at_ms, ttl_ms, cfg.rho_ppm, cfg.epsilon_ms)
         block = HeldBlock(block_id, units, units, expires)
         if expires > now:

@@ -18,7 +18,6 @@ from ratemesh.creditsize import (
     drained_wait_base_ms,
     lead_ms,
     next_round_trip_ms,
-    sharers,
     utilisation_bound,
     wait_for_target_ms,
 )
@@ -70,25 +69,6 @@ def test_the_wait_and_burst_validate_suggests_do_reach_the_target(
 
     assert served(need) >= UTILISATION_TARGET
     assert need == 1 or served(need - 1) < UTILISATION_TARGET
-
-
-@given(rate=RATES, n=st.integers(1, 64), interval=st.integers(1, 10_000))
-def test_workers_sharing_a_drained_bucket_ask_it_as_often_as_one_would(
-    rate: int, n: int, interval: int
-) -> None:
-    """n workers each granted an n-th of what refilled since their last grant read about n
-    sharers, and wait longer than one alone, at most sqrt(n) times: together they ask the
-    bucket at least as often as one alone would."""
-    units = rate * interval // (1000 * n)
-    if units < 1:
-        return
-    seen = sharers(rate, units, interval)
-    assert n * 0.99 <= seen <= rate * interval / 1000
-    burst = rate  # B / R of 1 s: a quarter of it, 250 ms, is the cap
-    alone = drained_wait_base_ms(None, rate, burst // 8)
-    shared = drained_wait_base_ms(None, rate, burst // 8, seen)
-    assert alone <= shared <= max(alone, min(DRAINED_WAIT_MAX_MS, (alone + 1) * seen**0.5))
-    assert sharers(rate, 0, interval) == 1.0 and sharers(rate, units, 0) == 1.0
 
 
 @given(trip=TRIPS, configured=st.none() | st.integers(1, 10_000))

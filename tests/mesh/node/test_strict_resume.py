@@ -31,6 +31,19 @@ WAIT_MAX_S = 10.0
 RESUME_BOUND_S = 0.3
 
 
+def _strict_policy() -> dict[str, object]:
+    """acme's strict read_iops, the mesh's step far above governord's rate: credit decides."""
+    return {
+        "tenant_id": "acme",
+        "metric": "read_iops",
+        "generation": 1,
+        "mode": "strict",
+        "target_rate": 20 * RATE,
+        "global_burst": 20 * RATE,
+        "local_burst_cap": 20 * RATE,
+    }
+
+
 def _first_admission_after(mesh: Mesh, since_ns: int) -> float:
     """Seconds from ``since_ns`` (monotonic) to the first strict admission."""
     until = time.monotonic() + WAIT_MAX_S
@@ -55,19 +68,7 @@ def test_admissions_resume_soon_after_a_restarted_governord_is_ready(
         mesh = Mesh(
             {
                 "member_id": "w",
-                "policies": {
-                    "inline": [
-                        {
-                            "tenant_id": "acme",
-                            "metric": "read_iops",
-                            "generation": 1,
-                            "mode": "strict",
-                            "target_rate": 20 * RATE,
-                            "global_burst": 20 * RATE,
-                            "local_burst_cap": 20 * RATE,
-                        }
-                    ]
-                },
+                "policies": {"inline": [_strict_policy()]},
                 "shutdown_drain_ms": 200,
                 "strict": {
                     "governord": daemon.addr,
@@ -97,3 +98,51 @@ def test_admissions_resume_soon_after_a_restarted_governord_is_ready(
     print(f"load {os.getloadavg()}, strict {strict}")
     assert strict["revived"] >= ROUNDS - 1  # the watch saw governord back
     assert median <= RESUME_BOUND_S, resumed
+
+
+IDLE_RATE_S = 5  # requests a second through the sidecar: each finds the holder all but idle
+IDLE_REQUESTS = 10
+IDLE_TIMEOUT_MS = 1_000
+
+
+def test_through_the_sidecar_a_request_after_idle_waits_for_credit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 5 requests a second the holder asks for credit when a request comes (`begin`, not
+    ahead): with `timeout_ms` each request waits for its block and is admitted; without,
+    such a request is answered `no_credit` at once (counted and printed, not asserted: it
+    depends on timing)."""
+    import httpx
+
+    monkeypatch.setenv("KEY_A", KEYS["KEY_A"])
+    daemon = Daemon(tmp_path, next(make_target("sqlite", tmp_path)))
+    daemon.config["tenants"]["a"]["rates"] = {"read_iops": {"per_s": 100, "burst": 20}}
+    daemon.start()
+    waited: list[bool] = []
+    at_once: list[str] = []
+    try:
+        cfg = {
+            "member_id": "w",
+            "policies": {"inline": [_strict_policy()]},
+            "sidecar": {"http_listen": "127.0.0.1:0"},
+            "strict": {"governord": daemon.addr, "api_key_env": "KEY_A"},
+        }
+        mesh = Mesh(cfg).start()
+        url = f"http://{mesh.sidecar_addresses['http']}/v1/admit"
+        one = {"tenant": "acme", "metric": "read_iops"}
+        try:
+            with httpx.Client(timeout=10) as http:
+                for i in range(2 * IDLE_REQUESTS):
+                    body = {**one, "timeout_ms": IDLE_TIMEOUT_MS} if i % 2 == 0 else one
+                    verdict = http.post(url, json=body).json()
+                    if i % 2 == 0:
+                        waited.append(verdict["allowed"])
+                    else:
+                        at_once.append(verdict["reason"])
+                    time.sleep(1 / IDLE_RATE_S)
+        finally:
+            mesh.stop()
+    finally:
+        daemon.close()
+    print(f"without timeout_ms: {at_once.count('no_credit')} of {len(at_once)} no_credit")
+    assert waited == [True] * IDLE_REQUESTS
