@@ -89,12 +89,18 @@ def drained_wait_ms(lead_ms: int, instant: int) -> int:
 def node_rate(node: object, resource: str) -> int | None:
     """The rate R (per second) of ``resource`` on a node as governord's GetNode shows it,
     or None if it has none there."""
+    return _node_rate_part(node, resource, 0)
+
+
+def _node_rate_part(node: object, resource: str, part: int) -> int | None:
+    """Part ``part`` (0: per_s, 1: burst) of ``resource``'s rate in a GetNode answer
+    (``{"rates": {resource: [per_s, burst]}}``), if it is a positive integer."""
     rates = node.get("rates") if isinstance(node, dict) else None
     rate = rates.get(resource) if isinstance(rates, dict) else None
     if not isinstance(rate, list | tuple) or len(rate) != 2:
         return None
-    per_s = rate[0]
-    return per_s if type(per_s) is int and per_s > 0 else None
+    value = rate[part]
+    return value if type(value) is int and value > 0 else None
 
 
 def rate_burst(denial: object) -> int | None:
@@ -109,12 +115,7 @@ def rate_burst(denial: object) -> int | None:
 def node_burst(node: object, resource: str) -> int | None:
     """The burst B of ``resource``'s rate on a node as governord's GetNode shows it
     (``{"rates": {resource: [per_s, burst]}}``), or None if it has none there."""
-    rates = node.get("rates") if isinstance(node, dict) else None
-    rate = rates.get(resource) if isinstance(rates, dict) else None
-    if not isinstance(rate, list | tuple) or len(rate) != 2:
-        return None
-    burst = rate[1]
-    return burst if type(burst) is int and burst > 0 else None
+    return _node_rate_part(node, resource, 1)
 
 
 @dataclass(frozen=True, slots=True)

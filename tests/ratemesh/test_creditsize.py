@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ratemesh.credit import PPM, CreditConfig, CreditHolder, Reserve
+from ratemesh.credit import PPM, CreditConfig, CreditHolder, Reserve, node_burst, node_rate
 from ratemesh.creditsize import (
     DRAINED_WAIT_MAX_MS,
     DRAINED_WAIT_MIN_MS,
@@ -108,3 +108,11 @@ def test_the_holder_sizes_from_what_governord_said_and_the_round_trips_it_saw() 
     h.granted(30, Reserve(0, 10), 1, 10, 1_000)
     assert h.round_trip_ms == 30 and h.lead_ms() == 70
     assert CreditHolder(CreditConfig(lead_ms=250)).drained_wait_base_ms() == 250
+
+
+def test_a_nodes_rate_is_read_from_getnode_and_a_bad_shape_is_none() -> None:
+    node = {"rates": {"read_iops": [2_000, 100]}}
+    assert (node_rate(node, "read_iops"), node_burst(node, "read_iops")) == (2_000, 100)
+    for bad in ({}, {"rates": {"read_iops": [0, 100]}}, {"rates": {"read_iops": "2000"}}, None):
+        assert node_rate(bad, "read_iops") is None
+    assert node_rate(node, "write_iops") is None
