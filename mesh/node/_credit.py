@@ -100,7 +100,7 @@ class CreditDriver:
         self.returns_failed = 0  # returns governord did not take (their blocks expire)
         self.rate_lookups = 0  # GetNode calls for a strict key's burst (one per key)
         self.revived = 0  # times governord was seen back after it went away
-        self.resent_on_return = 0  # reserves sent again at once when it came back
+        self.resent_on_revival = 0  # reserves sent again at once when it came back
         self._back = asyncio.Event()  # set (and replaced) each time governord is back
         self._watcher: asyncio.Task[None] | None = None
         self._looked_up: set[RateKey] = set()
@@ -236,14 +236,15 @@ class CreditDriver:
                 self._watch_soon()
                 waiter = self._loop.create_task(back.wait())
                 both: list[asyncio.Task[Any]] = [call, waiter]
-                done, _pending = await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
+                try:
+                    done, _pending = await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
                 if call in done:
                     break
                 call.cancel()
-                with contextlib.suppress(BaseException):
-                    await call
-                self.resent_on_return += 1
+                await asyncio.wait({call})  # its end, whatever it was (not raised here)
+                self.resent_on_revival += 1
                 call = self._loop.create_task(send())
             return await call
         finally:
@@ -399,5 +400,5 @@ class CreditDriver:
             "returns_failed": self.returns_failed,
             "rate_lookups": self.rate_lookups,
             "revived": self.revived,
-            "resent_on_return": self.resent_on_return,
+            "resent_on_revival": self.resent_on_revival,
         }
