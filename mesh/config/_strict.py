@@ -164,7 +164,8 @@ def strict_findings(strict: StrictConfig | None, policies: Sequence[TenantRatePo
                 f"lead_ms ({cfg.lead_ms} ms) while its bucket refills; {fix}"
             )
             continue
-        need = burst_needed(rate, round_trip_ms=trip, share_ppm=share)
+        # in units, as the policy's burst is written (rate and burst are sub-units here)
+        need = -(-burst_needed(rate, round_trip_ms=trip, share_ppm=share) // p.scale)
         if share > DEFAULT_CREDIT.burst_share_ppm:
             out.append(
                 f"strict.credit.burst_share_ppm: {name} {serves}): one worker's block of "
