@@ -286,6 +286,11 @@ class Rpc:
         the attempts they carried; past REDIAL_ASIDE_MAX sets aside, the oldest closes now."""
         old = (list(self._muxes.values()), list(self._channels.values()))
         self._muxes, self._channels, self._calls = {}, {}, {}
+        # gRPC shares connections (subchannels) between channels of the same target and
+        # arguments, so a new channel alone would inherit the old one's back-off: channels
+        # from now have their own
+        if ("grpc.use_local_subchannel_pool", 1) not in self._options:
+            self._options = [*self._options, ("grpc.use_local_subchannel_pool", 1)]
         self._set_aside.append(old)
         self._later(self._close_aside(old, REDIAL_CLOSE_S))
         if len(self._set_aside) > REDIAL_ASIDE_MAX:

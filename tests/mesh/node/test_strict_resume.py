@@ -28,7 +28,7 @@ WAIT_MAX_S = 10.0
 # allows a loaded 2-core machine (every process here shares it with parallel test runs) its
 # scheduling delays: the median of the rounds within RESUME_BOUND_S. Before the watch it was
 # 0.3-0.6 s, set by a failing call's back-off (doubling to 500 ms).
-RESUME_BOUND_S = 0.5
+RESUME_BOUND_S = 0.25
 
 
 def _strict_policy() -> dict[str, object]:
