@@ -24,6 +24,13 @@ from collections import deque
 from dataclasses import dataclass
 
 from ratemesh.checks import check_int
+from ratemesh.creditsize import (
+    ROUND_TRIP_ASSUMED_MS,
+    block_cap,
+    next_round_trip_ms,
+)
+from ratemesh.creditsize import drained_wait_base_ms as sized_drained_wait
+from ratemesh.creditsize import lead_ms as sized_lead
 from ratemesh.errors import ConfigError
 
 __all__ = [
@@ -41,6 +48,7 @@ __all__ = [
     "drained_wait_ms",
     "local_expiry_ms",
     "node_burst",
+    "node_rate",
     "rate_burst",
 ]
 
@@ -78,6 +86,23 @@ def drained_wait_ms(lead_ms: int, instant: int) -> int:
     return lead_ms // 2 + spread
 
 
+def node_rate(node: object, resource: str) -> int | None:
+    """The rate R (per second) of ``resource`` on a node as governord's GetNode shows it,
+    or None if it has none there."""
+    return _node_rate_part(node, resource, 0)
+
+
+def _node_rate_part(node: object, resource: str, part: int) -> int | None:
+    """Part ``part`` (0: per_s, 1: burst) of ``resource``'s rate in a GetNode answer
+    (``{"rates": {resource: [per_s, burst]}}``), if it is a positive integer."""
+    rates = node.get("rates") if isinstance(node, dict) else None
+    rate = rates.get(resource) if isinstance(rates, dict) else None
+    if not isinstance(rate, list | tuple) or len(rate) != 2:
+        return None
+    value = rate[part]
+    return value if type(value) is int and value > 0 else None
+
+
 def rate_burst(denial: object) -> int | None:
     """The bucket's burst B that a rate denial from governord states (``{"reason": "rate",
     "limit": B, ...}``, the wire's denial detail), or None for any other denial."""
@@ -90,12 +115,7 @@ def rate_burst(denial: object) -> int | None:
 def node_burst(node: object, resource: str) -> int | None:
     """The burst B of ``resource``'s rate on a node as governord's GetNode shows it
     (``{"rates": {resource: [per_s, burst]}}``), or None if it has none there."""
-    rates = node.get("rates") if isinstance(node, dict) else None
-    rate = rates.get(resource) if isinstance(rates, dict) else None
-    if not isinstance(rate, list | tuple) or len(rate) != 2:
-        return None
-    burst = rate[1]
-    return burst if type(burst) is int and burst > 0 else None
+    return _node_rate_part(node, resource, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +131,9 @@ class CreditConfig:
     # ... and is at most this share of its bucket's burst B, once governord has stated B
     # (an empty bucket's denial carries it): several workers then share a small bucket
     burst_share_ppm: int = 250_000
-    lead_ms: int = 250  # refill while what is held would last at least this long
+    # refill while what is held would last at least this long; None: derived from the
+    # measured round trip, and a drained worker's wait from R and B (ratemesh.creditsize)
+    lead_ms: int | None = None
     idle_ms: int = 2_000  # return what is held after this long with no demand
     demand_window_ms: int = 5_000
     demand_samples_max: int = 1_024
@@ -123,9 +145,10 @@ class CreditConfig:
         check_int("epsilon_ms", self.epsilon_ms)
         check_int("block_min", self.block_min, minimum=1)
         check_int("block_max", self.block_max, minimum=self.block_min)
+        if self.lead_ms is not None:
+            check_int("lead_ms", self.lead_ms, minimum=1)
         for name in (
             "horizon_ms",
-            "lead_ms",
             "idle_ms",
             "demand_window_ms",
             "unreachable_after_ms",
@@ -171,6 +194,8 @@ class CreditHolder:
         self.in_flight: Reserve | None = None
         self.unreachable = False
         self.burst: int | None = None  # the bucket's B, once governord stated it
+        self.rate: int | None = None  # the bucket's R per second, once governord stated it
+        self.round_trip_ms: int | None = None  # a moving average of reserves' round trips
         self._now_ms = -(2**62)
         self._demand: deque[tuple[int, int]] = deque(maxlen=self.config.demand_samples_max)
         self._last_want_ms: int | None = None
@@ -286,14 +311,23 @@ class CreditHolder:
         against B until it is spent out, so one worker's block must not pin the bucket."""
         cfg = self.config
         want = math.ceil(self.demand_per_s(now_ms) * cfg.horizon_ms / 1000)
-        top = cfg.block_max
-        if self.burst is not None:
-            top = min(top, self.burst * cfg.burst_share_ppm // PPM)
+        top = block_cap(self.burst, cfg.burst_share_ppm, cfg.block_max)
         return max(cfg.block_min, min(top, want))
+
+    def lead_ms(self) -> int:
+        """How early to ask ahead (`ratemesh.creditsize.lead_ms`): the configured lead, else
+        from the measured round trip."""
+        trip = ROUND_TRIP_ASSUMED_MS if self.round_trip_ms is None else self.round_trip_ms
+        return sized_lead(self.config.lead_ms, trip)
+
+    def drained_wait_base_ms(self) -> int:
+        """The wait after the bucket was found drained, before its spread
+        (`ratemesh.creditsize.drained_wait_base_ms`): from R and B once both are known."""
+        return sized_drained_wait(self.config.lead_ms, self.rate, self.burst)
 
     def low_water(self, now_ms: int) -> int:
         """Refill once what is held (and lasts past the lead) drops to this."""
-        return math.ceil(self.demand_per_s(now_ms) * self.config.lead_ms / 1000)
+        return math.ceil(self.demand_per_s(now_ms) * self.lead_ms() / 1000)
 
     def refill(self, now_ms: int, *, ahead: bool = False) -> Reserve | None:
         """A reserve to send now, or None: one at a time, only while there is demand, when
@@ -313,7 +347,8 @@ class CreditHolder:
             return None
         if ahead and self.demand_per_s(now) * cfg.idle_ms < 1000:
             return None
-        lasting = sum(b.left for b in self.blocks.values() if b.expires_at_ms > now + cfg.lead_ms)
+        lead = self.lead_ms()
+        lasting = sum(b.left for b in self.blocks.values() if b.expires_at_ms > now + lead)
         if lasting > self.low_water(now):
             return None
         self.in_flight = Reserve(now, self.block_size(now))
@@ -341,6 +376,7 @@ class CreditHolder:
             raise ConfigError("block_id", f"block {block_id} is already held")
         now = self._at(now_ms)
         cfg = self.config
+        self.round_trip_ms = next_round_trip_ms(self.round_trip_ms, now - request.sent_at_ms)
         expires = local_expiry_ms(request.sent_at_ms, ttl_ms, cfg.rho_ppm, cfg.epsilon_ms)
         block = HeldBlock(block_id, units, units, expires)
         if expires > now:
@@ -361,11 +397,15 @@ class CreditHolder:
         if unreachable:
             self.unreachable = True
 
-    def learn_burst(self, burst: int) -> None:
+    def learn_burst(self, burst: int, per_s: int | None = None) -> None:
         """governord stated a burst B on this credit's chain (the node's rate, or an empty
-        bucket's denial): blocks are sized within a share of the smallest B told."""
+        bucket's denial), and with the node's rate its R (``per_s``): blocks are sized
+        within a share of the smallest B told, and a drained wait from R and B."""
         check_int("burst", burst, minimum=1)
         self.burst = burst if self.burst is None else min(self.burst, burst)
+        if per_s is not None:
+            check_int("per_s", per_s, minimum=1)
+            self.rate = per_s if self.rate is None else min(self.rate, per_s)
 
     def _settle(self, request: Reserve) -> None:
         if self.in_flight is request:

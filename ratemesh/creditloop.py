@@ -101,7 +101,7 @@ class CreditLoop:
             return None
         self.backoff_ms = 0
         if units < request.units:
-            self.retry_at_ms = now_ms + drained_wait_ms(holder.config.lead_ms, instant)
+            self.retry_at_ms = now_ms + drained_wait_ms(holder.drained_wait_base_ms(), instant)
         return block
 
     def denied(self, now_ms: int, request: Reserve, burst: int | None, *, instant: int) -> None:
@@ -110,7 +110,7 @@ class CreditLoop:
         self.holder.failed(request, unreachable=False, burst=burst)
         if burst is not None:
             self.backoff_ms = 0
-            self.retry_at_ms = now_ms + drained_wait_ms(self.holder.config.lead_ms, instant)
+            self.retry_at_ms = now_ms + drained_wait_ms(self.holder.drained_wait_base_ms(), instant)
         else:
             self.backoff_ms = denied_backoff_ms(self.backoff_ms)
             self.retry_at_ms = now_ms + self.backoff_ms
@@ -119,6 +119,13 @@ class CreditLoop:
         """The reserve never reached governord: fail closed, ask again after a while."""
         self.holder.failed(request, unreachable=True)
         self.retry_at_ms = now_ms + UNREACHABLE_RETRY_MS
+
+    def reachable(self, now_ms: int) -> None:
+        """governord is back (the driver saw it ready again): a wait after an unreachable
+        reserve ends now, so the next ask goes at once. Waits after governord's own answers
+        (a drained bucket, a denial) stand."""
+        if self.holder.unreachable and self.retry_at_ms > now_ms:
+            self.retry_at_ms = now_ms
 
     def overdue(self, now_ms: int) -> bool:
         """Give up on the reserve in flight if it has gone unanswered for

@@ -128,6 +128,12 @@ class Client:
         ]
         return self
 
+    def redial(self) -> None:
+        """governord is back after it went away (a restart, a takeover): the next attempt
+        of every call dials at once instead of after its channel's back-off (`Rpc.redial`).
+        The session is unchanged."""
+        self._rpc.redial()
+
     async def __aenter__(self) -> Client:
         return await self.connect()
 

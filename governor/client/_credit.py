@@ -15,7 +15,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from ratemesh.credit import CreditConfig, Reserve, Spend, node_burst, rate_burst
+from ratemesh.credit import CreditConfig, Reserve, Spend, node_burst, node_rate, rate_burst
 from ratemesh.creditloop import CreditLoop
 
 from ._errors import Denied, GovernorClientError, SessionLost, Unavailable
@@ -142,7 +142,7 @@ class StrictCredit:
             return
         burst = node_burst(info, self.resource)
         if burst is not None:
-            self.holder.learn_burst(burst)
+            self.holder.learn_burst(burst, node_rate(info, self.resource))
 
     async def _give_back(self, returns: list[tuple[int, int]]) -> None:
         for block_id, unused in returns:

@@ -8,8 +8,10 @@ stream are calls of their own. Either way a call has the same answers and the sa
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,8 @@ __all__ = ["Dial", "Rpc", "translate", "translate_status"]
 # Calls that wait in the leader's memory (its fair queue): one cut by a leader change is not
 # resent behind the caller's back (LeaderChanged), see LeaderFollower.call.
 _WAITING = frozenset({"Acquire"})
+REDIAL_CLOSE_S = 5.0  # channels set aside by `Rpc.redial` close this long after
+REDIAL_ASIDE_MAX = 4  # sets of channels set aside at once; past it the oldest closes now
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +155,8 @@ class Rpc:
         self._muxes: dict[tuple[int, Metadata], Mux] = {}
         self.multiplex = multiplex
         self.token: str | None = None
+        self._set_aside: list[tuple[list[Mux], list[aio.Channel]]] = []
+        self._closing: set[asyncio.Task[None]] = set()
 
     @property
     def leader(self) -> str:
@@ -272,7 +278,50 @@ class Rpc:
                 follower.moved(at, failed)  # a standby's hint: learned if not given
             raise translate_status(failed.code, failed.details, failed.detail) from None
 
+    def redial(self) -> None:
+        """Dial afresh at the next call, without the back-off of a channel that kept failing
+        while governord was away (up to its max_reconnect_backoff_ms): the channels and
+        their streams are set aside, so every attempt from now, a resend of a call already
+        under way included, opens a new one. The old ones close REDIAL_CLOSE_S later, past
+        the attempts they carried; past REDIAL_ASIDE_MAX sets aside, the oldest closes now."""
+        old = (list(self._muxes.values()), list(self._channels.values()))
+        self._muxes, self._channels, self._calls = {}, {}, {}
+        # gRPC shares connections (subchannels) between channels of the same target and
+        # arguments, so a new channel alone would inherit the old one's back-off: channels
+        # from now have their own
+        if ("grpc.use_local_subchannel_pool", 1) not in self._options:
+            self._options = [*self._options, ("grpc.use_local_subchannel_pool", 1)]
+        self._set_aside.append(old)
+        self._later(self._close_aside(old, REDIAL_CLOSE_S))
+        if len(self._set_aside) > REDIAL_ASIDE_MAX:
+            self._later(self._close_set(self._set_aside.pop(0)))
+
+    def _later(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _close_aside(self, old: tuple[list[Mux], list[aio.Channel]], after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        if old in self._set_aside:
+            self._set_aside.remove(old)
+            await self._close_set(old)
+
+    @staticmethod
+    async def _close_set(old: tuple[list[Mux], list[aio.Channel]]) -> None:
+        for mux in old[0]:
+            with contextlib.suppress(Exception):
+                await mux.close()
+        for channel in old[1]:
+            with contextlib.suppress(Exception):
+                await channel.close()
+
     async def close(self) -> None:
+        for task in list(self._closing):
+            task.cancel()
+        aside, self._set_aside = self._set_aside, []
+        for old in aside:
+            await self._close_set(old)
         muxes, self._muxes = list(self._muxes.values()), {}
         for mux in muxes:
             await mux.close()

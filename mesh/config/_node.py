@@ -79,7 +79,7 @@ from mesh.config._files import config_file
 from mesh.config._replica import check_replica_name
 from mesh.config._sharedstate import SharedStateConfig, parse_shared_state
 from mesh.config._sidecar import SidecarConfig, check_sidecar_auth, parse_sidecar
-from mesh.config._strict import StrictConfig, parse_strict
+from mesh.config._strict import StrictConfig, parse_strict, strict_findings
 from mesh.core._validate import check_bool, check_int, check_str
 from mesh.core.config import CoreConfig
 from mesh.core.messages import MAX_MESSAGE_BYTES
@@ -240,6 +240,7 @@ class NodeConfig:
                 "strict: a strict-mode policy with no strict section (no governord credit); "
                 "it is refused with governor_unreachable"
             )
+        out += strict_findings(self.strict, self.policies)
         redis = self.shared_state.redis
         if redis is not None:
             out += redis.warnings()

@@ -11,7 +11,8 @@
       nodes: {acme: 14}           # per mesh tenant, overriding `node`
       session_ttl_ms: 10000       # governord session TTL (a restart shorter than 80 % of it
                                   # keeps the session)
-      credit: {rho_ppm: 1000, epsilon_ms: 50, horizon_ms: 1000, lead_ms: 250, idle_ms: 2000}
+      credit: {rho_ppm: 1000, epsilon_ms: 50, horizon_ms: 1000, idle_ms: 2000}
+                                  # (lead_ms unset: derived; docs/strict.md)
 
 A strict policy for (tenant, metric) spends at governord node `nodes[tenant]` (else `node`,
 else the key's tenant node) with the metric's name as the resource, e.g. `read_iops`: that
@@ -20,6 +21,7 @@ node's `rates: {read_iops: {per_s, burst}}` is the strict bound (docs/strict.md)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -30,14 +32,24 @@ from mesh.errors import ConfigError, ConfigTypeError
 from ratemesh.apikey import read_api_key
 from ratemesh.checks import check_addresses, check_keys
 from ratemesh.credit import CreditConfig
+from ratemesh.creditsize import (
+    ROUND_TRIP_ASSUMED_MS,
+    UTILISATION_TARGET,
+    burst_needed,
+    drained_wait_base_ms,
+    utilisation_bound,
+    wait_for_target_ms,
+)
 from ratemesh.errors import ConfigError as SharedConfigError
+from ratemesh.policy import Mode, TenantRatePolicy
 
-__all__ = ["StrictConfig", "parse_strict"]
+__all__ = ["StrictConfig", "parse_strict", "strict_findings"]
 
 NODES_MAX = 10_000  # per-tenant node overrides in one config
 SESSION_TTL_MS = 10_000
 _KEYS = {"governord", "api_key_file", "api_key_env", "ca", "node", "nodes", "session_ttl_ms"}
 _CREDIT_KEYS = {f.name for f in fields(CreditConfig)}
+DEFAULT_CREDIT = CreditConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,3 +127,55 @@ def _credit(raw: Any) -> CreditConfig:
         return CreditConfig(**raw)
     except SharedConfigError as exc:
         raise ConfigError(f"strict.credit.{exc.field}", exc.problem) from exc
+
+
+def strict_findings(strict: StrictConfig | None, policies: Sequence[TenantRatePolicy]) -> list[str]:
+    """Why a strict policy cannot be served at 0.9 of its rate under overload, one line per
+    finding, with the setting that would (`mesh validate`'s warnings). The policy's rate
+    and burst stand for governord's rate on its node, which the node's config does not
+    hold; the round trip to governord is taken as ROUND_TRIP_ASSUMED_MS. The estimate is
+    `ratemesh.creditsize.utilisation_bound`, the formulas the holder sizes by."""
+    if strict is None:
+        return []
+    cfg = strict.credit
+    out = []
+    trip = ROUND_TRIP_ASSUMED_MS
+    for p in policies:
+        if p.mode is not Mode.STRICT or not p.target_rate or not p.global_burst:
+            continue
+        rate, burst = p.target_rate, p.global_burst
+        wait = drained_wait_base_ms(cfg.lead_ms, rate, burst)
+        share = cfg.burst_share_ppm
+        bound = utilisation_bound(rate, burst, round_trip_ms=trip, wait_ms=wait, share_ppm=share)
+        if bound >= UTILISATION_TARGET:
+            continue
+        name = f"policy {p.tenant_id}/{p.metric}"
+        span = burst * 1000 // rate
+        serves = f"serves about {bound:.2f} of R under overload (B/R {span} ms"
+        if cfg.lead_ms is not None and wait > wait_for_target_ms(
+            rate, burst, round_trip_ms=trip, share_ppm=share
+        ):
+            best = wait_for_target_ms(rate, burst, round_trip_ms=trip, share_ppm=share)
+            fix = "remove lead_ms (derived from R, B and the round trip)"
+            if best >= 1:
+                fix += f" or set it <= {best}"
+            out.append(
+                f"strict.credit.lead_ms: {name} {serves}): a drained worker waits about "
+                f"lead_ms ({cfg.lead_ms} ms) while its bucket refills; {fix}"
+            )
+            continue
+        # in units, as the policy's burst is written (rate and burst are sub-units here)
+        need = -(-burst_needed(rate, round_trip_ms=trip, share_ppm=share) // p.scale)
+        if share > DEFAULT_CREDIT.burst_share_ppm:
+            out.append(
+                f"strict.credit.burst_share_ppm: {name} {serves}): one worker's block of "
+                f"{share} ppm of B leaves the bucket little room to refill; remove it "
+                f"(default {DEFAULT_CREDIT.burst_share_ppm})"
+            )
+            continue
+        out.append(
+            f"{name}: B/R of {span} ms is shorter than a block's round trip to governord "
+            f"(about {trip} ms) can serve: about {bound:.2f} of R under overload; a burst "
+            f"of at least {need} would"
+        )
+    return out

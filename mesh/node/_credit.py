@@ -19,8 +19,8 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from governor.client import (
     AuthError,
@@ -34,17 +34,39 @@ from mesh.config import StrictConfig
 from mesh.core.admission import CreditDesk
 from mesh.core.effects import Effect, ReserveCredit, ReturnCredit
 from mesh.core.policy import RateKey
-from ratemesh.credit import node_burst, rate_burst
+from ratemesh.credit import node_burst, node_rate, rate_burst
 
 __all__ = ["CreditDriver"]
 
 log = logging.getLogger("mesh.node.credit")
+T = TypeVar("T")
 RESERVES_IN_FLIGHT_MAX = 4096  # reserve calls at once (the desk asks one per strict gate)
 RETURNS_QUEUED_MAX = 65_536  # returns waiting; past it one is dropped (its block expires)
+RETURNS_IN_FLIGHT_MAX = 16  # return calls at once
 CONNECT_TIMEOUT_S = 2.0  # opening a session: past this governord counts as unreachable
 CLOSE_RETURNS_S = 2.0  # a leaving node's returns wait at most this long
 REFUSED_LOG_S = 10.0  # a refused reserve (scope, auth) is logged once per this long
 RATE_LOOKUPS_MAX = 4096  # strict keys whose node's burst was read; past it, read again
+WATCH_AFTER_S = 0.05  # a reserve unanswered this long: watch for governord
+PROBE_EVERY_S = 0.01  # the watch's TCP probe of a governord that went away
+PROBE_TIMEOUT_S = 0.2  # one probe
+WATCH_MAX_S = 600.0  # a watch gives up after this long (the next failing call starts one)
+RESENDS_ON_RETURN_MAX = 16  # times one reserve is sent again on governord's return
+
+
+async def _probe(addr: str) -> bool:
+    """Whether ``addr`` (host:port) accepts a TCP connection now."""
+    host, _, port = addr.rpartition(":")
+    try:
+        _reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host.strip("[]"), int(port)), PROBE_TIMEOUT_S
+        )
+    except (OSError, TimeoutError, ValueError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
 
 
 class CreditDriver:
@@ -68,7 +90,7 @@ class CreditDriver:
         self._returner: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake_soon = False
-        self._busy = False  # the returner is in a call
+        self._busy = 0  # returns in a call now
         self._refused_logged = -REFUSED_LOG_S
         self.granted = 0
         self.refused = 0
@@ -77,6 +99,10 @@ class CreditDriver:
         self.returns_dropped = 0
         self.returns_failed = 0  # returns governord did not take (their blocks expire)
         self.rate_lookups = 0  # GetNode calls for a strict key's burst (one per key)
+        self.revived = 0  # times governord was seen back after it went away
+        self.resent_on_revival = 0  # reserves sent again at once when it came back
+        self._back = asyncio.Event()  # set (and replaced) each time governord is back
+        self._watcher: asyncio.Task[None] | None = None
         self._looked_up: set[RateKey] = set()
 
     def start(self) -> None:
@@ -160,7 +186,8 @@ class CreditDriver:
             client = await self._session()
             node = self.config.node_for(e.rate_key.tenant_id) or client.scope_id
             await self._learn_burst(client, node, e.rate_key)  # once per key: before its blocks
-            reply = await client.reserve_credit(node, e.rate_key.metric, e.request.units)
+            metric, units = e.rate_key.metric, e.request.units
+            reply = await self._watched(lambda: client.reserve_credit(node, metric, units))
         except Denied as exc:
             unreachable = False
             burst = rate_burst(exc.denial)
@@ -177,6 +204,8 @@ class CreditDriver:
                 self.desk.failed(e, unreachable=True)
             raise
         if unreachable is not None:
+            if unreachable:
+                self._watch_soon()
             self.unreachable += unreachable
             self.refused += not unreachable
             with self.lock:
@@ -191,6 +220,77 @@ class CreditDriver:
             effects = self.desk.take()
         self.served()
         self.carry(effects)
+
+    async def _watched(self, send: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """A call (``send()``); if it goes unanswered for WATCH_AFTER_S, governord is
+        watched for (`_watch`), and once it is back the call is sent again at once on a
+        fresh channel rather than after its resends' back-off (up to 500 ms).
+
+        A reserve keeps its send time (`Reserve.sent_at_ms`), so its block's local expiry
+        is timed from the first send: a first call governord did take strands its block
+        until it expires, which is safe. A return is applied once per block, however
+        often it is sent."""
+        assert self._loop is not None
+        call = self._loop.create_task(send())
+        try:
+            for _ in range(RESENDS_ON_RETURN_MAX):
+                back = self._back
+                done, _pending = await asyncio.wait({call}, timeout=WATCH_AFTER_S)
+                if done:
+                    break
+                self._watch_soon()
+                waiter = self._loop.create_task(back.wait())
+                both: list[asyncio.Task[Any]] = [call, waiter]
+                try:
+                    done, _pending = await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+                if call in done:
+                    break
+                call.cancel()
+                await asyncio.wait({call})  # its end, whatever it was (not raised here)
+                self.resent_on_revival += 1
+                call = self._loop.create_task(send())
+            return await call
+        finally:
+            if not call.done():
+                call.cancel()
+
+    def _watch_soon(self) -> None:
+        """Watch for governord (one watcher at a time) while a call finds it away."""
+        if self._loop is not None and (self._watcher is None or self._watcher.done()):
+            self._watcher = self._loop.create_task(self._watch(), name="mesh-credit-watch")
+
+    async def _watch(self) -> None:
+        """Probe governord's addresses (a TCP connect, every PROBE_EVERY_S, for at most
+        WATCH_MAX_S) and, when one that refused accepts again (a restarted governord is
+        ready: it listens once it has recovered its store), tell everyone at once:
+        the session's channels dial afresh, calls waiting on it are sent again, and gates
+        waiting out an unreachable reserve ask now. Nothing to watch if none refuses."""
+        assert self._loop is not None
+        addrs = self.config.governord.split(",")
+        refused = {a for a, up in zip(addrs, await self._probe_all(addrs), strict=True) if not up}
+        give_up = self._loop.time() + WATCH_MAX_S
+        while refused and self._loop.time() < give_up:
+            await asyncio.sleep(PROBE_EVERY_S)
+            ups = await self._probe_all(sorted(refused))
+            if any(ups):
+                self._revived()
+                return
+
+    def _revived(self) -> None:
+        self.revived += 1
+        if self.client is not None:
+            self.client.redial()
+        back, self._back = self._back, asyncio.Event()
+        back.set()
+        with self.lock:
+            self.desk.reachable()
+        self._pump()
+
+    @staticmethod
+    async def _probe_all(addrs: list[str]) -> list[bool]:
+        return list(await asyncio.gather(*(_probe(a) for a in addrs)))
 
     async def _learn_burst(self, client: Client, node: int, key: RateKey) -> None:
         """Once per strict key, before its first reserve: read its node's rate, so its blocks
@@ -212,7 +312,7 @@ class CreditDriver:
         burst = node_burst(info, key.metric)
         if burst is not None:
             with self.lock:
-                self.desk.learned_burst(key, burst)
+                self.desk.learned_burst(key, burst, node_rate(info, key.metric))
 
     def _log_refused(self, e: ReserveCredit, exc: GovernorClientError) -> None:
         assert self._loop is not None
@@ -222,20 +322,36 @@ class CreditDriver:
             log.warning("governord refused credit for %s: %s", e.rate_key.tenant_id, exc)
 
     async def _return_loop(self) -> None:
+        """Send the queued returns, up to RETURNS_IN_FLIGHT_MAX at once: a spent-out block
+        counts against its bucket's B until its return is applied, so returns sent one
+        round trip after another fall behind a worker spending small blocks quickly (the
+        bucket then stops refilling at ``B - outstanding``)."""
+        assert self._loop is not None
+        slots = asyncio.Semaphore(RETURNS_IN_FLIGHT_MAX)
+        sending: set[asyncio.Task[None]] = set()
         while True:
             while not self._returns:
                 self._returns_wake.clear()
                 await self._returns_wake.wait()
-            self._busy = True
-            try:
-                await self._give_back(self._returns.popleft())
-            finally:
-                self._busy = False
+            await slots.acquire()
+            if not self._returns:
+                slots.release()
+                continue
+            self._busy += 1
+            task = self._loop.create_task(self._give_back(self._returns.popleft()))
+            sending.add(task)
+
+            def done(t: asyncio.Task[None]) -> None:
+                sending.discard(t)
+                self._busy -= 1
+                slots.release()
+
+            task.add_done_callback(done)
 
     async def _give_back(self, e: ReturnCredit) -> None:
         try:
             client = await self._session()
-            await client.return_credit(e.block_id, e.unused)
+            await self._watched(lambda: client.return_credit(e.block_id, e.unused))
             self.returned += 1
         except GovernorClientError as exc:
             # the block stays counted until it expires: safe, only slower to refill
@@ -263,6 +379,8 @@ class CreditDriver:
             await asyncio.sleep(0.005)
         if self._returns:
             log.warning("credit returns on leaving timed out; their blocks expire instead")
+        if self._watcher is not None:
+            self._watcher.cancel()
         if self._returner is not None:
             self._returner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -286,4 +404,6 @@ class CreditDriver:
             "returns_dropped": self.returns_dropped,
             "returns_failed": self.returns_failed,
             "rate_lookups": self.rate_lookups,
+            "revived": self.revived,
+            "resent_on_revival": self.resent_on_revival,
         }

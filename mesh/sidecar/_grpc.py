@@ -15,7 +15,7 @@ over `max_message_bytes` is refused by grpc itself (RESOURCE_EXHAUSTED); past
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 import grpc
@@ -28,13 +28,22 @@ from mesh.peer import bind_port
 from mesh.sidecar import admission_pb2 as pb
 from mesh.sidecar._auth import AUTH_HEADER, BearerCheck
 from mesh.sidecar._envoy import EnvoyRls, add_rls
-from mesh.sidecar._items import Decider, Item, Outcome, quota_fields, shared_fields
+from mesh.sidecar._items import (
+    Decider,
+    Item,
+    Outcome,
+    limit_fields,
+    quota_fields,
+    shared_fields,
+)
 from mesh.sidecar._slots import SlotKeeper, SlotTokens
 from mesh.sidecar._slots_grpc import CONCURRENCY_SERVICE, slot_handlers
+from mesh.sidecar._wait import timeout_problem, waiting_for
 from ratemesh import callguard
 from ratemesh.callguard import Caller, CallGuard, GuardLimits, Refused
 from ratemesh.checks import with_port
 from ratemesh.grpcstd import Ready, add_standard_services, open_health
+from ratemesh.policy import TenantRatePolicy
 
 __all__ = ["ADMISSION_SERVICE", "GrpcSidecar", "encode_outcomes"]
 
@@ -96,7 +105,7 @@ def _shared_bytes(v: Verdict) -> bytes:
 _INT64 = (1 << 64) - 1
 
 
-def _verdict_bytes(v: Verdict, n: Numbers | None) -> bytes:
+def _verdict_bytes(v: Verdict, n: Numbers | None, limit: bytes = b"") -> bytes:
     """AdmitResponse's field 1 holding `v` with the numbers `n`: the memoised shared part
     and the numbers appended as protobuf encodes them (fields in order, absent if None;
     test_proto pins this to the generated encoder)."""
@@ -115,19 +124,47 @@ def _verdict_bytes(v: Verdict, n: Numbers | None) -> bytes:
     if v.quota is not None:  # field 13, a QuotaLag message: after the numbers, in order
         lag = pb.QuotaLag(**quota_fields(v.quota)).SerializeToString()
         body += b"\x6a" + _varint(len(lag)) + lag
-    return b"\x0a" + _varint(len(body)) + body
+    # fields 14-16, the policy's exact limit (`limit_bytes`): last, in order
+    return b"\x0a" + _varint(len(body) + len(limit)) + body + limit
 
 
-def encode_outcomes(outcomes: list[Outcome]) -> bytes:
-    """An AdmitResponse, one Verdict per outcome in order (an error one for a bad item)."""
+def encode_outcomes(outcomes: list[Outcome], limits: Sequence[bytes] = ()) -> bytes:
+    """An AdmitResponse, one Verdict per outcome in order (an error one for a bad item);
+    ``limits``: each decided item's `limit_bytes` (none given: no limit fields)."""
     parts = []
-    for o in outcomes:
-        if o.__class__ is str:
-            err = pb.Verdict(allowed=False, error=o).SerializeToString()  # type: ignore[arg-type]
+    for k, o in enumerate(outcomes):
+        if isinstance(o, str):
+            err = pb.Verdict(allowed=False, error=o).SerializeToString()
             parts.append(_framed(0x0A, err))
         else:
-            parts.append(_verdict_bytes(*o))  # type: ignore[misc]
+            parts.append(_verdict_bytes(o[0], o[1], limits[k] if limits else b""))
     return b"".join(parts)
+
+
+LIMIT_FIELDS = ("burst", "window", "rate")  # Verdict fields 14-16: the policy's exact limit
+_limits: dict[int, tuple[TenantRatePolicy, bytes]] = {}
+_LIMITS_MAX = 4096  # policies whose limit fields are kept encoded
+
+
+def limit_bytes(policy: TenantRatePolicy | None) -> bytes:
+    """Verdict fields 14-16 (`burst`, `window`, `rate`: `limit_fields`, as the HTTP verdict
+    carries them) for ``policy``, memoised per policy object (policies are immutable); b""
+    for none or a spend quota."""
+    if policy is None:
+        return b""
+    hit = _limits.get(id(policy))
+    if hit is not None and hit[0] is policy:
+        return hit[1]
+    fields = limit_fields(policy)
+    data: bytes = b""
+    if fields:
+        window = pb.Window(**fields["window"])
+        msg = pb.Verdict(burst=fields["burst"], window=window, rate=fields["rate"])
+        data = msg.SerializeToString()
+    if len(_limits) >= _LIMITS_MAX:
+        _limits.clear()
+    _limits[id(policy)] = (policy, data)
+    return data
 
 
 def _encode_acks(errors: list[str | None]) -> bytes:
@@ -144,6 +181,11 @@ def _encode_acks(errors: list[str | None]) -> bytes:
 def _items(data: bytes, items_max: int) -> Iterator[Item]:
     """The call's items (read as they are decided), or ValueError saying why the call as a
     whole is refused: checked before the first item is read."""
+    return _request(data, items_max)[0]
+
+
+def _request(data: bytes, items_max: int) -> tuple[Iterator[Item], int]:
+    """The call's items and its ``timeout_ms`` (0: answer at once), or ValueError."""
     try:
         req = pb.AdmitRequest.FromString(data)
     except DecodeError as exc:
@@ -151,7 +193,10 @@ def _items(data: bytes, items_max: int) -> Iterator[Item]:
     n = len(req.items)
     if n > items_max:
         raise ValueError(f"items: {n} in one call; at most {items_max} (split the batch)")
-    return _rows(req.items)
+    why = timeout_problem(req.timeout_ms)
+    if why is not None:
+        raise ValueError(why)
+    return _rows(req.items), req.timeout_ms
 
 
 def _rows(items: Iterable[pb.AdmitItem]) -> Iterator[Item]:
@@ -260,15 +305,40 @@ class GrpcSidecar:
         self, data: bytes, context: aio.ServicerContext[bytes, bytes]
     ) -> Iterator[Item]:
         """The message's items, or abort INVALID_ARGUMENT saying why (nothing decided)."""
+        return (await self._read_request(data, context))[0]
+
+    async def _read_request(
+        self, data: bytes, context: aio.ServicerContext[bytes, bytes]
+    ) -> tuple[Iterator[Item], int]:
+        """The message's items and ``timeout_ms``, or abort INVALID_ARGUMENT saying why."""
         try:
-            return _items(data, self.config.items_max)
+            return _request(data, self.config.items_max)
         except ValueError as exc:
             self.refused += 1
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         raise AssertionError("unreachable: abort raises")
 
     async def _admit(self, data: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
-        return encode_outcomes(self.decider.admit(await self._checked(data, context)))
+        self.calls += 1
+        rows, timeout_ms = await self._read_request(data, context)
+        return await self._decided(list(rows), timeout_ms, charge=False)
+
+    async def _decided(self, items: list[Item], timeout_ms: int, *, charge: bool) -> bytes:
+        """An AdmitResponse for ``items``, waiting up to ``timeout_ms`` (`mesh.sidecar._wait`),
+        each decided verdict with its policy's exact limit."""
+        decider = self.decider
+        if timeout_ms:
+            waiting = waiting_for(decider)
+            outcomes = await waiting.admit(decider, items, charge=charge, timeout_ms=timeout_ms)
+        else:
+            outcomes = decider.admit(items, charge=charge)
+        limits = [
+            b""
+            if isinstance(o, str) or o[0].mode is None
+            else limit_bytes(decider.policy(Item(*it)))
+            for it, o in zip(items, outcomes, strict=True)
+        ]
+        return encode_outcomes(outcomes, limits)
 
     async def _admit_stream(
         self, requests: AsyncIterator[bytes], context: aio.ServicerContext[bytes, bytes]
@@ -278,12 +348,13 @@ class GrpcSidecar:
         ends the stream INVALID_ARGUMENT (the batches before it were decided and answered)."""
         self.calls += 1
         async for data in requests:
-            items = await self._read(data, context)
-            yield encode_outcomes(self.decider.admit(items))
+            rows, timeout_ms = await self._read_request(data, context)
+            yield await self._decided(list(rows), timeout_ms, charge=False)
 
     async def _charge(self, data: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
-        items = await self._checked(data, context)
-        return encode_outcomes(self.decider.admit(items, charge=True))
+        self.calls += 1
+        rows, timeout_ms = await self._read_request(data, context)
+        return await self._decided(list(rows), timeout_ms, charge=True)
 
     async def _refund(self, data: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
         return _encode_acks(self.decider.refund(await self._checked(data, context)))

@@ -4,6 +4,8 @@ loop), for the sidecar's JSON routes and the node's /metrics and /health.
     POST /v1/admit   {"tenant": "acme", "metric": "read_iops", "amount": 1}
                      -> 200 {"allowed": true, "reason": "admitted", "mode": ..., "bound": ...}
     POST /v1/admit   {"items": [{...}, ...]}  -> 200 {"verdicts": [{...}, ...]}
+    POST /v1/admit   ... "timeout_ms": 500 beside the item or the items: wait up to that
+                     long where waiting helps (`mesh.sidecar._wait`), then answer
     POST /v1/charge  the same shapes (amount: the bytes or tokens)
     POST /v1/refund  one item -> 200 {"ok": true}; a batch -> 200 {"acks": [{"ok": ...}]}
     POST /v1/cooldown {"tenant", "metric", "cooldown_s"?} -> 200 {"ok": true}: the service
@@ -54,6 +56,7 @@ from mesh.sidecar._auth import BearerCheck
 from mesh.sidecar._items import Decided, Decider, Item, limit_fields, verdict_fields
 from mesh.sidecar._ratelimit import DENY_STATUS_HEADER, ceil_s, deny_status, ratelimit_fields
 from mesh.sidecar._slots import SLOT_ROUTES, SlotKeeper, SlotTokens, client_of
+from mesh.sidecar._wait import timeout_problem, waiting_for
 from mesh.telemetry import Detail, Route
 from ratemesh.checks import address_parts, with_port
 from ratemesh.conngate import Admit, ConnGate, loopback_peer
@@ -222,6 +225,12 @@ class HttpApp:
         if isinstance(status_on_deny, str):
             raise _BadRequest(400, status_on_deny)
         doc = _json(await self._body(receive))
+        timeout_ms = 0
+        if isinstance(doc, dict) and "timeout_ms" in doc and route != "refund":
+            timeout_ms = doc.pop("timeout_ms")
+            why = timeout_problem(timeout_ms)
+            if why is not None:
+                raise _BadRequest(400, why)
         batch = isinstance(doc, dict) and "items" in doc
         items = self._batch(doc) if batch else [_item(doc, "")]
         if route == "refund":
@@ -231,7 +240,14 @@ class HttpApp:
                     raise _BadRequest(400, errors[0])
                 return 200, {"ok": True}, []
             return 200, {"acks": [{"ok": True} if e is None else _ack(e) for e in errors]}, []
-        outcomes = self.decider.admit(items, charge=route == "charge")
+        charge = route == "charge"
+        if timeout_ms:
+            waiting = waiting_for(self.decider)
+            outcomes = await waiting.admit(
+                self.decider, items, charge=charge, timeout_ms=timeout_ms
+            )
+        else:
+            outcomes = self.decider.admit(items, charge=charge)
         if not batch:
             o = outcomes[0]
             if isinstance(o, str):

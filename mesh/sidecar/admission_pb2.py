@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmesh/sidecar/admission.proto\x12\x13ratemesh.sidecar.v1\"(\n\nDescriptor\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\x81\x01\n\tAdmitItem\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06metric\x18\x02 \x01(\t\x12\x13\n\x06\x61mount\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x34\n\x0b\x64\x65scriptors\x18\x04 \x03(\x0b\x32\x1f.ratemesh.sidecar.v1.DescriptorB\t\n\x07_amount\"=\n\x0c\x41\x64mitRequest\x12-\n\x05items\x18\x01 \x03(\x0b\x32\x1e.ratemesh.sidecar.v1.AdmitItem\"\x8e\x03\n\x07Verdict\x12\x0f\n\x07\x61llowed\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\r\n\x05\x62ound\x18\x04 \x01(\t\x12\x16\n\tsuspended\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x12\n\x05limit\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x11\n\x04step\x18\x07 \x01(\tH\x02\x88\x01\x01\x12\x16\n\tremaining\x18\x08 \x01(\x03H\x03\x88\x01\x01\x12\x1b\n\x0eretry_after_ms\x18\t \x01(\x03H\x04\x88\x01\x01\x12\x1b\n\x0ereset_after_ms\x18\n \x01(\x03H\x05\x88\x01\x01\x12\x12\n\x05\x65rror\x18\x0c \x01(\tH\x06\x88\x01\x01\x12\x31\n\x05quota\x18\r \x01(\x0b\x32\x1d.ratemesh.sidecar.v1.QuotaLagH\x07\x88\x01\x01\x42\x0c\n\n_suspendedB\x08\n\x06_limitB\x07\n\x05_stepB\x0c\n\n_remainingB\x11\n\x0f_retry_after_msB\x11\n\x0f_reset_after_msB\x08\n\x06_errorB\x08\n\x06_quotaJ\x04\x08\x0b\x10\x0c\"i\n\x08QuotaLag\x12\x0b\n\x03\x63\x61p\x18\x01 \x01(\x03\x12\x0b\n\x03own\x18\x02 \x01(\x03\x12\x0e\n\x06remote\x18\x03 \x01(\x03\x12\x13\n\x06lag_ms\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x13\n\x0bunpublished\x18\x05 \x01(\x03\x42\t\n\x07_lag_ms\"?\n\rAdmitResponse\x12.\n\x08verdicts\x18\x01 \x03(\x0b\x32\x1c.ratemesh.sidecar.v1.Verdict\"/\n\x03\x41\x63k\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x12\n\x05\x65rror\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_error\"8\n\x0eRefundResponse\x12&\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x18.ratemesh.sidecar.v1.Ack2\xd8\x02\n\tAdmission\x12N\n\x05\x41\x64mit\x12!.ratemesh.sidecar.v1.AdmitRequest\x1a\".ratemesh.sidecar.v1.AdmitResponse\x12O\n\x06\x43harge\x12!.ratemesh.sidecar.v1.AdmitRequest\x1a\".ratemesh.sidecar.v1.AdmitResponse\x12P\n\x06Refund\x12!.ratemesh.sidecar.v1.AdmitRequest\x1a#.ratemesh.sidecar.v1.RefundResponse\x12X\n\x0b\x41\x64mitStream\x12!.ratemesh.sidecar.v1.AdmitRequest\x1a\".ratemesh.sidecar.v1.AdmitResponse(\x01\x30\x01\x42+Z)example.com/ratemesh/sidecar/v1;sidecarv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmesh/sidecar/admission.proto\x12\x13ratemesh.sidecar.v1\"(\n\nDescriptor\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\x81\x01\n\tAdmitItem\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06metric\x18\x02 \x01(\t\x12\x13\n\x06\x61mount\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x34\n\x0b\x64\x65scriptors\x18\x04 \x03(\x0b\x32\x1f.ratemesh.sidecar.v1.DescriptorB\t\n\x07_amount\"e\n\x0c\x41\x64mitRequest\x12-\n\x05items\x18\x01 \x03(\x0b\x32\x1e.ratemesh.sidecar.v1.AdmitItem\x12\x17\n\ntimeout_ms\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\r\n\x0b_timeout_ms\"\x85\x04\n\x07Verdict\x12\x0f\n\x07\x61llowed\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\r\n\x05\x62ound\x18\x04 \x01(\t\x12\x16\n\tsuspended\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x12\n\x05limit\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x11\n\x04step\x18\x07 \x01(\tH\x02\x88\x01\x01\x12\x16\n\tremaining\x18\x08 \x01(\x03H\x03\x88\x01\x01\x12\x1b\n\x0eretry_after_ms\x18\t \x01(\x03H\x04\x88\x01\x01\x12\x1b\n\x0ereset_after_ms\x18\n \x01(\x03H\x05\x88\x01\x01\x12\x12\n\x05\x65rror\x18\x0c \x01(\tH\x06\x88\x01\x01\x12\x31\n\x05quota\x18\r \x01(\x0b\x32\x1d.ratemesh.sidecar.v1.QuotaLagH\x07\x88\x01\x01\x12\x12\n\x05\x62urst\x18\x0e \x01(\x03H\x08\x88\x01\x01\x12\x30\n\x06window\x18\x0f \x01(\x0b\x32\x1b.ratemesh.sidecar.v1.WindowH\t\x88\x01\x01\x12\x11\n\x04rate\x18\x10 \x01(\tH\n\x88\x01\x01\x42\x0c\n\n_suspendedB\x08\n\x06_limitB\x07\n\x05_stepB\x0c\n\n_remainingB\x11\n\x0f_retry_after_msB\x11\n\x0f_reset_after_msB\x08\n\x06_errorB\x08\n\x06_quotaB\x08\n\x06_burstB\t\n\x07_windowB\x07\n\x05_rateJ\x04\x08\x0b\x10\x0c\"*\n\x06Window\x12\x0e\n\x06\x61mount\x18\x01 \x01(\x03\x12\x10\n\x08period_s\x18\x02 \x01(\x03\"i\n\x08QuotaLag\x12\x0b\n\x03\x63\x61p\x18\x01 \x01(\x03\x12\x0b\n\x03own\x18\x02 \x01(\x03\x12\x0e\n\x06remote\x18\x03 \x01(\x03\x12\x13\n\x06lag_ms\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x13\n\x0bunpublished\x18\x05 \x01(\x03\x42\t\n\x07_lag_ms\"?\n\rAdmitResponse\x12.\n\x08verdicts\x18\x01 \x03(\x0b\x32\x1c.ratemesh.sidecar.v1.Verdict\"/\n\x03\x41\x63k\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x12\n\x05\x65rror\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_error\"8\n\x0eRefundResponse\x12&\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x18.ratemesh.sidecar.v1.Ack2\xd8\x02\n\tAdmission\x12N\n\x05\x41\x64mit\x12!.ratemesh.sidecar.v1.AdmitRequest\x1a\".ratemesh.sidecar.v1.AdmitResponse\x12O\n\x06\x43harge\x12!.ratemesh.sidecar.v1.AdmitRequest\x1a\".ratemesh.sidecar.v1.AdmitResponse\x12P\n\x06Refund\x12!.ratemesh.sidecar.v1.AdmitRequest\x1a#.ratemesh.sidecar.v1.RefundResponse\x12X\n\x0b\x41\x64mitStream\x12!.ratemesh.sidecar.v1.AdmitRequest\x1a\".ratemesh.sidecar.v1.AdmitResponse(\x01\x30\x01\x42+Z)example.com/ratemesh/sidecar/v1;sidecarv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,17 +37,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ADMITITEM']._serialized_start=96
   _globals['_ADMITITEM']._serialized_end=225
   _globals['_ADMITREQUEST']._serialized_start=227
-  _globals['_ADMITREQUEST']._serialized_end=288
-  _globals['_VERDICT']._serialized_start=291
-  _globals['_VERDICT']._serialized_end=689
-  _globals['_QUOTALAG']._serialized_start=691
-  _globals['_QUOTALAG']._serialized_end=796
-  _globals['_ADMITRESPONSE']._serialized_start=798
-  _globals['_ADMITRESPONSE']._serialized_end=861
-  _globals['_ACK']._serialized_start=863
-  _globals['_ACK']._serialized_end=910
-  _globals['_REFUNDRESPONSE']._serialized_start=912
-  _globals['_REFUNDRESPONSE']._serialized_end=968
-  _globals['_ADMISSION']._serialized_start=971
-  _globals['_ADMISSION']._serialized_end=1315
+  _globals['_ADMITREQUEST']._serialized_end=328
+  _globals['_VERDICT']._serialized_start=331
+  _globals['_VERDICT']._serialized_end=848
+  _globals['_WINDOW']._serialized_start=850
+  _globals['_WINDOW']._serialized_end=892
+  _globals['_QUOTALAG']._serialized_start=894
+  _globals['_QUOTALAG']._serialized_end=999
+  _globals['_ADMITRESPONSE']._serialized_start=1001
+  _globals['_ADMITRESPONSE']._serialized_end=1064
+  _globals['_ACK']._serialized_start=1066
+  _globals['_ACK']._serialized_end=1113
+  _globals['_REFUNDRESPONSE']._serialized_start=1115
+  _globals['_REFUNDRESPONSE']._serialized_end=1171
+  _globals['_ADMISSION']._serialized_start=1174
+  _globals['_ADMISSION']._serialized_end=1518
 # @@protoc_insertion_point(module_scope)

@@ -27,13 +27,15 @@ class AdmitItem(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., metric: _Optional[str] = ..., amount: _Optional[int] = ..., descriptors: _Optional[_Iterable[_Union[Descriptor, _Mapping]]] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "timeout_ms")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[AdmitItem]
-    def __init__(self, items: _Optional[_Iterable[_Union[AdmitItem, _Mapping]]] = ...) -> None: ...
+    timeout_ms: int
+    def __init__(self, items: _Optional[_Iterable[_Union[AdmitItem, _Mapping]]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("allowed", "reason", "mode", "bound", "suspended", "limit", "step", "remaining", "retry_after_ms", "reset_after_ms", "error", "quota")
+    __slots__ = ("allowed", "reason", "mode", "bound", "suspended", "limit", "step", "remaining", "retry_after_ms", "reset_after_ms", "error", "quota", "burst", "window", "rate")
     ALLOWED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +48,9 @@ class Verdict(_message.Message):
     RESET_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     QUOTA_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
     allowed: bool
     reason: str
     mode: str
@@ -58,7 +63,18 @@ class Verdict(_message.Message):
     reset_after_ms: int
     error: str
     quota: QuotaLag
-    def __init__(self, allowed: _Optional[bool] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., bound: _Optional[str] = ..., suspended: _Optional[str] = ..., limit: _Optional[int] = ..., step: _Optional[str] = ..., remaining: _Optional[int] = ..., retry_after_ms: _Optional[int] = ..., reset_after_ms: _Optional[int] = ..., error: _Optional[str] = ..., quota: _Optional[_Union[QuotaLag, _Mapping]] = ...) -> None: ...
+    burst: int
+    window: Window
+    rate: str
+    def __init__(self, allowed: _Optional[bool] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., bound: _Optional[str] = ..., suspended: _Optional[str] = ..., limit: _Optional[int] = ..., step: _Optional[str] = ..., remaining: _Optional[int] = ..., retry_after_ms: _Optional[int] = ..., reset_after_ms: _Optional[int] = ..., error: _Optional[str] = ..., quota: _Optional[_Union[QuotaLag, _Mapping]] = ..., burst: _Optional[int] = ..., window: _Optional[_Union[Window, _Mapping]] = ..., rate: _Optional[str] = ...) -> None: ...
+
+class Window(_message.Message):
+    __slots__ = ("amount", "period_s")
+    AMOUNT_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_S_FIELD_NUMBER: _ClassVar[int]
+    amount: int
+    period_s: int
+    def __init__(self, amount: _Optional[int] = ..., period_s: _Optional[int] = ...) -> None: ...
 
 class QuotaLag(_message.Message):
     __slots__ = ("cap", "own", "remote", "lag_ms", "unpublished")

@@ -77,7 +77,7 @@ def test_spends_in_a_row_answer_as_the_full_spend_would() -> None:
 
 
 def test_unreachable_governor_fails_closed_once_everything_has_expired() -> None:
-    h = CreditHolder(CreditConfig(rho_ppm=0, epsilon_ms=0))
+    h = CreditHolder(CreditConfig(rho_ppm=0, epsilon_ms=0, lead_ms=250))
     h.try_spend(0)
     req = h.refill(0)
     assert req is not None

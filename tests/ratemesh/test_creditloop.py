@@ -18,7 +18,8 @@ from ratemesh.credit import (
 )
 from ratemesh.creditloop import UNREACHABLE_RETRY_MS, CreditLoop
 
-CONFIG = CreditConfig(rho_ppm=0, epsilon_ms=0, lead_ms=40, idle_ms=1_000)
+LEAD_MS = 40  # configured: the drained wait is the lead, as before sizing was derived
+CONFIG = CreditConfig(rho_ppm=0, epsilon_ms=0, lead_ms=LEAD_MS, idle_ms=1_000)
 
 
 def _asking(now_ms: int = 0, units: int = 5) -> tuple[CreditLoop, Reserve]:
@@ -45,8 +46,8 @@ def test_a_full_grant_is_spent_and_the_next_ask_is_not_delayed() -> None:
 def test_a_partial_grant_waits_about_lead_ms_before_asking_again() -> None:
     loop, request = _asking(units=10)
     assert loop.granted(5, request, 1, 1, 1_000, instant=12_345) is not None
-    assert loop.retry_at_ms == 5 + drained_wait_ms(CONFIG.lead_ms, 12_345)
-    assert CONFIG.lead_ms // 2 <= loop.retry_at_ms - 5 < CONFIG.lead_ms * 3 // 2
+    assert loop.retry_at_ms == 5 + drained_wait_ms(LEAD_MS, 12_345)
+    assert LEAD_MS // 2 <= loop.retry_at_ms - 5 < LEAD_MS * 3 // 2
     assert loop.short(loop.retry_at_ms - 1, 10) is None
     assert loop.short(loop.retry_at_ms, 10) is not None
 
@@ -57,7 +58,7 @@ def test_an_empty_buckets_denial_waits_like_a_partial_grant_and_bounds_blocks() 
     loop.denied(9, request, 12, instant=7)
     assert loop.holder.in_flight is None and loop.holder.burst == 12
     assert loop.backoff_ms == 0
-    assert loop.retry_at_ms == 9 + drained_wait_ms(CONFIG.lead_ms, 7)
+    assert loop.retry_at_ms == 9 + drained_wait_ms(LEAD_MS, 7)
     assert loop.holder.try_spend(9).reason == NO_CREDIT
 
 

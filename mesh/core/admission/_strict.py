@@ -412,12 +412,24 @@ class CreditDesk:
         gate.forget_fast()  # the new block may expire first: the next spend asks the holder
         gate.no = gate.no_credit
 
-    def learned_burst(self, rate_key: RateKey, burst: int) -> None:
-        """governord stated the burst B of the rate a strict key spends at (the driver read
-        its node): the gate's blocks stay within a share of it (`CreditHolder.block_size`)."""
+    def reachable(self) -> None:
+        """governord is back after it could not be reached: gates waiting out an unreachable
+        reserve ask again at once, those with recent demand right now."""
+        now_ms = self.now_ms()
+        for gate in self.gates.values():
+            gate.loop.reachable(now_ms)
+            if not self.closing and gate.holder.unreachable:
+                request = gate.loop.ahead(now_ms, ahead=False)
+                if request is not None:
+                    self._reserve(gate, request)
+
+    def learned_burst(self, rate_key: RateKey, burst: int, per_s: int | None = None) -> None:
+        """governord stated the burst B (and rate R, ``per_s``) of the rate a strict key
+        spends at (the driver read its node): the gate's blocks stay within a share of B
+        (`CreditHolder.block_size`), a drained wait follows B / R (`ratemesh.creditsize`)."""
         gate = self.gates.get(rate_key)
         if gate is not None:
-            gate.holder.learn_burst(burst)
+            gate.holder.learn_burst(burst, per_s)
             gate.bounded_by(burst)
 
     def failed(

@@ -105,3 +105,42 @@ def test_validate_warns_of_a_strict_policy_without_credit_and_refuses_a_bad_sect
     out = mesh_validate(config)
     assert out.returncode != 0 and "strict.api_key_file" in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def _strict_policy(rate: int, burst: int) -> dict[str, Any]:
+    return {
+        "tenant_id": "t",
+        "metric": "read_iops",
+        "generation": 1,
+        "mode": "strict",
+        "target_rate": rate,
+        "global_burst": burst,
+        "local_burst_cap": burst,
+    }
+
+
+def _findings(tmp_path: Path, credit: dict[str, Any], rate: int, burst: int) -> list[str]:
+    (tmp_path / "tenant.key").write_text("the-tenant-key\n")
+    cfg = parse_config(
+        {
+            "policies": {"inline": [_strict_policy(rate, burst)]},
+            "strict": {"governord": ADDR, "api_key_file": "tenant.key", "credit": credit},
+        },
+        base=tmp_path,
+    )
+    return [w for w in cfg.warnings() if "read_iops" in w]
+
+
+def test_validate_says_when_a_strict_config_cannot_serve_its_bucket(tmp_path: Path) -> None:
+    """One line per finding, naming the setting and what would do: a fixed lead far past
+    B / R, a burst share that leaves no room, a B / R under a round trip; the defaults at
+    B / R from 50 ms up say nothing."""
+    (lead,) = _findings(tmp_path, {"lead_ms": 250}, 2_000, 100)
+    assert lead.startswith("strict.credit.lead_ms:") and "set it <= " in lead
+    (share,) = _findings(tmp_path, {"burst_share_ppm": 1_000_000}, 2_000, 4_000)
+    assert share.startswith("strict.credit.burst_share_ppm:")
+    (short,) = _findings(tmp_path, {}, 2_000, 10)
+    assert "a burst of at least" in short and "B/R of 5 ms" in short
+    for burst in (100, 200, 1_000, 4_000):
+        assert _findings(tmp_path, {}, 2_000, burst) == []
+    assert _findings(tmp_path, {"lead_ms": 20}, 2_000, 100) == []

@@ -10,6 +10,7 @@ import pytest
 
 from mesh.sidecar import admission_pb2 as pb
 from mesh.sidecar import verdict_fields
+from mesh.sidecar._grpc import LIMIT_FIELDS
 from tests._addresses import on_loopback
 from tests.mesh.sidecar._node import (
     SECRET,
@@ -51,6 +52,13 @@ def test_batch_admit_verdicts_equal_in_process_try_admit() -> None:
                 for i in seq
             ]
             got = [wire_fields(v) for v in resp.verdicts]
+            # every decided verdict carries its policy's exact limit, as the HTTP one does
+            limits = [{k: g.pop(k, None) for k in LIMIT_FIELDS} for g in got]
+            assert limits[0] == {
+                "burst": 5,
+                "rate": "1/second",
+                "window": pb.Window(amount=1, period_s=1),
+            }
             # The same decisions and numbers (a 1/s limit does not refill meanwhile); the
             # time until full is measured from each node's own last tick.
             assert [_timeless(g) for g in got] == [_timeless(w) for w in want]

@@ -28,6 +28,7 @@ from mesh.core.verdict import (
 )
 from mesh.sidecar import admission_pb2 as pb
 from mesh.sidecar import encode_outcomes, verdict_fields
+from mesh.sidecar._grpc import LIMIT_FIELDS
 
 ROOT = Path(__file__).resolve().parents[3]
 # Each committed protobuf module and its .proto: the sidecar's own, Envoy's rate limit
@@ -122,7 +123,8 @@ def test_verdict_fields_carries_every_field_a_verdict_has() -> None:
     assert not second.HasField("remaining") and not second.HasField("suspended")
     assert third.error == "tenant: required" and not third.allowed
     # and every Verdict field has its place on the wire (none is dropped silently)
-    wire = {f.name for f in pb.Verdict.DESCRIPTOR.fields} - {"error"}
+    # (besides `error`, and the policy's exact limit, `limit_fields`, that a verdict lacks)
+    wire = {f.name for f in pb.Verdict.DESCRIPTOR.fields} - {"error", *LIMIT_FIELDS}
     assert wire == {f.name for f in dataclasses.fields(Verdict)}
 
 
