@@ -97,10 +97,6 @@ def verdict_fields(v: Verdict, n: Numbers | None = None) -> dict[str, Any]:
         out["reset_after_ms"] = n.reset_after_ms
     if v.quota is not None:  # a detailed spend-quota verdict (docs/quotas.md)
         out["quota"] = quota_fields(v.quota)
-    if v.shadow:  # a limit in shadow posture (docs/policies.md; the JSON body only)
-        out["shadow"] = True
-        if v.would_deny_reason is not None:
-            out["would_deny_reason"] = v.would_deny_reason.value
     return out
 
 
@@ -138,6 +134,10 @@ def shared_fields(v: Verdict) -> dict[str, Any]:
         out["limit"] = v.limit
     if v.step is not None:
         out["step"] = v.step.value
+    if v.shadow:  # a limit in shadow posture (docs/policies.md)
+        out["shadow"] = True
+        if v.would_deny_reason is not None:
+            out["would_deny_reason"] = v.would_deny_reason.value
     return out
 
 

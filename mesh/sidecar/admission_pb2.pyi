@@ -35,7 +35,7 @@ class AdmitRequest(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[AdmitItem, _Mapping]]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("allowed", "reason", "mode", "bound", "suspended", "limit", "step", "remaining", "retry_after_ms", "reset_after_ms", "error", "quota", "burst", "window", "rate")
+    __slots__ = ("allowed", "reason", "mode", "bound", "suspended", "limit", "step", "remaining", "retry_after_ms", "reset_after_ms", "error", "quota", "burst", "window", "rate", "shadow", "would_deny_reason")
     ALLOWED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,8 @@ class Verdict(_message.Message):
     BURST_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     RATE_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
+    WOULD_DENY_REASON_FIELD_NUMBER: _ClassVar[int]
     allowed: bool
     reason: str
     mode: str
@@ -66,7 +68,9 @@ class Verdict(_message.Message):
     burst: int
     window: Window
     rate: str
-    def __init__(self, allowed: _Optional[bool] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., bound: _Optional[str] = ..., suspended: _Optional[str] = ..., limit: _Optional[int] = ..., step: _Optional[str] = ..., remaining: _Optional[int] = ..., retry_after_ms: _Optional[int] = ..., reset_after_ms: _Optional[int] = ..., error: _Optional[str] = ..., quota: _Optional[_Union[QuotaLag, _Mapping]] = ..., burst: _Optional[int] = ..., window: _Optional[_Union[Window, _Mapping]] = ..., rate: _Optional[str] = ...) -> None: ...
+    shadow: bool
+    would_deny_reason: str
+    def __init__(self, allowed: _Optional[bool] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., bound: _Optional[str] = ..., suspended: _Optional[str] = ..., limit: _Optional[int] = ..., step: _Optional[str] = ..., remaining: _Optional[int] = ..., retry_after_ms: _Optional[int] = ..., reset_after_ms: _Optional[int] = ..., error: _Optional[str] = ..., quota: _Optional[_Union[QuotaLag, _Mapping]] = ..., burst: _Optional[int] = ..., window: _Optional[_Union[Window, _Mapping]] = ..., rate: _Optional[str] = ..., shadow: _Optional[bool] = ..., would_deny_reason: _Optional[str] = ...) -> None: ...
 
 class Window(_message.Message):
     __slots__ = ("amount", "period_s")
