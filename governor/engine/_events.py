@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ratemesh.policy import Mode, Unit, check_metric
+from ratemesh.policy import Mode, Posture, Unit, check_metric
 
 from ._codec import decode_value, encode_value
 from ._errors import UnknownEventKind
@@ -290,6 +290,10 @@ class PolicyPut:
     # every rate policy and on every record before it.
     period: str | None = None
     quota: int | None = None
+    # `Posture.SHADOW` for a limit only evaluated and counted; None for enforcing, which
+    # every record before it is (and then left out of the record, so a release before it
+    # still reads an enforcing put).
+    posture: Posture | None = None
 
     def __post_init__(self) -> None:
         check_metric(self.metric)  # an open name, still one rule: a bad one
@@ -364,7 +368,10 @@ EVENT_KINDS: dict[str, type[Any]] = {
 
 # Later fields written only when set, so a record that does not use them stays readable by
 # the release before them (it refuses a field it does not know).
-_LEFT_OUT_WHEN_NONE: dict[type, tuple[str, ...]] = {SessionOpened: ("key_sha256",)}
+_LEFT_OUT_WHEN_NONE: dict[type, tuple[str, ...]] = {
+    SessionOpened: ("key_sha256",),
+    PolicyPut: ("posture",),
+}
 
 
 def encode_event(event: Event) -> tuple[str, dict[str, Any]]:

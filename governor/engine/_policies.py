@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ratemesh.checks import INT_MAX
-from ratemesh.policy import METRIC_NAME, METRICS_MAX, TenantRatePolicy, scope_name
+from ratemesh.policy import METRIC_NAME, METRICS_MAX, Posture, TenantRatePolicy, scope_name
 
 from . import _events as ev
 from ._core import Core, _int
@@ -104,6 +104,7 @@ class Policies:
                 None if p.scale == 1 else p.scale,
                 None if p.period is None else p.period.value,
                 p.quota,
+                None if p.posture is Posture.ENFORCE else p.posture,
             )
         )
         stored = core.state.policies.keys[scope].current

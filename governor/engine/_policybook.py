@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ratemesh.errors import RatemeshError
-from ratemesh.policy import Mode, TenantRatePolicy, Unit, check_metric, default_unit
+from ratemesh.policy import Mode, Posture, TenantRatePolicy, Unit, check_metric, default_unit
 
 from . import _events as ev
 
@@ -75,6 +75,7 @@ def policy_of(e: ev.PolicyPut) -> TenantRatePolicy:
         scale=1 if e.scale is None else e.scale,
         period=e.period,  # type: ignore[arg-type]  # the policy reads the text
         quota=e.quota,
+        posture=e.posture or Posture.ENFORCE,  # a record before postures: enforcing
     )
 
 
@@ -161,6 +162,7 @@ class PolicyBook:
 
 def _dump_record(r: PolicyRecord) -> list[Any]:
     p = r.policy
+    extra = {} if p is None else _extra_of(p)
     values = (
         None
         if p is None
@@ -170,24 +172,30 @@ def _dump_record(r: PolicyRecord) -> list[Any]:
             p.local_burst_cap,
             p.enabled,
             p.mode.value,
-            # The unit only when it is not the name's or a scale follows: older
-            # snapshots have five; the scale only when it is not 1 (sub-units, as stored).
+            # The unit only when it is not the name's or more follows: older snapshots
+            # have five; the scale only when it is not 1 (sub-units, as stored) or more follows.
             *(
                 []
-                if p.unit is default_unit(p.metric) and p.scale == 1 and p.quota is None
+                if p.unit is default_unit(p.metric) and p.scale == 1 and not extra
                 else [p.unit.value]
             ),
-            *([] if p.scale == 1 and p.quota is None else [p.scale]),
-            # A spend quota: its period and cap, last, as a mapping.
-            *([] if p.quota is None or p.period is None else [_quota_of(p)]),
+            *([] if p.scale == 1 and not extra else [p.scale]),
+            # A spend quota's period and cap, and a shadow posture: last, as a mapping.
+            *([extra] if extra else []),
         ]
     )
     return [r.generation, r.at_ms, values]
 
 
-def _quota_of(p: TenantRatePolicy) -> dict[str, Any]:
-    assert p.period is not None
-    return {"period": p.period.value, "quota": p.quota}
+def _extra_of(p: TenantRatePolicy) -> dict[str, Any]:
+    """The record's trailing mapping: a quota's period and cap, and a posture other than
+    enforcing (a snapshot before postures has none: enforcing)."""
+    out: dict[str, Any] = {}
+    if p.quota is not None and p.period is not None:
+        out.update(period=p.period.value, quota=p.quota)
+    if p.posture is not Posture.ENFORCE:
+        out["posture"] = p.posture.value
+    return out
 
 
 def _load_record(scope: Scope, raw: list[Any]) -> PolicyRecord:
@@ -210,5 +218,6 @@ def _load_record(scope: Scope, raw: list[Any]) -> PolicyRecord:
         scale=scale,
         period=quota.get("period"),
         quota=quota.get("quota"),
+        posture=Posture(quota.get("posture", Posture.ENFORCE)),
     )
     return PolicyRecord(int(generation), int(at_ms), policy)

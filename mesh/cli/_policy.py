@@ -32,7 +32,7 @@ from ratemesh.policyfile import load_policy_file
 
 from ._output import one_line
 from ._policydiff import Change, Diff, compute_diff, policy_values
-from ._preview import add_preview_parser, preview_command, refuse_unstored_posture
+from ._preview import add_preview_parser, preview_command
 
 __all__ = ["add_parser", "apply", "history", "list_", "rollback", "SUBCOMMANDS"]
 
@@ -142,7 +142,6 @@ def apply(args: argparse.Namespace) -> int:
         args.file, where=args.file, error=ConfigError, generation_required=False, one_per_key=True
     )
     desired = [(d.policy, d.explicit) for d in entries]
-    refuse_unstored_posture([p for p, _ in desired], args.file)
 
     async def body(client: Any) -> int:
         snap = await client.list()

@@ -38,7 +38,6 @@ __all__ = [
     "observe",
     "preview",
     "preview_command",
-    "refuse_unstored_posture",
 ]
 
 WINDOW_S_MAX = 300.0  # the longest sampling window the command waits through
@@ -167,18 +166,6 @@ def _counts(row: dict[str, Any]) -> tuple[int, int, int]:
         int(row.get("admitted_calls", 0)),
         int(row.get("denied_calls", 0)),
     )
-
-
-def refuse_unstored_posture(policies: list[TenantRatePolicy], where: str) -> None:
-    """governord stores no posture yet: a shadow entry pushed there would be stored and
-    sent to the nodes enforcing. Refused, naming it; a node's own policies file carries it."""
-    for p in policies:
-        if p.shadow:
-            raise ConfigError(
-                f"{where}.posture",
-                f"{scope_name(p.tenant_id, p.metric)}: shadow is read from a node's policies "
-                "file; governord does not store a posture, so a push would enforce it",
-            )
 
 
 # ---- the command ---------------------------------------------------------------------------

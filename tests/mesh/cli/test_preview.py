@@ -5,15 +5,12 @@ stepped through the window in exact fractions, fed each tenant's offered traffic
 from __future__ import annotations
 
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh.cli import main as mesh_main
 from mesh.cli._policydiff import compute_diff
 from mesh.cli._preview import Observed, capacity_units, observe, preview
 from mesh.core.policy import TenantRatePolicy
@@ -141,14 +138,3 @@ def test_a_posture_change_is_a_change_the_diff_names() -> None:
     (change,) = diff.changes
     assert "posture enforce -> shadow" in change.line()
     assert change.to_json()["changes"] == {"posture": ["enforce", "shadow"]}
-
-
-def test_apply_refuses_a_shadow_entry_before_it_calls_governord(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    f = tmp_path / "p.yaml"
-    f.write_text(yaml.safe_dump({"posture": "shadow", "policies": [_p("a", 10, 5).to_dict()]}))
-    rc = mesh_main(["policy", "apply", "-f", str(f), "--coordinator", "127.0.0.1:1"])
-    err = capsys.readouterr().err
-    assert rc == 2 and "posture" in err and "governord" in err, err
-    assert len(err.strip().splitlines()) == 1
