@@ -49,6 +49,10 @@ DESCRIPTORS = "Descriptors: a second dimension under the tenant"
 COOLDOWN = "The fleet-wide 429 cooldown (seed 003)"
 SIM = "The simulator: the mesh beside what users run today"
 FAILOVER = "governord failover: leader and standbys on PostgreSQL"
+SLOTS = "In-flight slots and chunked egress"
+SLOTS_TEST = (
+    "tests/mesh/node/test_slots.py::test_the_api_docs_in_flight_slots_and_chunked_egress_blocks_run"
+)
 NO_CLUSTER = "needs a Kubernetes cluster and the images; tests/deploy checks the manifests"
 
 EXAMPLES: dict[Key, tuple[str, str]] = {
@@ -150,6 +154,33 @@ EXAMPLES: dict[Key, tuple[str, str]] = {
         HERE,
         "mesh validate",
     ),
+    ("docs/api.md", SLOTS, "python", 0): (BY, SLOTS_TEST),
+    ("docs/api.md", "Chunked egress", "python", 0): (BY, SLOTS_TEST),
+    ("docs/gov.md", "Waiting, priorities and fail-open", "python", 0): (HERE, "after a prelude"),
+    ("docs/operations-policy.md", "Previewing a change", "sh", 0): (
+        SKIP,
+        "names files and a fleet of its own (`tighter.yaml`, `node.yaml`); `mesh policy "
+        "preview` is run by tests/mesh/peer/test_policy_preview.py",
+    ),
+    ("docs/policies.md", "Concurrency limits: in-flight caps", "yaml", 0): (
+        HERE,
+        "mesh validate",
+    ),
+    ("docs/policies.md", "Shadow posture", "yaml", 0): (HERE, "mesh validate"),
+    ("docs/policies.md", "Shadow posture", "yaml", 1): (HERE, "mesh validate"),
+    ("docs/postgres.md", "Consent: nothing dials until the config says so", "yaml", 0): (
+        HERE,
+        "mesh validate",
+    ),
+    ("docs/postgres.md", "Decommissioning a replica: `mesh fleet forget-member`", "sh", 0): (
+        BY,
+        "tests/mesh/node/test_forget_member.py::"
+        "test_forget_member_stops_a_replaced_replicas_burn_counting_twice",
+    ),
+    ("docs/sidecar.md", "In-flight slots", "sh", 0): (
+        BY,
+        "tests/mesh/sidecar/test_slots_http.py::test_acquire_release_ttl_and_bounds",
+    ),
 }
 
 
@@ -224,6 +255,7 @@ ENV = {
     "ACME_GOVERNOR_KEY": KEY,
     "POLICY_ADMIN_KEY": KEY,
     "MESH_WORKER_KEY": KEY[::-1],
+    "RATEMESH_PG_DSN": "postgresql://127.0.0.1:5432/test",  # named only: validate dials nothing
 }
 
 
@@ -332,6 +364,17 @@ def _rates(tmp: Path, body: str) -> None:
 
 def _as_written(tmp: Path, body: str) -> None:
     _python(tmp, body)
+
+
+def _gov_slot(tmp: Path, body: str) -> None:
+    """`slot()` as written, on this machine's slots (no governord named): the work runs."""
+    prelude = (
+        "import os\n"
+        f"os.environ['GOV_DIR'] = {str(tmp / 'gov')!r}\n"
+        "os.environ.pop('GOVERNOR_ADDR', None)\n"
+        "def run_the_model():\n    print('ran')\n"
+    )
+    assert _python(tmp, prelude + body).strip() == "ran"
 
 
 def _cooldown(tmp: Path, body: str) -> None:
@@ -471,6 +514,16 @@ RUNNERS: dict[Key, Any] = {
     ("docs/sidecar.md", "HTTP status, Retry-After and the RateLimit fields", "sh", 0): _status_429,
     ("docs/sidecar.md", ENVOY, "yaml", 0): _node_config,
     ("docs/strict.md", "Front-running: strict limits in the mesh", "yaml", 0): _node_config,
+    ("docs/gov.md", "Waiting, priorities and fail-open", "python", 0): _gov_slot,
+    ("docs/policies.md", "Concurrency limits: in-flight caps", "yaml", 0): _policies_file,
+    ("docs/policies.md", "Shadow posture", "yaml", 0): _policies_file,
+    ("docs/policies.md", "Shadow posture", "yaml", 1): _policies_file,
+    (
+        "docs/postgres.md",
+        "Consent: nothing dials until the config says so",
+        "yaml",
+        0,
+    ): _node_config,
 }
 AGAINST_A_NODE = {k for k, fn in RUNNERS.items() if fn.__code__.co_varnames[0] == "node"}
 
