@@ -484,10 +484,10 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 
 # Seeds whose envelope is known to break in some runs, until the cause is found
-# (docs/guarantees.md, "What is not yet proven"): b = 1 and traffic moving between members
-# at 3-4x R, with d as the nodes disclose it (their sync tick's lateness counted). Seed 22
-# (R=30, B=6) exceeds B + N*b + R*d by about half a unit in about half the runs; seed 23
-# (R=50, B=4) by up to 2-4 units in some runs.
+# (docs/guarantees.md, "What is not yet proven"): b = 1 and traffic moving to a member and
+# flowing at 3-4x R for over half a second. Seed 22 (R=30, B=6) exceeds B + N*b + R*d by
+# 0.2-1.5 units in about half the runs; seed 23 (R=50, B=4) by up to about 4, with d the
+# worst report delay the nodes disclosed (a slow lead over R, not a stale view).
 KNOWN_BREAKS = {22, 23}
 
 
