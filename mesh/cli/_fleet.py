@@ -83,9 +83,8 @@ def _caller(
 ) -> tuple[str, TlsConfig | None, bytes | None, str | None]:
     """(address, TLS, fleet secret, member id) from --addr, --config, --fleet-secret-file;
     a ConfigError (naming the file) for a mistake in one."""
-    from mesh.config import load_config, read_fleet_secret
+    from mesh.config import load_config
     from mesh.errors import ConfigError
-    from ratemesh.checks import check_address
 
     addr, tls, secret, target = args.addr, None, None, None
     if args.config:
@@ -95,14 +94,27 @@ def _caller(
             raise ConfigError("--config", f"{args.config}: {one_line(str(exc))}") from exc
         addr = addr or cfg.advertise or cfg.listen
         tls, secret, target = cfg.tls, cfg.fleet_secret, cfg.member_id or None
+    addr, secret = member_address(args, addr, secret, "a member's node config")
+    return addr, tls, secret, target
+
+
+def member_address(
+    args: argparse.Namespace, addr: str | None, secret: bytes | None, config_is: str
+) -> tuple[str, bytes | None]:
+    """The member's checked --addr and the fleet secret (--fleet-secret-file over the
+    config's): the tail every fleet command shares; a ConfigError naming the flag."""
+    from mesh.config import read_fleet_secret
+    from mesh.errors import ConfigError
+    from ratemesh.checks import check_address
+
     if args.fleet_secret_file:
         try:
             secret = read_fleet_secret(args.fleet_secret_file)
         except ConfigError as exc:
             raise ConfigError("--fleet-secret-file", str(exc)) from exc
     if not addr:
-        raise ConfigError("--addr", "required (or --config, a member's node config)")
-    return check_address("--addr", addr), tls, secret, target
+        raise ConfigError("--addr", f"required (or --config, {config_is})")
+    return check_address("--addr", addr), secret
 
 
 def forget_member(args: argparse.Namespace) -> int:

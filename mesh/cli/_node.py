@@ -96,7 +96,7 @@ def status(args: argparse.Namespace) -> int:
     """A member's view over its Status call. The caller proves itself as a member's streams
     do: with the TLS and fleet secret of the node config it is pointed at (`--config`), or
     a fleet secret file (`--fleet-secret-file`); a dev mesh with neither needs no proof."""
-    from mesh.config import load_config, read_fleet_secret
+    from mesh.config import load_config
     from mesh.errors import PeerError
     from mesh.peer import fetch_status
 
@@ -112,14 +112,9 @@ def status(args: argparse.Namespace) -> int:
         addr = addr or cfg.advertise or cfg.listen
         tls, secret = cfg.tls, cfg.fleet_secret
         target = cfg.member_id or None
-    if args.fleet_secret_file:
-        try:
-            secret = read_fleet_secret(args.fleet_secret_file)
-        except ConfigError as exc:
-            raise ConfigError("--fleet-secret-file", str(exc)) from exc
-    if not addr:
-        raise ConfigError("--addr", "required (or --config, the member's node config)")
-    addr = check_address("--addr", addr)
+    from ._fleet import member_address
+
+    addr, secret = member_address(args, addr, secret, "the member's node config")
     if args.fleet:
         from ._fleet import fleet_status
 
