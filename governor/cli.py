@@ -151,6 +151,8 @@ def _daemon(path: str | None, log_format: str, log_level: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Only gRPC's errors on stderr, where the log is one JSON object a line (as `mesh`).
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)

@@ -325,6 +325,10 @@ def command_of(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # gRPC's C core logs connection news (a peer's GOAWAY as the members stop) at INFO on
+    # stderr; the commands speak for themselves, so only its errors, unless the operator
+    # asked for more (set before grpc is first imported: no command has imported it yet).
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     args = _parser().parse_args(argv)
     key = command_of(args)
     try:
