@@ -15,6 +15,7 @@ from typing import Any
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.widgets import Footer, Header, Input, Static, Tree
 from textual.widgets.tree import TreeNode
 
@@ -117,7 +118,10 @@ class GovernorUI(App[None]):
     async def action_refresh(self) -> None:
         if self.client is None:
             return
-        tree = self.query_one("#tree", Tree)
+        try:
+            tree = self.query_one("#tree", Tree)
+        except NoMatches:  # the screen is going away (a refresh timer fired at exit)
+            return
         try:
             infos = await self._walk(self.client)
         except GovernorClientError as exc:
