@@ -4,7 +4,8 @@ within one deadline, for the generation it enforces per limit."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from mesh.config import TlsConfig
 from mesh.errors import MeshError, MessageError, PeerUnavailable
@@ -12,10 +13,34 @@ from mesh.peer._status import fetch_status
 from mesh.telemetry import MemberAnswer, enforced_of
 from ratemesh.checks import check_address
 
-__all__ = ["fetch_fleet", "FLEET_MEMBERS_MAX", "FLEET_PARALLEL_MAX"]
+__all__ = ["fetch_fleet", "FleetCalls", "FLEET_MEMBERS_MAX", "FLEET_PARALLEL_MAX"]
 
 FLEET_MEMBERS_MAX = 4096  # members one fleet status asks; a longer list is a bad answer
 FLEET_PARALLEL_MAX = 64  # Status calls in flight at once
+
+T = TypeVar("T")
+
+
+class FleetCalls:
+    """One fleet command's calls to its members: at most FLEET_PARALLEL_MAX in flight, each
+    to a checked address, within what is left of one deadline (`time_left`)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.deadline = self.loop.time() + timeout_s
+        self.gate = asyncio.Semaphore(FLEET_PARALLEL_MAX)
+
+    async def call(
+        self, rpc: str, member: str, member_addr: str, send: Callable[[float], Awaitable[T]]
+    ) -> T:
+        """`send(timeout_s)` to `member` at `member_addr` (from the ring's addresses: a
+        peer's word, checked here) once a slot is free and time is left."""
+        check_address(f"membership.addresses.{member}", member_addr, error=MessageError)
+        async with self.gate:
+            left = self.deadline - self.loop.time()
+            if left <= 0:
+                raise PeerUnavailable(rpc, f"{member_addr}: no time left")
+            return await send(left)
 
 
 async def fetch_fleet(
@@ -30,31 +55,29 @@ async def fetch_fleet(
     answer. Raises PeerError if `addr` itself does not answer, MessageError if its answer
     does not list the ring's addresses; past `timeout_s` every member not yet heard from
     is unreachable."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
+    calls = FleetCalls(timeout_s)
     seed = await fetch_status(
         addr, tls=tls, timeout_s=timeout_s, fleet_secret=fleet_secret, target=target
     )
     addresses = _addresses(seed)
-    gate = asyncio.Semaphore(FLEET_PARALLEL_MAX)
 
     async def ask(member: str, member_addr: str) -> MemberAnswer:
         try:
             if member == seed.get("member_id"):
                 status = seed  # asked already
             else:
-                check_address(f"membership.addresses.{member}", member_addr, error=MessageError)
-                async with gate:
-                    left = deadline - loop.time()
-                    if left <= 0:
-                        raise PeerUnavailable("status", f"{member_addr}: no time left")
-                    status = await fetch_status(
+                status = await calls.call(
+                    "status",
+                    member,
+                    member_addr,
+                    lambda left: fetch_status(
                         member_addr,
                         tls=tls,
                         timeout_s=left,
                         fleet_secret=fleet_secret,
                         target=member,
-                    )
+                    ),
+                )
             if status.get("member_id") != member:
                 raise MessageError(
                     "member_id", f"{member_addr} answered as {status.get('member_id')!r}"

@@ -17,13 +17,12 @@ import grpc
 
 from mesh.config import TlsConfig
 from mesh.core.messages import MAX_MESSAGE_BYTES
-from mesh.errors import MeshError, MessageError, PeerUnavailable
-from mesh.peer._fleet import FLEET_PARALLEL_MAX, _addresses
+from mesh.errors import MeshError, MessageError
+from mesh.peer._fleet import FleetCalls, _addresses
 from mesh.peer._identity import AUTH_MD, FORGET_EPOCH
 from mesh.peer._link import open_channel
 from mesh.peer._status import STATUS_CALLER, fetch_status, status_proof
 from mesh.peer._wire import FORGET, MEMBER_MD, pack, translate, unpack
-from ratemesh.checks import check_address
 
 __all__ = ["StillAMember", "forget_fleet", "forget_member"]
 
@@ -70,8 +69,7 @@ async def forget_fleet(
 ) -> list[dict[str, Any]]:
     """Every ring member's answer to ForgetMember(`name`), or why it gave none (`error`).
     Raises PeerError if `addr` does not answer, StillAMember if `name` is in its ring."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
+    calls = FleetCalls(timeout_s)
     seed = await fetch_status(
         addr, tls=tls, timeout_s=timeout_s, fleet_secret=fleet_secret, target=target
     )
@@ -83,24 +81,23 @@ async def forget_fleet(
             "(stop it first, or --force)",
         )
     addresses.pop(name, None)
-    gate = asyncio.Semaphore(FLEET_PARALLEL_MAX)
 
     async def ask(member: str, member_addr: str) -> dict[str, Any]:
         row: dict[str, Any] = {"member_id": member, "addr": member_addr}
         try:
-            check_address(f"membership.addresses.{member}", member_addr, error=MessageError)
-            async with gate:
-                left = deadline - loop.time()
-                if left <= 0:
-                    raise PeerUnavailable("forget_member", f"{member_addr}: no time left")
-                answer = await forget_member(
+            answer = await calls.call(
+                "forget_member",
+                member,
+                member_addr,
+                lambda left: forget_member(
                     member_addr,
                     name,
                     target=member,
                     tls=tls,
                     fleet_secret=fleet_secret,
                     timeout_s=left,
-                )
+                ),
+            )
             row["folds_cells"] = _count(answer.get("folds_cells"))
             row["tier_cells"] = _count(answer.get("tier_cells"))
             if answer.get("tier_error") is not None:
